@@ -1,0 +1,143 @@
+/* gpumemd's caching allocator: PyTorch's native CUDA caching-allocator policy,
+ * run centrally for many sessions.
+ *
+ * A gm_heap_t is one session's allocator: its small and large pools, its
+ * segments and its blocks. Blocks are carved only from the heap's own segments;
+ * physical memory comes and goes only through the gm_provider_t callbacks. All
+ * metadata lives on the host: nothing is ever written into managed memory.
+ * Pure C: no syscalls, no CUDA, no libuv. Not thread-safe (the daemon is one
+ * loop). Errors are negative errno. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "stats.h"
+
+typedef struct gm_heap gm_heap_t;
+
+/* Physical memory for a heap. Every callback gets `userdata`. */
+typedef struct gm_provider {
+        /* Creates `size` bytes of physical memory for a new segment (or, for an
+         * expandable segment, for the page range [offset, offset+size) of segment
+         * `segment_id`). On success stores an opaque handle in *ret_handle.
+         * -ENOMEM (device full) and -EDQUOT (tenant quota) enter the retry
+         * ladder; any other error fails the request at once. */
+        int (*create)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t *ret_handle);
+        /* Gives back what one create() made. The heap has already forgotten it;
+         * the provider owns the rest of the release (e.g. asking the client to
+         * unmap first). Cannot fail. */
+        void (*release)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle);
+        /* Optional: one trace event (see gm_trace_action_t); NULL = no tracing. */
+        void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
+        void *userdata;
+} gm_provider_t;
+
+/* Trace actions, in PyTorch's names (gm_trace_action_name()). */
+typedef enum gm_trace_action {
+        GM_TRACE_ALLOC,
+        GM_TRACE_FREE_REQUESTED,
+        GM_TRACE_FREE_COMPLETED,
+        GM_TRACE_SEGMENT_ALLOC,
+        GM_TRACE_SEGMENT_FREE,
+        GM_TRACE_SEGMENT_MAP,
+        GM_TRACE_SEGMENT_UNMAP,
+        GM_TRACE_SNAPSHOT,
+        GM_TRACE_OOM,
+        _GM_TRACE_ACTION_MAX,
+} gm_trace_action_t;
+const char *gm_trace_action_name(int action);
+
+typedef struct gm_heap_params {
+        uint64_t capacity;       /* device capacity: expandable VA size and memory fraction base */
+        uint64_t *va_cursor;     /* shared by all heaps of a device: next synthetic address
+                                  * (segments get unique, never reused addresses) */
+        gm_stats_t *extra_sinks[3]; /* NULL-terminated: stats also updated (tenant, device) */
+} gm_heap_params_t;
+
+/* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */
+int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, const gm_heap_params_t *params,
+                gm_heap_t **ret_heap);
+/* Releases every segment through the provider (live blocks included) and frees
+ * the heap. Accepts NULL; returns NULL. */
+gm_heap_t *gm_heap_destroy(gm_heap_t *h);
+
+/* Replaces the policy knobs (run-time alloc_conf change). Existing blocks stay. */
+void gm_heap_set_config(gm_heap_t *h, const gm_alloc_config_t *config);
+/* Allowed maximum of reserved bytes for garbage collection and the memory
+ * fraction; `measured` gives the reserved total compared against it (e.g. the
+ * tenant's stats under a quota). 0 = no limit. */
+void gm_heap_set_limit(gm_heap_t *h, uint64_t allowed_max, const gm_stats_t *measured);
+
+typedef struct gm_alloc_result {
+        uint64_t block_id;   /* never reused within the heap */
+        uint64_t segment_id; /* never reused within the heap */
+        uint64_t offset;     /* of the block inside its segment */
+        uint64_t size;       /* rounded block size */
+        uint64_t addr;       /* synthetic address (segment address + offset) */
+} gm_alloc_result_t;
+
+/* malloc: the full PyTorch sequence (cache lookup, gc, retry ladder). Returns
+ * -EINVAL for size 0 or >= 2^60, -ENOMEM / -EDQUOT when memory cannot be had. */
+int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result);
+
+/* free(): with deferred=false the block returns to the pool at once
+ * (free_requested + free_completed); with deferred=true it stays active
+ * (active_pending_free) until gm_heap_free_completed(). -ENOENT for an id that
+ * is not an allocated block of this heap (unknown, already freed, pending). */
+int gm_heap_free(gm_heap_t *h, uint64_t block_id, bool deferred);
+/* The stream work that held a deferred free is done. -ENOENT if `block_id` is
+ * not pending. */
+int gm_heap_free_completed(gm_heap_t *h, uint64_t block_id);
+
+/* empty_cache(): releases every idle unsplit segment (and unmaps free pages of
+ * expandable segments); returns the bytes released. */
+uint64_t gm_heap_release_cached(gm_heap_t *h);
+
+/* Number of live blocks (allocated or pending free). */
+uint64_t gm_heap_live_blocks(const gm_heap_t *h);
+/* Largest free block, in bytes, over both pools (0 if none). */
+uint64_t gm_heap_largest_free(const gm_heap_t *h);
+/* This heap's own statistics. */
+const gm_stats_t *gm_heap_stats(const gm_heap_t *h);
+gm_stats_t *gm_heap_stats_mut(gm_heap_t *h);
+
+/* Integrity checker: walks every structure and returns the number of violated
+ * invariants (0 = consistent). Never modifies the heap. */
+int gm_heap_check(const gm_heap_t *h);
+
+/* Read-only walk for snapshots, in address order: one segment_fn per
+ * segment (per contiguous mapped range for expandable segments), then block_fn
+ * for each of its blocks, in address order. */
+typedef enum gm_block_state {
+        GM_BLOCK_INACTIVE,
+        GM_BLOCK_ACTIVE_ALLOCATED,
+        GM_BLOCK_ACTIVE_PENDING_FREE,
+} gm_block_state_t;
+
+typedef struct gm_segment_info {
+        uint64_t id;
+        uint64_t addr;
+        uint64_t size;
+        uint64_t stream;
+        bool small_pool;
+        bool expandable;
+        uint64_t allocated_size, active_size, requested_size;
+} gm_segment_info_t;
+
+typedef struct gm_block_info {
+        uint64_t id; /* 0 for free blocks */
+        uint64_t addr;
+        uint64_t size;
+        uint64_t requested_size;
+        gm_block_state_t state;
+} gm_block_info_t;
+
+typedef struct gm_heap_visitor {
+        void (*segment_fn)(const gm_segment_info_t *seg, void *userdata);
+        void (*block_fn)(const gm_segment_info_t *seg, const gm_block_info_t *block, void *userdata);
+        void *userdata;
+} gm_heap_visitor_t;
+void gm_heap_walk(const gm_heap_t *h, const gm_heap_visitor_t *visitor);

@@ -1,0 +1,35 @@
+/* Client-side mapping of segments: each backend reserves a segment's virtual
+ * range once, maps physical pieces (fds from the daemon) into it, and unmaps
+ * them when the daemon asks. Internal to libgpumem; errors are negative errno. */
+#pragma once
+
+#include <stdint.h>
+
+typedef struct gm_mapper gm_mapper_t;
+
+typedef struct gm_mapper_ops {
+        const char *backend; /* matches HelloReply.backend */
+        /* Reserves `va_size` bytes of address space; *ret_base is its start. */
+        int (*reserve)(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base);
+        /* Maps `length` bytes of the physical memory behind `fd` at base+offset,
+         * read-write. The fd is consumed (closed) whether or not this succeeds. */
+        int (*map)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd);
+        /* Unmaps [base+offset, +length) after the work using it is done, keeping
+         * the reservation. */
+        int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);
+        /* Frees the reservation (everything in it is unmapped already). */
+        int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
+        void (*destroy)(gm_mapper_t *m);
+} gm_mapper_ops_t;
+
+struct gm_mapper {
+        const gm_mapper_ops_t *ops;
+        uint64_t granularity;
+};
+
+/* Host backend: mmap(MAP_SHARED) of memfds inside a PROT_NONE reservation,
+ * MADV_DONTFORK. */
+int gm_mapper_host_new(uint64_t granularity, gm_mapper_t **ret);
+/* Cuda backend: cuMemImportFromShareableHandle/cuMemAddressReserve/cuMemMap/
+ * cuMemSetAccess on `device`. -ENOSYS when built without cuda. */
+int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret);

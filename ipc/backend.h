@@ -1,0 +1,68 @@
+/* Memory backends: where a segment's physical memory comes from.
+ *
+ * Each piece of physical memory is represented in the daemon by one fd that can
+ * be passed to a client (a memfd on the host backend, the exported POSIX-fd
+ * handle on cuda) plus a backend handle. Errors are negative errno; nothing
+ * logs; a failure's detail goes to the caller's reterr buffer. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gm_backend gm_backend_t;
+
+typedef struct gm_phys {
+        int fd;          /* exportable fd, owned by the daemon until release */
+        uint64_t size;   /* bytes */
+        uint64_t handle; /* backend-private handle (cuda: CUmemGenericAllocationHandle) */
+} gm_phys_t;
+
+typedef struct gm_backend_ops {
+        const char *name; /* "host" or "cuda" */
+        /* Creates `size` bytes (a multiple of granularity). -ENOMEM when the
+         * device (or the configured capacity) is full. */
+        int (*create)(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys);
+        /* Releases one create()'s memory and closes its fd. */
+        void (*release)(gm_backend_t *b, gm_phys_t *phys);
+        /* Driver-reported free and total bytes. */
+        int (*mem_info)(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total);
+        void (*destroy)(gm_backend_t *b);
+} gm_backend_ops_t;
+
+struct gm_backend {
+        const gm_backend_ops_t *ops;
+        int device;
+        uint64_t capacity;    /* bytes this backend may hand out */
+        uint64_t granularity; /* every size is a multiple of this */
+        uint64_t in_use;      /* bytes created and not yet released */
+};
+
+typedef struct gm_backend_options {
+        const char *kind;   /* "auto", "cuda" or "host" */
+        int device;         /* ordinal */
+        const char *device_uuid; /* cuda: select by UUID instead (NULL = by ordinal) */
+        uint64_t capacity;  /* 0 = default (host: min(8 GiB, RAM/4); cuda: device total) */
+} gm_backend_options_t;
+
+/* Opens the backend `opts->kind` names. For "auto", cuda when a device is
+ * usable, else host; *reterr then says which and why. */
+int gm_backend_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len);
+
+/* Host backend: memfd segments under a byte capacity. */
+int gm_backend_host_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len);
+/* Cuda backend: VMM through dlopen'd libcuda. -ENOSYS when built without it. */
+int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len);
+
+static inline int gm_backend_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
+        return b->ops->create(b, size, ret_phys);
+}
+static inline void gm_backend_release(gm_backend_t *b, gm_phys_t *phys) {
+        b->ops->release(b, phys);
+}
+/* Accepts NULL; returns NULL. */
+gm_backend_t *gm_backend_close(gm_backend_t *b);
+
+/* Rounds `size` up to a multiple of `granularity` (a power of two or any
+ * non-zero value); 0 on overflow. */
+uint64_t gm_round_up(uint64_t size, uint64_t granularity);

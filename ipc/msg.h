@@ -1,0 +1,19 @@
+/* Protocol messages over gm_ipc: one packed gpumem.Envelope a packet. */
+#pragma once
+
+#include <stddef.h>
+
+#include "gpumem.pb-c.h"
+
+#define GM_PROTOCOL_VERSION 1u
+
+/* Packs `env` into a packet of at most max_packet bytes and sends it with the
+ * given fds (still owned by the caller). -EMSGSIZE when it does not fit. */
+int gm_msg_send(int sock, const Gpumem__Envelope *env, const int *fds, size_t n_fds, size_t max_packet);
+
+/* Unpacks one envelope from buf. -EBADMSG for bytes that are not a valid
+ * envelope (or carry no body). Free the result with gm_msg_free(). */
+int gm_msg_unpack(const void *buf, size_t len, Gpumem__Envelope **ret_env);
+
+/* Accepts NULL; returns NULL. */
+Gpumem__Envelope *gm_msg_free(Gpumem__Envelope *env);
