@@ -20,16 +20,21 @@ typedef struct gm_heap gm_heap_t;
 
 /* Physical memory for a heap. Every callback gets `userdata`. */
 typedef struct gm_provider {
-        /* Creates `size` bytes of physical memory for a new segment (or, for an
-         * expandable segment, for the page range [offset, offset+size) of segment
-         * `segment_id`). On success stores an opaque handle in *ret_handle.
-         * -ENOMEM (device full) and -EDQUOT (tenant quota) enter the retry
-         * ladder; any other error fails the request at once. */
-        int (*create)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t *ret_handle);
-        /* Gives back what one create() made. The heap has already forgotten it;
-         * the provider owns the rest of the release (e.g. asking the client to
-         * unmap first). Cannot fail. */
-        void (*release)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle);
+        /* Creates `size` bytes of physical memory at [offset, offset+size) of
+         * segment `segment_id`, whose virtual range is `segment_va_size` bytes
+         * (a whole ordinary segment: offset 0, size == segment_va_size; an
+         * expandable segment: one call per page). On success stores an opaque
+         * handle in *ret_handle. -ENOMEM (device full) and -EDQUOT (tenant
+         * quota) enter the retry ladder; any other error fails the request at
+         * once. */
+        int (*create)(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
+                      uint64_t *ret_handle);
+        /* Gives back what one create() made; `whole_segment` is true when this
+         * is the segment's last piece (its virtual range goes too). The heap has
+         * already forgotten it; the provider owns the rest of the release (e.g.
+         * asking the client to unmap first). Cannot fail. */
+        void (*release)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                        bool whole_segment);
         /* Optional: one trace event (see gm_trace_action_t); NULL = no tracing. */
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         void *userdata;
