@@ -1,0 +1,623 @@
+/* libgpumem: a session with gpumemd.
+ *
+ * Threads: application threads send requests (each sendmsg is one atomic
+ * packet) and wait on a condition variable for the reply with their request
+ * id; one service thread owns every read of the socket: it maps the segments
+ * replies bring, answers the daemon's release requests (also while all
+ * application threads are busy or idle) and hands replies to their waiters.
+ * `lock` guards every field below it. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "mapper.h"
+#include "msg.h"
+#include "u64map.h"
+
+typedef struct waiter {
+        uint64_t request_id;
+        bool done;
+        int error;                /* set instead of reply when mapping it failed or the daemon went away */
+        Gpumem__Envelope *reply;  /* owned by the waiter once done */
+        pthread_cond_t cond;
+        struct waiter *next;
+} waiter_t;
+
+typedef struct segment {
+        uint64_t id;
+        uint64_t base;
+        uint64_t va_size;
+        uint64_t mapped_bytes;
+} segment_t;
+
+typedef struct block {
+        uint64_t id;
+        uint64_t size;
+        uint64_t segment_id;
+} block_t;
+
+struct gpumem_client {
+        int fd;
+        pid_t pid; /* the process that owns this session */
+        char socket_path[108];
+        uint32_t max_packet;
+        uint32_t max_fds;
+        char backend[16];
+        gm_mapper_t *mapper;
+        pthread_t service;
+        bool service_started;
+
+        pthread_mutex_t lock;
+        bool dead;        /* the connection is gone; every request fails with -ECONNRESET */
+        uint64_t next_request_id;
+        waiter_t *waiters;
+        gm_u64map_t segments; /* segment id -> segment_t */
+        gm_u64map_t blocks;   /* pointer -> block_t */
+        char async_error[512]; /* last refusal of a request nobody waited for (a free) */
+};
+
+/* The calling thread's last failure, tagged with the client it concerns. */
+static __thread const gpumem_client *tls_error_client;
+static __thread char tls_error[2048];
+
+static int set_error(const gpumem_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_error(const gpumem_client *c, int err, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(tls_error, sizeof(tls_error), fmt, ap);
+        va_end(ap);
+        tls_error_client = c;
+        return err;
+}
+
+const char *gpumem_last_error(gpumem_client *c) {
+        return c && tls_error_client == c ? tls_error : "";
+}
+
+const char *gpumem_strerror(int err) {
+        switch (err) {
+        case 0:
+                return "success";
+        case -ENOMEM:
+                return "out of device memory";
+        case -EDQUOT:
+                return "tenant quota exceeded";
+        case -EPERM:
+                return "operation not permitted";
+        case -EINVAL:
+                return "invalid argument";
+        case -ECONNRESET:
+                return "the gpumemd daemon is gone";
+        case -ENOENT:
+                return "no such statistic or object";
+        case -ENOBUFS:
+                return "session limit reached";
+        case -EPROTONOSUPPORT:
+                return "gpumemd speaks another protocol version";
+        default:
+                return err < 0 ? strerror(-err) : "unknown error";
+        }
+}
+
+/* ---- segments ---- */
+
+/* Maps one piece the daemon sent; consumes fd. Caller holds lock. */
+static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
+        segment_t *seg = gm_u64map_get(&c->segments, m->segment_id);
+        int r;
+        if (m->offset + m->length < m->offset || m->offset + m->length > m->segment_va_size) {
+                close(fd);
+                return -EPROTO;
+        }
+        if (!seg) {
+                seg = calloc(1, sizeof(*seg));
+                if (!seg) {
+                        close(fd);
+                        return -ENOMEM;
+                }
+                seg->id = m->segment_id;
+                seg->va_size = m->segment_va_size;
+                r = c->mapper->ops->reserve(c->mapper, seg->va_size, &seg->base);
+                if (r < 0 || (r = gm_u64map_put(&c->segments, seg->id, seg)) < 0) {
+                        if (seg->base)
+                                c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
+                        free(seg);
+                        close(fd);
+                        return r;
+                }
+        }
+        r = c->mapper->ops->map(c->mapper, seg->base, m->offset, m->length, fd);
+        if (r < 0)
+                return r;
+        seg->mapped_bytes += m->length;
+        return 0;
+}
+
+/* Maps every mapping of a packet (fds in order); fds without a mapping are closed. */
+static int map_pieces(gpumem_client *c, Gpumem__Mapping **maps, size_t n_maps, int *fds, size_t n_fds) {
+        int err = n_maps == n_fds ? 0 : -EPROTO;
+        size_t i = 0;
+        for (; i < n_maps && i < n_fds; i++) {
+                int r = map_piece(c, maps[i], fds[i]);
+                if (r < 0 && err == 0)
+                        err = r;
+        }
+        gm_close_fds(fds + i, n_fds - i);
+        return err;
+}
+
+static void unmap_range(gpumem_client *c, const Gpumem__Range *range) {
+        segment_t *seg = gm_u64map_get(&c->segments, range->segment_id);
+        if (!seg)
+                return;
+        if (range->offset + range->length <= seg->va_size) {
+                c->mapper->ops->unmap(c->mapper, seg->base, range->offset, range->length);
+                seg->mapped_bytes -= range->length < seg->mapped_bytes ? range->length : seg->mapped_bytes;
+        }
+        if (range->whole_segment) {
+                gm_u64map_remove(&c->segments, seg->id);
+                c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
+                free(seg);
+        }
+}
+
+/* ---- the service thread ---- */
+
+static waiter_t *waiter_find(gpumem_client *c, uint64_t request_id) {
+        for (waiter_t *w = c->waiters; w; w = w->next)
+                if (w->request_id == request_id)
+                        return w;
+        return NULL;
+}
+
+static void send_release_ack(gpumem_client *c, uint64_t release_id) {
+        Gpumem__ReleaseAck ack = GPUMEM__RELEASE_ACK__INIT;
+        ack.release_id = release_id;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 0;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_ACK;
+        env.release_ack = &ack;
+        gm_msg_send(c->fd, &env, NULL, 0, c->max_packet);
+}
+
+/* Handles one packet from the daemon. Caller holds lock. */
+static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+        waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
+        switch (env->body_case) {
+        case GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST:
+                gm_close_fds(fds, n_fds);
+                for (size_t i = 0; i < env->release_request->n_ranges; i++)
+                        unmap_range(c, env->release_request->ranges[i]);
+                send_release_ack(c, env->release_request->release_id);
+                gm_msg_free(env);
+                return;
+        case GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS: {
+                int r = map_pieces(c, env->map_segments->mappings, env->map_segments->n_mappings, fds, n_fds);
+                if (r < 0 && w && !w->error)
+                        w->error = r;
+                gm_msg_free(env);
+                return;
+        }
+        case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY: {
+                int r = map_pieces(c, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
+                if (r < 0 && w && !w->error)
+                        w->error = r;
+                break;
+        }
+        default:
+                gm_close_fds(fds, n_fds);
+                break;
+        }
+        if (!w) {
+                if (env->body_case == GPUMEM__ENVELOPE__BODY_ERROR)
+                        snprintf(c->async_error, sizeof(c->async_error), "%s", env->error->message);
+                gm_msg_free(env);
+                return;
+        }
+        w->reply = env;
+        w->done = true;
+        pthread_cond_signal(&w->cond);
+}
+
+static void *service_main(void *arg) {
+        gpumem_client *c = arg;
+        uint8_t *buf = malloc(c->max_packet);
+        for (;;) {
+                int fds[GM_IPC_MAX_FDS_LIMIT];
+                size_t len = 0, n_fds = 0;
+                int r = buf ? gm_ipc_recv(c->fd, buf, c->max_packet, fds, c->max_fds, &len, &n_fds) : -ENOMEM;
+                if (r == -EINTR || r == -EAGAIN)
+                        continue;
+                Gpumem__Envelope *env = NULL;
+                if (r == 0 && gm_msg_unpack(buf, len, &env) < 0) {
+                        gm_close_fds(fds, n_fds);
+                        r = -EPROTO;
+                }
+                pthread_mutex_lock(&c->lock);
+                if (r < 0) {
+                        /* The daemon is gone (or spoke nonsense): fail every waiter. */
+                        c->dead = true;
+                        for (waiter_t *w = c->waiters; w; w = w->next) {
+                                w->error = -ECONNRESET;
+                                w->done = true;
+                                pthread_cond_signal(&w->cond);
+                        }
+                        pthread_mutex_unlock(&c->lock);
+                        break;
+                }
+                dispatch(c, env, fds, n_fds);
+                pthread_mutex_unlock(&c->lock);
+        }
+        free(buf);
+        return NULL;
+}
+
+/* ---- requests ---- */
+
+/* Sends `env` and waits for its reply. On success *ret_reply is the reply
+ * (an Error body is turned into its negative code and message). */
+static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
+        waiter_t w = {.cond = PTHREAD_COND_INITIALIZER};
+        pthread_mutex_lock(&c->lock);
+        if (c->dead) {
+                pthread_mutex_unlock(&c->lock);
+                return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
+        }
+        w.request_id = ++c->next_request_id;
+        w.next = c->waiters;
+        c->waiters = &w;
+        pthread_mutex_unlock(&c->lock);
+
+        env->request_id = w.request_id;
+        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+
+        pthread_mutex_lock(&c->lock);
+        while (r == 0 && !w.done)
+                pthread_cond_wait(&w.cond, &c->lock);
+        for (waiter_t **wp = &c->waiters; *wp; wp = &(*wp)->next)
+                if (*wp == &w) {
+                        *wp = w.next;
+                        break;
+                }
+        pthread_mutex_unlock(&c->lock);
+        pthread_cond_destroy(&w.cond);
+
+        if (r < 0)
+                return set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd: %s",
+                                 strerror(-r));
+        Gpumem__Envelope *reply = w.reply;
+        if (reply && reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
+                int err = -(int) reply->error->code;
+                set_error(c, err ? err : -EPROTO, "%s", reply->error->message ? reply->error->message : "");
+                gm_msg_free(reply);
+                return err ? err : -EPROTO;
+        }
+        if (w.error < 0) {
+                gm_msg_free(reply);
+                return w.error == -ECONNRESET ? set_error(c, -ECONNRESET, "gpumem: gpumemd closed the connection")
+                                              : set_error(c, w.error, "gpumem: mapping memory from gpumemd failed: %s",
+                                                          strerror(-w.error));
+        }
+        *ret_reply = reply;
+        return 0;
+}
+
+static int expect_body(gpumem_client *c, Gpumem__Envelope *reply, Gpumem__Envelope__BodyCase body) {
+        if (reply->body_case == body)
+                return 0;
+        gm_msg_free(reply);
+        return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
+}
+
+/* Fire-and-forget request (free): the daemon answers only when it refuses. */
+static int post(gpumem_client *c, Gpumem__Envelope *env) {
+        pthread_mutex_lock(&c->lock);
+        bool dead = c->dead;
+        env->request_id = ++c->next_request_id;
+        pthread_mutex_unlock(&c->lock);
+        if (dead)
+                return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
+        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        return r < 0 ? set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
+}
+
+/* ---- session lifetime ---- */
+
+static int session_open(gpumem_client *c) {
+        int r = gm_ipc_connect(c->socket_path, &c->fd);
+        if (r < 0)
+                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
+                                 strerror(-r));
+        /* Hello before the service thread exists: a plain request and reply. */
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        hello.protocol_version = GM_PROTOCOL_VERSION;
+        char name[64];
+        snprintf(name, sizeof(name), "libgpumem pid %d", (int) getpid());
+        hello.client_name = name;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        r = gm_msg_send(c->fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
+        uint8_t buf[4096];
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t len = 0, n_fds = 0;
+        if (r == 0)
+                r = gm_ipc_recv(c->fd, buf, sizeof(buf), fds, 0, &len, &n_fds);
+        Gpumem__Envelope *reply = NULL;
+        if (r == 0)
+                r = gm_msg_unpack(buf, len, &reply);
+        if (r < 0)
+                return set_error(c, r == -ECONNRESET || r == -EPIPE ? -ECONNRESET : r,
+                                 "gpumem: no hello from gpumemd at '%s': %s", c->socket_path, strerror(-r));
+        if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
+                r = -(int) reply->error->code;
+                set_error(c, r, "%s", reply->error->message);
+                gm_msg_free(reply);
+                return r;
+        }
+        if (reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
+                gm_msg_free(reply);
+                return set_error(c, -EPROTO, "gpumem: unexpected hello reply");
+        }
+        const Gpumem__HelloReply *hr = reply->hello_reply;
+        c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
+        c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
+        snprintf(c->backend, sizeof(c->backend), "%s", hr->backend);
+        if (strcmp(hr->backend, "cuda") == 0)
+                r = gm_mapper_cuda_new(hr->device, hr->granularity, &c->mapper);
+        else
+                r = gm_mapper_host_new(hr->granularity, &c->mapper);
+        gm_msg_free(reply);
+        if (r < 0)
+                return set_error(c, r, "gpumem: cannot map %s memory in this process: %s", c->backend, strerror(-r));
+        r = -pthread_create(&c->service, NULL, service_main, c);
+        if (r < 0)
+                return set_error(c, r, "gpumem: cannot start the service thread");
+        c->service_started = true;
+        return 0;
+}
+
+/* Stops the service thread and drops every mapping and table entry. */
+static void session_close(gpumem_client *c, bool unmap) {
+        if (c->fd >= 0)
+                shutdown(c->fd, SHUT_RDWR); /* wakes the service thread's recv */
+        if (c->service_started)
+                pthread_join(c->service, NULL);
+        c->service_started = false;
+        if (c->fd >= 0)
+                close(c->fd);
+        c->fd = -1;
+        for (size_t i = 0; i < c->segments.cap; i++) {
+                segment_t *seg = c->segments.values[i];
+                if (!seg)
+                        continue;
+                if (unmap) {
+                        c->mapper->ops->unmap(c->mapper, seg->base, 0, seg->va_size);
+                        c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
+                }
+                free(seg);
+        }
+        gm_u64map_done(&c->segments);
+        for (size_t i = 0; i < c->blocks.cap; i++)
+                free(c->blocks.values[i]);
+        gm_u64map_done(&c->blocks);
+        if (c->mapper)
+                c->mapper->ops->destroy(c->mapper);
+        c->mapper = NULL;
+}
+
+/* A fork()ed child must not speak on its parent's session: its first call
+ * starts a session of its own. The parent's mappings were not inherited
+ * (MADV_DONTFORK; CUDA mappings never are), so nothing is unmapped. */
+static int ensure_own_session(gpumem_client *c) {
+        if (c->pid == getpid())
+                return 0;
+        pthread_mutex_init(&c->lock, NULL);
+        c->service_started = false; /* threads do not survive fork */
+        session_close(c, false);
+        c->waiters = NULL;
+        c->dead = false;
+        c->pid = getpid();
+        int r = session_open(c);
+        if (r < 0) {
+                c->dead = true;
+                return r;
+        }
+        return 0;
+}
+
+int gpumem_connect(const char *socket_path, gpumem_client **ret) {
+        if (!ret)
+                return -EINVAL;
+        gpumem_client *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->fd = -1;
+        c->pid = getpid();
+        pthread_mutex_init(&c->lock, NULL);
+        int r = 0;
+        if (socket_path) {
+                if (strlen(socket_path) >= sizeof(c->socket_path))
+                        r = -ENAMETOOLONG;
+                else
+                        snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
+        } else {
+                r = gm_ipc_default_socket_path(0, true, c->socket_path, sizeof(c->socket_path));
+        }
+        if (r == 0)
+                r = session_open(c);
+        if (r < 0) {
+                /* Keep the message readable on this thread after c is gone. */
+                session_close(c, true);
+                pthread_mutex_destroy(&c->lock);
+                free(c);
+                tls_error_client = NULL;
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
+void gpumem_disconnect(gpumem_client *c) {
+        if (!c)
+                return;
+        if (c->pid == getpid())
+                session_close(c, true);
+        else
+                session_close(c, false);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+}
+
+/* ---- allocation ---- */
+
+int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
+        if (!c || !ret_ptr)
+                return -EINVAL;
+        if (size == 0)
+                return set_error(c, -EINVAL, "gpumem: allocation of size 0");
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = size;
+        alloc.stream = stream;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        Gpumem__Envelope *reply;
+        r = call(c, &env, &reply);
+        if (r < 0)
+                return r;
+        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY)) < 0)
+                return r;
+        const Gpumem__AllocReply *ar = reply->alloc_reply;
+        block_t *b = malloc(sizeof(*b));
+        pthread_mutex_lock(&c->lock);
+        segment_t *seg = gm_u64map_get(&c->segments, ar->segment_id);
+        uint64_t ptr = seg ? seg->base + ar->offset : 0;
+        if (!b || !seg || ar->offset + ar->block_size > seg->va_size) {
+                r = !b ? -ENOMEM : -EPROTO;
+        } else {
+                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .segment_id = ar->segment_id};
+                r = gm_u64map_put(&c->blocks, ptr, b);
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (r < 0) {
+                /* Give the block back so the daemon's ledger stays exact. */
+                Gpumem__Free f = GPUMEM__FREE__INIT;
+                f.block_id = ar->block_id;
+                Gpumem__Envelope fenv = GPUMEM__ENVELOPE__INIT;
+                fenv.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+                fenv.free = &f;
+                post(c, &fenv);
+                free(b);
+                gm_msg_free(reply);
+                return set_error(c, r, "gpumem: allocation reply does not fit the mapped segment");
+        }
+        gm_msg_free(reply);
+        *ret_ptr = (void *) (uintptr_t) ptr;
+        return 0;
+}
+
+static int free_block(gpumem_client *c, void *ptr, bool deferred) {
+        if (!c)
+                return -EINVAL;
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&c->lock);
+        block_t *b = ptr ? gm_u64map_remove(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!b)
+                return set_error(c, -EINVAL, "gpumem: free of %p: not a live allocation of this client "
+                                 "(unknown pointer or double free)", ptr);
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = b->id;
+        f.deferred = deferred;
+        free(b);
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        return post(c, &env);
+}
+
+int gpumem_free(gpumem_client *c, void *ptr) {
+        return free_block(c, ptr, false);
+}
+
+/* Host memory has no device streams: work on it is done when the call is
+ * made, so a stream-ordered free completes at once. */
+int gpumem_free_async(gpumem_client *c, void *ptr, uint64_t stream) {
+        return free_block(c, ptr, false);
+}
+
+int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
+        if (!c)
+                return -EINVAL;
+        pthread_mutex_lock(&c->lock);
+        bool known = ptr && gm_u64map_get(&c->blocks, (uint64_t) (uintptr_t) ptr);
+        pthread_mutex_unlock(&c->lock);
+        return known ? 0 : set_error(c, -EINVAL, "gpumem: record_stream on %p: not a live allocation", ptr);
+}
+
+int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
+        if (!c)
+                return -EINVAL;
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
+        env.trim = &trim;
+        Gpumem__Envelope *reply;
+        r = call(c, &env, &reply);
+        if (r < 0)
+                return r;
+        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_TRIM_REPLY)) < 0)
+                return r;
+        if (ret_released_bytes)
+                *ret_released_bytes = reply->trim_reply->released_bytes;
+        gm_msg_free(reply);
+        return 0;
+}
+
+int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value) {
+        if (!c || !pytorch_stat_name || !ret_value)
+                return -EINVAL;
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        Gpumem__Stats stats = GPUMEM__STATS__INIT;
+        stats.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION;
+        char *names[1] = {(char *) pytorch_stat_name};
+        stats.n_names = 1;
+        stats.names = names;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
+        env.stats = &stats;
+        Gpumem__Envelope *reply;
+        r = call(c, &env, &reply);
+        if (r < 0)
+                return r;
+        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_STATS_REPLY)) < 0)
+                return r;
+        r = set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+        for (size_t i = 0; i < reply->stats_reply->n_stats; i++)
+                if (strcmp(reply->stats_reply->stats[i]->name, pytorch_stat_name) == 0) {
+                        *ret_value = reply->stats_reply->stats[i]->value;
+                        r = 0;
+                }
+        gm_msg_free(reply);
+        return r;
+}

@@ -1,0 +1,154 @@
+/* gpumemd's state: one device, its backend, its sessions and tenants, on one
+ * libuv loop. Everything here is touched only from the loop thread, so quota
+ * checks and allocator changes need no locks. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "allocator.h"
+#include "backend.h"
+#include "gpumem.pb-c.h"
+#include "ipc.h"
+
+typedef struct gm_limits {
+        uint32_t max_sessions;           /* concurrent connections */
+        uint64_t max_blocks_per_session; /* live blocks (allocated or pending free) */
+        uint32_t max_packet;             /* bytes in one packet, both ways */
+        uint32_t max_fds;                /* fds in one packet */
+        uint32_t max_parked_per_session; /* allocations waiting for reclaim */
+        uint32_t park_timeout_ms;        /* how long an allocation waits for reclaim */
+        uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
+} gm_limits_t;
+
+typedef struct gm_options {
+        const char *config_path;
+        int device;
+        const char *device_uuid;
+        const char *backend;
+        uint64_t capacity;
+        char socket_path[108];
+        const char *metrics_listen;
+        const char *alloc_conf;
+        int verbosity;
+        gm_limits_t limits;
+} gm_options_t;
+
+typedef struct gm_tenant {
+        char name[64];
+        gm_stats_t stats;       /* allocator statistics of all its sessions */
+        uint64_t charged_bytes; /* physical bytes of its sessions, releases not yet acknowledged included */
+        uint64_t quota;         /* bytes; 0 = unlimited */
+        uint32_t sessions;
+        struct gm_tenant *next;
+} gm_tenant_t;
+
+/* One backend allocation made for a session: a whole segment, or one page of
+ * an expandable segment. Its address is the allocator's handle for it. */
+typedef struct gm_piece {
+        uint64_t segment_id;
+        uint64_t segment_va_size;
+        uint64_t offset;
+        bool whole_segment;  /* set at release: the client drops the reservation too */
+        bool client_mapped;  /* its fd reached the client, so release needs an ack */
+        gm_phys_t phys;
+        struct gm_piece *next;
+} gm_piece_t;
+
+/* A ReleaseRequest sent to a client and not yet acknowledged: its pieces stay
+ * charged to the tenant and held in the backend until the ack. */
+typedef struct gm_release {
+        uint64_t id;
+        gm_piece_t *pieces;
+        uint64_t bytes;
+        uint64_t sent_at_ms;
+        uint32_t attempts;
+        struct gm_release *next;
+} gm_release_t;
+
+/* An allocation that failed while reclaimed memory was on its way back; it is
+ * retried when releases are acknowledged, and refused after park_timeout_ms. */
+typedef struct gm_parked {
+        uint64_t request_id;
+        uint64_t size;
+        uint64_t stream;
+        uint64_t parked_at_ms;
+        int error; /* the refusal to send if it times out */
+        char message[1024];
+        struct gm_parked *next;
+} gm_parked_t;
+
+typedef struct gm_daemon gm_daemon_t;
+
+typedef struct gm_session {
+        gm_daemon_t *daemon;
+        uv_poll_t poll; /* poll.data = this session */
+        int fd;
+        uint64_t id;
+        gm_peer_cred_t cred;
+        gm_tenant_t *tenant;
+        char name[64];      /* from Hello: logs only, never identity */
+        bool hello_done;
+        bool admin;         /* kernel-verified right to administer the daemon */
+        bool closing;       /* no more input is processed; memory is being released */
+        gm_heap_t *heap;    /* created at the first allocation */
+        uint64_t last_active_ms;
+        gm_piece_t *new_pieces;     /* created while serving the current request; sent with its reply */
+        gm_piece_t *to_release;     /* released by the allocator, not yet asked back from the client */
+        gm_release_t *releases;     /* asked back, awaiting ReleaseAck */
+        uint64_t releasing_bytes;   /* bytes in `releases` */
+        uint64_t next_release_id;
+        gm_parked_t *parked;
+        uint32_t n_parked;
+        struct gm_session *prev, *next;
+} gm_session_t;
+
+struct gm_daemon {
+        uv_loop_t *loop;
+        gm_options_t opts;
+        gm_backend_t *backend;
+        gm_alloc_config_t alloc_config;
+        gm_stats_t device_stats;
+        uint64_t va_cursor; /* next synthetic segment address (shared by all heaps) */
+        int listen_fd;
+        uv_poll_t listener;
+        uv_signal_t sigterm, sigint, sighup;
+        uv_timer_t tick; /* release retries and parked-allocation timeouts */
+        bool tick_running;
+        gm_session_t *sessions;
+        uint32_t n_sessions;
+        uint64_t next_session_id;
+        uint64_t releasing_bytes; /* over all sessions */
+        gm_tenant_t *tenants;
+        bool shutting_down;
+        uint32_t sigint_count;
+};
+
+/* server.c: the listener and session lifetimes. */
+int gm_server_start(gm_daemon_t *d);
+void gm_server_stop(gm_daemon_t *d);
+/* Ends a session: releases all its memory at once and closes it. */
+void gm_session_close(gm_session_t *s, const char *why);
+/* Sends an envelope (with fds) to the session's client; on failure the
+ * session is closed and a negative errno returned. */
+int gm_session_send(gm_session_t *s, const Gpumem__Envelope *env, const int *fds, size_t n_fds);
+int gm_session_send_error(gm_session_t *s, uint64_t request_id, int err, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+/* session.c: request handling. Returns 0, or a negative errno when the
+ * session must be closed (protocol abuse). */
+int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n_fds);
+/* Asks the client for every piece the allocator released since the last call. */
+void gm_session_flush_releases(gm_session_t *s);
+/* Releases everything the session holds, without asking (the client is gone). */
+void gm_session_release_all(gm_session_t *s);
+/* Periodic work: re-asks unacknowledged releases, times parked allocations out. */
+void gm_daemon_tick(gm_daemon_t *d);
+
+/* tenant.c */
+gm_tenant_t *gm_tenant_get(gm_daemon_t *d, const char *name);
+gm_tenant_t *gm_tenant_find(gm_daemon_t *d, const char *name);
+void gm_tenants_free(gm_daemon_t *d);
+
+uint64_t gm_now_ms(void);

@@ -1,0 +1,255 @@
+/* gpumemd: the per-GPU memory broker. Startup and shutdown are symmetric:
+ * options → backend → loop → server → READY; teardown in reverse. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "size.h"
+
+static void usage(FILE *f) {
+        fprintf(f,
+                "Usage: gpumemd [OPTIONS]\n"
+                "Per-GPU memory broker: hands out memory blocks to client processes.\n\n"
+                "  -c, --config FILE          configuration file (INI)\n"
+                "  -d, --device N             device index (default 0)\n"
+                "  -b, --backend KIND         auto, cuda or host (default auto)\n"
+                "  -C, --capacity BYTES       bytes to hand out (1G, 512M, 4096; default: host\n"
+                "                             min(8G, RAM/4), cuda the device's memory)\n"
+                "  -s, --socket PATH          control socket (default /run/gpumem/gpu<N>.sock as\n"
+                "                             root, else $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock)\n"
+                "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
+                "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
+                "      --max-sessions N       concurrent sessions (default 1024)\n"
+                "      --max-blocks N         live blocks per session (default 1048576)\n"
+                "  -v, --verbose              more logging (repeat for debug)\n"
+                "  -h, --help                 this text\n");
+}
+
+enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS };
+
+static int parse_args(int argc, char **argv, gm_options_t *o) {
+        static const struct option long_options[] = {
+                {"config", required_argument, NULL, 'c'},
+                {"device", required_argument, NULL, 'd'},
+                {"backend", required_argument, NULL, 'b'},
+                {"capacity", required_argument, NULL, 'C'},
+                {"socket", required_argument, NULL, 's'},
+                {"metrics-listen", required_argument, NULL, 'm'},
+                {"alloc-conf", required_argument, NULL, 'a'},
+                {"max-sessions", required_argument, NULL, OPT_MAX_SESSIONS},
+                {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
+                {"verbose", no_argument, NULL, 'v'},
+                {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        int c;
+        while ((c = getopt_long(argc, argv, "c:d:b:C:s:m:a:vh", long_options, NULL)) != -1) {
+                char *end;
+                switch (c) {
+                case 'c':
+                        o->config_path = optarg;
+                        break;
+                case 'd':
+                        if (strncmp(optarg, "GPU-", 4) == 0) {
+                                o->device_uuid = optarg;
+                                break;
+                        }
+                        o->device = (int) strtol(optarg, &end, 10);
+                        if (*end || o->device < 0) {
+                                log_error("Invalid --device '%s': an index or a GPU-... UUID", optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case 'b':
+                        if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0 && strcmp(optarg, "host") != 0) {
+                                log_error("Invalid --backend '%s': auto, cuda or host", optarg);
+                                return -EINVAL;
+                        }
+                        o->backend = optarg;
+                        break;
+                case 'C':
+                        if (gm_parse_size(optarg, &o->capacity) < 0 || o->capacity == 0) {
+                                log_error("Invalid --capacity '%s': a size such as 8G, 512M or 4096", optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case 's':
+                        if (strlen(optarg) >= sizeof(o->socket_path)) {
+                                log_error("Socket path '%s' is too long", optarg);
+                                return -ENAMETOOLONG;
+                        }
+                        snprintf(o->socket_path, sizeof(o->socket_path), "%s", optarg);
+                        break;
+                case 'm':
+                        o->metrics_listen = optarg;
+                        break;
+                case 'a':
+                        o->alloc_conf = optarg;
+                        break;
+                case OPT_MAX_SESSIONS:
+                case OPT_MAX_BLOCKS: {
+                        unsigned long long v = strtoull(optarg, &end, 10);
+                        if (*end || v == 0) {
+                                log_error("Invalid limit '%s'", optarg);
+                                return -EINVAL;
+                        }
+                        if (c == OPT_MAX_SESSIONS)
+                                o->limits.max_sessions = (uint32_t) v;
+                        else
+                                o->limits.max_blocks_per_session = v;
+                        break;
+                }
+                case 'v':
+                        o->verbosity++;
+                        break;
+                case 'h':
+                        usage(stdout);
+                        exit(EXIT_SUCCESS);
+                default:
+                        usage(stderr);
+                        return -EINVAL;
+                }
+        }
+        if (optind < argc) {
+                log_error("Unexpected argument '%s'", argv[optind]);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static void options_default(gm_options_t *o) {
+        *o = (gm_options_t){
+                .backend = "auto",
+                .limits = {
+                        .max_sessions = 1024,
+                        .max_blocks_per_session = 1u << 20,
+                        .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
+                        .max_fds = GM_IPC_MAX_FDS_DEFAULT,
+                        .max_parked_per_session = 64,
+                        .park_timeout_ms = 2000,
+                        .release_timeout_ms = 2000,
+                },
+        };
+}
+
+/* Every physical handle is an fd: allow as many as the hard limit lets us. */
+static void raise_fd_limit(void) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                        log_warning_errno(-errno, "Failed to raise RLIMIT_NOFILE, ignoring");
+        }
+}
+
+static void on_signal(uv_signal_t *handle, int signum) {
+        gm_daemon_t *d = handle->data;
+        if (signum == SIGHUP) {
+                log_info("SIGHUP: nothing to reload without --config, ignoring");
+                return;
+        }
+        if (d->shutting_down) {
+                if (signum == SIGINT) {
+                        log_notice("second SIGINT: exiting now");
+                        _exit(EXIT_FAILURE);
+                }
+                return;
+        }
+        log_notice("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        d->shutting_down = true;
+        gm_server_stop(d);
+        uv_signal_stop(&d->sigterm);
+        uv_signal_stop(&d->sighup);
+        uv_close((uv_handle_t *) &d->sigterm, NULL);
+        uv_close((uv_handle_t *) &d->sighup, NULL);
+        /* SIGINT stays armed so that a second one exits at once. */
+        uv_unref((uv_handle_t *) &d->sigint);
+}
+
+static void walk_close(uv_handle_t *h, void *arg) {
+        if (!uv_is_closing(h))
+                uv_close(h, NULL);
+}
+
+int main(int argc, char **argv) {
+        static gm_daemon_t daemon;
+        gm_daemon_t *d = &daemon;
+        char err[512] = "";
+        int r;
+
+        options_default(&d->opts);
+        d->listen_fd = -1;
+        if (parse_args(argc, argv, &d->opts) < 0)
+                return EXIT_FAILURE;
+        gm_log_max_level = d->opts.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
+        if (!d->opts.socket_path[0]) {
+                r = gm_ipc_default_socket_path(d->opts.device, false, d->opts.socket_path, sizeof(d->opts.socket_path));
+                if (r < 0)
+                        return log_error_errno(r, "Failed to determine the socket path"), EXIT_FAILURE;
+        }
+        r = gm_alloc_config_parse(d->opts.alloc_conf, &d->alloc_config, err, sizeof(err));
+        if (r < 0) {
+                log_error("Invalid --alloc-conf '%s': %s", d->opts.alloc_conf, err);
+                return EXIT_FAILURE;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        raise_fd_limit();
+
+        gm_backend_options_t bopts = {
+                .kind = d->opts.backend,
+                .device = d->opts.device,
+                .device_uuid = d->opts.device_uuid,
+                .capacity = d->opts.capacity,
+        };
+        err[0] = '\0';
+        r = gm_backend_open(&bopts, &d->backend, err, sizeof(err));
+        if (r < 0) {
+                log_error("Failed to open the %s backend: %s", d->opts.backend, err[0] ? err : strerror(-r));
+                return EXIT_FAILURE;
+        }
+        if (err[0])
+                log_notice("%s", err);
+        gm_stats_init(&d->device_stats);
+        d->device_stats.max_split_size =
+                d->alloc_config.max_split_size == UINT64_MAX ? -1 : (int64_t) d->alloc_config.max_split_size;
+        d->va_cursor = 1ull << 40; /* synthetic addresses: away from 0, far below 2^53 */
+
+        d->loop = uv_default_loop();
+        r = gm_server_start(d);
+        if (r < 0) {
+                d->backend = gm_backend_close(d->backend);
+                return EXIT_FAILURE;
+        }
+        uv_signal_init(d->loop, &d->sigterm);
+        uv_signal_init(d->loop, &d->sigint);
+        uv_signal_init(d->loop, &d->sighup);
+        d->sigterm.data = d->sigint.data = d->sighup.data = d;
+        uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+        uv_signal_start(&d->sigint, on_signal, SIGINT);
+        uv_signal_start(&d->sighup, on_signal, SIGHUP);
+
+        char cap[32];
+        log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
+                   d->backend->device, d->backend->ops->name, gm_format_size(d->backend->capacity, cap, sizeof(cap)),
+                   d->opts.socket_path);
+        uv_run(d->loop, UV_RUN_DEFAULT);
+
+        uv_walk(d->loop, walk_close, NULL);
+        uv_run(d->loop, UV_RUN_DEFAULT);
+        r = uv_loop_close(d->loop);
+        if (r < 0)
+                log_warning("event loop not empty at exit: %s", uv_strerror(r));
+        if (d->backend->in_use != 0)
+                log_error("BUG: %llu bytes still in use at exit", (unsigned long long) d->backend->in_use);
+        d->backend = gm_backend_close(d->backend);
+        gm_tenants_free(d);
+        log_notice("stopped");
+        return EXIT_SUCCESS;
+}

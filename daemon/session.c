@@ -1,0 +1,699 @@
+/* Request handling for one session, and the session's side of the allocator:
+ * physical memory comes from the backend and goes back only after the client
+ * acknowledged unmapping it (or is gone). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "msg.h"
+#include "size.h"
+
+/* ---- pieces: the allocator's provider ---- */
+
+static void piece_free_to_backend(gm_session_t *s, gm_piece_t *p) {
+        if (s->tenant)
+                s->tenant->charged_bytes -= p->phys.size;
+        gm_backend_release(s->daemon->backend, &p->phys);
+        free(p);
+}
+
+static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                           uint64_t size, uint64_t *ret_handle) {
+        gm_session_t *s = userdata;
+        gm_tenant_t *t = s->tenant;
+        if (t->quota && t->charged_bytes + size > t->quota)
+                return -EDQUOT;
+        gm_piece_t *p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        int r = gm_backend_create(s->daemon->backend, size, &p->phys);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        p->segment_id = segment_id;
+        p->segment_va_size = segment_va_size;
+        p->offset = offset;
+        t->charged_bytes += size;
+        p->next = s->new_pieces;
+        s->new_pieces = p;
+        *ret_handle = (uint64_t) (uintptr_t) p;
+        return 0;
+}
+
+static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                             bool whole_segment) {
+        gm_session_t *s = userdata;
+        gm_piece_t *p = (gm_piece_t *) (uintptr_t) handle;
+        /* A piece created during the current request that never reached the
+         * client is not mapped anywhere: unlink it from new_pieces. */
+        for (gm_piece_t **pp = &s->new_pieces; *pp; pp = &(*pp)->next)
+                if (*pp == p) {
+                        *pp = p->next;
+                        break;
+                }
+        if (s->closing || !p->client_mapped) {
+                piece_free_to_backend(s, p);
+                return;
+        }
+        p->whole_segment = whole_segment;
+        p->next = s->to_release;
+        s->to_release = p;
+}
+
+static int session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
+        if (s->heap) {
+                *ret_heap = s->heap;
+                return 0;
+        }
+        gm_daemon_t *d = s->daemon;
+        gm_provider_t provider = {
+                .create = provider_create,
+                .release = provider_release,
+                .trace = NULL,
+                .userdata = s,
+        };
+        gm_heap_params_t params = {
+                .capacity = d->backend->capacity,
+                .va_cursor = &d->va_cursor,
+                .extra_sinks = {&s->tenant->stats, &d->device_stats, NULL},
+        };
+        int r = gm_heap_new(&d->alloc_config, &provider, &params, &s->heap);
+        if (r < 0)
+                return r;
+        *ret_heap = s->heap;
+        return 0;
+}
+
+/* ---- releases: ask the client, wait for the ack ---- */
+
+static int release_send(gm_session_t *s, gm_release_t *rel) {
+        size_t n = 0;
+        for (gm_piece_t *p = rel->pieces; p; p = p->next)
+                n++;
+        Gpumem__Range *ranges = calloc(n, sizeof(*ranges));
+        Gpumem__Range **range_ptrs = calloc(n, sizeof(*range_ptrs));
+        if (!ranges || !range_ptrs) {
+                free(ranges);
+                free(range_ptrs);
+                return -ENOMEM;
+        }
+        size_t i = 0;
+        for (gm_piece_t *p = rel->pieces; p; p = p->next, i++) {
+                gpumem__range__init(&ranges[i]);
+                ranges[i].segment_id = p->segment_id;
+                ranges[i].offset = p->offset;
+                ranges[i].length = p->phys.size;
+                ranges[i].whole_segment = p->whole_segment;
+                range_ptrs[i] = &ranges[i];
+        }
+        Gpumem__ReleaseRequest req = GPUMEM__RELEASE_REQUEST__INIT;
+        req.release_id = rel->id;
+        req.n_ranges = n;
+        req.ranges = range_ptrs;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST;
+        env.release_request = &req;
+        rel->sent_at_ms = gm_now_ms();
+        rel->attempts++;
+        int r = gm_session_send(s, &env, NULL, 0);
+        free(ranges);
+        free(range_ptrs);
+        return r;
+}
+
+/* A ReleaseRequest must fit one packet: ranges are sent in batches of this many. */
+#define RANGES_PER_RELEASE 512
+
+void gm_session_flush_releases(gm_session_t *s) {
+        while (s->to_release && !s->closing) {
+                gm_release_t *rel = calloc(1, sizeof(*rel));
+                if (!rel)
+                        return; /* stays in to_release; retried at the next flush */
+                rel->id = s->next_release_id++;
+                for (int i = 0; i < RANGES_PER_RELEASE && s->to_release; i++) {
+                        gm_piece_t *p = s->to_release;
+                        s->to_release = p->next;
+                        p->next = rel->pieces;
+                        rel->pieces = p;
+                        rel->bytes += p->phys.size;
+                }
+                rel->next = s->releases;
+                s->releases = rel;
+                s->releasing_bytes += rel->bytes;
+                s->daemon->releasing_bytes += rel->bytes;
+                if (release_send(s, rel) < 0)
+                        return; /* the session is closed (and everything released) */
+        }
+}
+
+static void release_complete(gm_session_t *s, gm_release_t *rel) {
+        s->releasing_bytes -= rel->bytes;
+        s->daemon->releasing_bytes -= rel->bytes;
+        while (rel->pieces) {
+                gm_piece_t *p = rel->pieces;
+                rel->pieces = p->next;
+                piece_free_to_backend(s, p);
+        }
+        free(rel);
+}
+
+void gm_session_release_all(gm_session_t *s) {
+        s->heap = gm_heap_destroy(s->heap); /* releases every piece at once: s->closing is set */
+        while (s->to_release) {
+                gm_piece_t *p = s->to_release;
+                s->to_release = p->next;
+                piece_free_to_backend(s, p);
+        }
+        while (s->releases) {
+                gm_release_t *rel = s->releases;
+                s->releases = rel->next;
+                release_complete(s, rel);
+        }
+        while (s->parked) {
+                gm_parked_t *p = s->parked;
+                s->parked = p->next;
+                free(p);
+        }
+        s->n_parked = 0;
+}
+
+/* ---- replies ---- */
+
+static int send_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+        env->request_id = request_id;
+        return gm_session_send(s, env, fds, n_fds);
+}
+
+/* Sends the new pieces' mappings (MapSegments packets while more than one
+ * packet's worth of fds remains, the rest with the AllocReply). */
+static int send_alloc_reply(gm_session_t *s, uint64_t request_id, const gm_alloc_result_t *res) {
+        uint32_t max_fds = s->daemon->opts.limits.max_fds;
+        size_t n = 0;
+        for (gm_piece_t *p = s->new_pieces; p; p = p->next)
+                n++;
+        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
+        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
+        int *fds = calloc(n ? n : 1, sizeof(int));
+        if (!maps || !map_ptrs || !fds) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+                return -ENOMEM;
+        }
+        /* new_pieces is newest first; the client maps in creation order. */
+        size_t i = n;
+        for (gm_piece_t *p = s->new_pieces; p; p = p->next) {
+                i--;
+                gpumem__mapping__init(&maps[i]);
+                maps[i].segment_id = p->segment_id;
+                maps[i].segment_va_size = p->segment_va_size;
+                maps[i].offset = p->offset;
+                maps[i].length = p->phys.size;
+                map_ptrs[i] = &maps[i];
+                fds[i] = p->phys.fd;
+        }
+        int r = 0;
+        size_t sent = 0;
+        while (n - sent > max_fds) {
+                Gpumem__MapSegments ms = GPUMEM__MAP_SEGMENTS__INIT;
+                ms.n_mappings = max_fds;
+                ms.mappings = map_ptrs + sent;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.body_case = GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS;
+                env.map_segments = &ms;
+                r = send_reply(s, request_id, &env, fds + sent, max_fds);
+                if (r < 0)
+                        goto out;
+                sent += max_fds;
+        }
+        Gpumem__AllocReply reply = GPUMEM__ALLOC_REPLY__INIT;
+        reply.block_id = res->block_id;
+        reply.segment_id = res->segment_id;
+        reply.offset = res->offset;
+        reply.block_size = res->size;
+        reply.n_new_mappings = n - sent;
+        reply.new_mappings = map_ptrs + sent;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
+        env.alloc_reply = &reply;
+        r = send_reply(s, request_id, &env, fds + sent, n - sent);
+out:
+        if (r == 0)
+                for (gm_piece_t *p = s->new_pieces; p; p = p->next)
+                        p->client_mapped = true;
+        s->new_pieces = NULL; /* owned by the heap (via handles) from now on */
+        free(maps);
+        free(map_ptrs);
+        free(fds);
+        return r;
+}
+
+/* ---- reclaim across sessions ---- */
+
+/* Asks idle sessions (least recently active first) other than `requester` for
+ * their cached segments until `need` bytes are on their way back. Only sessions
+ * of `tenant` when it is not NULL (quota pressure). Returns the bytes asked for. */
+static uint64_t reclaim_from_others(gm_daemon_t *d, gm_session_t *requester, gm_tenant_t *tenant, uint64_t need) {
+        uint64_t asked = 0;
+        while (asked < need) {
+                gm_session_t *victim = NULL;
+                for (gm_session_t *o = d->sessions; o; o = o->next) {
+                        if (o == requester || o->closing || !o->heap || (tenant && o->tenant != tenant))
+                                continue;
+                        const gm_stats_t *st = gm_heap_stats(o->heap);
+                        if (st->reserved_bytes[GM_STAT_ALL].current <= st->active_bytes[GM_STAT_ALL].current)
+                                continue; /* nothing cached */
+                        if (!victim || o->last_active_ms < victim->last_active_ms)
+                                victim = o;
+                }
+                if (!victim)
+                        break;
+                uint64_t got = gm_heap_release_cached(victim->heap);
+                victim->last_active_ms = gm_now_ms(); /* do not pick it again in this round */
+                gm_session_flush_releases(victim);
+                if (got == 0)
+                        break; /* only split segments with live blocks remain cached */
+                asked += got;
+        }
+        return asked;
+}
+
+/* ---- handlers ---- */
+
+static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hello *hello) {
+        gm_daemon_t *d = s->daemon;
+        if (s->hello_done) {
+                gm_session_send_error(s, request_id, EPROTO, "hello sent twice");
+                return -EPROTO;
+        }
+        if (hello->protocol_version != GM_PROTOCOL_VERSION) {
+                gm_session_send_error(s, request_id, EPROTONOSUPPORT,
+                                      "protocol version %u not supported (daemon speaks %u)", hello->protocol_version,
+                                      GM_PROTOCOL_VERSION);
+                return -EPROTONOSUPPORT;
+        }
+        snprintf(s->name, sizeof(s->name), "%s", hello->client_name ? hello->client_name : "");
+        char tenant_name[64];
+        snprintf(tenant_name, sizeof(tenant_name), "uid:%u", (unsigned) s->cred.uid);
+        s->tenant = gm_tenant_get(d, tenant_name);
+        if (!s->tenant) {
+                gm_session_send_error(s, request_id, ENOMEM, "out of memory");
+                return -ENOMEM;
+        }
+        s->tenant->sessions++;
+        s->admin = s->cred.uid == 0 || s->cred.uid == getuid();
+        s->hello_done = true;
+
+        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
+        reply.protocol_version = GM_PROTOCOL_VERSION;
+        reply.session_id = s->id;
+        reply.backend = (char *) d->backend->ops->name;
+        reply.device = d->backend->device;
+        reply.capacity = d->backend->capacity;
+        reply.max_packet = d->opts.limits.max_packet;
+        reply.max_fds = d->opts.limits.max_fds;
+        reply.tenant = s->tenant->name;
+        reply.granularity = d->backend->granularity;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
+        env.hello_reply = &reply;
+        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'", (unsigned long long) s->id, (int) s->cred.pid,
+                 (unsigned) s->cred.uid, s->tenant->name, s->name);
+        return send_reply(s, request_id, &env, NULL, 0) < 0 ? 0 : 0;
+}
+
+/* Describes a refused allocation: what the device, the tenant and the session hold. */
+static void describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
+        gm_daemon_t *d = s->daemon;
+        const gm_stats_t *st = gm_heap_stats(s->heap);
+        char a[32], c[32], u[32], q[32], r[32], l[32];
+        uint64_t cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current - st->allocated_bytes[GM_STAT_ALL].current);
+        if (err == -EDQUOT) {
+                snprintf(buf, len,
+                         "gpumemd: quota of tenant '%s' exceeded: tried to allocate %s; quota %s, reserved %s "
+                         "(live %s, cached %s). Free memory, trim caches, or raise the quota.",
+                         s->tenant->name, gm_format_size(size, a, sizeof(a)),
+                         gm_format_size(s->tenant->quota, q, sizeof(q)),
+                         gm_format_size(s->tenant->charged_bytes, r, sizeof(r)),
+                         gm_format_size((uint64_t) s->tenant->stats.allocated_bytes[GM_STAT_ALL].current, l, sizeof(l)),
+                         gm_format_size(cached, u, sizeof(u)));
+                return;
+        }
+        snprintf(buf, len,
+                 "gpumemd: out of memory: tried to allocate %s on %s device %d with capacity %s, of which %s is in "
+                 "use by the broker (%s awaiting release by clients); this session holds %s live and %s cached "
+                 "(largest free block %s).",
+                 gm_format_size(size, a, sizeof(a)), d->backend->ops->name, d->backend->device,
+                 gm_format_size(d->backend->capacity, c, sizeof(c)), gm_format_size(d->backend->in_use, u, sizeof(u)),
+                 gm_format_size(d->releasing_bytes, r, sizeof(r)),
+                 gm_format_size((uint64_t) st->allocated_bytes[GM_STAT_ALL].current, l, sizeof(l)),
+                 gm_format_size(cached, q, sizeof(q)), gm_format_size(gm_heap_largest_free(s->heap), q, sizeof(q)));
+}
+
+/* Tries one allocation. Returns 0 when a reply (success or refusal) was sent,
+ * -EAGAIN when the request should wait for reclaimed memory, or a negative
+ * errno when the session broke. */
+static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, bool may_park) {
+        gm_daemon_t *d = s->daemon;
+        gm_heap_t *heap;
+        int r = session_heap(s, &heap);
+        if (r < 0)
+                return gm_session_send_error(s, request_id, r, "cannot create the session's allocator"), 0;
+        if (gm_heap_live_blocks(heap) >= d->opts.limits.max_blocks_per_session)
+                return gm_session_send_error(s, request_id, ENOBUFS,
+                                             "gpumemd: session limit of %llu live blocks reached",
+                                             (unsigned long long) d->opts.limits.max_blocks_per_session),
+                       0;
+        if (size == 0)
+                return gm_session_send_error(s, request_id, EINVAL, "gpumemd: allocation of size 0"), 0;
+        if (size > d->backend->capacity) {
+                char a[32], c[32];
+                return gm_session_send_error(s, request_id, ENOMEM,
+                                             "gpumemd: tried to allocate %s, more than the device's capacity of %s",
+                                             gm_format_size(size, a, sizeof(a)),
+                                             gm_format_size(d->backend->capacity, c, sizeof(c))),
+                       0;
+        }
+        gm_alloc_result_t res;
+        r = gm_heap_alloc(heap, size, stream, &res);
+        if (r == 0)
+                return send_alloc_reply(s, request_id, &res) < 0 ? -ECONNRESET : 0;
+        if (r != -ENOMEM && r != -EDQUOT)
+                return gm_session_send_error(s, request_id, r, "gpumemd: allocation failed: %s", strerror(-r)), 0;
+
+        /* The allocator already gave back this session's own cache. Memory
+         * reclaimed from other sessions arrives once their clients acknowledge. */
+        uint64_t asked = reclaim_from_others(d, s, r == -EDQUOT ? s->tenant : NULL, size);
+        bool help_coming = asked > 0 || (r == -EDQUOT ? s->releasing_bytes > 0 : d->releasing_bytes > 0);
+        if (may_park && help_coming && s->n_parked < d->opts.limits.max_parked_per_session)
+                return -EAGAIN;
+        char message[1024];
+        describe_refusal(s, size, r, message, sizeof(message));
+        return gm_session_send_error(s, request_id, r, "%s", message), 0;
+}
+
+static int park(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream) {
+        gm_parked_t *p = calloc(1, sizeof(*p));
+        if (!p)
+                return gm_session_send_error(s, request_id, ENOMEM, "out of memory"), 0;
+        p->request_id = request_id;
+        p->size = size;
+        p->stream = stream;
+        p->parked_at_ms = gm_now_ms();
+        /* FIFO: append. */
+        gm_parked_t **pp = &s->parked;
+        while (*pp)
+                pp = &(*pp)->next;
+        *pp = p;
+        s->n_parked++;
+        return 0;
+}
+
+/* Retries parked allocations of every session in FIFO order, as far as they go. */
+static void retry_parked(gm_daemon_t *d, bool timed_out_only) {
+        uint64_t now = gm_now_ms();
+        for (gm_session_t *s = d->sessions, *next; s; s = next) {
+                next = s->next;
+                while (s->parked && !s->closing) {
+                        gm_parked_t *p = s->parked;
+                        bool expired = now - p->parked_at_ms >= d->opts.limits.park_timeout_ms;
+                        if (timed_out_only && !expired)
+                                break;
+                        s->parked = p->next;
+                        s->n_parked--;
+                        int r = try_alloc(s, p->request_id, p->size, p->stream, !expired);
+                        if (r == -EAGAIN) {
+                                /* Still waiting: back to the head, keep its age. */
+                                p->next = s->parked;
+                                s->parked = p;
+                                s->n_parked++;
+                                gm_session_flush_releases(s);
+                                break;
+                        }
+                        free(p);
+                        gm_session_flush_releases(s);
+                }
+        }
+}
+
+static int handle_alloc(gm_session_t *s, uint64_t request_id, const Gpumem__Alloc *alloc) {
+        if (s->parked) /* keep order behind earlier waiting requests */
+                return park(s, request_id, alloc->size, alloc->stream);
+        int r = try_alloc(s, request_id, alloc->size, alloc->stream, true);
+        if (r == -EAGAIN)
+                return park(s, request_id, alloc->size, alloc->stream);
+        return r == -ECONNRESET ? 0 : r;
+}
+
+static int handle_free(gm_session_t *s, uint64_t request_id, const Gpumem__Free *f) {
+        int r = s->heap ? gm_heap_free(s->heap, f->block_id, f->deferred) : -ENOENT;
+        if (r < 0)
+                gm_session_send_error(s, request_id, EINVAL, "gpumemd: free of block %" PRIu64
+                                      " refused: not a live block of this session (unknown id or double free)",
+                                      f->block_id);
+        return 0;
+}
+
+static int handle_free_completed(gm_session_t *s, uint64_t request_id, const Gpumem__FreeCompleted *f) {
+        int r = s->heap ? gm_heap_free_completed(s->heap, f->block_id) : -ENOENT;
+        if (r < 0)
+                gm_session_send_error(s, request_id, EINVAL,
+                                      "gpumemd: block %" PRIu64 " has no free pending completion", f->block_id);
+        return 0;
+}
+
+static int handle_release_ack(gm_session_t *s, uint64_t request_id, const Gpumem__ReleaseAck *ack) {
+        for (gm_release_t **rp = &s->releases; *rp; rp = &(*rp)->next) {
+                gm_release_t *rel = *rp;
+                if (rel->id != ack->release_id)
+                        continue;
+                *rp = rel->next;
+                release_complete(s, rel);
+                retry_parked(s->daemon, false);
+                return 0;
+        }
+        gm_session_send_error(s, request_id, EINVAL, "gpumemd: no release %" PRIu64 " is pending", ack->release_id);
+        return 0;
+}
+
+static int handle_trim(gm_session_t *s, uint64_t request_id, const Gpumem__Trim *trim) {
+        gm_daemon_t *d = s->daemon;
+        uint64_t released = 0;
+        bool everyone = trim->tenant && trim->tenant[0];
+        if (!everyone && s->heap) {
+                released = gm_heap_release_cached(s->heap);
+                gm_session_flush_releases(s);
+        }
+        if (everyone || (!s->heap && s->admin)) {
+                if (!s->admin)
+                        return gm_session_send_error(s, request_id, EPERM,
+                                                     "gpumemd: trimming other sessions needs admin rights"),
+                               0;
+                const char *tenant = everyone ? trim->tenant : NULL;
+                if (tenant && strcmp(tenant, "*") == 0)
+                        tenant = NULL;
+                for (gm_session_t *o = d->sessions; o; o = o->next) {
+                        if (o->closing || !o->heap || (tenant && strcmp(o->tenant->name, tenant) != 0))
+                                continue;
+                        released += gm_heap_release_cached(o->heap);
+                        gm_session_flush_releases(o);
+                }
+        }
+        Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
+        reply.released_bytes = released;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_TRIM_REPLY;
+        env.trim_reply = &reply;
+        send_reply(s, request_id, &env, NULL, 0);
+        return 0;
+}
+
+typedef struct stats_collect {
+        Gpumem__StatEntry *entries;
+        Gpumem__StatEntry **ptrs;
+        size_t n, cap;
+        char **names; /* filter */
+        size_t n_names;
+} stats_collect_t;
+
+static void collect_stat(const char *name, int64_t value, void *userdata) {
+        stats_collect_t *c = userdata;
+        if (c->n_names) {
+                bool wanted = false;
+                for (size_t i = 0; i < c->n_names && !wanted; i++)
+                        wanted = strcmp(c->names[i], name) == 0;
+                if (!wanted)
+                        return;
+        }
+        if (c->n == c->cap)
+                return;
+        gpumem__stat_entry__init(&c->entries[c->n]);
+        c->entries[c->n].name = (char *) name;
+        c->entries[c->n].value = value;
+        c->ptrs[c->n] = &c->entries[c->n];
+        c->n++;
+}
+
+static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
+
+static int handle_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stats *req) {
+        gm_daemon_t *d = s->daemon;
+        gm_stats_t scratch;
+        const gm_stats_t *st = NULL;
+        uint64_t sessions = 0;
+        switch (req->scope) {
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
+                if (s->heap) {
+                        st = gm_heap_stats(s->heap);
+                } else {
+                        gm_stats_init(&scratch);
+                        scratch.max_split_size = d->device_stats.max_split_size;
+                        st = &scratch;
+                }
+                sessions = 1;
+                break;
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
+                if (!s->admin)
+                        return gm_session_send_error(s, request_id, EPERM,
+                                                     "gpumemd: device-wide statistics need admin rights; "
+                                                     "ask for your tenant ('%s')", s->tenant->name),
+                               0;
+                st = &d->device_stats;
+                sessions = d->n_sessions;
+                break;
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
+                const char *name = req->tenant && req->tenant[0] ? req->tenant : s->tenant->name;
+                if (!s->admin && strcmp(name, s->tenant->name) != 0)
+                        return gm_session_send_error(s, request_id, EPERM,
+                                                     "gpumemd: statistics of tenant '%s' need admin rights", name),
+                               0;
+                gm_tenant_t *t = gm_tenant_find(d, name);
+                if (!t)
+                        return gm_session_send_error(s, request_id, ENOENT, "gpumemd: no tenant '%s'", name), 0;
+                st = &t->stats;
+                sessions = t->sessions;
+                break;
+        }
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_PID:
+                gm_stats_init(&scratch);
+                scratch.max_split_size = d->device_stats.max_split_size;
+                for (gm_session_t *o = d->sessions; o; o = o->next) {
+                        if ((uint32_t) o->cred.pid != req->pid || !o->heap)
+                                continue;
+                        if (!s->admin && o->tenant != s->tenant)
+                                return gm_session_send_error(s, request_id, EPERM,
+                                                             "gpumemd: pid %u belongs to another tenant", req->pid),
+                                       0;
+                        stats_add(&scratch, gm_heap_stats(o->heap));
+                        sessions++;
+                }
+                st = &scratch;
+                break;
+        default:
+                return gm_session_send_error(s, request_id, EINVAL, "gpumemd: unknown statistics scope"), 0;
+        }
+        enum { MAX_STATS = 160 };
+        Gpumem__StatEntry entries[MAX_STATS];
+        Gpumem__StatEntry *ptrs[MAX_STATS];
+        stats_collect_t c = {
+                .entries = entries, .ptrs = ptrs, .cap = MAX_STATS, .names = req->names, .n_names = req->n_names};
+        gm_stats_foreach(st, collect_stat, &c);
+        Gpumem__StatsReply reply = GPUMEM__STATS_REPLY__INIT;
+        reply.n_stats = c.n;
+        reply.stats = ptrs;
+        reply.device = d->backend->device;
+        reply.capacity = d->backend->capacity;
+        reply.sessions = sessions;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_STATS_REPLY;
+        env.stats_reply = &reply;
+        send_reply(s, request_id, &env, NULL, 0);
+        return 0;
+}
+
+/* Sums statistics of several sessions (currents, accumulations and counters
+ * add up; a sum of peaks is an upper bound of the joint peak). */
+static void stats_add_one(gm_stat_t *a, const gm_stat_t *b) {
+        a->current += b->current;
+        a->peak += b->peak;
+        a->allocated += b->allocated;
+        a->freed += b->freed;
+}
+
+static void stats_add(gm_stats_t *sum, const gm_stats_t *add) {
+        for (int t = 0; t < _GM_STAT_TYPE_MAX; t++) {
+                stats_add_one(&sum->allocation[t], &add->allocation[t]);
+                stats_add_one(&sum->segment[t], &add->segment[t]);
+                stats_add_one(&sum->active[t], &add->active[t]);
+                stats_add_one(&sum->inactive_split[t], &add->inactive_split[t]);
+                stats_add_one(&sum->allocated_bytes[t], &add->allocated_bytes[t]);
+                stats_add_one(&sum->reserved_bytes[t], &add->reserved_bytes[t]);
+                stats_add_one(&sum->active_bytes[t], &add->active_bytes[t]);
+                stats_add_one(&sum->inactive_split_bytes[t], &add->inactive_split_bytes[t]);
+                stats_add_one(&sum->requested_bytes[t], &add->requested_bytes[t]);
+        }
+        stats_add_one(&sum->oversize_allocations, &add->oversize_allocations);
+        stats_add_one(&sum->oversize_segments, &add->oversize_segments);
+        sum->num_alloc_retries += add->num_alloc_retries;
+        sum->num_ooms += add->num_ooms;
+        sum->num_sync_all_streams += add->num_sync_all_streams;
+        sum->num_device_alloc += add->num_device_alloc;
+        sum->num_device_free += add->num_device_free;
+}
+
+int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+        uint64_t rid = env->request_id;
+        if (n_fds > 0) {
+                /* Clients never send fds in protocol 1. */
+                gm_close_fds(fds, n_fds);
+                gm_session_send_error(s, rid, EBADMSG, "gpumemd: unexpected file descriptors in a request");
+                return -EBADMSG;
+        }
+        if (!s->hello_done && env->body_case != GPUMEM__ENVELOPE__BODY_HELLO) {
+                gm_session_send_error(s, rid, EPROTO, "gpumemd: the first request must be Hello");
+                return -EPROTO;
+        }
+        switch (env->body_case) {
+        case GPUMEM__ENVELOPE__BODY_HELLO:
+                return handle_hello(s, rid, env->hello);
+        case GPUMEM__ENVELOPE__BODY_ALLOC:
+                return handle_alloc(s, rid, env->alloc);
+        case GPUMEM__ENVELOPE__BODY_FREE:
+                return handle_free(s, rid, env->free);
+        case GPUMEM__ENVELOPE__BODY_FREE_COMPLETED:
+                return handle_free_completed(s, rid, env->free_completed);
+        case GPUMEM__ENVELOPE__BODY_TRIM:
+                return handle_trim(s, rid, env->trim);
+        case GPUMEM__ENVELOPE__BODY_STATS:
+                return handle_stats(s, rid, env->stats);
+        case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
+                return handle_release_ack(s, rid, env->release_ack);
+        default:
+                gm_session_send_error(s, rid, EPROTO, "gpumemd: message type %d is not a request",
+                                      (int) env->body_case);
+                return -EPROTO;
+        }
+}
+
+void gm_daemon_tick(gm_daemon_t *d) {
+        uint64_t now = gm_now_ms();
+        for (gm_session_t *s = d->sessions; s; s = s->next)
+                for (gm_release_t *rel = s->releases; rel && !s->closing; rel = rel->next)
+                        if (now - rel->sent_at_ms >= d->opts.limits.release_timeout_ms) {
+                                if (rel->attempts == 1)
+                                        log_warning("session %llu (pid %d) has not acknowledged release %llu "
+                                                    "(%llu bytes) in %u ms; asking again, the bytes stay charged",
+                                                    (unsigned long long) s->id, (int) s->cred.pid,
+                                                    (unsigned long long) rel->id, (unsigned long long) rel->bytes,
+                                                    d->opts.limits.release_timeout_ms);
+                                if (release_send(s, rel) < 0)
+                                        break;
+                        }
+        retry_parked(d, true);
+}

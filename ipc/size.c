@@ -1,0 +1,70 @@
+#include "size.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int gm_parse_size(const char *s, uint64_t *ret_size) {
+        if (!s || !*s || *s == '-' || isspace((unsigned char) *s))
+                return -EINVAL;
+        errno = 0;
+        char *end;
+        unsigned long long whole = strtoull(s, &end, 10);
+        if (errno == ERANGE)
+                return -ERANGE;
+        if (end == s)
+                return -EINVAL;
+        double fraction = 0;
+        if (*end == '.') {
+                char *frac_end;
+                fraction = strtod(end, &frac_end);
+                if (frac_end == end + 1)
+                        return -EINVAL;
+                end = frac_end;
+        }
+        static const char units[] = "KMGTP";
+        unsigned shift = 0;
+        if (*end) {
+                const char *u = strchr(units, toupper((unsigned char) *end));
+                if (!u)
+                        return -EINVAL;
+                shift = 10u * (unsigned) (u - units + 1);
+                end++;
+                if (*end == 'i' || *end == 'I')
+                        end++;
+                if (*end == 'b' || *end == 'B')
+                        end++;
+        } else if (fraction != 0) {
+                return -EINVAL; /* fractional bytes */
+        }
+        if (*end)
+                return -EINVAL;
+        if (shift && whole > (UINT64_MAX >> shift))
+                return -ERANGE;
+        uint64_t size = (uint64_t) whole << shift;
+        uint64_t extra = (uint64_t) (fraction * (double) (1ull << shift));
+        if (size + extra < size)
+                return -ERANGE;
+        *ret_size = size + extra;
+        return 0;
+}
+
+const char *gm_format_size(uint64_t bytes, char *buf, size_t buf_len) {
+        static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+        if (bytes < 1024) {
+                snprintf(buf, buf_len, "%llu bytes", (unsigned long long) bytes);
+                return buf;
+        }
+        double v = (double) bytes;
+        size_t u = 0;
+        while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+                v /= 1024;
+                u++;
+        }
+        snprintf(buf, buf_len, "%.2f %s", v, units[u]);
+        return buf;
+}

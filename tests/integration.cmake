@@ -1,0 +1,19 @@
+# End-to-end suite: real gpumemd + client processes. Runs on the host backend,
+# and again on the cuda backend over the emulated driver when it is built.
+add_library(gm_testutil STATIC ${CMAKE_CURRENT_LIST_DIR}/testutil.c)
+target_include_directories(gm_testutil PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(gm_testutil PUBLIC gm_ipc PkgConfig::CHECK)
+target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
+
+add_executable(test_integration ${CMAKE_CURRENT_LIST_DIR}/test_integration.c)
+target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK Threads::Threads)
+target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
+add_dependencies(test_integration gpumemd gpumemctl)
+add_test(NAME integration_host COMMAND test_integration)
+set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_test(NAME integration_cuda COMMAND test_integration)
+  set_tests_properties(integration_cuda PROPERTIES
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=$<TARGET_FILE:fakecuda>;FAKECUDA_CAPACITY=4G"
+    TIMEOUT 900)
+endif()

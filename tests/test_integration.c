@@ -1,0 +1,566 @@
+/* End-to-end tests: a real gpumemd, real client processes linked against
+ * libgpumem, real sockets and fd passing. The backend comes from
+ * $GPUMEM_TEST_BACKEND (host by default; cuda over the emulated driver). */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "msg.h"
+#include "testutil.h"
+
+#define MiB (1024ull * 1024ull)
+
+static gm_test_daemon_t daemon_;
+
+static void setup(void) {
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+}
+
+static void teardown(void) {
+        gm_test_daemon_stop(&daemon_);
+}
+
+static gpumem_client *connect_ok(void) {
+        gpumem_client *c = NULL;
+        int r = gpumem_connect(daemon_.socket_path, &c);
+        ck_assert_msg(r == 0, "gpumem_connect: %s", gpumem_strerror(r));
+        return c;
+}
+
+static int wait_child(pid_t pid) {
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+START_TEST(test_alloc_write_free_stats) {
+        gpumem_client *c = connect_ok();
+        static const size_t sizes[] = {1, 511, 512, 4096, 100000, 1 * MiB, 1 * MiB + 1, 3 * MiB, 12 * MiB};
+        void *ptrs[sizeof(sizes) / sizeof(sizes[0])];
+        int64_t requested = 0;
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                int r = gpumem_alloc(c, sizes[i], 0, &ptrs[i]);
+                ck_assert_msg(r == 0, "alloc %zu: %s (%s)", sizes[i], gpumem_strerror(r), gpumem_last_error(c));
+                gm_test_fill(ptrs[i], sizes[i], i + 1); /* the whole block is writable */
+                requested += (int64_t) sizes[i];
+        }
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+                ck_assert(gm_test_verify(ptrs[i], sizes[i], i + 1));
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "requested_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, requested);
+        ck_assert_int_eq(gpumem_stat(c, "allocation.all.current", &v), 9);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.current"), 9);
+        ck_assert_int_eq(gpumem_stat(c, "no.such.stat", &v), -ENOENT);
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+                ck_assert_int_eq(gpumem_free(c, ptrs[i]), 0);
+        ck_assert_int_eq(gpumem_stat(c, "allocated_bytes.all.current", &v), 0);
+        ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_gt(v, 0); /* freed blocks stay cached */
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_eq(released, (uint64_t) v);
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        gpumem_disconnect(c);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+}
+END_TEST
+
+START_TEST(test_local_refusals) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        int x;
+        ck_assert_int_eq(gpumem_alloc(c, 0, 0, &p), -EINVAL);
+        ck_assert_int_eq(gpumem_free(c, &x), -EINVAL);
+        ck_assert_str_ne(gpumem_last_error(c), "");
+        ck_assert_int_eq(gpumem_alloc(c, 4096, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), -EINVAL); /* double free */
+        ck_assert_int_eq(gpumem_alloc(c, 1ull << 40, 0, &p), -ENOMEM);
+        ck_assert_ptr_nonnull(strstr(gpumem_last_error(c), "capacity"));
+        gpumem_disconnect(c);
+}
+END_TEST
+
+/* Several processes write patterns into many blocks at once; each verifies
+ * its blocks after all others have written: blocks never overlap. */
+#define N_PROCS 4
+#define N_BLOCKS 48
+START_TEST(test_processes_never_overlap) {
+        int go[2], ready[2];
+        ck_assert_int_eq(pipe(go), 0);
+        ck_assert_int_eq(pipe(ready), 0);
+        pid_t pids[N_PROCS];
+        for (int p = 0; p < N_PROCS; p++) {
+                pids[p] = fork();
+                ck_assert_int_ge(pids[p], 0);
+                if (pids[p] == 0) {
+                        gpumem_client *c = connect_ok();
+                        void *ptr[N_BLOCKS];
+                        size_t size[N_BLOCKS];
+                        for (int i = 0; i < N_BLOCKS; i++) {
+                                size[i] = 1000 + (size_t) ((i * 7919 + p * 104729) % (3 * MiB));
+                                if (gpumem_alloc(c, size[i], (uint64_t) (i % 2), &ptr[i]) != 0)
+                                        _exit(10);
+                                gm_test_fill(ptr[i], size[i], (uint64_t) p << 32 | (uint64_t) i);
+                        }
+                        /* Free every third block and reallocate: reuse must not overlap either. */
+                        for (int i = 0; i < N_BLOCKS; i += 3) {
+                                if (gpumem_free(c, ptr[i]) != 0 || gpumem_alloc(c, size[i], 0, &ptr[i]) != 0)
+                                        _exit(11);
+                                gm_test_fill(ptr[i], size[i], (uint64_t) p << 32 | (uint64_t) i);
+                        }
+                        char ch = 'r';
+                        if (write(ready[1], &ch, 1) != 1 || read(go[0], &ch, 1) != 1)
+                                _exit(12);
+                        for (int i = 0; i < N_BLOCKS; i++)
+                                if (!gm_test_verify(ptr[i], size[i], (uint64_t) p << 32 | (uint64_t) i))
+                                        _exit(13);
+                        for (int i = 0; i < N_BLOCKS; i++)
+                                if (gpumem_free(c, ptr[i]) != 0)
+                                        _exit(14);
+                        gpumem_disconnect(c);
+                        _exit(0);
+                }
+        }
+        for (int p = 0; p < N_PROCS; p++) {
+                char ch;
+                ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        }
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.current"), N_PROCS * N_BLOCKS);
+        char go_all[N_PROCS];
+        memset(go_all, 'g', sizeof(go_all));
+        ck_assert_int_eq(write(go[1], go_all, sizeof(go_all)), N_PROCS);
+        for (int p = 0; p < N_PROCS; p++)
+                ck_assert_int_eq(wait_child(pids[p]), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "allocated_bytes.all.current", 0), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "segment.all.current"), 0);
+}
+END_TEST
+
+typedef struct thread_arg {
+        gpumem_client *c;
+        int id;
+        int failures;
+} thread_arg_t;
+
+static void *thread_main(void *p) {
+        thread_arg_t *a = p;
+        for (int round = 0; round < 200; round++) {
+                void *ptr[4];
+                size_t size = 256 + (size_t) ((round * 131 + a->id * 977) % 300000);
+                for (int i = 0; i < 4; i++) {
+                        if (gpumem_alloc(a->c, size, 0, &ptr[i]) != 0) {
+                                a->failures++;
+                                return NULL;
+                        }
+                        gm_test_fill(ptr[i], size, (uint64_t) a->id << 40 | (uint64_t) round << 8 | (uint64_t) i);
+                }
+                for (int i = 0; i < 4; i++) {
+                        if (!gm_test_verify(ptr[i], size, (uint64_t) a->id << 40 | (uint64_t) round << 8 | (uint64_t) i))
+                                a->failures++;
+                        if (gpumem_free(a->c, ptr[i]) != 0)
+                                a->failures++;
+                }
+        }
+        return NULL;
+}
+
+START_TEST(test_threads_share_a_client) {
+        gpumem_client *c = connect_ok();
+        enum { N_THREADS = 8 };
+        pthread_t th[N_THREADS];
+        thread_arg_t args[N_THREADS];
+        for (int i = 0; i < N_THREADS; i++) {
+                args[i] = (thread_arg_t){.c = c, .id = i};
+                ck_assert_int_eq(pthread_create(&th[i], NULL, thread_main, &args[i]), 0);
+        }
+        for (int i = 0; i < N_THREADS; i++) {
+                pthread_join(th[i], NULL);
+                ck_assert_int_eq(args[i].failures, 0);
+        }
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "allocation.all.allocated", &v), 0);
+        ck_assert_int_eq(v, N_THREADS * 200 * 4);
+        ck_assert_int_eq(gpumem_stat(c, "allocation.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_sigkilled_client_leaks_nothing) {
+        int ready[2];
+        ck_assert_int_eq(pipe(ready), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                gpumem_client *c = connect_ok();
+                void *p;
+                for (int i = 0; i < 10; i++)
+                        if (gpumem_alloc(c, 5 * MiB, 0, &p) != 0)
+                                _exit(1);
+                char ch = 'r';
+                if (write(ready[1], &ch, 1) != 1)
+                        _exit(2);
+                pause();
+                _exit(0);
+        }
+        char ch;
+        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        int fds_with_client = gm_test_count_fds(daemon_.pid);
+        ck_assert_int_gt(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), 0);
+        ck_assert_int_eq(kill(pid, SIGKILL), 0);
+        ck_assert_int_eq(wait_child(pid), 128 + SIGKILL);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.current"), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "segment.all.current"), 0);
+        /* The segments' fds and the connection are closed in the daemon. */
+        ck_assert_int_lt(gm_test_count_fds(daemon_.pid), fds_with_client - 10);
+        /* and the capacity is whole again: one client can take nearly all of it. */
+        gpumem_client *c = connect_ok();
+        void *big;
+        ck_assert_int_eq(gpumem_alloc(c, 250 * MiB, 0, &big), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+/* ---- bad input over raw sockets: a clear error, and the daemon keeps serving ---- */
+
+static void assert_daemon_serves(void) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 1000, 0, &p), 0);
+        gm_test_fill(p, 1000, 7);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+}
+
+static void assert_error_then_closed(int fd, int code) {
+        Gpumem__Envelope *e = gm_test_raw_recv(fd);
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, code);
+        ck_assert_str_ne(e->error->message, "");
+        gm_msg_free(e);
+        ck_assert_ptr_null(gm_test_raw_recv(fd)); /* the daemon closed the connection */
+}
+
+START_TEST(test_garbage_packet) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        static const char junk[] = "\xff\xff\xff\xff garbage that is no protobuf";
+        ck_assert_int_eq(gm_ipc_send(fd, junk, sizeof(junk), NULL, 0), 0);
+        assert_error_then_closed(fd, EBADMSG);
+        close(fd);
+        assert_daemon_serves();
+}
+END_TEST
+
+START_TEST(test_oversized_packet) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        size_t len = GM_IPC_MAX_PACKET_DEFAULT + 1;
+        char *big = calloc(1, len);
+        ck_assert_int_eq(gm_ipc_send(fd, big, len, NULL, 0), 0);
+        free(big);
+        assert_error_then_closed(fd, EMSGSIZE);
+        close(fd);
+        assert_daemon_serves();
+}
+END_TEST
+
+START_TEST(test_unexpected_fds_are_closed) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        int before = gm_test_count_fds(daemon_.pid);
+        int sent[3];
+        for (int i = 0; i < 3; i++)
+                sent[i] = memfd_create("junk", MFD_CLOEXEC);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 4096;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 5;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        ck_assert_int_eq(gm_msg_send(fd, &env, sent, 3, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        gm_close_fds(sent, 3);
+        assert_error_then_closed(fd, EBADMSG);
+        close(fd);
+        /* Neither the fds nor the connection stay open in the daemon. */
+        int after = gm_test_count_fds(daemon_.pid);
+        for (int i = 0; i < 200 && after >= before; i++) {
+                usleep(10000);
+                after = gm_test_count_fds(daemon_.pid);
+        }
+        ck_assert_int_lt(after, before);
+        assert_daemon_serves();
+}
+END_TEST
+
+START_TEST(test_protocol_errors_keep_session) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        /* Unknown block id: refused, session stays. */
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = 424242;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 7;
+        env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EINVAL);
+        gm_msg_free(reply);
+        /* Size 0 and size above capacity. */
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;
+        env.request_id = 8;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EINVAL);
+        gm_msg_free(reply);
+        alloc.size = 1ull << 50;
+        env.request_id = 9;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, ENOMEM);
+        gm_msg_free(reply);
+        /* A real allocation, then a double free over the wire. */
+        alloc.size = 4096;
+        env.request_id = 10;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        f.block_id = reply->alloc_reply->block_id;
+        gm_msg_free(reply);
+        env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        env.request_id = 11;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0); /* no reply on success */
+        env.request_id = 12;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EINVAL);
+        gm_msg_free(reply);
+        /* A message that is not a request closes the session. */
+        Gpumem__TrimReply tr = GPUMEM__TRIM_REPLY__INIT;
+        env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;
+        env.request_id = 13;
+        env.body_case = GPUMEM__ENVELOPE__BODY_TRIM_REPLY;
+        env.trim_reply = &tr;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        assert_error_then_closed(fd, EPROTO);
+        close(fd);
+        assert_daemon_serves();
+}
+END_TEST
+
+START_TEST(test_hello_required_and_version_checked) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 4096;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 1;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        assert_error_then_closed(fd, EPROTO);
+        close(fd);
+
+        fd = gm_test_raw_connect(daemon_.socket_path);
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        hello.protocol_version = 99;
+        env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;
+        env.request_id = 1;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        assert_error_then_closed(fd, EPROTONOSUPPORT);
+        close(fd);
+        assert_daemon_serves();
+}
+END_TEST
+
+/* A client whose cache holds most of the device gives it back (through its
+ * service thread, while its main thread sleeps) when another needs it. */
+START_TEST(test_idle_cache_reclaimed_for_another_client) {
+        int ready[2], done[2];
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(done), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                gpumem_client *c = connect_ok();
+                void *p[10];
+                for (int i = 0; i < 10; i++)
+                        if (gpumem_alloc(c, 20 * MiB, 0, &p[i]) != 0)
+                                _exit(1);
+                for (int i = 0; i < 10; i++)
+                        if (gpumem_free(c, p[i]) != 0)
+                                _exit(2);
+                int64_t reserved;
+                if (gpumem_stat(c, "reserved_bytes.all.current", &reserved) != 0 || reserved != 200 * (int64_t) MiB)
+                        _exit(3);
+                char ch = 'r';
+                if (write(ready[1], &ch, 1) != 1 || read(done[0], &ch, 1) != 1)
+                        _exit(4);
+                if (gpumem_stat(c, "reserved_bytes.all.current", &reserved) != 0 || reserved != 0)
+                        _exit(5);
+                gpumem_disconnect(c);
+                _exit(0);
+        }
+        char ch;
+        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        gpumem_client *c = connect_ok();
+        void *p;
+        int r = gpumem_alloc(c, 200 * MiB, 0, &p);
+        ck_assert_msg(r == 0, "alloc after reclaim: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(p, 200 * MiB, 99);
+        ck_assert(gm_test_verify(p, 200 * MiB, 99));
+        ck_assert_int_eq(write(done[1], "d", 1), 1);
+        ck_assert_int_eq(wait_child(pid), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_oom_names_the_cause) {
+        gpumem_client *c = connect_ok();
+        void *p[20];
+        int n = 0;
+        while (n < 20 && gpumem_alloc(c, 20 * MiB, 0, &p[n]) == 0)
+                n++;
+        ck_assert_int_eq(n, 12); /* 256 MiB capacity / 20 MiB blocks, all live */
+        void *q;
+        ck_assert_int_eq(gpumem_alloc(c, 20 * MiB, 0, &q), -ENOMEM);
+        ck_assert_ptr_nonnull(strstr(gpumem_last_error(c), "out of memory"));
+        int64_t ooms;
+        ck_assert_int_eq(gpumem_stat(c, "num_ooms", &ooms), 0);
+        ck_assert_int_ge(ooms, 1);
+        for (int i = 0; i < n; i++)
+                ck_assert_int_eq(gpumem_free(c, p[i]), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_forked_child_gets_its_own_session) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 4096, 0, &p), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                void *q;
+                int64_t v;
+                /* The parent's block is not the child's. */
+                if (gpumem_free(c, p) != -EINVAL)
+                        _exit(1);
+                if (gpumem_alloc(c, 8192, 0, &q) != 0)
+                        _exit(2);
+                gm_test_fill(q, 8192, 5);
+                if (gpumem_stat(c, "allocation.all.current", &v) != 0 || v != 1)
+                        _exit(3);
+                _exit(0);
+        }
+        ck_assert_int_eq(wait_child(pid), 0);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "allocation.all.current", &v), 0);
+        ck_assert_int_eq(v, 1);
+        gm_test_fill(p, 4096, 6);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_gpumemctl_stats_and_trim) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 3 * MiB, 0, &p), 0);
+        char out[16384];
+        const char *json_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), json_argv), 0);
+        ck_assert_ptr_nonnull(strstr(out, "\"allocated_bytes.all.current\": 3145728"));
+        ck_assert_ptr_nonnull(strstr(out, "\"requested_bytes.all.current\": 3145728"));
+        ck_assert_ptr_nonnull(strstr(out, "\"active_bytes.all.current\": 3145728"));
+        ck_assert_ptr_nonnull(strstr(out, "\"reserved_bytes.all.current\": 20971520"));
+        ck_assert_ptr_nonnull(strstr(out, "\"segment.all.current\": 1"));
+        ck_assert_ptr_nonnull(strstr(out, "\"allocation.all.current\": 1"));
+        const char *text_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), text_argv), 0);
+        ck_assert_ptr_nonnull(strstr(out, "PyTorch CUDA memory summary"));
+        ck_assert_ptr_nonnull(strstr(out, "| Allocated memory      |   3072 KiB |"));
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        const char *trim_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "trim", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), trim_argv), 0);
+        ck_assert_ptr_nonnull(strstr(out, "(20971520 bytes)"));
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        gpumem_disconnect(c);
+        const char *bad_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "frobnicate", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), bad_argv), 2);
+        const char *gone_argv[] = {GPUMEMCTL_BIN, "-s", "/nonexistent/sock", "stats", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), gone_argv), 3);
+}
+END_TEST
+
+START_TEST(test_daemon_gone) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 4096, 0, &p), 0);
+        gm_test_fill(p, 4096, 1);
+        gm_test_daemon_stop(&daemon_);
+        /* The client's memory stays readable; requests report the daemon gone. */
+        ck_assert(gm_test_verify(p, 4096, 1));
+        void *q;
+        ck_assert_int_eq(gpumem_alloc(c, 4096, 0, &q), -ECONNRESET);
+        gpumem_disconnect(c);
+        gm_test_daemon_start(&daemon_, "256M", NULL); /* for teardown */
+}
+END_TEST
+
+static Suite *integration_suite(void) {
+        Suite *s = suite_create("integration");
+        TCase *tc = tcase_create("broker");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_alloc_write_free_stats);
+        tcase_add_test(tc, test_local_refusals);
+        tcase_add_test(tc, test_processes_never_overlap);
+        tcase_add_test(tc, test_threads_share_a_client);
+        tcase_add_test(tc, test_sigkilled_client_leaks_nothing);
+        tcase_add_test(tc, test_garbage_packet);
+        tcase_add_test(tc, test_oversized_packet);
+        tcase_add_test(tc, test_unexpected_fds_are_closed);
+        tcase_add_test(tc, test_protocol_errors_keep_session);
+        tcase_add_test(tc, test_hello_required_and_version_checked);
+        tcase_add_test(tc, test_idle_cache_reclaimed_for_another_client);
+        tcase_add_test(tc, test_oom_names_the_cause);
+        tcase_add_test(tc, test_forked_child_gets_its_own_session);
+        tcase_add_test(tc, test_gpumemctl_stats_and_trim);
+        tcase_add_test(tc, test_daemon_gone);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        SRunner *sr = srunner_create(integration_suite());
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,221 @@
+#include "testutil.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc.h"
+#include "msg.h"
+
+static void sleep_ms(unsigned ms) {
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long) (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+}
+
+const char *gm_test_backend(void) {
+        const char *b = getenv("GPUMEM_TEST_BACKEND");
+        return b && *b ? b : "host";
+}
+
+void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args) {
+        memset(d, 0, sizeof(*d));
+        snprintf(d->dir, sizeof(d->dir), "/tmp/gpumemd-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        snprintf(d->socket_path, sizeof(d->socket_path), "%s/gpu0.sock", d->dir);
+        snprintf(d->log_path, sizeof(d->log_path), "%s/gpumemd.log", d->dir);
+        const char *argv[32] = {GPUMEMD_BIN, "--backend", gm_test_backend(), "--socket", d->socket_path,
+                                "--capacity", capacity, "-v"};
+        size_t n = 8;
+        for (size_t i = 0; extra_args && extra_args[i] && n < 31; i++)
+                argv[n++] = extra_args[i];
+        argv[n] = NULL;
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int log = open(d->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (log >= 0)
+                        dup2(log, STDERR_FILENO);
+                execv(argv[0], (char *const *) argv);
+                _exit(127);
+        }
+        d->pid = pid;
+        /* Readiness: the socket accepts a connection (not a timing assertion). */
+        for (int i = 0; i < 1000; i++) {
+                int fd;
+                if (gm_ipc_connect(d->socket_path, &fd) == 0) {
+                        close(fd);
+                        return;
+                }
+                int status;
+                if (waitpid(pid, &status, WNOHANG) == pid)
+                        ck_abort_msg("gpumemd exited during start (status %d); see %s", status, d->log_path);
+                sleep_ms(10);
+        }
+        ck_abort_msg("gpumemd did not start listening on %s", d->socket_path);
+}
+
+void gm_test_daemon_stop(gm_test_daemon_t *d) {
+        if (d->pid <= 0)
+                return;
+        ck_assert_int_eq(kill(d->pid, SIGTERM), 0);
+        int status = 0;
+        ck_assert_int_eq(waitpid(d->pid, &status, 0), d->pid);
+        d->pid = 0;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                char cmd[400];
+                snprintf(cmd, sizeof(cmd), "tail -n 30 %s >&2", d->log_path);
+                if (system(cmd) < 0) {
+                }
+        }
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
+        ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
+        if (system(cmd) < 0) {
+        }
+}
+
+int gm_test_count_fds(pid_t pid) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        DIR *dir = opendir(path);
+        ck_assert_ptr_nonnull(dir);
+        int n = 0;
+        struct dirent *e;
+        while ((e = readdir(dir)))
+                if (e->d_name[0] != '.')
+                        n++;
+        closedir(dir);
+        return n;
+}
+
+int gm_test_raw_connect(const char *socket_path) {
+        int fd;
+        ck_assert_int_eq(gm_ipc_connect(socket_path, &fd), 0);
+        return fd;
+}
+
+Gpumem__Envelope *gm_test_raw_recv(int fd) {
+        static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t len, n_fds;
+        int r = gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds);
+        if (r < 0)
+                return NULL;
+        gm_close_fds(fds, n_fds);
+        Gpumem__Envelope *env = NULL;
+        ck_assert_int_eq(gm_msg_unpack(buf, len, &env), 0);
+        return env;
+}
+
+Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env) {
+        ck_assert_int_eq(gm_msg_send(fd, env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        for (;;) {
+                Gpumem__Envelope *reply = gm_test_raw_recv(fd);
+                if (!reply || reply->request_id == env->request_id)
+                        return reply;
+                gm_msg_free(reply);
+        }
+}
+
+void gm_test_raw_hello(int fd, bool admin) {
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        hello.protocol_version = GM_PROTOCOL_VERSION;
+        hello.client_name = "test";
+        hello.admin = admin;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 1;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        gm_msg_free(reply);
+}
+
+int64_t gm_test_device_stat(const char *socket_path, const char *name) {
+        int fd = gm_test_raw_connect(socket_path);
+        gm_test_raw_hello(fd, true);
+        Gpumem__Stats stats = GPUMEM__STATS__INIT;
+        stats.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE;
+        char *names[1] = {(char *) name};
+        stats.n_names = 1;
+        stats.names = names;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
+        env.stats = &stats;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_STATS_REPLY);
+        ck_assert_uint_eq(reply->stats_reply->n_stats, 1);
+        int64_t v = reply->stats_reply->stats[0]->value;
+        gm_msg_free(reply);
+        close(fd);
+        return v;
+}
+
+int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int64_t want) {
+        int64_t v = gm_test_device_stat(socket_path, name);
+        for (int i = 0; i < 1000 && v != want; i++) {
+                sleep_ms(10);
+                v = gm_test_device_stat(socket_path, name);
+        }
+        return v;
+}
+
+int gm_test_run(char *buf, size_t buf_len, const char *const *argv) {
+        int pipefd[2];
+        ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                dup2(pipefd[1], STDOUT_FILENO);
+                execv(argv[0], (char *const *) argv);
+                _exit(127);
+        }
+        close(pipefd[1]);
+        size_t len = 0;
+        ssize_t n;
+        while ((n = read(pipefd[0], buf + len, buf_len - 1 - len)) > 0)
+                len += (size_t) n;
+        buf[len] = '\0';
+        close(pipefd[0]);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static uint64_t splitmix(uint64_t *x) {
+        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+}
+
+void gm_test_fill(void *p, size_t n, uint64_t seed) {
+        uint64_t *w = p;
+        for (size_t i = 0; i < n / 8; i++)
+                w[i] = splitmix(&seed);
+        for (size_t i = n & ~(size_t) 7; i < n; i++)
+                ((uint8_t *) p)[i] = (uint8_t) seed;
+}
+
+bool gm_test_verify(const void *p, size_t n, uint64_t seed) {
+        const uint64_t *w = p;
+        for (size_t i = 0; i < n / 8; i++)
+                if (w[i] != splitmix(&seed))
+                        return false;
+        for (size_t i = n & ~(size_t) 7; i < n; i++)
+                if (((const uint8_t *) p)[i] != (uint8_t) seed)
+                        return false;
+        return true;
+}

@@ -1,0 +1,50 @@
+/* Test harness: real gpumemd processes on temporary sockets, raw protocol
+ * connections for the tests that must speak (or break) the wire format. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpumem.pb-c.h"
+
+typedef struct gm_test_daemon {
+        pid_t pid;
+        char dir[256];
+        char socket_path[300];
+        char log_path[300];
+} gm_test_daemon_t;
+
+/* The backend the integration suite runs on: $GPUMEM_TEST_BACKEND ("host" default, or "cuda"). */
+const char *gm_test_backend(void);
+
+/* Starts gpumemd with --capacity `capacity` plus extra args (NULL-terminated
+ * list, may be NULL) and waits until its socket accepts connections. */
+void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args);
+/* SIGTERM, wait, and assert a clean exit (status 0). */
+void gm_test_daemon_stop(gm_test_daemon_t *d);
+/* Number of open fds of a process (/proc/PID/fd). */
+int gm_test_count_fds(pid_t pid);
+
+/* A raw protocol connection. */
+int gm_test_raw_connect(const char *socket_path);
+/* Sends Hello (admin or not) and asserts a HelloReply. */
+void gm_test_raw_hello(int fd, bool admin);
+/* Sends env (request_id set by caller) and returns the next envelope with that
+ * request id (skipping others), or NULL if the connection closed. */
+Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
+/* Receives one envelope; NULL when the connection is closed. fds received are closed. */
+Gpumem__Envelope *gm_test_raw_recv(int fd);
+
+/* One device-wide statistic via an admin connection. */
+int64_t gm_test_device_stat(const char *socket_path, const char *name);
+/* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */
+int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int64_t want);
+
+/* Runs a command, captures stdout into buf; returns its exit status. */
+int gm_test_run(char *buf, size_t buf_len, const char *const *argv);
+
+/* Fills / verifies a pattern derived from seed. */
+void gm_test_fill(void *p, size_t n, uint64_t seed);
+bool gm_test_verify(const void *p, size_t n, uint64_t seed);
