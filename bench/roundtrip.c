@@ -9,6 +9,7 @@
  * Prints median and p99 in microseconds. Usage:
  *   gpumem-bench-roundtrip --socket PATH [--size BYTES] [--iters N] [--mode cached|fresh] [--clients N] */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

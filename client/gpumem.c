@@ -386,11 +386,14 @@ static int session_open(gpumem_client *c) {
         return 0;
 }
 
-/* Stops the service thread and drops every mapping and table entry. */
-static void session_close(gpumem_client *c, bool unmap) {
-        if (c->fd >= 0)
+/* Stops the service thread and drops every mapping and table entry. `owner`
+ * is false in a fork()ed child: the socket is shared with the parent (so no
+ * shutdown(), which would end the parent's session too), the service thread
+ * did not survive the fork, and the parent's mappings were not inherited. */
+static void session_close(gpumem_client *c, bool owner) {
+        if (c->fd >= 0 && owner)
                 shutdown(c->fd, SHUT_RDWR); /* wakes the service thread's recv */
-        if (c->service_started)
+        if (c->service_started && owner)
                 pthread_join(c->service, NULL);
         c->service_started = false;
         if (c->fd >= 0)
@@ -400,7 +403,7 @@ static void session_close(gpumem_client *c, bool unmap) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)
                         continue;
-                if (unmap) {
+                if (owner) {
                         c->mapper->ops->unmap(c->mapper, seg->base, 0, seg->va_size);
                         c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
                 }
@@ -422,7 +425,6 @@ static int ensure_own_session(gpumem_client *c) {
         if (c->pid == getpid())
                 return 0;
         pthread_mutex_init(&c->lock, NULL);
-        c->service_started = false; /* threads do not survive fork */
         session_close(c, false);
         c->waiters = NULL;
         c->dead = false;
@@ -470,10 +472,7 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
 void gpumem_disconnect(gpumem_client *c) {
         if (!c)
                 return;
-        if (c->pid == getpid())
-                session_close(c, true);
-        else
-                session_close(c, false);
+        session_close(c, c->pid == getpid());
         pthread_mutex_destroy(&c->lock);
         free(c);
 }

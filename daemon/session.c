@@ -514,7 +514,11 @@ static int handle_trim(gm_session_t *s, uint64_t request_id, const Gpumem__Trim 
         return 0;
 }
 
+/* gm_stats_foreach() names live only during the callback: they are copied. */
+#define STAT_NAME_MAX 64
+
 typedef struct stats_collect {
+        char (*name_buf)[STAT_NAME_MAX];
         Gpumem__StatEntry *entries;
         Gpumem__StatEntry **ptrs;
         size_t n, cap;
@@ -534,7 +538,8 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
         if (c->n == c->cap)
                 return;
         gpumem__stat_entry__init(&c->entries[c->n]);
-        c->entries[c->n].name = (char *) name;
+        snprintf(c->name_buf[c->n], STAT_NAME_MAX, "%s", name);
+        c->entries[c->n].name = c->name_buf[c->n];
         c->entries[c->n].value = value;
         c->ptrs[c->n] = &c->entries[c->n];
         c->n++;
@@ -599,10 +604,11 @@ static int handle_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stat
                 return gm_session_send_error(s, request_id, EINVAL, "gpumemd: unknown statistics scope"), 0;
         }
         enum { MAX_STATS = 160 };
+        static char names[MAX_STATS][STAT_NAME_MAX];
         Gpumem__StatEntry entries[MAX_STATS];
         Gpumem__StatEntry *ptrs[MAX_STATS];
         stats_collect_t c = {
-                .entries = entries, .ptrs = ptrs, .cap = MAX_STATS, .names = req->names, .n_names = req->n_names};
+                .name_buf = names, .entries = entries, .ptrs = ptrs, .cap = MAX_STATS, .names = req->names, .n_names = req->n_names};
         gm_stats_foreach(st, collect_stat, &c);
         Gpumem__StatsReply reply = GPUMEM__STATS_REPLY__INIT;
         reply.n_stats = c.n;

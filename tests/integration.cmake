@@ -12,8 +12,9 @@ add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
 set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_dependencies(test_integration fakecuda)
   add_test(NAME integration_cuda COMMAND test_integration)
   set_tests_properties(integration_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=$<TARGET_FILE:fakecuda>;FAKECUDA_CAPACITY=4G"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
     TIMEOUT 900)
 endif()

@@ -1,0 +1,1189 @@
+/* The caching allocator core: PyTorch's native CUDA caching-allocator policy
+ * (c10/cuda/CUDACachingAllocator.cpp) over a gm_provider_t.
+ *
+ * Invariants (gm_heap_check() verifies them all): the blocks of a segment tile
+ * it exactly; no two neighbouring free blocks share a mapped state; every free
+ * mapped block is in its pool's free set and every free unmapped range in its
+ * pool's unmapped set, nothing else is; every live block is in the id map; the
+ * heap's own statistics equal a recount of the structures. Segment addresses
+ * come from a monotonic shared cursor, so the segment list (creation order) is
+ * also address order. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator.h"
+#include "heap-internal.h"
+
+#define MIN_BLOCK_SIZE  512ULL         /* every block is a multiple of this */
+#define SMALL_SIZE      (1ULL << 20)   /* largest request served by the small pool */
+#define SMALL_BUFFER    (2ULL << 20)   /* small-pool segment and expandable page size */
+#define LARGE_BUFFER    (20ULL << 20)  /* segment for 1-10 MiB requests, large expandable page */
+#define MIN_LARGE_ALLOC (10ULL << 20)  /* from here segments are the request rounded to 2 MiB */
+#define ROUND_LARGE     (2ULL << 20)   /* that rounding; also synthetic address alignment */
+#define MAX_REQUEST     (1ULL << 60)   /* PyTorch refuses "more than 1EB" */
+#define SPARE_BLOCKS    64             /* block structs kept for reuse */
+#define ALLOC_BLOCKS    4              /* most block structs one alloc_block + split needs */
+
+typedef struct pool {
+        gm_tnode_t *free_set; /* free mapped blocks by (stream, size, addr) */
+        gm_tnode_t *unmapped; /* free unmapped ranges by (stream, addr) */
+        uint64_t gc_calls;    /* get_free_block calls while GC is active */
+        bool small;
+} pool_t;
+
+struct gm_heap {
+        gm_alloc_config_t cfg;
+        gm_provider_t prov;
+        gm_heap_params_t params;
+        gm_stats_t stats;
+        pool_t small, large;
+        gm_segment_t *seg_head, *seg_tail;
+        gm_idmap_t live;
+        gm_block_t *spare; /* spare block structs, linked through next */
+        uint64_t n_spare;
+        uint64_t next_block_id, next_segment_id;
+        uint64_t limit;               /* gm_heap_set_limit(); 0 = none */
+        const gm_stats_t *limit_measured;
+};
+
+static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
+        [GM_TRACE_ALLOC] = "alloc",
+        [GM_TRACE_FREE_REQUESTED] = "free_requested",
+        [GM_TRACE_FREE_COMPLETED] = "free_completed",
+        [GM_TRACE_SEGMENT_ALLOC] = "segment_alloc",
+        [GM_TRACE_SEGMENT_FREE] = "segment_free",
+        [GM_TRACE_SEGMENT_MAP] = "segment_map",
+        [GM_TRACE_SEGMENT_UNMAP] = "segment_unmap",
+        [GM_TRACE_SNAPSHOT] = "snapshot",
+        [GM_TRACE_OOM] = "oom",
+};
+
+const char *gm_trace_action_name(int action) {
+        if (action < 0 || action >= _GM_TRACE_ACTION_MAX)
+                return NULL;
+        return trace_names[action];
+}
+
+/* ---- statistics: the heap's own plus every extra sink ---- */
+
+static gm_stats_t *sink(gm_heap_t *h, size_t i) {
+        if (i == 0)
+                return &h->stats;
+        return i <= 3 ? h->params.extra_sinks[i - 1] : NULL;
+}
+
+static void stat_pool(gm_heap_t *h, size_t off, bool small, int64_t delta) {
+        gm_stats_t *s;
+
+        if (!delta)
+                return;
+        for (size_t i = 0; (s = sink(h, i)); i++) {
+                gm_stat_t *a = (gm_stat_t *)((char *)s + off);
+
+                gm_stat_update(&a[GM_STAT_ALL], delta);
+                gm_stat_update(&a[small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL], delta);
+        }
+}
+
+static void stat_single(gm_heap_t *h, size_t off, int64_t delta) {
+        gm_stats_t *s;
+
+        for (size_t i = 0; (s = sink(h, i)); i++)
+                gm_stat_update((gm_stat_t *)((char *)s + off), delta);
+}
+
+static void count_event(gm_heap_t *h, size_t off) {
+        gm_stats_t *s;
+
+        for (size_t i = 0; (s = sink(h, i)); i++)
+                (*(int64_t *)((char *)s + off))++;
+}
+
+#define STAT(h, field, small, delta) stat_pool(h, offsetof(gm_stats_t, field), small, (int64_t)(delta))
+#define STAT1(h, field, delta) stat_single(h, offsetof(gm_stats_t, field), (int64_t)(delta))
+#define COUNT(h, field) count_event(h, offsetof(gm_stats_t, field))
+
+static void trace(gm_heap_t *h, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+        if (h->prov.trace)
+                h->prov.trace(h->prov.userdata, action, addr, size, stream);
+}
+
+/* ---- sizes ---- */
+
+static unsigned log2_floor(uint64_t v) {
+        return 63 - (unsigned)__builtin_clzll(v);
+}
+
+static uint64_t round_up(uint64_t v, uint64_t to) {
+        return (v + to - 1) / to * to;
+}
+
+/* PyTorch's round_size(): 512 granularity, or power-of-two divisions when the
+ * size's slot has d > 1 and the size exceeds 512 * d. */
+static uint64_t round_size(const gm_alloc_config_t *c, uint64_t n) {
+        unsigned slot;
+        uint64_t d, floor2, step;
+
+        if (n < MIN_BLOCK_SIZE)
+                return MIN_BLOCK_SIZE;
+        slot = log2_floor(n) > 20 ? log2_floor(n) - 20 : 0;
+        if (slot >= GM_ROUNDUP_SLOTS)
+                slot = GM_ROUNDUP_SLOTS - 1;
+        d = c->roundup_power2_divisions[slot];
+        if (d <= 1 || n <= MIN_BLOCK_SIZE * d)
+                return round_up(n, MIN_BLOCK_SIZE);
+        if (!(n & (n - 1)))
+                return n;
+        floor2 = 1ULL << log2_floor(n);
+        step = floor2 >> log2_floor(d);
+        if (!step)
+                return floor2 << 1;
+        return round_up(n, step);
+}
+
+/* PyTorch's get_allocation_size(): the size of a new segment for a rounded request. */
+static uint64_t allocation_size(uint64_t rsize) {
+        if (rsize <= SMALL_SIZE)
+                return SMALL_BUFFER;
+        if (rsize < MIN_LARGE_ALLOC)
+                return LARGE_BUFFER;
+        return round_up(rsize, ROUND_LARGE);
+}
+
+/* ---- block structs: a small spare list keeps the hot paths free of malloc failures ---- */
+
+static int reserve_blocks(gm_heap_t *h, uint64_t n) {
+        while (h->n_spare < n) {
+                gm_block_t *b = malloc(sizeof(*b));
+
+                if (!b)
+                        return -ENOMEM;
+                b->next = h->spare;
+                h->spare = b;
+                h->n_spare++;
+        }
+        return 0;
+}
+
+/* Takes a zeroed block struct; one must have been reserved. */
+static gm_block_t *block_new(gm_heap_t *h, gm_segment_t *s, uint64_t offset, uint64_t size, bool mapped) {
+        gm_block_t *b = h->spare;
+
+        h->spare = b->next;
+        h->n_spare--;
+        *b = (gm_block_t){.seg = s, .offset = offset, .size = size, .mapped = mapped};
+        return b;
+}
+
+static void block_drop(gm_heap_t *h, gm_block_t *b) {
+        if (h->n_spare >= SPARE_BLOCKS) {
+                free(b);
+                return;
+        }
+        b->next = h->spare;
+        h->spare = b;
+        h->n_spare++;
+}
+
+/* Links `n` into its segment right after `b`. */
+static void link_after(gm_block_t *b, gm_block_t *n) {
+        n->prev = b;
+        n->next = b->next;
+        if (b->next)
+                b->next->prev = n;
+        b->next = n;
+}
+
+static gm_block_t *block_of(gm_tnode_t *n) {
+        return n ? (gm_block_t *)((char *)n - offsetof(gm_block_t, node)) : NULL;
+}
+
+static uint64_t block_addr(const gm_block_t *b) {
+        return b->seg->addr + b->offset;
+}
+
+static bool is_split(const gm_block_t *b) {
+        return b->prev || b->next;
+}
+
+static pool_t *pool_of(gm_heap_t *h, const gm_segment_t *s) {
+        return s->small ? &h->small : &h->large;
+}
+
+static void free_key(const gm_block_t *b, uint64_t key[3]) {
+        key[0] = b->seg->stream;
+        key[1] = b->size;
+        key[2] = block_addr(b);
+}
+
+static void unmapped_key(const gm_block_t *b, uint64_t key[3]) {
+        key[0] = b->seg->stream;
+        key[1] = block_addr(b);
+        key[2] = 0;
+}
+
+/* Puts a free block into its pool's set (free set when mapped, else unmapped). */
+static void set_insert(gm_heap_t *h, gm_block_t *b) {
+        pool_t *p = pool_of(h, b->seg);
+
+        if (b->mapped) {
+                free_key(b, b->node.key);
+                b->gc_stamp = p->gc_calls;
+                gm_tree_insert(&p->free_set, &b->node);
+        } else {
+                unmapped_key(b, b->node.key);
+                gm_tree_insert(&p->unmapped, &b->node);
+        }
+}
+
+static void set_remove(gm_heap_t *h, gm_block_t *b) {
+        pool_t *p = pool_of(h, b->seg);
+
+        gm_tree_remove(b->mapped ? &p->free_set : &p->unmapped, &b->node);
+}
+
+static gm_tnode_t *tree_first(gm_tnode_t *root) {
+        static const uint64_t zero[3];
+
+        return gm_tree_lower_bound(root, zero);
+}
+
+/* ---- limits: memory fraction and gm_heap_set_limit() ---- */
+
+static uint64_t reserved_total(const gm_stats_t *s) {
+        return (uint64_t)s->reserved_bytes[GM_STAT_ALL].current;
+}
+
+static bool fraction_set(const gm_heap_t *h) {
+        double f = h->cfg.per_process_memory_fraction;
+
+        return f > 0 && f < 1;
+}
+
+static uint64_t fraction_allowed(const gm_heap_t *h) {
+        return (uint64_t)(h->cfg.per_process_memory_fraction * (double)h->params.capacity);
+}
+
+static const gm_stats_t *limit_measured(const gm_heap_t *h) {
+        return h->limit_measured ? h->limit_measured : &h->stats;
+}
+
+/* Whether a new `size`-byte segment would exceed a limit (then it is an OOM
+ * without asking the provider). */
+static bool over_limit(const gm_heap_t *h, uint64_t size) {
+        if (fraction_set(h) && reserved_total(&h->stats) + size > fraction_allowed(h))
+                return true;
+        return h->limit && reserved_total(limit_measured(h)) + size > h->limit;
+}
+
+static bool gc_active(const gm_heap_t *h) {
+        return h->cfg.garbage_collection_threshold > 0 && (h->limit || fraction_set(h));
+}
+
+/* ---- segments ---- */
+
+static uint64_t take_va(gm_heap_t *h, uint64_t size) {
+        uint64_t addr = round_up(*h->params.va_cursor, ROUND_LARGE);
+
+        *h->params.va_cursor = addr + round_up(size, ROUND_LARGE);
+        return addr;
+}
+
+static void segment_link(gm_heap_t *h, gm_segment_t *s) {
+        s->prev = h->seg_tail;
+        if (h->seg_tail)
+                h->seg_tail->next = s;
+        else
+                h->seg_head = s;
+        h->seg_tail = s;
+}
+
+/* Forgets a segment: its free blocks leave their sets, its structs go. */
+static void segment_forget(gm_heap_t *h, gm_segment_t *s) {
+        gm_block_t *b, *next;
+
+        for (b = s->first; b; b = next) {
+                next = b->next;
+                if (b->state == GM_BSTATE_FREE)
+                        set_remove(h, b);
+                block_drop(h, b);
+        }
+        if (s->prev)
+                s->prev->next = s->next;
+        else
+                h->seg_head = s->next;
+        if (s->next)
+                s->next->prev = s->prev;
+        else
+                h->seg_tail = s->prev;
+        free(s->page_handle);
+        free(s->page_mapped);
+        free(s);
+}
+
+/* cudaMalloc: a new ordinary segment of `size` bytes, returned as one free
+ * block outside the pool's set. */
+static int segment_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t size, gm_block_t **ret_block) {
+        gm_segment_t *s = calloc(1, sizeof(*s));
+        int r;
+
+        if (!s)
+                return -ENOMEM;
+        s->id = h->next_segment_id++;
+        r = h->prov.create(h->prov.userdata, s->id, size, 0, size, &s->handle);
+        if (r < 0) {
+                free(s);
+                return r;
+        }
+        s->addr = take_va(h, size);
+        s->size = size;
+        s->stream = stream;
+        s->small = p->small;
+        s->first = block_new(h, s, 0, size, true);
+        segment_link(h, s);
+        STAT(h, segment, s->small, 1);
+        STAT(h, reserved_bytes, s->small, size);
+        if (size >= h->cfg.max_split_size) {
+                s->oversize = true;
+                STAT1(h, oversize_segments, 1);
+        }
+        COUNT(h, num_device_alloc);
+        trace(h, GM_TRACE_SEGMENT_ALLOC, s->addr, size, stream);
+        *ret_block = s->first;
+        return 0;
+}
+
+/* cudaFree of an idle unsplit ordinary segment (`b` is its only block, free). */
+static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
+        gm_segment_t *s = b->seg;
+        uint64_t id = s->id, size = s->size, handle = s->handle;
+
+        COUNT(h, num_device_free);
+        trace(h, GM_TRACE_SEGMENT_FREE, s->addr, size, s->stream);
+        STAT(h, segment, s->small, -1);
+        STAT(h, reserved_bytes, s->small, -(int64_t)size);
+        if (s->oversize)
+                STAT1(h, oversize_segments, -1);
+        segment_forget(h, s);
+        h->prov.release(h->prov.userdata, id, 0, size, handle, true);
+        return size;
+}
+
+/* Merges free neighbour `src` into `dst` (outside any set) when both are free
+ * with the same mapped state; returns the bytes taken over (0 = no merge). */
+static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
+        uint64_t size;
+
+        if (!src || src->state != GM_BSTATE_FREE || src->mapped != dst->mapped)
+                return 0;
+        set_remove(h, src);
+        if (src == dst->prev) {
+                dst->offset = src->offset;
+                dst->prev = src->prev;
+                if (dst->prev)
+                        dst->prev->next = dst;
+                else
+                        dst->seg->first = dst;
+        } else {
+                dst->next = src->next;
+                if (dst->next)
+                        dst->next->prev = dst;
+        }
+        size = src->size;
+        dst->size += size;
+        block_drop(h, src);
+        return size;
+}
+
+/* ---- expandable segments ---- */
+
+/* Gives one page back; the segment's last page carries whole_segment. */
+static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
+        s->page_mapped[i] = 0;
+        s->mapped_pages--;
+        h->prov.release(h->prov.userdata, s->id, i * s->page_size, s->page_size, s->page_handle[i],
+                        s->mapped_pages == 0);
+}
+
+/* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
+ * pages, all unmapped (one block in the unmapped set). */
+static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min_size, gm_block_t **ret_block) {
+        uint64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
+        uint64_t n = (uint64_t)(((unsigned __int128)h->params.capacity * 9 + 8 * page - 1) / (8 * page));
+        gm_segment_t *s;
+
+        if (n == 0 || n * page < min_size)
+                return -ENOMEM;
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->page_handle = calloc(n, sizeof(*s->page_handle));
+        s->page_mapped = calloc(n, sizeof(*s->page_mapped));
+        if (!s->page_handle || !s->page_mapped) {
+                free(s->page_handle);
+                free(s->page_mapped);
+                free(s);
+                return -ENOMEM;
+        }
+        s->id = h->next_segment_id++;
+        s->size = n * page;
+        s->addr = take_va(h, s->size);
+        s->stream = stream;
+        s->small = p->small;
+        s->expandable = true;
+        s->page_size = page;
+        s->n_pages = n;
+        s->first = block_new(h, s, 0, s->size, false);
+        segment_link(h, s);
+        set_insert(h, s->first);
+        *ret_block = s->first;
+        return 0;
+}
+
+/* Maps the pages under the first `size` bytes of unmapped block `b` (one
+ * provider create per page); the mapped part joins its free neighbours in the
+ * free set. On failure the pages made here go back; a segment left without
+ * pages is forgotten. */
+static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size) {
+        gm_segment_t *s = b->seg;
+        uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
+        uint64_t i, addr = block_addr(b), mapped = (end - first) * s->page_size;
+        int r = 0;
+
+        for (i = first; i < end; i++) {
+                r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
+                                   &s->page_handle[i]);
+                if (r < 0)
+                        break;
+                s->page_mapped[i] = 1;
+                s->mapped_pages++;
+        }
+        if (r < 0) {
+                while (i-- > first)
+                        page_release(h, s, i);
+                if (!s->mapped_pages)
+                        segment_forget(h, s);
+                return r;
+        }
+        set_remove(h, b);
+        b->mapped = true;
+        if (mapped < b->size) {
+                link_after(b, block_new(h, s, b->offset + mapped, b->size - mapped, false));
+                set_insert(h, b->next);
+                b->size = mapped;
+        }
+        try_merge(h, b, b->prev);
+        try_merge(h, b, b->next);
+        set_insert(h, b);
+        STAT(h, reserved_bytes, s->small, mapped);
+        COUNT(h, num_device_alloc);
+        trace(h, GM_TRACE_SEGMENT_MAP, addr, mapped, s->stream);
+        return 0;
+}
+
+/* Whether the free blocks from `b` on (mapped or not) add up to `size`. */
+static bool has_room(const gm_block_t *b, uint64_t size) {
+        uint64_t bytes = 0;
+
+        for (; b && bytes < size && b->state == GM_BSTATE_FREE; b = b->next)
+                bytes += b->size;
+        return bytes >= size;
+}
+
+/* PyTorch's try_allocate_expandable_block(): maps just enough pages at the
+ * lowest address of the stream's expandable segments with room, else in a new
+ * one; returns the free mapped block (>= rsize) taken out of the free set. */
+static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize, gm_block_t **ret_block) {
+        uint64_t key[3] = {stream, 0, 0};
+        gm_block_t *c = NULL, *u;
+        int r;
+
+        for (u = block_of(gm_tree_lower_bound(p->unmapped, key)); u && u->seg->stream == stream;
+             u = block_of(gm_tree_next(p->unmapped, u->node.key))) {
+                c = u->prev && u->prev->state == GM_BSTATE_FREE ? u->prev : u;
+                if (has_room(c, rsize))
+                        break;
+                c = NULL;
+        }
+        if (!c) {
+                r = expandable_new(h, p, stream, rsize, &c);
+                if (r < 0)
+                        return r;
+        }
+        if (!c->mapped) {
+                r = map_block(h, c, c->size < rsize ? c->size : rsize);
+                if (r < 0)
+                        return r;
+        }
+        while (c->size < rsize) {
+                /* c is free and mapped, its next is unmapped and has the rest */
+                gm_block_t *n = c->next;
+                uint64_t need = rsize - c->size;
+
+                r = map_block(h, n, need < n->size ? need : n->size);
+                if (r < 0)
+                        return r;
+                c = n;
+        }
+        set_remove(h, c);
+        *ret_block = c;
+        return 0;
+}
+
+/* Unmaps the pages that free mapped block `b` fully covers; the partial pages
+ * at either end stay as free mapped blocks. Returns the bytes unmapped. */
+static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
+        gm_segment_t *s = b->seg;
+        uint64_t page = s->page_size, begin = round_up(b->offset, page) / page, end = (b->offset + b->size) / page;
+        uint64_t before, after, addr, size;
+
+        if (begin >= end)
+                return 0;
+        before = begin * page - b->offset;
+        after = b->offset + b->size - end * page;
+        if ((before || after) && reserve_blocks(h, 2) < 0)
+                return 0;
+        set_remove(h, b);
+        if (before) {
+                gm_block_t *x = block_new(h, s, b->offset, before, true);
+
+                if (b->prev)
+                        link_after(b->prev, x);
+                else {
+                        x->next = b;
+                        b->prev = x;
+                        s->first = x;
+                }
+                set_insert(h, x);
+        }
+        if (after) {
+                link_after(b, block_new(h, s, end * page, after, true));
+                set_insert(h, b->next);
+        }
+        b->offset = begin * page;
+        b->size = size = (end - begin) * page;
+        b->mapped = false;
+        addr = block_addr(b);
+        try_merge(h, b, b->prev);
+        try_merge(h, b, b->next);
+        set_insert(h, b);
+        STAT(h, reserved_bytes, s->small, -(int64_t)size);
+        COUNT(h, num_device_free);
+        trace(h, GM_TRACE_SEGMENT_UNMAP, addr, size, s->stream);
+        for (uint64_t i = begin; i < end; i++)
+                page_release(h, s, i);
+        if (!s->mapped_pages)
+                segment_forget(h, s);
+        return size;
+}
+
+/* ---- the pool policy ---- */
+
+/* PyTorch's get_free_block(): best fit on the same stream, oversize rules. */
+static gm_block_t *get_free_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize) {
+        uint64_t key[3] = {stream, rsize, 0}, msplit = h->cfg.max_split_size;
+        gm_block_t *b;
+
+        if (gc_active(h))
+                p->gc_calls++;
+        b = block_of(gm_tree_lower_bound(p->free_set, key));
+        /* expandable segments switched off at run time: skip their blocks */
+        while (b && !h->cfg.expandable_segments && b->seg->expandable && b->seg->stream == stream)
+                b = block_of(gm_tree_next(p->free_set, b->node.key));
+        if (!b || b->seg->stream != stream)
+                return NULL;
+        if (rsize < msplit && b->size >= msplit)
+                return NULL;
+        if (rsize >= msplit && b->size - rsize >= h->cfg.max_non_split_rounding)
+                return NULL;
+        set_remove(h, b);
+        return b;
+}
+
+static bool should_split(const gm_heap_t *h, const gm_block_t *b, uint64_t size) {
+        uint64_t remaining = b->size - size;
+
+        if (b->seg->small || h->cfg.expandable_segments)
+                return remaining >= MIN_BLOCK_SIZE;
+        return size < h->cfg.max_split_size && remaining > SMALL_SIZE;
+}
+
+/* Free mapped blocks of the large pool that GC may release, and their age. */
+static bool gc_candidate(const gm_block_t *b) {
+        return !is_split(b) && !b->seg->expandable;
+}
+
+static uint64_t gc_age(const gm_heap_t *h, const gm_block_t *b) {
+        return h->large.gc_calls - b->gc_stamp;
+}
+
+/* PyTorch's garbage_collect_cached_blocks(): above threshold x allowed, release
+ * idle unsplit large segments of at least the mean age, round after round. */
+static void garbage_collect(gm_heap_t *h) {
+        uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
+        uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(&h->stats);
+        uint64_t threshold = (uint64_t)(h->cfg.garbage_collection_threshold * (double)allowed);
+        uint64_t target, reclaimed = 0, total_age = 0, count = 0, key[3];
+        bool freed = true;
+        gm_block_t *b;
+
+        if (total <= threshold)
+                return;
+        target = total - threshold;
+        for (b = block_of(tree_first(h->large.free_set)); b; b = block_of(gm_tree_next(h->large.free_set, b->node.key)))
+                if (gc_candidate(b)) {
+                        total_age += gc_age(h, b);
+                        count++;
+                }
+        while (reclaimed < target && freed && count > 0) {
+                double age_threshold = (double)total_age / (double)count;
+
+                freed = false;
+                for (b = block_of(tree_first(h->large.free_set)); b;
+                     b = block_of(gm_tree_next(h->large.free_set, key))) {
+                        memcpy(key, b->node.key, sizeof(key));
+                        if (!gc_candidate(b) || (double)gc_age(h, b) < age_threshold)
+                                continue;
+                        freed = true;
+                        total_age -= gc_age(h, b);
+                        count--;
+                        reclaimed += release_block(h, b);
+                }
+        }
+}
+
+/* An idle unsplit ordinary segment. */
+static bool releasable(const gm_block_t *b) {
+        return !is_split(b) && !b->seg->expandable;
+}
+
+/* PyTorch's release_available_cached_blocks() (only with max_split_size set):
+ * releases one cached block >= max(rsize, max_split_size) of the stream, else
+ * oversize blocks from the largest down until that much is released. */
+static bool release_available(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize) {
+        uint64_t msplit = h->cfg.max_split_size, released = 0;
+        uint64_t key[3] = {stream, rsize > msplit ? rsize : msplit, 0}, cur[3];
+        static const uint64_t last[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
+        gm_block_t *b;
+
+        if (msplit == UINT64_MAX)
+                return false;
+        b = block_of(gm_tree_lower_bound(p->free_set, key));
+        if (b && b->seg->stream == stream && releasable(b)) {
+                release_block(h, b);
+                return true;
+        }
+        b = block_of(gm_tree_prev(p->free_set, b ? b->node.key : last));
+        while (b && released < key[1] && b->seg->stream == stream && b->size >= msplit) {
+                memcpy(cur, b->node.key, sizeof(cur));
+                if (releasable(b))
+                        released += release_block(h, b);
+                b = block_of(gm_tree_prev(p->free_set, cur));
+        }
+        return released >= key[1];
+}
+
+/* PyTorch's release_blocks() for one pool: idle unsplit ordinary segments go,
+ * then expandable free blocks give back their whole pages. */
+static uint64_t release_pool(gm_heap_t *h, pool_t *p) {
+        uint64_t released = 0, key[3];
+        gm_block_t *b;
+
+        for (b = block_of(tree_first(p->free_set)); b; b = block_of(gm_tree_next(p->free_set, key))) {
+                memcpy(key, b->node.key, sizeof(key));
+                if (releasable(b))
+                        released += release_block(h, b);
+        }
+        /* unmapping leaves only smaller pieces behind, so the walk never meets them */
+        for (b = block_of(tree_first(p->free_set)); b; b = block_of(gm_tree_next(p->free_set, key))) {
+                memcpy(key, b->node.key, sizeof(key));
+                if (b->seg->expandable)
+                        released += unmap_block(h, b);
+        }
+        return released;
+}
+
+uint64_t gm_heap_release_cached(gm_heap_t *h) {
+        uint64_t released;
+
+        COUNT(h, num_sync_all_streams);
+        released = release_pool(h, &h->large);
+        return released + release_pool(h, &h->small);
+}
+
+/* PyTorch's alloc_block(): a new segment (or newly mapped expandable pages). */
+static int alloc_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize, uint64_t asize, bool retry,
+                       gm_block_t **ret_block) {
+        if (retry)
+                COUNT(h, num_alloc_retries);
+        if (over_limit(h, asize) || reserve_blocks(h, ALLOC_BLOCKS) < 0)
+                return -ENOMEM;
+        if (h->cfg.expandable_segments)
+                return expandable_alloc(h, p, stream, rsize, ret_block);
+        return segment_alloc(h, p, stream, asize, ret_block);
+}
+
+/* PyTorch's alloc_found_block(): splits off the remainder, hands the block out. */
+static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig, gm_alloc_result_t *ret_result) {
+        gm_segment_t *s = b->seg;
+        bool counted = !s->expandable, already_split = is_split(b);
+
+        if (should_split(h, b, rsize)) {
+                link_after(b, block_new(h, s, b->offset + rsize, b->size - rsize, true));
+                b->size = rsize;
+                set_insert(h, b->next);
+                if (counted && already_split)
+                        STAT(h, inactive_split_bytes, s->small, -(int64_t)rsize);
+                else if (counted) {
+                        STAT(h, inactive_split_bytes, s->small, b->next->size);
+                        STAT(h, inactive_split, s->small, 1);
+                }
+        } else if (counted && already_split) {
+                STAT(h, inactive_split_bytes, s->small, -(int64_t)b->size);
+                STAT(h, inactive_split, s->small, -1);
+        }
+        b->state = GM_BSTATE_ALLOCATED;
+        b->id = h->next_block_id++;
+        b->requested_size = orig;
+        gm_idmap_put(&h->live, b);
+        trace(h, GM_TRACE_ALLOC, block_addr(b), orig, s->stream);
+        STAT(h, allocation, s->small, 1);
+        STAT(h, allocated_bytes, s->small, b->size);
+        STAT(h, active, s->small, 1);
+        STAT(h, active_bytes, s->small, b->size);
+        STAT(h, requested_bytes, s->small, orig);
+        b->oversize = b->size >= h->cfg.max_split_size;
+        if (b->oversize)
+                STAT1(h, oversize_allocations, 1);
+        *ret_result = (gm_alloc_result_t){
+                .block_id = b->id,
+                .segment_id = s->id,
+                .offset = b->offset,
+                .size = b->size,
+                .addr = block_addr(b),
+        };
+}
+
+static bool is_oom(int r) {
+        return r == -ENOMEM || r == -EDQUOT;
+}
+
+int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
+        uint64_t rsize, asize;
+        gm_block_t *b;
+        pool_t *p;
+        int r;
+
+        if (size == 0 || size >= MAX_REQUEST)
+                return -EINVAL;
+        rsize = round_size(&h->cfg, size);
+        p = rsize <= SMALL_SIZE ? &h->small : &h->large;
+        asize = allocation_size(rsize);
+        r = gm_idmap_reserve(&h->live, 1);
+        if (r >= 0)
+                r = reserve_blocks(h, 1);
+        if (r < 0)
+                return r;
+        b = get_free_block(h, p, stream, rsize);
+        if (!b) {
+                if (gc_active(h))
+                        garbage_collect(h);
+                r = alloc_block(h, p, stream, rsize, asize, false, &b);
+                if (is_oom(r) && release_available(h, p, stream, rsize))
+                        r = alloc_block(h, p, stream, rsize, asize, false, &b);
+                if (is_oom(r)) {
+                        gm_heap_release_cached(h);
+                        r = alloc_block(h, p, stream, rsize, asize, true, &b);
+                }
+                if (is_oom(r)) {
+                        COUNT(h, num_ooms);
+                        trace(h, GM_TRACE_OOM, 0, rsize, stream);
+                }
+                if (r < 0)
+                        return r;
+        }
+        hand_out(h, b, rsize, size, ret_result);
+        return 0;
+}
+
+/* PyTorch's free_block(): the block returns to its pool, merged with free
+ * neighbours; active/requested drop. */
+static void free_block(gm_heap_t *h, gm_block_t *b) {
+        gm_segment_t *s = b->seg;
+        uint64_t size = b->size, req = b->requested_size, m;
+        int64_t d_count = 0, d_bytes = 0;
+
+        trace(h, GM_TRACE_FREE_COMPLETED, block_addr(b), req, s->stream);
+        gm_idmap_del(&h->live, b->id);
+        b->id = 0;
+        b->state = GM_BSTATE_FREE;
+        if ((m = try_merge(h, b, b->prev))) {
+                d_count--;
+                d_bytes -= (int64_t)m;
+        }
+        if ((m = try_merge(h, b, b->next))) {
+                d_count--;
+                d_bytes -= (int64_t)m;
+        }
+        set_insert(h, b);
+        if (is_split(b)) {
+                d_count++;
+                d_bytes += (int64_t)b->size;
+        }
+        if (!s->expandable) {
+                STAT(h, inactive_split, s->small, d_count);
+                STAT(h, inactive_split_bytes, s->small, d_bytes);
+        }
+        STAT(h, active, s->small, -1);
+        STAT(h, active_bytes, s->small, -(int64_t)size);
+        STAT(h, requested_bytes, s->small, -(int64_t)req);
+}
+
+/* PyTorch's free(): allocation counts drop now, the block stays active until free_block. */
+static void free_request(gm_heap_t *h, gm_block_t *b) {
+        gm_segment_t *s = b->seg;
+
+        b->state = GM_BSTATE_PENDING;
+        STAT(h, allocation, s->small, -1);
+        STAT(h, allocated_bytes, s->small, -(int64_t)b->size);
+        trace(h, GM_TRACE_FREE_REQUESTED, block_addr(b), b->requested_size, s->stream);
+        if (b->oversize) {
+                b->oversize = false;
+                STAT1(h, oversize_allocations, -1);
+        }
+}
+
+int gm_heap_free(gm_heap_t *h, uint64_t block_id, bool deferred) {
+        gm_block_t *b = gm_idmap_get(&h->live, block_id);
+
+        if (!b || b->state != GM_BSTATE_ALLOCATED)
+                return -ENOENT;
+        free_request(h, b);
+        if (!deferred)
+                free_block(h, b);
+        return 0;
+}
+
+int gm_heap_free_completed(gm_heap_t *h, uint64_t block_id) {
+        gm_block_t *b = gm_idmap_get(&h->live, block_id);
+
+        if (!b || b->state != GM_BSTATE_PENDING)
+                return -ENOENT;
+        free_block(h, b);
+        return 0;
+}
+
+/* ---- lifetime and knobs ---- */
+
+static void apply_config(gm_heap_t *h, const gm_alloc_config_t *config) {
+        h->cfg = *config;
+        h->stats.max_split_size = config->max_split_size == UINT64_MAX ? -1 : (int64_t)config->max_split_size;
+}
+
+int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, const gm_heap_params_t *params,
+                gm_heap_t **ret_heap) {
+        gm_heap_t *h;
+
+        if (!config || !provider || !provider->create || !provider->release || !params || !params->va_cursor)
+                return -EINVAL;
+        h = calloc(1, sizeof(*h));
+        if (!h)
+                return -ENOMEM;
+        h->prov = *provider;
+        h->params = *params;
+        gm_stats_init(&h->stats);
+        apply_config(h, config);
+        h->small.small = true;
+        h->next_block_id = 1;
+        h->next_segment_id = 1;
+        *ret_heap = h;
+        return 0;
+}
+
+/* Frees every live block of `s` and gives the whole segment back. */
+static void segment_teardown(gm_heap_t *h, gm_segment_t *s) {
+        gm_block_t *b;
+
+        for (b = s->first; b; b = b->next)
+                if (b->state != GM_BSTATE_FREE) {
+                        if (b->state == GM_BSTATE_ALLOCATED)
+                                free_request(h, b);
+                        free_block(h, b); /* b survives the merges */
+                }
+        if (!s->expandable) {
+                release_block(h, s->first);
+                return;
+        }
+        /* all free now: each mapped run is one block of whole pages */
+        for (;;) {
+                bool last;
+
+                for (b = s->first; !b->mapped; b = b->next)
+                        ;
+                last = b->size / s->page_size == s->mapped_pages;
+                unmap_block(h, b);
+                if (last)
+                        return;
+        }
+}
+
+gm_heap_t *gm_heap_destroy(gm_heap_t *h) {
+        if (!h)
+                return NULL;
+        while (h->seg_head)
+                segment_teardown(h, h->seg_head);
+        while (h->spare) {
+                gm_block_t *b = h->spare;
+
+                h->spare = b->next;
+                free(b);
+        }
+        gm_idmap_done(&h->live);
+        free(h);
+        return NULL;
+}
+
+void gm_heap_set_config(gm_heap_t *h, const gm_alloc_config_t *config) {
+        apply_config(h, config);
+}
+
+void gm_heap_set_limit(gm_heap_t *h, uint64_t allowed_max, const gm_stats_t *measured) {
+        h->limit = allowed_max;
+        h->limit_measured = measured;
+}
+
+uint64_t gm_heap_live_blocks(const gm_heap_t *h) {
+        return h->live.count;
+}
+
+uint64_t gm_heap_largest_free(const gm_heap_t *h) {
+        uint64_t s = h->small.free_set ? h->small.free_set->max_key1 : 0;
+        uint64_t l = h->large.free_set ? h->large.free_set->max_key1 : 0;
+
+        return s > l ? s : l;
+}
+
+const gm_stats_t *gm_heap_stats(const gm_heap_t *h) {
+        return &h->stats;
+}
+
+gm_stats_t *gm_heap_stats_mut(gm_heap_t *h) {
+        return &h->stats;
+}
+
+/* ---- snapshots ---- */
+
+static gm_block_state_t block_state(const gm_block_t *b) {
+        switch (b->state) {
+        case GM_BSTATE_ALLOCATED:
+                return GM_BLOCK_ACTIVE_ALLOCATED;
+        case GM_BSTATE_PENDING:
+                return GM_BLOCK_ACTIVE_PENDING_FREE;
+        default:
+                return GM_BLOCK_INACTIVE;
+        }
+}
+
+void gm_heap_walk(const gm_heap_t *h, const gm_heap_visitor_t *visitor) {
+        for (const gm_segment_t *s = h->seg_head; s; s = s->next) {
+                const gm_block_t *b = s->first, *e;
+
+                while (b) {
+                        gm_segment_info_t info = {
+                                .id = s->id,
+                                .addr = block_addr(b),
+                                .stream = s->stream,
+                                .small_pool = s->small,
+                                .expandable = s->expandable,
+                        };
+
+                        if (!b->mapped) {
+                                b = b->next;
+                                continue;
+                        }
+                        /* one "segment" per contiguous mapped range */
+                        for (e = b; e && e->mapped; e = e->next) {
+                                info.size += e->size;
+                                if (e->state == GM_BSTATE_ALLOCATED)
+                                        info.allocated_size += e->size;
+                                if (e->state != GM_BSTATE_FREE) {
+                                        info.active_size += e->size;
+                                        info.requested_size += e->requested_size;
+                                }
+                        }
+                        if (visitor->segment_fn)
+                                visitor->segment_fn(&info, visitor->userdata);
+                        for (e = b; e && e->mapped; e = e->next) {
+                                gm_block_info_t bi = {
+                                        .id = e->id,
+                                        .addr = block_addr(e),
+                                        .size = e->size,
+                                        .requested_size = e->state == GM_BSTATE_FREE ? 0 : e->requested_size,
+                                        .state = block_state(e),
+                                };
+
+                                if (visitor->block_fn)
+                                        visitor->block_fn(&info, &bi, visitor->userdata);
+                        }
+                        b = e;
+                }
+        }
+}
+
+/* ---- integrity ---- */
+
+typedef struct recount {
+        int64_t allocation, allocated_bytes, active, active_bytes, requested_bytes;
+        int64_t reserved_bytes, segment, inactive_split, inactive_split_bytes;
+        uint64_t free_blocks, unmapped_blocks;
+} recount_t;
+
+typedef struct check_ctx {
+        recount_t pool[2]; /* [0] small, [1] large */
+        uint64_t live, oversize_allocations, oversize_segments;
+} check_ctx_t;
+
+/* Whether pages [first, end) are all mapped (want = 1) or all unmapped (want = 0). */
+static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8_t want) {
+        for (uint64_t i = first; i < end; i++)
+                if (s->page_mapped[i] != want)
+                        return false;
+        return true;
+}
+
+/* The block must be exactly the node found under its key in its set. */
+static int check_in_set(const gm_heap_t *h, const gm_block_t *b) {
+        const pool_t *p = b->seg->small ? &h->small : &h->large;
+        uint64_t key[3];
+
+        if (b->mapped)
+                free_key(b, key);
+        else
+                unmapped_key(b, key);
+        if (memcmp(key, b->node.key, sizeof(key)) != 0)
+                return 1;
+        return gm_tree_lower_bound(b->mapped ? p->free_set : p->unmapped, key) != &b->node;
+}
+
+static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, check_ctx_t *c) {
+        const gm_segment_t *s = b->seg;
+        recount_t *r = &c->pool[s->small ? 0 : 1];
+        int bad = 0;
+
+        if (s->expandable) {
+                uint64_t page = s->page_size, first = b->offset / page;
+                if (b->mapped)
+                        bad += !pages_are(s, first, round_up(b->offset + b->size, page) / page, 1);
+                else
+                        bad += b->offset % page || b->size % page ||
+                               !pages_are(s, first, (b->offset + b->size) / page, 0);
+        } else
+                bad += !b->mapped;
+        if (b->oversize) {
+                bad += b->state != GM_BSTATE_ALLOCATED;
+                c->oversize_allocations++;
+        }
+        switch (b->state) {
+        case GM_BSTATE_FREE:
+                bad += b->id != 0;
+                bad += check_in_set(h, b);
+                if (!b->mapped) {
+                        r->unmapped_blocks++;
+                        break;
+                }
+                r->free_blocks++;
+                if (split && !s->expandable) {
+                        r->inactive_split++;
+                        r->inactive_split_bytes += (int64_t)b->size;
+                }
+                break;
+        case GM_BSTATE_ALLOCATED:
+                r->allocation++;
+                r->allocated_bytes += (int64_t)b->size;
+                /* fall through */
+        case GM_BSTATE_PENDING:
+                r->active++;
+                r->active_bytes += (int64_t)b->size;
+                r->requested_bytes += (int64_t)b->requested_size;
+                c->live++;
+                bad += !b->mapped || b->id == 0 || gm_idmap_get(&h->live, b->id) != b;
+                break;
+        default:
+                bad++;
+        }
+        return bad;
+}
+
+static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t *c) {
+        recount_t *r = &c->pool[s->small ? 0 : 1];
+        const gm_block_t *b, *pb = NULL;
+        uint64_t off = 0, pages = 0;
+        int bad = 0;
+
+        if (!s->first)
+                return 1;
+        for (b = s->first; b; pb = b, b = b->next) {
+                if (b->seg != s || b->prev != pb || b->offset != off || b->size == 0 || b->size > s->size - off)
+                        return bad + 1; /* the chain itself is broken: stop here */
+                off += b->size;
+                if (pb && pb->state == GM_BSTATE_FREE && b->state == GM_BSTATE_FREE && pb->mapped == b->mapped)
+                        bad++; /* uncoalesced */
+                bad += check_block(h, b, s->first->next != NULL, c);
+        }
+        bad += off != s->size;
+        if (s->expandable) {
+                for (uint64_t i = 0; i < s->n_pages; i++)
+                        pages += s->page_mapped[i];
+                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size;
+                r->reserved_bytes += (int64_t)(pages * s->page_size);
+        } else {
+                r->segment++;
+                r->reserved_bytes += (int64_t)s->size;
+                if (s->oversize)
+                        c->oversize_segments++;
+        }
+        return bad;
+}
+
+static int check_stat(const gm_stat_t *a, int64_t small, int64_t large) {
+        return (a[GM_STAT_SMALL_POOL].current != small) + (a[GM_STAT_LARGE_POOL].current != large) +
+               (a[GM_STAT_ALL].current != small + large);
+}
+
+#define CHECK_STAT(c, field) check_stat(h->stats.field, (c)->pool[0].field, (c)->pool[1].field)
+
+int gm_heap_check(const gm_heap_t *h) {
+        check_ctx_t c = {0};
+        const gm_segment_t *s, *ps = NULL;
+        const pool_t *pools[2] = {&h->small, &h->large};
+        uint64_t n;
+        int bad = 0;
+
+        for (s = h->seg_head; s; ps = s, s = s->next) {
+                if (s->prev != ps || (ps && ps->addr + ps->size > s->addr))
+                        bad++;
+                bad += check_segment(h, s, &c);
+        }
+        bad += ps != h->seg_tail;
+        for (int i = 0; i < 2; i++) {
+                bad += gm_tree_check(pools[i]->free_set, &n);
+                bad += n != c.pool[i].free_blocks;
+                bad += gm_tree_check(pools[i]->unmapped, &n);
+                bad += n != c.pool[i].unmapped_blocks;
+        }
+        bad += c.live != h->live.count;
+        bad += CHECK_STAT(&c, allocation);
+        bad += CHECK_STAT(&c, allocated_bytes);
+        bad += CHECK_STAT(&c, active);
+        bad += CHECK_STAT(&c, active_bytes);
+        bad += CHECK_STAT(&c, requested_bytes);
+        bad += CHECK_STAT(&c, reserved_bytes);
+        bad += CHECK_STAT(&c, segment);
+        bad += CHECK_STAT(&c, inactive_split);
+        bad += CHECK_STAT(&c, inactive_split_bytes);
+        bad += h->stats.oversize_allocations.current != (int64_t)c.oversize_allocations;
+        bad += h->stats.oversize_segments.current != (int64_t)c.oversize_segments;
+        return bad;
+}

@@ -1,0 +1,182 @@
+/* Cuda mapper: maps the daemon's exported allocations into this process's
+ * device address space (import, map, grant read-write access to the device).
+ * A mapping owns its physical memory: the imported handle is released right
+ * after cuMemMap, so cuMemUnmap frees the memory once the daemon has released
+ * its own handle. Every call makes the device's primary context current on the
+ * calling thread (the library's service thread unmaps too). The text of a
+ * failure is left in gm_cuda_last_error(). */
+#include "mapper.h"
+
+#include <errno.h>
+
+#ifdef GPUMEM_HAVE_CUDA
+#include "cuda_loader.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+typedef struct cuda_mapper {
+        gm_mapper_t base; /* first: the ops receive &base */
+        const gm_cuda_t *cu;
+        CUdevice dev;
+        CUcontext ctx;          /* the device's primary context, retained */
+        CUmemAccessDesc access; /* read-write for the device */
+} cuda_mapper_t;
+
+static int make_current(cuda_mapper_t *cm) {
+        CUresult r = cm->cu->CtxSetCurrent(cm->ctx);
+        return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cm->cu, r, "cuCtxSetCurrent");
+}
+
+static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        if (va_size == 0 || va_size % m->granularity != 0)
+                return gm_cuda_fail_errno(-EINVAL, "reservation of %llu bytes is not a multiple of the granularity",
+                                          (unsigned long long)va_size);
+        int r = make_current(cm);
+        if (r < 0)
+                return r;
+        CUdeviceptr base;
+        CUresult cr = cm->cu->MemAddressReserve(&base, va_size, m->granularity, 0, 0);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuMemAddressReserve");
+        *ret_base = base;
+        return 0;
+}
+
+static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        const gm_cuda_t *cu = cm->cu;
+        int r = make_current(cm);
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        CUmemGenericAllocationHandle handle;
+        CUresult cr = cu->MemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cu, cr, "cuMemImportFromShareableHandle");
+
+        CUdeviceptr at = base + offset;
+        cr = cu->MemMap(at, length, 0, handle, 0);
+        if (cr != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuMemMap");
+        } else {
+                cr = cu->MemSetAccess(at, length, &cm->access, 1);
+                if (cr != CUDA_SUCCESS) {
+                        r = gm_cuda_fail(cu, cr, "cuMemSetAccess");
+                        cu->MemUnmap(at, length);
+                }
+        }
+        /* From here the mapping alone keeps the memory. */
+        cu->MemRelease(handle);
+        return r;
+}
+
+static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        int r = make_current(cm);
+        if (r < 0)
+                return r;
+        /* Work queued on the memory must finish before it can go back. */
+        CUresult cr = cm->cu->CtxSynchronize();
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuCtxSynchronize");
+        cr = cm->cu->MemUnmap(base + offset, length);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuMemUnmap");
+        return 0;
+}
+
+static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        int r = make_current(cm);
+        if (r < 0)
+                return r;
+        CUresult cr = cm->cu->MemAddressFree(base, va_size);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuMemAddressFree");
+        return 0;
+}
+
+static void cuda_destroy(gm_mapper_t *m) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        if (!cm)
+                return;
+        cm->cu->DevicePrimaryCtxRelease(cm->dev);
+        free(cm);
+}
+
+static const gm_mapper_ops_t cuda_mapper_ops = {
+        .backend = "cuda",
+        .reserve = cuda_reserve,
+        .map = cuda_map,
+        .unmap = cuda_unmap,
+        .unreserve = cuda_unreserve,
+        .destroy = cuda_destroy,
+};
+
+int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
+        if (granularity == 0)
+                return gm_cuda_fail_errno(-EINVAL, "granularity 0");
+        const gm_cuda_t *cu;
+        int r = gm_cuda_load(&cu);
+        if (r < 0)
+                return r;
+        cuda_mapper_t *cm = calloc(1, sizeof(*cm));
+        if (!cm)
+                return gm_cuda_fail_errno(-ENOMEM, "out of memory");
+        cm->cu = cu;
+        int ordinal;
+        r = gm_cuda_find_device(cu, device, NULL, &cm->dev, &ordinal);
+        if (r < 0)
+                goto fail_free;
+        CUresult cr = cu->DevicePrimaryCtxRetain(&cm->ctx, cm->dev);
+        if (cr != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuDevicePrimaryCtxRetain");
+                goto fail_free;
+        }
+        r = make_current(cm);
+        if (r < 0)
+                goto fail_ctx;
+
+        /* The daemon's granularity must suit this device: a mismatch means
+         * the daemon serves another GPU than the one this ordinal names. */
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(ordinal);
+        size_t minimum = 0;
+        cr = cu->MemGetAllocationGranularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (cr != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuMemGetAllocationGranularity");
+                goto fail_ctx;
+        }
+        if (minimum == 0 || granularity % minimum != 0) {
+                r = gm_cuda_fail_errno(-EINVAL, "granularity %llu is not a multiple of device %d's %zu",
+                                       (unsigned long long)granularity, ordinal, minimum);
+                goto fail_ctx;
+        }
+
+        cm->access = (CUmemAccessDesc){
+                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ordinal},
+                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        cm->base = (gm_mapper_t){.ops = &cuda_mapper_ops, .granularity = granularity};
+        *ret = &cm->base;
+        return 0;
+
+fail_ctx:
+        cu->DevicePrimaryCtxRelease(cm->dev);
+fail_free:
+        free(cm);
+        return r;
+}
+
+#else
+
+int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
+        return -ENOSYS;
+}
+
+#endif

@@ -1,0 +1,99 @@
+/* Host backend: every segment is a sealed memfd, counted against a byte
+ * capacity. Invariant: in_use is the sum of the sizes of the segments created
+ * and not yet released, and never exceeds capacity. The memfd's pages are
+ * allocated lazily, on first touch by whoever maps it. */
+#include "backend.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define HOST_GRANULARITY (2ull << 20)       /* bytes: a huge page, so a segment can use THP */
+#define HOST_DEFAULT_CAPACITY_MAX (8ull << 30) /* bytes */
+/* Sealed so that no holder of the fd can shrink it under another's mapping
+ * (SIGBUS) or grow it past what was charged. */
+#define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+static int host_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
+        if (size == 0 || size % b->granularity != 0)
+                return -EINVAL;
+        if (size > b->capacity - b->in_use)
+                return -ENOMEM;
+
+        int fd = memfd_create("gpumem-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, HOST_SEALS) < 0) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        b->in_use += size;
+        *ret_phys = (gm_phys_t){.fd = fd, .size = size, .handle = 0};
+        return 0;
+}
+
+static void host_release(gm_backend_t *b, gm_phys_t *phys) {
+        assert(phys->size <= b->in_use);
+        close(phys->fd);
+        phys->fd = -1;
+        b->in_use -= phys->size;
+}
+
+static int host_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
+        *ret_free = b->capacity - b->in_use;
+        *ret_total = b->capacity;
+        return 0;
+}
+
+static void host_destroy(gm_backend_t *b) {
+        free(b);
+}
+
+static const gm_backend_ops_t host_ops = {
+        .name = "host",
+        .create = host_create,
+        .release = host_release,
+        .mem_info = host_mem_info,
+        .destroy = host_destroy,
+};
+
+/* min(8 GiB, physical RAM / 4), or 0 when RAM cannot be determined. */
+static uint64_t default_capacity(void) {
+        long pages = sysconf(_SC_PHYS_PAGES);
+        long page_size = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || page_size <= 0)
+                return 0;
+        uint64_t quarter = (uint64_t)pages / 4 * (uint64_t)page_size;
+        return quarter < HOST_DEFAULT_CAPACITY_MAX ? quarter : HOST_DEFAULT_CAPACITY_MAX;
+}
+
+int gm_backend_host_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len) {
+        uint64_t capacity = opts->capacity ? opts->capacity : default_capacity();
+        /* Only whole granules can be handed out. */
+        capacity -= capacity % HOST_GRANULARITY;
+        if (capacity == 0) {
+                if (opts->capacity)
+                        snprintf(reterr, reterr_len, "host capacity %llu bytes is below the 2 MiB granularity",
+                                 (unsigned long long)opts->capacity);
+                else
+                        snprintf(reterr, reterr_len, "cannot determine the physical memory size; set a capacity");
+                return -EINVAL;
+        }
+
+        gm_backend_t *b = calloc(1, sizeof(*b));
+        if (!b) {
+                snprintf(reterr, reterr_len, "out of memory");
+                return -ENOMEM;
+        }
+        b->ops = &host_ops;
+        b->device = opts->device;
+        b->capacity = capacity;
+        b->granularity = HOST_GRANULARITY;
+        *ret_backend = b;
+        return 0;
+}

@@ -1,0 +1,101 @@
+/* See fake_provider.h. Handles are 1, 2, 3... in creation order. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_provider.h"
+
+void fake_init(fake_provider_t *f, uint64_t capacity) {
+        *f = (fake_provider_t){.capacity = capacity, .fail_error = -ENOMEM, .last_action = -1};
+}
+
+void fake_done(fake_provider_t *f) {
+        free(f->pieces);
+        free(f->seg_live);
+        *f = (fake_provider_t){0};
+}
+
+/* Grows *arr (elements of `elem` bytes, zero-filled) to hold index `i`. */
+static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
+        uint64_t n = *cap ? *cap : 64;
+
+        if (i < *cap)
+                return;
+        while (n <= i)
+                n *= 2;
+        *arr = realloc(*arr, n * elem);
+        if (!*arr)
+                abort();
+        memset((char *)*arr + *cap * elem, 0, (n - *cap) * elem);
+        *cap = n;
+}
+
+static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
+                       uint64_t *ret_handle) {
+        fake_provider_t *f = userdata;
+
+        if (size == 0 || offset + size > segment_va_size)
+                f->errors++;
+        if (f->fail_next) {
+                f->fail_next--;
+                return f->fail_error;
+        }
+        if (f->live_bytes + size > f->capacity)
+                return -ENOMEM;
+        grow((void **)&f->pieces, &f->cap_pieces, f->n_pieces, sizeof(*f->pieces));
+        grow((void **)&f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live));
+        f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset, size, true};
+        f->seg_live[segment_id]++;
+        f->live_handles++;
+        f->live_bytes += size;
+        f->creates++;
+        *ret_handle = f->n_pieces;
+        return 0;
+}
+
+static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                         bool whole_segment) {
+        fake_provider_t *f = userdata;
+        fake_piece_t *p;
+
+        f->releases++;
+        f->whole_releases += whole_segment;
+        if (handle == 0 || handle > f->n_pieces) {
+                f->errors++;
+                return;
+        }
+        p = &f->pieces[handle - 1];
+        if (!p->live || p->segment_id != segment_id || p->offset != offset || p->size != size) {
+                f->errors++;
+                return;
+        }
+        p->live = false;
+        f->live_handles--;
+        f->live_bytes -= size;
+        f->seg_live[segment_id]--;
+        if (whole_segment != (f->seg_live[segment_id] == 0))
+                f->errors++;
+}
+
+static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+        fake_provider_t *f = userdata;
+
+        if (action < 0 || action >= _GM_TRACE_ACTION_MAX) {
+                f->errors++;
+                return;
+        }
+        f->traces[action]++;
+        f->last_action = action;
+        f->last_addr = addr;
+        f->last_size = size;
+        f->last_stream = stream;
+}
+
+gm_provider_t fake_provider(fake_provider_t *f) {
+        return (gm_provider_t){
+                .create = fake_create,
+                .release = fake_release,
+                .trace = fake_trace,
+                .userdata = f,
+        };
+}
