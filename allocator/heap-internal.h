@@ -3,7 +3,7 @@
  * A segment is one provider allocation (or, when expandable, one virtual range
  * mapped page by page). Its blocks tile it exactly, linked by address through
  * prev/next. A free, mapped block sits in its pool's free set ordered by
- * (stream, size, offset address); a free unmapped range of an expandable
+ * (stream, size, address); a free unmapped range of an expandable
  * segment sits in the pool's unmapped set ordered by (stream, address).
  * Allocated and pending-free blocks sit in the id map instead. */
 #pragma once

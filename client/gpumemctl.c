@@ -29,13 +29,19 @@ static void usage(FILE *f) {
         fprintf(f, "Usage: gpumemctl [-s SOCKET] COMMAND [ARGS]\n"
                    "Commands:\n"
                    "  stats [--json] [--tenant T | --pid P]   memory statistics (PyTorch memory_summary layout)\n"
+                   "  stats --reset-peak|--reset-accumulated [--tenant T]\n"
                    "  trim [--tenant T]                       release idle cached memory\n"
+                   "  snapshot -o FILE [--format pickle|json] [--pid P]\n"
+                   "                                          PyTorch memory snapshot (torch.cuda.memory._snapshot())\n"
+                   "  history on [--max-entries N] | off     record allocation history for snapshots\n"
+                   "  alloc-conf [STR]                        show or set PYTORCH_CUDA_ALLOC_CONF-style settings\n"
                    "The socket defaults to $GPUMEM_SOCKET, else the default path of GPU 0.\n");
 }
 
-/* Sends a request and returns its reply; an Error reply is printed and turned
- * into EXIT_REFUSED. */
-static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
+/* Sends a request and returns its reply (and, if ret_fd is not NULL, the first
+ * fd it carried, or -1); an Error reply is printed and turned into
+ * EXIT_REFUSED. */
+static int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
         env->request_id = ++c->next_id;
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         uint8_t *buf = malloc(c->max_packet);
@@ -47,9 +53,16 @@ static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_repl
                 if (r == 0)
                         r = gm_ipc_recv(c->fd, buf, c->max_packet, fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds);
                 Gpumem__Envelope *reply = NULL;
+                int kept_fd = -1;
                 if (r == 0) {
+                        if (ret_fd && n_fds > 0) {
+                                kept_fd = fds[0];
+                                fds[0] = -1;
+                        }
                         gm_close_fds(fds, n_fds);
                         r = gm_msg_unpack(buf, len, &reply);
+                        if (r < 0 && kept_fd >= 0)
+                                close(kept_fd);
                 }
                 if (r < 0) {
                         free(buf);
@@ -57,6 +70,8 @@ static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_repl
                         return EXIT_UNREACHABLE;
                 }
                 if (reply->request_id != env->request_id) {
+                        if (kept_fd >= 0)
+                                close(kept_fd);
                         gm_msg_free(reply);
                         continue;
                 }
@@ -64,12 +79,33 @@ static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_repl
                 if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
                         fprintf(stderr, "gpumemctl: %s (%s)\n", reply->error->message,
                                 strerror((int) reply->error->code));
+                        if (kept_fd >= 0)
+                                close(kept_fd);
                         gm_msg_free(reply);
                         return EXIT_REFUSED;
                 }
+                if (ret_fd)
+                        *ret_fd = kept_fd;
                 *ret_reply = reply;
                 return 0;
         }
+}
+
+static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
+        return ctl_call_fd(c, env, ret_reply, NULL);
+}
+
+/* Sends a request whose reply must have body `want`; prints and maps refusals. */
+static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
+        int r = ctl_call(c, env, ret_reply);
+        if (r)
+                return r;
+        if ((*ret_reply)->body_case != want) {
+                fprintf(stderr, "gpumemctl: unexpected reply from gpumemd\n");
+                gm_msg_free(*ret_reply);
+                return EXIT_REFUSED;
+        }
+        return 0;
 }
 
 static int ctl_open(const char *path, ctl_t *c) {
@@ -131,9 +167,11 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 {"json", no_argument, NULL, 'j'},
                 {"tenant", required_argument, NULL, 't'},
                 {"pid", required_argument, NULL, 'p'},
+                {"reset-peak", no_argument, NULL, 'P'},
+                {"reset-accumulated", no_argument, NULL, 'A'},
                 {},
         };
-        bool json = false;
+        bool json = false, reset_peak = false, reset_accumulated = false;
         Gpumem__Stats req = GPUMEM__STATS__INIT;
         req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE;
         int o;
@@ -142,6 +180,12 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 switch (o) {
                 case 'j':
                         json = true;
+                        break;
+                case 'P':
+                        reset_peak = true;
+                        break;
+                case 'A':
+                        reset_accumulated = true;
                         break;
                 case 't':
                         req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
@@ -162,6 +206,25 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                         usage(stderr);
                         return EXIT_USAGE;
                 }
+        }
+        if (optind < argc) {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        if (reset_peak || reset_accumulated) {
+                Gpumem__ResetStats reset = GPUMEM__RESET_STATS__INIT;
+                reset.scope = req.scope;
+                reset.tenant = req.tenant;
+                reset.peak = reset_peak;
+                reset.accumulated = reset_accumulated;
+                Gpumem__Envelope renv = GPUMEM__ENVELOPE__INIT;
+                renv.body_case = GPUMEM__ENVELOPE__BODY_RESET_STATS;
+                renv.reset_stats = &reset;
+                Gpumem__Envelope *reply;
+                int r = ctl_expect(c, &renv, GPUMEM__ENVELOPE__BODY_OK, &reply);
+                if (r == 0)
+                        gm_msg_free(reply);
+                return r;
         }
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
@@ -232,6 +295,140 @@ static int cmd_trim(ctl_t *c, int argc, char **argv) {
         return 0;
 }
 
+static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
+        static const struct option opts[] = {
+                {"output", required_argument, NULL, 'o'},
+                {"format", required_argument, NULL, 'f'},
+                {"pid", required_argument, NULL, 'p'},
+                {},
+        };
+        const char *output = NULL;
+        Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
+        int o;
+        optind = 1;
+        while ((o = getopt_long(argc, argv, "o:f:p:", opts, NULL)) != -1) {
+                switch (o) {
+                case 'o':
+                        output = optarg;
+                        break;
+                case 'f':
+                        if (strcmp(optarg, "pickle") == 0)
+                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
+                        else if (strcmp(optarg, "json") == 0)
+                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON;
+                        else {
+                                fprintf(stderr, "gpumemctl: --format is pickle or json\n");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case 'p':
+                        req.pid = (uint32_t) strtoul(optarg, NULL, 10);
+                        if (!req.pid) {
+                                fprintf(stderr, "gpumemctl: invalid pid '%s'\n", optarg);
+                                return EXIT_USAGE;
+                        }
+                        break;
+                default:
+                        usage(stderr);
+                        return EXIT_USAGE;
+                }
+        }
+        if (!output || optind < argc) {
+                fprintf(stderr, "gpumemctl: snapshot needs -o FILE\n");
+                return EXIT_USAGE;
+        }
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT;
+        env.snapshot = &req;
+        Gpumem__Envelope *reply;
+        int fd = -1;
+        int r = ctl_call_fd(c, &env, &reply, &fd);
+        if (r)
+                return r;
+        bool ok = reply->body_case == GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY && fd >= 0;
+        uint64_t size = ok ? reply->snapshot_reply->size : 0;
+        gm_msg_free(reply);
+        if (!ok) {
+                if (fd >= 0)
+                        close(fd);
+                fprintf(stderr, "gpumemctl: the daemon sent no snapshot\n");
+                return EXIT_REFUSED;
+        }
+        FILE *out = strcmp(output, "-") == 0 ? stdout : fopen(output, "wbe");
+        if (!out) {
+                fprintf(stderr, "gpumemctl: cannot write '%s': %s\n", output, strerror(errno));
+                close(fd);
+                return EXIT_REFUSED;
+        }
+        uint64_t copied = 0;
+        char buf[65536];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof(buf))) > 0 && fwrite(buf, 1, (size_t) n, out) == (size_t) n)
+                copied += (uint64_t) n;
+        close(fd);
+        bool write_failed = (out == stdout ? fflush(out) : fclose(out)) != 0;
+        if (copied != size || write_failed) {
+                fprintf(stderr, "gpumemctl: snapshot incomplete (%" PRIu64 " of %" PRIu64 " bytes)\n", copied, size);
+                return EXIT_REFUSED;
+        }
+        if (out != stdout)
+                fprintf(stderr, "wrote %" PRIu64 " bytes to %s\n", size, output);
+        return 0;
+}
+
+static int cmd_history(ctl_t *c, int argc, char **argv) {
+        Gpumem__HistoryControl req = GPUMEM__HISTORY_CONTROL__INIT;
+        if (argc < 2 || (strcmp(argv[1], "on") != 0 && strcmp(argv[1], "off") != 0)) {
+                fprintf(stderr, "gpumemctl: history on [--max-entries N] | off\n");
+                return EXIT_USAGE;
+        }
+        req.enabled = strcmp(argv[1], "on") == 0;
+        for (int i = 2; i < argc; i++) {
+                char *end;
+                if (strcmp(argv[i], "--max-entries") == 0 && i + 1 < argc && req.enabled) {
+                        req.max_entries = strtoull(argv[++i], &end, 10);
+                        if (*end || !req.max_entries) {
+                                fprintf(stderr, "gpumemctl: invalid --max-entries '%s'\n", argv[i]);
+                                return EXIT_USAGE;
+                        }
+                } else {
+                        fprintf(stderr, "gpumemctl: unexpected argument '%s'\n", argv[i]);
+                        return EXIT_USAGE;
+                }
+        }
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL;
+        env.history_control = &req;
+        Gpumem__Envelope *reply;
+        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply);
+        if (r)
+                return r;
+        printf("history %s (max %" PRIu64 " entries, %" PRIu64 " recorded)\n", reply->history_reply->enabled ? "on" : "off",
+               reply->history_reply->max_entries, reply->history_reply->entries);
+        gm_msg_free(reply);
+        return 0;
+}
+
+static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
+        if (argc > 2) {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        Gpumem__AllocConf req = GPUMEM__ALLOC_CONF__INIT;
+        req.set = argc == 2;
+        req.conf = argc == 2 ? argv[1] : "";
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_CONF;
+        env.alloc_conf = &req;
+        Gpumem__Envelope *reply;
+        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_ALLOC_CONF_REPLY, &reply);
+        if (r)
+                return r;
+        printf("%s\n", reply->alloc_conf_reply->conf);
+        gm_msg_free(reply);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         const char *socket_path = getenv("GPUMEM_SOCKET");
         int i = 1;
@@ -258,6 +455,12 @@ int main(int argc, char **argv) {
                 fn = cmd_stats;
         else if (strcmp(cmd, "trim") == 0)
                 fn = cmd_trim;
+        else if (strcmp(cmd, "snapshot") == 0)
+                fn = cmd_snapshot;
+        else if (strcmp(cmd, "history") == 0)
+                fn = cmd_history;
+        else if (strcmp(cmd, "alloc-conf") == 0)
+                fn = cmd_alloc_conf;
         if (!fn) {
                 fprintf(stderr, "gpumemctl: unknown command '%s'\n", cmd);
                 usage(stderr);

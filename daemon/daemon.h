@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "allocator.h"
+#include "history.h"
 #include "backend.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
@@ -94,6 +95,8 @@ typedef struct gm_session {
         bool closing;       /* no more input is processed; memory is being released */
         gm_heap_t *heap;    /* created at the first allocation */
         uint64_t last_active_ms;
+        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
+        size_t n_cur_frames;
         gm_piece_t *new_pieces;     /* created while serving the current request; sent with its reply */
         gm_piece_t *to_release;     /* released by the allocator, not yet asked back from the client */
         gm_release_t *releases;     /* asked back, awaiting ReleaseAck */
@@ -121,6 +124,8 @@ struct gm_daemon {
         uint64_t next_session_id;
         uint64_t releasing_bytes; /* over all sessions */
         gm_tenant_t *tenants;
+        gm_history_t *history;      /* NULL while memory history is off */
+        size_t history_max_entries; /* the bound used when it is switched on */
         bool shutting_down;
         uint32_t sigint_count;
 };
@@ -135,6 +140,17 @@ void gm_session_close(gm_session_t *s, const char *why);
 int gm_session_send(gm_session_t *s, const Gpumem__Envelope *env, const int *fds, size_t n_fds);
 int gm_session_send_error(gm_session_t *s, uint64_t request_id, int err, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
+
+/* Sends a reply envelope carrying `request_id`. */
+int gm_session_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
+
+/* admin.c: statistics, snapshots, history and settings requests. Return 0,
+ * or a negative errno when the session must be closed. */
+int gm_admin_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stats *req);
+int gm_admin_reset_stats(gm_session_t *s, uint64_t request_id, const Gpumem__ResetStats *req);
+int gm_admin_history(gm_session_t *s, uint64_t request_id, const Gpumem__HistoryControl *req);
+int gm_admin_snapshot(gm_session_t *s, uint64_t request_id, const Gpumem__Snapshot *req);
+int gm_admin_alloc_conf(gm_session_t *s, uint64_t request_id, const Gpumem__AllocConf *req);
 
 /* session.c: request handling. Returns 0, or a negative errno when the
  * session must be closed (protocol abuse). */

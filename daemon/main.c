@@ -249,6 +249,7 @@ int main(int argc, char **argv) {
         if (d->backend->in_use != 0)
                 log_error("BUG: %llu bytes still in use at exit", (unsigned long long) d->backend->in_use);
         d->backend = gm_backend_close(d->backend);
+        d->history = gm_history_free(d->history);
         gm_tenants_free(d);
         log_notice("stopped");
         return EXIT_SUCCESS;

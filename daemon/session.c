@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -66,6 +67,36 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         s->to_release = p;
 }
 
+static uint64_t now_us(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+/* Records allocator events in the device's memory history while it is on. */
+static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+        gm_session_t *s = userdata;
+        gm_daemon_t *d = s->daemon;
+        if (!d->history)
+                return;
+        gm_history_entry_t e = {
+                .action = action,
+                .addr = addr,
+                .size = size,
+                .stream = stream,
+                .time_us = now_us(),
+                .pid = (uint32_t) s->cred.pid,
+        };
+        if (action == GM_TRACE_OOM) {
+                uint64_t free_bytes = 0, total = 0;
+                if (d->backend->ops->mem_info(d->backend, &free_bytes, &total) == 0)
+                        e.addr = free_bytes; /* PyTorch's device_free */
+        }
+        bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
+        /* A failed record only loses this entry; allocation goes on. */
+        gm_history_record(d->history, &e, with_frames ? s->cur_frames : NULL, with_frames ? s->n_cur_frames : 0);
+}
+
 static int session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         if (s->heap) {
                 *ret_heap = s->heap;
@@ -75,7 +106,7 @@ static int session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         gm_provider_t provider = {
                 .create = provider_create,
                 .release = provider_release,
-                .trace = NULL,
+                .trace = provider_trace,
                 .userdata = s,
         };
         gm_heap_params_t params = {
@@ -185,7 +216,7 @@ void gm_session_release_all(gm_session_t *s) {
 
 /* ---- replies ---- */
 
-static int send_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+int gm_session_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
         env->request_id = request_id;
         return gm_session_send(s, env, fds, n_fds);
 }
@@ -227,7 +258,7 @@ static int send_alloc_reply(gm_session_t *s, uint64_t request_id, const gm_alloc
                 Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
                 env.body_case = GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS;
                 env.map_segments = &ms;
-                r = send_reply(s, request_id, &env, fds + sent, max_fds);
+                r = gm_session_reply(s, request_id, &env, fds + sent, max_fds);
                 if (r < 0)
                         goto out;
                 sent += max_fds;
@@ -242,7 +273,7 @@ static int send_alloc_reply(gm_session_t *s, uint64_t request_id, const gm_alloc
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &reply;
-        r = send_reply(s, request_id, &env, fds + sent, n - sent);
+        r = gm_session_reply(s, request_id, &env, fds + sent, n - sent);
 out:
         if (r == 0)
                 for (gm_piece_t *p = s->new_pieces; p; p = p->next)
@@ -325,7 +356,7 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         env.hello_reply = &reply;
         log_info("session %llu: pid %d uid %u tenant '%s' client '%s'", (unsigned long long) s->id, (int) s->cred.pid,
                  (unsigned) s->cred.uid, s->tenant->name, s->name);
-        return send_reply(s, request_id, &env, NULL, 0) < 0 ? 0 : 0;
+        return gm_session_reply(s, request_id, &env, NULL, 0) < 0 ? 0 : 0;
 }
 
 /* Describes a refused allocation: what the device, the tenant and the session hold. */
@@ -442,10 +473,25 @@ static void retry_parked(gm_daemon_t *d, bool timed_out_only) {
         }
 }
 
+/* Client-supplied frames kept with an allocation's trace event, at most. */
+#define MAX_FRAMES 64
+
 static int handle_alloc(gm_session_t *s, uint64_t request_id, const Gpumem__Alloc *alloc) {
         if (s->parked) /* keep order behind earlier waiting requests */
                 return park(s, request_id, alloc->size, alloc->stream);
+        gm_frame_t frames[MAX_FRAMES];
+        size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
+        for (size_t i = 0; i < n_frames; i++)
+                frames[i] = (gm_frame_t){
+                        .filename = alloc->frames[i]->filename,
+                        .line = alloc->frames[i]->line,
+                        .name = alloc->frames[i]->name,
+                };
+        s->cur_frames = frames;
+        s->n_cur_frames = n_frames;
         int r = try_alloc(s, request_id, alloc->size, alloc->stream, true);
+        s->cur_frames = NULL;
+        s->n_cur_frames = 0;
         if (r == -EAGAIN)
                 return park(s, request_id, alloc->size, alloc->stream);
         return r == -ECONNRESET ? 0 : r;
@@ -510,147 +556,8 @@ static int handle_trim(gm_session_t *s, uint64_t request_id, const Gpumem__Trim 
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_TRIM_REPLY;
         env.trim_reply = &reply;
-        send_reply(s, request_id, &env, NULL, 0);
+        gm_session_reply(s, request_id, &env, NULL, 0);
         return 0;
-}
-
-/* gm_stats_foreach() names live only during the callback: they are copied. */
-#define STAT_NAME_MAX 64
-
-typedef struct stats_collect {
-        char (*name_buf)[STAT_NAME_MAX];
-        Gpumem__StatEntry *entries;
-        Gpumem__StatEntry **ptrs;
-        size_t n, cap;
-        char **names; /* filter */
-        size_t n_names;
-} stats_collect_t;
-
-static void collect_stat(const char *name, int64_t value, void *userdata) {
-        stats_collect_t *c = userdata;
-        if (c->n_names) {
-                bool wanted = false;
-                for (size_t i = 0; i < c->n_names && !wanted; i++)
-                        wanted = strcmp(c->names[i], name) == 0;
-                if (!wanted)
-                        return;
-        }
-        if (c->n == c->cap)
-                return;
-        gpumem__stat_entry__init(&c->entries[c->n]);
-        snprintf(c->name_buf[c->n], STAT_NAME_MAX, "%s", name);
-        c->entries[c->n].name = c->name_buf[c->n];
-        c->entries[c->n].value = value;
-        c->ptrs[c->n] = &c->entries[c->n];
-        c->n++;
-}
-
-static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
-
-static int handle_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stats *req) {
-        gm_daemon_t *d = s->daemon;
-        gm_stats_t scratch;
-        const gm_stats_t *st = NULL;
-        uint64_t sessions = 0;
-        switch (req->scope) {
-        case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (s->heap) {
-                        st = gm_heap_stats(s->heap);
-                } else {
-                        gm_stats_init(&scratch);
-                        scratch.max_split_size = d->device_stats.max_split_size;
-                        st = &scratch;
-                }
-                sessions = 1;
-                break;
-        case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                if (!s->admin)
-                        return gm_session_send_error(s, request_id, EPERM,
-                                                     "gpumemd: device-wide statistics need admin rights; "
-                                                     "ask for your tenant ('%s')", s->tenant->name),
-                               0;
-                st = &d->device_stats;
-                sessions = d->n_sessions;
-                break;
-        case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
-                const char *name = req->tenant && req->tenant[0] ? req->tenant : s->tenant->name;
-                if (!s->admin && strcmp(name, s->tenant->name) != 0)
-                        return gm_session_send_error(s, request_id, EPERM,
-                                                     "gpumemd: statistics of tenant '%s' need admin rights", name),
-                               0;
-                gm_tenant_t *t = gm_tenant_find(d, name);
-                if (!t)
-                        return gm_session_send_error(s, request_id, ENOENT, "gpumemd: no tenant '%s'", name), 0;
-                st = &t->stats;
-                sessions = t->sessions;
-                break;
-        }
-        case GPUMEM__STATS_SCOPE__STATS_SCOPE_PID:
-                gm_stats_init(&scratch);
-                scratch.max_split_size = d->device_stats.max_split_size;
-                for (gm_session_t *o = d->sessions; o; o = o->next) {
-                        if ((uint32_t) o->cred.pid != req->pid || !o->heap)
-                                continue;
-                        if (!s->admin && o->tenant != s->tenant)
-                                return gm_session_send_error(s, request_id, EPERM,
-                                                             "gpumemd: pid %u belongs to another tenant", req->pid),
-                                       0;
-                        stats_add(&scratch, gm_heap_stats(o->heap));
-                        sessions++;
-                }
-                st = &scratch;
-                break;
-        default:
-                return gm_session_send_error(s, request_id, EINVAL, "gpumemd: unknown statistics scope"), 0;
-        }
-        enum { MAX_STATS = 160 };
-        static char names[MAX_STATS][STAT_NAME_MAX];
-        Gpumem__StatEntry entries[MAX_STATS];
-        Gpumem__StatEntry *ptrs[MAX_STATS];
-        stats_collect_t c = {
-                .name_buf = names, .entries = entries, .ptrs = ptrs, .cap = MAX_STATS, .names = req->names, .n_names = req->n_names};
-        gm_stats_foreach(st, collect_stat, &c);
-        Gpumem__StatsReply reply = GPUMEM__STATS_REPLY__INIT;
-        reply.n_stats = c.n;
-        reply.stats = ptrs;
-        reply.device = d->backend->device;
-        reply.capacity = d->backend->capacity;
-        reply.sessions = sessions;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_STATS_REPLY;
-        env.stats_reply = &reply;
-        send_reply(s, request_id, &env, NULL, 0);
-        return 0;
-}
-
-/* Sums statistics of several sessions (currents, accumulations and counters
- * add up; a sum of peaks is an upper bound of the joint peak). */
-static void stats_add_one(gm_stat_t *a, const gm_stat_t *b) {
-        a->current += b->current;
-        a->peak += b->peak;
-        a->allocated += b->allocated;
-        a->freed += b->freed;
-}
-
-static void stats_add(gm_stats_t *sum, const gm_stats_t *add) {
-        for (int t = 0; t < _GM_STAT_TYPE_MAX; t++) {
-                stats_add_one(&sum->allocation[t], &add->allocation[t]);
-                stats_add_one(&sum->segment[t], &add->segment[t]);
-                stats_add_one(&sum->active[t], &add->active[t]);
-                stats_add_one(&sum->inactive_split[t], &add->inactive_split[t]);
-                stats_add_one(&sum->allocated_bytes[t], &add->allocated_bytes[t]);
-                stats_add_one(&sum->reserved_bytes[t], &add->reserved_bytes[t]);
-                stats_add_one(&sum->active_bytes[t], &add->active_bytes[t]);
-                stats_add_one(&sum->inactive_split_bytes[t], &add->inactive_split_bytes[t]);
-                stats_add_one(&sum->requested_bytes[t], &add->requested_bytes[t]);
-        }
-        stats_add_one(&sum->oversize_allocations, &add->oversize_allocations);
-        stats_add_one(&sum->oversize_segments, &add->oversize_segments);
-        sum->num_alloc_retries += add->num_alloc_retries;
-        sum->num_ooms += add->num_ooms;
-        sum->num_sync_all_streams += add->num_sync_all_streams;
-        sum->num_device_alloc += add->num_device_alloc;
-        sum->num_device_free += add->num_device_free;
 }
 
 int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n_fds) {
@@ -677,7 +584,15 @@ int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_TRIM:
                 return handle_trim(s, rid, env->trim);
         case GPUMEM__ENVELOPE__BODY_STATS:
-                return handle_stats(s, rid, env->stats);
+                return gm_admin_stats(s, rid, env->stats);
+        case GPUMEM__ENVELOPE__BODY_RESET_STATS:
+                return gm_admin_reset_stats(s, rid, env->reset_stats);
+        case GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL:
+                return gm_admin_history(s, rid, env->history_control);
+        case GPUMEM__ENVELOPE__BODY_SNAPSHOT:
+                return gm_admin_snapshot(s, rid, env->snapshot);
+        case GPUMEM__ENVELOPE__BODY_ALLOC_CONF:
+                return gm_admin_alloc_conf(s, rid, env->alloc_conf);
         case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
                 return handle_release_ack(s, rid, env->release_ack);
         default:

@@ -7,7 +7,9 @@ target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumem
 
 add_executable(test_integration ${CMAKE_CURRENT_LIST_DIR}/test_integration.c)
 target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK Threads::Threads)
-target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
+  GM_PYTHON3="${Python3_EXECUTABLE}" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
 add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
 set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)

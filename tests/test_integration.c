@@ -542,6 +542,97 @@ START_TEST(test_daemon_gone) {
 }
 END_TEST
 
+/* History and snapshots through the daemon: the files load in Python's pickle
+ * and json and pass the viewer checks (tests/snapshot_check.py). */
+START_TEST(test_history_and_snapshots) {
+        char out[16384], file[400], cmd[1024];
+        const char *on_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "history", "on", "--max-entries", "1000",
+                                 NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), on_argv), 0);
+        ck_assert_ptr_nonnull(strstr(out, "history on (max 1000 entries"));
+        gpumem_client *c = connect_ok();
+        void *p[4];
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(gpumem_alloc(c, (size_t) (i + 1) * 300000, (uint64_t) i % 2, &p[i]), 0);
+        ck_assert_int_eq(gpumem_free(c, p[1]), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 30 * MiB, 0, &p[1]), 0);
+        /* By hand: 300000 and 900000 B share a small 2 MiB segment on stream 0,
+         * 600000 B gets one on stream 1, 1200000 B a 20 MiB large one, 30 MiB
+         * its own: 4 segments. */
+        for (int f = 0; f < 2; f++) {
+                const char *format = f ? "json" : "pickle";
+                snprintf(file, sizeof(file), "%s/snap.%s", daemon_.dir, format);
+                const char *snap_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", file,
+                                           "--format", format, NULL};
+                ck_assert_int_eq(gm_test_run(out, sizeof(out), snap_argv), 0);
+                snprintf(cmd, sizeof(cmd),
+                         "%s %s %s --segments 4 --states active_allocated,inactive --actions "
+                         "segment_alloc,alloc,segment_alloc,alloc,alloc,segment_alloc,alloc,free_requested,"
+                         "free_completed,segment_alloc,alloc",
+                         GM_PYTHON3, GM_SNAPSHOT_CHECK, file);
+                ck_assert_msg(system(cmd) == 0, "snapshot check failed: %s", cmd);
+        }
+        /* Off clears the history; the snapshot then has no trace entries. */
+        const char *off_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "history", "off", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), off_argv), 0);
+        snprintf(file, sizeof(file), "%s/snap2.json", daemon_.dir);
+        const char *snap_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", file, "--format",
+                                   "json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), snap_argv), 0);
+        snprintf(cmd, sizeof(cmd), "%s -c \"import json,sys; d=json.load(open('%s')); "
+                 "sys.exit(0 if d['device_traces'][0] == [] and len(d['segments']) == 4 else 1)\"",
+                 GM_PYTHON3, file);
+        ck_assert_int_eq(system(cmd), 0);
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(gpumem_free(c, p[i]), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(test_alloc_conf_at_run_time) {
+        char out[4096];
+        const char *bad_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", "max_split_size_mb:19", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), bad_argv), 1);
+        const char *set_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf",
+                                  "max_split_size_mb:64,roundup_power2_divisions:4", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), set_argv), 0);
+        ck_assert_str_eq(out, "max_split_size_mb:64,roundup_power2_divisions:4\n");
+        gpumem_client *c = connect_ok();
+        void *p;
+        /* 600 KiB with 4 divisions rounds to a 128 KiB step: 640 KiB. */
+        ck_assert_int_eq(gpumem_alloc(c, 600 * 1024, 0, &p), 0);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "allocated_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 640 * 1024);
+        ck_assert_int_eq(gpumem_stat(c, "max_split_size", &v), 0);
+        ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+        const char *get_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), get_argv), 0);
+        ck_assert_str_eq(out, "max_split_size_mb:64,roundup_power2_divisions:4\n");
+}
+END_TEST
+
+START_TEST(test_reset_stats) {
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 5 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocated_bytes.all.peak"), 5 * (int64_t) MiB);
+        char out[4096];
+        const char *peak_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--reset-peak", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), peak_argv), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocated_bytes.all.peak"), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.allocated"), 1);
+        const char *acc_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--reset-accumulated", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), acc_argv), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.allocated"), 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), 20 * (int64_t) MiB);
+        gpumem_disconnect(c);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -562,6 +653,9 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_forked_child_gets_its_own_session);
         tcase_add_test(tc, test_gpumemctl_stats_and_trim);
         tcase_add_test(tc, test_daemon_gone);
+        tcase_add_test(tc, test_history_and_snapshots);
+        tcase_add_test(tc, test_alloc_conf_at_run_time);
+        tcase_add_test(tc, test_reset_stats);
         suite_add_tcase(s, tc);
         return s;
 }
