@@ -101,6 +101,10 @@ int gm_heap_free_completed(gm_heap_t *h, uint64_t block_id);
  * expandable segments); returns the bytes released. */
 uint64_t gm_heap_release_cached(gm_heap_t *h);
 
+/* The block size (round_size) and new-segment size (get_allocation_size) a
+ * request of `size` bytes gets under the heap's settings. */
+void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_size, uint64_t *ret_segment_size);
+
 /* Number of live blocks (allocated or pending free). */
 uint64_t gm_heap_live_blocks(const gm_heap_t *h);
 /* Largest free block, in bytes, over both pools (0 if none). */

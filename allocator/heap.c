@@ -152,6 +152,12 @@ static uint64_t allocation_size(uint64_t rsize) {
         return round_up(rsize, ROUND_LARGE);
 }
 
+void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_size, uint64_t *ret_segment_size) {
+        uint64_t rsize = round_size(&h->cfg, size);
+        *ret_block_size = rsize;
+        *ret_segment_size = allocation_size(rsize);
+}
+
 /* ---- block structs: a small spare list keeps the hot paths free of malloc failures ---- */
 
 static int reserve_blocks(gm_heap_t *h, uint64_t n) {

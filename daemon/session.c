@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "msg.h"
+#include "oom.h"
 #include "size.h"
 
 /* ---- pieces: the allocator's provider ---- */
@@ -359,32 +360,45 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         return gm_session_reply(s, request_id, &env, NULL, 0) < 0 ? 0 : 0;
 }
 
-/* Describes a refused allocation: what the device, the tenant and the session hold. */
-static void describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
+/* Explains a refused allocation: PyTorch's out-of-memory text with the
+ * device's, tenant's and session's figures, then gpumemd's diagnosis. */
+static gm_oom_reason_t describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
         gm_daemon_t *d = s->daemon;
         const gm_stats_t *st = gm_heap_stats(s->heap);
-        char a[32], c[32], u[32], q[32], r[32], l[32];
-        uint64_t cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current - st->allocated_bytes[GM_STAT_ALL].current);
-        if (err == -EDQUOT) {
-                snprintf(buf, len,
-                         "gpumemd: quota of tenant '%s' exceeded: tried to allocate %s; quota %s, reserved %s "
-                         "(live %s, cached %s). Free memory, trim caches, or raise the quota.",
-                         s->tenant->name, gm_format_size(size, a, sizeof(a)),
-                         gm_format_size(s->tenant->quota, q, sizeof(q)),
-                         gm_format_size(s->tenant->charged_bytes, r, sizeof(r)),
-                         gm_format_size((uint64_t) s->tenant->stats.allocated_bytes[GM_STAT_ALL].current, l, sizeof(l)),
-                         gm_format_size(cached, u, sizeof(u)));
-                return;
-        }
-        snprintf(buf, len,
-                 "gpumemd: out of memory: tried to allocate %s on %s device %d with capacity %s, of which %s is in "
-                 "use by the broker (%s awaiting release by clients); this session holds %s live and %s cached "
-                 "(largest free block %s).",
-                 gm_format_size(size, a, sizeof(a)), d->backend->ops->name, d->backend->device,
-                 gm_format_size(d->backend->capacity, c, sizeof(c)), gm_format_size(d->backend->in_use, u, sizeof(u)),
-                 gm_format_size(d->releasing_bytes, r, sizeof(r)),
-                 gm_format_size((uint64_t) st->allocated_bytes[GM_STAT_ALL].current, l, sizeof(l)),
-                 gm_format_size(cached, q, sizeof(q)), gm_format_size(gm_heap_largest_free(s->heap), q, sizeof(q)));
+        uint64_t device_free = 0, device_total = 0;
+        if (d->backend->ops->mem_info(d->backend, &device_free, &device_total) < 0)
+                device_free = d->backend->capacity - d->backend->in_use;
+        uint64_t others_cached = d->releasing_bytes - s->releasing_bytes;
+        for (gm_session_t *o = d->sessions; o; o = o->next)
+                if (o != s && o->heap) {
+                        const gm_stats_t *os = gm_heap_stats(o->heap);
+                        others_cached += (uint64_t) (os->reserved_bytes[GM_STAT_ALL].current -
+                                                     os->active_bytes[GM_STAT_ALL].current);
+                }
+        double fraction = d->alloc_config.per_process_memory_fraction;
+        gm_oom_report_t r = {
+                .device = d->backend->device,
+                .device_total = d->backend->capacity,
+                .device_free = device_free,
+                .allowed = fraction > 0 && fraction < 1 ? (uint64_t) (fraction * (double) d->backend->capacity) : 0,
+                .session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current,
+                .session_reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current,
+                .session_cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current -
+                                              st->active_bytes[GM_STAT_ALL].current),
+                .largest_free = gm_heap_largest_free(s->heap),
+                .tenant = s->tenant->name,
+                .tenant_quota = s->tenant->quota,
+                .tenant_reserved = s->tenant->charged_bytes,
+                .tenant_live = (uint64_t) s->tenant->stats.active_bytes[GM_STAT_ALL].current,
+                .broker_reserved = d->backend->in_use,
+                .broker_live = (uint64_t) d->device_stats.active_bytes[GM_STAT_ALL].current,
+                .others_cached = others_cached,
+        };
+        gm_heap_sizes_for(s->heap, size, &r.block_size, &r.alloc_size);
+        r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
+        if (gm_oom_format(&r, buf, len) < 0)
+                snprintf(buf, len, "gpumemd: out of memory allocating %llu bytes", (unsigned long long) size);
+        return r.reason;
 }
 
 /* Tries one allocation. Returns 0 when a reply (success or refusal) was sent,
