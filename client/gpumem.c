@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -42,7 +44,22 @@ typedef struct block {
         uint64_t id;
         uint64_t size;
         uint64_t segment_id;
+        uint64_t stream;       /* the allocation stream */
+        uint64_t *stream_uses; /* other streams given to gpumem_record_stream */
+        size_t n_stream_uses;
 } block_t;
+
+/* A free waiting for stream work: the daemon keeps the block active until
+ * every event has completed and FreeCompleted names it. */
+typedef struct pending_free {
+        uint64_t block_id;
+        uint64_t *events;
+        size_t n_events;
+        struct pending_free *next;
+} pending_free_t;
+
+/* Most distinct streams one block may be recorded on. */
+#define MAX_STREAM_USES 64
 
 struct gpumem_client {
         int fd;
@@ -54,6 +71,7 @@ struct gpumem_client {
         gm_mapper_t *mapper;
         pthread_t service;
         bool service_started;
+        int wake_fd; /* eventfd: tells the service thread a pending free was added */
 
         pthread_mutex_t lock;
         bool dead;        /* the connection is gone; every request fails with -ECONNRESET */
@@ -62,7 +80,22 @@ struct gpumem_client {
         gm_u64map_t segments; /* segment id -> segment_t */
         gm_u64map_t blocks;   /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
+        pending_free_t *pending_frees;
 };
+
+static void block_free(block_t *b) {
+        if (b) {
+                free(b->stream_uses);
+                free(b);
+        }
+}
+
+static void pending_free_destroy(gpumem_client *c, pending_free_t *p, bool owner) {
+        for (size_t i = 0; i < p->n_events && owner; i++)
+                c->mapper->ops->event_destroy(c->mapper, p->events[i]);
+        free(p->events);
+        free(p);
+}
 
 /* The calling thread's last failure, tagged with the client it concerns. */
 static __thread const gpumem_client *tls_error_client;
@@ -227,10 +260,54 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         pthread_cond_signal(&w->cond);
 }
 
+/* Sends FreeCompleted for every pending free whose stream work is done.
+ * Caller holds lock. Returns true while some remain pending. */
+static bool complete_pending_frees(gpumem_client *c) {
+        for (pending_free_t **pp = &c->pending_frees; *pp;) {
+                pending_free_t *p = *pp;
+                bool done = true;
+                for (size_t i = 0; i < p->n_events && done; i++)
+                        done = c->mapper->ops->event_query(c->mapper, p->events[i]) != 0; /* errors end the wait */
+                if (!done) {
+                        pp = &p->next;
+                        continue;
+                }
+                Gpumem__FreeCompleted fc = GPUMEM__FREE_COMPLETED__INIT;
+                fc.block_id = p->block_id;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.request_id = ++c->next_request_id;
+                env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
+                env.free_completed = &fc;
+                gm_msg_send(c->fd, &env, NULL, 0, c->max_packet);
+                *pp = p->next;
+                pending_free_destroy(c, p, true);
+        }
+        return c->pending_frees != NULL;
+}
+
+/* How often pending stream events are polled, in milliseconds. */
+#define EVENT_POLL_MS 1
+
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
         uint8_t *buf = malloc(c->max_packet);
+        bool pending = false;
         for (;;) {
+                struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
+                int n = poll(pfd, 2, pending ? EVENT_POLL_MS : -1);
+                if (n < 0 && errno != EINTR)
+                        break;
+                if (pfd[1].revents & POLLIN) {
+                        uint64_t v;
+                        if (read(c->wake_fd, &v, sizeof(v)) < 0) {
+                        }
+                }
+                if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+                        pthread_mutex_lock(&c->lock);
+                        pending = complete_pending_frees(c);
+                        pthread_mutex_unlock(&c->lock);
+                        continue;
+                }
                 int fds[GM_IPC_MAX_FDS_LIMIT];
                 size_t len = 0, n_fds = 0;
                 int r = buf ? gm_ipc_recv(c->fd, buf, c->max_packet, fds, c->max_fds, &len, &n_fds) : -ENOMEM;
@@ -254,6 +331,7 @@ static void *service_main(void *arg) {
                         break;
                 }
                 dispatch(c, env, fds, n_fds);
+                pending = complete_pending_frees(c);
                 pthread_mutex_unlock(&c->lock);
         }
         free(buf);
@@ -317,16 +395,21 @@ static int expect_body(gpumem_client *c, Gpumem__Envelope *reply, Gpumem__Envelo
         return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
 }
 
-/* Fire-and-forget request (free): the daemon answers only when it refuses. */
-static int post(gpumem_client *c, Gpumem__Envelope *env) {
-        pthread_mutex_lock(&c->lock);
-        bool dead = c->dead;
-        env->request_id = ++c->next_request_id;
-        pthread_mutex_unlock(&c->lock);
-        if (dead)
+/* Fire-and-forget request (free): the daemon answers only when it refuses.
+ * Caller holds lock. */
+static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
+        if (c->dead)
                 return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
+        env->request_id = ++c->next_request_id;
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         return r < 0 ? set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
+}
+
+static int post(gpumem_client *c, Gpumem__Envelope *env) {
+        pthread_mutex_lock(&c->lock);
+        int r = post_locked(c, env);
+        pthread_mutex_unlock(&c->lock);
+        return r;
 }
 
 /* ---- session lifetime ---- */
@@ -379,6 +462,9 @@ static int session_open(gpumem_client *c) {
         gm_msg_free(reply);
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot map %s memory in this process: %s", c->backend, strerror(-r));
+        c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (c->wake_fd < 0)
+                return set_error(c, -errno, "gpumem: eventfd: %s", strerror(errno));
         r = -pthread_create(&c->service, NULL, service_main, c);
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the service thread");
@@ -399,6 +485,14 @@ static void session_close(gpumem_client *c, bool owner) {
         if (c->fd >= 0)
                 close(c->fd);
         c->fd = -1;
+        if (c->wake_fd >= 0)
+                close(c->wake_fd);
+        c->wake_fd = -1;
+        while (c->pending_frees) {
+                pending_free_t *p = c->pending_frees;
+                c->pending_frees = p->next;
+                pending_free_destroy(c, p, owner);
+        }
         for (size_t i = 0; i < c->segments.cap; i++) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)
@@ -411,7 +505,7 @@ static void session_close(gpumem_client *c, bool owner) {
         }
         gm_u64map_done(&c->segments);
         for (size_t i = 0; i < c->blocks.cap; i++)
-                free(c->blocks.values[i]);
+                block_free(c->blocks.values[i]);
         gm_u64map_done(&c->blocks);
         if (c->mapper)
                 c->mapper->ops->destroy(c->mapper);
@@ -444,6 +538,7 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
         if (!c)
                 return -ENOMEM;
         c->fd = -1;
+        c->wake_fd = -1;
         c->pid = getpid();
         pthread_mutex_init(&c->lock, NULL);
         int r = 0;
@@ -507,7 +602,8 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         if (!b || !seg || ar->offset + ar->block_size > seg->va_size) {
                 r = !b ? -ENOMEM : -EPROTO;
         } else {
-                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .segment_id = ar->segment_id};
+                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .segment_id = ar->segment_id,
+                               .stream = stream};
                 r = gm_u64map_put(&c->blocks, ptr, b);
         }
         pthread_mutex_unlock(&c->lock);
@@ -528,7 +624,29 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         return 0;
 }
 
-static int free_block(gpumem_client *c, void *ptr, bool deferred) {
+/* Records one event on each stream in streams[0..n) (deduplicated by the
+ * caller). On failure nothing stays recorded. */
+static int record_events(gpumem_client *c, const uint64_t *streams, size_t n, uint64_t **ret_events) {
+        uint64_t *events = calloc(n, sizeof(*events));
+        if (!events)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                int r = c->mapper->ops->event_record(c->mapper, streams[i], &events[i]);
+                if (r < 0) {
+                        while (i-- > 0)
+                                c->mapper->ops->event_destroy(c->mapper, events[i]);
+                        free(events);
+                        return r;
+                }
+        }
+        *ret_events = events;
+        return 0;
+}
+
+/* Frees the block at ptr once the work on `stream` (if it is not the
+ * allocation stream, whose order already protects reuse) and on every
+ * recorded stream is done. */
+static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stream) {
         if (!c)
                 return -EINVAL;
         int r = ensure_own_session(c);
@@ -540,33 +658,98 @@ static int free_block(gpumem_client *c, void *ptr, bool deferred) {
         if (!b)
                 return set_error(c, -EINVAL, "gpumem: free of %p: not a live allocation of this client "
                                  "(unknown pointer or double free)", ptr);
+        uint64_t streams[MAX_STREAM_USES + 1];
+        size_t n = 0;
+        for (size_t i = 0; i < b->n_stream_uses; i++)
+                streams[n++] = b->stream_uses[i];
+        if (on_stream && stream != b->stream) {
+                bool seen = false;
+                for (size_t i = 0; i < n && !seen; i++)
+                        seen = streams[i] == stream;
+                if (!seen)
+                        streams[n++] = stream;
+        }
+        pending_free_t *p = NULL;
+        if (n > 0 && c->mapper->ops->event_record) {
+                p = calloc(1, sizeof(*p));
+                r = p ? record_events(c, streams, n, &p->events) : -ENOMEM;
+                if (r < 0) {
+                        free(p);
+                        pthread_mutex_lock(&c->lock);
+                        gm_u64map_put(&c->blocks, (uint64_t) (uintptr_t) ptr, b); /* still live */
+                        pthread_mutex_unlock(&c->lock);
+                        return set_error(c, r, "gpumem: free of %p: cannot record stream events: %s", ptr,
+                                         strerror(-r));
+                }
+                p->block_id = b->id;
+                p->n_events = n;
+        }
         Gpumem__Free f = GPUMEM__FREE__INIT;
         f.block_id = b->id;
-        f.deferred = deferred;
-        free(b);
+        f.deferred = p != NULL;
+        block_free(b);
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
         env.free = &f;
-        return post(c, &env);
+        if (!p)
+                return post(c, &env);
+        /* Queue the completion before the free is sent, so the service thread
+         * cannot send FreeCompleted ahead of Free: it takes the lock to send. */
+        pthread_mutex_lock(&c->lock);
+        r = post_locked(c, &env);
+        if (r == 0) {
+                p->next = c->pending_frees;
+                c->pending_frees = p;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (r < 0) {
+                pending_free_destroy(c, p, true);
+                return r;
+        }
+        uint64_t one = 1;
+        if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+                /* The counter is full: the service thread is awake anyway. */
+        }
+        return 0;
 }
 
 int gpumem_free(gpumem_client *c, void *ptr) {
-        return free_block(c, ptr, false);
+        return free_block(c, ptr, false, 0);
 }
 
-/* Host memory has no device streams: work on it is done when the call is
- * made, so a stream-ordered free completes at once. */
 int gpumem_free_async(gpumem_client *c, void *ptr, uint64_t stream) {
-        return free_block(c, ptr, false);
+        return free_block(c, ptr, true, stream);
 }
 
 int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
         if (!c)
                 return -EINVAL;
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
         pthread_mutex_lock(&c->lock);
-        bool known = ptr && gm_u64map_get(&c->blocks, (uint64_t) (uintptr_t) ptr);
+        block_t *b = ptr ? gm_u64map_get(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
+        r = b ? 0 : -EINVAL;
+        bool known = !b || stream == b->stream;
+        for (size_t i = 0; b && i < b->n_stream_uses && !known; i++)
+                known = b->stream_uses[i] == stream;
+        if (!known) {
+                uint64_t *uses = b->n_stream_uses < MAX_STREAM_USES
+                                         ? realloc(b->stream_uses, (b->n_stream_uses + 1) * sizeof(*uses))
+                                         : NULL;
+                if (uses) {
+                        b->stream_uses = uses;
+                        uses[b->n_stream_uses++] = stream;
+                } else {
+                        r = -ENOSPC;
+                }
+        }
         pthread_mutex_unlock(&c->lock);
-        return known ? 0 : set_error(c, -EINVAL, "gpumem: record_stream on %p: not a live allocation", ptr);
+        if (r == -EINVAL)
+                return set_error(c, r, "gpumem: record_stream on %p: not a live allocation", ptr);
+        if (r == -ENOSPC)
+                return set_error(c, r, "gpumem: record_stream on %p: more than %d streams", ptr, MAX_STREAM_USES);
+        return 0;
 }
 
 int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {

@@ -19,6 +19,13 @@ typedef struct gm_mapper_ops {
         int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
+        /* Stream-ordered frees (NULL on backends without device streams, where
+         * work is done when the call returns). event_record marks the work
+         * queued so far on `stream` (a CUstream value); event_query returns 1
+         * once it is done, 0 while pending, or a negative errno. */
+        int (*event_record)(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event);
+        int (*event_query)(gm_mapper_t *m, uint64_t event);
+        void (*event_destroy)(gm_mapper_t *m, uint64_t event);
         void (*destroy)(gm_mapper_t *m);
 } gm_mapper_ops_t;
 

@@ -102,6 +102,43 @@ static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         return 0;
 }
 
+static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        int r = make_current(cm);
+        if (r < 0)
+                return r;
+        CUevent ev;
+        CUresult cr = cm->cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuEventCreate");
+        cr = cm->cu->EventRecord(ev, (CUstream)(uintptr_t)stream);
+        if (cr != CUDA_SUCCESS) {
+                cm->cu->EventDestroy(ev);
+                return gm_cuda_fail(cm->cu, cr, "cuEventRecord");
+        }
+        *ret_event = (uint64_t)(uintptr_t)ev;
+        return 0;
+}
+
+static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        int r = make_current(cm);
+        if (r < 0)
+                return r;
+        CUresult cr = cm->cu->EventQuery((CUevent)(uintptr_t)event);
+        if (cr == CUDA_SUCCESS)
+                return 1;
+        if (cr == CUDA_ERROR_NOT_READY)
+                return 0;
+        return gm_cuda_fail(cm->cu, cr, "cuEventQuery");
+}
+
+static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        if (make_current(cm) == 0)
+                cm->cu->EventDestroy((CUevent)(uintptr_t)event);
+}
+
 static void cuda_destroy(gm_mapper_t *m) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
         if (!cm)
@@ -116,6 +153,9 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .map = cuda_map,
         .unmap = cuda_unmap,
         .unreserve = cuda_unreserve,
+        .event_record = cuda_event_record,
+        .event_query = cuda_event_query,
+        .event_destroy = cuda_event_destroy,
         .destroy = cuda_destroy,
 };
 

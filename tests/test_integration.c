@@ -450,7 +450,9 @@ START_TEST(test_oom_names_the_cause) {
         const char *msg = gpumem_last_error(c);
         fprintf(stderr, "oom message: %s\n", msg);
         ck_assert_ptr_nonnull(strstr(msg, "CUDA out of memory. Tried to allocate 20.00 MiB."));
-        ck_assert_ptr_nonnull(strstr(msg, "of which 16.00 MiB is free"));
+        ck_assert_ptr_nonnull(strstr(msg, "GPU 0 has a total capacity of 256.00 MiB"));
+        if (strcmp(gm_test_backend(), "host") == 0) /* cuda: the driver's free memory, beyond --capacity */
+                ck_assert_ptr_nonnull(strstr(msg, "of which 16.00 MiB is free"));
         ck_assert_ptr_nonnull(strstr(msg, "Of the allocated memory 240.00 MiB is allocated by PyTorch"));
         int64_t ooms;
         ck_assert_int_eq(gpumem_stat(c, "num_ooms", &ooms), 0);
@@ -637,6 +639,59 @@ START_TEST(test_reset_stats) {
 }
 END_TEST
 
+/* Polls a session statistic until it equals `want` (or ~10 s pass). */
+static int64_t wait_session_stat(gpumem_client *c, const char *name, int64_t want) {
+        int64_t v = -1;
+        for (int i = 0; i < 1000; i++) {
+                ck_assert_int_eq(gpumem_stat(c, name, &v), 0);
+                if (v == want)
+                        break;
+                usleep(10000);
+        }
+        return v;
+}
+
+/* Stream-ordered frees: on cuda the block stays active (active_pending_free)
+ * until the events on the used streams complete; the emulated driver holds
+ * every event back while FAKECUDA_HOLD_EVENTS names an existing file. Host
+ * memory has no device streams, so there the free completes at once. */
+START_TEST(test_stream_ordered_free) {
+        bool cuda = strcmp(gm_test_backend(), "cuda") == 0;
+        char hold[400];
+        snprintf(hold, sizeof(hold), "%s/hold-events", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1); /* read when this process loads the driver */
+        gpumem_client *c = connect_ok();
+        void *p, *q;
+        int x;
+        ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &q), 0);
+        ck_assert_int_eq(gpumem_record_stream(c, &x, 7), -EINVAL);
+        /* The emulated driver takes any stream value; on a GPU these are CUstreams. */
+        ck_assert_int_eq(gpumem_record_stream(c, p, 7), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(gpumem_free_async(c, q, 9), 0);
+        ck_assert_int_eq(gpumem_free(c, q), -EINVAL); /* already freed */
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "allocated_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, cuda ? 2 * (int64_t) MiB : 0);
+        if (cuda) {
+                usleep(50000);
+                ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
+                ck_assert_int_eq(v, 2 * (int64_t) MiB); /* still held back */
+        }
+        ck_assert_int_eq(unlink(hold), 0);
+        ck_assert_int_eq(wait_session_stat(c, "active_bytes.all.current", 0), 0);
+        ck_assert_int_eq(gpumem_stat(c, "requested_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -660,6 +715,7 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_history_and_snapshots);
         tcase_add_test(tc, test_alloc_conf_at_run_time);
         tcase_add_test(tc, test_reset_stats);
+        tcase_add_test(tc, test_stream_ordered_free);
         suite_add_tcase(s, tc);
         return s;
 }
