@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "mapper.h"
@@ -29,6 +30,7 @@ typedef struct waiter {
         bool done;
         int error;                /* set instead of reply when mapping it failed or the daemon went away */
         Gpumem__Envelope *reply;  /* owned by the waiter once done */
+        char detail[256];         /* the driver's text when mapping failed (service thread) */
         pthread_cond_t cond;
         struct waiter *next;
 } waiter_t;
@@ -234,15 +236,19 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
                 return;
         case GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS: {
                 int r = map_pieces(c, env->map_segments->mappings, env->map_segments->n_mappings, fds, n_fds);
-                if (r < 0 && w && !w->error)
+                if (r < 0 && w && !w->error) {
                         w->error = r;
+                        snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
+                }
                 gm_msg_free(env);
                 return;
         }
         case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY: {
                 int r = map_pieces(c, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
-                if (r < 0 && w && !w->error)
+                if (r < 0 && w && !w->error) {
                         w->error = r;
+                        snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
+                }
                 break;
         }
         default:
@@ -340,6 +346,16 @@ static void *service_main(void *arg) {
 
 /* ---- requests ---- */
 
+/* Fire-and-forget request (free): the daemon answers only when it refuses.
+ * Caller holds lock. */
+static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
+        if (c->dead)
+                return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
+        env->request_id = ++c->next_request_id;
+        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        return r < 0 ? set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
+}
+
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
  * (an Error body is turned into its negative code and message). */
 static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
@@ -378,11 +394,29 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
                 gm_msg_free(reply);
                 return err ? err : -EPROTO;
         }
+        if (w.error < 0 && reply && reply->body_case == GPUMEM__ENVELOPE__BODY_ALLOC_REPLY) {
+                /* The block's memory could not be mapped here: give the block
+                 * back and ask for the session's idle segments, the unmapped
+                 * one among them, so no later block lands in it. */
+                Gpumem__Free f = GPUMEM__FREE__INIT;
+                f.block_id = reply->alloc_reply->block_id;
+                Gpumem__Envelope fenv = GPUMEM__ENVELOPE__INIT;
+                fenv.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+                fenv.free = &f;
+                Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+                Gpumem__Envelope tenv = GPUMEM__ENVELOPE__INIT;
+                tenv.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
+                tenv.trim = &trim;
+                pthread_mutex_lock(&c->lock);
+                if (post_locked(c, &fenv) == 0)
+                        post_locked(c, &tenv);
+                pthread_mutex_unlock(&c->lock);
+        }
         if (w.error < 0) {
                 gm_msg_free(reply);
                 return w.error == -ECONNRESET ? set_error(c, -ECONNRESET, "gpumem: gpumemd closed the connection")
-                                              : set_error(c, w.error, "gpumem: mapping memory from gpumemd failed: %s",
-                                                          strerror(-w.error));
+                                              : set_error(c, w.error, "gpumem: mapping memory from gpumemd failed: %s%s%s",
+                                                          strerror(-w.error), w.detail[0] ? ": " : "", w.detail);
         }
         *ret_reply = reply;
         return 0;
@@ -393,16 +427,6 @@ static int expect_body(gpumem_client *c, Gpumem__Envelope *reply, Gpumem__Envelo
                 return 0;
         gm_msg_free(reply);
         return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
-}
-
-/* Fire-and-forget request (free): the daemon answers only when it refuses.
- * Caller holds lock. */
-static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
-        if (c->dead)
-                return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
-        env->request_id = ++c->next_request_id;
-        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
-        return r < 0 ? set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
 static int post(gpumem_client *c, Gpumem__Envelope *env) {

@@ -429,8 +429,14 @@ static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
         r = gm_heap_alloc(heap, size, stream, &res);
         if (r == 0)
                 return send_alloc_reply(s, request_id, &res) < 0 ? -ECONNRESET : 0;
-        if (r != -ENOMEM && r != -EDQUOT)
-                return gm_session_send_error(s, request_id, r, "gpumemd: allocation failed: %s", strerror(-r)), 0;
+        if (r != -ENOMEM && r != -EDQUOT) {
+                const char *detail = gm_backend_last_error(d->backend);
+                log_warning("session %llu: allocation of %llu bytes failed: %s%s%s", (unsigned long long) s->id,
+                            (unsigned long long) size, strerror(-r), detail[0] ? ": " : "", detail);
+                return gm_session_send_error(s, request_id, r, "gpumemd: allocation failed: %s%s%s", strerror(-r),
+                                             detail[0] ? ": " : "", detail),
+                       0;
+        }
 
         /* The allocator already gave back this session's own cache. Memory
          * reclaimed from other sessions arrives once their clients acknowledge. */

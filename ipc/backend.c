@@ -1,5 +1,6 @@
 /* Backend selection and helpers shared by every backend. */
 #include "backend.h"
+#include "cuda_loader.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -48,6 +49,10 @@ gm_backend_t *gm_backend_close(gm_backend_t *b) {
         if (b)
                 b->ops->destroy(b);
         return NULL;
+}
+
+const char *gm_backend_last_error(const gm_backend_t *b) {
+        return b && strcmp(b->ops->name, "cuda") == 0 ? gm_cuda_last_error() : "";
 }
 
 uint64_t gm_round_up(uint64_t size, uint64_t granularity) {

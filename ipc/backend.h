@@ -63,6 +63,10 @@ static inline void gm_backend_release(gm_backend_t *b, gm_phys_t *phys) {
 /* Accepts NULL; returns NULL. */
 gm_backend_t *gm_backend_close(gm_backend_t *b);
 
+/* The driver's text for the calling thread's last backend failure (e.g.
+ * "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"); "" if none. */
+const char *gm_backend_last_error(const gm_backend_t *b);
+
 /* Rounds `size` up to a multiple of `granularity` (a power of two or any
  * non-zero value); 0 on overflow. */
 uint64_t gm_round_up(uint64_t size, uint64_t granularity);

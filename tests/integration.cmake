@@ -9,7 +9,8 @@ add_executable(test_integration ${CMAKE_CURRENT_LIST_DIR}/test_integration.c)
 target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK Threads::Threads)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
-  GM_PYTHON3="${Python3_EXECUTABLE}" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
+  GM_PYTHON3="${Python3_EXECUTABLE}" GPUMEMD_BIN_PATH="$<TARGET_FILE:gpumemd>"
+  GPUMEM_LIB_PATH="$<TARGET_FILE:gpumem>" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
 add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
 set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)

@@ -692,6 +692,122 @@ START_TEST(test_stream_ordered_free) {
 }
 END_TEST
 
+/* ---- the cuda backend's faults, injected through the emulated driver ---- */
+
+static void start_with_env(const char *name, const char *value) {
+        setenv(name, value, 1);
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+        unsetenv(name); /* the daemon has it; the clients must not */
+}
+
+START_TEST(test_cuda_create_oom_is_retried) {
+        start_with_env("FAKECUDA_FAIL_CREATE_AT", "2");
+        gpumem_client *c = connect_ok();
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        /* The second cuMemCreate fails with out-of-memory: the retry ladder
+         * releases the cache and tries again, which succeeds. */
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &q), 0);
+        gm_test_fill(q, 12 * MiB, 3);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &v), 0);
+        ck_assert_int_eq(v, 1);
+        ck_assert_int_eq(gpumem_stat(c, "segment.all.current", &v), 0);
+        ck_assert_int_eq(v, 2);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+START_TEST(test_cuda_create_error_is_clear) {
+        setenv("FAKECUDA_FAIL_CREATE_ERROR", "CUDA_ERROR_ILLEGAL_ADDRESS", 1);
+        start_with_env("FAKECUDA_FAIL_CREATE_AT", "2");
+        unsetenv("FAKECUDA_FAIL_CREATE_ERROR");
+        gpumem_client *c = connect_ok();
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        int r = gpumem_alloc(c, 12 * MiB, 0, &q);
+        ck_assert_int_eq(r, -EIO);
+        ck_assert_msg(strstr(gpumem_last_error(c), "CUDA_ERROR_ILLEGAL_ADDRESS"), "message: %s", gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &q), 0); /* the daemon keeps serving */
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), 24 * (int64_t) MiB);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+static void check_client_map_fault(const char *variable) {
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+        setenv(variable, "1", 1); /* read when this client process loads the driver */
+        int fds_before = gm_test_count_fds(getpid());
+        gpumem_client *c = connect_ok();
+        void *p;
+        int r = gpumem_alloc(c, 12 * MiB, 0, &p);
+        ck_assert_int_lt(r, 0);
+        ck_assert_msg(strstr(gpumem_last_error(c), "mapping memory from gpumemd failed"), "message: %s",
+                      gpumem_last_error(c));
+        /* The block went back and the unmappable segment was released. */
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "allocation.all.current", 0), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        gm_test_fill(p, 12 * MiB, 4);
+        ck_assert(gm_test_verify(p, 12 * MiB, 4));
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds_before); /* nothing leaked here either */
+        gm_test_daemon_stop(&daemon_);
+}
+
+START_TEST(test_cuda_import_failure) {
+        check_client_map_fault("FAKECUDA_FAIL_IMPORT_AT");
+}
+END_TEST
+
+START_TEST(test_cuda_map_failure) {
+        check_client_map_fault("FAKECUDA_FAIL_MAP_AT");
+}
+END_TEST
+
+/* ---- startup ---- */
+
+START_TEST(test_backend_auto_without_gpu_uses_host) {
+        gm_test_daemon_t d;
+        setenv("GPUMEM_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+        setenv("GPUMEM_TEST_BACKEND", "auto", 1);
+        gm_test_daemon_start(&d, "64M", NULL);
+        char cmd[512], out[4096];
+        snprintf(cmd, sizeof(cmd), "%s", d.log_path);
+        FILE *f = fopen(cmd, "re");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(out, 1, sizeof(out) - 1, f);
+        out[n] = '\0';
+        fclose(f);
+        ck_assert_msg(strstr(out, "using host"), "log: %s", out);
+        ck_assert_msg(strstr(out, "host backend"), "log: %s", out);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_no_binary_links_libcuda) {
+        const char *bins[] = {GPUMEMD_BIN_PATH, GPUMEMCTL_BIN, GPUMEM_LIB_PATH};
+        for (size_t i = 0; i < 3; i++) {
+                char out[8192];
+                const char *argv[] = {"/usr/bin/ldd", bins[i], NULL};
+                ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+                ck_assert_msg(!strstr(out, "libcuda"), "%s links libcuda:\n%s", bins[i], out);
+        }
+}
+END_TEST
+
+START_TEST(test_bad_flags_refused) {
+        char out[4096];
+        const char *argv[] = {GPUMEMD_BIN_PATH, "--capacity", "lots", NULL};
+        ck_assert_int_ne(gm_test_run(out, sizeof(out), argv), 0);
+        const char *argv2[] = {GPUMEMD_BIN_PATH, "--alloc-conf", "max_split_size_mb:1", "--socket", "/tmp/x.sock", NULL};
+        ck_assert_int_ne(gm_test_run(out, sizeof(out), argv2), 0);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -717,6 +833,23 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_reset_stats);
         tcase_add_test(tc, test_stream_ordered_free);
         suite_add_tcase(s, tc);
+
+        if (strcmp(gm_test_backend(), "cuda") == 0) {
+                TCase *faults = tcase_create("cuda_faults");
+                tcase_set_timeout(faults, 120);
+                tcase_add_test(faults, test_cuda_create_oom_is_retried);
+                tcase_add_test(faults, test_cuda_create_error_is_clear);
+                tcase_add_test(faults, test_cuda_import_failure);
+                tcase_add_test(faults, test_cuda_map_failure);
+                suite_add_tcase(s, faults);
+        } else {
+                TCase *startup = tcase_create("startup");
+                tcase_set_timeout(startup, 60);
+                tcase_add_test(startup, test_backend_auto_without_gpu_uses_host);
+                tcase_add_test(startup, test_no_binary_links_libcuda);
+                tcase_add_test(startup, test_bad_flags_refused);
+                suite_add_tcase(s, startup);
+        }
         return s;
 }
 
