@@ -35,6 +35,10 @@ static void usage(FILE *f) {
                    "                                          PyTorch memory snapshot (torch.cuda.memory._snapshot())\n"
                    "  history on [--max-entries N] | off     record allocation history for snapshots\n"
                    "  alloc-conf [STR]                        show or set PYTORCH_CUDA_ALLOC_CONF-style settings\n"
+                   "  quota list | get T | set T BYTES [--runtime]\n"
+                   "                                          tenant quotas (set: persistent unless --runtime;\n"
+                   "                                          BYTES 0 removes that quota)\n"
+                   "  clients [--json]                        sessions: pid, tenant, unit, memory\n"
                    "The socket defaults to $GPUMEM_SOCKET, else the default path of GPU 0.\n");
 }
 
@@ -429,6 +433,117 @@ static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
         return 0;
 }
 
+/* Compact sizes for tables that fit 80 columns: "512B", "20.0M", "7.5G". */
+static const char *fmt_size(uint64_t v, char *buf, size_t len) {
+        static const char units[] = "KMGTPE";
+        if (v < 1024) {
+                snprintf(buf, len, "%" PRIu64 "B", v);
+                return buf;
+        }
+        double x = (double) v / 1024;
+        int u = 0;
+        while (x >= 1024 && u < 5) {
+                x /= 1024;
+                u++;
+        }
+        snprintf(buf, len, "%.1f%c", x, units[u]);
+        return buf;
+}
+
+static int cmd_quota(ctl_t *c, int argc, char **argv) {
+        Gpumem__Quota req = GPUMEM__QUOTA__INIT;
+        if (argc >= 2 && strcmp(argv[1], "list") == 0 && argc == 2) {
+                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
+        } else if (argc == 3 && strcmp(argv[1], "get") == 0) {
+                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
+                req.tenant = argv[2];
+        } else if ((argc == 4 || argc == 5) && strcmp(argv[1], "set") == 0) {
+                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_SET;
+                req.tenant = argv[2];
+                if (gm_parse_size(argv[3], &req.bytes) < 0) {
+                        fprintf(stderr, "gpumemctl: invalid size '%s' (e.g. 8G, 512M, 0 to remove)\n", argv[3]);
+                        return EXIT_USAGE;
+                }
+                if (argc == 5) {
+                        if (strcmp(argv[4], "--runtime") != 0) {
+                                usage(stderr);
+                                return EXIT_USAGE;
+                        }
+                        req.runtime = true;
+                }
+        } else {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
+        env.quota = &req;
+        Gpumem__Envelope *reply;
+        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_QUOTA_REPLY, &reply);
+        if (r)
+                return r;
+        const Gpumem__QuotaReply *qr = reply->quota_reply;
+        printf("%-20s %8s %-10s %8s %9s %8s %4s\n", "TENANT", "QUOTA", "SOURCE", "RESERVED", "ALLOCATED", "CACHED",
+               "SESS");
+        for (size_t i = 0; i < qr->n_tenants; i++) {
+                const Gpumem__TenantInfo *t = qr->tenants[i];
+                char q[32], ch[32], a[32], ca[32];
+                printf("%-20.20s %8s %-10s %8s %9s %8s %4u\n", t->tenant, t->quota ? fmt_size(t->quota, q, sizeof(q)) : "-",
+                       t->quota_source, fmt_size(t->charged, ch, sizeof(ch)), fmt_size(t->allocated, a, sizeof(a)),
+                       fmt_size(t->cached, ca, sizeof(ca)), t->sessions);
+        }
+        gm_msg_free(reply);
+        return 0;
+}
+
+static int cmd_clients(ctl_t *c, int argc, char **argv) {
+        bool json = argc == 2 && strcmp(argv[1], "--json") == 0;
+        if (argc > 2 || (argc == 2 && !json)) {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        Gpumem__Clients req = GPUMEM__CLIENTS__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS;
+        env.clients = &req;
+        Gpumem__Envelope *reply;
+        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY, &reply);
+        if (r)
+                return r;
+        const Gpumem__ClientsReply *cr = reply->clients_reply;
+        if (json)
+                printf("[");
+        else
+                printf("%7s %-16s %-18s %8s %9s %8s %5s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
+                       "CACHED", "SEGS");
+        for (size_t i = 0; i < cr->n_clients; i++) {
+                const Gpumem__ClientInfo *ci = cr->clients[i];
+                if (json) {
+                        printf("%s{\"session_id\": %" PRIu64 ", \"pid\": %u, \"uid\": %u, \"tenant\": ", i ? ", " : "",
+                               ci->session_id, ci->pid, ci->uid);
+                        print_json_string(ci->tenant);
+                        printf(", \"unit\": ");
+                        print_json_string(ci->unit);
+                        printf(", \"name\": ");
+                        print_json_string(ci->name);
+                        printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
+                               ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64 ", \"releasing_bytes\": %" PRIu64
+                               ", \"control\": %s}",
+                               ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
+                               ci->admin ? "true" : "false");
+                        continue;
+                }
+                char rs[32], a[32], ca[32];
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 "\n", ci->pid, ci->tenant,
+                       ci->unit[0] ? ci->unit : (ci->admin ? "(control)" : "-"), fmt_size(ci->reserved, rs, sizeof(rs)),
+                       fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments);
+        }
+        if (json)
+                printf("]\n");
+        gm_msg_free(reply);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         const char *socket_path = getenv("GPUMEM_SOCKET");
         int i = 1;
@@ -461,6 +576,10 @@ int main(int argc, char **argv) {
                 fn = cmd_history;
         else if (strcmp(cmd, "alloc-conf") == 0)
                 fn = cmd_alloc_conf;
+        else if (strcmp(cmd, "quota") == 0)
+                fn = cmd_quota;
+        else if (strcmp(cmd, "clients") == 0)
+                fn = cmd_clients;
         if (!fn) {
                 fprintf(stderr, "gpumemctl: unknown command '%s'\n", cmd);
                 usage(stderr);

@@ -347,3 +347,159 @@ int gm_admin_alloc_conf(gm_session_t *s, uint64_t request_id, const Gpumem__Allo
         gm_session_reply(s, request_id, &env, NULL, 0);
         return 0;
 }
+
+/* ---- quotas and clients ---- */
+
+static void tenant_info(const gm_tenant_t *t, Gpumem__TenantInfo *info) {
+        gpumem__tenant_info__init(info);
+        info->tenant = (char *) t->name;
+        info->quota = t->quota;
+        info->quota_source = (char *) gm_quota_source_name(t);
+        info->charged = t->charged_bytes;
+        info->allocated = (uint64_t) t->stats.allocated_bytes[GM_STAT_ALL].current;
+        int64_t cached = t->stats.reserved_bytes[GM_STAT_ALL].current - t->stats.active_bytes[GM_STAT_ALL].current;
+        info->cached = cached > 0 ? (uint64_t) cached : 0;
+        info->sessions = t->sessions;
+}
+
+/* A tenant name from the wire: what the config accepts, nothing else. */
+static bool tenant_name_valid(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+        if (n == 0 || n > 63)
+                return false;
+        for (size_t i = 0; i < n; i++) {
+                char ch = name[i];
+                if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                      ch == '_' || ch == '.' || ch == ':' || ch == '-'))
+                        return false;
+        }
+        return true;
+}
+
+/* Most tenants the daemon creates on request (quota set for tenants with no
+ * session yet); tenants from sessions and the config are not limited here. */
+#define MAX_TENANTS 4096
+
+int gm_admin_quota(gm_session_t *s, uint64_t request_id, const Gpumem__Quota *req) {
+        gm_daemon_t *d = s->daemon;
+        const char *name = req->tenant && req->tenant[0] ? req->tenant : s->tenant->name;
+        if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET) {
+                if (!s->admin)
+                        return refuse_not_admin(s, request_id, "setting quotas");
+                if (!tenant_name_valid(name))
+                        return gm_session_send_error(s, request_id, EINVAL, "gpumemd: invalid tenant name"), 0;
+                size_t n_tenants = 0;
+                for (gm_tenant_t *t = d->tenants; t; t = t->next)
+                        n_tenants++;
+                gm_tenant_t *t = gm_tenant_find(d, name);
+                if (!t && n_tenants >= MAX_TENANTS)
+                        return gm_session_send_error(s, request_id, ENOSPC, "gpumemd: too many tenants"), 0;
+                if (!t && !(t = gm_tenant_get(d, name)))
+                        return gm_session_send_error(s, request_id, ENOMEM, "out of memory"), 0;
+                gm_quota_source_t source = req->runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
+                bool had = t->quota_set[source];
+                uint64_t old = t->quota_by_source[source];
+                gm_tenant_set_quota(t, source, req->bytes != 0, req->bytes);
+                if (!req->runtime) {
+                        int r = gm_quotas_save(d);
+                        if (r < 0) {
+                                gm_tenant_set_quota(t, source, had, old);
+                                return gm_session_send_error(s, request_id, r,
+                                                             "gpumemd: cannot save the quota in '%s': %s",
+                                                             d->opts.state_dir ? d->opts.state_dir : "(no state "
+                                                                                                     "directory)",
+                                                             strerror(-r)),
+                                       0;
+                        }
+                }
+                log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", t->name,
+                           (unsigned long long) req->bytes, req->runtime ? "runtime" : "persistent",
+                           (int) s->cred.pid);
+        }
+        size_t n = 0;
+        for (gm_tenant_t *t = d->tenants; t; t = t->next)
+                n++;
+        Gpumem__TenantInfo *infos = calloc(n ? n : 1, sizeof(*infos));
+        Gpumem__TenantInfo **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+        if (!infos || !ptrs) {
+                free(infos);
+                free(ptrs);
+                return gm_session_send_error(s, request_id, ENOMEM, "out of memory"), 0;
+        }
+        size_t k = 0;
+        bool list = req->op == GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
+        for (gm_tenant_t *t = d->tenants; t; t = t->next) {
+                if (!list && strcmp(t->name, name) != 0)
+                        continue;
+                if (!s->admin && t != s->tenant)
+                        continue; /* a tenant sees its own figures only */
+                tenant_info(t, &infos[k]);
+                ptrs[k] = &infos[k];
+                k++;
+        }
+        if (!list && k == 0) {
+                free(infos);
+                free(ptrs);
+                return gm_session_send_error(s, request_id, s->admin ? ENOENT : EPERM,
+                                             s->admin ? "gpumemd: no tenant '%s'"
+                                                      : "gpumemd: tenant '%s' is not yours to see",
+                                             name),
+                       0;
+        }
+        Gpumem__QuotaReply reply = GPUMEM__QUOTA_REPLY__INIT;
+        reply.n_tenants = k;
+        reply.tenants = ptrs;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA_REPLY;
+        env.quota_reply = &reply;
+        gm_session_reply(s, request_id, &env, NULL, 0);
+        free(infos);
+        free(ptrs);
+        return 0;
+}
+
+int gm_admin_clients(gm_session_t *s, uint64_t request_id, const Gpumem__Clients *req) {
+        gm_daemon_t *d = s->daemon;
+        Gpumem__ClientInfo *infos = calloc(d->n_sessions + 1, sizeof(*infos));
+        Gpumem__ClientInfo **ptrs = calloc(d->n_sessions + 1, sizeof(*ptrs));
+        if (!infos || !ptrs) {
+                free(infos);
+                free(ptrs);
+                return gm_session_send_error(s, request_id, ENOMEM, "out of memory"), 0;
+        }
+        size_t k = 0;
+        for (gm_session_t *o = d->sessions; o && k <= d->n_sessions; o = o->next) {
+                if (o->closing || !o->hello_done || (!s->admin && o->tenant != s->tenant))
+                        continue;
+                Gpumem__ClientInfo *ci = &infos[k];
+                gpumem__client_info__init(ci);
+                ci->session_id = o->id;
+                ci->pid = (uint32_t) o->cred.pid;
+                ci->uid = (uint32_t) o->cred.uid;
+                ci->tenant = o->tenant->name;
+                ci->unit = o->unit;
+                ci->name = o->name;
+                ci->admin = o->admin_conn;
+                ci->releasing = o->releasing_bytes;
+                if (o->heap) {
+                        const gm_stats_t *st = gm_heap_stats(o->heap);
+                        ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
+                        ci->allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
+                        ci->cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current -
+                                                 st->active_bytes[GM_STAT_ALL].current);
+                        ci->segments = (uint64_t) st->segment[GM_STAT_ALL].current;
+                }
+                ptrs[k] = ci;
+                k++;
+        }
+        Gpumem__ClientsReply reply = GPUMEM__CLIENTS_REPLY__INIT;
+        reply.n_clients = k;
+        reply.clients = ptrs;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY;
+        env.clients_reply = &reply;
+        gm_session_reply(s, request_id, &env, NULL, 0);
+        free(infos);
+        free(ptrs);
+        return 0;
+}

@@ -32,15 +32,26 @@ typedef struct gm_options {
         char socket_path[108];
         const char *metrics_listen;
         const char *alloc_conf;
+        const char *state_dir; /* persistent quotas; NULL = none kept */
         int verbosity;
         gm_limits_t limits;
 } gm_options_t;
+
+/* Where a tenant's quota comes from; the first set one wins. */
+typedef enum gm_quota_source {
+        GM_QUOTA_RUNTIME,    /* `gpumemctl quota set --runtime`: until restart */
+        GM_QUOTA_PERSISTENT, /* `gpumemctl quota set`: kept in the state directory */
+        GM_QUOTA_CONFIG,     /* the config file's quota= */
+        _GM_QUOTA_SOURCE_MAX,
+} gm_quota_source_t;
 
 typedef struct gm_tenant {
         char name[64];
         gm_stats_t stats;       /* allocator statistics of all its sessions */
         uint64_t charged_bytes; /* physical bytes of its sessions, releases not yet acknowledged included */
-        uint64_t quota;         /* bytes; 0 = unlimited */
+        uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
+        bool quota_set[_GM_QUOTA_SOURCE_MAX];
+        uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
         uint32_t sessions;
         struct gm_tenant *next;
 } gm_tenant_t;
@@ -90,7 +101,9 @@ typedef struct gm_session {
         gm_peer_cred_t cred;
         gm_tenant_t *tenant;
         char name[64];      /* from Hello: logs only, never identity */
+        char unit[128];     /* systemd unit from the peer's cgroup ("" if none) */
         bool hello_done;
+        bool admin_conn;    /* said it is a control connection (gpumemctl); display only */
         bool admin;         /* kernel-verified right to administer the daemon */
         bool closing;       /* no more input is processed; memory is being released */
         gm_heap_t *heap;    /* created at the first allocation */
@@ -166,5 +179,14 @@ void gm_daemon_tick(gm_daemon_t *d);
 gm_tenant_t *gm_tenant_get(gm_daemon_t *d, const char *name);
 gm_tenant_t *gm_tenant_find(gm_daemon_t *d, const char *name);
 void gm_tenants_free(gm_daemon_t *d);
+/* Sets (has = true) or clears one source of a tenant's quota and recomputes it. */
+void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
+const char *gm_quota_source_name(const gm_tenant_t *t);
+/* Persistent quotas in <state_dir>/quotas ("TENANT BYTES" lines), written
+ * atomically. Load applies them to (new) tenants. */
+int gm_quotas_load(gm_daemon_t *d);
+int gm_quotas_save(const gm_daemon_t *d);
+int gm_admin_quota(gm_session_t *s, uint64_t request_id, const Gpumem__Quota *req);
+int gm_admin_clients(gm_session_t *s, uint64_t request_id, const Gpumem__Clients *req);
 
 uint64_t gm_now_ms(void);

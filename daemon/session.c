@@ -331,6 +331,7 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
                 return -EPROTONOSUPPORT;
         }
         snprintf(s->name, sizeof(s->name), "%s", hello->client_name ? hello->client_name : "");
+        s->admin_conn = hello->admin;
         char tenant_name[64];
         snprintf(tenant_name, sizeof(tenant_name), "uid:%u", (unsigned) s->cred.uid);
         s->tenant = gm_tenant_get(d, tenant_name);
@@ -613,6 +614,10 @@ int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n
                 return gm_admin_snapshot(s, rid, env->snapshot);
         case GPUMEM__ENVELOPE__BODY_ALLOC_CONF:
                 return gm_admin_alloc_conf(s, rid, env->alloc_conf);
+        case GPUMEM__ENVELOPE__BODY_QUOTA:
+                return gm_admin_quota(s, rid, env->quota);
+        case GPUMEM__ENVELOPE__BODY_CLIENTS:
+                return gm_admin_clients(s, rid, env->clients);
         case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
                 return handle_release_ack(s, rid, env->release_ack);
         default:

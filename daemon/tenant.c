@@ -1,8 +1,15 @@
 /* Tenants: the unit of quotas and accounting. Created on first use, kept for
- * the daemon's lifetime so that their statistics stay continuous. */
+ * the daemon's lifetime so that their statistics stay continuous. Quotas come
+ * from three sources (runtime > persistent > config); persistent ones live in
+ * <state_dir>/quotas. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon.h"
 
@@ -34,4 +41,88 @@ void gm_tenants_free(gm_daemon_t *d) {
                 d->tenants = t->next;
                 free(t);
         }
+}
+
+void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes) {
+        t->quota_set[source] = has;
+        t->quota_by_source[source] = has ? bytes : 0;
+        t->quota = 0;
+        for (int i = 0; i < _GM_QUOTA_SOURCE_MAX; i++)
+                if (t->quota_set[i]) {
+                        t->quota = t->quota_by_source[i];
+                        break;
+                }
+}
+
+const char *gm_quota_source_name(const gm_tenant_t *t) {
+        static const char *const names[_GM_QUOTA_SOURCE_MAX] = {"runtime", "persistent", "config"};
+        for (int i = 0; i < _GM_QUOTA_SOURCE_MAX; i++)
+                if (t->quota_set[i])
+                        return names[i];
+        return "none";
+}
+
+/* Longest line of the quotas file we accept. */
+#define QUOTA_LINE_MAX 256
+
+int gm_quotas_load(gm_daemon_t *d) {
+        if (!d->opts.state_dir)
+                return 0;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/quotas", d->opts.state_dir);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return errno == ENOENT ? 0 : -errno;
+        char line[QUOTA_LINE_MAX];
+        int r = 0;
+        while (fgets(line, sizeof(line), f)) {
+                char name[64];
+                uint64_t bytes;
+                if (line[0] == '#' || line[0] == '\n')
+                        continue;
+                if (sscanf(line, "%63s %" SCNu64, name, &bytes) != 2) {
+                        r = -EBADMSG;
+                        continue;
+                }
+                gm_tenant_t *t = gm_tenant_get(d, name);
+                if (!t) {
+                        r = -ENOMEM;
+                        break;
+                }
+                gm_tenant_set_quota(t, GM_QUOTA_PERSISTENT, true, bytes);
+        }
+        fclose(f);
+        return r;
+}
+
+int gm_quotas_save(const gm_daemon_t *d) {
+        if (!d->opts.state_dir)
+                return -ENOENT;
+        char path[512], tmp[520];
+        snprintf(path, sizeof(path), "%s/quotas", d->opts.state_dir);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        if (mkdir(d->opts.state_dir, 0750) < 0 && errno != EEXIST)
+                return -errno;
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+        if (fd < 0)
+                return -errno;
+        FILE *f = fdopen(fd, "w");
+        if (!f) {
+                close(fd);
+                return -ENOMEM;
+        }
+        fprintf(f, "# gpumemd persistent quotas: TENANT BYTES (written by gpumemctl quota set)\n");
+        for (const gm_tenant_t *t = d->tenants; t; t = t->next)
+                if (t->quota_set[GM_QUOTA_PERSISTENT])
+                        fprintf(f, "%s %" PRIu64 "\n", t->name, t->quota_by_source[GM_QUOTA_PERSISTENT]);
+        int r = 0;
+        if (fflush(f) != 0 || fsync(fileno(f)) < 0)
+                r = -errno;
+        if (fclose(f) != 0 && r == 0)
+                r = -errno;
+        if (r == 0 && rename(tmp, path) < 0)
+                r = -errno;
+        if (r < 0)
+                unlink(tmp);
+        return r;
 }
