@@ -21,3 +21,25 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
     ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
     TIMEOUT 900)
 endif()
+
+# A client program the tests run as other users (setpriv) or in the background.
+add_executable(gm-test-client ${CMAKE_CURRENT_LIST_DIR}/test_client_tool.c)
+target_link_libraries(gm-test-client PRIVATE gm_testutil gpumem)
+add_dependencies(test_integration gm-test-client)
+target_compile_definitions(test_integration PRIVATE GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
+
+# Tenants, quotas, reclaim and isolation with clients under other uids.
+add_executable(test_tenants ${CMAKE_CURRENT_LIST_DIR}/test_tenants.c)
+target_link_libraries(test_tenants PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK)
+target_compile_definitions(test_tenants PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
+  GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
+add_dependencies(test_tenants gpumemd gpumemctl gm-test-client)
+add_test(NAME tenants_host COMMAND test_tenants)
+set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900 SKIP_RETURN_CODE 77)
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_dependencies(test_tenants fakecuda)
+  add_test(NAME tenants_cuda COMMAND test_tenants)
+  set_tests_properties(tenants_cuda PROPERTIES
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
+    TIMEOUT 900 SKIP_RETURN_CODE 77)
+endif()

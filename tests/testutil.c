@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@ void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char 
         memset(d, 0, sizeof(*d));
         snprintf(d->dir, sizeof(d->dir), "/tmp/gpumemd-test-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        ck_assert_int_eq(chmod(d->dir, 0755), 0); /* clients run as other users too */
         snprintf(d->socket_path, sizeof(d->socket_path), "%s/gpu0.sock", d->dir);
         snprintf(d->log_path, sizeof(d->log_path), "%s/gpumemd.log", d->dir);
         const char *argv[32] = {GPUMEMD_BIN, "--backend", gm_test_backend(), "--socket", d->socket_path,
@@ -218,4 +220,77 @@ bool gm_test_verify(const void *p, size_t n, uint64_t seed) {
                 if (((const uint8_t *) p)[i] != (uint8_t) seed)
                         return false;
         return true;
+}
+
+void gm_test_spawn(const char *const *argv, uid_t uid, gm_test_proc_t *ret) {
+        int in[2], out[2];
+        ck_assert_int_eq(pipe2(in, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(out, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                dup2(in[0], STDIN_FILENO);
+                dup2(out[1], STDOUT_FILENO);
+                const char *args[40];
+                size_t n = 0;
+                if (uid != 0) {
+                        static char ids[2][32];
+                        snprintf(ids[0], sizeof(ids[0]), "%u", (unsigned) uid);
+                        snprintf(ids[1], sizeof(ids[1]), "%u", (unsigned) uid);
+                        args[n++] = "/usr/bin/setpriv";
+                        args[n++] = "--reuid";
+                        args[n++] = ids[0];
+                        args[n++] = "--regid";
+                        args[n++] = ids[1];
+                        args[n++] = "--clear-groups";
+                        args[n++] = "--";
+                }
+                for (size_t i = 0; argv[i] && n < 39; i++)
+                        args[n++] = argv[i];
+                args[n] = NULL;
+                execv(args[0], (char *const *) args);
+                _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        ret->pid = pid;
+        ret->stdin_fd = in[1];
+        ret->stdout_fd = out[0];
+}
+
+bool gm_test_proc_read_line(gm_test_proc_t *p, char *buf, size_t len) {
+        size_t n = 0;
+        while (n + 1 < len) {
+                char ch;
+                if (read(p->stdout_fd, &ch, 1) != 1)
+                        break;
+                if (ch == '\n')
+                        break;
+                buf[n++] = ch;
+        }
+        buf[n] = '\0';
+        return n > 0;
+}
+
+int gm_test_proc_finish(gm_test_proc_t *p) {
+        if (p->stdin_fd >= 0)
+                close(p->stdin_fd);
+        p->stdin_fd = -1;
+        int status;
+        ck_assert_int_eq(waitpid(p->pid, &status, 0), p->pid);
+        close(p->stdout_fd);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv) {
+        gm_test_proc_t p;
+        gm_test_spawn(argv, uid, &p);
+        close(p.stdin_fd);
+        p.stdin_fd = -1;
+        size_t len = 0;
+        ssize_t n;
+        while (len + 1 < buf_len && (n = read(p.stdout_fd, buf + len, buf_len - 1 - len)) > 0)
+                len += (size_t) n;
+        buf[len] = '\0';
+        return gm_test_proc_finish(&p);
 }

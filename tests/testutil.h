@@ -45,6 +45,22 @@ int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int6
 /* Runs a command, captures stdout into buf; returns its exit status. */
 int gm_test_run(char *buf, size_t buf_len, const char *const *argv);
 
+/* A child process with a pipe to its stdin and one from its stdout. */
+typedef struct gm_test_proc {
+        pid_t pid;
+        int stdin_fd;
+        int stdout_fd;
+} gm_test_proc_t;
+
+/* Starts argv (argv[0] a path); as `uid` through setpriv unless uid is 0. */
+void gm_test_spawn(const char *const *argv, uid_t uid, gm_test_proc_t *ret);
+/* Reads one line of the child's stdout (without the newline); false at EOF. */
+bool gm_test_proc_read_line(gm_test_proc_t *p, char *buf, size_t len);
+/* Closes its stdin, waits, returns the exit status (128+signal if killed). */
+int gm_test_proc_finish(gm_test_proc_t *p);
+/* gm_test_run as another user. */
+int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv);
+
 /* Fills / verifies a pattern derived from seed. */
 void gm_test_fill(void *p, size_t n, uint64_t seed);
 bool gm_test_verify(const void *p, size_t n, uint64_t seed);

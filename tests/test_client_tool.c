@@ -1,0 +1,115 @@
+/* gm-test-client: a client process for integration tests that must run as
+ * another user (under setpriv) or hold memory while the test acts.
+ *
+ *   gm-test-client SOCKET hold SIZE SEED   alloc SIZE, fill it from SEED, print "ready", wait for
+ *                                         stdin to close, verify, free; exit 0 if intact
+ *   gm-test-client SOCKET cache SIZE N     alloc N blocks of SIZE, free them (cached), print
+ *                                         "ready", wait for stdin to close
+ *   gm-test-client SOCKET zero SIZE        alloc SIZE and exit 0 if every byte is 0
+ *   gm-test-client SOCKET race SIZE ROUNDS alloc SIZE blocks until refused, free all, ROUNDS
+ *                                         times; print "granted=G refused=R"; exit 0 if every
+ *                                         refusal was -EDQUOT
+ * Exit status 0 on success, 1 on failure (message on stderr). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpumem/gpumem.h"
+#include "testutil.h"
+
+static void wait_stdin_closed(void) {
+        char buf[64];
+        while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+        }
+}
+
+int main(int argc, char **argv) {
+        if (argc < 4) {
+                fprintf(stderr, "usage: gm-test-client SOCKET hold|cache|zero|race ARGS\n");
+                return 2;
+        }
+        gpumem_client *c;
+        int r = gpumem_connect(argv[1], &c);
+        if (r < 0) {
+                fprintf(stderr, "connect: %s\n", gpumem_strerror(r));
+                return 1;
+        }
+        const char *cmd = argv[2];
+        size_t size = strtoull(argv[3], NULL, 10);
+        int status = 0;
+        if (strcmp(cmd, "hold") == 0 && argc == 5) {
+                void *p;
+                uint64_t seed = strtoull(argv[4], NULL, 10);
+                if ((r = gpumem_alloc(c, size, 0, &p)) < 0) {
+                        fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                        return 1;
+                }
+                gm_test_fill(p, size, seed);
+                printf("ready\n");
+                fflush(stdout);
+                wait_stdin_closed();
+                status = gm_test_verify(p, size, seed) ? 0 : 1;
+                gpumem_free(c, p);
+        } else if (strcmp(cmd, "cache") == 0 && argc == 5) {
+                int n = atoi(argv[4]);
+                void **p = calloc((size_t) n, sizeof(*p));
+                for (int i = 0; i < n; i++)
+                        if ((r = gpumem_alloc(c, size, 0, &p[i])) < 0) {
+                                fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                for (int i = 0; i < n; i++) {
+                        gm_test_fill(p[i], size, 0xabababab); /* bytes another tenant must never see */
+                        gpumem_free(c, p[i]);
+                }
+                free(p);
+                printf("ready\n");
+                fflush(stdout);
+                wait_stdin_closed();
+        } else if (strcmp(cmd, "zero") == 0) {
+                void *p;
+                if ((r = gpumem_alloc(c, size, 0, &p)) < 0) {
+                        fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                        return 1;
+                }
+                for (size_t i = 0; i < size && status == 0; i++)
+                        if (((unsigned char *) p)[i] != 0) {
+                                fprintf(stderr, "byte %zu is %#x: memory was not fresh\n", i,
+                                        ((unsigned char *) p)[i]);
+                                status = 1;
+                        }
+                gpumem_free(c, p);
+        } else if (strcmp(cmd, "race") == 0 && argc == 5) {
+                int rounds = atoi(argv[4]);
+                long granted = 0, refused = 0;
+                void *held[256];
+                for (int round = 0; round < rounds && status == 0; round++) {
+                        int n = 0;
+                        while (n < 256) {
+                                r = gpumem_alloc(c, size, 0, &held[n]);
+                                if (r == -EDQUOT) {
+                                        refused++;
+                                        break;
+                                }
+                                if (r < 0) {
+                                        fprintf(stderr, "alloc: %s: %s\n", gpumem_strerror(r), gpumem_last_error(c));
+                                        status = 1;
+                                        break;
+                                }
+                                ((volatile char *) held[n])[0] = 1;
+                                n++;
+                                granted++;
+                        }
+                        while (n > 0)
+                                gpumem_free(c, held[--n]);
+                }
+                printf("granted=%ld refused=%ld\n", granted, refused);
+        } else {
+                fprintf(stderr, "bad command\n");
+                status = 2;
+        }
+        gpumem_disconnect(c);
+        return status;
+}
