@@ -33,6 +33,12 @@ typedef struct gm_options {
         const char *metrics_listen;
         const char *alloc_conf;
         const char *state_dir; /* persistent quotas; NULL = none kept */
+        char state_dir_buf[256];
+        mode_t socket_mode;    /* of the control socket file */
+        bool has_socket_group;
+        gid_t socket_group;
+        bool has_admin_group;
+        gid_t admin_group;     /* members may administer the daemon (as may uid 0) */
         int verbosity;
         gm_limits_t limits;
 } gm_options_t;
@@ -101,7 +107,8 @@ typedef struct gm_session {
         gm_peer_cred_t cred;
         gm_tenant_t *tenant;
         char name[64];      /* from Hello: logs only, never identity */
-        char unit[128];     /* systemd unit from the peer's cgroup ("" if none) */
+        char unit[256];     /* systemd unit from the peer's cgroup ("" if none) */
+        char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         bool hello_done;
         bool admin_conn;    /* said it is a control connection (gpumemctl); display only */
         bool admin;         /* kernel-verified right to administer the daemon */
@@ -120,9 +127,12 @@ typedef struct gm_session {
         struct gm_session *prev, *next;
 } gm_session_t;
 
+struct gm_config;
+
 struct gm_daemon {
         uv_loop_t *loop;
         gm_options_t opts;
+        struct gm_config *config; /* the configuration file's contents (never NULL after start) */
         gm_backend_t *backend;
         gm_alloc_config_t alloc_config;
         gm_stats_t device_stats;
@@ -139,6 +149,7 @@ struct gm_daemon {
         gm_tenant_t *tenants;
         gm_history_t *history;      /* NULL while memory history is off */
         size_t history_max_entries; /* the bound used when it is switched on */
+        struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
         bool shutting_down;
         uint32_t sigint_count;
 };
@@ -174,6 +185,9 @@ void gm_session_flush_releases(gm_session_t *s);
 void gm_session_release_all(gm_session_t *s);
 /* Periodic work: re-asks unacknowledged releases, times parked allocations out. */
 void gm_daemon_tick(gm_daemon_t *d);
+
+/* main.c: applies the config file's tenant quotas to every tenant. */
+void gm_daemon_apply_config_quotas(gm_daemon_t *d);
 
 /* tenant.c */
 gm_tenant_t *gm_tenant_get(gm_daemon_t *d, const char *name);

@@ -9,8 +9,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "size.h"
 
 static void usage(FILE *f) {
@@ -127,6 +129,7 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
 static void options_default(gm_options_t *o) {
         *o = (gm_options_t){
                 .backend = "auto",
+                .socket_mode = 0666,
                 .limits = {
                         .max_sessions = 1024,
                         .max_blocks_per_session = 1u << 20,
@@ -137,6 +140,118 @@ static void options_default(gm_options_t *o) {
                         .release_timeout_ms = 2000,
                 },
         };
+}
+
+/* Settings from the configuration file; command-line flags, parsed after,
+ * override them. Strings point into `c`, which lives as long as the daemon. */
+static void options_from_config(gm_options_t *o, const gm_config_t *c) {
+        if (c->has_socket)
+                snprintf(o->socket_path, sizeof(o->socket_path), "%s", c->socket);
+        if (c->has_socket_mode)
+                o->socket_mode = c->socket_mode;
+        o->has_socket_group = c->has_socket_group;
+        o->socket_group = c->socket_group;
+        o->has_admin_group = c->has_admin_group;
+        o->admin_group = c->admin_group;
+        if (c->has_metrics_listen)
+                o->metrics_listen = c->metrics_listen;
+        if (c->has_backend)
+                o->backend = c->backend;
+        if (c->has_device) {
+                o->device = c->device >= 0 ? c->device : 0;
+                o->device_uuid = c->device_uuid;
+        }
+        if (c->has_capacity)
+                o->capacity = c->capacity;
+        if (c->has_alloc_conf)
+                o->alloc_conf = c->alloc_conf;
+        if (c->has_state_dir || getuid() == 0)
+                o->state_dir = c->state_dir;
+        if (c->has_max_sessions)
+                o->limits.max_sessions = c->max_sessions;
+        if (c->has_max_blocks_per_session)
+                o->limits.max_blocks_per_session = c->max_blocks_per_session;
+        if (c->has_max_packet)
+                o->limits.max_packet = c->max_packet;
+        if (c->has_max_fds)
+                o->limits.max_fds = c->max_fds;
+        if (c->has_release_timeout_ms)
+                o->limits.release_timeout_ms = c->release_timeout_ms;
+        if (c->has_park_timeout_ms)
+                o->limits.park_timeout_ms = c->park_timeout_ms;
+        if (c->has_max_parked_per_session)
+                o->limits.max_parked_per_session = c->max_parked_per_session;
+}
+
+/* Without a configured state directory, a daemon run by a user keeps its
+ * persistent quotas under $XDG_STATE_HOME (or ~/.local/state)/gpumem. */
+static void default_state_dir(gm_options_t *o) {
+        if (o->state_dir)
+                return;
+        const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+        if (xdg && xdg[0] == '/')
+                snprintf(o->state_dir_buf, sizeof(o->state_dir_buf), "%s/gpumem", xdg);
+        else if (home && home[0] == '/')
+                snprintf(o->state_dir_buf, sizeof(o->state_dir_buf), "%s/.local/state/gpumem", home);
+        else
+                return;
+        o->state_dir = o->state_dir_buf;
+}
+
+void gm_daemon_apply_config_quotas(gm_daemon_t *d) {
+        for (size_t i = 0; i < d->config->n_tenants; i++) {
+                const gm_config_tenant_t *ct = &d->config->tenants[i];
+                gm_tenant_t *t = gm_tenant_get(d, ct->name); /* listed even before a session comes */
+                if (t)
+                        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
+        }
+        for (gm_tenant_t *t = d->tenants; t; t = t->next)
+                if (!gm_config_tenant_find(d->config, t->name))
+                        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
+}
+
+/* SIGHUP: a new configuration file takes effect for tenant rules, quotas,
+ * limits, the admin group and alloc_conf; a bad file keeps the old one. */
+static void reload_config(gm_daemon_t *d) {
+        char err[512] = "";
+        gm_config_t *c = NULL;
+        int r = gm_config_load(d->opts.config_path, &c, err, sizeof(err));
+        if (r < 0) {
+                log_error("Reloading the configuration failed, keeping the old one: %s", err[0] ? err : strerror(-r));
+                return;
+        }
+        gm_alloc_config_t alloc;
+        if (c->has_alloc_conf && gm_alloc_config_parse(c->alloc_conf, &alloc, err, sizeof(err)) == 0 &&
+            strcmp(alloc.raw, d->alloc_config.raw) != 0) {
+                d->alloc_config = alloc;
+                for (gm_session_t *s = d->sessions; s; s = s->next)
+                        if (s->heap)
+                                gm_heap_set_config(s->heap, &alloc);
+        }
+        gm_options_t o = d->opts;
+        options_from_config(&o, c);
+        if (strcmp(o.socket_path, d->opts.socket_path) != 0 || o.socket_mode != d->opts.socket_mode ||
+            o.capacity != d->opts.capacity || o.limits.max_packet != d->opts.limits.max_packet ||
+            o.limits.max_fds != d->opts.limits.max_fds || (o.backend != d->opts.backend &&
+                                                           (!o.backend || !d->opts.backend ||
+                                                            strcmp(o.backend, d->opts.backend) != 0)))
+                log_warning("Configuration changes to the socket, backend, capacity or packet limits need a "
+                            "restart, ignoring them");
+        d->opts.limits.max_sessions = o.limits.max_sessions;
+        d->opts.limits.max_blocks_per_session = o.limits.max_blocks_per_session;
+        d->opts.limits.release_timeout_ms = o.limits.release_timeout_ms;
+        d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
+        d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
+        d->opts.has_admin_group = o.has_admin_group;
+        d->opts.admin_group = o.admin_group;
+        /* Strings of the old configuration are used only at startup. */
+        d->opts.backend = d->opts.metrics_listen = d->opts.alloc_conf = d->opts.device_uuid = NULL;
+        if (d->opts.state_dir != d->opts.state_dir_buf)
+                d->opts.state_dir = o.state_dir == o.state_dir_buf ? d->opts.state_dir : o.state_dir;
+        gm_config_free(d->config);
+        d->config = c;
+        gm_daemon_apply_config_quotas(d);
+        log_notice("configuration reloaded from %s", c->path ? c->path : "(defaults)");
 }
 
 /* Every physical handle is an fd: allow as many as the hard limit lets us. */
@@ -152,7 +267,7 @@ static void raise_fd_limit(void) {
 static void on_signal(uv_signal_t *handle, int signum) {
         gm_daemon_t *d = handle->data;
         if (signum == SIGHUP) {
-                log_info("SIGHUP: nothing to reload without --config, ignoring");
+                reload_config(d);
                 return;
         }
         if (d->shutting_down) {
@@ -165,6 +280,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         log_notice("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
         d->shutting_down = true;
         gm_server_stop(d);
+        d->metrics = gm_metrics_stop(d->metrics);
         uv_signal_stop(&d->sigterm);
         uv_signal_stop(&d->sighup);
         uv_close((uv_handle_t *) &d->sigterm, NULL);
@@ -172,6 +288,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         /* SIGINT stays armed so that a second one exits at once. */
         uv_unref((uv_handle_t *) &d->sigint);
 }
+
 
 static void walk_close(uv_handle_t *h, void *arg) {
         if (!uv_is_closing(h))
@@ -186,8 +303,21 @@ int main(int argc, char **argv) {
 
         options_default(&d->opts);
         d->listen_fd = -1;
+        /* Flags override the configuration file: a first pass finds the file. */
+        gm_options_t first = d->opts;
+        if (parse_args(argc, argv, &first) < 0)
+                return EXIT_FAILURE;
+        gm_log_max_level = first.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
+        r = gm_config_load(first.config_path, &d->config, err, sizeof(err));
+        if (r < 0) {
+                log_error("Failed to load the configuration: %s", err[0] ? err : strerror(-r));
+                return EXIT_FAILURE;
+        }
+        options_from_config(&d->opts, d->config);
+        optind = 0;
         if (parse_args(argc, argv, &d->opts) < 0)
                 return EXIT_FAILURE;
+        default_state_dir(&d->opts);
         gm_log_max_level = d->opts.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
         if (!d->opts.socket_path[0]) {
                 r = gm_ipc_default_socket_path(d->opts.device, false, d->opts.socket_path, sizeof(d->opts.socket_path));
@@ -220,13 +350,14 @@ int main(int argc, char **argv) {
         d->device_stats.max_split_size =
                 d->alloc_config.max_split_size == UINT64_MAX ? -1 : (int64_t) d->alloc_config.max_split_size;
         d->va_cursor = 1ull << 40; /* synthetic addresses: away from 0, far below 2^53 */
+        r = gm_quotas_load(d);
+        if (r < 0)
+                log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
+        gm_daemon_apply_config_quotas(d);
 
         d->loop = uv_default_loop();
-        r = gm_server_start(d);
-        if (r < 0) {
-                d->backend = gm_backend_close(d->backend);
-                return EXIT_FAILURE;
-        }
+        /* Signals first: a client may connect (and a supervisor signal) as
+         * soon as the socket listens. */
         uv_signal_init(d->loop, &d->sigterm);
         uv_signal_init(d->loop, &d->sigint);
         uv_signal_init(d->loop, &d->sighup);
@@ -234,6 +365,23 @@ int main(int argc, char **argv) {
         uv_signal_start(&d->sigterm, on_signal, SIGTERM);
         uv_signal_start(&d->sigint, on_signal, SIGINT);
         uv_signal_start(&d->sighup, on_signal, SIGHUP);
+        r = gm_server_start(d);
+        if (r < 0) {
+                d->backend = gm_backend_close(d->backend);
+                return EXIT_FAILURE;
+        }
+        err[0] = '\0';
+        r = gm_metrics_start(d, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
+        if (r < 0 && d->opts.metrics_listen) {
+                log_error("Failed to start the metrics endpoint: %s", err);
+                gm_server_stop(d);
+                uv_walk(d->loop, walk_close, NULL);
+                uv_run(d->loop, UV_RUN_DEFAULT);
+                d->backend = gm_backend_close(d->backend);
+                return EXIT_FAILURE;
+        }
+        if (r < 0) /* the default address is best effort: another daemon may hold it */
+                log_warning("No metrics endpoint: %s; choose one with --metrics-listen", err);
 
         char cap[32];
         log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
@@ -251,6 +399,7 @@ int main(int argc, char **argv) {
         d->backend = gm_backend_close(d->backend);
         d->history = gm_history_free(d->history);
         gm_tenants_free(d);
+        d->config = gm_config_free(d->config);
         log_notice("stopped");
         return EXIT_SUCCESS;
 }

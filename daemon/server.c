@@ -8,8 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "msg.h"
 
 /* Packets handled per readable event before yielding to other sessions. */
@@ -119,7 +121,9 @@ static void on_session_readable(uv_poll_t *handle, int status, int events) {
                         break;
                 }
                 s->last_active_ms = gm_now_ms();
+                uint64_t t0 = gm_metrics_now_ns();
                 r = gm_session_handle(s, env, fds, n_fds);
+                gm_metrics_observe_request(d->metrics, gm_metrics_request_op(env->body_case), gm_metrics_now_ns() - t0);
                 gm_msg_free(env);
                 if (r < 0) {
                         gm_session_close(s, "protocol violation");
@@ -128,6 +132,20 @@ static void on_session_readable(uv_poll_t *handle, int status, int events) {
                 gm_session_flush_releases(s);
         }
         free(buf);
+}
+
+/* Admin rights: uid 0, the daemon's own uid, or the configured admin group. */
+static bool is_admin(const gm_daemon_t *d, const gm_identity_t *id) {
+        if (id->uid == 0 || id->uid == getuid())
+                return true;
+        if (!d->opts.has_admin_group)
+                return false;
+        if (id->gid == d->opts.admin_group)
+                return true;
+        for (size_t i = 0; i < id->n_groups; i++)
+                if (id->groups[i] == d->opts.admin_group)
+                        return true;
+        return false;
 }
 
 static void on_listener_readable(uv_poll_t *handle, int status, int events) {
@@ -159,7 +177,17 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                 s->id = ++d->next_session_id;
                 s->next_release_id = 1;
                 s->last_active_ms = gm_now_ms();
-                r = gm_ipc_peer_cred(fd, &s->cred);
+                gm_identity_t id;
+                r = gm_identity_read(fd, 0, &id);
+                if (r == 0) {
+                        s->cred = (gm_peer_cred_t){.pid = id.pid, .uid = id.uid, .gid = id.gid};
+                        if (!id.user_unit)
+                                snprintf(s->unit, sizeof(s->unit), "%s", id.unit);
+                        char fallback[64];
+                        snprintf(s->tenant_name, sizeof(s->tenant_name), "%s",
+                                 gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
+                        s->admin = is_admin(d, &id);
+                }
                 if (r < 0 || uv_poll_init(d->loop, &s->poll, fd) < 0) {
                         log_warning_errno(r < 0 ? r : -EIO, "cannot set up a new session, dropping it");
                         close(fd);
@@ -183,9 +211,12 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int gm_server_start(gm_daemon_t *d) {
-        int r = gm_ipc_listen(d->opts.socket_path, 0666, 128, &d->listen_fd);
+        int r = gm_ipc_listen(d->opts.socket_path, d->opts.socket_mode, 128, &d->listen_fd);
         if (r < 0)
                 return log_error_errno(r, "Failed to listen on '%s'", d->opts.socket_path);
+        if (d->opts.has_socket_group && chown(d->opts.socket_path, (uid_t) -1, d->opts.socket_group) < 0)
+                log_warning_errno(-errno, "Failed to give '%s' to group %u, ignoring", d->opts.socket_path,
+                                  (unsigned) d->opts.socket_group);
         r = uv_poll_init(d->loop, &d->listener, d->listen_fd);
         if (r < 0)
                 return log_error("Failed to watch the listening socket: %s", uv_strerror(r)), -EIO;

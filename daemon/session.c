@@ -11,6 +11,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "msg.h"
 #include "oom.h"
 #include "size.h"
@@ -179,6 +180,7 @@ void gm_session_flush_releases(gm_session_t *s) {
                 s->releases = rel;
                 s->releasing_bytes += rel->bytes;
                 s->daemon->releasing_bytes += rel->bytes;
+                gm_metrics_count_reclaim(s->daemon->metrics, GM_RECLAIM_REQUESTED);
                 if (release_send(s, rel) < 0)
                         return; /* the session is closed (and everything released) */
         }
@@ -332,15 +334,12 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         }
         snprintf(s->name, sizeof(s->name), "%s", hello->client_name ? hello->client_name : "");
         s->admin_conn = hello->admin;
-        char tenant_name[64];
-        snprintf(tenant_name, sizeof(tenant_name), "uid:%u", (unsigned) s->cred.uid);
-        s->tenant = gm_tenant_get(d, tenant_name);
+        s->tenant = gm_tenant_get(d, s->tenant_name);
         if (!s->tenant) {
                 gm_session_send_error(s, request_id, ENOMEM, "out of memory");
                 return -ENOMEM;
         }
         s->tenant->sessions++;
-        s->admin = s->cred.uid == 0 || s->cred.uid == getuid();
         s->hello_done = true;
 
         Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
@@ -446,7 +445,8 @@ static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
         if (may_park && help_coming && s->n_parked < d->opts.limits.max_parked_per_session)
                 return -EAGAIN;
         char message[1024];
-        describe_refusal(s, size, r, message, sizeof(message));
+        gm_oom_reason_t reason = describe_refusal(s, size, r, message, sizeof(message));
+        gm_metrics_count_refusal(d->metrics, s->tenant->name, reason);
         return gm_session_send_error(s, request_id, r, "%s", message), 0;
 }
 
@@ -541,6 +541,7 @@ static int handle_release_ack(gm_session_t *s, uint64_t request_id, const Gpumem
                 if (rel->id != ack->release_id)
                         continue;
                 *rp = rel->next;
+                gm_metrics_count_reclaim(s->daemon->metrics, GM_RECLAIM_ACKNOWLEDGED);
                 release_complete(s, rel);
                 retry_parked(s->daemon, false);
                 return 0;
@@ -632,12 +633,14 @@ void gm_daemon_tick(gm_daemon_t *d) {
         for (gm_session_t *s = d->sessions; s; s = s->next)
                 for (gm_release_t *rel = s->releases; rel && !s->closing; rel = rel->next)
                         if (now - rel->sent_at_ms >= d->opts.limits.release_timeout_ms) {
-                                if (rel->attempts == 1)
+                                if (rel->attempts == 1) {
+                                        gm_metrics_count_reclaim(d->metrics, GM_RECLAIM_TIMED_OUT);
                                         log_warning("session %llu (pid %d) has not acknowledged release %llu "
                                                     "(%llu bytes) in %u ms; asking again, the bytes stay charged",
                                                     (unsigned long long) s->id, (int) s->cred.pid,
                                                     (unsigned long long) rel->id, (unsigned long long) rel->bytes,
                                                     d->opts.limits.release_timeout_ms);
+                                }
                                 if (release_send(s, rel) < 0)
                                         break;
                         }

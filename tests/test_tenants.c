@@ -3,6 +3,8 @@
  * runs nothing otherwise. */
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +254,99 @@ START_TEST(test_isolation_between_tenants) {
 }
 END_TEST
 
+/* ---- tenants and quotas from the configuration file ---- */
+
+static const char *const TENANT_BATCH = "[tenant batch]\nuser = nobody\nquota = 40M\n";
+
+static void write_config(const char *text) {
+        FILE *f = fopen(daemon_.config_path, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[daemon]\nstate_dir = %s/state\n%s", daemon_.dir, text);
+        fclose(f);
+}
+
+static void race_once(uid_t uid, const char *expect) {
+        char size[32], out[256];
+        snprintf(size, sizeof(size), "%llu", 12 * MiB);
+        const char *argv[] = {GM_TEST_CLIENT, daemon_.socket_path, "race", size, "1", NULL};
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), uid, argv), 0);
+        ck_assert_msg(strstr(out, expect), "race: %s (expected %s)", out, expect);
+}
+
+START_TEST(test_config_rules_pick_tenant_and_quota) {
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, TENANT_BATCH);
+        race_once(NOBODY, "granted=3 refused=1"); /* 3 x 12 MiB under 40 MiB */
+        char out[4096];
+        ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "get", "batch", NULL, NULL), 0);
+        ck_assert_msg(strstr(out, "40.0M") && strstr(out, "config"), "quota get: %s", out);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+START_TEST(test_persistent_quota_survives_restart) {
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+        char out[4096];
+        ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "set", "uid:65534", "30M", NULL), 0);
+        daemon_.keep_dir = true;
+        gm_test_daemon_stop(&daemon_);
+        gm_test_daemon_launch(&daemon_, "256M", NULL);
+        daemon_.keep_dir = false;
+        ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "get", "uid:65534", NULL, NULL), 0);
+        ck_assert_msg(strstr(out, "30.0M") && strstr(out, "persistent"), "quota get: %s", out);
+        race_once(NOBODY, "granted=2 refused=1");
+        /* A runtime quota wins over it until the next restart. */
+        ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "set", "uid:65534", "50M", "--runtime"), 0);
+        race_once(NOBODY, "granted=4 refused=1");
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+START_TEST(test_sighup_reloads_and_keeps_old_on_error) {
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, TENANT_BATCH);
+        char out[8192];
+        write_config("[tenant batch]\nuser = nobody\nquota = 80M\n");
+        ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
+        bool reloaded = false;
+        for (int i = 0; i < 500 && !reloaded; i++) {
+                ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "get", "batch", NULL, NULL), 0);
+                reloaded = strstr(out, "80.0M") != NULL;
+                if (!reloaded)
+                        usleep(10000);
+        }
+        ck_assert_msg(reloaded, "quota after reload: %s", out);
+        race_once(NOBODY, "granted=6 refused=1");
+        write_config("[tenant batch]\nuser = nobody\nquota = 80M\nquotaa = 1G\n");
+        ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
+        bool logged = false;
+        for (int i = 0; i < 500 && !logged; i++) {
+                FILE *f = fopen(daemon_.log_path, "re");
+                size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
+                if (f)
+                        fclose(f);
+                out[n] = '\0';
+                logged = strstr(out, "keeping the old one") && strstr(out, "quotaa");
+                if (!logged)
+                        usleep(10000);
+        }
+        ck_assert_msg(logged, "log: %s", out);
+        ck_assert_int_eq(ctl(0, out, sizeof(out), "quota", "get", "batch", NULL, NULL), 0);
+        ck_assert_msg(strstr(out, "80.0M"), "quota kept: %s", out);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+START_TEST(test_admin_group_grants_admin) {
+        char out[4096];
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "quota", "set", "x", "1G", "--runtime"), 1);
+        gm_test_daemon_stop(&daemon_);
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, "admin_group = nogroup\n");
+        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "quota", "set", "x", "1G", "--runtime"), 0);
+        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", "--json", NULL, NULL, NULL), 0);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
 static Suite *tenants_suite(void) {
         Suite *s = suite_create("tenants");
         TCase *tc = tcase_create("tenants");
@@ -264,6 +359,13 @@ static Suite *tenants_suite(void) {
         tcase_add_test(tc, test_unacknowledged_release_keeps_charge);
         tcase_add_test(tc, test_isolation_between_tenants);
         suite_add_tcase(s, tc);
+        TCase *conf = tcase_create("config");
+        tcase_set_timeout(conf, 180);
+        tcase_add_test(conf, test_config_rules_pick_tenant_and_quota);
+        tcase_add_test(conf, test_persistent_quota_survives_restart);
+        tcase_add_test(conf, test_sighup_reloads_and_keeps_old_on_error);
+        tcase_add_test(conf, test_admin_group_grants_admin);
+        suite_add_tcase(s, conf);
         return s;
 }
 

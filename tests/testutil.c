@@ -26,16 +26,33 @@ const char *gm_test_backend(void) {
         return b && *b ? b : "host";
 }
 
-void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args) {
+void gm_test_daemon_start_config(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args,
+                                 const char *config_text) {
         memset(d, 0, sizeof(*d));
         snprintf(d->dir, sizeof(d->dir), "/tmp/gpumemd-test-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        snprintf(d->extra_config, sizeof(d->extra_config), "%s", config_text ? config_text : "");
+        gm_test_daemon_launch(d, capacity, extra_args);
+}
+
+void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args) {
+        gm_test_daemon_start_config(d, capacity, extra_args, NULL);
+}
+
+void gm_test_daemon_launch(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args) {
         ck_assert_int_eq(chmod(d->dir, 0755), 0); /* clients run as other users too */
         snprintf(d->socket_path, sizeof(d->socket_path), "%s/gpu0.sock", d->dir);
         snprintf(d->log_path, sizeof(d->log_path), "%s/gpumemd.log", d->dir);
+        /* Its own configuration: never the machine's /etc/gpumem/gpumemd.conf,
+         * and persistent state in the test directory. */
+        snprintf(d->config_path, sizeof(d->config_path), "%s/gpumemd.conf", d->dir);
+        FILE *conf = fopen(d->config_path, "we");
+        ck_assert_ptr_nonnull(conf);
+        fprintf(conf, "[daemon]\nstate_dir = %s/state\n%s", d->dir, d->extra_config);
+        fclose(conf);
         const char *argv[32] = {GPUMEMD_BIN, "--backend", gm_test_backend(), "--socket", d->socket_path,
-                                "--capacity", capacity, "-v"};
-        size_t n = 8;
+                                "--capacity", capacity, "-v", "--config", d->config_path};
+        size_t n = 10;
         for (size_t i = 0; extra_args && extra_args[i] && n < 31; i++)
                 argv[n++] = extra_args[i];
         argv[n] = NULL;
@@ -79,6 +96,8 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
         }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
         ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
+        if (d->keep_dir)
+                return;
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
         if (system(cmd) < 0) {

@@ -14,6 +14,9 @@ typedef struct gm_test_daemon {
         char dir[256];
         char socket_path[300];
         char log_path[300];
+        char config_path[300];
+        char extra_config[1024]; /* appended to the [daemon] section of its config file */
+        bool keep_dir;           /* stop leaves the directory (for a restart) */
 } gm_test_daemon_t;
 
 /* The backend the integration suite runs on: $GPUMEM_TEST_BACKEND ("host" default, or "cuda"). */
@@ -22,6 +25,12 @@ const char *gm_test_backend(void);
 /* Starts gpumemd with --capacity `capacity` plus extra args (NULL-terminated
  * list, may be NULL) and waits until its socket accepts connections. */
 void gm_test_daemon_start(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args);
+/* The same with `config_text` appended to its configuration file's [daemon]
+ * section (which may open further sections). */
+void gm_test_daemon_start_config(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args,
+                                 const char *config_text);
+/* Starts gpumemd again in d's existing directory (after a stop with keep_dir). */
+void gm_test_daemon_launch(gm_test_daemon_t *d, const char *capacity, const char *const *extra_args);
 /* SIGTERM, wait, and assert a clean exit (status 0). */
 void gm_test_daemon_stop(gm_test_daemon_t *d);
 /* Number of open fds of a process (/proc/PID/fd). */

@@ -1,0 +1,299 @@
+/* sd-daemon glue over libsystemd: see sd.h. */
+#include "sd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+enum fd_kind { KIND_CONTROL, KIND_METRICS, KIND_SEGMENT, KIND_UNKNOWN };
+
+bool gm_sd_notify_available(void) {
+        const char *e = getenv("NOTIFY_SOCKET");
+        return e && *e;
+}
+
+static int is_control_socket(int fd) {
+        return sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0);
+}
+
+static int is_metrics_socket(int fd) {
+        return sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1);
+}
+
+/* Claims a listening socket passed under an explicit name for `kind`. */
+static int claim_named(int fd, enum fd_kind kind, bool *have) {
+        int r = kind == KIND_CONTROL ? is_control_socket(fd) : is_metrics_socket(fd);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -EPROTOTYPE;
+        if (*have)
+                return -EEXIST;
+        *have = true;
+        return 0;
+}
+
+static void strv_free(char **v) {
+        for (size_t i = 0; v && v[i]; i++)
+                free(v[i]);
+        free(v);
+}
+
+/* The loop accepts until EAGAIN, but systemd passes sockets in blocking mode
+ * (unless NonBlocking=yes). */
+static int set_nonblock(int fd) {
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0)
+                return -errno;
+        if (!(flags & O_NONBLOCK) && fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+                return -errno;
+        return 0;
+}
+
+/* Assigns a kind to each of the n passed fds; explicit names first, so that a
+ * socket named "control" wins over an unnamed one of the same type. */
+static int classify(int n, char **names, enum fd_kind *kinds) {
+        bool have_control = false, have_metrics = false;
+        int r;
+
+        for (int i = 0; i < n; i++) {
+                int fd = SD_LISTEN_FDS_START + i;
+                r = 0;
+                kinds[i] = KIND_UNKNOWN;
+                if (strcmp(names[i], "control") == 0) {
+                        kinds[i] = KIND_CONTROL;
+                        r = claim_named(fd, KIND_CONTROL, &have_control);
+                } else if (strcmp(names[i], "metrics") == 0) {
+                        kinds[i] = KIND_METRICS;
+                        r = claim_named(fd, KIND_METRICS, &have_metrics);
+                } else if (strncmp(names[i], GM_SD_SEGMENT_PREFIX, strlen(GM_SD_SEGMENT_PREFIX)) == 0) {
+                        kinds[i] = KIND_SEGMENT;
+                }
+                if (r < 0)
+                        return r;
+        }
+        for (int i = 0; i < n; i++) {
+                int fd = SD_LISTEN_FDS_START + i;
+                if (kinds[i] != KIND_UNKNOWN)
+                        continue;
+                if (!have_control) {
+                        r = is_control_socket(fd);
+                        if (r < 0)
+                                return r;
+                        if (r > 0) {
+                                kinds[i] = KIND_CONTROL;
+                                have_control = true;
+                                continue;
+                        }
+                }
+                if (!have_metrics) {
+                        r = is_metrics_socket(fd);
+                        if (r < 0)
+                                return r;
+                        if (r > 0) {
+                                kinds[i] = KIND_METRICS;
+                                have_metrics = true;
+                        }
+                }
+        }
+        return 0;
+}
+
+int gm_sd_listen_fds(gm_sd_fds_t *ret) {
+        gm_sd_fds_t f = {.control_fd = -1, .metrics_fd = -1};
+        enum fd_kind *kinds = NULL;
+        char **names = NULL;
+        size_t n_seg = 0, n_unk = 0;
+
+        /* Learn the count before the names: should LISTEN_FDNAMES be
+         * malformed, the fds must still be closed. */
+        int n = sd_listen_fds(0);
+        if (n <= 0) {
+                n = sd_listen_fds(1); /* unsets variables meant for another process */
+                if (n == 0)
+                        *ret = f;
+                return n;
+        }
+        int r = sd_listen_fds_with_names(1, &names);
+        if (r >= 0 && r != n)
+                r = -EINVAL;
+        if (r < 0)
+                goto fail;
+        kinds = calloc((size_t) n, sizeof(*kinds));
+        if (!kinds) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        r = classify(n, names, kinds);
+        if (r < 0)
+                goto fail;
+        for (int i = 0; i < n; i++) {
+                n_seg += kinds[i] == KIND_SEGMENT;
+                n_unk += kinds[i] == KIND_UNKNOWN;
+                if (kinds[i] == KIND_CONTROL || kinds[i] == KIND_METRICS) {
+                        r = set_nonblock(SD_LISTEN_FDS_START + i);
+                        if (r < 0)
+                                goto fail;
+                }
+        }
+        f.segments = n_seg ? calloc(n_seg, sizeof(*f.segments)) : NULL;
+        f.unknown = n_unk ? calloc(n_unk, sizeof(*f.unknown)) : NULL;
+        if ((n_seg && !f.segments) || (n_unk && !f.unknown)) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        for (int i = 0; i < n; i++) {
+                int fd = SD_LISTEN_FDS_START + i;
+                gm_sd_named_fd_t *e = NULL;
+                switch (kinds[i]) {
+                case KIND_CONTROL:
+                        f.control_fd = fd;
+                        break;
+                case KIND_METRICS:
+                        f.metrics_fd = fd;
+                        break;
+                case KIND_SEGMENT:
+                        e = &f.segments[f.n_segments++];
+                        break;
+                case KIND_UNKNOWN:
+                        e = &f.unknown[f.n_unknown++];
+                        break;
+                }
+                if (e) {
+                        e->fd = fd;
+                        snprintf(e->name, sizeof(e->name), "%s", names[i]);
+                }
+        }
+        free(kinds);
+        strv_free(names);
+        *ret = f;
+        return n;
+
+fail:
+        for (int i = 0; i < n; i++)
+                close(SD_LISTEN_FDS_START + i);
+        free(f.segments);
+        free(f.unknown);
+        free(kinds);
+        strv_free(names);
+        return r;
+}
+
+void gm_sd_fds_done(gm_sd_fds_t *fds) {
+        if (!fds)
+                return;
+        if (fds->control_fd >= 0)
+                close(fds->control_fd);
+        if (fds->metrics_fd >= 0)
+                close(fds->metrics_fd);
+        for (size_t i = 0; i < fds->n_segments; i++)
+                if (fds->segments[i].fd >= 0)
+                        close(fds->segments[i].fd);
+        for (size_t i = 0; i < fds->n_unknown; i++)
+                if (fds->unknown[i].fd >= 0)
+                        close(fds->unknown[i].fd);
+        free(fds->segments);
+        free(fds->unknown);
+        *fds = (gm_sd_fds_t){.control_fd = -1, .metrics_fd = -1};
+}
+
+/* sd_notify() returns > 0 when sent and 0 without a service manager. */
+static int notify(const char *state) {
+        int r = sd_notify(0, state);
+        return r < 0 ? r : 0;
+}
+
+int gm_sd_notify_ready(void) {
+        return notify("READY=1");
+}
+
+int gm_sd_notify_status(const char *fmt, ...) {
+        char *text;
+        va_list ap;
+
+        if (!gm_sd_notify_available())
+                return 0;
+        va_start(ap, fmt);
+        int n = vasprintf(&text, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+                return -ENOMEM;
+        /* One line: a newline would start another assignment ("READY=1"). */
+        for (char *p = text; *p; p++)
+                if (*p == '\n')
+                        *p = ' ';
+        char *state;
+        n = asprintf(&state, "STATUS=%s", text);
+        free(text);
+        if (n < 0)
+                return -ENOMEM;
+        int r = notify(state);
+        free(state);
+        return r;
+}
+
+int gm_sd_notify_stopping(void) {
+        return notify("STOPPING=1");
+}
+
+int gm_sd_notify_reloading(void) {
+        struct timespec ts;
+        char state[64];
+
+        if (clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
+                return -errno;
+        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu",
+                 (unsigned long long) ts.tv_sec * 1000000ull + (unsigned long long) ts.tv_nsec / 1000ull);
+        return notify(state);
+}
+
+int gm_sd_watchdog_interval_usec(uint64_t *ret_usec) {
+        uint64_t usec = 0;
+        int r = sd_watchdog_enabled(0, &usec);
+        if (r < 0)
+                return r;
+        *ret_usec = r > 0 ? usec : 0;
+        return r > 0;
+}
+
+int gm_sd_watchdog_ping(void) {
+        return notify("WATCHDOG=1");
+}
+
+/* What systemd accepts as FDNAME= (fdname_is_valid()), minus the empty name,
+ * which it would replace with "stored" and we could not remove again. */
+static bool fdname_valid(const char *name) {
+        size_t len = 0;
+        for (const char *p = name; *p; p++, len++)
+                if (*p == ':' || *p < ' ' || *p > '~')
+                        return false;
+        return len > 0 && len <= GM_SD_FDNAME_MAX;
+}
+
+int gm_sd_fdstore_add(int fd, const char *name) {
+        char state[sizeof("FDSTORE=1\nFDNAME=") + GM_SD_FDNAME_MAX];
+
+        if (fd < 0)
+                return -EBADF;
+        if (!name || !fdname_valid(name))
+                return -EINVAL;
+        snprintf(state, sizeof(state), "FDSTORE=1\nFDNAME=%s", name);
+        int r = sd_pid_notify_with_fds(0, 0, state, &fd, 1);
+        return r < 0 ? r : 0;
+}
+
+int gm_sd_fdstore_remove(const char *name) {
+        char state[sizeof("FDSTOREREMOVE=1\nFDNAME=") + GM_SD_FDNAME_MAX];
+
+        if (!name || !fdname_valid(name))
+                return -EINVAL;
+        snprintf(state, sizeof(state), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        return notify(state);
+}
