@@ -43,3 +43,9 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
     ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
     TIMEOUT 900 SKIP_RETURN_CODE 77)
 endif()
+
+# `cmake --install` into a temporary prefix, then programs built against it
+# with pkg-config and find_package(gpumem).
+add_test(NAME install_consumers COMMAND ${CMAKE_CURRENT_LIST_DIR}/install_check.sh ${CMAKE_BINARY_DIR}
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)

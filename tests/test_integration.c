@@ -808,6 +808,54 @@ START_TEST(test_bad_flags_refused) {
 }
 END_TEST
 
+/* Expandable segments through the daemon: pages are separate pieces mapped
+ * contiguously into one reserved range by the client, and trim unmaps them. */
+START_TEST(test_expandable_segments) {
+        gm_test_daemon_stop(&daemon_);
+        static const char *const args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        /* At most 4 fds a packet: a 6-page reply needs a MapSegments packet first. */
+        gm_test_daemon_start_config(&daemon_, "256M", args, "max_fds = 4\n");
+        gpumem_client *c = connect_ok();
+        void *a, *b, *big;
+        ck_assert_int_eq(gpumem_alloc(c, 30 * MiB, 0, &a), 0); /* 2 pages of 20 MiB */
+        ck_assert_int_eq(gpumem_alloc(c, 5 * MiB, 0, &b), 0);  /* in the same range, after a */
+        ck_assert_ptr_eq((char *) b, (char *) a + 30 * MiB);
+        gm_test_fill(a, 30 * MiB, 1);
+        gm_test_fill(b, 5 * MiB, 2);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 40 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_stat(c, "segment.all.current", &v), 0);
+        ck_assert_int_eq(v, 0); /* mapped pages are not segments (PyTorch) */
+        void *smalls[40]; /* the small pool's own range, 2 MiB pages */
+        for (int i = 0; i < 40; i++)
+                ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &smalls[i]), 0);
+        for (int i = 0; i < 40; i++)
+                gm_test_fill(smalls[i], MiB, (uint64_t) i + 10);
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, 0, &big), 0); /* 6 pages in one reply */
+        gm_test_fill(big, 120 * MiB, 3);
+        ck_assert(gm_test_verify(a, 30 * MiB, 1) && gm_test_verify(b, 5 * MiB, 2));
+        for (int i = 0; i < 40; i++) {
+                ck_assert(gm_test_verify(smalls[i], MiB, (uint64_t) i + 10));
+                ck_assert_int_eq(gpumem_free(c, smalls[i]), 0);
+        }
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        uint64_t released;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_int_gt(released, 0);
+        ck_assert(gm_test_verify(b, 5 * MiB, 2)); /* the live block's pages stay */
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 20 * (int64_t) MiB); /* only b's page remains mapped */
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 0);
+        gpumem_disconnect(c);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -832,6 +880,7 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_alloc_conf_at_run_time);
         tcase_add_test(tc, test_reset_stats);
         tcase_add_test(tc, test_stream_ordered_free);
+        tcase_add_test(tc, test_expandable_segments);
         suite_add_tcase(s, tc);
 
         if (strcmp(gm_test_backend(), "cuda") == 0) {

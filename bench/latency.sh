@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The latency table of BENCHMARKS.md: alloc+free round trip through a fresh
+# gpumemd (host backend) against a bare SOCK_SEQPACKET ping-pong, the
+# fresh-segment-per-allocation analogue of cudaMalloc, and 1..256 clients.
+# Usage: bench/latency.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+build="${1:-build}"
+dir="$(mktemp -d)"
+trap 'kill "${daemon:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${dir}"' EXIT
+"${build}/daemon/gpumemd" --backend host --capacity 4G --socket "${dir}/gpu0.sock" \
+        --config /dev/null --metrics-listen none 2>"${dir}/log" &
+daemon=$!
+for _ in $(seq 100); do [ -S "${dir}/gpu0.sock" ] && break; sleep 0.05; done
+echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, kernel $(uname -r)"
+"${build}/bench/gpumem-bench-pingpong" --size 64 --iters 50000
+for size in 4096 1048576 16777216; do
+        "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size "${size}" --iters 20000
+done
+for size in 4096 16777216; do
+        "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size "${size}" --iters 2000 --mode fresh
+done
+for clients in 1 4 16 64 256; do
+        "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size 4096 --iters 1000 --clients "${clients}"
+done

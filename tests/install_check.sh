@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, builds tests/install/example.c
+# against it twice (pkg-config, and CMake's find_package), runs both against
+# the installed gpumemd, and checks the figures in the installed gpumemctl.
+# Usage: install_check.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1"
+src="$2"
+work="$(mktemp -d)"
+trap 'kill "${daemon:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${work}"' EXIT
+prefix="${work}/prefix"
+cmake --install "${build}" --prefix "${prefix}" >/dev/null
+for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h; do
+        [ -e "${prefix}/${f}" ] || { echo "missing ${f} in the install" >&2; exit 1; }
+done
+pcdir="$(dirname "$(find "${prefix}" -name gpumem.pc | head -n1)")"
+libdir="$(PKG_CONFIG_PATH="${pcdir}" pkg-config --variable=libdir gpumem)"
+ls "${libdir}"/libgpumem.so* >/dev/null
+
+# 1. pkg-config
+# shellcheck disable=SC2046
+cc -Wall -Werror -o "${work}/example-pc" "${src}/tests/install/example.c" \
+        $(PKG_CONFIG_PATH="${pcdir}" pkg-config --cflags --libs gpumem) -Wl,-rpath,"${libdir}"
+# 2. find_package(gpumem)
+cmake -S "${src}/tests/install" -B "${work}/consumer" -DCMAKE_PREFIX_PATH="${prefix}" \
+        -DCMAKE_BUILD_RPATH="${libdir}" >/dev/null
+cmake --build "${work}/consumer" >/dev/null
+
+sock="${work}/gpu0.sock"
+"${prefix}/bin/gpumemd" --backend host --capacity 256M --socket "${sock}" --config /dev/null \
+        --metrics-listen none 2>"${work}/log" &
+daemon=$!
+for _ in $(seq 200); do [ -S "${sock}" ] && break; sleep 0.05; done
+
+for example in "${work}/example-pc" "${work}/consumer/example"; do
+        coproc EX { "${example}" "${sock}"; }
+        read -r line <&"${EX[0]}"
+        [ "${line}" = ready ] || { echo "${example}: no ready line" >&2; exit 1; }
+        stats="$("${prefix}/bin/gpumemctl" -s "${sock}" stats --json)"
+        grep -q '"allocated_bytes.all.current": 8388608' <<<"${stats}" ||
+                { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
+        exec {EX[1]}>&-
+        wait "${EX_PID}"
+done
+echo "install check passed: pkg-config and find_package consumers ran against ${prefix}"
