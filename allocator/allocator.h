@@ -113,6 +113,26 @@ uint64_t gm_heap_largest_free(const gm_heap_t *h);
 const gm_stats_t *gm_heap_stats(const gm_heap_t *h);
 gm_stats_t *gm_heap_stats_mut(gm_heap_t *h);
 
+/* Rebuilding a heap after a daemon restart from what its client reports: its
+ * segments (with the provider handles of their pieces: one piece for an
+ * ordinary segment, one per mapped page of an expandable one), then its live
+ * blocks, then finish. Nothing is created through the provider; addresses are
+ * new synthetic ones; the gaps become free blocks; ids keep their values and
+ * new ones continue above them. -EINVAL for claims that contradict each
+ * other (overlaps, bad sizes), -EEXIST for a repeated segment id; finish
+ * returns -EBADMSG if the result fails gm_heap_check(). */
+typedef struct gm_restore_piece {
+        uint64_t offset;
+        uint64_t size;
+        uint64_t handle;
+} gm_restore_piece_t;
+
+int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                            const gm_restore_piece_t *pieces, size_t n_pieces);
+int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                          uint64_t requested_size, bool pending);
+int gm_heap_restore_finish(gm_heap_t *h);
+
 /* Integrity checker: walks every structure and returns the number of violated
  * invariants (0 = consistent). Never modifies the heap. */
 int gm_heap_check(const gm_heap_t *h);

@@ -1193,3 +1193,174 @@ int gm_heap_check(const gm_heap_t *h) {
         bad += h->stats.oversize_segments.current != (int64_t)c.oversize_segments;
         return bad;
 }
+
+/* ---- restore after a daemon restart ----
+ * The segments and live blocks a client reports are rebuilt without asking
+ * the provider (the memory exists); everything in between becomes free. */
+
+static gm_segment_t *segment_find(const gm_heap_t *h, uint64_t id) {
+        for (gm_segment_t *s = h->seg_head; s; s = s->next)
+                if (s->id == id)
+                        return s;
+        return NULL;
+}
+
+/* Blocks for runs of equally mapped pages of a restored expandable segment. */
+static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
+        gm_block_t *last = NULL;
+        uint64_t i = 0;
+
+        while (i < s->n_pages) {
+                uint64_t j = i;
+                while (j < s->n_pages && s->page_mapped[j] == s->page_mapped[i])
+                        j++;
+                if (reserve_blocks(h, 1) < 0)
+                        return -ENOMEM;
+                gm_block_t *b = block_new(h, s, i * s->page_size, (j - i) * s->page_size, s->page_mapped[i]);
+                if (last)
+                        link_after(last, b);
+                else
+                        s->first = b;
+                last = b;
+                i = j;
+        }
+        return 0;
+}
+
+int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+        if (segment_id == 0 || !pieces || n_pieces == 0 || va_size == 0 || va_size % MIN_BLOCK_SIZE ||
+            va_size >= MAX_REQUEST)
+                return -EINVAL;
+        if (segment_find(h, segment_id))
+                return -EEXIST;
+        bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
+        uint64_t page = pieces[0].size;
+        if (expandable && ((page != SMALL_BUFFER && page != LARGE_BUFFER) || va_size % page ||
+                           va_size / page > (1u << 24)))
+                return -EINVAL;
+        gm_segment_t *s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->id = segment_id;
+        s->size = va_size;
+        s->stream = stream;
+        s->expandable = expandable;
+        if (!expandable) {
+                s->small = va_size == SMALL_BUFFER; /* no large-pool segment is 2 MiB */
+                s->handle = pieces[0].handle;
+                if (reserve_blocks(h, 1) < 0) {
+                        free(s);
+                        return -ENOMEM;
+                }
+                s->first = block_new(h, s, 0, va_size, true);
+        } else {
+                s->small = page == SMALL_BUFFER;
+                s->page_size = page;
+                s->n_pages = va_size / page;
+                s->page_handle = calloc(s->n_pages, sizeof(*s->page_handle));
+                s->page_mapped = calloc(s->n_pages, sizeof(*s->page_mapped));
+                int r = s->page_handle && s->page_mapped ? 0 : -ENOMEM;
+                for (size_t i = 0; i < n_pieces && r == 0; i++) {
+                        uint64_t k = pieces[i].offset / page;
+                        if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages ||
+                            s->page_mapped[k])
+                                r = -EINVAL;
+                        else {
+                                s->page_mapped[k] = 1;
+                                s->page_handle[k] = pieces[i].handle;
+                                s->mapped_pages++;
+                        }
+                }
+                if (r == 0)
+                        r = restore_page_runs(h, s);
+                if (r < 0) {
+                        for (gm_block_t *b = s->first, *next; b; b = next) {
+                                next = b->next;
+                                block_drop(h, b);
+                        }
+                        free(s->page_handle);
+                        free(s->page_mapped);
+                        free(s);
+                        return r;
+                }
+        }
+        s->addr = take_va(h, va_size);
+        segment_link(h, s);
+        for (gm_block_t *b = s->first; b; b = b->next)
+                set_insert(h, b);
+        uint64_t reserved = expandable ? s->mapped_pages * page : va_size;
+        if (!expandable) {
+                STAT(h, segment, s->small, 1);
+                if (va_size >= h->cfg.max_split_size) {
+                        s->oversize = true;
+                        STAT1(h, oversize_segments, 1);
+                }
+        }
+        STAT(h, reserved_bytes, s->small, reserved);
+        COUNT(h, num_device_alloc);
+        if (segment_id >= h->next_segment_id)
+                h->next_segment_id = segment_id + 1;
+        return 0;
+}
+
+int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                          uint64_t requested_size, bool pending) {
+        if (block_id == 0 || size == 0 || size % MIN_BLOCK_SIZE || offset % MIN_BLOCK_SIZE || requested_size == 0 ||
+            requested_size > size || gm_idmap_get(&h->live, block_id))
+                return -EINVAL;
+        gm_segment_t *s = segment_find(h, segment_id);
+        if (!s || offset >= s->size || size > s->size - offset)
+                return -EINVAL;
+        gm_block_t *b = s->first;
+        while (b && b->offset + b->size <= offset)
+                b = b->next;
+        /* The block must lie inside one free, mapped stretch (no overlap with another). */
+        if (!b || b->state != GM_BSTATE_FREE || !b->mapped || offset + size > b->offset + b->size)
+                return -EINVAL;
+        if (reserve_blocks(h, 2) < 0 || gm_idmap_reserve(&h->live, 1) < 0)
+                return -ENOMEM;
+        set_remove(h, b);
+        if (offset > b->offset) {
+                gm_block_t *n = block_new(h, s, offset, b->offset + b->size - offset, true);
+                link_after(b, n);
+                b->size = offset - b->offset;
+                set_insert(h, b);
+                b = n;
+        }
+        if (b->size > size) {
+                link_after(b, block_new(h, s, offset + size, b->size - size, true));
+                b->size = size;
+                set_insert(h, b->next);
+        }
+        b->state = pending ? GM_BSTATE_PENDING : GM_BSTATE_ALLOCATED;
+        b->id = block_id;
+        b->requested_size = requested_size;
+        gm_idmap_put(&h->live, b);
+        if (!pending) {
+                STAT(h, allocation, s->small, 1);
+                STAT(h, allocated_bytes, s->small, size);
+                b->oversize = size >= h->cfg.max_split_size;
+                if (b->oversize)
+                        STAT1(h, oversize_allocations, 1);
+        }
+        STAT(h, active, s->small, 1);
+        STAT(h, active_bytes, s->small, size);
+        STAT(h, requested_bytes, s->small, requested_size);
+        if (block_id >= h->next_block_id)
+                h->next_block_id = block_id + 1;
+        return 0;
+}
+
+int gm_heap_restore_finish(gm_heap_t *h) {
+        for (gm_segment_t *s = h->seg_head; s; s = s->next) {
+                if (s->expandable)
+                        continue;
+                for (gm_block_t *b = s->first; b; b = b->next)
+                        if (b->state == GM_BSTATE_FREE && is_split(b)) {
+                                STAT(h, inactive_split, s->small, 1);
+                                STAT(h, inactive_split_bytes, s->small, b->size);
+                        }
+        }
+        return gm_heap_check(h) == 0 ? 0 : -EBADMSG;
+}

@@ -6,3 +6,9 @@ add_executable(test_allocator
 target_link_libraries(test_allocator PRIVATE gm_allocator PkgConfig::CHECK)
 add_test(NAME allocator COMMAND test_allocator)
 set_tests_properties(allocator PROPERTIES TIMEOUT 300)
+
+# Rebuilding a heap from its client's ledger (daemon restart).
+add_executable(test_restore ${CMAKE_CURRENT_LIST_DIR}/test_restore.c ${CMAKE_CURRENT_LIST_DIR}/fake_provider.c)
+target_include_directories(test_restore PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(test_restore PRIVATE gm_allocator PkgConfig::CHECK)
+add_test(NAME allocator_restore COMMAND test_restore)
