@@ -5,8 +5,13 @@ BUILD_ASAN ?= build-asan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
+# Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
+# tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
+# (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
+# dpkg-dev for the package check.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
-	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 util-linux
+	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
+	prometheus systemd groff-base man-db dpkg-dev
 
 .PHONY: all deps build run test test-asan install clean
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -30,6 +31,7 @@ typedef struct waiter {
         bool done;
         int error;                /* set instead of reply when mapping it failed or the daemon went away */
         Gpumem__Envelope *reply;  /* owned by the waiter once done */
+        bool resend;              /* the daemon restarted before answering: send the request again */
         char detail[256];         /* the driver's text when mapping failed (service thread) */
         pthread_cond_t cond;
         struct waiter *next;
@@ -40,11 +42,25 @@ typedef struct segment {
         uint64_t base;
         uint64_t va_size;
         uint64_t mapped_bytes;
+        uint64_t stream;      /* of the allocation that brought it (for re-attach) */
+        bool has_stream;
+        uint64_t piece_size;  /* every piece of a segment has one size (the page, or the whole) */
+        uint64_t *pieces;     /* offsets of the mapped pieces */
+        size_t n_pieces, cap_pieces;
 } segment_t;
+
+static void segment_free(segment_t *seg) {
+        if (seg) {
+                free(seg->pieces);
+                free(seg);
+        }
+}
 
 typedef struct block {
         uint64_t id;
         uint64_t size;
+        uint64_t requested;    /* what the application asked for */
+        uint64_t offset;       /* in its segment */
         uint64_t segment_id;
         uint64_t stream;       /* the allocation stream */
         uint64_t *stream_uses; /* other streams given to gpumem_record_stream */
@@ -54,6 +70,7 @@ typedef struct block {
 /* A free waiting for stream work: the daemon keeps the block active until
  * every event has completed and FreeCompleted names it. */
 typedef struct pending_free {
+        block_t block; /* as it was allocated (stream_uses not kept) */
         uint64_t block_id;
         uint64_t *events;
         size_t n_events;
@@ -75,8 +92,14 @@ struct gpumem_client {
         bool service_started;
         int wake_fd; /* eventfd: tells the service thread a pending free was added */
 
-        pthread_mutex_t lock;
+        pthread_rwlock_t fd_lock; /* senders hold it shared; the service thread swaps fd under it exclusively */
+        char token[64];           /* session token: re-attaches after a daemon restart */
+        uint32_t reconnect_timeout_ms;
+
+        pthread_mutex_t lock;     /* taken before fd_lock when both are held */
         bool dead;        /* the connection is gone; every request fails with -ECONNRESET */
+        bool closing;     /* gpumem_disconnect() is under way: no reconnecting */
+        bool reconnecting; /* the daemon went away; the service thread is re-attaching */
         uint64_t next_request_id;
         waiter_t *waiters;
         gm_u64map_t segments; /* segment id -> segment_t */
@@ -142,6 +165,21 @@ const char *gpumem_strerror(int err) {
         }
 }
 
+/* Sends on the current connection (which the service thread may replace). */
+static int send_env(gpumem_client *c, const Gpumem__Envelope *env) {
+        pthread_rwlock_rdlock(&c->fd_lock);
+        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        pthread_rwlock_unlock(&c->fd_lock);
+        return r;
+}
+
+/* A send failing this way means the daemon went away: the service thread
+ * decides whether the session re-attaches (and requests are sent again) or
+ * is lost. */
+static bool connection_lost(int r) {
+        return r == -EPIPE || r == -ECONNRESET || r == -ENOTCONN;
+}
+
 /* ---- segments ---- */
 
 /* Maps one piece the daemon sent; consumes fd. Caller holds lock. */
@@ -164,15 +202,27 @@ static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
                 if (r < 0 || (r = gm_u64map_put(&c->segments, seg->id, seg)) < 0) {
                         if (seg->base)
                                 c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
-                        free(seg);
+                        segment_free(seg);
                         close(fd);
                         return r;
                 }
+        }
+        if (seg->n_pieces == seg->cap_pieces) {
+                size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
+                uint64_t *pieces = realloc(seg->pieces, cap * sizeof(*pieces));
+                if (!pieces) {
+                        close(fd);
+                        return -ENOMEM;
+                }
+                seg->pieces = pieces;
+                seg->cap_pieces = cap;
         }
         r = c->mapper->ops->map(c->mapper, seg->base, m->offset, m->length, fd);
         if (r < 0)
                 return r;
         seg->mapped_bytes += m->length;
+        seg->piece_size = m->length;
+        seg->pieces[seg->n_pieces++] = m->offset;
         return 0;
 }
 
@@ -196,11 +246,16 @@ static void unmap_range(gpumem_client *c, const Gpumem__Range *range) {
         if (range->offset + range->length <= seg->va_size) {
                 c->mapper->ops->unmap(c->mapper, seg->base, range->offset, range->length);
                 seg->mapped_bytes -= range->length < seg->mapped_bytes ? range->length : seg->mapped_bytes;
+                for (size_t i = 0; i < seg->n_pieces; i++)
+                        if (seg->pieces[i] == range->offset) {
+                                seg->pieces[i] = seg->pieces[--seg->n_pieces];
+                                break;
+                        }
         }
         if (range->whole_segment) {
                 gm_u64map_remove(&c->segments, seg->id);
                 c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
-                free(seg);
+                segment_free(seg);
         }
 }
 
@@ -220,7 +275,7 @@ static void send_release_ack(gpumem_client *c, uint64_t release_id) {
         env.request_id = 0;
         env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_ACK;
         env.release_ack = &ack;
-        gm_msg_send(c->fd, &env, NULL, 0, c->max_packet);
+        send_env(c, &env);
 }
 
 /* Handles one packet from the daemon. Caller holds lock. */
@@ -284,7 +339,7 @@ static bool complete_pending_frees(gpumem_client *c) {
                 env.request_id = ++c->next_request_id;
                 env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
                 env.free_completed = &fc;
-                gm_msg_send(c->fd, &env, NULL, 0, c->max_packet);
+                send_env(c, &env);
                 *pp = p->next;
                 pending_free_destroy(c, p, true);
         }
@@ -294,9 +349,11 @@ static bool complete_pending_frees(gpumem_client *c) {
 /* How often pending stream events are polled, in milliseconds. */
 #define EVENT_POLL_MS 1
 
+static bool reconnect(gpumem_client *c);
+
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
-        uint8_t *buf = malloc(c->max_packet);
+        uint8_t *buf = malloc(GM_IPC_MAX_PACKET_DEFAULT > c->max_packet ? GM_IPC_MAX_PACKET_DEFAULT : c->max_packet);
         bool pending = false;
         for (;;) {
                 struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
@@ -323,6 +380,14 @@ static void *service_main(void *arg) {
                 if (r == 0 && gm_msg_unpack(buf, len, &env) < 0) {
                         gm_close_fds(fds, n_fds);
                         r = -EPROTO;
+                }
+                if (r == -ECONNRESET && reconnect(c)) {
+                        /* The daemon restarted and the session is back; its limits may differ. */
+                        size_t cap = GM_IPC_MAX_PACKET_DEFAULT > c->max_packet ? GM_IPC_MAX_PACKET_DEFAULT : c->max_packet;
+                        uint8_t *bigger = realloc(buf, cap);
+                        if (bigger)
+                                buf = bigger;
+                        continue;
                 }
                 pthread_mutex_lock(&c->lock);
                 if (r < 0) {
@@ -352,8 +417,11 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         if (c->dead)
                 return set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
         env->request_id = ++c->next_request_id;
-        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
-        return r < 0 ? set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
+        int r = send_env(c, env);
+        /* A free lost with the connection is carried by the re-attach ledger. */
+        if (r < 0 && connection_lost(r) && c->token[0] && c->reconnect_timeout_ms)
+                return 0;
+        return r < 0 ? set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
@@ -370,12 +438,21 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
         c->waiters = &w;
         pthread_mutex_unlock(&c->lock);
 
-        env->request_id = w.request_id;
-        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
-
-        pthread_mutex_lock(&c->lock);
-        while (r == 0 && !w.done)
-                pthread_cond_wait(&w.cond, &c->lock);
+        int r;
+        for (;;) {
+                env->request_id = w.request_id;
+                r = send_env(c, env);
+                if (r < 0 && connection_lost(r))
+                        r = 0; /* the service thread tells us: resend or lost */
+                pthread_mutex_lock(&c->lock);
+                while (r == 0 && !w.done)
+                        pthread_cond_wait(&w.cond, &c->lock);
+                if (r < 0 || !w.resend)
+                        break;
+                w.resend = false;
+                w.done = false;
+                pthread_mutex_unlock(&c->lock);
+        }
         for (waiter_t **wp = &c->waiters; *wp; wp = &(*wp)->next)
                 if (*wp == &w) {
                         *wp = w.next;
@@ -438,38 +515,47 @@ static int post(gpumem_client *c, Gpumem__Envelope *env) {
 
 /* ---- session lifetime ---- */
 
-static int session_open(gpumem_client *c) {
-        int r = gm_ipc_connect(c->socket_path, &c->fd);
-        if (r < 0)
-                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
-                                 strerror(-r));
-        /* Hello before the service thread exists: a plain request and reply. */
+/* Receives one envelope on a blocking socket (the service thread is not
+ * reading it yet). */
+static int recv_env(gpumem_client *c, int fd, Gpumem__Envelope **ret_env) {
+        size_t cap = c->max_packet ? c->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
+        uint8_t *buf = malloc(cap);
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t len = 0, n_fds = 0;
+        int r = buf ? gm_ipc_recv(fd, buf, cap, fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) : -ENOMEM;
+        if (r == 0) {
+                gm_close_fds(fds, n_fds);
+                r = gm_msg_unpack(buf, len, ret_env);
+        }
+        free(buf);
+        return r;
+}
+
+/* Hello (fresh, or resuming the session `resume_token` names) on `fd`;
+ * takes the daemon's limits and the session token from the reply. */
+static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gpumem__Envelope **ret_reply) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         char name[64];
         snprintf(name, sizeof(name), "libgpumem pid %d", (int) getpid());
         hello.client_name = name;
+        hello.resume_token = (char *) (resume_token ? resume_token : "");
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = ++c->next_request_id;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
-        r = gm_msg_send(c->fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
-        uint8_t buf[4096];
-        int fds[GM_IPC_MAX_FDS_LIMIT];
-        size_t len = 0, n_fds = 0;
-        if (r == 0)
-                r = gm_ipc_recv(c->fd, buf, sizeof(buf), fds, 0, &len, &n_fds);
+        int r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         Gpumem__Envelope *reply = NULL;
         if (r == 0)
-                r = gm_msg_unpack(buf, len, &reply);
+                r = recv_env(c, fd, &reply);
         if (r < 0)
-                return set_error(c, r == -ECONNRESET || r == -EPIPE ? -ECONNRESET : r,
-                                 "gpumem: no hello from gpumemd at '%s': %s", c->socket_path, strerror(-r));
+                return set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: no hello from gpumemd at '%s': %s",
+                                 c->socket_path, strerror(-r));
         if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
                 r = -(int) reply->error->code;
-                set_error(c, r, "%s", reply->error->message);
+                set_error(c, r ? r : -EPROTO, "%s", reply->error->message);
                 gm_msg_free(reply);
-                return r;
+                return r ? r : -EPROTO;
         }
         if (reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
                 gm_msg_free(reply);
@@ -478,6 +564,21 @@ static int session_open(gpumem_client *c) {
         const Gpumem__HelloReply *hr = reply->hello_reply;
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
+        snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
+        *ret_reply = reply;
+        return 0;
+}
+
+static int session_open(gpumem_client *c) {
+        int r = gm_ipc_connect(c->socket_path, &c->fd);
+        if (r < 0)
+                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
+                                 strerror(-r));
+        Gpumem__Envelope *reply;
+        r = hello_exchange(c, c->fd, NULL, &reply);
+        if (r < 0)
+                return r;
+        const Gpumem__HelloReply *hr = reply->hello_reply;
         snprintf(c->backend, sizeof(c->backend), "%s", hr->backend);
         if (strcmp(hr->backend, "cuda") == 0)
                 r = gm_mapper_cuda_new(hr->device, hr->granularity, &c->mapper);
@@ -496,11 +597,211 @@ static int session_open(gpumem_client *c) {
         return 0;
 }
 
+/* ---- re-attach after a daemon restart ---- */
+
+/* Budget of one Reattach packet, well inside max_packet. */
+static size_t reattach_budget(const gpumem_client *c) {
+        return c->max_packet / 2;
+}
+
+typedef struct reattach_builder {
+        Gpumem__ReattachSegment *segs;
+        Gpumem__ReattachSegment **seg_ptrs;
+        Gpumem__Range *ranges;
+        Gpumem__Range **range_ptrs;
+        Gpumem__ReattachBlock *blocks;
+        Gpumem__ReattachBlock **block_ptrs;
+        size_t n_segs, n_ranges, n_blocks, bytes;
+} reattach_builder_t;
+
+static int reattach_flush(gpumem_client *c, int fd, reattach_builder_t *rb, bool last) {
+        Gpumem__Reattach ra = GPUMEM__REATTACH__INIT;
+        ra.n_segments = rb->n_segs;
+        ra.segments = rb->seg_ptrs;
+        ra.n_blocks = rb->n_blocks;
+        ra.blocks = rb->block_ptrs;
+        ra.last = last;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
+        env.reattach = &ra;
+        int r = gm_msg_send(fd, &env, NULL, 0, c->max_packet);
+        rb->n_segs = rb->n_ranges = rb->n_blocks = rb->bytes = 0;
+        return r;
+}
+
+static int reattach_block(gpumem_client *c, int fd, reattach_builder_t *rb, const block_t *b, bool pending) {
+        if (rb->bytes + 64 > reattach_budget(c)) {
+                int r = reattach_flush(c, fd, rb, false);
+                if (r < 0)
+                        return r;
+        }
+        Gpumem__ReattachBlock *rbk = &rb->blocks[rb->n_blocks];
+        gpumem__reattach_block__init(rbk);
+        rbk->block_id = b->id;
+        rbk->segment_id = b->segment_id;
+        rbk->offset = b->offset;
+        rbk->size = b->size;
+        rbk->requested_size = b->requested;
+        rbk->pending_free = pending;
+        rb->block_ptrs[rb->n_blocks++] = rbk;
+        rb->bytes += 64;
+        return 0;
+}
+
+/* Tells the daemon on `fd` everything this client holds: segments with their
+ * mapped pieces, live blocks, frees waiting for streams. Caller holds lock. */
+static int reattach_send(gpumem_client *c, int fd) {
+        size_t max_items = reattach_budget(c) / 16 + 1;
+        reattach_builder_t rb = {
+                .segs = calloc(max_items, sizeof(*rb.segs)),
+                .seg_ptrs = calloc(max_items, sizeof(*rb.seg_ptrs)),
+                .ranges = calloc(max_items, sizeof(*rb.ranges)),
+                .range_ptrs = calloc(max_items, sizeof(*rb.range_ptrs)),
+                .blocks = calloc(max_items, sizeof(*rb.blocks)),
+                .block_ptrs = calloc(max_items, sizeof(*rb.block_ptrs)),
+        };
+        int r = rb.segs && rb.seg_ptrs && rb.ranges && rb.range_ptrs && rb.blocks && rb.block_ptrs ? 0 : -ENOMEM;
+        for (size_t i = 0; i < c->segments.cap && r == 0; i++) {
+                const segment_t *seg = c->segments.values[i];
+                if (!seg || seg->n_pieces == 0)
+                        continue;
+                size_t need = 48 + 24 * seg->n_pieces;
+                if (need > reattach_budget(c)) {
+                        r = -E2BIG; /* more mapped pieces than one packet describes */
+                        break;
+                }
+                if (rb.bytes + need > reattach_budget(c) && (r = reattach_flush(c, fd, &rb, false)) < 0)
+                        break;
+                Gpumem__ReattachSegment *rs = &rb.segs[rb.n_segs];
+                gpumem__reattach_segment__init(rs);
+                rs->segment_id = seg->id;
+                rs->va_size = seg->va_size;
+                rs->stream = seg->stream;
+                rs->n_mapped = seg->n_pieces;
+                rs->mapped = rb.range_ptrs + rb.n_ranges;
+                for (size_t k = 0; k < seg->n_pieces; k++) {
+                        Gpumem__Range *range = &rb.ranges[rb.n_ranges];
+                        gpumem__range__init(range);
+                        range->segment_id = seg->id;
+                        range->offset = seg->pieces[k];
+                        range->length = seg->piece_size;
+                        rb.range_ptrs[rb.n_ranges++] = range;
+                }
+                rb.seg_ptrs[rb.n_segs++] = rs;
+                rb.bytes += need;
+        }
+        for (size_t i = 0; i < c->blocks.cap && r == 0; i++)
+                if (c->blocks.values[i])
+                        r = reattach_block(c, fd, &rb, c->blocks.values[i], false);
+        for (pending_free_t *p = c->pending_frees; p && r == 0; p = p->next)
+                r = reattach_block(c, fd, &rb, &p->block, true);
+        if (r == 0)
+                r = reattach_flush(c, fd, &rb, true);
+        free(rb.segs);
+        free(rb.seg_ptrs);
+        free(rb.ranges);
+        free(rb.range_ptrs);
+        free(rb.blocks);
+        free(rb.block_ptrs);
+        return r;
+}
+
+/* One attempt: connect, resume the session, report the ledger, and on Ok
+ * make the new connection current. Returns 0, -EAGAIN to try again later,
+ * or another negative errno when the session cannot come back. */
+static int reattach_once(gpumem_client *c) {
+        int fd;
+        int r = gm_ipc_connect(c->socket_path, &fd);
+        if (r < 0)
+                return -EAGAIN;
+        Gpumem__Envelope *reply = NULL;
+        pthread_mutex_lock(&c->lock); /* no free may slip between the report and the switch */
+        r = hello_exchange(c, fd, c->token, &reply);
+        if (r == 0) {
+                gm_msg_free(reply);
+                reply = NULL;
+                r = reattach_send(c, fd);
+        }
+        if (r == 0)
+                r = recv_env(c, fd, &reply);
+        if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_OK)
+                r = reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR && reply->error->code
+                            ? -(int) reply->error->code
+                            : -EPROTO;
+        gm_msg_free(reply);
+        if (r < 0) {
+                pthread_mutex_unlock(&c->lock);
+                close(fd);
+                return connection_lost(r) ? -EAGAIN : r;
+        }
+        pthread_rwlock_wrlock(&c->fd_lock);
+        int old = c->fd;
+        c->fd = fd;
+        pthread_rwlock_unlock(&c->fd_lock);
+        close(old);
+        c->reconnecting = false;
+        for (waiter_t *w = c->waiters; w; w = w->next)
+                if (!w->done) { /* sent to the old daemon, never answered */
+                        w->resend = true;
+                        w->done = true;
+                        pthread_cond_signal(&w->cond);
+                }
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+}
+
+/* The daemon went away: reconnect with backoff and re-attach the session, for
+ * at most reconnect_timeout_ms. Returns true when the session is back. */
+static bool reconnect(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        bool give_up = c->closing || !c->token[0] || c->reconnect_timeout_ms == 0;
+        c->reconnecting = !give_up;
+        pthread_mutex_unlock(&c->lock);
+        if (give_up)
+                return false;
+        struct timespec start;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        int backoff_ms = 10;
+        for (;;) {
+                struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};
+                poll(&pfd, 1, backoff_ms); /* gpumem_disconnect() wakes it */
+                pthread_mutex_lock(&c->lock);
+                bool closing = c->closing;
+                pthread_mutex_unlock(&c->lock);
+                if (closing)
+                        break;
+                int r = reattach_once(c);
+                if (r == 0)
+                        return true;
+                struct timespec now;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                uint64_t elapsed = (uint64_t) (now.tv_sec - start.tv_sec) * 1000u +
+                                   (uint64_t) ((now.tv_nsec - start.tv_nsec) / 1000000);
+                if (r != -EAGAIN || elapsed >= c->reconnect_timeout_ms)
+                        break;
+                backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 1000;
+        }
+        pthread_mutex_lock(&c->lock);
+        c->reconnecting = false;
+        pthread_mutex_unlock(&c->lock);
+        return false;
+}
+
 /* Stops the service thread and drops every mapping and table entry. `owner`
  * is false in a fork()ed child: the socket is shared with the parent (so no
  * shutdown(), which would end the parent's session too), the service thread
  * did not survive the fork, and the parent's mappings were not inherited. */
 static void session_close(gpumem_client *c, bool owner) {
+        pthread_mutex_lock(&c->lock);
+        c->closing = true;
+        pthread_mutex_unlock(&c->lock);
+        if (c->wake_fd >= 0 && owner) {
+                uint64_t one = 1;
+                if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+                        /* full counter: the thread is awake anyway */
+                }
+        }
         if (c->fd >= 0 && owner)
                 shutdown(c->fd, SHUT_RDWR); /* wakes the service thread's recv */
         if (c->service_started && owner)
@@ -525,7 +826,7 @@ static void session_close(gpumem_client *c, bool owner) {
                         c->mapper->ops->unmap(c->mapper, seg->base, 0, seg->va_size);
                         c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
                 }
-                free(seg);
+                segment_free(seg);
         }
         gm_u64map_done(&c->segments);
         for (size_t i = 0; i < c->blocks.cap; i++)
@@ -543,9 +844,13 @@ static int ensure_own_session(gpumem_client *c) {
         if (c->pid == getpid())
                 return 0;
         pthread_mutex_init(&c->lock, NULL);
+        pthread_rwlock_init(&c->fd_lock, NULL);
         session_close(c, false);
         c->waiters = NULL;
         c->dead = false;
+        c->closing = false;
+        c->reconnecting = false;
+        c->token[0] = '\0';
         c->pid = getpid();
         int r = session_open(c);
         if (r < 0) {
@@ -565,6 +870,9 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
         c->wake_fd = -1;
         c->pid = getpid();
         pthread_mutex_init(&c->lock, NULL);
+        pthread_rwlock_init(&c->fd_lock, NULL);
+        const char *timeout = getenv("GPUMEM_RECONNECT_TIMEOUT_MS");
+        c->reconnect_timeout_ms = timeout && *timeout ? (uint32_t) strtoul(timeout, NULL, 10) : 60000;
         int r = 0;
         if (socket_path) {
                 if (strlen(socket_path) >= sizeof(c->socket_path))
@@ -580,6 +888,7 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
                 /* Keep the message readable on this thread after c is gone. */
                 session_close(c, true);
                 pthread_mutex_destroy(&c->lock);
+                pthread_rwlock_destroy(&c->fd_lock);
                 free(c);
                 tls_error_client = NULL;
                 return r;
@@ -593,6 +902,7 @@ void gpumem_disconnect(gpumem_client *c) {
                 return;
         session_close(c, c->pid == getpid());
         pthread_mutex_destroy(&c->lock);
+        pthread_rwlock_destroy(&c->fd_lock);
         free(c);
 }
 
@@ -626,8 +936,12 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         if (!b || !seg || ar->offset + ar->block_size > seg->va_size) {
                 r = !b ? -ENOMEM : -EPROTO;
         } else {
-                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .segment_id = ar->segment_id,
-                               .stream = stream};
+                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .requested = size,
+                               .offset = ar->offset, .segment_id = ar->segment_id, .stream = stream};
+                if (!seg->has_stream) {
+                        seg->stream = stream;
+                        seg->has_stream = true;
+                }
                 r = gm_u64map_put(&c->blocks, ptr, b);
         }
         pthread_mutex_unlock(&c->lock);
@@ -706,6 +1020,9 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                                          strerror(-r));
                 }
                 p->block_id = b->id;
+                p->block = *b;
+                p->block.stream_uses = NULL;
+                p->block.n_stream_uses = 0;
                 p->n_events = n;
         }
         Gpumem__Free f = GPUMEM__FREE__INIT;

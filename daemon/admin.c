@@ -400,6 +400,8 @@ int gm_admin_quota(gm_session_t *s, uint64_t request_id, const Gpumem__Quota *re
                 bool had = t->quota_set[source];
                 uint64_t old = t->quota_by_source[source];
                 gm_tenant_set_quota(t, source, req->bytes != 0, req->bytes);
+                if (req->runtime)
+                        gm_ledger_runtime_quota(d, t->name, req->bytes);
                 if (!req->runtime) {
                         int r = gm_quotas_save(d);
                         if (r < 0) {

@@ -194,6 +194,7 @@ static const daemon_key_t daemon_keys[] = {
         KEY(release_timeout_ms, K_UINT, 1, 3600000),
         KEY(park_timeout_ms, K_UINT, 1, 3600000),
         KEY(max_parked_per_session, K_UINT, 0, 65536),
+        KEY(reattach_grace_ms, K_UINT, 0, 86400000),
 };
 #define N_DAEMON_KEYS (sizeof(daemon_keys) / sizeof(daemon_keys[0]))
 

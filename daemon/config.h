@@ -85,6 +85,8 @@ typedef struct gm_config {
         uint32_t park_timeout_ms;
         bool has_max_parked_per_session;
         uint32_t max_parked_per_session;
+        bool has_reattach_grace_ms;
+        uint32_t reattach_grace_ms; /* after a restart, how long stored segments wait for their client */
 
         gm_config_tenant_t *tenants; /* in file order */
         size_t n_tenants;

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
+#include "sd.h"
 
 typedef struct gm_limits {
         uint32_t max_sessions;           /* concurrent connections */
@@ -21,6 +22,8 @@ typedef struct gm_limits {
         uint32_t max_parked_per_session; /* allocations waiting for reclaim */
         uint32_t park_timeout_ms;        /* how long an allocation waits for reclaim */
         uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
+        uint32_t reattach_grace_ms;      /* after a restart: how long stored segments wait for their client */
+        uint32_t max_reattach_items;     /* segments + blocks one re-attaching session may report */
 } gm_limits_t;
 
 typedef struct gm_options {
@@ -70,6 +73,7 @@ typedef struct gm_piece {
         uint64_t offset;
         bool whole_segment;  /* set at release: the client drops the reservation too */
         bool client_mapped;  /* its fd reached the client, so release needs an ack */
+        uint64_t store_id;   /* kept in systemd's fd store as "seg-<store_id>" (0: not kept) */
         gm_phys_t phys;
         struct gm_piece *next;
 } gm_piece_t;
@@ -109,6 +113,10 @@ typedef struct gm_session {
         char name[64];      /* from Hello: logs only, never identity */
         char unit[256];     /* systemd unit from the peer's cgroup ("" if none) */
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
+        char token[33];       /* session token (hex): names its stored segments, allows re-attach */
+        bool reattaching;     /* between a resuming Hello and the last Reattach */
+        gm_piece_t *adopting; /* stored pieces of the previous daemon, awaiting this client's claims */
+        uint64_t reattach_items;
         bool hello_done;
         bool admin_conn;    /* said it is a control connection (gpumemctl); display only */
         bool admin;         /* kernel-verified right to administer the daemon */
@@ -138,9 +146,12 @@ struct gm_daemon {
         gm_stats_t device_stats;
         uint64_t va_cursor; /* next synthetic segment address (shared by all heaps) */
         int listen_fd;
+        bool listen_fd_inherited; /* from systemd: its path is the socket unit's, never unlink it */
         uv_poll_t listener;
         uv_signal_t sigterm, sigint, sighup;
         uv_timer_t tick; /* release retries and parked-allocation timeouts */
+        uv_timer_t watchdog; /* systemd watchdog pings and STATUS= lines */
+        bool watchdog_running;
         bool tick_running;
         gm_session_t *sessions;
         uint32_t n_sessions;
@@ -148,6 +159,15 @@ struct gm_daemon {
         uint64_t releasing_bytes; /* over all sessions */
         gm_tenant_t *tenants;
         gm_history_t *history;      /* NULL while memory history is off */
+        struct gm_orphan *orphans;  /* stored segments of sessions not yet re-attached after a restart */
+        uint64_t orphans_deadline_ms;
+        bool keep_stored;           /* stopping under systemd: stored segments outlive this process */
+        int ledger_fd;              /* append-only journal of stored pieces and runtime quotas, or -1 */
+        char ledger_path[128];
+        uint64_t next_store_id;
+        uint32_t n_stored;          /* pieces in the fd store (at most GM_SD_FDSTORE_MAX) */
+        struct gm_ledger_entry *ledger; /* entries read at start, until adoption is done */
+        size_t n_ledger;
         size_t history_max_entries; /* the bound used when it is switched on */
         struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
         bool shutting_down;
@@ -165,6 +185,8 @@ int gm_session_send(gm_session_t *s, const Gpumem__Envelope *env, const int *fds
 int gm_session_send_error(gm_session_t *s, uint64_t request_id, int err, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
 
+/* The session's heap, created on first use. */
+int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* Sends a reply envelope carrying `request_id`. */
 int gm_session_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
 
@@ -185,6 +207,30 @@ void gm_session_flush_releases(gm_session_t *s);
 void gm_session_release_all(gm_session_t *s);
 /* Periodic work: re-asks unacknowledged releases, times parked allocations out. */
 void gm_daemon_tick(gm_daemon_t *d);
+
+/* restart.c: surviving restarts. Segments are kept in systemd's fd store
+ * under names that say whose they are; after a restart they wait for their
+ * session's client to re-attach (Hello.resume_token + Reattach) and are
+ * released if none comes within reattach_grace_ms. */
+#define GM_TOKEN_LEN 32
+void gm_session_new_token(char token[GM_TOKEN_LEN + 1]);
+/* Stores / unstores a session's piece in the fd store (no-ops outside systemd). */
+void gm_piece_store(const gm_session_t *s, gm_piece_t *p);
+void gm_piece_unstore(const gm_session_t *s, gm_piece_t *p);
+/* Reads and compacts the ledger journal (<socket>.ledger) and opens it for
+ * appending; applies the runtime quotas it holds. */
+int gm_ledger_open(gm_daemon_t *d);
+void gm_ledger_close(gm_daemon_t *d);
+/* Journals a runtime quota (bytes 0: removed). */
+void gm_ledger_runtime_quota(gm_daemon_t *d, const char *tenant, uint64_t bytes);
+/* Takes the segment fds systemd handed back (consumes them). */
+void gm_restart_adopt(gm_daemon_t *d, gm_sd_named_fd_t *segments, size_t n);
+/* A resuming Hello: claims the orphan with that token (same uid). 0, or
+ * -EBUSY (a live session has it), -EPERM (another uid's), -EINVAL (bad token). */
+int gm_restart_claim(gm_session_t *s, const char *token);
+int gm_restart_reattach(gm_session_t *s, uint64_t request_id, const Gpumem__Reattach *req);
+/* Releases orphans whose grace ran out (all of them when `all`). */
+void gm_restart_expire(gm_daemon_t *d, bool all);
 
 /* main.c: applies the config file's tenant quotas to every tenant. */
 void gm_daemon_apply_config_quotas(gm_daemon_t *d);

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "sd.h"
 #include "metrics.h"
 #include "size.h"
 
@@ -138,6 +139,8 @@ static void options_default(gm_options_t *o) {
                         .max_parked_per_session = 64,
                         .park_timeout_ms = 2000,
                         .release_timeout_ms = 2000,
+                        .reattach_grace_ms = 30000,
+                        .max_reattach_items = 4u << 20,
                 },
         };
 }
@@ -181,6 +184,8 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.park_timeout_ms = c->park_timeout_ms;
         if (c->has_max_parked_per_session)
                 o->limits.max_parked_per_session = c->max_parked_per_session;
+        if (c->has_reattach_grace_ms)
+                o->limits.reattach_grace_ms = c->reattach_grace_ms;
 }
 
 /* Without a configured state directory, a daemon run by a user keeps its
@@ -214,6 +219,7 @@ void gm_daemon_apply_config_quotas(gm_daemon_t *d) {
  * limits, the admin group and alloc_conf; a bad file keeps the old one. */
 static void reload_config(gm_daemon_t *d) {
         char err[512] = "";
+        gm_sd_notify_reloading();
         gm_config_t *c = NULL;
         int r = gm_config_load(d->opts.config_path, &c, err, sizeof(err));
         if (r < 0) {
@@ -252,6 +258,7 @@ static void reload_config(gm_daemon_t *d) {
         d->config = c;
         gm_daemon_apply_config_quotas(d);
         log_notice("configuration reloaded from %s", c->path ? c->path : "(defaults)");
+        gm_sd_notify_ready();
 }
 
 /* Every physical handle is an fd: allow as many as the hard limit lets us. */
@@ -279,7 +286,17 @@ static void on_signal(uv_signal_t *handle, int signum) {
         }
         log_notice("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
         d->shutting_down = true;
+        /* Under systemd the fd store keeps every segment for the next daemon,
+         * whose clients re-attach; otherwise everything is released now. */
+        d->keep_stored = gm_sd_notify_available();
+        gm_sd_notify_stopping();
         gm_server_stop(d);
+        gm_restart_expire(d, true);
+        if (d->watchdog_running) {
+                uv_timer_stop(&d->watchdog);
+                uv_close((uv_handle_t *) &d->watchdog, NULL);
+                d->watchdog_running = false;
+        }
         d->metrics = gm_metrics_stop(d->metrics);
         uv_signal_stop(&d->sigterm);
         uv_signal_stop(&d->sighup);
@@ -289,6 +306,16 @@ static void on_signal(uv_signal_t *handle, int signum) {
         uv_unref((uv_handle_t *) &d->sigint);
 }
 
+
+/* The loop is alive: ping systemd's watchdog and show live figures. */
+static void on_watchdog(uv_timer_t *t) {
+        gm_daemon_t *d = t->data;
+        char used[32], cap[32];
+        gm_sd_watchdog_ping();
+        gm_sd_notify_status("%u sessions, %s of %s in use", d->n_sessions,
+                            gm_format_size(d->backend->in_use, used, sizeof(used)),
+                            gm_format_size(d->backend->capacity, cap, sizeof(cap)));
+}
 
 static void walk_close(uv_handle_t *h, void *arg) {
         if (!uv_is_closing(h))
@@ -303,6 +330,7 @@ int main(int argc, char **argv) {
 
         options_default(&d->opts);
         d->listen_fd = -1;
+        d->ledger_fd = -1;
         /* Flags override the configuration file: a first pass finds the file. */
         gm_options_t first = d->opts;
         if (parse_args(argc, argv, &first) < 0)
@@ -331,6 +359,16 @@ int main(int argc, char **argv) {
         }
         signal(SIGPIPE, SIG_IGN);
         raise_fd_limit();
+        /* Before libcuda starts threads: this unsets LISTEN_* (not thread-safe). */
+        gm_sd_fds_t sdfds;
+        r = gm_sd_listen_fds(&sdfds);
+        if (r < 0)
+                return log_error_errno(r, "Failed to take the fds passed by systemd"), EXIT_FAILURE;
+        if (sdfds.control_fd >= 0) {
+                d->listen_fd = sdfds.control_fd;
+                d->listen_fd_inherited = true;
+                sdfds.control_fd = -1;
+        }
 
         gm_backend_options_t bopts = {
                 .kind = d->opts.backend,
@@ -346,6 +384,11 @@ int main(int argc, char **argv) {
         }
         if (err[0])
                 log_notice("%s", err);
+        r = gm_ledger_open(d);
+        if (r < 0)
+                log_warning_errno(r, "No ledger journal at '%s.ledger': restarts will rely on clients alone",
+                                  d->opts.socket_path);
+        gm_restart_adopt(d, sdfds.segments, sdfds.n_segments);
         gm_stats_init(&d->device_stats);
         d->device_stats.max_split_size =
                 d->alloc_config.max_split_size == UINT64_MAX ? -1 : (int64_t) d->alloc_config.max_split_size;
@@ -371,7 +414,12 @@ int main(int argc, char **argv) {
                 return EXIT_FAILURE;
         }
         err[0] = '\0';
-        r = gm_metrics_start(d, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
+        if (sdfds.metrics_fd >= 0) {
+                r = gm_metrics_start_fd(d, sdfds.metrics_fd, &d->metrics, err, sizeof(err));
+                sdfds.metrics_fd = -1;
+        } else
+                r = gm_metrics_start(d, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
+        gm_sd_fds_done(&sdfds);
         if (r < 0 && d->opts.metrics_listen) {
                 log_error("Failed to start the metrics endpoint: %s", err);
                 gm_server_stop(d);
@@ -387,6 +435,14 @@ int main(int argc, char **argv) {
         log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
                    d->backend->device, d->backend->ops->name, gm_format_size(d->backend->capacity, cap, sizeof(cap)),
                    d->opts.socket_path);
+        uint64_t watchdog_usec = 0;
+        if (gm_sd_watchdog_interval_usec(&watchdog_usec) > 0 && watchdog_usec >= 2000) {
+                uv_timer_init(d->loop, &d->watchdog);
+                d->watchdog.data = d;
+                uv_timer_start(&d->watchdog, on_watchdog, 0, watchdog_usec / 2000);
+                d->watchdog_running = true;
+        }
+        gm_sd_notify_ready();
         uv_run(d->loop, UV_RUN_DEFAULT);
 
         uv_walk(d->loop, walk_close, NULL);
@@ -400,6 +456,7 @@ int main(int argc, char **argv) {
         d->history = gm_history_free(d->history);
         gm_tenants_free(d);
         d->config = gm_config_free(d->config);
+        gm_ledger_close(d);
         log_notice("stopped");
         return EXIT_SUCCESS;
 }

@@ -64,20 +64,20 @@ static int classify(int n, char **names, enum fd_kind *kinds) {
         int r;
 
         for (int i = 0; i < n; i++) {
-                int fd = SD_LISTEN_FDS_START + i;
-                r = 0;
-                kinds[i] = KIND_UNKNOWN;
-                if (strcmp(names[i], "control") == 0) {
+                if (strcmp(names[i], "control") == 0)
                         kinds[i] = KIND_CONTROL;
-                        r = claim_named(fd, KIND_CONTROL, &have_control);
-                } else if (strcmp(names[i], "metrics") == 0) {
+                else if (strcmp(names[i], "metrics") == 0)
                         kinds[i] = KIND_METRICS;
-                        r = claim_named(fd, KIND_METRICS, &have_metrics);
-                } else if (strncmp(names[i], GM_SD_SEGMENT_PREFIX, strlen(GM_SD_SEGMENT_PREFIX)) == 0) {
+                else if (strncmp(names[i], GM_SD_SEGMENT_PREFIX, strlen(GM_SD_SEGMENT_PREFIX)) == 0)
                         kinds[i] = KIND_SEGMENT;
+                else
+                        kinds[i] = KIND_UNKNOWN;
+                if (kinds[i] == KIND_CONTROL || kinds[i] == KIND_METRICS) {
+                        r = claim_named(SD_LISTEN_FDS_START + i, kinds[i],
+                                        kinds[i] == KIND_CONTROL ? &have_control : &have_metrics);
+                        if (r < 0)
+                                return r;
                 }
-                if (r < 0)
-                        return r;
         }
         for (int i = 0; i < n; i++) {
                 int fd = SD_LISTEN_FDS_START + i;
@@ -122,8 +122,6 @@ int gm_sd_listen_fds(gm_sd_fds_t *ret) {
                 return n;
         }
         int r = sd_listen_fds_with_names(1, &names);
-        if (r >= 0 && r != n)
-                r = -EINVAL;
         if (r < 0)
                 goto fail;
         kinds = calloc((size_t) n, sizeof(*kinds));
@@ -269,31 +267,37 @@ int gm_sd_watchdog_ping(void) {
 
 /* What systemd accepts as FDNAME= (fdname_is_valid()), minus the empty name,
  * which it would replace with "stored" and we could not remove again. */
-static bool fdname_valid(const char *name) {
+static int check_fdname(const char *name) {
         size_t len = 0;
+        if (!name)
+                return -EINVAL;
         for (const char *p = name; *p; p++, len++)
                 if (*p == ':' || *p < ' ' || *p > '~')
-                        return false;
-        return len > 0 && len <= GM_SD_FDNAME_MAX;
+                        return -EINVAL;
+        if (len == 0)
+                return -EINVAL;
+        return len > GM_SD_FDSTORE_NAME_MAX ? -ENAMETOOLONG : 0;
 }
 
 int gm_sd_fdstore_add(int fd, const char *name) {
-        char state[sizeof("FDSTORE=1\nFDNAME=") + GM_SD_FDNAME_MAX];
+        char state[sizeof("FDSTORE=1\nFDPOLL=0\nFDNAME=") + GM_SD_FDSTORE_NAME_MAX];
 
         if (fd < 0)
                 return -EBADF;
-        if (!name || !fdname_valid(name))
-                return -EINVAL;
-        snprintf(state, sizeof(state), "FDSTORE=1\nFDNAME=%s", name);
-        int r = sd_pid_notify_with_fds(0, 0, state, &fd, 1);
+        int r = check_fdname(name);
+        if (r < 0)
+                return r;
+        snprintf(state, sizeof(state), "FDSTORE=1\nFDPOLL=0\nFDNAME=%s", name);
+        r = sd_pid_notify_with_fds(0, 0, state, &fd, 1);
         return r < 0 ? r : 0;
 }
 
 int gm_sd_fdstore_remove(const char *name) {
-        char state[sizeof("FDSTOREREMOVE=1\nFDNAME=") + GM_SD_FDNAME_MAX];
+        char state[sizeof("FDSTOREREMOVE=1\nFDNAME=") + GM_SD_FDSTORE_NAME_MAX];
 
-        if (!name || !fdname_valid(name))
-                return -EINVAL;
+        int r = check_fdname(name);
+        if (r < 0)
+                return r;
         snprintf(state, sizeof(state), "FDSTOREREMOVE=1\nFDNAME=%s", name);
         return notify(state);
 }

@@ -16,6 +16,14 @@
 #define GM_SD_FDNAME_MAX 255
 /* Names under which segment handles are kept in the fd store start with this. */
 #define GM_SD_SEGMENT_PREFIX "seg-"
+/* At the next start systemd passes every stored fd's name in one environment
+ * string, LISTEN_FDNAMES=name:name:..., and execve() refuses a string over
+ * 128 KiB (E2BIG: the service cannot start at all). A full store of
+ * GM_SD_FDSTORE_MAX names of at most GM_SD_FDSTORE_NAME_MAX characters (e.g.
+ * "seg-" + 10 hex digits), plus the sockets' names, stays below that. Keep
+ * FileDescriptorStoreMax= in gpumemd@.service equal to GM_SD_FDSTORE_MAX. */
+#define GM_SD_FDSTORE_NAME_MAX 14
+#define GM_SD_FDSTORE_MAX 8192
 
 typedef struct gm_sd_named_fd {
         int fd; /* owned by the gm_sd_fds_t until the caller sets it to -1 */
@@ -38,16 +46,18 @@ typedef struct gm_sd_fds {
 bool gm_sd_notify_available(void);
 
 /* Collects the fds passed with LISTEN_FDS/LISTEN_PID/LISTEN_FDNAMES (unsetting
- * those variables) and sorts them by name: "control", "metrics", "seg-*";
- * other names (systemd's default is the socket unit's name,
+ * those variables) and sorts them by name: "control", "metrics", "seg-*".
+ * Other names (systemd's default is the socket unit's name,
  * systemd-socket-activate's "unknown") are sorted by type: the first listening
  * SOCK_SEQPACKET AF_UNIX socket is the control socket, the first listening
  * SOCK_STREAM socket the metrics socket, anything else goes to `unknown`.
- * Every fd gets FD_CLOEXEC (libsystemd sets it). Returns the number of fds received (0 when not
- * socket-activated) and fills *ret; on failure every passed fd is closed,
- * *ret is untouched and the error is -EPROTOTYPE ("control"/"metrics" is not
- * a listening socket of the right kind), -EEXIST (two fds claim "control" or
- * "metrics"), -ENOMEM, or libsystemd's error. */
+ * Every fd has FD_CLOEXEC (libsystemd sets it). Returns the number of fds
+ * received (0 when not socket-activated) and fills *ret; on failure every
+ * passed fd is closed, *ret is untouched and the error is -EPROTOTYPE
+ * ("control"/"metrics" is not a listening socket of the right kind), -EEXIST
+ * (two fds claim "control" or "metrics"), -ENOMEM, or libsystemd's error
+ * (-EINVAL for malformed LISTEN_* variables). Call it once, before any thread
+ * starts (libcuda's): unsetenv() is not thread-safe. */
 int gm_sd_listen_fds(gm_sd_fds_t *ret);
 /* Closes every fd still held by fds and frees its arrays; fds may be NULL. */
 void gm_sd_fds_done(gm_sd_fds_t *fds);
@@ -70,12 +80,14 @@ int gm_sd_watchdog_interval_usec(uint64_t *ret_usec);
 int gm_sd_watchdog_ping(void);
 
 /* Hands a duplicate of fd to systemd's fd store under `name` (FDSTORE=1,
- * FDNAME=); the caller keeps fd. After a restart it comes back through
- * gm_sd_listen_fds(); systemd ignores a file it already holds, so re-adding
- * the fds received at start is harmless. -EINVAL for a name systemd would
- * reject (empty, over GM_SD_FDNAME_MAX, ':' or a non-printable byte), -EBADF
- * for fd < 0. Needs FileDescriptorStoreMax= in the unit, or systemd drops the
- * fd (it does not answer either way). */
+ * FDNAME=, and FDPOLL=0 so that systemd never drops it on its own); the
+ * caller keeps fd. After a restart it comes back through gm_sd_listen_fds();
+ * systemd ignores a file it already holds, so re-adding the fds received at
+ * start is harmless. The store survives a crash, Restart= and systemctl
+ * restart, but not a stop followed by a start. -EINVAL for a name systemd
+ * would reject (empty, ':' or a byte outside printable ASCII),
+ * -ENAMETOOLONG over GM_SD_FDSTORE_NAME_MAX, -EBADF for fd < 0. systemd does
+ * not answer: past FileDescriptorStoreMax= it drops the fd and logs. */
 int gm_sd_fdstore_add(int fd, const char *name);
 /* Drops every fd stored under `name` from systemd's fd store (FDSTOREREMOVE=1). */
 int gm_sd_fdstore_remove(const char *name);

@@ -211,10 +211,13 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int gm_server_start(gm_daemon_t *d) {
-        int r = gm_ipc_listen(d->opts.socket_path, d->opts.socket_mode, 128, &d->listen_fd);
+        int r = 0;
+        if (d->listen_fd < 0)
+                r = gm_ipc_listen(d->opts.socket_path, d->opts.socket_mode, 128, &d->listen_fd);
         if (r < 0)
                 return log_error_errno(r, "Failed to listen on '%s'", d->opts.socket_path);
-        if (d->opts.has_socket_group && chown(d->opts.socket_path, (uid_t) -1, d->opts.socket_group) < 0)
+        if (!d->listen_fd_inherited && d->opts.has_socket_group &&
+            chown(d->opts.socket_path, (uid_t) -1, d->opts.socket_group) < 0)
                 log_warning_errno(-errno, "Failed to give '%s' to group %u, ignoring", d->opts.socket_path,
                                   (unsigned) d->opts.socket_group);
         r = uv_poll_init(d->loop, &d->listener, d->listen_fd);
@@ -234,7 +237,8 @@ void gm_server_stop(gm_daemon_t *d) {
                 uv_close((uv_handle_t *) &d->listener, NULL);
                 close(d->listen_fd);
                 d->listen_fd = -1;
-                unlink(d->opts.socket_path);
+                if (!d->listen_fd_inherited)
+                        unlink(d->opts.socket_path);
         }
         uv_timer_stop(&d->tick);
         uv_close((uv_handle_t *) &d->tick, NULL);

@@ -19,9 +19,15 @@
 /* ---- pieces: the allocator's provider ---- */
 
 static void piece_free_to_backend(gm_session_t *s, gm_piece_t *p) {
+        gm_daemon_t *d = s->daemon;
         if (s->tenant)
                 s->tenant->charged_bytes -= p->phys.size;
-        gm_backend_release(s->daemon->backend, &p->phys);
+        if (!d->keep_stored) /* stopping under systemd: the fd store keeps it for the next daemon */
+                gm_piece_unstore(s, p);
+        if (p->phys.fd < 0)
+                d->backend->in_use -= p->phys.size; /* re-registered by its client; no handle here */
+        else
+                gm_backend_release(d->backend, &p->phys);
         free(p);
 }
 
@@ -43,6 +49,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
         p->segment_va_size = segment_va_size;
         p->offset = offset;
         t->charged_bytes += size;
+        gm_piece_store(s, p);
         p->next = s->new_pieces;
         s->new_pieces = p;
         *ret_handle = (uint64_t) (uintptr_t) p;
@@ -99,7 +106,7 @@ static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t s
         gm_history_record(d->history, &e, with_frames ? s->cur_frames : NULL, with_frames ? s->n_cur_frames : 0);
 }
 
-static int session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
+int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         if (s->heap) {
                 *ret_heap = s->heap;
                 return 0;
@@ -202,6 +209,13 @@ void gm_session_release_all(gm_session_t *s) {
         while (s->to_release) {
                 gm_piece_t *p = s->to_release;
                 s->to_release = p->next;
+                piece_free_to_backend(s, p);
+        }
+        while (s->adopting) { /* stored pieces of a re-attach that did not finish */
+                gm_piece_t *p = s->adopting;
+                s->adopting = p->next;
+                if (s->tenant)
+                        s->tenant->charged_bytes += p->phys.size; /* never charged: keep the books even */
                 piece_free_to_backend(s, p);
         }
         while (s->releases) {
@@ -334,6 +348,18 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         }
         snprintf(s->name, sizeof(s->name), "%s", hello->client_name ? hello->client_name : "");
         s->admin_conn = hello->admin;
+        if (hello->resume_token && hello->resume_token[0]) {
+                int r = gm_restart_claim(s, hello->resume_token);
+                if (r < 0) {
+                        gm_session_send_error(s, request_id, -r, "gpumemd: cannot re-attach session: %s",
+                                              r == -EBUSY   ? "it is attached to another connection"
+                                              : r == -EPERM ? "it belongs to another user"
+                                                            : "invalid token");
+                        return r;
+                }
+        } else {
+                gm_session_new_token(s->token);
+        }
         s->tenant = gm_tenant_get(d, s->tenant_name);
         if (!s->tenant) {
                 gm_session_send_error(s, request_id, ENOMEM, "out of memory");
@@ -352,6 +378,7 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         reply.max_fds = d->opts.limits.max_fds;
         reply.tenant = s->tenant->name;
         reply.granularity = d->backend->granularity;
+        reply.session_token = s->token;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &reply;
@@ -407,7 +434,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, uint64_t size, int err,
 static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, bool may_park) {
         gm_daemon_t *d = s->daemon;
         gm_heap_t *heap;
-        int r = session_heap(s, &heap);
+        int r = gm_session_heap(s, &heap);
         if (r < 0)
                 return gm_session_send_error(s, request_id, r, "cannot create the session's allocator"), 0;
         if (gm_heap_live_blocks(heap) >= d->opts.limits.max_blocks_per_session)
@@ -594,6 +621,10 @@ int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n
                 gm_session_send_error(s, rid, EPROTO, "gpumemd: the first request must be Hello");
                 return -EPROTO;
         }
+        if (s->reattaching && env->body_case != GPUMEM__ENVELOPE__BODY_REATTACH) {
+                gm_session_send_error(s, rid, EPROTO, "gpumemd: finish re-attaching first");
+                return -EPROTO;
+        }
         switch (env->body_case) {
         case GPUMEM__ENVELOPE__BODY_HELLO:
                 return handle_hello(s, rid, env->hello);
@@ -619,6 +650,8 @@ int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n
                 return gm_admin_quota(s, rid, env->quota);
         case GPUMEM__ENVELOPE__BODY_CLIENTS:
                 return gm_admin_clients(s, rid, env->clients);
+        case GPUMEM__ENVELOPE__BODY_REATTACH:
+                return gm_restart_reattach(s, rid, env->reattach);
         case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
                 return handle_release_ack(s, rid, env->release_ack);
         default:
@@ -645,4 +678,5 @@ void gm_daemon_tick(gm_daemon_t *d) {
                                         break;
                         }
         retry_parked(d, true);
+        gm_restart_expire(d, false);
 }

@@ -25,6 +25,11 @@ typedef struct gm_backend_ops {
         int (*create)(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys);
         /* Releases one create()'s memory and closes its fd. */
         void (*release)(gm_backend_t *b, gm_phys_t *phys);
+        /* Takes over `fd`, the exported memory of an earlier daemon (kept in
+         * systemd's fd store across a restart), as if create() had made it:
+         * counts it in in_use and re-imports the handle. The fd is consumed
+         * even on failure. -EINVAL when it is not memory of `size` bytes. */
+        int (*adopt)(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys);
         /* Driver-reported free and total bytes. */
         int (*mem_info)(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total);
         void (*destroy)(gm_backend_t *b);

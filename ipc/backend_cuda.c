@@ -90,6 +90,29 @@ static void cuda_release(gm_backend_t *b, gm_phys_t *phys) {
         b->in_use -= phys->size;
 }
 
+static int cuda_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys) {
+        cuda_backend_t *cb = (cuda_backend_t *)b;
+        if (size == 0 || size % b->granularity != 0) {
+                close(fd);
+                return gm_cuda_fail_errno(-EINVAL, "stored segment of %" PRIu64 " bytes", size);
+        }
+        int r = make_current(cb);
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        CUmemGenericAllocationHandle handle;
+        CUresult cr = cb->cu->MemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (cr != CUDA_SUCCESS) {
+                close(fd);
+                return gm_cuda_fail(cb->cu, cr, "cuMemImportFromShareableHandle");
+        }
+        b->in_use += size; /* it exists: counted even beyond the capacity */
+        *ret_phys = (gm_phys_t){.fd = fd, .size = size, .handle = (uint64_t)handle};
+        return 0;
+}
+
 static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
         cuda_backend_t *cb = (cuda_backend_t *)b;
         int r = make_current(cb);
@@ -114,6 +137,7 @@ static const gm_backend_ops_t cuda_ops = {
         .name = "cuda",
         .create = cuda_create,
         .release = cuda_release,
+        .adopt = cuda_adopt,
         .mem_info = cuda_mem_info,
         .destroy = cuda_destroy,
 };

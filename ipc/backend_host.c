@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HOST_GRANULARITY (2ull << 20)       /* bytes: a huge page, so a segment can use THP */
@@ -44,6 +45,19 @@ static void host_release(gm_backend_t *b, gm_phys_t *phys) {
         b->in_use -= phys->size;
 }
 
+static int host_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys) {
+        struct stat st;
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != size || seals < 0 || (seals & HOST_SEALS) != HOST_SEALS ||
+            size == 0 || size % b->granularity != 0) {
+                close(fd);
+                return -EINVAL;
+        }
+        b->in_use += size; /* it exists: counted even beyond the capacity */
+        *ret_phys = (gm_phys_t){.fd = fd, .size = size, .handle = 0};
+        return 0;
+}
+
 static int host_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
         *ret_free = b->capacity - b->in_use;
         *ret_total = b->capacity;
@@ -58,6 +72,7 @@ static const gm_backend_ops_t host_ops = {
         .name = "host",
         .create = host_create,
         .release = host_release,
+        .adopt = host_adopt,
         .mem_info = host_mem_info,
         .destroy = host_destroy,
 };

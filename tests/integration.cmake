@@ -49,3 +49,18 @@ endif()
 add_test(NAME install_consumers COMMAND ${CMAKE_CURRENT_LIST_DIR}/install_check.sh ${CMAKE_BINARY_DIR}
          ${CMAKE_SOURCE_DIR})
 set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)
+
+# Restarts that lose nothing: a harness playing systemd's fd store.
+add_executable(test_restart ${CMAKE_CURRENT_LIST_DIR}/test_restart.c)
+target_link_libraries(test_restart PRIVATE gm_testutil gm_ipc PkgConfig::CHECK Threads::Threads)
+target_compile_definitions(test_restart PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>"
+  GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
+add_dependencies(test_restart gpumemd gm-test-client)
+add_test(NAME restart_host COMMAND test_restart)
+set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_dependencies(test_restart fakecuda)
+  add_test(NAME restart_cuda COMMAND test_restart)
+  set_tests_properties(restart_cuda PROPERTIES
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G" TIMEOUT 600)
+endif()

@@ -9,8 +9,13 @@
  *   gm-test-client SOCKET race SIZE ROUNDS alloc SIZE blocks until refused, free all, ROUNDS
  *                                         times; print "granted=G refused=R"; exit 0 if every
  *                                         refusal was -EDQUOT
+ *   gm-test-client SOCKET survive SEED 0   hold a mix of blocks (some freed, cached), print
+ *                                         "ready A R S" (allocated, reserved, segments); on each
+ *                                         "check" line verify every block, print "stats A R S",
+ *                                         allocate/verify/free more, print "ok"; free all at EOF
  * Exit status 0 on success, 1 on failure (message on stderr). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +111,70 @@ int main(int argc, char **argv) {
                                 gpumem_free(c, held[--n]);
                 }
                 printf("granted=%ld refused=%ld\n", granted, refused);
+        } else if (strcmp(cmd, "survive") == 0) {
+                static const size_t sizes[] = {1000, 300000, 900000, 3u << 20, 12u << 20, 25u << 20,
+                                               4096, 600000, 5u << 20, 12u << 20};
+                enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+                void *p[N];
+                uint64_t seed = size;
+                for (int i = 0; i < N; i++) {
+                        if ((r = gpumem_alloc(c, sizes[i], (uint64_t) (i % 2), &p[i])) < 0) {
+                                fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                        gm_test_fill(p[i], sizes[i], seed + (uint64_t) i);
+                }
+                gpumem_free(c, p[1]); /* cached, split */
+                gpumem_free(c, p[4]); /* a whole idle segment */
+                p[1] = p[4] = NULL;
+                int64_t a, rsv, seg;
+                gpumem_stat(c, "allocated_bytes.all.current", &a);
+                gpumem_stat(c, "reserved_bytes.all.current", &rsv);
+                gpumem_stat(c, "segment.all.current", &seg);
+                printf("ready %lld %lld %lld\n", (long long) a, (long long) rsv, (long long) seg);
+                fflush(stdout);
+                char line[64];
+                size_t n = 0;
+                ssize_t got;
+                while ((got = read(STDIN_FILENO, line + n, 1)) == 1) {
+                        if (line[n] != '\n' && n + 1 < sizeof(line)) {
+                                n++;
+                                continue;
+                        }
+                        n = 0;
+                        bool intact = true;
+                        for (int i = 0; i < N; i++)
+                                if (p[i] && !gm_test_verify(p[i], sizes[i], seed + (uint64_t) i))
+                                        intact = false;
+                        if ((r = gpumem_stat(c, "allocated_bytes.all.current", &a)) < 0 ||
+                            gpumem_stat(c, "reserved_bytes.all.current", &rsv) < 0 ||
+                            gpumem_stat(c, "segment.all.current", &seg) < 0) {
+                                fprintf(stderr, "stat: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                        printf("stats %lld %lld %lld\n", (long long) a, (long long) rsv, (long long) seg);
+                        void *q[2];
+                        bool more = true;
+                        for (int k = 0; k < 2; k++) {
+                                if (gpumem_alloc(c, 7u << 20, 0, &q[k]) < 0) {
+                                        fprintf(stderr, "alloc after restart: %s\n", gpumem_last_error(c));
+                                        more = false;
+                                        q[k] = NULL;
+                                        continue;
+                                }
+                                gm_test_fill(q[k], 7u << 20, 77 + (uint64_t) k);
+                        }
+                        for (int k = 0; k < 2; k++)
+                                if (q[k]) {
+                                        more = more && gm_test_verify(q[k], 7u << 20, 77 + (uint64_t) k);
+                                        gpumem_free(c, q[k]);
+                                }
+                        printf("%s\n", intact && more ? "ok" : "bad");
+                        fflush(stdout);
+                }
+                for (int i = 0; i < N; i++)
+                        if (p[i])
+                                gpumem_free(c, p[i]);
         } else {
                 fprintf(stderr, "bad command\n");
                 status = 2;

@@ -534,6 +534,8 @@ START_TEST(test_gpumemctl_stats_and_trim) {
 END_TEST
 
 START_TEST(test_daemon_gone) {
+        /* Re-attach after a restart is tried for this long before giving up. */
+        setenv("GPUMEM_RECONNECT_TIMEOUT_MS", "300", 1);
         gpumem_client *c = connect_ok();
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, 4096, 0, &p), 0);

@@ -1,0 +1,353 @@
+/* Restarts that lose nothing. This test plays systemd for gpumemd: it owns the
+ * control socket (passed as LISTEN_FDS "control", so clients can connect while
+ * no daemon runs), it listens on a NOTIFY_SOCKET and keeps the fds the daemon
+ * stores there (FDSTORE=1/FDNAME=, FDSTOREREMOVE=1), and after a SIGKILL it
+ * starts a new daemon with those fds through LISTEN_FDS/LISTEN_FDNAMES. Client
+ * processes must keep every byte, re-attach, and find the ledger as before. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc.h"
+#include "msg.h"
+#include "testutil.h"
+
+#define MAX_STORED 4096
+
+typedef struct fake_systemd {
+        char dir[256];
+        char control_path[300];
+        char notify_path[300];
+        char log_path[300];
+        char config_path[300];
+        int control_fd;  /* the listening socket, ours across daemon lifetimes */
+        int notify_fd;
+        struct {
+                char name[64];
+                int fd;
+        } store[MAX_STORED];
+        size_t n_store;
+        bool ready, stopping;
+        pid_t daemon;
+} fake_systemd_t;
+
+static fake_systemd_t sd;
+/* Like systemd, notifications are read as they come (the kernel queues only a
+ * few datagrams; a daemon sending more would block). */
+static pthread_t pump_thread;
+static pthread_mutex_t pump_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile bool pump_stop;
+
+/* Reads every pending notification; keeps or drops stored fds. Caller holds pump_lock. */
+static void sd_pump_locked(void) {
+        for (;;) {
+                char buf[4096];
+                char cbuf[CMSG_SPACE(sizeof(int) * 16) + CMSG_SPACE(sizeof(struct ucred))];
+                struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
+                struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+                ssize_t n = recvmsg(sd.notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+                if (n < 0)
+                        return;
+                buf[n] = '\0';
+                int fds[16];
+                size_t n_fds = 0;
+                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+                        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                                n_fds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                                memcpy(fds, CMSG_DATA(cm), n_fds * sizeof(int));
+                        }
+                char name[64] = "stored";
+                const char *fdname = strstr(buf, "FDNAME=");
+                if (fdname)
+                        sscanf(fdname + 7, "%63[^\n]", name);
+                if (strstr(buf, "READY=1"))
+                        sd.ready = true;
+                if (strstr(buf, "STOPPING=1"))
+                        sd.stopping = true;
+                if (strstr(buf, "FDSTOREREMOVE=1")) {
+                        for (size_t i = 0; i < sd.n_store;)
+                                if (strcmp(sd.store[i].name, name) == 0) {
+                                        close(sd.store[i].fd);
+                                        sd.store[i] = sd.store[--sd.n_store];
+                                } else {
+                                        i++;
+                                }
+                }
+                if (strstr(buf, "FDSTORE=1")) {
+                        for (size_t i = 0; i < n_fds; i++) {
+                                ck_assert_uint_lt(sd.n_store, MAX_STORED);
+                                snprintf(sd.store[sd.n_store].name, sizeof(sd.store[0].name), "%s", name);
+                                sd.store[sd.n_store++].fd = fds[i];
+                        }
+                        n_fds = 0;
+                }
+                gm_close_fds(fds, n_fds);
+        }
+}
+
+static void sd_pump(void) {
+        pthread_mutex_lock(&pump_lock);
+        sd_pump_locked();
+        pthread_mutex_unlock(&pump_lock);
+}
+
+static void *pump_main(void *arg) {
+        while (!pump_stop) {
+                struct pollfd pfd = {.fd = sd.notify_fd, .events = POLLIN};
+                if (poll(&pfd, 1, 10) > 0)
+                        sd_pump();
+        }
+        return NULL;
+}
+
+static void sd_setup(void) {
+        memset(&sd, 0, sizeof(sd));
+        snprintf(sd.dir, sizeof(sd.dir), "/tmp/gpumemd-restart-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(sd.dir));
+        snprintf(sd.control_path, sizeof(sd.control_path), "%s/gpu0.sock", sd.dir);
+        snprintf(sd.notify_path, sizeof(sd.notify_path), "%s/notify", sd.dir);
+        snprintf(sd.log_path, sizeof(sd.log_path), "%s/gpumemd.log", sd.dir);
+        snprintf(sd.config_path, sizeof(sd.config_path), "%s/gpumemd.conf", sd.dir);
+        FILE *f = fopen(sd.config_path, "we");
+        fprintf(f, "[daemon]\nstate_dir = %s/state\nreattach_grace_ms = 3000\n", sd.dir);
+        fclose(f);
+        ck_assert_int_eq(gm_ipc_listen(sd.control_path, 0666, 64, &sd.control_fd), 0);
+        sd.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(sd.notify_fd, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        memcpy(a.sun_path, sd.notify_path, strlen(sd.notify_path) + 1);
+        ck_assert_int_eq(bind(sd.notify_fd, (struct sockaddr *) &a, sizeof(a)), 0);
+        int one = 1;
+        setsockopt(sd.notify_fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+        pump_stop = false;
+        ck_assert_int_eq(pthread_create(&pump_thread, NULL, pump_main, NULL), 0);
+}
+
+/* Starts gpumemd as systemd would: control socket and stored fds from 3 up. */
+static void sd_start_daemon(const char *alloc_conf, bool notify) {
+        pthread_mutex_lock(&pump_lock);
+        sd_pump_locked();
+        sd.ready = false;
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int n = 1 + (int) sd.n_store;
+                int *high = calloc((size_t) n, sizeof(int));
+                high[0] = fcntl(sd.control_fd, F_DUPFD, 1000);
+                for (size_t i = 0; i < sd.n_store; i++)
+                        high[i + 1] = fcntl(sd.store[i].fd, F_DUPFD, 1000);
+                size_t names_len = 16 + sd.n_store * 64;
+                char *names = calloc(1, names_len);
+                strcat(names, "control");
+                for (int i = 0; i < n; i++) {
+                        dup2(high[i], 3 + i); /* dup2 clears FD_CLOEXEC */
+                        if (i > 0) {
+                                strcat(names, ":");
+                                strcat(names, sd.store[i - 1].name);
+                        }
+                }
+                char count[16], pidbuf[16];
+                snprintf(count, sizeof(count), "%d", n);
+                snprintf(pidbuf, sizeof(pidbuf), "%d", (int) getpid());
+                setenv("LISTEN_FDS", count, 1);
+                setenv("LISTEN_PID", pidbuf, 1);
+                setenv("LISTEN_FDNAMES", names, 1);
+                if (notify)
+                        setenv("NOTIFY_SOCKET", sd.notify_path, 1);
+                else
+                        unsetenv("NOTIFY_SOCKET");
+                int log = open(sd.log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+                dup2(log, STDERR_FILENO);
+                execl(GPUMEMD_BIN, GPUMEMD_BIN, "--backend", gm_test_backend(), "--socket", sd.control_path,
+                      "--capacity", "512M", "--config", sd.config_path, "--metrics-listen", "none", "-v",
+                      "--alloc-conf", alloc_conf, (char *) NULL);
+                _exit(127);
+        }
+        pthread_mutex_unlock(&pump_lock);
+        sd.daemon = pid;
+        if (!notify) {
+                /* No readiness message: a request on the (queued) socket answers once it serves. */
+                (void) gm_test_device_stat(sd.control_path, "segment.all.current");
+                return;
+        }
+        for (int i = 0; i < 1000 && !sd.ready; i++) {
+                usleep(10000);
+                int status;
+                if (waitpid(pid, &status, WNOHANG) == pid) {
+                        char cmd[400];
+                        snprintf(cmd, sizeof(cmd), "tail -n 20 %s >&2", sd.log_path);
+                        if (system(cmd)) {
+                        }
+                        ck_abort_msg("gpumemd exited during start (status %d)", status);
+                }
+        }
+        ck_assert_msg(sd.ready, "no READY=1 from gpumemd");
+}
+
+static void sd_teardown(void) {
+        if (sd.daemon > 0) {
+                kill(sd.daemon, SIGTERM);
+                waitpid(sd.daemon, NULL, 0);
+        }
+        pump_stop = true;
+        pthread_join(pump_thread, NULL);
+        for (size_t i = 0; i < sd.n_store; i++)
+                close(sd.store[i].fd);
+        close(sd.control_fd);
+        close(sd.notify_fd);
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", sd.dir);
+        if (system(cmd)) {
+        }
+}
+
+static int64_t device_stat(const char *name) {
+        return gm_test_device_stat(sd.control_path, name);
+}
+
+/* Stats that must be equal across a restart: the ledger. */
+static const char *const LEDGER[] = {
+        "allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+        "requested_bytes.all.current", "allocation.all.current",     "segment.all.current",
+        "inactive_split.all.current",  "inactive_split_bytes.all.current",
+};
+#define N_LEDGER (sizeof(LEDGER) / sizeof(LEDGER[0]))
+
+static void restart_keeps_everything(const char *alloc_conf, bool with_fd_store) {
+        sd_start_daemon(alloc_conf, with_fd_store);
+        enum { N = 3 };
+        gm_test_proc_t clients[N];
+        char ready[N][128], line[128];
+        for (int i = 0; i < N; i++) {
+                char seed[16];
+                snprintf(seed, sizeof(seed), "%d", 1000 * (i + 1));
+                const char *argv[] = {GM_TEST_CLIENT, sd.control_path, "survive", seed, "0", NULL};
+                gm_test_spawn(argv, 0, &clients[i]);
+                ck_assert(gm_test_proc_read_line(&clients[i], ready[i], sizeof(ready[i])));
+                ck_assert_msg(strncmp(ready[i], "ready ", 6) == 0, "client: %s", ready[i]);
+        }
+        int64_t before[N_LEDGER];
+        for (size_t k = 0; k < N_LEDGER; k++)
+                before[k] = device_stat(LEDGER[k]);
+        ck_assert_int_gt(before[1], 0);
+        sd_pump();
+        /* The store holds exactly the reserved memory: one fd per piece. */
+        uint64_t stored_bytes = 0;
+        pthread_mutex_lock(&pump_lock);
+        for (size_t i = 0; i < sd.n_store; i++) {
+                struct stat st;
+                ck_assert_int_eq(fstat(sd.store[i].fd, &st), 0);
+                stored_bytes += (uint64_t) st.st_size;
+        }
+        pthread_mutex_unlock(&pump_lock);
+        ck_assert_uint_eq(stored_bytes, with_fd_store ? (uint64_t) before[1] : 0);
+
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(sd.daemon, NULL, 0), sd.daemon);
+        sd.daemon = 0;
+        sd_start_daemon(alloc_conf, with_fd_store);
+
+        /* Every client re-attaches on its own; the ledger comes back equal. */
+        bool equal = false;
+        for (int tries = 0; tries < 1000 && !equal; tries++) {
+                equal = true;
+                for (size_t k = 0; k < N_LEDGER && equal; k++)
+                        equal = device_stat(LEDGER[k]) == before[k];
+                if (!equal)
+                        usleep(10000);
+        }
+        for (size_t k = 0; k < N_LEDGER; k++)
+                ck_assert_msg(device_stat(LEDGER[k]) == before[k], "%s: %lld after, %lld before", LEDGER[k],
+                              (long long) device_stat(LEDGER[k]), (long long) before[k]);
+        for (int i = 0; i < N; i++) {
+                ck_assert_int_eq(write(clients[i].stdin_fd, "check\n", 6), 6);
+                ck_assert(gm_test_proc_read_line(&clients[i], line, sizeof(line)));
+                ck_assert_msg(strcmp(line + 6, ready[i] + 6) == 0, "client %d: %s, before: %s", i, line, ready[i]);
+                ck_assert(gm_test_proc_read_line(&clients[i], line, sizeof(line)));
+                ck_assert_str_eq(line, "ok"); /* data intact, and it goes on allocating */
+        }
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(gm_test_proc_finish(&clients[i]), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", 0), 0);
+        usleep(100000);
+        sd_pump();
+        ck_assert_uint_eq(sd.n_store, 0); /* everything released left the store */
+}
+
+START_TEST(test_sigkill_with_fd_store) {
+        restart_keeps_everything("expandable_segments:False", true);
+}
+END_TEST
+
+START_TEST(test_sigkill_with_fd_store_expandable) {
+        restart_keeps_everything("expandable_segments:True", true);
+}
+END_TEST
+
+START_TEST(test_sigkill_without_fd_store) {
+        restart_keeps_everything("expandable_segments:False", false);
+}
+END_TEST
+
+/* Stored segments whose client never comes back are released after the grace. */
+START_TEST(test_unclaimed_segments_released_after_grace) {
+        sd_start_daemon("expandable_segments:False", true);
+        const char *argv[] = {GM_TEST_CLIENT, sd.control_path, "survive", "5", "0", NULL};
+        gm_test_proc_t client;
+        gm_test_spawn(argv, 0, &client);
+        char line[128];
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        sd_pump();
+        size_t stored = sd.n_store;
+        ck_assert_uint_gt(stored, 0);
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        waitpid(sd.daemon, NULL, 0);
+        ck_assert_int_eq(kill(client.pid, SIGKILL), 0); /* the client dies too */
+        gm_test_proc_finish(&client);
+        sd.daemon = 0;
+        sd_start_daemon("expandable_segments:False", true);
+        /* Adopted and held for the grace period (3 s here), then released. */
+        ck_assert_int_gt(device_stat("reserved_bytes.all.current") + 1, 0);
+        for (int i = 0; i < 1000 && sd.n_store > 0; i++) {
+                usleep(10000);
+                sd_pump();
+        }
+        ck_assert_uint_eq(sd.n_store, 0);
+        FILE *f = fopen(sd.log_path, "re");
+        char log[16384];
+        size_t n = fread(log, 1, sizeof(log) - 1, f);
+        log[n] = '\0';
+        fclose(f);
+        ck_assert_msg(strstr(log, "adopted") && strstr(log, "no client re-attached"), "log: %s", log);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("restart");
+        TCase *tc = tcase_create("restart");
+        tcase_add_checked_fixture(tc, sd_setup, sd_teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_sigkill_with_fd_store);
+        tcase_add_test(tc, test_sigkill_with_fd_store_expandable);
+        tcase_add_test(tc, test_sigkill_without_fd_store);
+        tcase_add_test(tc, test_unclaimed_segments_released_after_grace);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
