@@ -499,11 +499,19 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
         return 0;
 }
 
-static int expect_body(gpumem_client *c, Gpumem__Envelope *reply, Gpumem__Envelope__BodyCase body) {
-        if (reply->body_case == body)
-                return 0;
-        gm_msg_free(reply);
-        return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
+/* call() whose reply must have body `want`. */
+static int call_expect(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
+                       Gpumem__Envelope **ret_reply) {
+        Gpumem__Envelope *reply = NULL;
+        int r = call(c, env, &reply);
+        if (r < 0)
+                return r;
+        if (reply->body_case != want) {
+                gm_msg_free(reply);
+                return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
+        }
+        *ret_reply = reply;
+        return 0;
 }
 
 static int post(gpumem_client *c, Gpumem__Envelope *env) {
@@ -574,7 +582,7 @@ static int session_open(gpumem_client *c) {
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
                                  strerror(-r));
-        Gpumem__Envelope *reply;
+        Gpumem__Envelope *reply = NULL;
         r = hello_exchange(c, c->fd, NULL, &reply);
         if (r < 0)
                 return r;
@@ -922,11 +930,8 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
         env.alloc = &alloc;
-        Gpumem__Envelope *reply;
-        r = call(c, &env, &reply);
-        if (r < 0)
-                return r;
-        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY)) < 0)
+        Gpumem__Envelope *reply = NULL;
+        if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY, &reply)) < 0)
                 return r;
         const Gpumem__AllocReply *ar = reply->alloc_reply;
         block_t *b = malloc(sizeof(*b));
@@ -1103,11 +1108,8 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
         env.trim = &trim;
-        Gpumem__Envelope *reply;
-        r = call(c, &env, &reply);
-        if (r < 0)
-                return r;
-        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_TRIM_REPLY)) < 0)
+        Gpumem__Envelope *reply = NULL;
+        if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_TRIM_REPLY, &reply)) < 0)
                 return r;
         if (ret_released_bytes)
                 *ret_released_bytes = reply->trim_reply->released_bytes;
@@ -1129,11 +1131,8 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
         env.stats = &stats;
-        Gpumem__Envelope *reply;
-        r = call(c, &env, &reply);
-        if (r < 0)
-                return r;
-        if ((r = expect_body(c, reply, GPUMEM__ENVELOPE__BODY_STATS_REPLY)) < 0)
+        Gpumem__Envelope *reply = NULL;
+        if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply)) < 0)
                 return r;
         r = set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
         for (size_t i = 0; i < reply->stats_reply->n_stats; i++)

@@ -14,15 +14,6 @@
 #include "log.h"
 #include "snapshot.h"
 
-static int reply_ok(gm_session_t *s, uint64_t request_id) {
-        Gpumem__Ok ok = GPUMEM__OK__INIT;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_OK;
-        env.ok = &ok;
-        gm_session_reply(s, request_id, &env, NULL, 0);
-        return 0;
-}
-
 static int refuse_not_admin(gm_session_t *s, uint64_t request_id, const char *what) {
         gm_session_send_error(s, request_id, EPERM, "gpumemd: %s needs admin rights (uid 0 or the admin group)", what);
         return 0;
@@ -197,7 +188,7 @@ int gm_admin_reset_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Res
                 gm_stats_reset_peak(st);
         if (st && req->accumulated)
                 gm_stats_reset_accumulated(st);
-        return reply_ok(s, request_id);
+        return gm_session_reply_ok(s, request_id);
 }
 
 /* ---- memory history ---- */

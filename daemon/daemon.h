@@ -189,6 +189,8 @@ int gm_session_send_error(gm_session_t *s, uint64_t request_id, int err, const c
 int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* Sends a reply envelope carrying `request_id`. */
 int gm_session_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
+/* Replies Ok; always returns 0 (a failed send closes the session). */
+int gm_session_reply_ok(gm_session_t *s, uint64_t request_id);
 
 /* admin.c: statistics, snapshots, history and settings requests. Return 0,
  * or a negative errno when the session must be closed. */

@@ -452,10 +452,5 @@ int gm_restart_reattach(gm_session_t *s, uint64_t request_id, const Gpumem__Reat
                    (unsigned long long) s->id, (int) s->cred.pid, st->reserved_bytes[GM_STAT_ALL].current,
                    st->allocated_bytes[GM_STAT_ALL].current, st->active[GM_STAT_ALL].current,
                    dropped ? "; unclaimed stored memory released" : "");
-        Gpumem__Ok ok = GPUMEM__OK__INIT;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_OK;
-        env.ok = &ok;
-        gm_session_reply(s, request_id, &env, NULL, 0);
-        return 0;
+        return gm_session_reply_ok(s, request_id);
 }

@@ -238,6 +238,15 @@ int gm_session_reply(gm_session_t *s, uint64_t request_id, Gpumem__Envelope *env
         return gm_session_send(s, env, fds, n_fds);
 }
 
+int gm_session_reply_ok(gm_session_t *s, uint64_t request_id) {
+        Gpumem__Ok ok = GPUMEM__OK__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_OK;
+        env.ok = &ok;
+        gm_session_reply(s, request_id, &env, NULL, 0);
+        return 0;
+}
+
 /* Sends the new pieces' mappings (MapSegments packets while more than one
  * packet's worth of fds remains, the rest with the AllocReply). */
 static int send_alloc_reply(gm_session_t *s, uint64_t request_id, const gm_alloc_result_t *res) {

@@ -2,10 +2,13 @@
 # Installs the build into a temporary prefix, builds tests/install/example.c
 # against it twice (pkg-config, and CMake's find_package), runs both against
 # the installed gpumemd, and checks the figures in the installed gpumemctl.
-# Usage: install_check.sh BUILD_DIR SOURCE_DIR
+# Usage: install_check.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS]
+# (EXTRA_CFLAGS: the sanitizer flags of an ASan build, which the installed
+# library needs in its programs too.)
 set -euo pipefail
 build="$1"
 src="$2"
+extra="${3:-}"
 work="$(mktemp -d)"
 trap 'kill "${daemon:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${work}"' EXIT
 prefix="${work}/prefix"
@@ -19,11 +22,12 @@ ls "${libdir}"/libgpumem.so* >/dev/null
 
 # 1. pkg-config
 # shellcheck disable=SC2046
-cc -Wall -Werror -o "${work}/example-pc" "${src}/tests/install/example.c" \
+# shellcheck disable=SC2086
+cc -Wall -Werror ${extra} -o "${work}/example-pc" "${src}/tests/install/example.c" \
         $(PKG_CONFIG_PATH="${pcdir}" pkg-config --cflags --libs gpumem) -Wl,-rpath,"${libdir}"
 # 2. find_package(gpumem)
 cmake -S "${src}/tests/install" -B "${work}/consumer" -DCMAKE_PREFIX_PATH="${prefix}" \
-        -DCMAKE_BUILD_RPATH="${libdir}" >/dev/null
+        -DCMAKE_BUILD_RPATH="${libdir}" -DCMAKE_C_FLAGS="${extra}" >/dev/null
 cmake --build "${work}/consumer" >/dev/null
 
 sock="${work}/gpu0.sock"

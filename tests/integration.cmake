@@ -46,8 +46,11 @@ endif()
 
 # `cmake --install` into a temporary prefix, then programs built against it
 # with pkg-config and find_package(gpumem).
+if(GPUMEMD_ASAN)
+  set(GM_INSTALL_CHECK_CFLAGS "-fsanitize=address,undefined")
+endif()
 add_test(NAME install_consumers COMMAND ${CMAKE_CURRENT_LIST_DIR}/install_check.sh ${CMAKE_BINARY_DIR}
-         ${CMAKE_SOURCE_DIR})
+         ${CMAKE_SOURCE_DIR} "${GM_INSTALL_CHECK_CFLAGS}")
 set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)
 
 # Restarts that lose nothing: a harness playing systemd's fd store.
