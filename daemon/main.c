@@ -311,7 +311,9 @@ static void on_signal(uv_signal_t *handle, int signum) {
 static void on_watchdog(uv_timer_t *t) {
         gm_daemon_t *d = t->data;
         char used[32], cap[32];
-        gm_sd_watchdog_ping();
+        uint64_t usec;
+        if (gm_sd_watchdog_interval_usec(&usec) > 0)
+                gm_sd_watchdog_ping();
         gm_sd_notify_status("%u sessions, %s of %s in use", d->n_sessions,
                             gm_format_size(d->backend->in_use, used, sizeof(used)),
                             gm_format_size(d->backend->capacity, cap, sizeof(cap)));
@@ -435,11 +437,16 @@ int main(int argc, char **argv) {
         log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
                    d->backend->device, d->backend->ops->name, gm_format_size(d->backend->capacity, cap, sizeof(cap)),
                    d->opts.socket_path);
+        /* Under systemd: watchdog pings at half of WatchdogSec=, and STATUS=
+         * lines at least every 10 s. */
         uint64_t watchdog_usec = 0;
-        if (gm_sd_watchdog_interval_usec(&watchdog_usec) > 0 && watchdog_usec >= 2000) {
+        if (gm_sd_notify_available()) {
+                uint64_t period_ms = 10000;
+                if (gm_sd_watchdog_interval_usec(&watchdog_usec) > 0 && watchdog_usec / 2000 < period_ms)
+                        period_ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
                 uv_timer_init(d->loop, &d->watchdog);
                 d->watchdog.data = d;
-                uv_timer_start(&d->watchdog, on_watchdog, 0, watchdog_usec / 2000);
+                uv_timer_start(&d->watchdog, on_watchdog, 0, period_ms);
                 d->watchdog_running = true;
         }
         gm_sd_notify_ready();

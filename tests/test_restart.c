@@ -41,6 +41,8 @@ typedef struct fake_systemd {
         } store[MAX_STORED];
         size_t n_store;
         bool ready, stopping;
+        unsigned watchdog_pings, status_lines;
+        char last_status[256];
         pid_t daemon;
 } fake_systemd_t;
 
@@ -77,6 +79,13 @@ static void sd_pump_locked(void) {
                         sd.ready = true;
                 if (strstr(buf, "STOPPING=1"))
                         sd.stopping = true;
+                if (strstr(buf, "WATCHDOG=1"))
+                        sd.watchdog_pings++;
+                const char *status = strstr(buf, "STATUS=");
+                if (status) {
+                        sd.status_lines++;
+                        sscanf(status + 7, "%255[^\n]", sd.last_status);
+                }
                 if (strstr(buf, "FDSTOREREMOVE=1")) {
                         for (size_t i = 0; i < sd.n_store;)
                                 if (strcmp(sd.store[i].name, name) == 0) {
@@ -165,6 +174,8 @@ static void sd_start_daemon(const char *alloc_conf, bool notify) {
                 setenv("LISTEN_FDS", count, 1);
                 setenv("LISTEN_PID", pidbuf, 1);
                 setenv("LISTEN_FDNAMES", names, 1);
+                setenv("WATCHDOG_USEC", "200000", 1); /* pings every 100 ms */
+                setenv("WATCHDOG_PID", pidbuf, 1);
                 if (notify)
                         setenv("NOTIFY_SOCKET", sd.notify_path, 1);
                 else
@@ -289,6 +300,13 @@ static void restart_keeps_everything(const char *alloc_conf, bool with_fd_store)
 
 START_TEST(test_sigkill_with_fd_store) {
         restart_keeps_everything("expandable_segments:False", true);
+        /* The loop pinged the watchdog and reported live figures all along. */
+        pthread_mutex_lock(&pump_lock);
+        ck_assert_uint_gt(sd.watchdog_pings, 2);
+        ck_assert_uint_gt(sd.status_lines, 2);
+        ck_assert_msg(strstr(sd.last_status, "sessions") && strstr(sd.last_status, "in use"), "STATUS=%s",
+                      sd.last_status);
+        pthread_mutex_unlock(&pump_lock);
 }
 END_TEST
 
