@@ -146,6 +146,7 @@ struct gm_daemon {
         gm_stats_t device_stats;
         uint64_t va_cursor; /* next synthetic segment address (shared by all heaps) */
         int listen_fd;
+        uint8_t *rx_buf; /* max_packet bytes: every session's packets are read into it */
         bool listen_fd_inherited; /* from systemd: its path is the socket unit's, never unlink it */
         uv_poll_t listener;
         uv_signal_t sigterm, sigint, sighup;

@@ -91,11 +91,7 @@ static void on_session_readable(uv_poll_t *handle, int status, int events) {
                 return;
         }
         size_t max_packet = d->opts.limits.max_packet;
-        uint8_t *buf = malloc(max_packet);
-        if (!buf) {
-                gm_session_close(s, "out of memory");
-                return;
-        }
+        uint8_t *buf = d->rx_buf; /* one loop thread: one receive buffer for every session */
         for (int i = 0; i < PACKETS_PER_WAKEUP && !s->closing; i++) {
                 int fds[GM_IPC_MAX_FDS_LIMIT];
                 size_t len = 0, n_fds = 0;
@@ -131,7 +127,6 @@ static void on_session_readable(uv_poll_t *handle, int status, int events) {
                 }
                 gm_session_flush_releases(s);
         }
-        free(buf);
 }
 
 /* Admin rights: uid 0, the daemon's own uid, or the configured admin group. */
@@ -211,6 +206,9 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int gm_server_start(gm_daemon_t *d) {
+        d->rx_buf = malloc(d->opts.limits.max_packet);
+        if (!d->rx_buf)
+                return log_error_errno(-ENOMEM, "Failed to allocate the receive buffer");
         int r = 0;
         if (d->listen_fd < 0)
                 r = gm_ipc_listen(d->opts.socket_path, d->opts.socket_mode, 128, &d->listen_fd);
@@ -244,4 +242,6 @@ void gm_server_stop(gm_daemon_t *d) {
         uv_close((uv_handle_t *) &d->tick, NULL);
         while (d->sessions)
                 gm_session_close(d->sessions, "daemon stopping");
+        free(d->rx_buf);
+        d->rx_buf = NULL;
 }
