@@ -349,6 +349,10 @@ static gm_piece_t *claim_piece(gm_session_t *s, uint64_t segment_id, uint64_t va
                         return p;
                 }
         }
+        /* Memory nobody can vouch for is believed only while it fits the device. */
+        gm_backend_t *b = s->daemon->backend;
+        if (length > b->capacity || b->in_use > b->capacity - length)
+                return NULL;
         gm_piece_t *p = calloc(1, sizeof(*p));
         if (!p)
                 return NULL;
