@@ -14,7 +14,9 @@ for _ in $(seq 100); do [ -S "${dir}/gpu0.sock" ] && break; sleep 0.05; done
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, kernel $(uname -r)"
 "${build}/bench/gpumem-bench-pingpong" --size 64 --iters 50000
 for size in 4096 1048576 16777216; do
-        "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size "${size}" --iters 20000
+        for _ in 1 2 3; do
+                "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size "${size}" --iters 20000
+        done
 done
 for size in 4096 16777216; do
         "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size "${size}" --iters 2000 --mode fresh

@@ -30,8 +30,10 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-/* Runs the loop in this process; writes median and p99 (ns) to out[0..1]. */
-static int run(const char *socket_path, size_t size, int iters, bool fresh, uint64_t out[2]) {
+/* Runs the loop in this process; writes median and p99 (ns) to out[0..1].
+ * After warming up it says so on `ready` and waits until `go` closes, so that
+ * all clients measure at the same time. */
+static int run(const char *socket_path, size_t size, int iters, bool fresh, int ready, int go, uint64_t out[2]) {
         gpumem_client *c;
         int r = gpumem_connect(socket_path, &c);
         if (r < 0) {
@@ -45,6 +47,9 @@ static int run(const char *socket_path, size_t size, int iters, bool fresh, uint
                         return 1;
                 gpumem_free(c, p);
         }
+        char ch = 'r';
+        if (write(ready, &ch, 1) != 1 || read(go, &ch, 1) != 0)
+                return 1;
         for (int i = 0; i < iters; i++) {
                 uint64_t t0 = now_ns();
                 r = gpumem_alloc(c, size, 0, &p);
@@ -91,19 +96,29 @@ int main(int argc, char **argv) {
                 return 2;
         /* Each client process reports its median and p99 through a pipe; the
          * table shows the median of medians and the worst p99. */
-        int fds[2];
-        if (pipe(fds) < 0)
+        int fds[2], ready[2], go[2];
+        if (pipe(fds) < 0 || pipe(ready) < 0 || pipe(go) < 0)
                 return 1;
         for (int k = 0; k < clients; k++) {
                 if (fork() == 0) {
+                        close(go[1]);
                         uint64_t out[2];
-                        int r = run(socket_path, size, iters, fresh, out);
+                        int r = run(socket_path, size, iters, fresh, ready[1], go[0], out);
                         if (r == 0 && write(fds[1], out, sizeof(out)) != sizeof(out))
                                 r = 1;
                         _exit(r);
                 }
         }
         close(fds[1]);
+        close(ready[1]);
+        close(go[0]);
+        for (int k = 0; k < clients; k++) { /* every client connected and warmed up */
+                char ch;
+                if (read(ready[0], &ch, 1) != 1)
+                        break;
+        }
+        uint64_t start = now_ns();
+        close(go[1]); /* start together */
         uint64_t *med = calloc((size_t) clients, sizeof(*med)), worst_p99 = 0;
         int got = 0;
         uint64_t out[2];
@@ -115,11 +130,13 @@ int main(int argc, char **argv) {
         int failed = 0, status;
         while (wait(&status) > 0)
                 failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        double seconds = (double) (now_ns() - start) / 1e9;
         if (failed || got != clients)
                 return 1;
         qsort(med, (size_t) clients, sizeof(*med), cmp_u64);
-        printf("%-8s size=%-9zu clients=%-4d median_us=%.2f p99_us=%.2f\n", fresh ? "fresh" : "cached", size,
-               clients, (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0);
+        printf("%-8s size=%-9zu clients=%-4d median_us=%.2f p99_us=%.2f pairs_per_s=%.0f\n", fresh ? "fresh" : "cached",
+               size, clients, (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0,
+               (double) clients * iters / seconds);
         free(med);
         return 0;
 }

@@ -93,6 +93,10 @@ struct gpumem_client {
         int wake_fd; /* eventfd: tells the service thread a pending free was added */
 
         pthread_rwlock_t fd_lock; /* senders hold it shared; the service thread swaps fd under it exclusively */
+        pthread_mutex_t read_lock; /* held by the one thread reading the socket (service or a caller):
+                                    * packets are read and dispatched in order */
+        uint8_t *rx_buf;          /* the reader's buffer (under read_lock) */
+        size_t rx_cap;
         char token[64];           /* session token: re-attaches after a daemon restart */
         uint32_t reconnect_timeout_ms;
 
@@ -351,9 +355,46 @@ static bool complete_pending_frees(gpumem_client *c) {
 
 static bool reconnect(gpumem_client *c);
 
+/* Makes the receive buffer fit the daemon's packets. Caller holds read_lock. */
+static int rx_buf_fit(gpumem_client *c) {
+        size_t cap = GM_IPC_MAX_PACKET_DEFAULT > c->max_packet ? GM_IPC_MAX_PACKET_DEFAULT : c->max_packet;
+        if (cap <= c->rx_cap)
+                return 0;
+        uint8_t *buf = realloc(c->rx_buf, cap);
+        if (!buf)
+                return -ENOMEM;
+        c->rx_buf = buf;
+        c->rx_cap = cap;
+        return 0;
+}
+
+/* Reads one packet and dispatches it. Caller holds read_lock. Returns 0, or
+ * the negative errno of a connection that ended or spoke nonsense (the
+ * service thread deals with that). */
+static int read_packet(gpumem_client *c, bool *ret_pending) {
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t len = 0, n_fds = 0;
+        pthread_rwlock_rdlock(&c->fd_lock);
+        int r = gm_ipc_recv(c->fd, c->rx_buf, c->rx_cap, fds, c->max_fds, &len, &n_fds);
+        pthread_rwlock_unlock(&c->fd_lock);
+        if (r < 0)
+                return r;
+        Gpumem__Envelope *env = NULL;
+        if (gm_msg_unpack(c->rx_buf, len, &env) < 0) {
+                gm_close_fds(fds, n_fds);
+                return -EPROTO;
+        }
+        pthread_mutex_lock(&c->lock);
+        dispatch(c, env, fds, n_fds);
+        bool pending = complete_pending_frees(c);
+        pthread_mutex_unlock(&c->lock);
+        if (ret_pending)
+                *ret_pending = pending;
+        return 0;
+}
+
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
-        uint8_t *buf = malloc(GM_IPC_MAX_PACKET_DEFAULT > c->max_packet ? GM_IPC_MAX_PACKET_DEFAULT : c->max_packet);
         bool pending = false;
         for (;;) {
                 struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
@@ -371,41 +412,33 @@ static void *service_main(void *arg) {
                         pthread_mutex_unlock(&c->lock);
                         continue;
                 }
-                int fds[GM_IPC_MAX_FDS_LIMIT];
-                size_t len = 0, n_fds = 0;
-                int r = buf ? gm_ipc_recv(c->fd, buf, c->max_packet, fds, c->max_fds, &len, &n_fds) : -ENOMEM;
-                if (r == -EINTR || r == -EAGAIN)
+                /* A calling thread may be reading its own reply; once it is done,
+                 * see whether anything is left. */
+                pthread_mutex_lock(&c->read_lock);
+                struct pollfd again = {.fd = c->fd, .events = POLLIN};
+                int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending) : 0;
+                pthread_mutex_unlock(&c->read_lock);
+                if (r == 0 || r == -EINTR || r == -EAGAIN)
                         continue;
-                Gpumem__Envelope *env = NULL;
-                if (r == 0 && gm_msg_unpack(buf, len, &env) < 0) {
-                        gm_close_fds(fds, n_fds);
-                        r = -EPROTO;
-                }
                 if (r == -ECONNRESET && reconnect(c)) {
                         /* The daemon restarted and the session is back; its limits may differ. */
-                        size_t cap = GM_IPC_MAX_PACKET_DEFAULT > c->max_packet ? GM_IPC_MAX_PACKET_DEFAULT : c->max_packet;
-                        uint8_t *bigger = realloc(buf, cap);
-                        if (bigger)
-                                buf = bigger;
-                        continue;
+                        pthread_mutex_lock(&c->read_lock);
+                        r = rx_buf_fit(c);
+                        pthread_mutex_unlock(&c->read_lock);
+                        if (r == 0)
+                                continue;
                 }
                 pthread_mutex_lock(&c->lock);
-                if (r < 0) {
-                        /* The daemon is gone (or spoke nonsense): fail every waiter. */
-                        c->dead = true;
-                        for (waiter_t *w = c->waiters; w; w = w->next) {
-                                w->error = -ECONNRESET;
-                                w->done = true;
-                                pthread_cond_signal(&w->cond);
-                        }
-                        pthread_mutex_unlock(&c->lock);
-                        break;
+                /* The daemon is gone (or spoke nonsense): fail every waiter. */
+                c->dead = true;
+                for (waiter_t *w = c->waiters; w; w = w->next) {
+                        w->error = -ECONNRESET;
+                        w->done = true;
+                        pthread_cond_signal(&w->cond);
                 }
-                dispatch(c, env, fds, n_fds);
-                pending = complete_pending_frees(c);
                 pthread_mutex_unlock(&c->lock);
+                break;
         }
-        free(buf);
         return NULL;
 }
 
@@ -444,6 +477,19 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
                 r = send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
+                if (r == 0 && pthread_mutex_trylock(&c->read_lock) == 0) {
+                        /* Nobody is reading: read until our reply is in (dispatching
+                         * whatever comes first), one thread wake-up less than
+                         * waiting for the service thread to hand it over. */
+                        for (;;) {
+                                pthread_mutex_lock(&c->lock);
+                                bool done = w.done;
+                                pthread_mutex_unlock(&c->lock);
+                                if (done || read_packet(c, NULL) < 0)
+                                        break; /* a lost connection is the service thread's */
+                        }
+                        pthread_mutex_unlock(&c->read_lock);
+                }
                 pthread_mutex_lock(&c->lock);
                 while (r == 0 && !w.done)
                         pthread_cond_wait(&w.cond, &c->lock);
@@ -598,6 +644,8 @@ static int session_open(gpumem_client *c) {
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0)
                 return set_error(c, -errno, "gpumem: eventfd: %s", strerror(errno));
+        if (rx_buf_fit(c) < 0)
+                return set_error(c, -ENOMEM, "gpumem: out of memory");
         r = -pthread_create(&c->service, NULL, service_main, c);
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the service thread");
@@ -852,6 +900,7 @@ static int ensure_own_session(gpumem_client *c) {
         if (c->pid == getpid())
                 return 0;
         pthread_mutex_init(&c->lock, NULL);
+        pthread_mutex_init(&c->read_lock, NULL);
         pthread_rwlock_init(&c->fd_lock, NULL);
         session_close(c, false);
         c->waiters = NULL;
@@ -878,6 +927,7 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
         c->wake_fd = -1;
         c->pid = getpid();
         pthread_mutex_init(&c->lock, NULL);
+        pthread_mutex_init(&c->read_lock, NULL);
         pthread_rwlock_init(&c->fd_lock, NULL);
         const char *timeout = getenv("GPUMEM_RECONNECT_TIMEOUT_MS");
         c->reconnect_timeout_ms = timeout && *timeout ? (uint32_t) strtoul(timeout, NULL, 10) : 60000;
@@ -896,7 +946,9 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
                 /* Keep the message readable on this thread after c is gone. */
                 session_close(c, true);
                 pthread_mutex_destroy(&c->lock);
+                pthread_mutex_destroy(&c->read_lock);
                 pthread_rwlock_destroy(&c->fd_lock);
+                free(c->rx_buf);
                 free(c);
                 tls_error_client = NULL;
                 return r;
@@ -910,7 +962,9 @@ void gpumem_disconnect(gpumem_client *c) {
                 return;
         session_close(c, c->pid == getpid());
         pthread_mutex_destroy(&c->lock);
+        pthread_mutex_destroy(&c->read_lock);
         pthread_rwlock_destroy(&c->fd_lock);
+        free(c->rx_buf);
         free(c);
 }
 
