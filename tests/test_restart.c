@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,7 +52,7 @@ static fake_systemd_t sd;
  * few datagrams; a daemon sending more would block). */
 static pthread_t pump_thread;
 static pthread_mutex_t pump_lock = PTHREAD_MUTEX_INITIALIZER;
-static volatile bool pump_stop;
+static atomic_bool pump_stop;
 
 /* Reads every pending notification; keeps or drops stored fds. Caller holds pump_lock. */
 static void sd_pump_locked(void) {
@@ -111,6 +112,20 @@ static void sd_pump(void) {
         pthread_mutex_lock(&pump_lock);
         sd_pump_locked();
         pthread_mutex_unlock(&pump_lock);
+}
+
+static size_t stored_count(void) {
+        pthread_mutex_lock(&pump_lock);
+        size_t n = sd.n_store;
+        pthread_mutex_unlock(&pump_lock);
+        return n;
+}
+
+static bool sd_is_ready(void) {
+        pthread_mutex_lock(&pump_lock);
+        bool ready = sd.ready;
+        pthread_mutex_unlock(&pump_lock);
+        return ready;
 }
 
 static void *pump_main(void *arg) {
@@ -194,7 +209,7 @@ static void sd_start_daemon(const char *alloc_conf, bool notify) {
                 (void) gm_test_device_stat(sd.control_path, "segment.all.current");
                 return;
         }
-        for (int i = 0; i < 1000 && !sd.ready; i++) {
+        for (int i = 0; i < 1000 && !sd_is_ready(); i++) {
                 usleep(10000);
                 int status;
                 if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -205,7 +220,7 @@ static void sd_start_daemon(const char *alloc_conf, bool notify) {
                         ck_abort_msg("gpumemd exited during start (status %d)", status);
                 }
         }
-        ck_assert_msg(sd.ready, "no READY=1 from gpumemd");
+        ck_assert_msg(sd_is_ready(), "no READY=1 from gpumemd");
 }
 
 static void sd_teardown(void) {
@@ -295,7 +310,7 @@ static void restart_keeps_everything(const char *alloc_conf, bool with_fd_store)
         ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", 0), 0);
         usleep(100000);
         sd_pump();
-        ck_assert_uint_eq(sd.n_store, 0); /* everything released left the store */
+        ck_assert_uint_eq(stored_count(), 0); /* everything released left the store */
 }
 
 START_TEST(test_sigkill_with_fd_store) {
@@ -329,7 +344,7 @@ START_TEST(test_unclaimed_segments_released_after_grace) {
         char line[128];
         ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
         sd_pump();
-        size_t stored = sd.n_store;
+        size_t stored = stored_count();
         ck_assert_uint_gt(stored, 0);
         ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
         waitpid(sd.daemon, NULL, 0);
@@ -339,11 +354,11 @@ START_TEST(test_unclaimed_segments_released_after_grace) {
         sd_start_daemon("expandable_segments:False", true);
         /* Adopted and held for the grace period (3 s here), then released. */
         ck_assert_int_gt(device_stat("reserved_bytes.all.current") + 1, 0);
-        for (int i = 0; i < 1000 && sd.n_store > 0; i++) {
+        for (int i = 0; i < 1000 && stored_count() > 0; i++) {
                 usleep(10000);
                 sd_pump();
         }
-        ck_assert_uint_eq(sd.n_store, 0);
+        ck_assert_uint_eq(stored_count(), 0);
         FILE *f = fopen(sd.log_path, "re");
         char log[16384];
         size_t n = fread(log, 1, sizeof(log) - 1, f);
