@@ -282,6 +282,17 @@ static void send_release_ack(gpumem_client *c, uint64_t release_id) {
         send_env(c, &env);
 }
 
+/* Maps what a reply brings; the first failure (with the driver's text, which
+ * only this thread can read) goes to the waiting request. */
+static void map_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__Mapping **maps, size_t n_maps, int *fds,
+                           size_t n_fds) {
+        int r = map_pieces(c, maps, n_maps, fds, n_fds);
+        if (r < 0 && w && !w->error) {
+                w->error = r;
+                snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
+        }
+}
+
 /* Handles one packet from the daemon. Caller holds lock. */
 static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
@@ -293,23 +304,13 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
                 send_release_ack(c, env->release_request->release_id);
                 gm_msg_free(env);
                 return;
-        case GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS: {
-                int r = map_pieces(c, env->map_segments->mappings, env->map_segments->n_mappings, fds, n_fds);
-                if (r < 0 && w && !w->error) {
-                        w->error = r;
-                        snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
-                }
+        case GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS:
+                map_for_waiter(c, w, env->map_segments->mappings, env->map_segments->n_mappings, fds, n_fds);
                 gm_msg_free(env);
                 return;
-        }
-        case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY: {
-                int r = map_pieces(c, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
-                if (r < 0 && w && !w->error) {
-                        w->error = r;
-                        snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
-                }
+        case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY:
+                map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
                 break;
-        }
         default:
                 gm_close_fds(fds, n_fds);
                 break;
