@@ -71,9 +71,11 @@ gm_heap_t *gm_heap_destroy(gm_heap_t *h);
 
 /* Replaces the policy knobs (run-time alloc_conf change). Existing blocks stay. */
 void gm_heap_set_config(gm_heap_t *h, const gm_alloc_config_t *config);
-/* Allowed maximum of reserved bytes for garbage collection and the memory
- * fraction; `measured` gives the reserved total compared against it (e.g. the
- * tenant's stats under a quota). 0 = no limit. */
+/* A quota on reserved bytes: `measured` gives the reserved total compared
+ * against it (e.g. the tenant's stats; NULL = the heap's own). A segment that
+ * would exceed it is refused with -EDQUOT (through the retry ladder) without
+ * asking the provider, and it is the allowed maximum of garbage collection.
+ * 0 = no limit. */
 void gm_heap_set_limit(gm_heap_t *h, uint64_t allowed_max, const gm_stats_t *measured);
 
 typedef struct gm_alloc_result {

@@ -276,12 +276,15 @@ static const gm_stats_t *limit_measured(const gm_heap_t *h) {
         return h->limit_measured ? h->limit_measured : &h->stats;
 }
 
-/* Whether a new `size`-byte segment would exceed a limit (then it is an OOM
- * without asking the provider). */
-static bool over_limit(const gm_heap_t *h, uint64_t size) {
+/* Whether a new `size`-byte segment would exceed a limit, without asking the
+ * provider: -ENOMEM for the memory fraction (PyTorch treats it as the device
+ * being full), -EDQUOT for the gm_heap_set_limit() quota, 0 when it fits. */
+static int over_limit(const gm_heap_t *h, uint64_t size) {
         if (fraction_set(h) && reserved_total(&h->stats) + size > fraction_allowed(h))
-                return true;
-        return h->limit && reserved_total(limit_measured(h)) + size > h->limit;
+                return -ENOMEM;
+        if (h->limit && reserved_total(limit_measured(h)) + size > h->limit)
+                return -EDQUOT;
+        return 0;
 }
 
 static bool gc_active(const gm_heap_t *h) {
@@ -724,7 +727,10 @@ static int alloc_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize,
                        gm_block_t **ret_block) {
         if (retry)
                 COUNT(h, num_alloc_retries);
-        if (over_limit(h, asize) || reserve_blocks(h, ALLOC_BLOCKS) < 0)
+        int r = over_limit(h, asize);
+        if (r < 0)
+                return r;
+        if (reserve_blocks(h, ALLOC_BLOCKS) < 0)
                 return -ENOMEM;
         if (h->cfg.expandable_segments)
                 return expandable_alloc(h, p, stream, rsize, ret_block);

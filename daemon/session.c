@@ -461,6 +461,9 @@ static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
                                              gm_format_size(d->backend->capacity, c, sizeof(c))),
                        0;
         }
+        /* The tenant's quota is also the heap's limit: its garbage collection
+         * aims below it (PyTorch's garbage_collection_threshold). */
+        gm_heap_set_limit(heap, s->tenant->quota, &s->tenant->stats);
         gm_alloc_result_t res;
         r = gm_heap_alloc(heap, size, stream, &res);
         if (r == 0)
