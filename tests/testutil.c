@@ -206,8 +206,12 @@ int gm_test_run(char *buf, size_t buf_len, const char *const *argv) {
         close(pipefd[1]);
         size_t len = 0;
         ssize_t n;
-        while ((n = read(pipefd[0], buf + len, buf_len - 1 - len)) > 0)
-                len += (size_t) n;
+        char discard[4096];
+        /* Keep what fits, drain the rest (the child must not die of SIGPIPE). */
+        while ((n = len + 1 < buf_len ? read(pipefd[0], buf + len, buf_len - 1 - len)
+                                      : read(pipefd[0], discard, sizeof(discard))) > 0)
+                if (len + 1 < buf_len)
+                        len += (size_t) n;
         buf[len] = '\0';
         close(pipefd[0]);
         int status;
@@ -308,8 +312,11 @@ int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv
         p.stdin_fd = -1;
         size_t len = 0;
         ssize_t n;
-        while (len + 1 < buf_len && (n = read(p.stdout_fd, buf + len, buf_len - 1 - len)) > 0)
-                len += (size_t) n;
+        char discard[4096];
+        while ((n = len + 1 < buf_len ? read(p.stdout_fd, buf + len, buf_len - 1 - len)
+                                      : read(p.stdout_fd, discard, sizeof(discard))) > 0)
+                if (len + 1 < buf_len)
+                        len += (size_t) n;
         buf[len] = '\0';
         return gm_test_proc_finish(&p);
 }
