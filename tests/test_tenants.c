@@ -347,6 +347,52 @@ START_TEST(test_admin_group_grants_admin) {
 }
 END_TEST
 
+/* A snapshot shows a tenant its own memory only; an admin sees every session
+ * and can narrow it to one pid. */
+START_TEST(test_snapshot_shows_own_tenant_only) {
+        gpumem_client *c;
+        ck_assert_int_eq(gpumem_connect(daemon_.socket_path, &c), 0); /* tenant uid:0 */
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        char size[32], out[8192], file[400], cmd[1024];
+        snprintf(size, sizeof(size), "%llu", 4 * MiB);
+        const char *argv[] = {GM_TEST_CLIENT, daemon_.socket_path, "hold", size, "5", NULL};
+        gm_test_proc_t holder;
+        gm_test_spawn(argv, NOBODY, &holder);
+        ck_assert(gm_test_proc_read_line(&holder, out, sizeof(out)));
+        struct {
+                uid_t uid;
+                const char *pid;
+                const char *expect; /* tenants of the segments, sorted, comma-separated */
+        } cases[] = {
+                {NOBODY, NULL, "uid:65534"},
+                {0, NULL, "uid:0,uid:65534"},
+                {0, "self", "uid:0"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                snprintf(file, sizeof(file), "%s/snap-%zu.json", daemon_.dir, i);
+                char pid[16];
+                snprintf(pid, sizeof(pid), "%d", (int) getpid());
+                const char *snap[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", "-", "--format",
+                                      "json", cases[i].pid ? "--pid" : NULL, pid, NULL};
+                static char json[1 << 20];
+                ck_assert_int_eq(gm_test_run_as(json, sizeof(json), cases[i].uid, snap), 0);
+                FILE *f = fopen(file, "we");
+                ck_assert_ptr_nonnull(f);
+                fputs(json, f);
+                fclose(f);
+                snprintf(cmd, sizeof(cmd),
+                         "python3 -c \"import json,sys; d=json.load(open('%s')); "
+                         "t=','.join(sorted({s['tenant'] for s in d['segments']})); "
+                         "sys.exit(0 if t == '%s' else print(t) or 1)\"",
+                         file, cases[i].expect);
+                ck_assert_msg(system(cmd) == 0, "case %zu: snapshot tenants differ", i);
+        }
+        ck_assert_int_eq(gm_test_proc_finish(&holder), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
 static Suite *tenants_suite(void) {
         Suite *s = suite_create("tenants");
         TCase *tc = tcase_create("tenants");
@@ -358,6 +404,7 @@ static Suite *tenants_suite(void) {
         tcase_add_test(tc, test_idle_cache_of_another_tenant_is_reclaimed);
         tcase_add_test(tc, test_unacknowledged_release_keeps_charge);
         tcase_add_test(tc, test_isolation_between_tenants);
+        tcase_add_test(tc, test_snapshot_shows_own_tenant_only);
         suite_add_tcase(s, tc);
         TCase *conf = tcase_create("config");
         tcase_set_timeout(conf, 180);
