@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "daemon.h"
 #include "log.h"
 #include "snapshot.h"
@@ -353,20 +354,6 @@ static void tenant_info(const gm_tenant_t *t, Gpumem__TenantInfo *info) {
         info->sessions = t->sessions;
 }
 
-/* A tenant name from the wire: what the config accepts, nothing else. */
-static bool tenant_name_valid(const char *name) {
-        size_t n = name ? strlen(name) : 0;
-        if (n == 0 || n > 63)
-                return false;
-        for (size_t i = 0; i < n; i++) {
-                char ch = name[i];
-                if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                      ch == '_' || ch == '.' || ch == ':' || ch == '-'))
-                        return false;
-        }
-        return true;
-}
-
 /* Most tenants the daemon creates on request (quota set for tenants with no
  * session yet); tenants from sessions and the config are not limited here. */
 #define MAX_TENANTS 4096
@@ -377,7 +364,7 @@ int gm_admin_quota(gm_session_t *s, uint64_t request_id, const Gpumem__Quota *re
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET) {
                 if (!s->admin)
                         return refuse_not_admin(s, request_id, "setting quotas");
-                if (!tenant_name_valid(name))
+                if (!gm_tenant_name_valid(name)) /* what the config accepts, nothing else */
                         return gm_session_send_error(s, request_id, EINVAL, "gpumemd: invalid tenant name"), 0;
                 size_t n_tenants = 0;
                 for (gm_tenant_t *t = d->tenants; t; t = t->next)

@@ -49,7 +49,7 @@ static bool parse_decimal(const char *s, uint64_t *ret) {
         return true;
 }
 
-static bool valid_tenant_name(const char *s) {
+bool gm_tenant_name_valid(const char *s) {
         size_t n = strlen(s);
         if (n == 0 || n > GM_TENANT_NAME_MAX)
                 return false;
@@ -267,7 +267,7 @@ static int open_section(parse_state_t *st, const header_t *h) {
                 return fail(st, -EINVAL, h->line, "section [tenant] needs a name: [tenant NAME]");
         char buf[GM_TENANT_NAME_MAX + 1];
         snprintf(buf, sizeof(buf), "%.*s", (int) n, name);
-        if (n > GM_TENANT_NAME_MAX || !valid_tenant_name(buf))
+        if (n > GM_TENANT_NAME_MAX || !gm_tenant_name_valid(buf))
                 return fail(st, -EINVAL, h->line,
                             "invalid tenant name '%.*s': 1 to %u of A-Z a-z 0-9 _ . : -", (int) n, name,
                             GM_TENANT_NAME_MAX);

@@ -102,6 +102,9 @@ typedef struct gm_config {
  * then reads "FILE:LINE: reason" (or "FILE: reason" for I/O). Returns 0 and
  * hands the caller *ret (free with gm_config_free), -EINVAL for a bad file,
  * or another negative errno for I/O or memory. */
+/* A tenant name: 1..GM_TENANT_NAME_MAX characters of [A-Za-z0-9_.:-]. */
+bool gm_tenant_name_valid(const char *name);
+
 int gm_config_load(const char *path, gm_config_t **ret, char *reterr, size_t reterr_len);
 gm_config_t *gm_config_free(gm_config_t *c);
 

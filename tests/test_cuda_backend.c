@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "cuda_loader.h"
 #include "mapper.h"
+#include "testutil.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -35,17 +36,6 @@
         } while (0)
 
 /* ---- helpers ---- */
-
-static int count_fds(void) {
-        DIR *d = opendir("/proc/self/fd");
-        ck_assert_ptr_nonnull(d);
-        int n = 0;
-        for (struct dirent *e; (e = readdir(d));)
-                if (e->d_name[0] != '.')
-                        n++;
-        closedir(d);
-        return n;
-}
 
 static gm_backend_t *open_cuda(uint64_t capacity) {
         gm_backend_options_t opts = {.kind = "cuda", .device = 0, .capacity = capacity};
@@ -105,7 +95,7 @@ START_TEST(test_open_create_release) {
         ck_assert_uint_eq(free_bytes, 4 * GiB);
 
         gm_phys_t phys;
-        int fds = count_fds();
+        int fds = gm_test_count_fds(getpid());
         ck_assert_ok(gm_backend_create(b, SEG, &phys));
         ck_assert_int_ge(phys.fd, 0);
         ck_assert_uint_eq(phys.size, SEG);
@@ -120,7 +110,7 @@ START_TEST(test_open_create_release) {
 
         gm_backend_release(b, &phys);
         ck_assert_int_eq(phys.fd, -1);
-        ck_assert_int_eq(count_fds(), fds);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds);
         ck_assert_uint_eq(b->in_use, 0);
         ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
         ck_assert_uint_eq(free_bytes, 4 * GiB);
@@ -152,10 +142,10 @@ START_TEST(test_capacity_limit) {
         gm_phys_t p1, p2, p3;
         ck_assert_ok(gm_backend_create(b, SEG, &p1));
         ck_assert_ok(gm_backend_create(b, SEG, &p2));
-        int fds = count_fds();
+        int fds = gm_test_count_fds(getpid());
         ck_assert_int_eq(gm_backend_create(b, SEG, &p3), -ENOMEM);
         ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), "capacity"));
-        ck_assert_int_eq(count_fds(), fds);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds);
         ck_assert_uint_eq(b->in_use, 8 * MiB);
         gm_backend_release(b, &p1);
         ck_assert_ok(gm_backend_create(b, SEG, &p3));
@@ -190,10 +180,10 @@ START_TEST(test_fail_create_injected) {
         gm_backend_t *b = open_cuda(0);
         gm_phys_t p1, p2;
         ck_assert_ok(gm_backend_create(b, SEG, &p1));
-        int fds = count_fds();
+        int fds = gm_test_count_fds(getpid());
         ck_assert_int_eq(gm_backend_create(b, SEG, &p2), -ENOMEM);
         ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY"));
-        ck_assert_int_eq(count_fds(), fds);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds);
         ck_assert_uint_eq(b->in_use, SEG);
         ck_assert_ok(gm_backend_create(b, SEG, &p2));
         ck_assert_uint_eq(b->in_use, 2 * SEG);
@@ -416,9 +406,9 @@ static void check_map_fault(const char *variable, const char *entry_point) {
         uint64_t base;
         ck_assert_ok(m->ops->reserve(m, SEG, &base));
 
-        int fds = count_fds();
+        int fds = gm_test_count_fds(getpid());
         ck_assert_int_eq(m->ops->map(m, base, 0, SEG, dup(phys.fd)), -ENOMEM);
-        ck_assert_int_eq(count_fds(), fds); /* the fd was consumed */
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds); /* the fd was consumed */
         ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), entry_point));
 
         /* Nothing was left mapped: the same range maps now. */
@@ -426,7 +416,7 @@ static void check_map_fault(const char *variable, const char *entry_point) {
         fill((void *)(uintptr_t)base, SEG, 5);
         ck_assert(verify((void *)(uintptr_t)base, SEG, 5));
         unmap_all(m, base, SEG);
-        ck_assert_int_eq(count_fds(), fds);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), fds);
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
         gm_backend_close(b);

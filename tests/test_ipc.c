@@ -20,6 +20,7 @@
 
 #include "backend.h"
 #include "ipc.h"
+#include "testutil.h"
 #include "msg.h"
 
 #define MiB (1ull << 20)
@@ -31,17 +32,6 @@
         } while (0)
 
 /* ---- helpers ---- */
-
-static int count_fds(void) {
-        DIR *d = opendir("/proc/self/fd");
-        ck_assert_ptr_nonnull(d);
-        int n = 0;
-        for (struct dirent *e; (e = readdir(d));)
-                if (e->d_name[0] != '.')
-                        n++;
-        closedir(d);
-        return n;
-}
 
 static bool is_open(int fd) {
         return fcntl(fd, F_GETFD) >= 0 || errno != EBADF;
@@ -178,12 +168,12 @@ START_TEST(test_truncated_packet_refused_and_fds_closed) {
         ck_assert_ok(gm_ipc_send(sv[0], big, sizeof(big), fds, 3));
         ck_assert_ok(gm_ipc_send(sv[0], "next", 4, NULL, 0));
 
-        int before = count_fds();
+        int before = gm_test_count_fds(getpid());
         char buf[50];
         int got[8];
         size_t len = 777, n_fds = 777;
         ck_assert_int_eq(gm_ipc_recv(sv[1], buf, sizeof(buf), got, 8, &len, &n_fds), -EMSGSIZE);
-        ck_assert_int_eq(count_fds(), before);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before);
         ck_assert_uint_eq(len, 777); /* out-parameters untouched on failure */
         ck_assert_uint_eq(n_fds, 777);
 
@@ -293,17 +283,17 @@ static void check_fd_cap(size_t n_sent, size_t max_fds) {
         ck_assert_ok(gm_ipc_send(sv[0], "many", 4, fds, n_sent));
         ck_assert_ok(gm_ipc_send(sv[0], "one", 3, &memfd, 1));
 
-        int before = count_fds();
+        int before = gm_test_count_fds(getpid());
         char buf[16];
         int got[GM_IPC_MAX_FDS_LIMIT];
         size_t len, n_fds;
         ck_assert_int_eq(gm_ipc_recv(sv[1], buf, sizeof(buf), got, max_fds, &len, &n_fds), -EMSGSIZE);
-        ck_assert_int_eq(count_fds(), before);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before);
 
         ck_assert_ok(gm_ipc_recv(sv[1], buf, sizeof(buf), got, 1, &len, &n_fds));
         ck_assert_uint_eq(len, 3);
         ck_assert_uint_eq(n_fds, 1);
-        ck_assert_int_eq(count_fds(), before + 1);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before + 1);
         close(got[0]);
         close(memfd);
 }
@@ -332,12 +322,12 @@ START_TEST(test_foreign_control_message_refused) {
         int memfd = make_memfd(4096);
         ck_assert_ok(gm_ipc_send(sv[0], "cred", 4, &memfd, 1));
 
-        int before = count_fds();
+        int before = gm_test_count_fds(getpid());
         char buf[16];
         int got[4];
         size_t len, n_fds;
         ck_assert_int_eq(gm_ipc_recv(sv[1], buf, sizeof(buf), got, 4, &len, &n_fds), -EMSGSIZE);
-        ck_assert_int_eq(count_fds(), before);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before);
         close(memfd);
 }
 END_TEST
@@ -853,9 +843,9 @@ START_TEST(test_host_capacity_enforced) {
         ck_assert_uint_eq(free_, 0);
         ck_assert_uint_eq(total, 8 * MiB);
 
-        int before = count_fds();
+        int before = gm_test_count_fds(getpid());
         ck_assert_int_eq(gm_backend_create(b, 2 * MiB, &d), -ENOMEM);
-        ck_assert_int_eq(count_fds(), before); /* nothing was created */
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before); /* nothing was created */
         ck_assert_uint_eq(b->in_use, 8 * MiB);
 
         int fd = a.fd;
@@ -904,7 +894,7 @@ END_TEST
 START_TEST(test_host_sizes_must_be_granules) {
         gm_backend_t *b = open_host(64 * MiB);
         gm_phys_t p = {.fd = -7};
-        int before = count_fds();
+        int before = gm_test_count_fds(getpid());
         ck_assert_int_eq(gm_backend_create(b, 0, &p), -EINVAL);
         ck_assert_int_eq(gm_backend_create(b, 1 * MiB, &p), -EINVAL);
         ck_assert_int_eq(gm_backend_create(b, 3 * MiB, &p), -EINVAL);
@@ -912,7 +902,7 @@ START_TEST(test_host_sizes_must_be_granules) {
         ck_assert_int_eq(gm_backend_create(b, 128 * MiB, &p), -ENOMEM);
         ck_assert_int_eq(p.fd, -7);
         ck_assert_uint_eq(b->in_use, 0);
-        ck_assert_int_eq(count_fds(), before);
+        ck_assert_int_eq(gm_test_count_fds(getpid()), before);
         gm_backend_close(b);
 }
 END_TEST
