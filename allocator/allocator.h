@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "alloc_conf.h"
 #include "stats.h"
 
 typedef struct gm_heap gm_heap_t;

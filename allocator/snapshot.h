@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "allocator.h"
-#include "config.h"
+#include "alloc_conf.h"
 #include "history.h"
 
 typedef enum gm_snapshot_format {

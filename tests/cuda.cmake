@@ -17,7 +17,7 @@ if(GPUMEM_HAVE_CUDA)
     ${CMAKE_CURRENT_SOURCE_DIR}/test_cuda_backend.c
     ${CMAKE_SOURCE_DIR}/client/mapper_cuda.c)
   target_include_directories(test_cuda_backend PRIVATE ${CMAKE_SOURCE_DIR}/client ${CUDA_INCLUDE_DIR})
-  target_link_libraries(test_cuda_backend PRIVATE gm_ipc gm_testutil PkgConfig::CHECK)
+  target_link_libraries(test_cuda_backend PRIVATE gm_ipc gm_backend gm_testutil PkgConfig::CHECK)
   add_dependencies(test_cuda_backend fakecuda)
   add_test(NAME cuda_backend COMMAND test_cuda_backend)
   set_tests_properties(cuda_backend PROPERTIES ENVIRONMENT "GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA}")

@@ -2,11 +2,11 @@
 # and again on the cuda backend over the emulated driver when it is built.
 add_library(gm_testutil STATIC ${CMAKE_CURRENT_LIST_DIR}/testutil.c)
 target_include_directories(gm_testutil PUBLIC ${CMAKE_CURRENT_LIST_DIR})
-target_link_libraries(gm_testutil PUBLIC gm_ipc PkgConfig::CHECK)
+target_link_libraries(gm_testutil PUBLIC gm_ipc gm_backend PkgConfig::CHECK)
 target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
 
 add_executable(test_integration ${CMAKE_CURRENT_LIST_DIR}/test_integration.c)
-target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK Threads::Threads)
+target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc gm_backend PkgConfig::CHECK Threads::Threads)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GM_PYTHON3="${Python3_EXECUTABLE}" GPUMEMD_BIN_PATH="$<TARGET_FILE:gpumemd>"
@@ -30,7 +30,7 @@ target_compile_definitions(test_integration PRIVATE GM_TEST_CLIENT="$<TARGET_FIL
 
 # Tenants, quotas, reclaim and isolation with clients under other uids.
 add_executable(test_tenants ${CMAKE_CURRENT_LIST_DIR}/test_tenants.c)
-target_link_libraries(test_tenants PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK)
+target_link_libraries(test_tenants PRIVATE gm_testutil gpumem gm_ipc gm_backend PkgConfig::CHECK)
 target_compile_definitions(test_tenants PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_tenants gpumemd gpumemctl gm-test-client)
@@ -55,7 +55,7 @@ set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)
 
 # Restarts that lose nothing: a harness playing systemd's fd store.
 add_executable(test_restart ${CMAKE_CURRENT_LIST_DIR}/test_restart.c)
-target_link_libraries(test_restart PRIVATE gm_testutil gm_ipc PkgConfig::CHECK Threads::Threads)
+target_link_libraries(test_restart PRIVATE gm_testutil gm_ipc gm_backend PkgConfig::CHECK Threads::Threads)
 target_compile_definitions(test_restart PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>"
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_restart gpumemd gm-test-client)

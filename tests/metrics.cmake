@@ -10,7 +10,7 @@ endif()
 add_executable(test_metrics ${CMAKE_CURRENT_LIST_DIR}/test_metrics.c
   ${CMAKE_SOURCE_DIR}/daemon/metrics.c ${CMAKE_SOURCE_DIR}/daemon/log.c)
 target_include_directories(test_metrics PRIVATE ${CMAKE_SOURCE_DIR}/daemon)
-target_link_libraries(test_metrics PRIVATE gm_testutil gpumem gm_allocator gm_ipc PkgConfig::MHD PkgConfig::LIBUV
+target_link_libraries(test_metrics PRIVATE gm_testutil gpumem gm_allocator gm_ipc gm_backend PkgConfig::MHD PkgConfig::LIBUV
                       PkgConfig::CHECK)
 target_compile_definitions(test_metrics PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
 if(GM_PROMTOOL_EXECUTABLE)

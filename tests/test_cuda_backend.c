@@ -1,4 +1,4 @@
-/* Check suite for the cuda backend (ipc/backend_cuda.c), the cuda mapper
+/* Check suite for the cuda backend (backend/backend_cuda.c), the cuda mapper
  * (client/mapper_cuda.c) and their loader, run over the emulated driver
  * (tests/fakecuda, selected by GPUMEM_LIBCUDA). Each test runs in its own
  * forked process (CK_FORK), so each loads the driver afresh and may set the

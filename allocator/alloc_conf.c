@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "alloc_conf.h"
 
 #define MIB (UINT64_C(1) << 20)
 #define MIN_SPLIT_MB 20 /* kLargeBuffer */
