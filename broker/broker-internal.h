@@ -5,6 +5,7 @@
 
 #include "broker.h"
 #include "clock.h"
+#include "debug.h"
 
 /* A ReleaseRequest sent to a client and not yet acknowledged: its pieces stay
  * charged to the tenant and held in the backend until the ack. */

@@ -122,6 +122,7 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
                 b->ops.store_remove(b->ops.userdata, name);
         ledger_append(b, "- %" PRIu64 "\n", p->store_id);
         p->store_id = 0;
+        gm_assert(b->n_stored > 0);
         b->n_stored--;
 }
 

@@ -17,10 +17,12 @@ static void charge(gm_piece_t *p, bool on) {
         gm_tenant_t *t = p->session ? p->session->tenant : NULL;
         if (!t)
                 return;
-        if (on)
+        if (on) {
                 t->charged_bytes += p->phys.size;
-        else
+        } else {
+                gm_assert(t->charged_bytes >= p->phys.size);
                 t->charged_bytes -= p->phys.size;
+        }
 }
 
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state) {
@@ -131,10 +133,13 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
                 gm_ledger_unstore(b, p);
         else if (p->store_id)
                 b->n_stored--; /* the next daemon's now */
-        if (p->phys.fd < 0)
+        if (p->phys.fd < 0) {
+                gm_assert(b->unbacked_bytes >= p->phys.size);
                 b->unbacked_bytes -= p->phys.size;
-        else
+        } else {
+                gm_assert(b->backend->in_use >= p->phys.size);
                 gm_backend_release(b->backend, &p->phys);
+        }
         free(p);
 }
 

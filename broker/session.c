@@ -141,6 +141,7 @@ int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resum
 
 static void release_complete(gm_session_t *s, gm_release_t *rel) {
         gm_broker_t *b = s->broker;
+        gm_assert(s->releasing_bytes >= rel->bytes && b->releasing_bytes >= rel->bytes);
         s->releasing_bytes -= rel->bytes;
         b->releasing_bytes -= rel->bytes;
         while (rel->pieces) {

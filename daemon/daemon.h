@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "broker.h"
+#include "clock.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
 
@@ -108,4 +109,6 @@ void gm_requests_answer_alloc(gm_conn_t *c, uint64_t request_id, const gm_outcom
 /* main.c: applies the config file's tenant quotas to every tenant. */
 void gm_daemon_apply_config_quotas(gm_daemon_t *d);
 
-uint64_t gm_now_ms(void);
+/* GPUMEMD_DEBUG builds: verifies the broker (and every heap) and aborts on a
+ * violation, naming `after`. A no-op otherwise. */
+void gm_daemon_debug_check(const gm_daemon_t *d, const char *after);

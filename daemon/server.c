@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "debug.h"
 #include "daemon.h"
 #include "log.h"
 #include "metrics.h"
@@ -129,6 +130,18 @@ static void on_conn_readable(uv_poll_t *handle, int status, int events) {
                         break;
                 }
                 gm_session_flush_releases(c->session);
+                gm_daemon_debug_check(d, "a request");
+        }
+}
+
+void gm_daemon_debug_check(const gm_daemon_t *d, const char *after) {
+        if (!GM_DEBUG)
+                return;
+        char why[512];
+        int n = gm_broker_check(d->broker, why, sizeof(why));
+        if (n) {
+                log_error("BUG: %d broker invariants broken after %s: %s", n, after, why);
+                abort();
         }
 }
 
@@ -222,6 +235,7 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
 static void on_tick(uv_timer_t *t) {
         gm_daemon_t *d = t->data;
         gm_broker_tick(d->broker, gm_now_ms());
+        gm_daemon_debug_check(d, "a tick");
 }
 
 int gm_server_start(gm_daemon_t *d) {
