@@ -590,17 +590,36 @@ static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
 
 /* ---- the pool policy ---- */
 
-/* PyTorch's get_free_block(): best fit on the same stream, oversize rules. */
+/* The size a free block can grow to in place: itself plus the unmapped range
+ * right after it (PyTorch's expandable_size()). */
+static uint64_t expandable_size(const gm_block_t *b) {
+        return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+static gm_block_t *free_set_next(pool_t *p, const gm_block_t *b) {
+        return block_of(gm_tree_next(p->free_set, b->node.key));
+}
+
+/* PyTorch's get_free_block(): best fit on the same stream, oversize rules.
+ * When the best fit lies in an expandable segment, the fit is judged by the
+ * size the block can grow to: while the next larger block of the stream can
+ * grow to less, it is taken instead (so a block followed by unmapped space,
+ * whose growth is the segment's whole tail, yields to a hole that fits). */
 static gm_block_t *get_free_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize) {
         uint64_t key[3] = {stream, rsize, 0}, msplit = h->cfg.max_split_size;
-        gm_block_t *b;
+        gm_block_t *b, *n;
 
         if (gc_active(h))
                 p->gc_calls++;
         b = block_of(gm_tree_lower_bound(p->free_set, key));
+        if (b && b->seg->stream == stream && b->seg->expandable && h->cfg.expandable_segments)
+                for (n = free_set_next(p, b); b->seg->expandable && n && n->seg->stream == stream &&
+                                              expandable_size(n) < expandable_size(b);
+                     n = free_set_next(p, n))
+                        b = n;
         /* expandable segments switched off at run time: skip their blocks */
         while (b && !h->cfg.expandable_segments && b->seg->expandable && b->seg->stream == stream)
-                b = block_of(gm_tree_next(p->free_set, b->node.key));
+                b = free_set_next(p, b);
         if (!b || b->seg->stream != stream)
                 return NULL;
         if (rsize < msplit && b->size >= msplit)
