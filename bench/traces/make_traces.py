@@ -34,6 +34,10 @@ class Trace:
         size, stream = self.live.pop(i)
         self.rows.append(("free", i, size, stream))
 
+    def free_each(self, ids):
+        for i in ids:
+            self.free(i)
+
     def free_all(self):
         for i in sorted(self.live):
             self.free(i)
@@ -210,14 +214,11 @@ def convnet(path):
                 t.free(saved.pop())
             if saved and i % 2:
                 t.free(saved.pop())
-        for a in saved + [dx, logits, x]:
-            t.free(a)
+        t.free_each(saved + [dx, logits, x])
         if not momentum:
             momentum = [t.alloc(n * f32) for n in layer_shapes]
-        for g in grads:
-            t.free(g)
-    for a in momentum + weights:
-        t.free(a)
+        t.free_each(grads)
+    t.free_each(momentum + weights)
     t.write(path)
 
 
