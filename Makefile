@@ -8,12 +8,13 @@ CMAKE_FLAGS ?=
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
 # (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
-# dpkg-dev for the package check.
+# dpkg-dev, debhelper, lintian and fakeroot (when not root) for the Debian
+# package check.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
-	prometheus systemd groff-base man-db dpkg-dev
+	prometheus systemd groff-base man-db dpkg-dev debhelper lintian fakeroot
 
-.PHONY: all deps build run test test-asan install clean
+.PHONY: all deps build run test test-asan install deb clean
 
 all: build
 
@@ -52,6 +53,10 @@ test-asan: deps
 
 install: build
 	cmake --install $(BUILD)
+
+# The Debian packages (gpumemd, libgpumem0, libgpumem-dev), in $(BUILD)/deb.
+deb: deps
+	sh packaging/build-deb.sh . $(BUILD)/deb
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
