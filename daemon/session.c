@@ -388,6 +388,7 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         reply.tenant = s->tenant->name;
         reply.granularity = d->backend->granularity;
         reply.session_token = s->token;
+        reply.device_uuid = d->backend->device_uuid;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         env.hello_reply = &reply;
@@ -401,9 +402,13 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
 static gm_oom_reason_t describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
         gm_daemon_t *d = s->daemon;
         const gm_stats_t *st = gm_heap_stats(s->heap);
-        uint64_t device_free = 0, device_total = 0;
+        /* One view of the device: what the broker may use of it (its capacity
+         * within the driver's total), and what is free of that. */
+        uint64_t device_free = 0, device_total = 0, capacity_free = d->backend->capacity - d->backend->in_use;
         if (d->backend->ops->mem_info(d->backend, &device_free, &device_total) < 0)
-                device_free = d->backend->capacity - d->backend->in_use;
+                device_free = device_total = d->backend->capacity;
+        device_total = device_total < d->backend->capacity ? device_total : d->backend->capacity;
+        device_free = device_free < capacity_free ? device_free : capacity_free;
         uint64_t others_cached = d->releasing_bytes - s->releasing_bytes;
         for (gm_session_t *o = d->sessions; o; o = o->next)
                 if (o != s && o->heap) {
@@ -414,7 +419,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, uint64_t size, int err,
         double fraction = d->alloc_config.per_process_memory_fraction;
         gm_oom_report_t r = {
                 .device = d->backend->device,
-                .device_total = d->backend->capacity,
+                .device_total = device_total,
                 .device_free = device_free,
                 .allowed = fraction > 0 && fraction < 1 ? (uint64_t) (fraction * (double) d->backend->capacity) : 0,
                 .session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current,
@@ -574,13 +579,50 @@ static int handle_free_completed(gm_session_t *s, uint64_t request_id, const Gpu
         return 0;
 }
 
+/* Moves the pieces an ack names as still mapped from `rel` to `kept`, a
+ * release that stays pending, charged and never asked again, until the
+ * session ends (when the client's mappings are gone for sure). */
+static void split_not_released(gm_session_t *s, gm_release_t *rel, gm_release_t *kept, const Gpumem__ReleaseAck *ack) {
+        for (gm_piece_t **pp = &rel->pieces; *pp;) {
+                gm_piece_t *p = *pp;
+                bool named = false;
+                for (size_t i = 0; i < ack->n_not_released && !named; i++)
+                        named = ack->not_released[i]->segment_id == p->segment_id &&
+                                ack->not_released[i]->offset == p->offset;
+                if (!named) {
+                        pp = &p->next;
+                        continue;
+                }
+                *pp = p->next;
+                p->next = kept->pieces;
+                kept->pieces = p;
+                kept->bytes += p->phys.size;
+                rel->bytes -= p->phys.size;
+        }
+        kept->id = rel->id;
+        kept->held = true;
+        kept->next = s->releases;
+        s->releases = kept;
+        log_warning("session %llu (pid %d) could not unmap %zu of the ranges of release %llu: their %llu bytes stay "
+                    "charged until the session ends",
+                    (unsigned long long) s->id, (int) s->cred.pid, ack->n_not_released,
+                    (unsigned long long) rel->id, (unsigned long long) kept->bytes);
+}
+
 static int handle_release_ack(gm_session_t *s, uint64_t request_id, const Gpumem__ReleaseAck *ack) {
         for (gm_release_t **rp = &s->releases; *rp; rp = &(*rp)->next) {
                 gm_release_t *rel = *rp;
-                if (rel->id != ack->release_id)
+                if (rel->id != ack->release_id || rel->held)
                         continue;
+                gm_release_t *kept = NULL;
+                if (ack->n_not_released > 0 && !(kept = calloc(1, sizeof(*kept)))) {
+                        rel->held = true; /* cannot split it: all of it stays charged */
+                        return 0;
+                }
                 *rp = rel->next;
                 gm_metrics_count_reclaim(s->daemon->metrics, GM_RECLAIM_ACKNOWLEDGED);
+                if (kept)
+                        split_not_released(s, rel, kept, ack);
                 release_complete(s, rel);
                 retry_parked(s->daemon, false);
                 return 0;
@@ -677,7 +719,7 @@ void gm_daemon_tick(gm_daemon_t *d) {
         uint64_t now = gm_now_ms();
         for (gm_session_t *s = d->sessions; s; s = s->next)
                 for (gm_release_t *rel = s->releases; rel && !s->closing; rel = rel->next)
-                        if (now - rel->sent_at_ms >= d->opts.limits.release_timeout_ms) {
+                        if (!rel->held && now - rel->sent_at_ms >= d->opts.limits.release_timeout_ms) {
                                 if (rel->attempts == 1) {
                                         gm_metrics_count_reclaim(d->metrics, GM_RECLAIM_TIMED_OUT);
                                         log_warning("session %llu (pid %d) has not acknowledged release %llu "
