@@ -27,7 +27,7 @@
 
 #include "backend.h"
 #include "cuda_loader.h"
-#include "fakecuda.h"
+#include "fakecuda_check.h"
 #include "mapper.h"
 #include "testutil.h"
 
@@ -43,62 +43,23 @@
 
 /* ---- helpers ---- */
 
-static void *emulator_symbol(const char *name) {
-        void *lib = dlopen(getenv("GPUMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
-        ck_assert_ptr_nonnull(lib);
-        void *fn = dlsym(lib, name);
-        ck_assert_ptr_nonnull(fn);
-        dlclose(lib);
-        return fn;
-}
-
-/* This process's driver objects; false before the driver was loaded. */
-static bool usage(fakecuda_usage_t *ret) {
-        void *lib = dlopen(getenv("GPUMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
-        if (!lib)
-                return false;
-        dlclose(lib);
-        fakecuda_usage_fn fn;
-        void *p = emulator_symbol("fakecuda_usage");
-        memcpy(&fn, &p, sizeof(p));
-        return fn(ret) == 0;
-}
-
-static uint64_t device_bytes_in_use(int physical) {
-        fakecuda_device_usage_fn fn;
-        void *p = emulator_symbol("fakecuda_device_usage");
-        memcpy(&fn, &p, sizeof(p));
-        uint64_t bytes = 0, allocations = 0;
-        ck_assert_int_eq(fn(physical, &bytes, &allocations), 0);
-        return bytes;
-}
-
 static char pool_path[64];
 
 /* Every test: its own device pool, shared with the processes it starts. */
 static void setup(void) {
-        snprintf(pool_path, sizeof(pool_path), "/tmp/fakecuda-pool-XXXXXX");
-        int fd = mkstemp(pool_path);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-        setenv("FAKECUDA_POOL", pool_path, 1);
+        gm_fake_new_pool(pool_path, sizeof(pool_path));
         setenv("FAKECUDA_CONTEXT_BYTES", "0", 0); /* contexts cost nothing unless a test says so */
 }
 
-/* ...and at its end nothing is left: no handle, mapping, reservation, block,
- * stream, event or context in this process, nothing in use on the device. */
+/* ...and at its end nothing is left: no driver object in this process,
+ * nothing in use on any device. */
 static void teardown(void) {
         fakecuda_usage_t u;
-        if (usage(&u)) {
-                ck_assert_msg(u.handles == 0 && u.mappings == 0 && u.reservations == 0 && u.blocks == 0 &&
-                                      u.streams == 0 && u.events == 0 && u.contexts == 0 && u.stack_depth == 0,
-                              "leaked: %ld handles, %ld mappings, %ld reservations, %ld blocks, %ld streams, "
-                              "%ld events, %ld contexts, context stack %ld",
-                              u.handles, u.mappings, u.reservations, u.blocks, u.streams, u.events, u.contexts,
-                              u.stack_depth);
+        if (gm_fake_usage(&u)) {
+                gm_fake_assert_no_objects();
                 for (int d = 0; d < 4; d++)
-                        ck_assert_msg(device_bytes_in_use(d) == 0, "device %d: %llu bytes still in use", d,
-                                      (unsigned long long)device_bytes_in_use(d));
+                        ck_assert_msg(gm_fake_device_bytes(d) == 0, "device %d: %llu bytes still in use", d,
+                                      (unsigned long long)gm_fake_device_bytes(d));
         }
         unlink(pool_path);
 }
@@ -645,7 +606,7 @@ START_TEST(test_caller_context_kept) {
         unmap_all(m, base, SEG);
         ck_assert_ptr_eq(current(cu), mine);
         fakecuda_usage_t u;
-        ck_assert(usage(&u));
+        ck_assert(gm_fake_usage(&u));
         ck_assert_int_eq(u.stack_depth, 1);
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
@@ -764,7 +725,7 @@ START_TEST(test_backend_holds_no_context) {
         ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
         ck_assert_uint_eq(total - free_bytes, SEG); /* no context of ours costs anything */
         fakecuda_usage_t u;
-        ck_assert(usage(&u));
+        ck_assert(gm_fake_usage(&u));
         ck_assert_int_eq(u.contexts, 0);
         char fd_arg[16];
         const char *args[] = {pass_fd(phys.fd, fd_arg, sizeof(fd_arg)), "77", b->device_uuid, NULL};
@@ -797,7 +758,7 @@ static void check_mem_info(const char *libnvml, const char *source) {
         ck_assert_uint_eq(total - free_bytes, SEG + 8 * MiB + 32 * MiB + ours);
         ck_assert_int_eq(gm_test_proc_finish(&proc), 0);
         fakecuda_usage_t u;
-        ck_assert(usage(&u));
+        ck_assert(gm_fake_usage(&u));
         ck_assert_int_eq(u.contexts, 0);
         gm_backend_release(b, &phys);
         gm_backend_close(b);
@@ -840,7 +801,7 @@ START_TEST(test_rdma_capable_allocations) {
         gm_phys_t phys;
         ck_assert_ok(gm_backend_create(b, SEG, &phys));
         fakecuda_usage_t u;
-        ck_assert(usage(&u));
+        ck_assert(gm_fake_usage(&u));
         ck_assert_int_eq(u.rdma_handles, 1);
         gm_backend_release(b, &phys);
         gm_backend_close(b);
@@ -854,7 +815,7 @@ START_TEST(test_no_rdma_where_unsupported) {
         gm_phys_t phys;
         ck_assert_ok(gm_backend_create(b, SEG, &phys)); /* the emulator refuses the flag here */
         fakecuda_usage_t u;
-        ck_assert(usage(&u));
+        ck_assert(gm_fake_usage(&u));
         ck_assert_int_eq(u.rdma_handles, 0);
         gm_backend_release(b, &phys);
         gm_backend_close(b);
@@ -889,7 +850,7 @@ START_TEST(test_emulator_strict) {
         void *fn = NULL;
         CUdriverProcAddressQueryResult status;
         PFN_cuGetProcAddress_v12000 getproc;
-        void *p = emulator_symbol("cuGetProcAddress_v2");
+        void *p = gm_fake_symbol("cuGetProcAddress_v2");
         memcpy(&getproc, &p, sizeof(p));
         ck_assert_int_eq(getproc("cuMemCreate", &fn, 10000, 0, &status), CUDA_ERROR_NOT_FOUND);
         ck_assert_int_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
@@ -962,9 +923,9 @@ START_TEST(test_emulator_pool_device_wide) {
         gm_mapper_t *m = new_mapper(b->granularity);
         uint64_t base = map_copy(m, p2.fd, 16 * MiB);
         gm_backend_release(b, &p2);
-        ck_assert_uint_eq(device_bytes_in_use(0), 32 * MiB); /* still mapped here */
+        ck_assert_uint_eq(gm_fake_device_bytes(0), 32 * MiB); /* still mapped here */
         unmap_all(m, base, 16 * MiB);
-        ck_assert_uint_eq(device_bytes_in_use(0), 16 * MiB);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), 16 * MiB);
         m->ops->destroy(m);
         gm_backend_release(b, &p1);
         gm_backend_close(b);
