@@ -122,6 +122,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
                 .capacity = d->backend->capacity,
                 .va_cursor = &d->va_cursor,
                 .extra_sinks = {&s->tenant->stats, &d->device_stats, NULL},
+                .granularity = d->backend->granularity,
         };
         int r = gm_heap_new(&d->alloc_config, &provider, &params, &s->heap);
         if (r < 0)

@@ -302,6 +302,38 @@ START_TEST(test_exclusive_process_mode) {
 }
 END_TEST
 
+/* Defect 11: segment and page sizes follow the backend's granularity (here
+ * 8 MiB), not PyTorch's 2 MiB constants. */
+static void check_granularity(const char *const *args) {
+        setenv("FAKECUDA_GRANULARITY", "8M", 1);
+        start_daemon("256M", args, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        void *small, *large;
+        int r = gpumem_alloc(c, 4096, 0, &small);
+        ck_assert_msg(r == 0, "small alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        r = gpumem_alloc(c, 5 * MiB, 0, &large);
+        ck_assert_msg(r == 0, "large alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(small, 4096, 1);
+        gm_test_fill(large, 5 * MiB, 2);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 8 * (int64_t) MiB + 24 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        ck_assert_int_eq(gpumem_free(c, large), 0);
+        finish(c);
+}
+
+START_TEST(test_granularity_segments) {
+        check_granularity(NULL);
+}
+END_TEST
+
+START_TEST(test_granularity_pages) {
+        static const char *const args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        check_granularity(args);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -316,6 +348,8 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_client_finds_daemon_gpu);
         tcase_add_test(tc, test_client_refuses_unseen_gpu);
         tcase_add_test(tc, test_exclusive_process_mode);
+        tcase_add_test(tc, test_granularity_segments);
+        tcase_add_test(tc, test_granularity_pages);
         suite_add_tcase(s, tc);
         return s;
 }
