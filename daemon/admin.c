@@ -298,8 +298,8 @@ int gm_handle_snapshot(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
                 .only_heap_pids = !everything,
                 .config = &b->alloc_config,
         };
-        gm_snapshot_format_t fmt = req->format == GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON ? GM_SNAPSHOT_JSON
-                                                                                               : GM_SNAPSHOT_PICKLE;
+        gm_snapshot_format_t fmt =
+                req->format == GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON ? GM_SNAPSHOT_JSON : GM_SNAPSHOT_PICKLE;
         char *buf = NULL;
         size_t len = 0;
         int fd = -1;

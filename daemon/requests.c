@@ -187,8 +187,7 @@ static int handle_free(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
 static int handle_free_completed(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         uint64_t block_id = env->free_completed->block_id;
         if (gm_session_free_completed(c->session, block_id) < 0)
-                gm_conn_send_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion",
-                                   block_id);
+                gm_conn_send_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion", block_id);
         return 0;
 }
 
@@ -217,9 +216,8 @@ static int handle_trim(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
         if (!trims_others(c, trim)) {
                 released = gm_session_trim(c->session);
         } else {
-                const char *tenant = trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0
-                                             ? trim->tenant
-                                             : NULL;
+                const char *tenant =
+                        trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
                 released = gm_broker_trim(b, tenant);
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;

@@ -148,11 +148,11 @@ static host_t host_;
 static gm_broker_t *b_;
 static char dir_[64], ledger_[128];
 
-#define CHECK(b)                                                                                    \
-        do {                                                                                        \
-                char why_[512];                                                                     \
-                int n_ = gm_broker_check((b), why_, sizeof(why_));                                 \
-                ck_assert_msg(n_ == 0, "%d broker invariants broken: %s", n_, why_);                \
+#define CHECK(b)                                                                     \
+        do {                                                                         \
+                char why_[512];                                                      \
+                int n_ = gm_broker_check((b), why_, sizeof(why_));                   \
+                ck_assert_msg(n_ == 0, "%d broker invariants broken: %s", n_, why_); \
         } while (0)
 
 static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
@@ -162,23 +162,25 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
         gm_broker_params_t params = {
                 .backend = &backend_,
                 .alloc_config = &conf,
-                .limits = {
-                        .max_blocks_per_session = 1000,
-                        .max_parked_per_session = 8,
-                        .park_timeout_ms = 60000,
-                        .release_timeout_ms = 60000,
-                        .reattach_grace_ms = 60000,
-                        .max_reattach_items = 1000,
-                        .max_ranges_per_release = 2,
-                },
-                .ops = {
-                        .send_release = host_send_release,
-                        .alloc_done = host_alloc_done,
-                        .store_add = host_store_add,
-                        .store_remove = host_store_remove,
-                        .log = host_log,
-                        .userdata = &host_,
-                },
+                .limits =
+                        {
+                                .max_blocks_per_session = 1000,
+                                .max_parked_per_session = 8,
+                                .park_timeout_ms = 60000,
+                                .release_timeout_ms = 60000,
+                                .reattach_grace_ms = 60000,
+                                .max_reattach_items = 1000,
+                                .max_ranges_per_release = 2,
+                        },
+                .ops =
+                        {
+                                .send_release = host_send_release,
+                                .alloc_done = host_alloc_done,
+                                .store_add = host_store_add,
+                                .store_remove = host_store_remove,
+                                .log = host_log,
+                                .userdata = &host_,
+                        },
                 .store_max = store_max,
         };
         gm_broker_t *b;
@@ -218,8 +220,8 @@ static gm_session_t *session(gm_broker_t *b, uid_t uid, const char *tenant) {
 static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
         gm_outcome_t out;
         gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
-        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size,
-                      out.kind, out.message);
+        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size, out.kind,
+                      out.message);
         gm_session_pieces_sent(s);
         CHECK(s->broker);
         return out.alloc.block_id;
