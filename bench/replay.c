@@ -201,7 +201,7 @@ static int add_row(parser_t *p, size_t lineno, bool alloc, uint64_t id, uint64_t
 
 /* Our CSV: seq,action,id,size[,stream]. */
 static int parse_csv_row(parser_t *p, size_t lineno, char **f, size_t n, size_t ncols) {
-        uint64_t seq, id, size, stream = 0;
+        uint64_t seq, id, size = 0, stream = 0; /* a free may leave size empty */
         bool alloc;
 
         if (n != ncols)

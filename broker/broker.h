@@ -240,6 +240,11 @@ gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
 const char *gm_quota_source_name(const gm_tenant_t *t);
+/* A quota set by an admin (bytes 0: removed), creating the tenant: a runtime
+ * one is journalled in the ledger (it lasts until restart), a persistent one
+ * saved in state_dir; a failed save keeps the old one. 0, -ENOSPC (already
+ * GM_BROKER_MAX_TENANTS tenants), -ENOMEM, or the save's error. */
+int gm_broker_set_quota(gm_broker_t *b, const char *tenant, bool runtime, uint64_t bytes, const char *state_dir);
 /* Persistent quotas: <state_dir>/quotas ("TENANT BYTES" lines), written
  * atomically. Load applies them (creating tenants). */
 int gm_quotas_load(gm_broker_t *b, const char *state_dir);

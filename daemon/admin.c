@@ -376,30 +376,17 @@ int gm_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char
 
 /* Sets a quota from a request; 0, or refused (answered). */
 static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Quota *req, const char *name) {
-        gm_broker_t *b = c->rq->broker;
-        gm_tenant_t *t = gm_tenant_find(b, name);
-        if (!t && b->n_tenants >= GM_BROKER_MAX_TENANTS)
-                return gm_request_error(c, request_id, ENOSPC, "too many tenants"), -ENOSPC;
-        if (!t && !(t = gm_tenant_get(b, name)))
-                return gm_request_error(c, request_id, ENOMEM, "out of memory"), -ENOMEM;
-        gm_quota_source_t source = req->runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
-        bool had = t->quota_set[source];
-        uint64_t old = t->quota_by_source[source];
-        gm_tenant_set_quota(t, source, req->bytes != 0, req->bytes);
-        if (req->runtime) {
-                gm_ledger_runtime_quota(b, t->name, req->bytes);
-        } else {
-                int r = gm_quotas_save(b, c->rq->config->state_dir);
-                if (r < 0) {
-                        gm_tenant_set_quota(t, source, had, old);
-                        return gm_request_error(c, request_id, r, "cannot save the quota in '%s': %s",
-                                                c->rq->config->state_dir ? c->rq->config->state_dir
-                                                                         : "(no state directory)",
-                                                strerror(-r)),
-                               r;
-                }
-        }
-        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", t->name, (unsigned long long) req->bytes,
+        const char *state_dir = c->rq->config->state_dir;
+        int r = gm_broker_set_quota(c->rq->broker, name, req->runtime, req->bytes, state_dir);
+        if (r == -ENOSPC)
+                return gm_request_error(c, request_id, r, "too many tenants"), r;
+        if (r == -ENOMEM)
+                return gm_request_error(c, request_id, r, "out of memory"), r;
+        if (r < 0)
+                return gm_request_error(c, request_id, r, "cannot save the quota in '%s': %s",
+                                        state_dir ? state_dir : "(no state directory)", strerror(-r)),
+                       r;
+        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", name, (unsigned long long) req->bytes,
                    req->runtime ? "runtime" : "persistent", (int) c->session->pid);
         return 0;
 }
