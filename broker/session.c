@@ -515,8 +515,8 @@ static void park(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t s
         out->kind = GM_OUTCOME_PARK;
 }
 
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream,
-                      const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
+void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                      size_t n_frames, gm_outcome_t *ret) {
         *ret = (gm_outcome_t){0};
         if (s->ended || !s->tenant)
                 return refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
@@ -598,8 +598,7 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
                                 gm_broker_log(b, LOG_WARNING,
                                               "session %" PRIu64 " (pid %d) has not acknowledged release %" PRIu64
                                               " (%" PRIu64 " bytes) in %u ms; asking again, the bytes stay charged",
-                                              s->id, (int) s->pid, rel->id, rel->bytes,
-                                              b->limits.release_timeout_ms);
+                                              s->id, (int) s->pid, rel->id, rel->bytes, b->limits.release_timeout_ms);
                         }
                         if (release_send(s, rel) < 0)
                                 break;

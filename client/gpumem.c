@@ -1259,12 +1259,12 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
         Gpumem__Envelope *reply = NULL;
         if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply)) < 0)
                 return r;
-        r = set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+        r = -ENOENT;
         for (size_t i = 0; i < reply->stats_reply->n_stats; i++)
                 if (strcmp(reply->stats_reply->stats[i]->name, pytorch_stat_name) == 0) {
                         *ret_value = reply->stats_reply->stats[i]->value;
                         r = 0;
                 }
         gm_msg_free(reply);
-        return r;
+        return r < 0 ? set_error(c, r, "gpumem: no statistic named '%s'", pytorch_stat_name) : 0;
 }
