@@ -428,6 +428,35 @@ static bool reuse_active(const gm_heap_t *h) {
         return h->cfg.expandable_segments && h->cfg.page_reuse && h->prov.remap;
 }
 
+/* Grows the page arrays of `s` to cover pages [0, end) (end <= n_pages),
+ * so that a segment costs what it maps, not its virtual size. */
+static int pages_reserve(gm_segment_t *s, uint64_t end) {
+        uint64_t cap = s->cap_pages ? 2 * s->cap_pages : 64, *handles;
+        uint8_t *mapped;
+
+        if (end <= s->cap_pages)
+                return 0;
+        if (cap < end)
+                cap = end;
+        if (cap > s->n_pages)
+                cap = s->n_pages;
+        handles = realloc(s->page_handle, cap * sizeof(*handles));
+        if (!handles)
+                return -ENOMEM;
+        s->page_handle = handles;
+        mapped = realloc(s->page_mapped, cap * sizeof(*mapped));
+        if (!mapped)
+                return -ENOMEM;
+        memset(mapped + s->cap_pages, 0, cap - s->cap_pages);
+        s->page_mapped = mapped;
+        s->cap_pages = cap;
+        return 0;
+}
+
+static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
+        return i < s->cap_pages && s->page_mapped[i];
+}
+
 /* Gives one page back; the segment's last page carries whole_segment. */
 static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
         s->page_mapped[i] = 0;
@@ -445,17 +474,9 @@ static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min
 
         if (n == 0 || n * page < min_size)
                 return -ENOMEM;
-        s = calloc(1, sizeof(*s));
+        s = calloc(1, sizeof(*s)); /* page arrays come with the first map_block() */
         if (!s)
                 return -ENOMEM;
-        s->page_handle = calloc(n, sizeof(*s->page_handle));
-        s->page_mapped = calloc(n, sizeof(*s->page_mapped));
-        if (!s->page_handle || !s->page_mapped) {
-                free(s->page_handle);
-                free(s->page_mapped);
-                free(s);
-                return -ENOMEM;
-        }
         s->id = h->next_segment_id++;
         s->size = n * page;
         s->addr = take_va(h, s->size);
@@ -700,11 +721,11 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
-        int r = 0;
+        int r = pages_reserve(s, end);
 
-        if (t)
+        if (t && r == 0)
                 i += reuse_pages(h, t, first, end); /* b survives: no moved range lies right before it */
-        if (reuse_active(h) && i < end)
+        if (r == 0 && reuse_active(h) && i < end)
                 r = over_limit(h, (end - i) * s->page_size);
         for (; r == 0 && i < end; i++) {
                 r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
@@ -1307,7 +1328,7 @@ typedef struct check_ctx {
 /* Whether pages [first, end) are all mapped (want = 1) or all unmapped (want = 0). */
 static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8_t want) {
         for (uint64_t i = first; i < end; i++)
-                if (s->page_mapped[i] != want)
+                if (page_is_mapped(s, i) != want)
                         return false;
         return true;
 }
@@ -1394,9 +1415,10 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
         }
         bad += off != s->size;
         if (s->expandable) {
-                for (uint64_t i = 0; i < s->n_pages; i++)
+                for (uint64_t i = 0; i < s->cap_pages; i++)
                         pages += s->page_mapped[i];
-                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size;
+                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size ||
+                       s->cap_pages > s->n_pages;
                 r->reserved_bytes += (int64_t)(pages * s->page_size);
         } else {
                 r->segment++;
@@ -1427,7 +1449,7 @@ static int check_reuse(const gm_heap_t *h) {
         if (!handles)
                 return bad; /* nothing to sort with: the rest is not checked */
         for (const gm_segment_t *s = h->seg_head; s; s = s->next)
-                for (uint64_t i = 0; s->expandable && i < s->n_pages && k < n; i++)
+                for (uint64_t i = 0; s->expandable && i < s->cap_pages && k < n; i++)
                         if (s->page_mapped[i])
                                 handles[k++] = s->page_handle[i];
         qsort(handles, k, sizeof(*handles), cmp_u64);
@@ -1544,9 +1566,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 s->small = page == SMALL_BUFFER;
                 s->page_size = page;
                 s->n_pages = va_size / page;
-                s->page_handle = calloc(s->n_pages, sizeof(*s->page_handle));
-                s->page_mapped = calloc(s->n_pages, sizeof(*s->page_mapped));
-                int r = s->page_handle && s->page_mapped ? 0 : -ENOMEM;
+                int r = pages_reserve(s, s->n_pages);
                 for (size_t i = 0; i < n_pieces && r == 0; i++) {
                         uint64_t k = pieces[i].offset / page;
                         if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages ||

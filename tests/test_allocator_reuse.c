@@ -3,6 +3,9 @@
  * where the request needs them and only the shortfall is new memory. Every
  * expected figure is derived by hand in the comments; the fake provider's
  * ledger checks each move (from where, to where, from_segment_empty). */
+#include <stdlib.h>
+
+#include "snapshot.h"
 #include "test_allocator.h"
 
 static void open_reuse(bool reuse, uint64_t capacity) {
@@ -314,6 +317,53 @@ START_TEST(test_reuse_limit) {
 }
 END_TEST
 
+static char *snapshot_json(const gm_alloc_config_t *config) {
+        gm_snapshot_heap_t heap = {.heap = H, .pid = 1, .tenant = "t", .session_id = 1};
+        gm_snapshot_source_t src = {.heaps = &heap, .n_heaps = 1, .config = config};
+        char *buf, *json;
+        size_t len;
+
+        ck_assert_int_eq(gm_snapshot_write(&src, GM_SNAPSHOT_JSON, &buf, &len), 0);
+        json = strndup(buf, len);
+        free(buf);
+        return json;
+}
+
+static unsigned count_of(const char *haystack, const char *needle) {
+        unsigned n = 0;
+
+        for (const char *p = haystack; (p = strstr(p, needle)); p++)
+                n++;
+        return n;
+}
+
+/* After moves a snapshot shows one segment per contiguous mapped range, and
+ * allocator_settings name the extension only when it is set. */
+START_TEST(test_reuse_snapshot) {
+        gm_alloc_config_t c;
+        gm_alloc_result_t r[8];
+        char *json;
+
+        config_default(&c);
+        json = (open_reuse(false, 1 * GiB), snapshot_json(&c));
+        ck_assert_ptr_null(strstr(json, "gpumemd_page_reuse"));
+        free(json);
+        open_reuse(true, 1 * GiB);
+        c.expandable_segments = c.page_reuse = true;
+        for (int i = 0; i < 8; i++)
+                r[i] = alloc_ok(16 * MiB, 0);
+        for (int i = 0; i < 8; i += 2)
+                free_ok(r[i].block_id, false);
+        alloc_ok(32 * MiB, 0); /* takes the pages of [0,16) and [32,48) */
+        json = snapshot_json(&c);
+        ck_assert_ptr_nonnull(strstr(json, "\"gpumemd_page_reuse\":true"));
+        /* mapped: [16,32) and [48,160) (blocks 3, 5, 7, holes [64,80) [96,112), the new block) */
+        ck_assert_uint_eq(count_of(json, "\"is_expandable\":true"), 2);
+        ck_assert_uint_eq(count_of(json, "\"state\":\"active_allocated\""), 5);
+        free(json);
+}
+END_TEST
+
 static void setup(void) {
         H = NULL;
 }
@@ -337,6 +387,7 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_cross_pool);
         tcase_add_test(tc, test_reuse_remap_failure);
         tcase_add_test(tc, test_reuse_limit);
+        tcase_add_test(tc, test_reuse_snapshot);
         suite_add_tcase(s, tc);
         return s;
 }
