@@ -725,8 +725,9 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
 
         if (t && r == 0)
                 i += reuse_pages(h, t, first, end); /* b survives: no moved range lies right before it */
+        /* the moved pages left the reserved total and come back with this range */
         if (r == 0 && reuse_active(h) && i < end)
-                r = over_limit(h, (end - i) * s->page_size);
+                r = over_limit(h, (end - first) * s->page_size);
         for (; r == 0 && i < end; i++) {
                 r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
                                    &s->page_handle[i]);

@@ -18,6 +18,7 @@ typedef struct live {
 static live_t live[LIVE_MAX];
 static unsigned n_live;
 static bool toggle_busy; /* page reuse: streams' device work comes and goes */
+static uint64_t limit_bytes; /* gm_heap_set_limit(), 0 = none */
 static uint64_t rng;
 
 static uint64_t rnd(void) {
@@ -55,6 +56,8 @@ static void invariants(void) {
                 ck_assert_int_eq(SINK.reserved_bytes[type].current, RESERVED(type));
         }
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), F.live_bytes);
+        if (limit_bytes)
+                ck_assert_int_le(SINK.reserved_bytes[GM_STAT_ALL].current, limit_bytes);
         ck_assert_uint_eq(gm_heap_live_blocks(H), n_live);
 }
 
@@ -121,6 +124,7 @@ static void workload(const gm_alloc_config_t *config, uint64_t limit, uint64_t s
         heap_open(config, 512 * MiB);
         if (limit)
                 gm_heap_set_limit(H, limit, &SINK);
+        limit_bytes = limit;
         n_live = 0;
         rng = seed;
         for (unsigned i = 0; i < ops; i++) {

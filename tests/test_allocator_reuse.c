@@ -317,6 +317,38 @@ START_TEST(test_reuse_limit) {
 }
 END_TEST
 
+/* Half moved, half new: after the pattern's frees an 80 MiB request takes
+ * the holes' 32 pages and needs 8 more, 144 MiB in all. At a 144 MiB quota it
+ * fits; at 136 MiB it is refused, and the pages it had moved go back to the
+ * provider (as the retry ladder's release would have done): 64 MiB left. */
+static void half_moved(uint64_t limit) {
+        gm_alloc_result_t r[8];
+
+        open_reuse(true, 1 * GiB);
+        gm_heap_set_limit(H, limit, NULL);
+        for (int i = 0; i < 8; i++)
+                r[i] = alloc_ok(16 * MiB, 0);
+        for (int i = 0; i < 8; i += 2)
+                free_ok(r[i].block_id, false);
+}
+
+START_TEST(test_reuse_limit_counts_moved) {
+        gm_alloc_result_t res;
+
+        half_moved(144 * MiB);
+        res = alloc_ok(80 * MiB, 0);
+        ck_assert_uint_eq(res.offset, 128 * MiB);
+        ck_assert_uint_eq(F.remaps, 32);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 144 * MiB);
+        half_moved(136 * MiB);
+        ck_assert_int_eq(gm_heap_alloc(H, 80 * MiB, 0, &res), -EDQUOT);
+        CHECK_HEAP();
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 64 * MiB);
+        ck_assert_uint_eq(F.live_bytes, 64 * MiB);
+        ck_assert_int_eq(STATS->num_ooms, 1);
+}
+END_TEST
+
 static char *snapshot_json(const gm_alloc_config_t *config) {
         gm_snapshot_heap_t heap = {.heap = H, .pid = 1, .tenant = "t", .session_id = 1};
         gm_snapshot_source_t src = {.heaps = &heap, .n_heaps = 1, .config = config};
@@ -387,6 +419,7 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_cross_pool);
         tcase_add_test(tc, test_reuse_remap_failure);
         tcase_add_test(tc, test_reuse_limit);
+        tcase_add_test(tc, test_reuse_limit_counts_moved);
         tcase_add_test(tc, test_reuse_snapshot);
         suite_add_tcase(s, tc);
         return s;
