@@ -39,22 +39,29 @@ typedef struct gm_provider {
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see
          * gm_heap_page_reuse()); NULL = the mode stays inactive with this
-         * provider. Moves one page: `handle` (made by create(), `size` bytes)
-         * is mapped at [from_offset, from_offset+size) of segment from_segment
-         * and must end up mapped at [to_offset, to_offset+size) of segment
-         * to_segment instead (its virtual range is to_segment_va_size bytes;
-         * it may have no piece yet, as with a segment's first create()) and no
-         * longer at the old place, which becomes unmapped virtual space of
-         * from_segment. from_segment_empty is true when this was the last
-         * piece of from_segment: its virtual range goes too (as with
-         * release()'s whole_segment). The handle keeps its value; later
-         * release() and remap() calls name it at its new place. The heap
-         * calls this only for a page that lies wholly inside a free block
-         * whose device work is complete (see stream_idle); it emits the
-         * segment_unmap / segment_map trace events itself. Whoever maps
-         * the memory must map the new range before the block that uses it
-         * is handed out (central sessions: in the allocation reply; local
-         * heaps: at once). Returns 0, or a negative errno with nothing
+         * provider. Moves one page of an expandable segment: `handle` (made
+         * by create(), `size` = GM_PAGE_REUSE_PAGE_SIZE bytes) is mapped at
+         * [from_offset, from_offset+size) of segment from_segment and must end
+         * up mapped at [to_offset, to_offset+size) of segment to_segment
+         * instead, and no longer at the old place, which becomes unmapped
+         * virtual space of from_segment. Offsets are multiples of size; the
+         * target range holds no piece; the segments may be the same, or of
+         * another stream or pool of the same heap (never of another heap).
+         * to_segment's virtual range is to_segment_va_size bytes and it may
+         * have no piece yet (as with a segment's first create()).
+         * from_segment_empty is true when this was the last piece of
+         * from_segment: its virtual range goes too (as with release()'s
+         * whole_segment). The handle keeps its value; later release() and
+         * remap() calls name it at its new place. The heap calls this only
+         * from gm_heap_alloc(), only for a page that lies wholly inside a free
+         * block whose device work is complete (see stream_idle), and it emits
+         * the segment_unmap / segment_map trace events itself. Moves are
+         * final even when the allocation then fails (its pages may then be
+         * released right away, at their new place). Whoever maps the memory
+         * must apply the moves of a gm_heap_alloc() call before the block it
+         * returns is used (central sessions: listed in the allocation reply,
+         * unmap these ranges, map these handles there; local heaps: through
+         * their mapper at once). Returns 0, or a negative errno with nothing
          * changed: the page is still at its old place and the heap creates
          * new memory for the rest of the request. */
         int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,

@@ -394,8 +394,10 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         return size;
 }
 
-/* Merges free neighbour `src` into `dst` (outside any set) when both are free
- * with the same mapped state; returns the bytes taken over (0 = no merge). */
+/* Merges free neighbour `src` into `dst` when both are free with the same
+ * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
+ * any set, or in the unmapped set when `src` follows it (that key, stream and
+ * address, does not change). The merged block keeps the newer free_seq. */
 static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
@@ -468,7 +470,7 @@ static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
 /* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
  * pages, all unmapped (one block in the unmapped set). */
 static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min_size, gm_block_t **ret_block) {
-        uint64_t page = p->small || reuse_active(h) ? SMALL_BUFFER : LARGE_BUFFER;
+        uint64_t page = reuse_active(h) ? GM_PAGE_REUSE_PAGE_SIZE : p->small ? SMALL_BUFFER : LARGE_BUFFER;
         uint64_t n = (uint64_t)(((unsigned __int128)h->params.capacity * 9 + 8 * page - 1) / (8 * page));
         gm_segment_t *s;
 
@@ -791,11 +793,11 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 if (r < 0)
                         return r;
         }
-        if (reuse_active(h) && c->seg->page_size == SMALL_BUFFER) {
+        if (reuse_active(h) && c->seg->page_size == GM_PAGE_REUSE_PAGE_SIZE) {
                 target = (reuse_target_t){
                         .seg = c->seg,
-                        .begin = c->offset / SMALL_BUFFER,
-                        .end = round_up(c->offset + rsize, SMALL_BUFFER) / SMALL_BUFFER,
+                        .begin = c->offset / GM_PAGE_REUSE_PAGE_SIZE,
+                        .end = round_up(c->offset + rsize, GM_PAGE_REUSE_PAGE_SIZE) / GM_PAGE_REUSE_PAGE_SIZE,
                 };
                 t = &target;
         }
