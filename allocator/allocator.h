@@ -54,7 +54,7 @@ typedef struct gm_provider {
          * whole_segment). The handle keeps its value; later release() and
          * remap() calls name it at its new place. The heap calls this only
          * from gm_heap_alloc(), only for a page that lies wholly inside a free
-         * block whose device work is complete (see stream_idle), and it emits
+         * block whose device work is complete (see stream_fence), and it emits
          * the segment_unmap / segment_map trace events itself. Moves are
          * final even when the allocation then fails (its pages may then be
          * released right away, at their new place). Whoever maps the memory
@@ -67,14 +67,22 @@ typedef struct gm_provider {
         int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
                      uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
                      bool from_segment_empty);
-        /* Optional, for page reuse: whether all device work queued so far on
-         * `stream` is complete (1) or not yet (0); a negative errno counts as
-         * not yet. Must not wait (cuStreamQuery, never a synchronize). A page
-         * whose free block was freed on a stream after the last time the
-         * stream answered 1 stays where it is; the heap asks at most once
-         * per allocation and stream. NULL = frees are synchronous (no queued
-         * device work, e.g. the host backend): every free page may move. */
-        int (*stream_idle)(void *userdata, uint64_t stream);
+        /* Optional, for page reuse: device-work fences, never waiting
+         * (cuEventRecord + cuEventQuery, not a synchronize). Marks fence
+         * number `fence` on `stream` after all work queued there so far (the
+         * numbers a heap passes for a stream never decrease; a number already
+         * marked needs no new mark), then stores in *ret_done the highest
+         * fence number on that stream whose work is known complete (0 if
+         * none) and returns 0; a negative errno counts as nothing complete.
+         * The heap passes its count of frees so far and moves a page freed on
+         * `stream` only once a fence at or after that free is complete, so
+         * pages move even on a stream that is never idle, one allocation
+         * after the device has passed the fence. It asks at most once per
+         * allocation and stream; a provider may keep a few marks per stream
+         * outstanding and skip new marks beyond that. NULL = frees are
+         * synchronous (no queued device work, e.g. the host backend): every
+         * free page may move. */
+        int (*stream_fence)(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done);
         void *userdata;
 } gm_provider_t;
 
@@ -164,8 +172,8 @@ typedef struct gm_page_reuse_info {
         uint64_t pages_moved;   /* remap() calls that succeeded */
         uint64_t ranges_moved;  /* contiguous source ranges unmapped for moves */
         uint64_t allocs_with_moves; /* allocations that moved at least one page */
-        uint64_t stream_queries;    /* stream_idle() calls */
-        uint64_t refused_busy;  /* free blocks passed over: their stream's work not done */
+        uint64_t stream_queries;    /* stream_fence() calls */
+        uint64_t refused_busy;  /* free blocks passed over: no complete fence after their free */
         uint64_t remap_failures;    /* remap() errors (the page stayed, new memory was made) */
 } gm_page_reuse_info_t;
 void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);

@@ -38,7 +38,7 @@ typedef struct pool {
 typedef struct reuse_stream {
         uint64_t stream;
         uint64_t done_seq;     /* every free up to this free count has its work done */
-        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked and heard "not yet" */
+        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked the provider */
 } reuse_stream_t;
 
 struct gm_heap {
@@ -580,12 +580,14 @@ static reuse_stream_t *reuse_stream(gm_heap_t *h, uint64_t stream) {
 }
 
 /* Whether no queued device work can still touch free block `b`: it was never
- * handed out since it was mapped, or its stream has been idle since its last
- * free. Asks the provider at most once per allocation and stream. */
+ * handed out since it was mapped, or a fence its stream got after its last
+ * free is complete. Asks the provider (marking a fence at the current free
+ * count) at most once per allocation and stream. */
 static bool work_done(gm_heap_t *h, const gm_block_t *b) {
         reuse_stream_t *st;
+        uint64_t done = 0;
 
-        if (b->free_seq == 0 || !h->prov.stream_idle)
+        if (b->free_seq == 0 || !h->prov.stream_fence)
                 return true;
         st = reuse_stream(h, b->seg->stream);
         if (!st)
@@ -594,13 +596,11 @@ static bool work_done(gm_heap_t *h, const gm_block_t *b) {
                 return true;
         if (st->asked_alloc == h->n_allocs)
                 return false;
-        h->reuse.stream_queries++;
-        if (h->prov.stream_idle(h->prov.userdata, st->stream) == 1) {
-                st->done_seq = h->free_seq;
-                return true;
-        }
         st->asked_alloc = h->n_allocs;
-        return false;
+        h->reuse.stream_queries++;
+        if (h->prov.stream_fence(h->prov.userdata, st->stream, h->free_seq, &done) == 0 && done > st->done_seq)
+                st->done_seq = done < h->free_seq ? done : h->free_seq;
+        return b->free_seq <= st->done_seq;
 }
 
 /* The whole pages of free block `b` that may move to `t`: [*ret_begin,

@@ -2,7 +2,7 @@
  * with page reuse): allocations of every size class on three streams,
  * immediate and deferred frees, completions and empty_cache, on a capacity
  * small enough to drive the retry ladder; with page reuse the streams also
- * turn busy and idle at random. After every step the heap passes
+ * turn busy and idle and pass their fences at random. After every step the heap passes
  * gm_heap_check() and, per pool, reserved bytes = allocated + pending +
  * inactive bytes as seen by a walk = the provider's live bytes. */
 #include "test_allocator.h"
@@ -83,6 +83,8 @@ static void step(void) {
 
         if (toggle_busy && rnd() % 8 == 0)
                 F.busy[rnd() % 3] ^= true;
+        if (toggle_busy && rnd() % 8 == 0)
+                fake_progress(&F, rnd() % 3);
         if (op < 50 || !n_live) {
                 uint64_t size = random_size();
 

@@ -195,9 +195,11 @@ START_TEST(test_reuse_sawtooth) {
 END_TEST
 
 /* Moves wait for the device: a hole freed on a busy stream keeps its pages
- * (new memory instead), asked once per allocation; an idle answer frees
- * every earlier hole of that stream; a block whose free is still deferred
- * never gives pages; the same stream's own holes obey the same rule. */
+ * (new memory instead) while the fence marked after its free is pending,
+ * asked once per allocation; once the device passes that fence the pages
+ * move although the stream is still busy; a block whose free is still
+ * deferred never gives pages; the same stream's own holes obey the same
+ * rule. Free counts: x is free 1, z free 2, big free 3. */
 START_TEST(test_reuse_busy_stream) {
         gm_alloc_result_t x, y, z, z2, z3, d, big;
 
@@ -207,17 +209,18 @@ START_TEST(test_reuse_busy_stream) {
         ck_assert_uint_ne(x.segment_id, y.segment_id);
         free_ok(x.block_id, false);
         F.busy[1] = true;
-        z = alloc_ok(16 * MiB, 0); /* x's hole may still be in use: 8 new pages */
+        z = alloc_ok(16 * MiB, 0); /* fence 1 marked on stream 1, pending: 8 new pages */
         ck_assert_uint_eq(z.offset, 16 * MiB);
         ck_assert_uint_eq(F.remaps, 0);
         ck_assert_uint_eq(F.stream_queries, 1);
+        ck_assert_uint_eq(F.fence_marked[1], 1);
         ck_assert_uint_eq(reuse_info().refused_busy, 1);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 48 * MiB);
-        z2 = alloc_ok(16 * MiB, 0); /* a new allocation asks again */
+        z2 = alloc_ok(16 * MiB, 0); /* a new allocation asks again: still pending */
         ck_assert_uint_eq(F.stream_queries, 2);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 64 * MiB);
-        F.busy[1] = false;
-        z3 = alloc_ok(16 * MiB, 0); /* idle now: x's 8 pages move to [48,64) */
+        fake_progress(&F, 1); /* the device passes fence 1; stream 1 stays busy */
+        z3 = alloc_ok(16 * MiB, 0); /* x's 8 pages move to [48,64) */
         ck_assert_uint_eq(z3.offset, 48 * MiB);
         ck_assert_uint_eq(F.stream_queries, 3);
         ck_assert_uint_eq(F.remaps, 8);
@@ -234,17 +237,19 @@ START_TEST(test_reuse_busy_stream) {
         ck_assert_int_eq(gm_heap_free_completed(H, z.block_id), 0);
         CHECK_HEAP();
 
-        /* stream 0 busy: its own completed-on-the-host hole stays too */
+        /* stream 0 busy: its own hole [16,32) (free 2) stays too */
         F.busy[0] = true;
         big = alloc_ok(32 * MiB, 0); /* the 16 MiB hole fits no 32: 16 new pages at 80 */
         ck_assert_uint_eq(big.offset, 80 * MiB);
         ck_assert_uint_eq(F.remaps, 8);
+        ck_assert_uint_eq(F.fence_marked[0], 2);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 112 * MiB);
         F.busy[0] = false;
         free_ok(big.block_id, false);
-        big = alloc_ok(48 * MiB, 0); /* [80,112) grows by the 8 pages of [16,32): nothing new */
+        big = alloc_ok(48 * MiB, 0); /* fence 3 completes: [80,112) grows by the 8 pages of [16,32) */
         ck_assert_uint_eq(big.offset, 80 * MiB);
         ck_assert_uint_eq(F.remaps, 16);
+        ck_assert_uint_eq(F.fence_marked[0], 3);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 112 * MiB);
         (void)y;
         (void)z2;
