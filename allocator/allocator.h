@@ -202,6 +202,12 @@ typedef struct gm_restore_piece {
 
 int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                             const gm_restore_piece_t *pieces, size_t n_pieces);
+/* The same with the pool named (small_pool) instead of inferred from the
+ * sizes, which page-reuse heaps need: their large-pool expandable segments
+ * have 2 MiB pages like small-pool ones (gm_heap_restore_segment() takes
+ * those for small-pool segments). */
+int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                    bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces);
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
                           uint64_t requested_size, bool pending);
 int gm_heap_restore_finish(gm_heap_t *h);

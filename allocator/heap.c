@@ -1538,8 +1538,9 @@ static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
         return 0;
 }
 
-int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+/* pool: 1 small, 0 large, -1 = inferred from the sizes */
+static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+                           const gm_restore_piece_t *pieces, size_t n_pieces) {
         if (segment_id == 0 || !pieces || n_pieces == 0 || va_size == 0 || va_size % MIN_BLOCK_SIZE ||
             va_size >= MAX_REQUEST)
                 return -EINVAL;
@@ -1548,7 +1549,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
         uint64_t page = pieces[0].size;
         if (expandable && ((page != SMALL_BUFFER && page != LARGE_BUFFER) || va_size % page ||
-                           va_size / page > (1u << 24)))
+                           va_size / page > (1u << 24) || (pool == 1 && page != SMALL_BUFFER)))
                 return -EINVAL;
         gm_segment_t *s = calloc(1, sizeof(*s));
         if (!s)
@@ -1558,7 +1559,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         s->stream = stream;
         s->expandable = expandable;
         if (!expandable) {
-                s->small = va_size == SMALL_BUFFER; /* no large-pool segment is 2 MiB */
+                s->small = pool >= 0 ? pool == 1 : va_size == SMALL_BUFFER; /* no large-pool segment is 2 MiB */
                 s->handle = pieces[0].handle;
                 if (reserve_blocks(h, 1) < 0) {
                         free(s);
@@ -1566,7 +1567,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 }
                 s->first = block_new(h, s, 0, va_size, true);
         } else {
-                s->small = page == SMALL_BUFFER;
+                s->small = pool >= 0 ? pool == 1 : page == SMALL_BUFFER; /* page reuse: both pools 2 MiB */
                 s->page_size = page;
                 s->n_pages = va_size / page;
                 int r = pages_reserve(s, s->n_pages);
@@ -1611,6 +1612,16 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         if (segment_id >= h->next_segment_id)
                 h->next_segment_id = segment_id + 1;
         return 0;
+}
+
+int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, -1, pieces, n_pieces);
+}
+
+int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                    bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, small_pool ? 1 : 0, pieces, n_pieces);
 }
 
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,

@@ -103,6 +103,49 @@ START_TEST(test_reuse_needs_remap) {
 }
 END_TEST
 
+/* A daemon restart rebuilds a page-reuse heap from its client's ledger: a
+ * large-pool segment of three 2 MiB pages with a live 3 MiB block at 0 must
+ * be restored into the large pool (named, since the page size no longer
+ * tells); a 2 MiB request then takes [3,5) of it, and the moved-page checks
+ * (unique handles) hold. */
+START_TEST(test_reuse_restore_pool) {
+        gm_alloc_config_t c;
+        gm_provider_t p;
+        uint64_t cursor = 1ULL << 40;
+        gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &cursor};
+        gm_restore_piece_t pieces[3];
+        fake_provider_t f;
+        gm_heap_t *h;
+        gm_alloc_result_t r;
+
+        config_default(&c);
+        c.expandable_segments = c.page_reuse = true;
+        fake_init(&f, 1 * GiB);
+        p = fake_provider(&f);
+        for (int i = 0; i < 3; i++) {
+                pieces[i] = (gm_restore_piece_t){.offset = (uint64_t)i * 2 * MiB, .size = 2 * MiB};
+                ck_assert_int_eq(p.create(&f, 7, 64 * MiB, pieces[i].offset, 2 * MiB, &pieces[i].handle), 0);
+        }
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
+        ck_assert_int_eq(gm_heap_restore_segment_in_pool(h, 7, 64 * MiB, 0, false, pieces, 3), 0);
+        ck_assert_int_eq(gm_heap_restore_block(h, 100, 7, 0, 3 * MiB, 3 * MiB, false), 0);
+        ck_assert_int_eq(gm_heap_restore_finish(h), 0);
+        ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_LARGE_POOL].current, 6 * MiB);
+        ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_SMALL_POOL].current, 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 2 * MiB, 0, &r), 0);
+        ck_assert_uint_eq(r.segment_id, 7);
+        ck_assert_uint_eq(r.offset, 3 * MiB);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        /* a small-pool segment never has 20 MiB pages */
+        pieces[0].size = 20 * MiB;
+        ck_assert_int_eq(gm_heap_restore_segment_in_pool(h, 8, 80 * MiB, 0, true, pieces, 1), -EINVAL);
+        gm_heap_destroy(h);
+        ck_assert_uint_eq(f.live_handles, 0);
+        ck_assert_uint_eq(f.errors, 0);
+        fake_done(&f);
+}
+END_TEST
+
 /* 8 x 16 MiB, every other one freed, then 4 x 32 MiB (plain expandable: 260
  * MiB reserved for 192 MiB live). With 2 MiB pages each 16 MiB block maps 8
  * pages exactly: 128 MiB. Holes at [0,16) [32,48) [64,80) [96,112). The
@@ -426,6 +469,7 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_limit);
         tcase_add_test(tc, test_reuse_limit_counts_moved);
         tcase_add_test(tc, test_reuse_snapshot);
+        tcase_add_test(tc, test_reuse_restore_pool);
         suite_add_tcase(s, tc);
         return s;
 }
