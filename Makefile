@@ -8,10 +8,10 @@ CMAKE_FLAGS ?=
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
 # (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
-# dpkg-dev for the package check.
+# dpkg-dev for the package check, python3-pytest for the gpumem Python package.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
-	prometheus systemd groff-base man-db dpkg-dev
+	prometheus systemd groff-base man-db dpkg-dev python3-pytest
 
 .PHONY: all deps build run test test-asan install clean
 
