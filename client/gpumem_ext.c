@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "client-internal.h"
@@ -60,15 +62,114 @@ static int device_socket(int index, char *buf, size_t len) {
         return n > 0 && (size_t) n < len ? 0 : -ENAMETOOLONG;
 }
 
+#ifdef GPUMEM_HAVE_CUDA
+/* How long a daemon may take to answer the probe's hello, in seconds. */
+#define PROBE_TIMEOUT_S 10
+
+/* The GPU UUID the daemon at `path` names in its hello, over a short control
+ * connection that holds no memory ("" when it names none: host backend). */
+static int daemon_uuid(const char *path, char *buf, size_t len) {
+        int fd;
+        int r = gm_ipc_connect(path, &fd);
+        if (r < 0)
+                return r;
+        struct timeval tv = {.tv_sec = PROBE_TIMEOUT_S};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
+        hello.protocol_version = GM_PROTOCOL_VERSION;
+        hello.client_name = "libgpumem device probe";
+        hello.admin = true;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 1;
+        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        uint8_t *pkt = malloc(GM_IPC_MAX_PACKET_DEFAULT);
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t n = 0, n_fds = 0;
+        Gpumem__Envelope *reply = NULL;
+        r = pkt ? gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT) : -ENOMEM;
+        if (r == 0 && (r = gm_ipc_recv(fd, pkt, GM_IPC_MAX_PACKET_DEFAULT, fds, GM_IPC_MAX_FDS_LIMIT, &n, &n_fds)) == 0) {
+                gm_close_fds(fds, n_fds);
+                r = gm_msg_unpack(pkt, n, &reply);
+        }
+        if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY)
+                r = -EPROTO;
+        if (r == 0)
+                snprintf(buf, len, "%s", reply->hello_reply->device_uuid ? reply->hello_reply->device_uuid : "");
+        gm_msg_free(reply);
+        free(pkt);
+        close(fd);
+        return r;
+}
+
+typedef enum daemon_match {
+        DAEMON_UNREACHABLE,
+        DAEMON_NO_UUID, /* host backend, or a daemon that names no GPU */
+        DAEMON_OTHER_GPU,
+        DAEMON_THIS_GPU,
+} daemon_match_t;
+
+/* Whether the daemon at `path` serves this process's CUDA device `ordinal`. */
+static daemon_match_t match_daemon(const gm_cuda_t *cu, const char *path, int ordinal) {
+        char uuid[64];
+        if (daemon_uuid(path, uuid, sizeof(uuid)) < 0)
+                return DAEMON_UNREACHABLE;
+        if (!uuid[0])
+                return DAEMON_NO_UUID;
+        CUdevice dev;
+        int local = -1;
+        return gm_cuda_find_device(cu, 0, uuid, &dev, &local) == 0 && local == ordinal ? DAEMON_THIS_GPU
+                                                                                       : DAEMON_OTHER_GPU;
+}
+#endif
+
+/* The socket of the daemon serving this process's device `ordinal`: the
+ * template's, unless its daemon names another GPU or is not there and another
+ * socket of the template names this one (CUDA_VISIBLE_DEVICES renumbers). */
+static int find_device_socket(int ordinal, char *path, size_t len) {
+        int r = device_socket(ordinal, path, len);
+        if (r < 0)
+                return r;
+#ifdef GPUMEM_HAVE_CUDA
+        const gm_cuda_t *cu;
+        if (gm_cuda_load(&cu) < 0)
+                return 0; /* no driver here: nothing to check the template's pick against */
+        daemon_match_t m = match_daemon(cu, path, ordinal);
+        if (m == DAEMON_THIS_GPU || m == DAEMON_NO_UUID)
+                return 0;
+        for (int i = 0; i < MAX_DEVICES; i++) {
+                char other[108];
+                struct stat st;
+                if (i == ordinal || device_socket(i, other, sizeof(other)) < 0 || stat(other, &st) < 0)
+                        continue;
+                if (match_daemon(cu, other, ordinal) == DAEMON_THIS_GPU) {
+                        snprintf(path, len, "%s", other);
+                        return 0;
+                }
+        }
+        if (m == DAEMON_UNREACHABLE)
+                return 0; /* connecting says why */
+        return gm_client_set_error(NULL, -ENODEV,
+                                   "gpumem: no gpumemd serves this process's CUDA device %d: '%s' serves another GPU "
+                                   "and no other socket of its kind (indices 0..%d) names this device's UUID",
+                                   ordinal, path, MAX_DEVICES - 1);
+#else
+        return 0;
+#endif
+}
+
 int gpumem_connect_device(int ordinal, gpumem_client **ret) {
         if (ordinal < 0 || ordinal >= MAX_DEVICES || !ret)
                 return -EINVAL;
         char path[108];
-        int r = device_socket(ordinal, path, sizeof(path));
-        if (r < 0)
+        int r = find_device_socket(ordinal, path, sizeof(path));
+        if (r == -EINVAL)
                 return gm_client_set_error(NULL, r, "gpumem: GPUMEM_SOCKET_TEMPLATE must hold one %%d and no other "
-                                                    "%% (e.g. /run/gpumem/gpu%%d.sock): %s",
-                                           strerror(-r));
+                                                    "%% (e.g. /run/gpumem/gpu%%d.sock)");
+        if (r < 0)
+                return r == -ENODEV ? r
+                                    : gm_client_set_error(NULL, r, "gpumem: no socket for device %d: %s", ordinal,
+                                                          strerror(-r));
         r = gpumem_connect(path, ret);
         if (r == -ENOENT || r == -ECONNREFUSED)
                 r = -ENODEV;
