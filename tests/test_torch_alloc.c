@@ -90,6 +90,7 @@ static void *worker_main(void *arg) {
                 for (int k = 0; k < HELD; k++) {
                         devices[k] = (w->id + k) % 2;
                         sizes[k] = worker_size(w->id, round, k);
+                        /* Stream handles are only compared (a free is on the allocation stream). */
                         streams[k] = (stream_t) (uintptr_t) (k % 3 == 0 ? 0 : 0x1000 + 16 * (unsigned) w->id + (unsigned) k % 3);
                         ptrs[k] = gpumem_torch_alloc(sizes[k], devices[k], streams[k]);
                         if (!ptrs[k]) {
@@ -336,7 +337,8 @@ END_TEST
 /* ---- record_stream, empty_cache, the session handle ---- */
 
 START_TEST(test_record_stream_and_empty_cache) {
-        stream_t s1 = (stream_t) (uintptr_t) 0x51, s2 = (stream_t) (uintptr_t) 0x52;
+        /* Streams any CUDA context has: the legacy default and the per-thread one. */
+        stream_t s1 = NULL, s2 = (stream_t) (uintptr_t) 0x2 /* CU_STREAM_PER_THREAD */;
         void *p = gpumem_torch_alloc(4 * MiB, 1, s1);
         ck_assert_ptr_nonnull(p);
         gpumem_torch_record_stream(p, s2);
