@@ -56,3 +56,4 @@ install(CODE "
   file(WRITE \"\$ENV{DESTDIR}\${gm_pydir}/gpumem/_libdir.py\"
        \"# Written by cmake --install: where libgpumem and libgpumem_torch are.\\nLIBDIR = '\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}'\\n\")
 ")
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/man/gpumem_torch.3 DESTINATION ${CMAKE_INSTALL_MANDIR}/man3)

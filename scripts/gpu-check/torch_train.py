@@ -208,6 +208,20 @@ def parent(args):
             report.stage(ours["reserved_after_empty_cache"] < ours["reserved_before_empty_cache"],
                          f"gpumem.empty_cache() gives back cached memory ({ours['reserved_before_empty_cache']} -> "
                          f"{ours['reserved_after_empty_cache']} bytes)")
+            example = os.path.join(REPO, "examples", "train_with_gpumemd.py")
+            snap = os.path.join(work, "example.pickle")
+            out = subprocess.run([sys.executable, example, "--steps", "5", "--snapshot", snap], capture_output=True,
+                                 text=True, timeout=300,
+                                 # The example uses the current device: make it GPU N (found by its UUID).
+                                 env=dict(env, PYTHONPATH=os.path.join(REPO, "python"),
+                                          CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES",
+                                                                              str(args.device))))
+            check = subprocess.run([sys.executable, os.path.join(REPO, "tests", "snapshot_check.py"), snap],
+                                   capture_output=True, text=True) if out.returncode == 0 else None
+            report.stage(out.returncode == 0 and check.returncode == 0,
+                         "examples/train_with_gpumemd.py trains and writes a snapshot that passes snapshot_check.py"
+                         + ("" if out.returncode == 0 else f": {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+                         + ("" if not check or check.returncode == 0 else f": {check.stderr.strip()}"))
             print()
             print(f"step time (ms, median [min..max] of {args.steps - WARMUP} steps after {WARMUP} warm-up):")
             for r in (native, ours):
