@@ -18,13 +18,17 @@ int gm_parse_size(const char *s, uint64_t *ret_size) {
                 return -ERANGE;
         if (end == s)
                 return -EINVAL;
-        double fraction = 0;
+        /* The fraction is decimal digits only (no exponent, "inf" or hex, as
+         * strtod would take): it stays in [0, 1), so its share of a unit fits. */
+        double fraction = 0, scale = 1;
         if (*end == '.') {
-                char *frac_end;
-                fraction = strtod(end, &frac_end);
-                if (frac_end == end + 1)
+                if (!isdigit((unsigned char) end[1]))
                         return -EINVAL;
-                end = frac_end;
+                for (end++; isdigit((unsigned char) *end); end++)
+                        if (scale < 1e18) {
+                                scale *= 10;
+                                fraction += (*end - '0') / scale;
+                        }
         }
         static const char units[] = "KMGTP";
         unsigned shift = 0;
