@@ -24,6 +24,7 @@
 #include "ipc.h"
 #include "mapper.h"
 #include "msg.h"
+#include "peer_check.h"
 #include "u64map.h"
 
 typedef struct waiter {
@@ -141,7 +142,7 @@ static int set_error(const gpumem_client *c, int err, const char *fmt, ...) {
 }
 
 const char *gpumem_last_error(gpumem_client *c) {
-        return c && tls_error_client == c ? tls_error : "";
+        return tls_error_client == c ? tls_error : ""; /* NULL: a failed gpumem_connect() */
 }
 
 const char *gpumem_strerror(int err) {
@@ -625,10 +626,10 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
 }
 
 static int session_open(gpumem_client *c) {
-        int r = gm_ipc_connect(c->socket_path, &c->fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &c->fd, why, sizeof(why));
         if (r < 0)
-                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
-                                 strerror(-r));
+                return set_error(c, r, "gpumem: %s", why);
         Gpumem__Envelope *reply = NULL;
         r = hello_exchange(c, c->fd, NULL, &reply);
         if (r < 0)
@@ -769,7 +770,8 @@ static int reattach_send(gpumem_client *c, int fd) {
  * or another negative errno when the session cannot come back. */
 static int reattach_once(gpumem_client *c) {
         int fd;
-        int r = gm_ipc_connect(c->socket_path, &fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &fd, why, sizeof(why));
         if (r < 0)
                 return -EAGAIN;
         Gpumem__Envelope *reply = NULL;

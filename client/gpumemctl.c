@@ -11,6 +11,7 @@
 
 #include "ipc.h"
 #include "msg.h"
+#include "peer_check.h"
 #include "size.h"
 #include "stats.h"
 
@@ -122,9 +123,10 @@ static int ctl_open(const char *path, ctl_t *c) {
                 }
                 path = buf;
         }
-        int r = gm_ipc_connect(path, &c->fd);
+        char why[512];
+        int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
         if (r < 0) {
-                fprintf(stderr, "gpumemctl: cannot connect to gpumemd at '%s': %s\n", path, strerror(-r));
+                fprintf(stderr, "gpumemctl: %s\n", why);
                 return EXIT_UNREACHABLE;
         }
         c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;

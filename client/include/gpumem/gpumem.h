@@ -62,7 +62,8 @@ GPUMEM_EXPORT const char *gpumem_strerror(int err);
 
 /* The detailed message of the calling thread's last failure on this client
  * (e.g. the out-of-memory diagnosis); "" if none. Valid until the thread's next
- * call on the client. */
+ * call on the client. With c NULL: why the thread's last gpumem_connect()
+ * failed (e.g. a refused socket directory, or the daemon's session limit). */
 GPUMEM_EXPORT const char *gpumem_last_error(gpumem_client *c);
 
 #ifdef __cplusplus
