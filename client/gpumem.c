@@ -602,7 +602,7 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         env.hello = &hello;
         int r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         Gpumem__Envelope *reply = NULL;
-        if (r == 0)
+        if (r == 0 || r == -EPIPE) /* a daemon that refused us at once left its reason to read */
                 r = recv_env(c, fd, &reply);
         if (r < 0)
                 return set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: no hello from gpumemd at '%s': %s",

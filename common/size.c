@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,26 @@ int gm_parse_size(const char *s, uint64_t *ret_size) {
         if (size + extra < size)
                 return -ERANGE;
         *ret_size = size + extra;
+        return 0;
+}
+
+int gm_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret_value) {
+        if (!s || !isdigit((unsigned char) *s))
+                return -EINVAL;
+        uint64_t v = 0;
+        bool overflow = false;
+        for (; *s; s++) {
+                if (!isdigit((unsigned char) *s))
+                        return -EINVAL;
+                unsigned digit = (unsigned) (*s - '0');
+                if (v > (UINT64_MAX - digit) / 10)
+                        overflow = true;
+                else
+                        v = v * 10 + digit;
+        }
+        if (overflow || v < min || v > max)
+                return -ERANGE;
+        *ret_value = v;
         return 0;
 }
 

@@ -11,9 +11,12 @@
 #include "clock.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
+#include "u64map.h"
 
 typedef struct gm_limits {
         uint32_t max_sessions;           /* concurrent connections */
+        uint32_t max_sessions_per_uid;   /* concurrent connections of one uid; 0 = a quarter of max_sessions */
+        uint32_t hello_timeout_ms;       /* a connection that has not said Hello by then is closed */
         uint64_t max_blocks_per_session; /* live blocks (allocated or pending free) */
         uint32_t max_packet;             /* bytes in one packet, both ways */
         uint32_t max_fds;                /* fds in one packet */
@@ -41,6 +44,7 @@ typedef struct gm_options {
         bool has_admin_group;
         gid_t admin_group; /* members may administer the daemon (as may uid 0) */
         int verbosity;
+        bool metrics_tenants; /* tenant labels in /metrics */
         gm_limits_t limits;
 } gm_options_t;
 
@@ -56,6 +60,7 @@ typedef struct gm_conn {
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         bool hello_done;
         bool closing; /* no more input is processed; memory is being released */
+        uint64_t accepted_ms; /* gm_now_ms() at accept: the hello timeout counts from it */
         struct gm_conn *prev, *next;
 } gm_conn_t;
 
@@ -78,6 +83,7 @@ struct gm_daemon {
         bool watchdog_running;
         gm_conn_t *conns;
         uint32_t n_conns;
+        gm_u64map_t conns_per_uid; /* uid + 1 -> number of its connections (as uintptr_t) */
         struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
         bool shutting_down;
 };

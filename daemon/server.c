@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "debug.h"
 #include "daemon.h"
@@ -20,6 +21,20 @@
 #define PACKETS_PER_WAKEUP 64
 /* Every error message the daemon writes starts so; the broker's are whole already. */
 #define MESSAGE_PREFIX "gpumemd: "
+
+/* Connections of uid, and a change of that count by delta (+1 or -1). */
+static uint32_t conns_of_uid(const gm_daemon_t *d, uid_t uid) {
+        return (uint32_t) (uintptr_t) gm_u64map_get(&d->conns_per_uid, (uint64_t) uid + 1);
+}
+
+static int count_conn_of_uid(gm_daemon_t *d, uid_t uid, int delta) {
+        uint32_t n = conns_of_uid(d, uid) + (uint32_t) delta;
+        if (n == 0) {
+                gm_u64map_remove(&d->conns_per_uid, (uint64_t) uid + 1);
+                return 0;
+        }
+        return gm_u64map_put(&d->conns_per_uid, (uint64_t) uid + 1, (void *) (uintptr_t) n);
+}
 
 static void on_conn_closed(uv_handle_t *handle) {
         gm_conn_t *c = handle->data;
@@ -43,6 +58,7 @@ void gm_conn_close(gm_conn_t *c, const char *why) {
         if (c->next)
                 c->next->prev = c->prev;
         d->n_conns--;
+        count_conn_of_uid(d, s->uid, -1);
         uv_poll_stop(&c->poll);
         close(c->fd);
         c->fd = -1;
@@ -64,22 +80,35 @@ int gm_conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const
         return r;
 }
 
+/* An Error envelope (err in either sign) in env, pointing at error and text. */
+static void error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text) {
+        gpumem__error__init(error);
+        error->code = err < 0 ? -err : err;
+        error->message = (char *) text;
+        gpumem__envelope__init(env);
+        env->body_case = GPUMEM__ENVELOPE__BODY_ERROR;
+        env->error = error;
+}
+
+/* MESSAGE_PREFIX and the formatted text into message (len > the prefix). */
+static void format_message(char *message, size_t len, const char *fmt, va_list ap) {
+        size_t prefix = strlen(MESSAGE_PREFIX);
+        memcpy(message, MESSAGE_PREFIX, prefix + 1);
+        vsnprintf(message + prefix, len - prefix, fmt, ap);
+}
+
 static int send_error_text(gm_conn_t *c, uint64_t request_id, int err, const char *text) {
-        Gpumem__Error error = GPUMEM__ERROR__INIT;
-        error.code = err < 0 ? -err : err;
-        error.message = (char *) text;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_ERROR;
-        env.error = &error;
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        error_envelope(&env, &error, err, text);
         return gm_conn_send(c, request_id, &env, NULL, 0);
 }
 
 int gm_conn_send_error(gm_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
-        char message[2048] = MESSAGE_PREFIX;
-        size_t prefix = strlen(MESSAGE_PREFIX);
+        char message[2048];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(message + prefix, sizeof(message) - prefix, fmt, ap);
+        format_message(message, sizeof(message), fmt, ap);
         va_end(ap);
         return send_error_text(c, request_id, err, message);
 }
@@ -189,6 +218,59 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
         return 0;
 }
 
+/* The most connections one uid may hold. */
+static uint32_t per_uid_limit(const gm_daemon_t *d) {
+        const gm_limits_t *l = &d->opts.limits;
+        uint32_t n = l->max_sessions_per_uid ? l->max_sessions_per_uid : l->max_sessions / 4;
+        return n == 0 ? 1 : n < l->max_sessions ? n : l->max_sessions;
+}
+
+/* Tells a connection why it is refused (best effort: one packet into its
+ * socket buffer, which the client reads after its Hello) and closes it. */
+static void refuse_conn(int fd, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void refuse_conn(int fd, int err, const char *fmt, ...) {
+        char message[256];
+        va_list ap;
+        va_start(ap, fmt);
+        format_message(message, sizeof(message), fmt, ap);
+        va_end(ap);
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        error_envelope(&env, &error, err, message);
+        gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
+        close(fd);
+}
+
+/* Whether a new connection from fd's peer fits the limits; refuses it if not. */
+static bool admit_conn(gm_daemon_t *d, int fd) {
+        const gm_limits_t *l = &d->opts.limits;
+        if (d->shutting_down) {
+                refuse_conn(fd, ESHUTDOWN, "shutting down");
+                return false;
+        }
+        if (d->n_conns >= l->max_sessions) {
+                log_warning("refusing connection: too many sessions (limit %u)", l->max_sessions);
+                refuse_conn(fd, EUSERS, "session limit reached (%u sessions); try again later", l->max_sessions);
+                return false;
+        }
+        gm_peer_cred_t cred;
+        if (gm_ipc_peer_cred(fd, &cred) < 0) {
+                close(fd);
+                return false;
+        }
+        uint32_t limit = per_uid_limit(d);
+        if (conns_of_uid(d, cred.uid) >= limit) {
+                log_warning("refusing connection from pid %d: session limit for uid %u reached (%u)", (int) cred.pid,
+                            (unsigned) cred.uid, limit);
+                refuse_conn(fd, EUSERS,
+                            "session limit for uid %u reached (%u sessions); close some, or raise "
+                            "max_sessions_per_uid",
+                            (unsigned) cred.uid, limit);
+                return false;
+        }
+        return true;
+}
+
 static void on_listener_readable(uv_poll_t *handle, int status, int events) {
         gm_daemon_t *d = handle->data;
         for (;;) {
@@ -201,16 +283,17 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         log_warning_errno(r, "accept failed, ignoring");
                         return;
                 }
-                if (d->n_conns >= d->opts.limits.max_sessions || d->shutting_down) {
-                        log_warning("refusing connection: %s (limit %u sessions)",
-                                    d->shutting_down ? "shutting down" : "too many sessions",
-                                    d->opts.limits.max_sessions);
-                        close(fd);
+                if (!admit_conn(d, fd))
                         continue;
-                }
                 gm_conn_t *c = NULL;
                 r = conn_new(d, fd, &c);
+                if (r == 0 && count_conn_of_uid(d, c->session->uid, +1) < 0) {
+                        gm_session_free(c->session);
+                        free(c);
+                        r = -ENOMEM;
+                }
                 if (r == 0 && uv_poll_init(d->loop, &c->poll, fd) < 0) {
+                        count_conn_of_uid(d, c->session->uid, -1);
                         gm_session_free(c->session);
                         free(c);
                         r = -EIO;
@@ -221,6 +304,7 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         continue;
                 }
                 c->poll.data = c;
+                c->accepted_ms = gm_now_ms();
                 c->next = d->conns;
                 if (d->conns)
                         d->conns->prev = c;
@@ -232,9 +316,25 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
         }
 }
 
+/* Closes the connections that have not said Hello in time: an idle
+ * connection holds a session slot, and a few of them must not lock out the
+ * rest. */
+static void expire_silent_conns(gm_daemon_t *d, uint64_t now_ms) {
+        uint32_t timeout = d->opts.limits.hello_timeout_ms;
+        for (gm_conn_t *c = d->conns, *next; c; c = next) {
+                next = c->next;
+                if (c->hello_done || c->closing || now_ms - c->accepted_ms < timeout)
+                        continue;
+                gm_conn_send_error(c, 0, ETIMEDOUT, "no Hello within %u ms", timeout);
+                gm_conn_close(c, "no hello in time");
+        }
+}
+
 static void on_tick(uv_timer_t *t) {
         gm_daemon_t *d = t->data;
-        gm_broker_tick(d->broker, gm_now_ms());
+        uint64_t now = gm_now_ms();
+        expire_silent_conns(d, now);
+        gm_broker_tick(d->broker, now);
         gm_daemon_debug_check(d, "a tick");
 }
 
@@ -275,6 +375,7 @@ void gm_server_stop(gm_daemon_t *d) {
         uv_close((uv_handle_t *) &d->tick, NULL);
         while (d->conns)
                 gm_conn_close(d->conns, "daemon stopping");
+        gm_u64map_done(&d->conns_per_uid);
         free(d->rx_buf);
         d->rx_buf = NULL;
 }
