@@ -201,6 +201,7 @@ struct gm_broker {
         uint32_t n_stored;
         uint64_t next_store_id;
         int ledger_fd;             /* append-only journal, or -1 */
+        uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
