@@ -10,16 +10,17 @@ CMAKE_FLAGS ?=
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
 # (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
-# dpkg-dev for the package check.
+# dpkg-dev, debhelper, lintian and fakeroot (when not root) for the Debian
+# package check.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
-	prometheus systemd groff-base man-db dpkg-dev
+	prometheus systemd groff-base man-db dpkg-dev debhelper lintian fakeroot
 
 # The fuzz harnesses (tests/fuzz, docs/fuzzing.md) need clang's libFuzzer;
 # only `make fuzz` installs it.
 FUZZ_PACKAGES := clang libclang-rt-dev
 
-.PHONY: all deps deps-fuzz build run test test-asan fuzz install clean
+.PHONY: all deps deps-fuzz build run test test-asan fuzz install deb clean
 
 all: build
 
@@ -67,6 +68,10 @@ fuzz: deps-fuzz
 
 install: build
 	cmake --install $(BUILD)
+
+# The Debian packages (gpumemd, libgpumem0, libgpumem-dev), in $(BUILD)/deb.
+deb: deps
+	sh packaging/build-deb.sh . $(BUILD)/deb
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

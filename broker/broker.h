@@ -320,8 +320,11 @@ void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);
 int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
 int gm_session_free_completed(gm_session_t *s, uint64_t block_id);
 /* A ReleaseAck: the pieces return to the backend and parked allocations are
- * retried. -ENOENT: no such release pending. */
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id);
+ * retried. The pieces named in `not_released` (by segment and offset: the
+ * client could not unmap them) stay charged, in a held release that is never
+ * asked again, until the session ends. -ENOENT: no such release pending. */
+int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                           size_t n_not_released);
 /* Releases the session's cached memory; the bytes. */
 uint64_t gm_session_trim(gm_session_t *s);
 /* Releases cached memory of every session of `tenant` (NULL: all); the bytes. */

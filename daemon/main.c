@@ -543,6 +543,8 @@ int main(int argc, char **argv) {
         log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
                    d->backend->device, d->backend->ops->name, gm_format_size(d->backend->capacity, cap, sizeof(cap)),
                    d->opts.socket_path);
+        if (d->backend->detail[0])
+                log_info("%s backend: %s", d->backend->ops->name, d->backend->detail);
         /* Under systemd: watchdog pings at half of WatchdogSec=, and STATUS=
          * lines at least every 10 s. */
         uint64_t watchdog_usec = 0;

@@ -68,6 +68,7 @@ static int handle_hello(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelop
         reply.tenant = s->tenant->name;
         reply.granularity = d->backend->granularity;
         reply.session_token = s->token;
+        reply.device_uuid = d->backend->device_uuid;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -193,8 +194,17 @@ static int handle_free_completed(gm_conn_t *c, uint64_t request_id, const Gpumem
 }
 
 static int handle_release_ack(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
-        uint64_t release_id = env->release_ack->release_id;
-        if (gm_session_release_ack(c->session, release_id) < 0)
+        const Gpumem__ReleaseAck *ack = env->release_ack;
+        uint64_t release_id = ack->release_id;
+        gm_release_range_t *kept = NULL;
+        if (ack->n_not_released > 0 && !(kept = calloc(ack->n_not_released, sizeof(*kept))))
+                return -ENOMEM;
+        for (size_t i = 0; i < ack->n_not_released; i++)
+                kept[i] = (gm_release_range_t){.segment_id = ack->not_released[i]->segment_id,
+                                               .offset = ack->not_released[i]->offset};
+        int r = gm_session_release_ack(c->session, release_id, kept, ack->n_not_released);
+        free(kept);
+        if (r < 0)
                 gm_conn_send_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
         return 0;
 }

@@ -28,3 +28,29 @@ if(GM_PROMTOOL_EXECUTABLE)
            COMMAND ${GM_PROMTOOL_EXECUTABLE} test rules metrics_alerts.test.yml
            WORKING_DIRECTORY ${CMAKE_CURRENT_LIST_DIR})
 endif()
+
+# Every alert has a summary, a description, a runbook section and a test case
+# (python3-yaml); the Grafana dashboard's queries return data from a real
+# Prometheus scraping a real daemon, which also evaluates the alert rules.
+find_program(GM_PROMETHEUS_EXECUTABLE prometheus)
+find_package(Python3 COMPONENTS Interpreter)
+set(GM_MONITORING_CHECK ${CMAKE_CURRENT_LIST_DIR}/monitoring_check.py)
+set(GM_PROM_RULES ${CMAKE_SOURCE_DIR}/packaging/prometheus/gpumemd-alerts.yml)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME metrics_alerts_documented
+           COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} rules ${GM_PROM_RULES}
+                   ${CMAKE_CURRENT_LIST_DIR}/metrics_alerts.test.yml ${CMAKE_SOURCE_DIR}/docs/runbook.md)
+endif()
+# A client that holds 8 MiB until its stdin closes (the install example).
+add_executable(gm_test_holder ${CMAKE_CURRENT_LIST_DIR}/install/example.c)
+target_link_libraries(gm_test_holder PRIVATE gpumem)
+if(Python3_Interpreter_FOUND AND GM_PROMETHEUS_EXECUTABLE)
+  add_test(NAME metrics_dashboard
+           COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} dashboard
+                   ${CMAKE_SOURCE_DIR}/packaging/grafana/gpumemd-dashboard.json ${GM_PROM_RULES}
+                   ${GM_PROMETHEUS_EXECUTABLE} $<TARGET_FILE:gpumemd> $<TARGET_FILE:gpumemctl>
+                   $<TARGET_FILE:gm_test_holder>)
+  set_tests_properties(metrics_dashboard PROPERTIES TIMEOUT 120)
+else()
+  message(WARNING "prometheus or python3 not found (Debian packages prometheus, python3-yaml): the dashboard is not checked")
+endif()

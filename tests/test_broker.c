@@ -229,7 +229,7 @@ static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
 static void ack_all(gm_session_t *s) {
         for (size_t i = 0; i < host_.n_releases; i++)
                 if (host_.releases[i].session == s && host_.releases[i].id) {
-                        ck_assert_int_eq(gm_session_release_ack(s, host_.releases[i].id), 0);
+                        ck_assert_int_eq(gm_session_release_ack(s, host_.releases[i].id, NULL, 0), 0);
                         host_.releases[i].id = 0;
                         CHECK(s->broker);
                 }
@@ -317,7 +317,7 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         ck_assert_uint_eq(busy->n_parked, 0);
 
         /* An unknown ack is refused. */
-        ck_assert_int_eq(gm_session_release_ack(idle, 999), -ENOENT);
+        ck_assert_int_eq(gm_session_release_ack(idle, 999, NULL, 0), -ENOENT);
 
         /* Past the park timeout, the tick refuses what still waits. */
         for (const gm_piece_t *p = idle->pieces; p; p = p->next)
