@@ -25,6 +25,7 @@
 #include "ipc.h"
 #include "mapper.h"
 #include "msg.h"
+#include "peer_check.h"
 #include "u64map.h"
 
 typedef struct waiter {
@@ -686,7 +687,7 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         env.hello = &hello;
         int r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         Gpumem__Envelope *reply = NULL;
-        if (r == 0)
+        if (r == 0 || r == -EPIPE) /* a daemon that refused us at once left its reason to read */
                 r = recv_env(c, fd, &reply);
         if (r < 0)
                 return set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: no hello from gpumemd at '%s': %s",
@@ -710,10 +711,10 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
 }
 
 static int session_open(gpumem_client *c) {
-        int r = gm_ipc_connect(c->socket_path, &c->fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &c->fd, why, sizeof(why));
         if (r < 0)
-                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
-                                 strerror(-r));
+                return set_error(c, r, "gpumem: %s", why);
         Gpumem__Envelope *reply = NULL;
         r = hello_exchange(c, c->fd, NULL, &reply);
         if (r < 0)
@@ -856,7 +857,8 @@ static int reattach_send(gpumem_client *c, int fd) {
  * or another negative errno when the session cannot come back. */
 static int reattach_once(gpumem_client *c) {
         int fd;
-        int r = gm_ipc_connect(c->socket_path, &fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &fd, why, sizeof(why));
         if (r < 0)
                 return -EAGAIN;
         Gpumem__Envelope *reply = NULL;

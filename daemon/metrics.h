@@ -6,6 +6,7 @@
  * so call sites need no checks. Loop thread only, like the rest of the daemon. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +23,7 @@ typedef struct gm_metrics_source {
         const gm_broker_t *broker;
         const char *const *op_names; /* request kinds by index: the op label; outlive the endpoint */
         size_t n_ops;
+        bool hide_tenants; /* leave per-tenant series (and so tenant names) out of scrapes */
 } gm_metrics_source_t;
 
 /* Request kinds an endpoint can time, at most. */
