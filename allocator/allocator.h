@@ -37,6 +37,37 @@ typedef struct gm_provider {
                         bool whole_segment);
         /* Optional: one trace event (see gm_trace_action_t); NULL = no tracing. */
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
+        /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see
+         * gm_heap_page_reuse()); NULL = the mode stays inactive with this
+         * provider. Moves one page: `handle` (made by create(), `size` bytes)
+         * is mapped at [from_offset, from_offset+size) of segment from_segment
+         * and must end up mapped at [to_offset, to_offset+size) of segment
+         * to_segment instead (its virtual range is to_segment_va_size bytes;
+         * it may have no piece yet, as with a segment's first create()) and no
+         * longer at the old place, which becomes unmapped virtual space of
+         * from_segment. from_segment_empty is true when this was the last
+         * piece of from_segment: its virtual range goes too (as with
+         * release()'s whole_segment). The handle keeps its value; later
+         * release() and remap() calls name it at its new place. The heap
+         * calls this only for a page that lies wholly inside a free block
+         * whose device work is complete (see stream_idle); it emits the
+         * segment_unmap / segment_map trace events itself. Whoever maps
+         * the memory must map the new range before the block that uses it
+         * is handed out (central sessions: in the allocation reply; local
+         * heaps: at once). Returns 0, or a negative errno with nothing
+         * changed: the page is still at its old place and the heap creates
+         * new memory for the rest of the request. */
+        int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
+                     uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
+                     bool from_segment_empty);
+        /* Optional, for page reuse: whether all device work queued so far on
+         * `stream` is complete (1) or not yet (0); a negative errno counts as
+         * not yet. Must not wait (cuStreamQuery, never a synchronize). A page
+         * whose free block was freed on a stream after the last time the
+         * stream answered 1 stays where it is; the heap asks at most once
+         * per allocation and stream. NULL = frees are synchronous (no queued
+         * device work, e.g. the host backend): every free page may move. */
+        int (*stream_idle)(void *userdata, uint64_t stream);
         void *userdata;
 } gm_provider_t;
 
@@ -106,6 +137,31 @@ uint64_t gm_heap_release_cached(gm_heap_t *h);
 /* The block size (round_size) and new-segment size (get_allocation_size) a
  * request of `size` bytes gets under the heap's settings. */
 void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_size, uint64_t *ret_segment_size);
+
+/* Page reuse (gpumemd extension, alloc_conf gpumemd_page_reuse:True with
+ * expandable_segments:True): when a request fits no free block and the heap
+ * would map new pages, it first moves whole pages that lie inside free blocks
+ * of any of its segments (any stream and pool, device work complete) to
+ * where the request needs them (provider remap()); only the shortfall is
+ * created. The pages' old range becomes unmapped free space. Pages are
+ * GM_PAGE_REUSE_PAGE_SIZE (2 MiB, the CUDA granularity) in both pools, instead
+ * of PyTorch's 20 MiB large-pool pages. Limits (memory fraction, quota) are
+ * checked against the bytes actually created. Counters are not in
+ * memory_stats() (PyTorch's key set stays exact); they are here. */
+#define GM_PAGE_REUSE_PAGE_SIZE (2ULL << 20)
+
+typedef struct gm_page_reuse_info {
+        bool configured;        /* alloc_conf asks for it */
+        bool active;            /* configured, expandable segments on, provider has remap() */
+        const char *inactive_reason; /* NULL when active */
+        uint64_t pages_moved;   /* remap() calls that succeeded */
+        uint64_t ranges_moved;  /* contiguous source ranges unmapped for moves */
+        uint64_t allocs_with_moves; /* allocations that moved at least one page */
+        uint64_t stream_queries;    /* stream_idle() calls */
+        uint64_t refused_busy;  /* free blocks passed over: their stream's work not done */
+        uint64_t remap_failures;    /* remap() errors (the page stayed, new memory was made) */
+} gm_page_reuse_info_t;
+void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);
 
 /* Number of live blocks (allocated or pending free). */
 uint64_t gm_heap_live_blocks(const gm_heap_t *h);

@@ -52,6 +52,8 @@ typedef struct gm_block {
         uint64_t size;
         uint64_t requested_size;     /* original request of the last handout */
         uint64_t gc_stamp;           /* pool's get_free_block count at insertion */
+        uint64_t free_seq;           /* free blocks: the heap's free count at the newest
+                                      * free inside it (0 = never handed out since mapped) */
         uint8_t state;               /* gm_bstate_t */
         bool mapped;                 /* always true outside expandable segments */
         bool oversize;               /* counted in oversize_allocations */

@@ -1,12 +1,17 @@
 /* A deterministic gm_provider_t for allocator tests: a capacity, injected
  * failures, and a ledger that catches protocol mistakes (unknown or double
- * released handles, a wrong whole_segment flag). No real memory is touched. */
+ * released handles, a wrong whole_segment or from_segment_empty flag, a page
+ * moved from where it is not or onto another live page). Streams 0..7 can be
+ * marked busy (their device work not done) for page reuse; streams beyond
+ * are always idle. No real memory is touched. */
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "allocator.h"
+
+#define FAKE_STREAMS 8
 
 typedef struct fake_piece {
         uint64_t segment_id, offset, size;
@@ -24,6 +29,11 @@ typedef struct fake_provider {
         uint64_t n_pieces, cap_pieces;
         uint64_t *seg_live;    /* live pieces by segment id */
         uint64_t cap_segs;
+        bool no_overlap_check; /* skip remap's O(pieces) destination check (timed replays) */
+        uint64_t remaps;       /* successful remap calls (page moves) */
+        unsigned remap_fail_next; /* the next remap_fail_next remaps fail with -EIO */
+        bool busy[FAKE_STREAMS]; /* stream_idle() answers 0 for these streams (others: 1) */
+        uint64_t stream_queries;
         uint64_t traces[_GM_TRACE_ACTION_MAX];
         int last_action;
         uint64_t last_addr, last_size, last_stream;
@@ -31,5 +41,5 @@ typedef struct fake_provider {
 
 void fake_init(fake_provider_t *f, uint64_t capacity);
 void fake_done(fake_provider_t *f);
-/* The callback table; userdata is f. */
+/* The callback table; userdata is f. It has remap and stream_idle. */
 gm_provider_t fake_provider(fake_provider_t *f);
