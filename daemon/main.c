@@ -474,7 +474,9 @@ int main(int argc, char **argv) {
         }
         err[0] = '\0';
         const char *const *op_names;
-        gm_metrics_source_t msrc = {.loop = d->loop, .broker = d->broker};
+        /* The UUID label: the configured device UUID (--device GPU-..., or
+         * device = GPU-... in the config); none when selected by index. */
+        gm_metrics_source_t msrc = {.loop = d->loop, .broker = d->broker, .device_uuid = d->opts.device_uuid};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

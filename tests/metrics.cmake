@@ -13,7 +13,7 @@ target_compile_definitions(test_metrics PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpu
 if(GM_PROMTOOL_EXECUTABLE)
   target_compile_definitions(test_metrics PRIVATE GM_PROMTOOL="${GM_PROMTOOL_EXECUTABLE}")
 endif()
-add_dependencies(test_metrics gpumemd gpumemctl)
+add_dependencies(test_metrics gpumemd gpumemctl gm-test-client)
 add_test(NAME metrics COMMAND test_metrics)
 set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
 
@@ -41,15 +41,12 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} rules ${GM_PROM_RULES}
                    ${CMAKE_CURRENT_LIST_DIR}/metrics_alerts.test.yml ${CMAKE_SOURCE_DIR}/docs/runbook.md)
 endif()
-# A client that holds 8 MiB until its stdin closes (the install example).
-add_executable(gm_test_holder ${CMAKE_CURRENT_LIST_DIR}/install/example.c)
-target_link_libraries(gm_test_holder PRIVATE gpumem)
 if(Python3_Interpreter_FOUND AND GM_PROMETHEUS_EXECUTABLE)
   add_test(NAME metrics_dashboard
            COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} dashboard
                    ${CMAKE_SOURCE_DIR}/packaging/grafana/gpumemd-dashboard.json ${GM_PROM_RULES}
                    ${GM_PROMETHEUS_EXECUTABLE} $<TARGET_FILE:gpumemd> $<TARGET_FILE:gpumemctl>
-                   $<TARGET_FILE:gm_test_holder>)
+                   $<TARGET_FILE:gm-test-client>)
   set_tests_properties(metrics_dashboard PROPERTIES TIMEOUT 120)
 else()
   message(WARNING "prometheus or python3 not found (Debian packages prometheus, python3-yaml): the dashboard is not checked")
