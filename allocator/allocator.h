@@ -91,6 +91,7 @@ typedef struct gm_heap_params {
         uint64_t *va_cursor;     /* shared by all heaps of a device: next synthetic address
                                   * (segments get unique, never reused addresses) */
         gm_stats_t *extra_sinks[3]; /* NULL-terminated: stats also updated (tenant, device) */
+        uint64_t granularity;    /* the backend's: segment and page sizes are multiples of it (0: 2 MiB) */
 } gm_heap_params_t;
 
 /* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */

@@ -157,19 +157,34 @@ static uint64_t round_size(const gm_alloc_config_t *c, uint64_t n) {
         return round_up(n, step);
 }
 
+/* Physical sizes are multiples of the backend's granularity: PyTorch's
+ * constants where it divides them (2 MiB on every NVIDIA GPU so far), else
+ * rounded up to it. */
+static uint64_t physical_unit(const gm_heap_t *h) {
+        return h->params.granularity > ROUND_LARGE ? h->params.granularity : ROUND_LARGE;
+}
+
+static uint64_t small_buffer(const gm_heap_t *h) {
+        return round_up(SMALL_BUFFER, physical_unit(h));
+}
+
+static uint64_t large_buffer(const gm_heap_t *h) {
+        return round_up(LARGE_BUFFER, physical_unit(h));
+}
+
 /* PyTorch's get_allocation_size(): the size of a new segment for a rounded request. */
-static uint64_t allocation_size(uint64_t rsize) {
+static uint64_t allocation_size(const gm_heap_t *h, uint64_t rsize) {
         if (rsize <= SMALL_SIZE)
-                return SMALL_BUFFER;
+                return small_buffer(h);
         if (rsize < MIN_LARGE_ALLOC)
-                return LARGE_BUFFER;
-        return round_up(rsize, ROUND_LARGE);
+                return large_buffer(h);
+        return round_up(rsize, physical_unit(h));
 }
 
 void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_size, uint64_t *ret_segment_size) {
         uint64_t rsize = round_size(&h->cfg, size);
         *ret_block_size = rsize;
-        *ret_segment_size = allocation_size(rsize);
+        *ret_segment_size = allocation_size(h, rsize);
 }
 
 /* ---- block structs: a small spare list keeps the hot paths free of malloc failures ---- */
@@ -308,9 +323,9 @@ static bool gc_active(const gm_heap_t *h) {
 /* ---- segments ---- */
 
 static uint64_t take_va(gm_heap_t *h, uint64_t size) {
-        uint64_t addr = round_up(*h->params.va_cursor, ROUND_LARGE);
+        uint64_t addr = round_up(*h->params.va_cursor, physical_unit(h));
 
-        *h->params.va_cursor = addr + round_up(size, ROUND_LARGE);
+        *h->params.va_cursor = addr + round_up(size, physical_unit(h));
         return addr;
 }
 
@@ -439,7 +454,7 @@ static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
 /* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
  * pages, all unmapped (one block in the unmapped set). */
 static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min_size, gm_block_t **ret_block) {
-        uint64_t page = p->small || reuse_active(h) ? SMALL_BUFFER : LARGE_BUFFER;
+        uint64_t page = p->small || reuse_active(h) ? small_buffer(h) : large_buffer(h);
         uint64_t n = (uint64_t)(((unsigned __int128)h->params.capacity * 9 + 8 * page - 1) / (8 * page));
         gm_segment_t *s;
 
@@ -769,11 +784,12 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 if (r < 0)
                         return r;
         }
-        if (reuse_active(h) && c->seg->page_size == SMALL_BUFFER) {
+        if (reuse_active(h) && c->seg->page_size == small_buffer(h)) {
+                uint64_t page = c->seg->page_size;
                 target = (reuse_target_t){
                         .seg = c->seg,
-                        .begin = c->offset / SMALL_BUFFER,
-                        .end = round_up(c->offset + rsize, SMALL_BUFFER) / SMALL_BUFFER,
+                        .begin = c->offset / page,
+                        .end = round_up(c->offset + rsize, page) / page,
                 };
                 t = &target;
         }
@@ -1023,7 +1039,7 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
         h->n_allocs++;
         rsize = round_size(&h->cfg, size);
         p = rsize <= SMALL_SIZE ? &h->small : &h->large;
-        asize = allocation_size(rsize);
+        asize = allocation_size(h, rsize);
         r = gm_idmap_reserve(&h->live, 1);
         if (r >= 0)
                 r = reserve_blocks(h, 1);
@@ -1522,7 +1538,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 return -EEXIST;
         bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
         uint64_t page = pieces[0].size;
-        if (expandable && ((page != SMALL_BUFFER && page != LARGE_BUFFER) || va_size % page ||
+        if (expandable && ((page != small_buffer(h) && page != large_buffer(h)) || va_size % page ||
                            va_size / page > (1u << 24)))
                 return -EINVAL;
         gm_segment_t *s = calloc(1, sizeof(*s));
@@ -1533,7 +1549,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         s->stream = stream;
         s->expandable = expandable;
         if (!expandable) {
-                s->small = va_size == SMALL_BUFFER; /* no large-pool segment is 2 MiB */
+                s->small = va_size == small_buffer(h); /* no large-pool segment has that size */
                 s->handle = pieces[0].handle;
                 if (reserve_blocks(h, 1) < 0) {
                         free(s);
@@ -1541,7 +1557,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 }
                 s->first = block_new(h, s, 0, va_size, true);
         } else {
-                s->small = page == SMALL_BUFFER;
+                s->small = page == small_buffer(h);
                 s->page_size = page;
                 s->n_pages = va_size / page;
                 s->page_handle = calloc(s->n_pages, sizeof(*s->page_handle));

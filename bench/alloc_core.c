@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "clock.h"
 #include "allocator.h"
 
 static int bench_create(void *ud, uint64_t segment_id, uint64_t va, uint64_t offset, uint64_t size, uint64_t *ret) {
@@ -25,13 +26,6 @@ static uint64_t rnd(void) {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         return rng;
-}
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
 static void run(uint64_t n_live, uint64_t pairs, bool expandable) {
@@ -53,7 +47,7 @@ static void run(uint64_t n_live, uint64_t pairs, bool expandable) {
                         exit(1);
                 ids[i] = r.block_id;
         }
-        t0 = now_ns();
+        t0 = gm_now_ns();
         for (uint64_t i = 0; i < pairs; i++) {
                 uint64_t k = rnd() % n_live;
 
@@ -63,7 +57,7 @@ static void run(uint64_t n_live, uint64_t pairs, bool expandable) {
                 ids[k] = r.block_id;
         }
         printf("%-10s live=%-8llu %7.1f ns per alloc+free\n", expandable ? "expandable" : "native",
-               (unsigned long long)n_live, (now_ns() - t0) / (double)pairs);
+               (unsigned long long)n_live, (gm_now_ns() - t0) / (double)pairs);
         gm_heap_destroy(h);
         free(ids);
 }

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc.h"
 #include "log.h"
 
 #ifndef GPUMEMD_VERSION
@@ -451,9 +452,37 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
 }
 
+/* The fields of /proc/self/stat the process_* metrics use. */
+typedef struct self_stat {
+        unsigned long long utime, stime; /* clock ticks */
+        unsigned long long start_ticks;  /* since boot */
+        unsigned long long vsize;        /* bytes */
+        long long rss;                   /* pages */
+} self_stat_t;
+
+/* Reads /proc/self/stat: after "pid (comm)" come field 3 (state) onwards;
+ * utime is 14, stime 15, starttime 22, vsize 23, rss 24. 0 or -EIO. */
+static int read_self_stat(self_stat_t *ret) {
+        char buf[1024];
+        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -EIO;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        const char *p = strrchr(buf, ')');
+        self_stat_t st;
+        if (!p || sscanf(p + 2,
+                         "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld",
+                         &st.utime, &st.stime, &st.start_ticks, &st.vsize, &st.rss) != 5)
+                return -EIO;
+        *ret = st;
+        return 0;
+}
+
 /* Seconds since the epoch at which this process started, from /proc. */
 static double process_start_time(void) {
-        double btime = 0, start_ticks = 0;
+        double btime = 0;
         char line[256];
         FILE *f = fopen("/proc/stat", "re");
         if (!f)
@@ -462,19 +491,10 @@ static double process_start_time(void) {
                 if (sscanf(line, "btime %lf", &btime) == 1)
                         break;
         fclose(f);
-        f = fopen("/proc/self/stat", "re");
-        if (!f)
+        self_stat_t st;
+        if (read_self_stat(&st) < 0)
                 return 0;
-        char buf[1024];
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        const char *p = strrchr(buf, ')');
-        /* After "pid (comm)": field 3 (state) onwards; starttime is field 22. */
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %lf",
-                         &start_ticks) != 1)
-                return 0;
-        return btime + start_ticks / (double) sysconf(_SC_CLK_TCK);
+        return btime + (double) st.start_ticks / (double) sysconf(_SC_CLK_TCK);
 }
 
 /* Open fds of this process, -1 if unknown. Every segment piece is an fd, so
@@ -515,29 +535,15 @@ static long count_open_fds(void) {
 
 /* The conventional process_* metrics of the daemon itself, from /proc/self. */
 static void render_process(out_t *o, const gm_metrics_t *m) {
-        char buf[1024];
-        unsigned long long utime = 0, stime = 0, vsize = 0;
-        long long rss = 0;
-        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-                ssize_t n = read(fd, buf, sizeof(buf) - 1);
-                close(fd);
-                buf[n > 0 ? n : 0] = '\0';
-                const char *p = strrchr(buf, ')');
-                /* Fields 14 (utime), 15 (stime), 23 (vsize) and 24 (rss, pages). */
-                if (!p || sscanf(p + 2,
-                                 "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %*u "
-                                 "%llu %lld",
-                                 &utime, &stime, &vsize, &rss) != 4)
-                        utime = stime = vsize = 0, rss = 0;
-        }
+        self_stat_t st = {0};
+        read_self_stat(&st); /* zeros when /proc is not there */
         long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
         family(o, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
-        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (utime + stime) / (double) tck);
+        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (st.utime + st.stime) / (double) tck);
         family(o, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        out_printf(o, "process_resident_memory_bytes %lld\n", rss * page);
+        out_printf(o, "process_resident_memory_bytes %lld\n", st.rss * page);
         family(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        out_printf(o, "process_virtual_memory_bytes %llu\n", vsize);
+        out_printf(o, "process_virtual_memory_bytes %llu\n", st.vsize);
         family(o, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
         out_printf(o, "process_start_time_seconds %.2f\n", m ? m->start_time : process_start_time());
 
@@ -576,9 +582,11 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                 return -ENOMEM;
         }
         const gm_backend_t *backend_ = b->backend;
+        /* The driver's UUID of the device (cuda), else the configured one. */
+        const char *device_uuid = backend_->device_uuid[0] ? backend_->device_uuid : m ? m->src.device_uuid : NULL;
         char dev[DEVICE_LABELS_MAX], uuid[112] = "";
-        if (m && m->src.device_uuid)
-                escape_label(m->src.device_uuid, uuid, sizeof(uuid));
+        if (device_uuid)
+                escape_label(device_uuid, uuid, sizeof(uuid));
         snprintf(dev, sizeof(dev), "{device=\"%d\"%s%s%s", backend_->device, uuid[0] ? ",UUID=\"" : "", uuid,
                  uuid[0] ? "\"" : "");
         size_t shown = 0;
@@ -874,26 +882,6 @@ static int parse_inet(const char *listen, struct sockaddr_storage *ss, socklen_t
         return 0;
 }
 
-/* Binds a unix socket, replacing a stale socket file that nobody listens on. */
-static int bind_unix(int fd, const struct sockaddr_un *a) {
-        if (bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0)
-                return 0;
-        if (errno != EADDRINUSE)
-                return -errno;
-        struct stat st;
-        if (lstat(a->sun_path, &st) < 0 || !S_ISSOCK(st.st_mode))
-                return -EADDRINUSE;
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe < 0)
-                return -errno;
-        int live = connect(probe, (const struct sockaddr *) a, sizeof(*a)) == 0 || errno != ECONNREFUSED;
-        close(probe);
-        if (live)
-                return -EADDRINUSE;
-        unlink(a->sun_path);
-        return bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0 ? 0 : -errno;
-}
-
 int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         char def[32];
         if (!listen_addr) {
@@ -930,7 +918,7 @@ int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm
         }
         int r = 0;
         if (is_unix) {
-                r = bind_unix(fd, (const struct sockaddr_un *) &ss);
+                r = gm_ipc_bind_unix(fd, (const struct sockaddr_un *) &ss, SOCK_STREAM);
         } else {
                 int one = 1;
                 setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));

@@ -22,9 +22,10 @@ typedef struct gm_metrics_source {
         const gm_broker_t *broker;
         const char *const *op_names; /* request kinds by index: the op label; outlive the endpoint */
         size_t n_ops;
-        /* The GPU's UUID ("GPU-..."), the UUID label of every gpumem_ series
-         * so they join with dcgm-exporter's; NULL or "" leaves it out.
-         * Outlives the endpoint. */
+        /* The GPU's UUID ("GPU-...") when the backend knows none (host): the
+         * UUID label of every gpumem_ series, so they join with
+         * dcgm-exporter's; the backend's wins; NULL or "" and none there
+         * leaves it out. Outlives the endpoint. */
         const char *device_uuid;
 } gm_metrics_source_t;
 

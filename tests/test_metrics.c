@@ -219,7 +219,7 @@ static double tenant_metric(const char *body, const char *name, const char *pool
 
 /* One key of `gpumemctl stats --json` output. */
 static int64_t json_value(const char *json, const char *key) {
-        char pat[128];
+        char pat[160]; /* a key of up to 127 characters, quoted, and ": " */
         snprintf(pat, sizeof(pat), "\"%s\": ", key);
         const char *p = strstr(json, pat);
         ck_assert_msg(p != NULL, "key %s not in %s", key, json);
@@ -416,6 +416,17 @@ START_TEST(test_figures_equal_gpumemctl) {
                   N);
         ck_assert(metric(body, "gpumem_device_in_use_bytes{device=\"0\"}") == 0);
         ck_assert_int_eq(promtool_check(body, msg, sizeof(msg)), 0);
+        free(body);
+
+        /* Quota and clients requests are timed like every other kind. */
+        char out[4096];
+        const char *quota_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "quota", "list", NULL};
+        const char *clients_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), quota_argv), 0);
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), clients_argv), 0);
+        body = scrape();
+        ck_assert(metric(body, "gpumem_request_duration_seconds_count{device=\"0\",op=\"quota\"}") >= 1);
+        ck_assert(metric(body, "gpumem_request_duration_seconds_count{device=\"0\",op=\"clients\"}") >= 1);
         free(body);
 }
 END_TEST
@@ -830,6 +841,17 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.0025\"}") == 0);
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.005\"}") == 1);
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
+        /* Every request kind of the table has its series, timed or not yet. */
+        static const char *const every_op[] = {"hello", "alloc", "free", "free_completed", "trim", "stats",
+                                               "release_ack", "reset_stats", "history", "snapshot", "alloc_conf",
+                                               "quota", "clients", "reattach"};
+        ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
+        for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
+                char series[128];
+                snprintf(series, sizeof(series), "gpumem_request_duration_seconds_count{device=\"0\",op=\"%s\"}",
+                         every_op[i]);
+                ck_assert_msg(has_series(text, series), "no series %s", series);
+        }
         ck_assert(metric(text, "gpumem_reclaim_requests_total{device=\"0\",outcome=\"requested\"}") == 0);
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"t0\",reason=\"device\"}") == 1);
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"t5\",reason=\"external\"}") == 1);
