@@ -66,12 +66,22 @@ static void teardown(void) {
         rmdir(dir_);
 }
 
+/* The UUID label the uuid cases expect: the one configured on host; on cuda
+ * the emulated driver's device 0 under FAKECUDA_UUID_PREFIX=0123456789abcdef
+ * (tests/metrics.cmake), the daemon selecting it by index. */
 #define TEST_UUID "GPU-8f6c2a3e-1b2c-4d5e-8f90-0123456789ab"
+#define FAKECUDA_UUID "GPU-01234567-89ab-cdef-0000-000000000000"
+static const char *expected_uuid_;
 
 static void setup_uuid(void) {
-        device_arg_ = TEST_UUID;
+        device_arg_ = expected_uuid_ = TEST_UUID;
         setup();
         device_arg_ = NULL;
+}
+
+static void setup_cuda_uuid(void) {
+        expected_uuid_ = FAKECUDA_UUID;
+        setup();
 }
 
 static void setup_tcp(void) {
@@ -567,12 +577,13 @@ START_TEST(test_reclaim_wait_observed) {
 }
 END_TEST
 
-/* With a configured GPU UUID every gpumem_ series carries it (dcgm-exporter's
- * label name), next to the device index. */
+/* Every gpumem_ series carries the GPU's UUID (dcgm-exporter's label name),
+ * next to the device index: the configured one on host, the driver's on cuda. */
 START_TEST(test_uuid_on_every_series) {
         assert_allocation_works();
         char *body = scrape();
-        static const char labels[] = "{device=\"0\",UUID=\"" TEST_UUID "\"";
+        char labels[128];
+        snprintf(labels, sizeof(labels), "{device=\"0\",UUID=\"%s\"", expected_uuid_);
         size_t samples = 0;
         for (const char *p = body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
                 if (strncmp(p, "gpumem_", 7) != 0)
@@ -584,7 +595,8 @@ START_TEST(test_uuid_on_every_series) {
         }
         ck_assert_uint_gt(samples, 100);
         char series[256];
-        snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels, tenant_);
+        snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels,
+                 tenant_);
         ck_assert(metric(body, series) == 1);
         free(body);
 }
@@ -930,7 +942,16 @@ END_TEST
 
 static Suite *metrics_suite(void) {
         Suite *s = suite_create("metrics");
-        TCase *tc = tcase_create("endpoint");
+        TCase *tc;
+        if (strcmp(gm_test_backend(), "cuda") == 0) { /* tests/metrics.cmake: metrics_cuda_uuid */
+                tc = tcase_create("cuda_uuid");
+                tcase_add_checked_fixture(tc, setup_cuda_uuid, teardown);
+                tcase_set_timeout(tc, 180);
+                tcase_add_test(tc, test_uuid_on_every_series);
+                suite_add_tcase(s, tc);
+                return s;
+        }
+        tc = tcase_create("endpoint");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 180);
         tcase_add_test(tc, test_figures_equal_gpumemctl);
