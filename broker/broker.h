@@ -47,7 +47,8 @@ typedef enum gm_quota_source {
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
-        gm_stats_t stats;       /* allocator statistics of all its sessions */
+        gm_stats_t stats;       /* allocator statistics of all its sessions; accumulated ones never reset */
+        gm_stats_t shown_base;  /* stats at the last reset_accumulated: what replies subtract (a view offset) */
         uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
         uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
@@ -165,6 +166,8 @@ typedef struct gm_broker_ops {
         void (*log)(void *userdata, int priority, const char *message);
         void (*count_reclaim)(void *userdata, gm_reclaim_outcome_t outcome);
         void (*count_refusal)(void *userdata, const char *tenant, gm_oom_reason_t reason);
+        /* A parked allocation was decided after waiting `waited_ms` for reclaim. */
+        void (*parked_done)(void *userdata, uint64_t waited_ms);
         void *userdata;
 } gm_broker_ops_t;
 
@@ -182,7 +185,8 @@ struct gm_broker {
         gm_broker_ops_t ops;
         gm_broker_limits_t limits;
         gm_alloc_config_t alloc_config;
-        gm_stats_t device_stats;
+        gm_stats_t device_stats;        /* accumulated figures never reset */
+        gm_stats_t device_shown_base;   /* device_stats at the last reset_accumulated (a view offset) */
         uint64_t va_cursor;     /* next synthetic segment address (shared by all heaps) */
         gm_session_t *sessions; /* newest first */
         uint32_t n_sessions;

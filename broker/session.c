@@ -578,6 +578,8 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
                                 gm_session_flush_releases(s);
                                 break;
                         }
+                        if (b->ops.parked_done)
+                                b->ops.parked_done(b->ops.userdata, now - p->parked_at_ms);
                         if (b->ops.alloc_done)
                                 b->ops.alloc_done(b->ops.userdata, s, p->request_id, &out);
                         else if (out.kind == GM_OUTCOME_REPLY)

@@ -83,7 +83,9 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
+                scratch = b->device_stats;
+                gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
+                st = &scratch;
                 sessions = b->n_sessions;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
@@ -91,7 +93,9 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                st = &t->stats;
+                scratch = t->stats;
+                gm_stats_subtract_accumulated(&scratch, &t->shown_base);
+                st = &scratch;
                 sessions = t->sessions;
                 break;
         }
@@ -191,14 +195,22 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                         st = gm_heap_stats_mut(s->heap);
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
-                break;
+                /* Counters Prometheus may scrape never go back: resetting the
+                 * device's or a tenant's is a view offset that replies subtract. */
+                if (req->peak)
+                        gm_stats_reset_peak(&b->device_stats);
+                if (req->accumulated)
+                        b->device_shown_base = b->device_stats;
+                return gm_reply_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                st = &t->stats;
-                break;
+                if (req->peak)
+                        gm_stats_reset_peak(&t->stats);
+                if (req->accumulated)
+                        t->shown_base = t->stats;
+                return gm_reply_ok(c, request_id);
         }
         default:
                 return gm_request_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;

@@ -522,7 +522,12 @@ int main(int argc, char **argv) {
         }
         err[0] = '\0';
         const char *const *op_names;
-        gm_metrics_source_t msrc = {.loop = d->loop, .broker = d->broker, .hide_tenants = !d->opts.metrics_tenants};
+        /* The UUID label: the cuda backend's, else the configured one
+         * (--device GPU-..., or device = GPU-... in the config). */
+        gm_metrics_source_t msrc = {.loop = d->loop,
+                                    .broker = d->broker,
+                                    .hide_tenants = !d->opts.metrics_tenants,
+                                    .device_uuid = d->opts.device_uuid};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

@@ -434,6 +434,11 @@ static void count_refusal(void *userdata, const char *tenant, gm_oom_reason_t re
         gm_metrics_count_refusal(d->metrics, tenant, reason);
 }
 
+static void parked_done(void *userdata, uint64_t waited_ms) {
+        gm_daemon_t *d = userdata;
+        gm_metrics_observe_reclaim_wait(d->metrics, waited_ms * 1000000u);
+}
+
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
@@ -443,6 +448,7 @@ gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
                 .log = broker_log,
                 .count_reclaim = count_reclaim,
                 .count_refusal = count_refusal,
+                .parked_done = parked_done,
                 .userdata = d,
         };
 }

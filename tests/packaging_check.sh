@@ -117,7 +117,9 @@ deb)
                 fail "packaging/build-deb.sh"
         }
         changes=$(ls "$tmp"/out/gpumemd_*.changes)
-        # No error, no warning; every override carries its reason.
+        grep -q '\.dsc$' "$changes" || fail "no source package in $changes"
+        # Source and binary packages: no error, no warning; every override
+        # carries its reason.
         lintian --fail-on error,warning --tag-display-limit 0 "$changes" >"$tmp/lintian" 2>&1 ||
                 fail "lintian:
 $(cat "$tmp/lintian")"
