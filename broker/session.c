@@ -337,7 +337,7 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
         uint64_t device_free = 0, device_total = 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
-                device_free = b->backend->capacity - b->backend->in_use;
+                device_free = b->backend->capacity - gm_broker_reserved(b);
         uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
         for (gm_session_t *o = b->sessions; o; o = o->next)
                 if (o != s)

@@ -56,10 +56,10 @@ static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
 const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE)
-                return "device-wide statistics";
+                return "reading device-wide statistics";
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT &&
             strcmp(tenant_named(c, req->tenant), c->session->tenant->name) != 0)
-                return "statistics of another tenant";
+                return "reading another tenant's statistics";
         return NULL;
 }
 
