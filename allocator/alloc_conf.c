@@ -47,6 +47,8 @@ static const struct option {
         { "pinned_use_hip_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register) },
         { "pinned_num_register_threads", OPT_THREADS, offsetof(gm_alloc_config_t, pinned_num_register_threads) },
         { "pinned_use_background_threads", OPT_BOOL, NO_FIELD },
+        /* gpumemd extensions (PyTorch has no such keys) */
+        { "gpumemd_page_reuse", OPT_BOOL, offsetof(gm_alloc_config_t, page_reuse) },
 };
 
 typedef struct parser {
@@ -312,6 +314,8 @@ int gm_alloc_config_parse(const char *conf, gm_alloc_config_t *ret_config, char 
                 if (i + 1 < p.n_tok && (r = expect(&p, ++i, ",")) < 0)
                         return r;
         }
+        if (config.page_reuse && !config.expandable_segments)
+                return fail(&p, "gpumemd_page_reuse:True needs expandable_segments:True");
         *ret_config = config;
         return 0;
 }

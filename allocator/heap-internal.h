@@ -53,6 +53,8 @@ typedef struct gm_block {
         uint64_t size;
         uint64_t requested_size;     /* original request of the last handout */
         uint64_t gc_stamp;           /* pool's get_free_block count at insertion */
+        uint64_t free_seq;           /* free blocks: the heap's free count at the newest
+                                      * free inside it (0 = never handed out since mapped) */
         uint8_t state;               /* gm_bstate_t */
         bool mapped;                 /* always true outside expandable segments */
         bool oversize;               /* counted in oversize_allocations */
@@ -72,6 +74,8 @@ struct gm_segment {
         /* expandable only: */
         uint64_t page_size;
         uint64_t n_pages, mapped_pages;
+        uint64_t cap_pages;        /* length of the two page arrays, grown on demand; pages
+                                    * from here to n_pages are unmapped */
         uint64_t *page_handle;     /* per page; valid where page_mapped */
         uint8_t *page_mapped;
 };

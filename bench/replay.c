@@ -4,8 +4,11 @@
  * In process (default) each trace runs on a fresh gm_heap_t over the in-memory
  * test provider (tests/fake_provider.c) with --capacity bytes; gm_heap_check()
  * runs at the end (and every N events with --check) and the provider's ledger
- * must balance. With --socket the same events go through a running gpumemd via
- * libgpumem, one session per run.
+ * must balance. With page reuse (gpumemd_page_reuse:True) the page moves are
+ * counted, and one extra, untimed-for-ns_per_op run times every allocation
+ * to compare those that moved pages with those that did not. With --socket
+ * the same events go through a running gpumemd via libgpumem, one session per
+ * run.
  *
  * A trace is read and validated completely before it is replayed, so the timed
  * loop does no parsing: every allocation gets a dense slot, and every free
@@ -57,10 +60,18 @@ typedef struct options {
         unsigned runs;
 } options_t;
 
+typedef struct move_timing {
+        uint64_t moving_allocs, other_allocs; /* allocations that moved pages / that did not */
+        double moving_ns, other_ns;           /* their summed wall times */
+} move_timing_t;
+
 typedef struct result {
         int64_t peak_requested, peak_allocated, peak_reserved;
         int64_t num_alloc_retries, num_ooms;
+        uint64_t allocs;        /* allocation events replayed */
         uint64_t failed_allocs;
+        gm_page_reuse_info_t reuse; /* in process only */
+        move_timing_t moves;    /* the timing run's, with page reuse */
         double ns;      /* median over the runs of the replay loop's wall time */
         int violations; /* summed over the runs */
 } result_t;
@@ -330,9 +341,10 @@ static int violation(const trace_t *t, const char *what, long long a, long long 
 
 /* One in-process run on a fresh heap: stores the wall time of the replay loop
  * (heap checks excluded) in *ret_ns, the run's figures in r, and adds its
- * integrity violations to r->violations. Fails only when the heap does (not
- * on a refused allocation, which is counted). */
-static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double *ret_ns) {
+ * integrity violations to r->violations. With `timing`, every allocation is
+ * timed on its own into r->moves (and *ret_ns carries that overhead). Fails
+ * only when the heap does (not on a refused allocation, which is counted). */
+static int replay_heap(const trace_t *t, const options_t *o, bool timing, result_t *r, double *ret_ns) {
         uint64_t cursor = 1ULL << 40, *ids = calloc(t->n_slots ? t->n_slots : 1, sizeof(*ids));
         gm_heap_params_t params = {.capacity = o->capacity, .va_cursor = &cursor};
         int64_t live_requested = 0, live_blocks = 0;
@@ -346,6 +358,7 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
         if (!ids)
                 return -ENOMEM;
         fake_init(&fake, o->capacity);
+        fake.no_overlap_check = true; /* gm_heap_check() sees doubly mapped pages */
         prov = fake_provider(&fake);
         prov.trace = NULL; /* nothing to record: keeps the timed path lean */
         e = gm_heap_new(&o->config, &prov, &params, &h);
@@ -378,7 +391,23 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
                         live_blocks--;
                         continue;
                 }
-                e = gm_heap_alloc(h, ev->size, ev->stream, &res);
+                r->allocs++;
+                if (timing) {
+                        uint64_t moved = r->reuse.pages_moved;
+                        double a0 = (double) gm_now_ns();
+
+                        e = gm_heap_alloc(h, ev->size, ev->stream, &res);
+                        a0 = (double) gm_now_ns() - a0;
+                        gm_heap_page_reuse(h, &r->reuse);
+                        if (r->reuse.pages_moved != moved) {
+                                r->moves.moving_allocs++;
+                                r->moves.moving_ns += a0;
+                        } else {
+                                r->moves.other_allocs++;
+                                r->moves.other_ns += a0;
+                        }
+                } else
+                        e = gm_heap_alloc(h, ev->size, ev->stream, &res);
                 if (e == -ENOMEM || e == -EDQUOT) {
                         r->failed_allocs++;
                         e = 0;
@@ -397,6 +426,10 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
         r->peak_reserved = st->reserved_bytes[GM_STAT_ALL].peak;
         r->num_alloc_retries = st->num_alloc_retries;
         r->num_ooms = st->num_ooms;
+        gm_heap_page_reuse(h, &r->reuse);
+        if (e == 0 && r->reuse.pages_moved != fake.remaps)
+                r->violations += violation(t, "pages moved != provider's remaps", (long long)r->reuse.pages_moved,
+                                           (long long)fake.remaps);
         if (e == 0) {
                 int bad = gm_heap_check(h);
 
@@ -461,6 +494,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                         }
                         continue;
                 }
+                r->allocs++;
                 e = gpumem_alloc(c, ev->size, ev->stream, &ptrs[ev->slot]);
                 if (e == 0)
                         live_requested += (int64_t)ev->size;
@@ -512,7 +546,15 @@ static int replay(const trace_t *t, const options_t *o, result_t *ret_result) {
                 int violations = r.violations;
 
                 r = (result_t){.violations = violations};
-                e = o->socket ? replay_socket(t, o, &r, &times[k]) : replay_heap(t, o, &r, &times[k]);
+                e = o->socket ? replay_socket(t, o, &r, &times[k]) : replay_heap(t, o, false, &r, &times[k]);
+        }
+        if (e == 0 && !o->socket && o->config.page_reuse) {
+                result_t timed = {0};
+                double ignored;
+
+                e = replay_heap(t, o, true, &timed, &ignored);
+                r.moves = timed.moves;
+                r.violations += timed.violations;
         }
         if (e == 0) {
                 qsort(times, o->runs, sizeof(*times), cmp_double);
@@ -525,6 +567,30 @@ static int replay(const trace_t *t, const options_t *o, result_t *ret_result) {
 
 static void print_json_string(const char *s) {
         gm_json_print_string(stdout, s);
+}
+
+static double per(double total, uint64_t n) {
+        return n ? total / (double)n : 0.0;
+}
+
+/* null unless page reuse is configured (in process); else the heap's move
+ * counters and the timing run's mean allocation times with and without moves. */
+static void print_page_reuse(const options_t *o, const result_t *r) {
+        const gm_page_reuse_info_t *u = &r->reuse;
+
+        if (o->socket || !o->config.page_reuse) {
+                printf("null");
+                return;
+        }
+        printf("{\"active\":%s,\"pages_moved\":%llu,\"ranges_moved\":%llu,\"allocs_with_moves\":%llu",
+               u->active ? "true" : "false", (unsigned long long)u->pages_moved, (unsigned long long)u->ranges_moved,
+               (unsigned long long)u->allocs_with_moves);
+        printf(",\"moves_per_1k_allocs\":%.2f,\"refused_busy\":%llu,\"remap_failures\":%llu",
+               1000.0 * per((double)u->pages_moved, r->allocs), (unsigned long long)u->refused_busy,
+               (unsigned long long)u->remap_failures);
+        printf(",\"moving_alloc_ns\":%.1f,\"other_alloc_ns\":%.1f,\"moving_allocs_ns_total\":%.0f}",
+               per(r->moves.moving_ns, r->moves.moving_allocs), per(r->moves.other_ns, r->moves.other_allocs),
+               r->moves.moving_ns);
 }
 
 static void print_result(const trace_t *t, const options_t *o, const result_t *r) {
@@ -547,6 +613,8 @@ static void print_result(const trace_t *t, const options_t *o, const result_t *r
                 printf(",\"fragmentation\":%.4f", (double)r->peak_reserved / (double)r->peak_requested);
         else
                 printf(",\"fragmentation\":null");
+        printf(",\"allocs\":%llu,\"page_reuse\":", (unsigned long long)r->allocs);
+        print_page_reuse(o, r);
         printf(",\"num_alloc_retries\":%lld,\"num_ooms\":%lld,\"runs\":%u,\"ns_per_op\":%.1f,\"violations\":%d}\n",
                (long long)r->num_alloc_retries, (long long)r->num_ooms, o->runs,
                t->n_events ? r->ns / (double)t->n_events : 0.0, r->violations);

@@ -15,6 +15,7 @@ typedef struct gm_release {
         uint64_t bytes;
         uint64_t sent_at_ms;
         uint32_t attempts;
+        bool held; /* the client could not unmap these: charged, never asked again, until the session ends */
         struct gm_release *next;
 } gm_release_t;
 

@@ -47,7 +47,8 @@ typedef enum gm_quota_source {
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
-        gm_stats_t stats;       /* allocator statistics of all its sessions */
+        gm_stats_t stats;       /* allocator statistics of all its sessions; accumulated ones never reset */
+        gm_stats_t shown_base;  /* stats at the last reset_accumulated: what replies subtract (a view offset) */
         uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
         uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
@@ -165,6 +166,8 @@ typedef struct gm_broker_ops {
         void (*log)(void *userdata, int priority, const char *message);
         void (*count_reclaim)(void *userdata, gm_reclaim_outcome_t outcome);
         void (*count_refusal)(void *userdata, const char *tenant, gm_oom_reason_t reason);
+        /* A parked allocation was decided after waiting `waited_ms` for reclaim. */
+        void (*parked_done)(void *userdata, uint64_t waited_ms);
         void *userdata;
 } gm_broker_ops_t;
 
@@ -182,7 +185,8 @@ struct gm_broker {
         gm_broker_ops_t ops;
         gm_broker_limits_t limits;
         gm_alloc_config_t alloc_config;
-        gm_stats_t device_stats;
+        gm_stats_t device_stats;        /* accumulated figures never reset */
+        gm_stats_t device_shown_base;   /* device_stats at the last reset_accumulated (a view offset) */
         uint64_t va_cursor;     /* next synthetic segment address (shared by all heaps) */
         gm_session_t *sessions; /* newest first */
         uint32_t n_sessions;
@@ -200,7 +204,8 @@ struct gm_broker {
         uint32_t store_max;
         uint32_t n_stored;
         uint64_t next_store_id;
-        int ledger_fd; /* append-only journal, or -1 */
+        int ledger_fd;             /* append-only journal, or -1 */
+        uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
@@ -300,7 +305,8 @@ int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session
 int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resume_token);
 /* Releases everything it holds at once (the client is gone). Idempotent. */
 void gm_session_end(gm_session_t *s);
-/* What the client says of itself (Hello): for display only. */
+/* What the client says of itself (Hello): for display only, kept with its
+ * control characters escaped (gm_text_escape). */
 void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn);
 /* The client was heard from: reclaim picks the least recently active first. */
 void gm_session_touch(gm_session_t *s, uint64_t now_ms);
@@ -323,8 +329,11 @@ void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);
 int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
 int gm_session_free_completed(gm_session_t *s, uint64_t block_id);
 /* A ReleaseAck: the pieces return to the backend and parked allocations are
- * retried. -ENOENT: no such release pending. */
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id);
+ * retried. The pieces named in `not_released` (by segment and offset: the
+ * client could not unmap them) stay charged, in a held release that is never
+ * asked again, until the session ends. -ENOENT: no such release pending. */
+int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                           size_t n_not_released);
 /* Releases the session's cached memory; the bytes. */
 uint64_t gm_session_trim(gm_session_t *s);
 /* Releases cached memory of every session of `tenant` (NULL: all); the bytes. */

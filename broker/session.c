@@ -11,6 +11,7 @@
 
 #include "broker-internal.h"
 #include "size.h"
+#include "text.h"
 
 /* ---- the allocator's provider ---- */
 
@@ -74,6 +75,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         gm_heap_params_t params = {
                 .capacity = b->backend->capacity,
                 .va_cursor = &b->va_cursor,
+                .granularity = b->backend->granularity,
                 .extra_sinks = {&s->tenant->stats, &b->device_stats, NULL},
         };
         int r = gm_heap_new(&b->alloc_config, &provider, &params, &s->heap);
@@ -108,7 +110,7 @@ int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session
 }
 
 void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn) {
-        snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
+        gm_text_escape(name, s->name, sizeof(s->name)); /* shown in logs, clients lists and snapshots */
         s->admin_conn = admin_conn;
 }
 
@@ -259,15 +261,59 @@ void gm_session_flush_releases(gm_session_t *s) {
         }
 }
 
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id) {
+static bool range_named(const gm_piece_t *p, const gm_release_range_t *ranges, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (ranges[i].segment_id == p->segment_id && ranges[i].offset == p->offset)
+                        return true;
+        return false;
+}
+
+/* Moves the pieces of `rel` named in `not_released` to `kept`, a held release
+ * listed on the session: they stay charged until the session ends, when the
+ * client's mappings are gone for sure. */
+static void hold_not_released(gm_session_t *s, gm_release_t *rel, gm_release_t *kept,
+                              const gm_release_range_t *not_released, size_t n) {
+        gm_piece_t **kept_tail = &kept->pieces;
+        for (gm_piece_t **pp = &rel->pieces; *pp;) {
+                gm_piece_t *p = *pp;
+                if (!range_named(p, not_released, n)) {
+                        pp = &p->queue;
+                        continue;
+                }
+                *pp = p->queue;
+                p->queue = NULL;
+                *kept_tail = p;
+                kept_tail = &p->queue;
+                kept->bytes += p->phys.size;
+                rel->bytes -= p->phys.size;
+        }
+        kept->id = rel->id;
+        kept->held = true;
+        kept->next = s->releases;
+        s->releases = kept;
+        gm_broker_log(s->broker, LOG_WARNING,
+                      "session %" PRIu64 " (pid %d) could not unmap %zu of the ranges of release %" PRIu64
+                      ": their %" PRIu64 " bytes stay charged until the session ends",
+                      s->id, (int) s->pid, n, rel->id, kept->bytes);
+}
+
+int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                           size_t n_not_released) {
         gm_broker_t *b = s->broker;
         for (gm_release_t **rp = &s->releases; *rp; rp = &(*rp)->next) {
                 gm_release_t *rel = *rp;
-                if (rel->id != release_id)
+                if (rel->id != release_id || rel->held)
                         continue;
+                gm_release_t *kept = NULL;
+                if (n_not_released > 0 && !(kept = calloc(1, sizeof(*kept)))) {
+                        rel->held = true; /* cannot split it: all of it stays charged */
+                        return 0;
+                }
                 *rp = rel->next;
                 if (b->ops.count_reclaim)
                         b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_ACKNOWLEDGED);
+                if (kept)
+                        hold_not_released(s, rel, kept, not_released, n_not_released);
                 release_complete(s, rel);
                 gm_broker_retry_parked(b, false);
                 return 0;
@@ -335,9 +381,15 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         gm_stats_t empty;
         gm_stats_init(&empty);
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
+        /* One view of the device: what the broker may use of it (its capacity
+         * within the driver's total), and what is free of that. */
+        uint64_t reserved = gm_broker_reserved(b);
         uint64_t device_free = 0, device_total = 0;
+        uint64_t capacity_free = reserved < b->backend->capacity ? b->backend->capacity - reserved : 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
-                device_free = b->backend->capacity - gm_broker_reserved(b);
+                device_free = device_total = b->backend->capacity;
+        device_total = device_total < b->backend->capacity ? device_total : b->backend->capacity;
+        device_free = device_free < capacity_free ? device_free : capacity_free;
         uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
         for (gm_session_t *o = b->sessions; o; o = o->next)
                 if (o != s)
@@ -345,7 +397,7 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         double fraction = b->alloc_config.per_process_memory_fraction;
         gm_oom_report_t r = {
                 .device = b->backend->device,
-                .device_total = b->backend->capacity,
+                .device_total = device_total,
                 .device_free = device_free,
                 .allowed = fraction > 0 && fraction < 1 ? (uint64_t) (fraction * (double) b->backend->capacity) : 0,
                 .session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current,
@@ -528,6 +580,8 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
                                 gm_session_flush_releases(s);
                                 break;
                         }
+                        if (b->ops.parked_done)
+                                b->ops.parked_done(b->ops.userdata, now - p->parked_at_ms);
                         if (b->ops.alloc_done)
                                 b->ops.alloc_done(b->ops.userdata, s, p->request_id, &out);
                         else if (out.kind == GM_OUTCOME_REPLY)
@@ -541,7 +595,7 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
 void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
         for (gm_session_t *s = b->sessions; s; s = s->next)
                 for (gm_release_t *rel = s->releases; rel && !s->ended; rel = rel->next) {
-                        if (now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
+                        if (rel->held || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
                                 continue;
                         if (rel->attempts == 1) {
                                 if (b->ops.count_reclaim)

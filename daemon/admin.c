@@ -14,6 +14,7 @@
 #include "log.h"
 #include "requests.h"
 #include "snapshot.h"
+#include "text.h"
 
 /* gm_stats_foreach() names live only during the callback: they are copied. */
 #define STAT_NAME_MAX 64
@@ -82,7 +83,9 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
+                scratch = b->device_stats;
+                gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
+                st = &scratch;
                 sessions = b->n_sessions;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
@@ -90,7 +93,9 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                st = &t->stats;
+                scratch = t->stats;
+                gm_stats_subtract_accumulated(&scratch, &t->shown_base);
+                st = &scratch;
                 sessions = t->sessions;
                 break;
         }
@@ -190,14 +195,22 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                         st = gm_heap_stats_mut(s->heap);
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
-                break;
+                /* Counters Prometheus may scrape never go back: resetting the
+                 * device's or a tenant's is a view offset that replies subtract. */
+                if (req->peak)
+                        gm_stats_reset_peak(&b->device_stats);
+                if (req->accumulated)
+                        b->device_shown_base = b->device_stats;
+                return gm_reply_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                st = &t->stats;
-                break;
+                if (req->peak)
+                        gm_stats_reset_peak(&t->stats);
+                if (req->accumulated)
+                        t->shown_base = t->stats;
+                return gm_reply_ok(c, request_id);
         }
         default:
                 return gm_request_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;
@@ -338,7 +351,9 @@ int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                                                 req->conf ? req->conf : "", err),
                                0;
                 gm_broker_set_alloc_config(b, &cfg);
-                log_notice("allocator settings changed by pid %d: '%s'", (int) c->session->pid, cfg.raw);
+                char raw[2 * sizeof(cfg.raw)];
+                log_notice("allocator settings changed by pid %d: '%s'", (int) c->session->pid,
+                           gm_text_escape(cfg.raw, raw, sizeof(raw)));
         }
         Gpumem__AllocConfReply reply = GPUMEM__ALLOC_CONF_REPLY__INIT;
         reply.conf = b->alloc_config.raw;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ipc.h"
+#include "http_guard.h"
 #include "log.h"
 
 #ifndef GPUMEMD_VERSION
@@ -31,8 +32,7 @@
 #endif
 
 #define METRICS_PORT_BASE 9470
-#define HTTP_CONNECTION_LIMIT 64u
-#define HTTP_PER_IP_LIMIT 32u
+#define HTTP_CONNECTION_LIMIT GM_HTTP_CONNECTIONS /* and per peer: http_guard.h */
 #define HTTP_IDLE_TIMEOUT_S 10u
 #define HTTP_MEMORY_LIMIT (16u * 1024u) /* per connection: request line and headers */
 #define ACCEPTS_PER_WAKEUP 16
@@ -97,8 +97,10 @@ struct gm_metrics {
         unsigned closing;   /* close callbacks still to come; m is freed after the last */
         char unix_path[sizeof(((struct sockaddr_un *) 0)->sun_path)]; /* removed at stop; "" for TCP */
         double start_time;  /* process start, seconds since the epoch */
+        gm_http_guard_t guard; /* connections per peer */
 
         histogram_t requests[GM_METRICS_MAX_OPS];
+        histogram_t reclaim_wait; /* parked allocations, from park to answer */
         uint64_t reclaims[_GM_RECLAIM_OUTCOME_MAX];
         refusal_entry_t *refusals; /* REFUSAL_TENANTS_MAX entries, n_refusals used */
         uint32_t n_refusals;
@@ -107,16 +109,23 @@ struct gm_metrics {
 
 /* ---- counters ---- */
 
-void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
-        if (!m || op >= m->src.n_ops)
-                return;
-        histogram_t *h = &m->requests[op];
+static void histogram_observe(histogram_t *h, uint64_t ns) {
         size_t i = 0;
         while (i < N_BUCKETS && ns > buckets[i].ns)
                 i++;
         h->bucket[i]++;
         h->count++;
         h->sum_ns += ns;
+}
+
+void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
+        if (m && op < m->src.n_ops)
+                histogram_observe(&m->requests[op], ns);
+}
+
+void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns) {
+        if (m)
+                histogram_observe(&m->reclaim_wait, ns);
 }
 
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome) {
@@ -271,10 +280,16 @@ static void escape_label(const char *in, char *out, size_t len) {
         out[j] = '\0';
 }
 
+/* The label set every gpumem_ series starts with: {device="N" and, when
+ * known, ,UUID="<escaped: at most 2 * 55 characters>" (no closing brace). */
+#define DEVICE_LABELS_MAX 160
+/* ... followed by ,tenant="<escaped name: at most 2 * 63 characters>". */
+#define TENANT_LABELS_MAX (DEVICE_LABELS_MAX + 160)
+
 /* One tenant's row of a scrape: the broker's view and its label set. */
 typedef struct tenant_row {
         const gm_tenant_t *tenant;
-        char labels[192]; /* {device="N",tenant="<escaped name: at most 2 * 63 characters>" */
+        char labels[TENANT_LABELS_MAX];
         uint64_t releasing_bytes;
         uint64_t largest_free;
 } tenant_row_t;
@@ -378,7 +393,7 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
          * without a tenant row ("other") come from the table alone. */
         family(o, "gpumem_oom_refusals_total", "counter", "Allocations refused for lack of memory, by reason.");
         static const uint64_t zero[_GM_OOM_REASON_MAX];
-        char labels[192], more[32];
+        char labels[TENANT_LABELS_MAX], more[32];
         for (size_t i = 0; i < n; i++) {
                 if (refusal_find(m, rows[i].tenant->name))
                         continue;
@@ -399,6 +414,25 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         }
 }
 
+/* One histogram's series: cumulative buckets, sum in seconds, count. */
+static void render_histogram(out_t *o, const char *name, const char *labels, const histogram_t *h) {
+        char series[96], sum[32];
+        uint64_t cumulative = 0;
+        snprintf(series, sizeof(series), "%s_bucket", name);
+        for (size_t b = 0; b < N_BUCKETS; b++) {
+                cumulative += h->bucket[b];
+                sample(o, series, labels, buckets[b].le, (int64_t) cumulative);
+        }
+        sample(o, series, labels, ",le=\"+Inf\"", (int64_t) h->count);
+        snprintf(sum, sizeof(sum), "} %.9f\n", (double) h->sum_ns / 1e9);
+        out_str(o, name);
+        out_str(o, "_sum");
+        out_str(o, labels);
+        out_str(o, sum);
+        snprintf(series, sizeof(series), "%s_count", name);
+        sample(o, series, labels, "", (int64_t) h->count);
+}
+
 static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         char more[48];
         family(o, "gpumem_reclaim_requests_total", "counter",
@@ -410,19 +444,13 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         family(o, "gpumem_request_duration_seconds", "histogram",
                "Time the daemon spent serving a request, by operation.");
         for (size_t op = 0; op < m->src.n_ops; op++) {
-                const histogram_t *h = &m->requests[op];
-                char labels[64];
+                char labels[DEVICE_LABELS_MAX + 64];
                 snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, m->src.op_names[op]);
-                uint64_t cumulative = 0;
-                for (size_t b = 0; b < N_BUCKETS; b++) {
-                        cumulative += h->bucket[b];
-                        sample(o, "gpumem_request_duration_seconds_bucket", labels, buckets[b].le,
-                               (int64_t) cumulative);
-                }
-                sample(o, "gpumem_request_duration_seconds_bucket", labels, ",le=\"+Inf\"", (int64_t) h->count);
-                out_printf(o, "gpumem_request_duration_seconds_sum%s} %.9f\n", labels, (double) h->sum_ns / 1e9);
-                sample(o, "gpumem_request_duration_seconds_count", labels, "", (int64_t) h->count);
+                render_histogram(o, "gpumem_request_duration_seconds", labels, &m->requests[op]);
         }
+        family(o, "gpumem_reclaim_wait_seconds", "histogram",
+               "Time parked allocations waited for reclaimed memory before they were served or refused.");
+        render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
 }
 
 /* The fields of /proc/self/stat the process_* metrics use. */
@@ -531,6 +559,17 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
         out_printf(o, "process_max_fds %llu\n", (unsigned long long) rl.rlim_cur);
 }
 
+/* Whether a tenant has series: once it has had a session that did anything
+ * (its statistics never go back), while it has one or holds memory, when the
+ * configuration gives it a quota, or once refused. A quota set at run time
+ * for a name nobody uses creates no series. */
+static bool tenant_shown(const gm_tenant_t *t, const gm_metrics_t *m) {
+        const gm_stats_t *st = &t->stats;
+        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] ||
+               st->segment[GM_STAT_ALL].allocated || st->allocation[GM_STAT_ALL].allocated || st->num_ooms ||
+               (m && refusal_find(m, t->name));
+}
+
 int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
         out_t o = {.cap = 64 * 1024};
         o.p = malloc(o.cap);
@@ -544,18 +583,28 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                 return -ENOMEM;
         }
         const gm_backend_t *backend_ = b->backend;
-        char dev[32];
-        snprintf(dev, sizeof(dev), "{device=\"%d\"", backend_->device);
+        /* The driver's UUID of the device (cuda), else the configured one. */
+        const char *device_uuid = backend_->device_uuid[0] ? backend_->device_uuid : m ? m->src.device_uuid : NULL;
+        char dev[DEVICE_LABELS_MAX], uuid[112] = "";
+        if (device_uuid)
+                escape_label(device_uuid, uuid, sizeof(uuid));
+        snprintf(dev, sizeof(dev), "{device=\"%d\"%s%s%s", backend_->device, uuid[0] ? ",UUID=\"" : "", uuid,
+                 uuid[0] ? "\"" : "");
+        size_t shown = 0;
         for (size_t i = 0; i < n; i++) {
+                if (!tenant_shown(views[i].tenant, m))
+                        continue;
                 char label[144];
                 escape_label(views[i].tenant->name, label, sizeof(label));
-                rows[i] = (tenant_row_t){
+                rows[shown] = (tenant_row_t){
                         .tenant = views[i].tenant,
                         .releasing_bytes = views[i].releasing_bytes,
                         .largest_free = views[i].largest_free,
                 };
-                snprintf(rows[i].labels, sizeof(rows[i].labels), "%s,tenant=\"%s\"", dev, label);
+                snprintf(rows[shown].labels, sizeof(rows[shown].labels), "%s,tenant=\"%s\"", dev, label);
+                shown++;
         }
+        n = shown;
         free(views);
 
         char backend[64], more[128];
@@ -574,8 +623,17 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
         sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_broker_reserved(b));
+        if (b->store_max) {
+                family(&o, "gpumem_fdstore_fds", "gauge",
+                       "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");
+                sample(&o, "gpumem_fdstore_fds", dev, "", b->n_stored);
+                family(&o, "gpumem_fdstore_max_fds", "gauge",
+                       "Handles the fd store may hold; pieces beyond it do not survive a restart here.");
+                sample(&o, "gpumem_fdstore_max_fds", dev, "", b->store_max);
+        }
 
-        render_tenants(&o, dev, m, rows, n);
+        if (!m || !m->src.hide_tenants)
+                render_tenants(&o, dev, m, rows, n);
         if (m)
                 render_counters(&o, dev, m);
         render_process(&o, m);
@@ -665,10 +723,24 @@ static void on_listener(uv_poll_t *p, int status, int events) {
                                 log_debug("metrics: accept failed: %s", strerror(errno));
                         break;
                 }
+                if (!gm_http_guard_admit(&m->guard, fd, (struct sockaddr *) &addr, addrlen)) {
+                        close(fd); /* this peer holds its share: others' scrapes still find room */
+                        continue;
+                }
                 /* Closes fd itself when a limit refuses it. */
-                MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen);
+                if (MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen) != MHD_YES)
+                        gm_http_guard_release(&m->guard, fd);
         }
         mhd_service(m);
+}
+
+/* A connection MHD closed (timeout, end, error) gives its peer's slot back. */
+static void on_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                                 enum MHD_ConnectionNotificationCode code) {
+        gm_metrics_t *m = cls;
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (code == MHD_CONNECTION_NOTIFY_CLOSED && info)
+                gm_http_guard_release(&m->guard, info->connect_fd);
 }
 
 static void metrics_free(gm_metrics_t *m) {
@@ -742,6 +814,7 @@ int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **r
                 m->src.n_ops = GM_METRICS_MAX_OPS;
         m->listen_fd = fd;
         m->start_time = process_start_time();
+        gm_http_guard_init(&m->guard);
 
         /* A socket from systemd is neither non-blocking nor close-on-exec. */
         int fl = fcntl(fd, F_GETFL);
@@ -755,7 +828,7 @@ int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **r
                                   on_request, m,
                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                                   MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP_LIMIT,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection_notify, m,
                                   MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) HTTP_MEMORY_LIMIT,
                                   MHD_OPTION_END);

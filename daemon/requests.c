@@ -29,22 +29,33 @@ int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope 
         return c->rq->send(c->rq->userdata, c, request_id, env, fds, n_fds);
 }
 
+void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text) {
+        gpumem__error__init(error);
+        error->code = err < 0 ? -err : err;
+        error->message = (char *) text;
+        gpumem__envelope__init(env);
+        env->body_case = GPUMEM__ENVELOPE__BODY_ERROR;
+        env->error = error;
+}
+
+void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap) {
+        size_t prefix = strlen(MESSAGE_PREFIX);
+        memcpy(message, MESSAGE_PREFIX, prefix + 1);
+        vsnprintf(message + prefix, len - prefix, fmt, ap);
+}
+
 static int send_error_text(gm_request_conn_t *c, uint64_t request_id, int err, const char *text) {
-        Gpumem__Error error = GPUMEM__ERROR__INIT;
-        error.code = err < 0 ? -err : err;
-        error.message = (char *) text;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_ERROR;
-        env.error = &error;
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        gm_request_error_envelope(&env, &error, err, text);
         return gm_request_send(c, request_id, &env, NULL, 0);
 }
 
 int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
-        char message[2048] = MESSAGE_PREFIX;
-        size_t prefix = strlen(MESSAGE_PREFIX);
+        char message[2048];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(message + prefix, sizeof(message) - prefix, fmt, ap);
+        gm_request_format_message(message, sizeof(message), fmt, ap);
         va_end(ap);
         return send_error_text(c, request_id, err, message);
 }
@@ -100,6 +111,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         reply.tenant = s->tenant->name;
         reply.granularity = c->rq->broker->backend->granularity;
         reply.session_token = s->token;
+        reply.device_uuid = c->rq->broker->backend->device_uuid;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -224,8 +236,17 @@ static int handle_free_completed(gm_request_conn_t *c, uint64_t request_id, cons
 }
 
 static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
-        uint64_t release_id = env->release_ack->release_id;
-        if (gm_session_release_ack(c->session, release_id) < 0)
+        const Gpumem__ReleaseAck *ack = env->release_ack;
+        uint64_t release_id = ack->release_id;
+        gm_release_range_t *kept = NULL;
+        if (ack->n_not_released > 0 && !(kept = calloc(ack->n_not_released, sizeof(*kept))))
+                return -ENOMEM;
+        for (size_t i = 0; i < ack->n_not_released; i++)
+                kept[i] = (gm_release_range_t){.segment_id = ack->not_released[i]->segment_id,
+                                               .offset = ack->not_released[i]->offset};
+        int r = gm_session_release_ack(c->session, release_id, kept, ack->n_not_released);
+        free(kept);
+        if (r < 0)
                 gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
         return 0;
 }

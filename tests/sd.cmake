@@ -19,10 +19,10 @@ else()
 endif()
 
 # Units (systemd-analyze verify and security), man pages (groff), the Debian
-# package (cpack, dpkg-deb) and the Kubernetes manifest (python3-yaml). Each
-# check skips (exit code 77) when its tool is missing.
+# packages (dpkg-buildpackage, lintian, dpkg --root), their maintainer scripts
+# and the Kubernetes manifest (python3-yaml). Each check skips (exit code 77) when its tool is missing.
 set(GM_PACKAGING_CHECK ${CMAKE_CURRENT_LIST_DIR}/packaging_check.sh)
-foreach(check units security man deb k8s)
+foreach(check units security man deb maintscripts k8s)
   add_test(NAME packaging_${check}
            COMMAND sh ${GM_PACKAGING_CHECK} ${check} ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR} $<TARGET_FILE:gpumemd>)
   set_tests_properties(packaging_${check} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
