@@ -49,6 +49,15 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
 
 static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
 
+/* Statistic names one request may ask for, at most. */
+#define STATS_MAX_NAMES 1024
+
+int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        if (env->stats->n_names > STATS_MAX_NAMES)
+                return snprintf(why, why_len, "at most %u statistic names in one request", STATS_MAX_NAMES), -E2BIG;
+        return 0;
+}
+
 /* The tenant a request names, or the caller's own. */
 static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
         return name && name[0] ? name : c->session->tenant->name;
