@@ -383,7 +383,9 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
         /* One view of the device: what the broker may use of it (its capacity
          * within the driver's total), and what is free of that. */
-        uint64_t device_free = 0, device_total = 0, capacity_free = b->backend->capacity - b->backend->in_use;
+        uint64_t reserved = gm_broker_reserved(b);
+        uint64_t device_free = 0, device_total = 0;
+        uint64_t capacity_free = reserved < b->backend->capacity ? b->backend->capacity - reserved : 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
                 device_free = device_total = b->backend->capacity;
         device_total = device_total < b->backend->capacity ? device_total : b->backend->capacity;
