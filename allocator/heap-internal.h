@@ -74,6 +74,8 @@ struct gm_segment {
         /* expandable only: */
         uint64_t page_size;
         uint64_t n_pages, mapped_pages;
+        uint64_t cap_pages;        /* length of the two page arrays, grown on demand; pages
+                                    * from here to n_pages are unmapped */
         uint64_t *page_handle;     /* per page; valid where page_mapped */
         uint8_t *page_mapped;
 };

@@ -204,7 +204,8 @@ struct gm_broker {
         uint32_t store_max;
         uint32_t n_stored;
         uint64_t next_store_id;
-        int ledger_fd; /* append-only journal, or -1 */
+        int ledger_fd;             /* append-only journal, or -1 */
+        uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
@@ -304,7 +305,8 @@ int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session
 int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resume_token);
 /* Releases everything it holds at once (the client is gone). Idempotent. */
 void gm_session_end(gm_session_t *s);
-/* What the client says of itself (Hello): for display only. */
+/* What the client says of itself (Hello): for display only, kept with its
+ * control characters escaped (gm_text_escape). */
 void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn);
 /* The client was heard from: reclaim picks the least recently active first. */
 void gm_session_touch(gm_session_t *s, uint64_t now_ms);

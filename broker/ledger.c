@@ -68,6 +68,8 @@ static void ledger_append(gm_broker_t *b, const char *fmt, ...) {
                 gm_broker_log(b, LOG_WARNING,
                               "Failed to write the ledger journal '%s', a restart may lose track of memory",
                               b->ledger_path);
+        else
+                b->ledger_lines++;
 }
 
 static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
@@ -77,6 +79,78 @@ static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
 
 void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes) {
         ledger_append(b, "q %s %" PRIu64 "\n", tenant, bytes);
+}
+
+#define LEDGER_SLACK_LINES 256
+
+/* Journals every live piece of `pieces` (linked by ->next) with its owner's
+ * token and uid. */
+static void append_live(gm_broker_t *b, const gm_piece_t *pieces, const char *token, uid_t uid) {
+        for (const gm_piece_t *p = pieces; p; p = p->next)
+                if (p->store_id) {
+                        gm_ledger_entry_t e = {
+                                .store_id = p->store_id,
+                                .uid = (unsigned) uid,
+                                .segment_id = p->segment_id,
+                                .offset = p->offset,
+                                .size = p->phys.size,
+                                .va_size = p->segment_va_size,
+                        };
+                        snprintf(e.token, sizeof(e.token), "%s", token);
+                        append_piece(b, &e);
+                }
+}
+
+/* Writes what is live now (runtime quotas, then the entries read at open, or
+ * once adoption is done the stored pieces of sessions and orphans) to a new
+ * file that replaces the journal. On failure the old journal stays in use. */
+static int ledger_rewrite(gm_broker_t *b) {
+        char tmp[sizeof(b->ledger_path) + 8];
+        snprintf(tmp, sizeof(tmp), "%s.new", b->ledger_path);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        int old_fd = b->ledger_fd;
+        b->ledger_fd = fd;
+        b->ledger_lines = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                if (t->quota_set[GM_QUOTA_RUNTIME])
+                        gm_ledger_runtime_quota(b, t->name, t->quota_by_source[GM_QUOTA_RUNTIME]);
+        for (size_t i = 0; i < b->n_ledger; i++)
+                append_piece(b, &b->ledger[i]);
+        for (const gm_session_t *s = b->sessions; s; s = s->next)
+                append_live(b, s->pieces, s->token, s->uid);
+        for (const gm_orphan_t *o = b->orphans; o; o = o->next)
+                append_live(b, o->pieces, o->token, o->uid);
+        int r = fsync(fd) < 0 ? -errno : 0;
+        close(fd);
+        b->ledger_fd = old_fd;
+        if (r == 0 && rename(tmp, b->ledger_path) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlink(tmp);
+                return r;
+        }
+        fd = open(b->ledger_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        if (old_fd >= 0)
+                close(old_fd);
+        b->ledger_fd = fd;
+        return fd < 0 ? -errno : 0;
+}
+
+/* A journal line saying a stored piece is gone; when such dead lines make
+ * the journal more than twice what is live (plus some slack), it is
+ * rewritten once adoption is done, so a churning client cannot grow it
+ * without bound (amortised: a rewrite per LEDGER_SLACK_LINES lines at least). */
+static void ledger_forget(gm_broker_t *b, uint64_t store_id) {
+        ledger_append(b, "- %" PRIu64 "\n", store_id);
+        uint64_t live = b->n_stored + b->n_tenants;
+        if (b->ledger_fd >= 0 && !b->ledger && b->ledger_lines > 2 * live + LEDGER_SLACK_LINES) {
+                int r = ledger_rewrite(b);
+                if (r < 0)
+                        gm_broker_log(b, LOG_WARNING, "Failed to compact the ledger journal '%s': %s", b->ledger_path,
+                                      strerror(-r));
+        }
 }
 
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
@@ -106,7 +180,7 @@ void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
                 gm_broker_log(b, LOG_WARNING,
                               "Failed to keep segment '%s' in the fd store, it will not survive a restart: %s", name,
                               strerror(-r));
-                ledger_append(b, "- %" PRIu64 "\n", e.store_id);
+                ledger_forget(b, e.store_id);
                 return;
         }
         p->store_id = e.store_id;
@@ -116,14 +190,15 @@ void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
         if (!p->store_id)
                 return;
+        uint64_t store_id = p->store_id;
         char name[GM_STORE_NAME_MAX];
         store_name(p->store_id, name, sizeof(name));
         if (b->ops.store_remove)
                 b->ops.store_remove(b->ops.userdata, name);
-        ledger_append(b, "- %" PRIu64 "\n", p->store_id);
         p->store_id = 0;
         gm_assert(b->n_stored > 0);
         b->n_stored--;
+        ledger_forget(b, store_id);
 }
 
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
@@ -165,27 +240,7 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
         }
         if (f)
                 fclose(f);
-        /* Compact: what is live now, written to a new file that replaces the old. */
-        char tmp[sizeof(b->ledger_path) + 8];
-        snprintf(tmp, sizeof(tmp), "%s.new", b->ledger_path);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0)
-                return -errno;
-        b->ledger_fd = fd;
-        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
-                if (t->quota_set[GM_QUOTA_RUNTIME])
-                        gm_ledger_runtime_quota(b, t->name, t->quota_by_source[GM_QUOTA_RUNTIME]);
-        for (size_t i = 0; i < b->n_ledger; i++)
-                append_piece(b, &b->ledger[i]);
-        close(fd);
-        b->ledger_fd = -1;
-        if (rename(tmp, b->ledger_path) < 0) {
-                int r = -errno;
-                unlink(tmp);
-                return r;
-        }
-        b->ledger_fd = open(b->ledger_path, O_WRONLY | O_APPEND | O_CLOEXEC);
-        return b->ledger_fd < 0 ? -errno : 0;
+        return ledger_rewrite(b);
 }
 
 void gm_ledger_close(gm_broker_t *b) {
@@ -243,7 +298,7 @@ void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd) {
                 gm_broker_log(b, LOG_WARNING, "Cannot adopt stored segment '%s': %s, dropping it", name, strerror(-r));
                 if (b->ops.store_remove)
                         b->ops.store_remove(b->ops.userdata, name);
-                ledger_append(b, "- %" PRIu64 "\n", e->store_id);
+                ledger_forget(b, e->store_id);
                 return;
         }
         p->orphan = o;
@@ -266,7 +321,7 @@ void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms) {
                         for (gm_piece_t *p = o->pieces; p && !found; p = p->next)
                                 found = p->store_id == b->ledger[i].store_id;
                 if (!found)
-                        ledger_append(b, "- %" PRIu64 "\n", b->ledger[i].store_id);
+                        ledger_append(b, "- %" PRIu64 "\n", b->ledger[i].store_id); /* compacted at the next open */
         }
         free(b->ledger);
         b->ledger = NULL;

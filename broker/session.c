@@ -11,6 +11,7 @@
 
 #include "broker-internal.h"
 #include "size.h"
+#include "text.h"
 
 /* ---- the allocator's provider ---- */
 
@@ -109,7 +110,7 @@ int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session
 }
 
 void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn) {
-        snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
+        gm_text_escape(name, s->name, sizeof(s->name)); /* shown in logs, clients lists and snapshots */
         s->admin_conn = admin_conn;
 }
 

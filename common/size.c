@@ -1,9 +1,9 @@
 #include "size.h"
 
 #include <ctype.h>
-#include <stdbool.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +19,17 @@ int gm_parse_size(const char *s, uint64_t *ret_size) {
                 return -ERANGE;
         if (end == s)
                 return -EINVAL;
-        double fraction = 0;
+        /* The fraction is decimal digits only (no exponent, "inf" or hex, as
+         * strtod would take): it stays in [0, 1), so its share of a unit fits. */
+        double fraction = 0, scale = 1;
         if (*end == '.') {
-                char *frac_end;
-                fraction = strtod(end, &frac_end);
-                if (frac_end == end + 1)
+                if (!isdigit((unsigned char) end[1]))
                         return -EINVAL;
-                end = frac_end;
+                for (end++; isdigit((unsigned char) *end); end++)
+                        if (scale < 1e18) {
+                                scale *= 10;
+                                fraction += (*end - '0') / scale;
+                        }
         }
         static const char units[] = "KMGTP";
         unsigned shift = 0;
@@ -51,6 +55,26 @@ int gm_parse_size(const char *s, uint64_t *ret_size) {
         if (size + extra < size)
                 return -ERANGE;
         *ret_size = size + extra;
+        return 0;
+}
+
+int gm_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret_value) {
+        if (!s || !isdigit((unsigned char) *s))
+                return -EINVAL;
+        uint64_t v = 0;
+        bool overflow = false;
+        for (; *s; s++) {
+                if (!isdigit((unsigned char) *s))
+                        return -EINVAL;
+                unsigned digit = (unsigned) (*s - '0');
+                if (v > (UINT64_MAX - digit) / 10)
+                        overflow = true;
+                else
+                        v = v * 10 + digit;
+        }
+        if (overflow || v < min || v > max)
+                return -ERANGE;
+        *ret_value = v;
         return 0;
 }
 

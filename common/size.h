@@ -9,6 +9,11 @@
  * overflow. */
 int gm_parse_size(const char *s, uint64_t *ret_size);
 
+/* Parses a whole decimal number (digits only: no sign, space or base
+ * prefix) from min to max. -EINVAL for anything else, -ERANGE outside the
+ * range (wrapping never happens: "4294967296" is not 0, "-5" is refused). */
+int gm_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret_value);
+
 typedef enum gm_size_style {
         GM_SIZE_LONG,    /* "1023 bytes", "1.50 GiB": two decimals, up to EiB */
         GM_SIZE_PYTORCH, /* PyTorch's format_size(): inclusive bounds (1 MiB is "1024.00 KiB"), up to GiB */

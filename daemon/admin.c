@@ -14,6 +14,7 @@
 #include "log.h"
 #include "requests.h"
 #include "snapshot.h"
+#include "text.h"
 
 /* gm_stats_foreach() names live only during the callback: they are copied. */
 #define STAT_NAME_MAX 64
@@ -350,7 +351,9 @@ int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                                                 req->conf ? req->conf : "", err),
                                0;
                 gm_broker_set_alloc_config(b, &cfg);
-                log_notice("allocator settings changed by pid %d: '%s'", (int) c->session->pid, cfg.raw);
+                char raw[2 * sizeof(cfg.raw)];
+                log_notice("allocator settings changed by pid %d: '%s'", (int) c->session->pid,
+                           gm_text_escape(cfg.raw, raw, sizeof(raw)));
         }
         Gpumem__AllocConfReply reply = GPUMEM__ALLOC_CONF_REPLY__INIT;
         reply.conf = b->alloc_config.raw;

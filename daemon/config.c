@@ -122,6 +122,7 @@ typedef enum {
         K_SIZE,       /* gm_parse_size, min..max */
         K_UINT,       /* decimal, min..max */
         K_ALLOC_CONF,
+        K_BOOL,       /* true/false, yes/no, 1/0 */
 } key_type_t;
 
 typedef struct daemon_key {
@@ -158,6 +159,9 @@ static const daemon_key_t daemon_keys[] = {
         KEY(park_timeout_ms, K_UINT, 1, 3600000),
         KEY(max_parked_per_session, K_UINT, 0, 65536),
         KEY(reattach_grace_ms, K_UINT, 0, 86400000),
+        KEY(max_sessions_per_uid, K_UINT, 1, 1u << 20),
+        KEY(hello_timeout_ms, K_UINT, 1, 3600000),
+        KEY(metrics_tenants, K_BOOL, 0, 1),
 };
 #define N_DAEMON_KEYS (sizeof(daemon_keys) / sizeof(daemon_keys[0]))
 
@@ -342,6 +346,14 @@ static int set_daemon_key(parse_state_t *st, const daemon_key_t *k, const char *
                         return fail(st, -EINVAL, line, "invalid %s '%s': a whole number from %llu to %llu", k->name,
                                     value, (unsigned long long) k->min, (unsigned long long) k->max);
                 break;
+        case K_BOOL:
+                if (strcmp(value, "true") == 0 || strcmp(value, "yes") == 0 || strcmp(value, "1") == 0)
+                        *(bool *) field(c, k->value) = true;
+                else if (strcmp(value, "false") == 0 || strcmp(value, "no") == 0 || strcmp(value, "0") == 0)
+                        *(bool *) field(c, k->value) = false;
+                else
+                        return fail(st, -EINVAL, line, "invalid %s '%s': true or false", k->name, value);
+                return 1;
         case K_ALLOC_CONF: {
                 gm_alloc_config_t ac;
                 err[0] = '\0';
@@ -371,6 +383,16 @@ static int daemon_key(parse_state_t *st, const char *name, const char *value, un
                 return 1;
         }
         return fail(st, -EINVAL, line, "unknown key '%s' in [daemon]", name);
+}
+
+int gm_config_key_range(const char *key, uint64_t *ret_min, uint64_t *ret_max) {
+        for (size_t i = 0; i < N_DAEMON_KEYS; i++)
+                if (daemon_keys[i].type == K_UINT && strcmp(daemon_keys[i].name, key) == 0) {
+                        *ret_min = daemon_keys[i].min;
+                        *ret_max = daemon_keys[i].max;
+                        return 0;
+                }
+        return -ENOENT;
 }
 
 /* ---- [tenant NAME] ------------------------------------------------------------------ */

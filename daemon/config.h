@@ -86,6 +86,12 @@ typedef struct gm_config {
         uint32_t max_parked_per_session;
         bool has_reattach_grace_ms;
         uint32_t reattach_grace_ms; /* after a restart, how long stored segments wait for their client */
+        bool has_max_sessions_per_uid;
+        uint32_t max_sessions_per_uid; /* connections of one uid, at most max_sessions */
+        bool has_hello_timeout_ms;
+        uint32_t hello_timeout_ms;     /* a connection's time to say Hello */
+        bool has_metrics_tenants;
+        bool metrics_tenants;          /* /metrics names tenants in labels (default true) */
 
         gm_config_tenant_t *tenants; /* in file order */
         size_t n_tenants;
@@ -106,6 +112,10 @@ bool gm_tenant_name_valid(const char *name);
 
 int gm_config_load(const char *path, gm_config_t **ret, char *reterr, size_t reterr_len);
 gm_config_t *gm_config_free(gm_config_t *c);
+
+/* The range of a whole-number [daemon] key (its command-line flag takes the
+ * same): 0, or -ENOENT for a key that is not one. */
+int gm_config_key_range(const char *key, uint64_t *ret_min, uint64_t *ret_max);
 
 /* A configured tenant by name, or NULL. */
 const gm_config_tenant_t *gm_config_tenant_find(const gm_config_t *c, const char *name);

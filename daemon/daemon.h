@@ -12,9 +12,12 @@
 #include "gpumem.pb-c.h"
 #include "ipc.h"
 #include "requests.h"
+#include "u64map.h"
 
 typedef struct gm_limits {
         uint32_t max_sessions;           /* concurrent connections */
+        uint32_t max_sessions_per_uid;   /* concurrent connections of one uid; 0 = a quarter of max_sessions */
+        uint32_t hello_timeout_ms;       /* a connection that has not said Hello by then is closed */
         uint64_t max_blocks_per_session; /* live blocks (allocated or pending free) */
         uint32_t max_packet;             /* bytes in one packet, both ways */
         uint32_t max_fds;                /* fds in one packet */
@@ -42,6 +45,7 @@ typedef struct gm_options {
         bool has_admin_group;
         gid_t admin_group; /* members may administer the daemon (as may uid 0) */
         int verbosity;
+        bool metrics_tenants; /* tenant labels in /metrics */
         gm_limits_t limits;
 } gm_options_t;
 
@@ -55,6 +59,7 @@ typedef struct gm_conn {
         uv_poll_t poll; /* poll.data = this connection */
         int fd;
         gm_request_conn_t req; /* the request handlers' view: session, hello state */
+        uint64_t accepted_ms; /* gm_now_ms() at accept: the hello timeout counts from it */
         struct gm_conn *prev, *next;
 } gm_conn_t;
 
@@ -79,6 +84,7 @@ struct gm_daemon {
         bool watchdog_running;
         gm_conn_t *conns;
         uint32_t n_conns;
+        gm_u64map_t conns_per_uid; /* uid + 1 -> number of its connections (as uintptr_t) */
         struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
         bool shutting_down;
 };

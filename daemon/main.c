@@ -17,6 +17,7 @@
 #include "requests.h"
 #include "clock.h"
 #include "size.h"
+#include "trust.h"
 
 static void usage(FILE *f) {
         fprintf(f,
@@ -32,12 +33,26 @@ static void usage(FILE *f) {
                 "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
                 "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
                 "      --max-sessions N       concurrent sessions (default 1024)\n"
+                "      --max-sessions-per-uid N  sessions of one uid (default max-sessions/4)\n"
                 "      --max-blocks N         live blocks per session (default 1048576)\n"
                 "  -v, --verbose              more logging (repeat for debug)\n"
                 "  -h, --help                 this text\n");
 }
 
-enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS };
+enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS, OPT_MAX_SESSIONS_PER_UID };
+
+/* A whole-number flag, in the range of the configuration key it mirrors. */
+static int parse_limit(const char *flag, const char *key, const char *value, uint64_t *ret) {
+        uint64_t min = 0, max = 0;
+        if (gm_config_key_range(key, &min, &max) < 0)
+                return -EINVAL;
+        if (gm_parse_uint(value, min, max, ret) < 0) {
+                log_error("Invalid --%s '%s': a whole number from %llu to %llu", flag, value,
+                          (unsigned long long) min, (unsigned long long) max);
+                return -EINVAL;
+        }
+        return 0;
+}
 
 /* A ReleaseRequest must fit one packet: ranges are sent in batches of this many. */
 #define RANGES_PER_RELEASE 512
@@ -53,13 +68,14 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                 {"alloc-conf", required_argument, NULL, 'a'},
                 {"max-sessions", required_argument, NULL, OPT_MAX_SESSIONS},
                 {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
+                {"max-sessions-per-uid", required_argument, NULL, OPT_MAX_SESSIONS_PER_UID},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
         int c;
         while ((c = getopt_long(argc, argv, "c:d:b:C:s:m:a:vh", long_options, NULL)) != -1) {
-                char *end;
+                uint64_t v;
                 switch (c) {
                 case 'c':
                         o->config_path = optarg;
@@ -69,11 +85,11 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                                 o->device_uuid = optarg;
                                 break;
                         }
-                        o->device = (int) strtol(optarg, &end, 10);
-                        if (*end || o->device < 0) {
+                        if (gm_parse_uint(optarg, 0, INT32_MAX, &v) < 0) {
                                 log_error("Invalid --device '%s': an index or a GPU-... UUID", optarg);
                                 return -EINVAL;
                         }
+                        o->device = (int) v;
                         break;
                 case 'b':
                         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0 && strcmp(optarg, "host") != 0) {
@@ -89,6 +105,10 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                         }
                         break;
                 case 's':
+                        if (optarg[0] != '/') {
+                                log_error("Invalid --socket '%s': an absolute path", optarg);
+                                return -EINVAL;
+                        }
                         if (strlen(optarg) >= sizeof(o->socket_path)) {
                                 log_error("Socket path '%s' is too long", optarg);
                                 return -ENAMETOOLONG;
@@ -102,18 +122,20 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                         o->alloc_conf = optarg;
                         break;
                 case OPT_MAX_SESSIONS:
-                case OPT_MAX_BLOCKS: {
-                        unsigned long long v = strtoull(optarg, &end, 10);
-                        if (*end || v == 0) {
-                                log_error("Invalid limit '%s'", optarg);
+                        if (parse_limit("max-sessions", "max_sessions", optarg, &v) < 0)
                                 return -EINVAL;
-                        }
-                        if (c == OPT_MAX_SESSIONS)
-                                o->limits.max_sessions = (uint32_t) v;
-                        else
-                                o->limits.max_blocks_per_session = v;
+                        o->limits.max_sessions = (uint32_t) v;
                         break;
-                }
+                case OPT_MAX_SESSIONS_PER_UID:
+                        if (parse_limit("max-sessions-per-uid", "max_sessions_per_uid", optarg, &v) < 0)
+                                return -EINVAL;
+                        o->limits.max_sessions_per_uid = (uint32_t) v;
+                        break;
+                case OPT_MAX_BLOCKS:
+                        if (parse_limit("max-blocks", "max_blocks_per_session", optarg, &v) < 0)
+                                return -EINVAL;
+                        o->limits.max_blocks_per_session = v;
+                        break;
                 case 'v':
                         o->verbosity++;
                         break;
@@ -136,8 +158,10 @@ static void options_default(gm_options_t *o) {
         *o = (gm_options_t){
                 .backend = "auto",
                 .socket_mode = 0666,
+                .metrics_tenants = true,
                 .limits = {
                         .max_sessions = 1024,
+                        .hello_timeout_ms = 5000,
                         .max_blocks_per_session = 1u << 20,
                         .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
                         .max_fds = GM_IPC_MAX_FDS_DEFAULT,
@@ -191,6 +215,12 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.max_parked_per_session = c->max_parked_per_session;
         if (c->has_reattach_grace_ms)
                 o->limits.reattach_grace_ms = c->reattach_grace_ms;
+        if (c->has_max_sessions_per_uid)
+                o->limits.max_sessions_per_uid = c->max_sessions_per_uid;
+        if (c->has_hello_timeout_ms)
+                o->limits.hello_timeout_ms = c->hello_timeout_ms;
+        if (c->has_metrics_tenants)
+                o->metrics_tenants = c->metrics_tenants;
 }
 
 /* Without a configured state directory, a daemon run by a user keeps its
@@ -260,6 +290,8 @@ static void reload_config(gm_daemon_t *d) {
                 log_warning("Configuration changes to the socket, backend, capacity or packet limits need a "
                             "restart, ignoring them");
         d->opts.limits.max_sessions = o.limits.max_sessions;
+        d->opts.limits.max_sessions_per_uid = o.limits.max_sessions_per_uid;
+        d->opts.limits.hello_timeout_ms = o.limits.hello_timeout_ms;
         d->opts.limits.max_blocks_per_session = o.limits.max_blocks_per_session;
         d->opts.limits.release_timeout_ms = o.limits.release_timeout_ms;
         d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
@@ -415,6 +447,18 @@ int main(int argc, char **argv) {
                 sdfds.control_fd = -1;
         }
 
+        /* The socket's directory holds the ledger too: it exists, and nobody
+         * but this daemon's user (or root) can write to it, before either
+         * is opened. */
+        if (!d->listen_fd_inherited && (r = gm_ipc_make_socket_dir(d->opts.socket_path)) < 0)
+                return log_error_errno(r, "Failed to create the directory of '%s'", d->opts.socket_path),
+                       EXIT_FAILURE;
+        gm_trust_t trust = {0};
+        gm_trust_add(&trust, geteuid());
+        r = gm_trust_check_dir(d->opts.socket_path, &trust, err, sizeof(err));
+        if (r < 0)
+                return log_error("Refusing to start: %s", r == -EPERM ? err : strerror(-r)), EXIT_FAILURE;
+
         gm_backend_options_t bopts = {
                 .kind = d->opts.backend,
                 .device = d->opts.device,
@@ -480,7 +524,10 @@ int main(int argc, char **argv) {
         const char *const *op_names;
         /* The UUID label: the cuda backend's, else the configured one
          * (--device GPU-..., or device = GPU-... in the config). */
-        gm_metrics_source_t msrc = {.loop = d->loop, .broker = d->broker, .device_uuid = d->opts.device_uuid};
+        gm_metrics_source_t msrc = {.loop = d->loop,
+                                    .broker = d->broker,
+                                    .hide_tenants = !d->opts.metrics_tenants,
+                                    .device_uuid = d->opts.device_uuid};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ipc.h"
+#include "http_guard.h"
 #include "log.h"
 
 #ifndef GPUMEMD_VERSION
@@ -31,8 +32,7 @@
 #endif
 
 #define METRICS_PORT_BASE 9470
-#define HTTP_CONNECTION_LIMIT 64u
-#define HTTP_PER_IP_LIMIT 32u
+#define HTTP_CONNECTION_LIMIT GM_HTTP_CONNECTIONS /* and per peer: http_guard.h */
 #define HTTP_IDLE_TIMEOUT_S 10u
 #define HTTP_MEMORY_LIMIT (16u * 1024u) /* per connection: request line and headers */
 #define ACCEPTS_PER_WAKEUP 16
@@ -97,6 +97,7 @@ struct gm_metrics {
         unsigned closing;   /* close callbacks still to come; m is freed after the last */
         char unix_path[sizeof(((struct sockaddr_un *) 0)->sun_path)]; /* removed at stop; "" for TCP */
         double start_time;  /* process start, seconds since the epoch */
+        gm_http_guard_t guard; /* connections per peer */
 
         histogram_t requests[GM_METRICS_MAX_OPS];
         histogram_t reclaim_wait; /* parked allocations, from park to answer */
@@ -631,7 +632,8 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                 sample(&o, "gpumem_fdstore_max_fds", dev, "", b->store_max);
         }
 
-        render_tenants(&o, dev, m, rows, n);
+        if (!m || !m->src.hide_tenants)
+                render_tenants(&o, dev, m, rows, n);
         if (m)
                 render_counters(&o, dev, m);
         render_process(&o, m);
@@ -721,10 +723,24 @@ static void on_listener(uv_poll_t *p, int status, int events) {
                                 log_debug("metrics: accept failed: %s", strerror(errno));
                         break;
                 }
+                if (!gm_http_guard_admit(&m->guard, fd, (struct sockaddr *) &addr, addrlen)) {
+                        close(fd); /* this peer holds its share: others' scrapes still find room */
+                        continue;
+                }
                 /* Closes fd itself when a limit refuses it. */
-                MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen);
+                if (MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen) != MHD_YES)
+                        gm_http_guard_release(&m->guard, fd);
         }
         mhd_service(m);
+}
+
+/* A connection MHD closed (timeout, end, error) gives its peer's slot back. */
+static void on_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                                 enum MHD_ConnectionNotificationCode code) {
+        gm_metrics_t *m = cls;
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (code == MHD_CONNECTION_NOTIFY_CLOSED && info)
+                gm_http_guard_release(&m->guard, info->connect_fd);
 }
 
 static void metrics_free(gm_metrics_t *m) {
@@ -798,6 +814,7 @@ int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **r
                 m->src.n_ops = GM_METRICS_MAX_OPS;
         m->listen_fd = fd;
         m->start_time = process_start_time();
+        gm_http_guard_init(&m->guard);
 
         /* A socket from systemd is neither non-blocking nor close-on-exec. */
         int fl = fcntl(fd, F_GETFL);
@@ -811,7 +828,7 @@ int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **r
                                   on_request, m,
                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                                   MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP_LIMIT,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection_notify, m,
                                   MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) HTTP_MEMORY_LIMIT,
                                   MHD_OPTION_END);

@@ -6,6 +6,7 @@
  * so call sites need no checks. Loop thread only, like the rest of the daemon. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +23,7 @@ typedef struct gm_metrics_source {
         const gm_broker_t *broker;
         const char *const *op_names; /* request kinds by index: the op label; outlive the endpoint */
         size_t n_ops;
+        bool hide_tenants; /* leave per-tenant series (and so tenant names) out of scrapes */
         /* The GPU's UUID ("GPU-...") when the backend knows none (host): the
          * UUID label of every gpumem_ series, so they join with
          * dcgm-exporter's; the backend's wins; NULL or "" and none there

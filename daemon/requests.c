@@ -29,22 +29,33 @@ int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope 
         return c->rq->send(c->rq->userdata, c, request_id, env, fds, n_fds);
 }
 
+void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text) {
+        gpumem__error__init(error);
+        error->code = err < 0 ? -err : err;
+        error->message = (char *) text;
+        gpumem__envelope__init(env);
+        env->body_case = GPUMEM__ENVELOPE__BODY_ERROR;
+        env->error = error;
+}
+
+void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap) {
+        size_t prefix = strlen(MESSAGE_PREFIX);
+        memcpy(message, MESSAGE_PREFIX, prefix + 1);
+        vsnprintf(message + prefix, len - prefix, fmt, ap);
+}
+
 static int send_error_text(gm_request_conn_t *c, uint64_t request_id, int err, const char *text) {
-        Gpumem__Error error = GPUMEM__ERROR__INIT;
-        error.code = err < 0 ? -err : err;
-        error.message = (char *) text;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_ERROR;
-        env.error = &error;
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        gm_request_error_envelope(&env, &error, err, text);
         return gm_request_send(c, request_id, &env, NULL, 0);
 }
 
 int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
-        char message[2048] = MESSAGE_PREFIX;
-        size_t prefix = strlen(MESSAGE_PREFIX);
+        char message[2048];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(message + prefix, sizeof(message) - prefix, fmt, ap);
+        gm_request_format_message(message, sizeof(message), fmt, ap);
         va_end(ap);
         return send_error_text(c, request_id, err, message);
 }

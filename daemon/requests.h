@@ -5,6 +5,7 @@
  * sender the server provides; nothing here touches a socket. */
 #pragma once
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +59,11 @@ int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope 
 /* Sends an Error: `err` in either sign, the message prefixed "gpumemd: ". */
 int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
+/* An Error envelope in env (pointing at error and text; `err` in either sign),
+ * and the daemon's message prefix before a formatted text (len > the prefix):
+ * for refusals the server sends before a connection has a session. */
+void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text);
+void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap);
 /* Sends a broker refusal as it is (its message is whole). */
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* Replies Ok; 0 (a failed send closes the connection). */

@@ -2,12 +2,14 @@
  * close. The only file that does socket I/O. A connection (and its broker
  * session) is freed only in its poll handle's close callback. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "debug.h"
 #include "daemon.h"
@@ -19,6 +21,20 @@
 
 /* Packets handled per readable event before yielding to other connections. */
 #define PACKETS_PER_WAKEUP 64
+
+/* Connections of uid, and a change of that count by delta (+1 or -1). */
+static uint32_t conns_of_uid(const gm_daemon_t *d, uid_t uid) {
+        return (uint32_t) (uintptr_t) gm_u64map_get(&d->conns_per_uid, (uint64_t) uid + 1);
+}
+
+static int count_conn_of_uid(gm_daemon_t *d, uid_t uid, int delta) {
+        uint32_t n = conns_of_uid(d, uid) + (uint32_t) delta;
+        if (n == 0) {
+                gm_u64map_remove(&d->conns_per_uid, (uint64_t) uid + 1);
+                return 0;
+        }
+        return gm_u64map_put(&d->conns_per_uid, (uint64_t) uid + 1, (void *) (uintptr_t) n);
+}
 
 static void on_conn_closed(uv_handle_t *handle) {
         gm_conn_t *c = handle->data;
@@ -43,6 +59,7 @@ static void conn_close(gm_conn_t *c, const char *why) {
         if (c->next)
                 c->next->prev = c->prev;
         d->n_conns--;
+        count_conn_of_uid(d, s->uid, -1);
         uv_poll_stop(&c->poll);
         close(c->fd);
         c->fd = -1;
@@ -195,6 +212,59 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
         return 0;
 }
 
+/* The most connections one uid may hold. */
+static uint32_t per_uid_limit(const gm_daemon_t *d) {
+        const gm_limits_t *l = &d->opts.limits;
+        uint32_t n = l->max_sessions_per_uid ? l->max_sessions_per_uid : l->max_sessions / 4;
+        return n == 0 ? 1 : n < l->max_sessions ? n : l->max_sessions;
+}
+
+/* Tells a connection why it is refused (best effort: one packet into its
+ * socket buffer, which the client reads after its Hello) and closes it. */
+static void refuse_conn(int fd, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void refuse_conn(int fd, int err, const char *fmt, ...) {
+        char message[256];
+        va_list ap;
+        va_start(ap, fmt);
+        gm_request_format_message(message, sizeof(message), fmt, ap);
+        va_end(ap);
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        gm_request_error_envelope(&env, &error, err, message);
+        gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
+        close(fd);
+}
+
+/* Whether a new connection from fd's peer fits the limits; refuses it if not. */
+static bool admit_conn(gm_daemon_t *d, int fd) {
+        const gm_limits_t *l = &d->opts.limits;
+        if (d->shutting_down) {
+                refuse_conn(fd, ESHUTDOWN, "shutting down");
+                return false;
+        }
+        if (d->n_conns >= l->max_sessions) {
+                log_warning("refusing connection: too many sessions (limit %u)", l->max_sessions);
+                refuse_conn(fd, EUSERS, "session limit reached (%u sessions); try again later", l->max_sessions);
+                return false;
+        }
+        gm_peer_cred_t cred;
+        if (gm_ipc_peer_cred(fd, &cred) < 0) {
+                close(fd);
+                return false;
+        }
+        uint32_t limit = per_uid_limit(d);
+        if (conns_of_uid(d, cred.uid) >= limit) {
+                log_warning("refusing connection from pid %d: session limit for uid %u reached (%u)", (int) cred.pid,
+                            (unsigned) cred.uid, limit);
+                refuse_conn(fd, EUSERS,
+                            "session limit for uid %u reached (%u sessions); close some, or raise "
+                            "max_sessions_per_uid",
+                            (unsigned) cred.uid, limit);
+                return false;
+        }
+        return true;
+}
+
 static void on_listener_readable(uv_poll_t *handle, int status, int events) {
         gm_daemon_t *d = handle->data;
         for (;;) {
@@ -207,16 +277,17 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         log_warning_errno(r, "accept failed, ignoring");
                         return;
                 }
-                if (d->n_conns >= d->opts.limits.max_sessions || d->shutting_down) {
-                        log_warning("refusing connection: %s (limit %u sessions)",
-                                    d->shutting_down ? "shutting down" : "too many sessions",
-                                    d->opts.limits.max_sessions);
-                        close(fd);
+                if (!admit_conn(d, fd))
                         continue;
-                }
                 gm_conn_t *c = NULL;
                 r = conn_new(d, fd, &c);
+                if (r == 0 && count_conn_of_uid(d, c->req.session->uid, +1) < 0) {
+                        gm_session_free(c->req.session);
+                        free(c);
+                        r = -ENOMEM;
+                }
                 if (r == 0 && uv_poll_init(d->loop, &c->poll, fd) < 0) {
+                        count_conn_of_uid(d, c->req.session->uid, -1);
                         gm_session_free(c->req.session);
                         free(c);
                         r = -EIO;
@@ -227,6 +298,7 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         continue;
                 }
                 c->poll.data = c;
+                c->accepted_ms = gm_now_ms();
                 c->next = d->conns;
                 if (d->conns)
                         d->conns->prev = c;
@@ -238,9 +310,25 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
         }
 }
 
+/* Closes the connections that have not said Hello in time: an idle
+ * connection holds a session slot, and a few of them must not lock out the
+ * rest. */
+static void expire_silent_conns(gm_daemon_t *d, uint64_t now_ms) {
+        uint32_t timeout = d->opts.limits.hello_timeout_ms;
+        for (gm_conn_t *c = d->conns, *next; c; c = next) {
+                next = c->next;
+                if (c->req.hello_done || c->req.closed || now_ms - c->accepted_ms < timeout)
+                        continue;
+                gm_request_error(&c->req, 0, ETIMEDOUT, "no Hello within %u ms", timeout);
+                conn_close(c, "no hello in time");
+        }
+}
+
 static void on_tick(uv_timer_t *t) {
         gm_daemon_t *d = t->data;
-        gm_broker_tick(d->broker, gm_now_ms());
+        uint64_t now = gm_now_ms();
+        expire_silent_conns(d, now);
+        gm_broker_tick(d->broker, now);
         gm_daemon_debug_check(d, "a tick");
 }
 
@@ -281,6 +369,7 @@ void gm_server_stop(gm_daemon_t *d) {
         uv_close((uv_handle_t *) &d->tick, NULL);
         while (d->conns)
                 conn_close(d->conns, "daemon stopping");
+        gm_u64map_done(&d->conns_per_uid);
         free(d->rx_buf);
         d->rx_buf = NULL;
 }

@@ -72,11 +72,23 @@ int gm_ipc_recv(int sock, void *buf, size_t buf_len, int *fds, size_t max_fds, s
         };
 
         ssize_t n;
-        do
+        bool reset_seen = false;
+        for (;;) {
+                mh.msg_controllen = sizeof(control.buf);
                 n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
-        if (n < 0)
+                if (n >= 0)
+                        break;
+                if (errno == EINTR)
+                        continue;
+                /* A peer that closed while our packet sat unread in its queue
+                 * leaves ECONNRESET, reported once and ahead of what it sent
+                 * before closing (such as the reason for a refusal): read on. */
+                if (errno == ECONNRESET && !reset_seen) {
+                        reset_seen = true;
+                        continue;
+                }
                 return -errno;
+        }
 
         /* Take every fd first, so that any refusal below can close them all. */
         int got[GM_IPC_MAX_FDS_LIMIT];
@@ -254,6 +266,12 @@ fail_unlink:
 fail_close:
         close(fd);
         return r;
+}
+
+int gm_ipc_make_socket_dir(const char *path) {
+        struct sockaddr_un sa;
+        int r = sockaddr_from_path(path, &sa);
+        return r < 0 ? r : mkdir_parents(path);
 }
 
 int gm_ipc_accept(int listen_fd, int *ret_fd) {

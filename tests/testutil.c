@@ -158,9 +158,13 @@ Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env) {
 }
 
 void gm_test_raw_hello(int fd, bool admin) {
+        gm_test_raw_hello_named(fd, admin, "test");
+}
+
+void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
-        hello.client_name = "test";
+        hello.client_name = (char *) client_name;
         hello.admin = admin;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 1;

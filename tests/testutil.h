@@ -42,6 +42,8 @@ int gm_test_count_fds(pid_t pid);
 int gm_test_raw_connect(const char *socket_path);
 /* Sends Hello (admin or not) and asserts a HelloReply. */
 void gm_test_raw_hello(int fd, bool admin);
+/* The same with a client_name of the caller's choosing. */
+void gm_test_raw_hello_named(int fd, bool admin, const char *client_name);
 /* Sends env (request_id set by caller) and returns the next envelope with that
  * request id (skipping others), or NULL if the connection closed. */
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
