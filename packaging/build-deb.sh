@@ -30,7 +30,20 @@ fi
 cp -rL "$src/packaging/debian" "$tree/debian"
 cd "$tree"
 # nocheck: see debian/rules.
+# The cuda backend's cuda.h (debian/rules explains the profiles): Debian's
+# nvidia-cuda-dev, else NVIDIA's toolkit, else none. Say which.
+profiles=${DEB_BUILD_PROFILES:-}
+if [ -z "$profiles" ]; then
+        if dpkg-query -W -f='${Status}' nvidia-cuda-dev 2>/dev/null | grep -q "install ok installed"; then
+                :
+        elif [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
+                profiles=pkg.gpumemd.cudahome
+        else
+                profiles=pkg.gpumemd.nocuda
+        fi
+fi
+echo "build-deb: build profiles '${profiles}'"
 # Upstream is strict where Debian warns: a symbol added to libgpumem without
 # a line in debian/libgpumem0.symbols fails the build.
 DPKG_GENSYMBOLS_CHECK_LEVEL=4 DEB_BUILD_OPTIONS="nocheck parallel=${GM_DEB_JOBS:-2} ${DEB_BUILD_OPTIONS:-}" \
-        dpkg-buildpackage --no-sign
+        DEB_BUILD_PROFILES="$profiles" dpkg-buildpackage --no-sign
