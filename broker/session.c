@@ -136,6 +136,7 @@ int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resum
         } else {
                 gm_token_new(s->token);
                 s->tenant = t;
+                gm_ledger_session_started(b, s);
         }
         t->sessions++;
         return 0;
@@ -159,6 +160,7 @@ void gm_session_end(gm_session_t *s) {
         if (!s || s->ended)
                 return;
         gm_broker_t *b = s->broker;
+        gm_ledger_session_ended(b, s);
         s->ended = true;
         s->heap = gm_heap_destroy(s->heap); /* every piece at once: ended is set */
         s->new_head = s->new_tail = NULL;   /* the heap's pieces, destroyed with it */

@@ -95,6 +95,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                                  r == -EBUSY    ? "it is attached to another connection"
                                  : r == -EPERM  ? "it belongs to another user"
                                  : r == -EINVAL ? "invalid token"
+                                 : r == -ENOENT ? "the ledger knows no such session"
                                                 : strerror(-r));
                 return r;
         }
