@@ -6,7 +6,7 @@ target_link_libraries(gm_testutil PUBLIC gm_ipc gm_backend PkgConfig::CHECK)
 target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
 if(TARGET gm_fakecuda_check) # stopping a daemon asserts the emulated device drained
   target_link_libraries(gm_testutil PUBLIC gm_fakecuda_check)
-  target_compile_definitions(gm_testutil PRIVATE GM_TEST_FAKECUDA=1)
+  target_compile_definitions(gm_testutil PUBLIC GM_TEST_FAKECUDA=1)
   # The cuda legs share one emulated device each (its pool file): a fresh one every run.
   set(GM_FAKE_POOLS ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants
       ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart)
