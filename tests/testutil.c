@@ -1,4 +1,7 @@
 #include "testutil.h"
+#ifdef GM_TEST_FAKECUDA
+#include "fakecuda_check.h"
+#endif
 
 #include <check.h>
 #include <dirent.h>
@@ -107,6 +110,10 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
         }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
         ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
+#ifdef GM_TEST_FAKECUDA
+        if (!d->keep_dir) /* (a restart keeps what the fd store holds) */
+                gm_fake_assert_device_drained(); /* emulated device: nothing leaked by the daemon or clients */
+#endif
         if (d->keep_dir)
                 return;
         char cmd[300];
