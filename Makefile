@@ -2,23 +2,32 @@
 # missing build dependencies (Debian packages), configure and build first.
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 4
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
 # (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
-# dpkg-dev for the package check, python3-pytest for the gpumem Python package.
+# dpkg-dev, debhelper, lintian and fakeroot (when not root) for the Debian
+# package check, python3-pytest for the gpumem Python package.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
-	prometheus systemd groff-base man-db dpkg-dev python3-pytest
+	prometheus systemd groff-base man-db dpkg-dev debhelper lintian fakeroot python3-pytest
 
-.PHONY: all deps build run test test-asan install clean
+# The fuzz harnesses (tests/fuzz, docs/fuzzing.md) need clang's libFuzzer;
+# only `make fuzz` installs it.
+FUZZ_PACKAGES := clang libclang-rt-dev
+
+.PHONY: all deps deps-fuzz build run test test-asan fuzz install deb clean
 
 all: build
 
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+deps-fuzz: PACKAGES = $(DEB_PACKAGES) $(FUZZ_PACKAGES)
+deps: PACKAGES = $(DEB_PACKAGES)
+deps deps-fuzz:
+	@missing=""; for p in $(PACKAGES); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -43,14 +52,26 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
-# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer, with
+# the debug checks (gm_heap_check, gm_broker_check after every operation).
 test-asan: deps
-	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON -DGPUMEMD_DEBUG=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2
+
+# Every libFuzzer harness for FUZZ_SECONDS over its seed corpus (clang, ASan+UBSan).
+fuzz: deps-fuzz
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DGPUMEMD_FUZZ=ON -DGPUMEMD_BUILD_TESTS=OFF \
+		-DGPUMEMD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target gm_fuzz
+	cd $(BUILD_FUZZ) && ctest --output-on-failure -j 2 -L fuzz
 
 install: build
 	cmake --install $(BUILD)
 
+# The Debian packages (gpumemd, libgpumem0, libgpumem-dev), in $(BUILD)/deb.
+deb: deps
+	sh packaging/build-deb.sh . $(BUILD)/deb
+
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -47,6 +47,8 @@ static const struct option {
         { "pinned_use_hip_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register) },
         { "pinned_num_register_threads", OPT_THREADS, offsetof(gm_alloc_config_t, pinned_num_register_threads) },
         { "pinned_use_background_threads", OPT_BOOL, NO_FIELD },
+        /* gpumemd extensions (PyTorch has no such keys) */
+        { "gpumemd_page_reuse", OPT_BOOL, offsetof(gm_alloc_config_t, page_reuse) },
 };
 
 typedef struct parser {
@@ -165,8 +167,8 @@ static int parse_divisions(parser_t *p, size_t i, uint32_t *slots, size_t *ret_i
         const char *key = "roundup_power2_divisions";
         bool first = true;
         size_t last = 0;
-        const char *v;
-        uint64_t u;
+        const char *v = NULL; /* set before use; initialised for gcc -O3 -Wmaybe-uninitialized */
+        uint64_t u = 0;
         uint32_t divs = 0;
         int r;
 
@@ -218,8 +220,8 @@ static int parse_divisions(parser_t *p, size_t i, uint32_t *slots, size_t *ret_i
 static int parse_value(parser_t *p, const struct option *o, size_t i, size_t *ret_i) {
         char *field = o->offset == NO_FIELD ? NULL : (char *) p->config + o->offset;
         const char *v = NULL;
-        uint64_t u;
-        double d;
+        uint64_t u = 0;
+        double d = 0;
         int r;
 
         if (o->kind != OPT_DIVISIONS && (r = value_token(p, i, o->name, &v)) < 0)
@@ -312,6 +314,8 @@ int gm_alloc_config_parse(const char *conf, gm_alloc_config_t *ret_config, char 
                 if (i + 1 < p.n_tok && (r = expect(&p, ++i, ",")) < 0)
                         return r;
         }
+        if (config.page_reuse && !config.expandable_segments)
+                return fail(&p, "gpumemd_page_reuse:True needs expandable_segments:True");
         *ret_config = config;
         return 0;
 }

@@ -14,6 +14,7 @@ typedef struct gm_alloc_config {
         double garbage_collection_threshold; /* 0 = off */
         double per_process_memory_fraction;  /* 0 or 1 = no limit */
         bool expandable_segments;
+        bool page_reuse;                  /* gpumemd_page_reuse (gpumemd extension; needs expandable_segments) */
         bool release_lock_on_cudamalloc;  /* accepted for compatibility; no effect */
         bool pinned_use_cuda_host_register; /* accepted; no effect */
         uint32_t pinned_num_register_threads;

@@ -25,6 +25,7 @@
 #define MAX_REQUEST     (1ULL << 60)   /* PyTorch refuses "more than 1EB" */
 #define SPARE_BLOCKS    64             /* block structs kept for reuse */
 #define ALLOC_BLOCKS    4              /* most block structs one alloc_block + split needs */
+#define REUSE_STREAMS   64             /* streams whose completed work page reuse tracks */
 
 typedef struct pool {
         gm_tnode_t *free_set; /* free mapped blocks by (stream, size, addr) */
@@ -32,6 +33,13 @@ typedef struct pool {
         uint64_t gc_calls;    /* get_free_block calls while GC is active */
         bool small;
 } pool_t;
+
+/* Page reuse: what is known of a stream's device work. */
+typedef struct reuse_stream {
+        uint64_t stream;
+        uint64_t done_seq;     /* every free up to this free count has its work done */
+        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked the provider */
+} reuse_stream_t;
 
 struct gm_heap {
         gm_alloc_config_t cfg;
@@ -46,6 +54,12 @@ struct gm_heap {
         uint64_t next_block_id, next_segment_id;
         uint64_t limit;               /* gm_heap_set_limit(); 0 = none */
         const gm_stats_t *limit_measured;
+        /* page reuse */
+        uint64_t free_seq;            /* free_block() calls so far */
+        uint64_t n_allocs;            /* gm_heap_alloc() calls so far */
+        reuse_stream_t *streams;      /* REUSE_STREAMS at most */
+        uint64_t n_streams;
+        gm_page_reuse_info_t reuse;   /* counters (flags are computed on demand) */
 };
 
 static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
@@ -143,19 +157,34 @@ static uint64_t round_size(const gm_alloc_config_t *c, uint64_t n) {
         return round_up(n, step);
 }
 
+/* Physical sizes are multiples of the backend's granularity: PyTorch's
+ * constants where it divides them (2 MiB on every NVIDIA GPU so far), else
+ * rounded up to it. */
+static uint64_t physical_unit(const gm_heap_t *h) {
+        return h->params.granularity > ROUND_LARGE ? h->params.granularity : ROUND_LARGE;
+}
+
+static uint64_t small_buffer(const gm_heap_t *h) {
+        return round_up(SMALL_BUFFER, physical_unit(h));
+}
+
+static uint64_t large_buffer(const gm_heap_t *h) {
+        return round_up(LARGE_BUFFER, physical_unit(h));
+}
+
 /* PyTorch's get_allocation_size(): the size of a new segment for a rounded request. */
-static uint64_t allocation_size(uint64_t rsize) {
+static uint64_t allocation_size(const gm_heap_t *h, uint64_t rsize) {
         if (rsize <= SMALL_SIZE)
-                return SMALL_BUFFER;
+                return small_buffer(h);
         if (rsize < MIN_LARGE_ALLOC)
-                return LARGE_BUFFER;
-        return round_up(rsize, ROUND_LARGE);
+                return large_buffer(h);
+        return round_up(rsize, physical_unit(h));
 }
 
 void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_size, uint64_t *ret_segment_size) {
         uint64_t rsize = round_size(&h->cfg, size);
         *ret_block_size = rsize;
-        *ret_segment_size = allocation_size(rsize);
+        *ret_segment_size = allocation_size(h, rsize);
 }
 
 /* ---- block structs: a small spare list keeps the hot paths free of malloc failures ---- */
@@ -294,9 +323,9 @@ static bool gc_active(const gm_heap_t *h) {
 /* ---- segments ---- */
 
 static uint64_t take_va(gm_heap_t *h, uint64_t size) {
-        uint64_t addr = round_up(*h->params.va_cursor, ROUND_LARGE);
+        uint64_t addr = round_up(*h->params.va_cursor, physical_unit(h));
 
-        *h->params.va_cursor = addr + round_up(size, ROUND_LARGE);
+        *h->params.va_cursor = addr + round_up(size, physical_unit(h));
         return addr;
 }
 
@@ -380,8 +409,10 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         return size;
 }
 
-/* Merges free neighbour `src` into `dst` (outside any set) when both are free
- * with the same mapped state; returns the bytes taken over (0 = no merge). */
+/* Merges free neighbour `src` into `dst` when both are free with the same
+ * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
+ * any set, or in the unmapped set when `src` follows it (that key, stream and
+ * address, does not change). The merged block keeps the newer free_seq. */
 static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
@@ -402,11 +433,46 @@ static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         }
         size = src->size;
         dst->size += size;
+        if (src->free_seq > dst->free_seq)
+                dst->free_seq = src->free_seq;
         block_drop(h, src);
         return size;
 }
 
 /* ---- expandable segments ---- */
+
+static bool reuse_active(const gm_heap_t *h) {
+        return h->cfg.expandable_segments && h->cfg.page_reuse && h->prov.remap;
+}
+
+/* Grows the page arrays of `s` to cover pages [0, end) (end <= n_pages),
+ * so that a segment costs what it maps, not its virtual size. */
+static int pages_reserve(gm_segment_t *s, uint64_t end) {
+        uint64_t cap = s->cap_pages ? 2 * s->cap_pages : 64, *handles;
+        uint8_t *mapped;
+
+        if (end <= s->cap_pages)
+                return 0;
+        if (cap < end)
+                cap = end;
+        if (cap > s->n_pages)
+                cap = s->n_pages;
+        handles = realloc(s->page_handle, cap * sizeof(*handles));
+        if (!handles)
+                return -ENOMEM;
+        s->page_handle = handles;
+        mapped = realloc(s->page_mapped, cap * sizeof(*mapped));
+        if (!mapped)
+                return -ENOMEM;
+        memset(mapped + s->cap_pages, 0, cap - s->cap_pages);
+        s->page_mapped = mapped;
+        s->cap_pages = cap;
+        return 0;
+}
+
+static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
+        return i < s->cap_pages && s->page_mapped[i];
+}
 
 /* Gives one page back; the segment's last page carries whole_segment. */
 static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
@@ -419,23 +485,15 @@ static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
 /* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
  * pages, all unmapped (one block in the unmapped set). */
 static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min_size, gm_block_t **ret_block) {
-        uint64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
+        uint64_t page = p->small || reuse_active(h) ? small_buffer(h) : large_buffer(h);
         uint64_t n = (uint64_t)(((unsigned __int128)h->params.capacity * 9 + 8 * page - 1) / (8 * page));
         gm_segment_t *s;
 
         if (n == 0 || n * page < min_size)
                 return -ENOMEM;
-        s = calloc(1, sizeof(*s));
+        s = calloc(1, sizeof(*s)); /* page arrays come with the first map_block() */
         if (!s)
                 return -ENOMEM;
-        s->page_handle = calloc(n, sizeof(*s->page_handle));
-        s->page_mapped = calloc(n, sizeof(*s->page_mapped));
-        if (!s->page_handle || !s->page_mapped) {
-                free(s->page_handle);
-                free(s->page_mapped);
-                free(s);
-                return -ENOMEM;
-        }
         s->id = h->next_segment_id++;
         s->size = n * page;
         s->addr = take_va(h, s->size);
@@ -451,17 +509,243 @@ static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min
         return 0;
 }
 
+/* Turns whole pages [begin, end) of free mapped block `b` into one unmapped
+ * free block, joined with its unmapped neighbours (the one before takes it
+ * over; it takes over the one after, so an unmapped block right after the
+ * range survives only if it is the one before); what is left of `b` on either
+ * side stays free and mapped. The pages themselves (page_mapped, handles,
+ * the provider) are the caller's. Needs two spare block structs. */
+static void unmap_range(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t end) {
+        gm_segment_t *s = b->seg;
+        uint64_t page = s->page_size, before = begin * page - b->offset, after = b->offset + b->size - end * page;
+        gm_block_t *m = b;
+
+        set_remove(h, b);
+        if (before) {
+                gm_block_t *x = block_new(h, s, b->offset, before, true);
+
+                x->free_seq = b->free_seq;
+                if (b->prev)
+                        link_after(b->prev, x);
+                else {
+                        x->next = b;
+                        b->prev = x;
+                        s->first = x;
+                }
+                set_insert(h, x);
+        }
+        if (after) {
+                link_after(b, block_new(h, s, end * page, after, true));
+                b->next->free_seq = b->free_seq;
+                set_insert(h, b->next);
+        }
+        b->offset = begin * page;
+        b->size = (end - begin) * page;
+        b->mapped = false;
+        STAT(h, reserved_bytes, s->small, -(int64_t)b->size);
+        COUNT(h, num_device_free);
+        trace(h, GM_TRACE_SEGMENT_UNMAP, block_addr(b), b->size, s->stream);
+        set_insert(h, b);
+        /* an unmapped block's key (stream, address) survives growing to the right */
+        if (b->prev && b->prev->state == GM_BSTATE_FREE && !b->prev->mapped) {
+                m = b->prev;
+                try_merge(h, m, b);
+        }
+        try_merge(h, m, m->next);
+}
+
+/* Unmaps the pages that free mapped block `b` fully covers and gives them
+ * back; the partial pages at either end stay as free mapped blocks. Returns
+ * the bytes unmapped. */
+static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
+        gm_segment_t *s = b->seg;
+        uint64_t page = s->page_size, begin = round_up(b->offset, page) / page, end = (b->offset + b->size) / page;
+
+        if (begin >= end || reserve_blocks(h, 2) < 0)
+                return 0;
+        unmap_range(h, b, begin, end);
+        for (uint64_t i = begin; i < end; i++)
+                page_release(h, s, i);
+        if (!s->mapped_pages)
+                segment_forget(h, s);
+        return (end - begin) * page;
+}
+
+/* ---- page reuse ---- */
+
+/* The pages of segment `seg` that an expandable allocation will occupy: no
+ * page moves out of them. */
+typedef struct reuse_target {
+        gm_segment_t *seg;
+        uint64_t begin, end;
+} reuse_target_t;
+
+/* The tracking entry of `stream`, made on first use; NULL when the table is
+ * full or out of memory (that stream's used pages then never move). */
+static reuse_stream_t *reuse_stream(gm_heap_t *h, uint64_t stream) {
+        for (uint64_t i = 0; i < h->n_streams; i++)
+                if (h->streams[i].stream == stream)
+                        return &h->streams[i];
+        if (h->n_streams == REUSE_STREAMS)
+                return NULL;
+        if (!h->streams && !(h->streams = calloc(REUSE_STREAMS, sizeof(*h->streams))))
+                return NULL;
+        h->streams[h->n_streams] = (reuse_stream_t){.stream = stream};
+        return &h->streams[h->n_streams++];
+}
+
+/* Whether no queued device work can still touch free block `b`: it was never
+ * handed out since it was mapped, or a fence its stream got after its last
+ * free is complete. Asks the provider (marking a fence at the current free
+ * count) at most once per allocation and stream. */
+static bool work_done(gm_heap_t *h, const gm_block_t *b) {
+        reuse_stream_t *st;
+        uint64_t done = 0;
+
+        if (b->free_seq == 0 || !h->prov.stream_fence)
+                return true;
+        st = reuse_stream(h, b->seg->stream);
+        if (!st)
+                return false;
+        if (b->free_seq <= st->done_seq)
+                return true;
+        if (st->asked_alloc == h->n_allocs)
+                return false;
+        st->asked_alloc = h->n_allocs;
+        h->reuse.stream_queries++;
+        if (h->prov.stream_fence(h->prov.userdata, st->stream, h->free_seq, &done) == 0 && done > st->done_seq)
+                st->done_seq = done < h->free_seq ? done : h->free_seq;
+        return b->free_seq <= st->done_seq;
+}
+
+/* The whole pages of free block `b` that may move to `t`: [*ret_begin,
+ * *ret_end), outside t's pages (a free block next to t's unmapped pages lies
+ * on one side of them). False if there are none. */
+static bool donor_pages(const gm_block_t *b, const reuse_target_t *t, uint64_t *ret_begin, uint64_t *ret_end) {
+        const gm_segment_t *s = b->seg;
+        uint64_t page = s->page_size, begin, end;
+
+        if (!s->expandable || page != t->seg->page_size)
+                return false;
+        begin = round_up(b->offset, page) / page;
+        end = (b->offset + b->size) / page;
+        if (s == t->seg && begin < t->end && end > t->begin) {
+                if (begin < t->begin)
+                        end = t->begin;
+                else
+                        begin = t->end;
+        }
+        if (begin >= end)
+                return false;
+        *ret_begin = begin;
+        *ret_end = end;
+        return true;
+}
+
+/* The first free block of `p` at or after key `k` (stream, size, address)
+ * that is at least a page, smallest first within a stream; advances `k`
+ * past it. Runs of smaller blocks are skipped a stream at a time. */
+static gm_block_t *donor_candidate(pool_t *p, uint64_t page, uint64_t k[3]) {
+        gm_block_t *b;
+
+        while ((b = block_of(gm_tree_lower_bound(p->free_set, k)))) {
+                if (b->size >= page) {
+                        memcpy(k, b->node.key, 3 * sizeof(*k));
+                        k[2]++;
+                        return b;
+                }
+                k[0] = b->seg->stream;
+                k[1] = page;
+                k[2] = 0;
+        }
+        return NULL;
+}
+
+/* Moves the top `n` (at most) of pages [begin, end) of free block `b` to
+ * pages [dst, dst + n) of segment `ds` through the provider; the moved range
+ * becomes unmapped free space (a segment left without pages is forgotten).
+ * Needs two spare block structs. Returns the number moved (fewer when
+ * remap() fails). */
+static uint64_t move_pages(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t end, gm_segment_t *ds, uint64_t dst,
+                           uint64_t n) {
+        gm_segment_t *s = b->seg;
+        uint64_t page = s->page_size, k = end - begin < n ? end - begin : n, first = end - k, moved;
+
+        for (moved = 0; moved < k; moved++) {
+                uint64_t i = first + moved, j = dst + moved, handle = s->page_handle[i];
+                int r = h->prov.remap(h->prov.userdata, handle, s->id, i * page, ds->id, ds->size, j * page, page,
+                                      s != ds && s->mapped_pages == 1);
+
+                if (r < 0) {
+                        h->reuse.remap_failures++;
+                        break;
+                }
+                s->page_mapped[i] = 0;
+                s->mapped_pages--;
+                ds->page_handle[j] = handle;
+                ds->page_mapped[j] = 1;
+                ds->mapped_pages++;
+        }
+        if (!moved)
+                return 0;
+        unmap_range(h, b, first, first + moved);
+        h->reuse.pages_moved += moved;
+        h->reuse.ranges_moved++;
+        if (!s->mapped_pages)
+                segment_forget(h, s);
+        return moved;
+}
+
+/* Fills pages [first, end) of t->seg, in order, with pages moved from free
+ * blocks anywhere in the heap (the target's pool first; within a pool by
+ * stream, then smallest block first, each giving its top pages); returns how
+ * many were filled. */
+static uint64_t reuse_pages(gm_heap_t *h, const reuse_target_t *t, uint64_t first, uint64_t end) {
+        pool_t *pools[2] = {pool_of(h, t->seg), t->seg->small ? &h->large : &h->small};
+        uint64_t page = t->seg->page_size, filled = 0;
+
+        for (int i = 0; i < 2 && first + filled < end; i++) {
+                uint64_t k[3] = {0, page, 0}, begin, stop, want, moved;
+                gm_block_t *b;
+
+                while (first + filled < end && (b = donor_candidate(pools[i], page, k))) {
+                        if (!donor_pages(b, t, &begin, &stop))
+                                continue;
+                        if (!work_done(h, b)) {
+                                h->reuse.refused_busy++;
+                                continue;
+                        }
+                        /* unmap_range() takes two; what alloc_block() reserved stays */
+                        if (reserve_blocks(h, ALLOC_BLOCKS + 2) < 0)
+                                return filled;
+                        want = end - first - filled;
+                        moved = move_pages(h, b, begin, stop, t->seg, first + filled, want);
+                        filled += moved;
+                        if (moved < want && moved < stop - begin)
+                                return filled; /* remap() failed: create the rest */
+                }
+        }
+        return filled;
+}
+
 /* Maps the pages under the first `size` bytes of unmapped block `b` (one
- * provider create per page); the mapped part joins its free neighbours in the
- * free set. On failure the pages made here go back; a segment left without
- * pages is forgotten. */
-static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size) {
+ * provider create per page; with page reuse, pages moved from free blocks
+ * first, outside target `t`, and only the shortfall is created, within the
+ * limits); the mapped part joins its free neighbours in the free set. On
+ * failure the pages placed here go back; a segment left without pages is
+ * forgotten. */
+static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t) {
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
-        uint64_t i, addr = block_addr(b), mapped = (end - first) * s->page_size;
-        int r = 0;
+        uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
+        int r = pages_reserve(s, end);
 
-        for (i = first; i < end; i++) {
+        if (t && r == 0)
+                i += reuse_pages(h, t, first, end); /* b survives: no moved range lies right before it */
+        /* the moved pages left the reserved total and come back with this range */
+        if (r == 0 && reuse_active(h) && i < end)
+                r = over_limit(h, (end - first) * s->page_size);
+        for (; r == 0 && i < end; i++) {
                 r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
                                    &s->page_handle[i]);
                 if (r < 0)
@@ -478,6 +762,7 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size) {
         }
         set_remove(h, b);
         b->mapped = true;
+        b->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
         if (mapped < b->size) {
                 link_after(b, block_new(h, s, b->offset + mapped, b->size - mapped, false));
                 set_insert(h, b->next);
@@ -503,10 +788,12 @@ static bool has_room(const gm_block_t *b, uint64_t size) {
 
 /* PyTorch's try_allocate_expandable_block(): maps just enough pages at the
  * lowest address of the stream's expandable segments with room, else in a new
- * one; returns the free mapped block (>= rsize) taken out of the free set. */
+ * one; returns the free mapped block (>= rsize) taken out of the free set.
+ * With page reuse the request's pages are its target: they never give pages. */
 static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize, gm_block_t **ret_block) {
         uint64_t key[3] = {stream, 0, 0};
         gm_block_t *c = NULL, *u;
+        reuse_target_t target, *t = NULL;
         int r;
 
         for (u = block_of(gm_tree_lower_bound(p->unmapped, key)); u && u->seg->stream == stream;
@@ -521,8 +808,17 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 if (r < 0)
                         return r;
         }
+        if (reuse_active(h) && c->seg->page_size == small_buffer(h)) {
+                uint64_t page = c->seg->page_size;
+                target = (reuse_target_t){
+                        .seg = c->seg,
+                        .begin = c->offset / page,
+                        .end = round_up(c->offset + rsize, page) / page,
+                };
+                t = &target;
+        }
         if (!c->mapped) {
-                r = map_block(h, c, c->size < rsize ? c->size : rsize);
+                r = map_block(h, c, c->size < rsize ? c->size : rsize, t);
                 if (r < 0)
                         return r;
         }
@@ -531,7 +827,7 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 gm_block_t *n = c->next;
                 uint64_t need = rsize - c->size;
 
-                r = map_block(h, n, need < n->size ? need : n->size);
+                r = map_block(h, n, need < n->size ? need : n->size, t);
                 if (r < 0)
                         return r;
                 c = n;
@@ -541,66 +837,38 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
         return 0;
 }
 
-/* Unmaps the pages that free mapped block `b` fully covers; the partial pages
- * at either end stay as free mapped blocks. Returns the bytes unmapped. */
-static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
-        gm_segment_t *s = b->seg;
-        uint64_t page = s->page_size, begin = round_up(b->offset, page) / page, end = (b->offset + b->size) / page;
-        uint64_t before, after, addr, size;
-
-        if (begin >= end)
-                return 0;
-        before = begin * page - b->offset;
-        after = b->offset + b->size - end * page;
-        if ((before || after) && reserve_blocks(h, 2) < 0)
-                return 0;
-        set_remove(h, b);
-        if (before) {
-                gm_block_t *x = block_new(h, s, b->offset, before, true);
-
-                if (b->prev)
-                        link_after(b->prev, x);
-                else {
-                        x->next = b;
-                        b->prev = x;
-                        s->first = x;
-                }
-                set_insert(h, x);
-        }
-        if (after) {
-                link_after(b, block_new(h, s, end * page, after, true));
-                set_insert(h, b->next);
-        }
-        b->offset = begin * page;
-        b->size = size = (end - begin) * page;
-        b->mapped = false;
-        addr = block_addr(b);
-        try_merge(h, b, b->prev);
-        try_merge(h, b, b->next);
-        set_insert(h, b);
-        STAT(h, reserved_bytes, s->small, -(int64_t)size);
-        COUNT(h, num_device_free);
-        trace(h, GM_TRACE_SEGMENT_UNMAP, addr, size, s->stream);
-        for (uint64_t i = begin; i < end; i++)
-                page_release(h, s, i);
-        if (!s->mapped_pages)
-                segment_forget(h, s);
-        return size;
-}
-
 /* ---- the pool policy ---- */
 
-/* PyTorch's get_free_block(): best fit on the same stream, oversize rules. */
+/* The size a free block can grow to in place: itself plus the unmapped range
+ * right after it (PyTorch's expandable_size()). */
+static uint64_t expandable_size(const gm_block_t *b) {
+        return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+static gm_block_t *free_set_next(pool_t *p, const gm_block_t *b) {
+        return block_of(gm_tree_next(p->free_set, b->node.key));
+}
+
+/* PyTorch's get_free_block(): best fit on the same stream, oversize rules.
+ * When the best fit lies in an expandable segment, the fit is judged by the
+ * size the block can grow to: while the next larger block of the stream can
+ * grow to less, it is taken instead (so a block followed by unmapped space,
+ * whose growth is the segment's whole tail, yields to a hole that fits). */
 static gm_block_t *get_free_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize) {
         uint64_t key[3] = {stream, rsize, 0}, msplit = h->cfg.max_split_size;
-        gm_block_t *b;
+        gm_block_t *b, *n;
 
         if (gc_active(h))
                 p->gc_calls++;
         b = block_of(gm_tree_lower_bound(p->free_set, key));
+        if (b && b->seg->stream == stream && b->seg->expandable && h->cfg.expandable_segments)
+                for (n = free_set_next(p, b); b->seg->expandable && n && n->seg->stream == stream &&
+                                              expandable_size(n) < expandable_size(b);
+                     n = free_set_next(p, n))
+                        b = n;
         /* expandable segments switched off at run time: skip their blocks */
         while (b && !h->cfg.expandable_segments && b->seg->expandable && b->seg->stream == stream)
-                b = block_of(gm_tree_next(p->free_set, b->node.key));
+                b = free_set_next(p, b);
         if (!b || b->seg->stream != stream)
                 return NULL;
         if (rsize < msplit && b->size >= msplit)
@@ -727,7 +995,8 @@ static int alloc_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t rsize,
                        gm_block_t **ret_block) {
         if (retry)
                 COUNT(h, num_alloc_retries);
-        int r = over_limit(h, asize);
+        /* with page reuse the limits see only what map_block() creates */
+        int r = reuse_active(h) ? 0 : over_limit(h, asize);
         if (r < 0)
                 return r;
         if (reserve_blocks(h, ALLOC_BLOCKS) < 0)
@@ -744,6 +1013,7 @@ static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig,
 
         if (should_split(h, b, rsize)) {
                 link_after(b, block_new(h, s, b->offset + rsize, b->size - rsize, true));
+                b->next->free_seq = b->free_seq;
                 b->size = rsize;
                 set_insert(h, b->next);
                 if (counted && already_split)
@@ -783,16 +1053,17 @@ static bool is_oom(int r) {
 }
 
 int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
-        uint64_t rsize, asize;
+        uint64_t rsize, asize, moved_before = h->reuse.pages_moved;
         gm_block_t *b;
         pool_t *p;
         int r;
 
         if (size == 0 || size >= MAX_REQUEST)
                 return -EINVAL;
+        h->n_allocs++;
         rsize = round_size(&h->cfg, size);
         p = rsize <= SMALL_SIZE ? &h->small : &h->large;
-        asize = allocation_size(rsize);
+        asize = allocation_size(h, rsize);
         r = gm_idmap_reserve(&h->live, 1);
         if (r >= 0)
                 r = reserve_blocks(h, 1);
@@ -813,6 +1084,8 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
                         COUNT(h, num_ooms);
                         trace(h, GM_TRACE_OOM, 0, rsize, stream);
                 }
+                if (h->reuse.pages_moved != moved_before)
+                        h->reuse.allocs_with_moves++;
                 if (r < 0)
                         return r;
         }
@@ -831,6 +1104,7 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
         gm_idmap_del(&h->live, b->id);
         b->id = 0;
         b->state = GM_BSTATE_FREE;
+        b->free_seq = ++h->free_seq;
         if ((m = try_merge(h, b, b->prev))) {
                 d_count--;
                 d_bytes -= (int64_t)m;
@@ -953,6 +1227,7 @@ gm_heap_t *gm_heap_destroy(gm_heap_t *h) {
                 free(b);
         }
         gm_idmap_done(&h->live);
+        free(h->streams);
         free(h);
         return NULL;
 }
@@ -964,6 +1239,18 @@ void gm_heap_set_config(gm_heap_t *h, const gm_alloc_config_t *config) {
 void gm_heap_set_limit(gm_heap_t *h, uint64_t allowed_max, const gm_stats_t *measured) {
         h->limit = allowed_max;
         h->limit_measured = measured;
+}
+
+void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info) {
+        gm_page_reuse_info_t info = h->reuse;
+
+        info.configured = h->cfg.page_reuse;
+        info.active = reuse_active(h);
+        info.inactive_reason = info.active                    ? NULL
+                               : !h->cfg.page_reuse          ? "not configured (alloc_conf gpumemd_page_reuse:True)"
+                               : !h->cfg.expandable_segments ? "expandable segments are off"
+                                                             : "the memory provider cannot move pages (no remap)";
+        *ret_info = info;
 }
 
 uint64_t gm_heap_live_blocks(const gm_heap_t *h) {
@@ -1060,7 +1347,7 @@ typedef struct check_ctx {
 /* Whether pages [first, end) are all mapped (want = 1) or all unmapped (want = 0). */
 static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8_t want) {
         for (uint64_t i = first; i < end; i++)
-                if (s->page_mapped[i] != want)
+                if (page_is_mapped(s, i) != want)
                         return false;
         return true;
 }
@@ -1100,6 +1387,7 @@ static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, chec
         switch (b->state) {
         case GM_BSTATE_FREE:
                 bad += b->id != 0;
+                bad += b->free_seq > h->free_seq;
                 bad += check_in_set(h, b);
                 if (!b->mapped) {
                         r->unmapped_blocks++;
@@ -1146,9 +1434,10 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
         }
         bad += off != s->size;
         if (s->expandable) {
-                for (uint64_t i = 0; i < s->n_pages; i++)
+                for (uint64_t i = 0; i < s->cap_pages; i++)
                         pages += s->page_mapped[i];
-                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size;
+                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size ||
+                       s->cap_pages > s->n_pages;
                 r->reserved_bytes += (int64_t)(pages * s->page_size);
         } else {
                 r->segment++;
@@ -1156,6 +1445,36 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
                 if (s->oversize)
                         c->oversize_segments++;
         }
+        return bad;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+        return (x > y) - (x < y);
+}
+
+/* Page reuse moves handles between segments: each mapped page's handle must
+ * still be mapped exactly once, and the stream table must be consistent. */
+static int check_reuse(const gm_heap_t *h) {
+        uint64_t n = 0, k = 0, *handles;
+        int bad = h->n_streams > REUSE_STREAMS;
+
+        for (uint64_t i = 0; i < h->n_streams; i++)
+                bad += h->streams[i].done_seq > h->free_seq || h->streams[i].asked_alloc > h->n_allocs;
+        for (const gm_segment_t *s = h->seg_head; s; s = s->next)
+                n += s->expandable ? s->mapped_pages : 0;
+        handles = malloc((n ? n : 1) * sizeof(*handles));
+        if (!handles)
+                return bad; /* nothing to sort with: the rest is not checked */
+        for (const gm_segment_t *s = h->seg_head; s; s = s->next)
+                for (uint64_t i = 0; s->expandable && i < s->cap_pages && k < n; i++)
+                        if (s->page_mapped[i])
+                                handles[k++] = s->page_handle[i];
+        qsort(handles, k, sizeof(*handles), cmp_u64);
+        for (uint64_t i = 1; i < k; i++)
+                bad += handles[i] == handles[i - 1];
+        free(handles);
         return bad;
 }
 
@@ -1197,6 +1516,8 @@ int gm_heap_check(const gm_heap_t *h) {
         bad += CHECK_STAT(&c, inactive_split_bytes);
         bad += h->stats.oversize_allocations.current != (int64_t)c.oversize_allocations;
         bad += h->stats.oversize_segments.current != (int64_t)c.oversize_segments;
+        if (h->cfg.page_reuse)
+                bad += check_reuse(h);
         return bad;
 }
 
@@ -1233,8 +1554,9 @@ static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
         return 0;
 }
 
-int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+/* pool: 1 small, 0 large, -1 = inferred from the sizes */
+static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+                           const gm_restore_piece_t *pieces, size_t n_pieces) {
         if (segment_id == 0 || !pieces || n_pieces == 0 || va_size == 0 || va_size % MIN_BLOCK_SIZE ||
             va_size >= MAX_REQUEST)
                 return -EINVAL;
@@ -1242,8 +1564,8 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 return -EEXIST;
         bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
         uint64_t page = pieces[0].size;
-        if (expandable && ((page != SMALL_BUFFER && page != LARGE_BUFFER) || va_size % page ||
-                           va_size / page > (1u << 24)))
+        if (expandable && ((page != small_buffer(h) && page != large_buffer(h)) || va_size % page ||
+                           va_size / page > (1u << 24) || (pool == 1 && page != small_buffer(h))))
                 return -EINVAL;
         gm_segment_t *s = calloc(1, sizeof(*s));
         if (!s)
@@ -1253,7 +1575,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         s->stream = stream;
         s->expandable = expandable;
         if (!expandable) {
-                s->small = va_size == SMALL_BUFFER; /* no large-pool segment is 2 MiB */
+                s->small = pool >= 0 ? pool == 1 : va_size == small_buffer(h); /* no large-pool segment has that size */
                 s->handle = pieces[0].handle;
                 if (reserve_blocks(h, 1) < 0) {
                         free(s);
@@ -1261,12 +1583,10 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 }
                 s->first = block_new(h, s, 0, va_size, true);
         } else {
-                s->small = page == SMALL_BUFFER;
+                s->small = pool >= 0 ? pool == 1 : page == small_buffer(h); /* page reuse: small pages in both pools */
                 s->page_size = page;
                 s->n_pages = va_size / page;
-                s->page_handle = calloc(s->n_pages, sizeof(*s->page_handle));
-                s->page_mapped = calloc(s->n_pages, sizeof(*s->page_mapped));
-                int r = s->page_handle && s->page_mapped ? 0 : -ENOMEM;
+                int r = pages_reserve(s, s->n_pages);
                 for (size_t i = 0; i < n_pieces && r == 0; i++) {
                         uint64_t k = pieces[i].offset / page;
                         if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages ||
@@ -1308,6 +1628,16 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         if (segment_id >= h->next_segment_id)
                 h->next_segment_id = segment_id + 1;
         return 0;
+}
+
+int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, -1, pieces, n_pieces);
+}
+
+int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                    bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, small_pool ? 1 : 0, pieces, n_pieces);
 }
 
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
@@ -1360,6 +1690,10 @@ int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, 
 
 int gm_heap_restore_finish(gm_heap_t *h) {
         for (gm_segment_t *s = h->seg_head; s; s = s->next) {
+                /* restored free memory may still have device work queued */
+                for (gm_block_t *b = s->first; b; b = b->next)
+                        if (b->state == GM_BSTATE_FREE && b->mapped)
+                                b->free_seq = ++h->free_seq;
                 if (s->expandable)
                         continue;
                 for (gm_block_t *b = s->first; b; b = b->next)

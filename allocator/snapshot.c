@@ -292,6 +292,10 @@ static void write_settings(gm_pickler_t *w, const gm_alloc_config_t *c) {
         gm_pickler_double(w, c->garbage_collection_threshold);
         gm_pickler_key(w, "expandable_segments");
         gm_pickler_bool(w, c->expandable_segments);
+        if (c->page_reuse) { /* gpumemd extension: absent unless set, so default snapshots match PyTorch's */
+                gm_pickler_key(w, "gpumemd_page_reuse");
+                gm_pickler_bool(w, true);
+        }
         gm_pickler_key(w, "release_lock_on_cudamalloc");
         gm_pickler_bool(w, c->release_lock_on_cudamalloc);
         gm_pickler_key(w, "pinned_use_cuda_host_register");

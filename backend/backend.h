@@ -41,6 +41,8 @@ struct gm_backend {
         uint64_t capacity;    /* bytes this backend may hand out */
         uint64_t granularity; /* every size is a multiple of this */
         uint64_t in_use;      /* bytes created and not yet released */
+        char device_uuid[48]; /* cuda: "GPU-..." as nvidia-smi prints it; host: "" */
+        char detail[192];     /* how the backend works here, for the daemon's start-up log */
 };
 
 typedef struct gm_backend_options {

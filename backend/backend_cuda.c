@@ -1,14 +1,21 @@
 /* Cuda backend: every segment is one cuMemCreate allocation of pinned device
  * memory, exported as a POSIX file descriptor that the daemon passes to the
  * owning client. Invariant: in_use is the sum of the sizes of the segments
- * created and not yet released, and never exceeds capacity. The device's
- * primary context stays retained for the backend's life and is made current on
- * the calling thread before each driver call. A failure's text is left in
+ * created and not yet released, and never exceeds capacity.
+ *
+ * The daemon holds no CUDA context: cuMemCreate, export, import and release
+ * need none, and a context would cost device memory and, under
+ * exclusive-process compute mode, lock every client out of the device. The
+ * device's free/total figures come from NVML (libnvidia-ml.so.1, dlopen'd;
+ * $GPUMEM_LIBNVML overrides) by the device's UUID; without NVML each query
+ * retains the primary context for the one cuMemGetInfo call and releases it
+ * (backend.detail says which). A failure's text is left in
  * gm_cuda_last_error() (the ops have no reterr). */
 #include "backend.h"
 #include "cuda_loader.h"
 
 #include <assert.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -17,17 +24,62 @@
 #include <string.h>
 #include <unistd.h>
 
+#define DEFAULT_LIBNVML "libnvidia-ml.so.1"
+
+/* The few NVML entry points used, with NVML's stable C ABI. */
+typedef struct nvml_memory {
+        unsigned long long total, free, used;
+} nvml_memory_t;
+typedef struct nvml {
+        void *lib;
+        void *device; /* nvmlDevice_t */
+        int (*init)(void);
+        int (*shutdown)(void);
+        int (*get_handle_by_uuid)(const char *uuid, void **ret_device);
+        int (*get_memory_info)(void *device, nvml_memory_t *ret_memory);
+} nvml_t;
+
 typedef struct cuda_backend {
         gm_backend_t base; /* first: the ops receive &base */
         const gm_cuda_t *cu;
         CUdevice dev;
-        CUcontext ctx; /* the device's primary context, retained */
         CUmemAllocationProp prop;
+        nvml_t nvml; /* lib NULL: memory figures through a short-lived context */
 } cuda_backend_t;
 
-static int make_current(cuda_backend_t *cb) {
-        CUresult r = cb->cu->CtxSetCurrent(cb->ctx);
-        return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cb->cu, r, "cuCtxSetCurrent");
+/* Opens NVML on the device `uuid` names; false (and nothing held) without it. */
+static bool nvml_open(nvml_t *n, const char *uuid) {
+        const char *path = getenv("GPUMEM_LIBNVML");
+        void *lib = dlopen(path && *path ? path : DEFAULT_LIBNVML, RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+                return false;
+        void *init = dlsym(lib, "nvmlInit_v2"), *shutdown = dlsym(lib, "nvmlShutdown"),
+             *by_uuid = dlsym(lib, "nvmlDeviceGetHandleByUUID"), *meminfo = dlsym(lib, "nvmlDeviceGetMemoryInfo");
+        nvml_t t = {.lib = lib};
+        memcpy(&t.init, &init, sizeof(init));
+        memcpy(&t.shutdown, &shutdown, sizeof(shutdown));
+        memcpy(&t.get_handle_by_uuid, &by_uuid, sizeof(by_uuid));
+        memcpy(&t.get_memory_info, &meminfo, sizeof(meminfo));
+        if (!init || !shutdown || !by_uuid || !meminfo || t.init() != 0) {
+                dlclose(lib);
+                return false;
+        }
+        nvml_memory_t m;
+        if (t.get_handle_by_uuid(uuid, &t.device) != 0 || t.get_memory_info(t.device, &m) != 0) {
+                t.shutdown();
+                dlclose(lib);
+                return false;
+        }
+        *n = t;
+        return true;
+}
+
+static void nvml_close(nvml_t *n) {
+        if (!n->lib)
+                return;
+        n->shutdown();
+        dlclose(n->lib);
+        n->lib = NULL;
 }
 
 static int set_cloexec(int fd) {
@@ -40,6 +92,7 @@ static int set_cloexec(int fd) {
 static int cuda_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
         cuda_backend_t *cb = (cuda_backend_t *)b;
         const gm_cuda_t *cu = cb->cu;
+        int r;
 
         if (size == 0 || size % b->granularity != 0)
                 return gm_cuda_fail_errno(-EINVAL, "segment size %" PRIu64 " is not a multiple of the granularity %" PRIu64,
@@ -49,9 +102,6 @@ static int cuda_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
                                           "cuda backend capacity: %" PRIu64 " of %" PRIu64 " bytes in use, %" PRIu64
                                           " more requested",
                                           b->in_use, b->capacity, size);
-        int r = make_current(cb);
-        if (r < 0)
-                return r;
 
         CUmemGenericAllocationHandle handle;
         CUresult cr = cu->MemCreate(&handle, size, &cb->prop, 0);
@@ -96,11 +146,6 @@ static int cuda_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phy
                 close(fd);
                 return gm_cuda_fail_errno(-EINVAL, "stored segment of %" PRIu64 " bytes", size);
         }
-        int r = make_current(cb);
-        if (r < 0) {
-                close(fd);
-                return r;
-        }
         CUmemGenericAllocationHandle handle;
         CUresult cr = cb->cu->MemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -113,23 +158,46 @@ static int cuda_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phy
         return 0;
 }
 
-static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
-        int r = make_current(cb);
+/* Without NVML: the primary context for this one call (a device's memory
+ * figures need a context), then released again. */
+static int mem_info_by_context(cuda_backend_t *cb, uint64_t *ret_free, uint64_t *ret_total) {
+        const gm_cuda_t *cu = cb->cu;
+        CUcontext ctx;
+        CUresult cr = cu->DevicePrimaryCtxRetain(&ctx, cb->dev);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cu, cr, "cuDevicePrimaryCtxRetain");
+        int r = gm_cuda_push(cu, ctx);
+        size_t free_bytes = 0, total_bytes = 0;
+        if (r == 0) {
+                cr = cu->MemGetInfo(&free_bytes, &total_bytes);
+                gm_cuda_pop(cu);
+                if (cr != CUDA_SUCCESS)
+                        r = gm_cuda_fail(cu, cr, "cuMemGetInfo");
+        }
+        cu->DevicePrimaryCtxRelease(cb->dev);
         if (r < 0)
                 return r;
-        size_t free_bytes, total_bytes;
-        CUresult cr = cb->cu->MemGetInfo(&free_bytes, &total_bytes);
-        if (cr != CUDA_SUCCESS)
-                return gm_cuda_fail(cb->cu, cr, "cuMemGetInfo");
         *ret_free = free_bytes;
         *ret_total = total_bytes;
         return 0;
 }
 
+static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
+        cuda_backend_t *cb = (cuda_backend_t *)b;
+        if (!cb->nvml.lib)
+                return mem_info_by_context(cb, ret_free, ret_total);
+        nvml_memory_t m;
+        int r = cb->nvml.get_memory_info(cb->nvml.device, &m);
+        if (r != 0)
+                return gm_cuda_fail_errno(-EIO, "nvmlDeviceGetMemoryInfo: NVML error %d", r);
+        *ret_free = m.free;
+        *ret_total = m.total;
+        return 0;
+}
+
 static void cuda_destroy(gm_backend_t *b) {
         cuda_backend_t *cb = (cuda_backend_t *)b;
-        cb->cu->DevicePrimaryCtxRelease(cb->dev);
+        nvml_close(&cb->nvml);
         free(cb);
 }
 
@@ -146,7 +214,9 @@ int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_ba
         const gm_cuda_t *cu;
         cuda_backend_t *cb = NULL;
         int ordinal;
+        bool rdma = false;
         CUresult cr;
+        char uuid[GM_CUDA_UUID_LEN];
         int r = gm_cuda_load(&cu);
         if (r < 0)
                 goto fail;
@@ -157,27 +227,23 @@ int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_ba
         }
         cb->cu = cu;
         r = gm_cuda_find_device(cu, opts->device, opts->device_uuid, &cb->dev, &ordinal);
+        if (r == 0)
+                r = gm_cuda_check_device(cu, cb->dev, ordinal, &rdma);
+        if (r == 0)
+                r = gm_cuda_device_uuid(cu, cb->dev, uuid);
         if (r < 0)
                 goto fail_free;
-        cr = cu->DevicePrimaryCtxRetain(&cb->ctx, cb->dev);
-        if (cr != CUDA_SUCCESS) {
-                r = gm_cuda_fail(cu, cr, "cuDevicePrimaryCtxRetain");
-                goto fail_free;
-        }
-        r = make_current(cb);
-        if (r < 0)
-                goto fail_ctx;
 
-        cb->prop = gm_cuda_alloc_prop(ordinal);
+        cb->prop = gm_cuda_alloc_prop(ordinal, rdma);
         size_t granularity = 0;
         cr = cu->MemGetAllocationGranularity(&granularity, &cb->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         if (cr != CUDA_SUCCESS) {
                 r = gm_cuda_fail(cu, cr, "cuMemGetAllocationGranularity (POSIX fd handles)");
-                goto fail_ctx;
+                goto fail_free;
         }
         if (granularity == 0) {
                 r = gm_cuda_fail_errno(-EIO, "cuMemGetAllocationGranularity returned 0");
-                goto fail_ctx;
+                goto fail_free;
         }
         uint64_t capacity = opts->capacity;
         if (capacity == 0) {
@@ -185,7 +251,7 @@ int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_ba
                 cr = cu->DeviceTotalMem(&total, cb->dev);
                 if (cr != CUDA_SUCCESS) {
                         r = gm_cuda_fail(cu, cr, "cuDeviceTotalMem");
-                        goto fail_ctx;
+                        goto fail_free;
                 }
                 capacity = total;
         }
@@ -195,11 +261,15 @@ int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_ba
                 .capacity = capacity,
                 .granularity = granularity,
         };
+        snprintf(cb->base.device_uuid, sizeof(cb->base.device_uuid), "%s", uuid);
+        bool nvml = nvml_open(&cb->nvml, uuid);
+        snprintf(cb->base.detail, sizeof(cb->base.detail),
+                 "%.48s, no CUDA context held, memory figures from %s%s", uuid,
+                 nvml ? "NVML" : "a short-lived primary context (NVML unavailable)",
+                 rdma ? ", GPUDirect RDMA capable allocations" : "");
         *ret_backend = &cb->base;
         return 0;
 
-fail_ctx:
-        cu->DevicePrimaryCtxRelease(cb->dev);
 fail_free:
         free(cb);
 fail:

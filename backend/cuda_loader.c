@@ -26,6 +26,7 @@ const char *gm_cuda_last_error(void) {
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #define DEFAULT_LIBCUDA "libcuda.so.1"
 
@@ -34,9 +35,11 @@ typedef struct sym {
         int version;          /* CUDA version of the signature in gm_cuda_t */
         const char *exported; /* the library's export of that version, for dlsym */
         size_t offset;        /* of the slot in gm_cuda_t */
+        bool optional;        /* only tests and tools use it: NULL when missing */
 } sym_t;
 
-#define SYM(field, version, exported) {"cu" #field, version, exported, offsetof(gm_cuda_t, field)}
+#define SYM(field, version, exported) {"cu" #field, version, exported, offsetof(gm_cuda_t, field), false}
+#define OPTIONAL(field, version, exported) {"cu" #field, version, exported, offsetof(gm_cuda_t, field), true}
 
 static const sym_t syms[] = {
         SYM(Init, 2000, "cuInit"),
@@ -46,11 +49,13 @@ static const sym_t syms[] = {
         SYM(DeviceGet, 2000, "cuDeviceGet"),
         SYM(DeviceGetCount, 2000, "cuDeviceGetCount"),
         SYM(DeviceGetUuid, 11040, "cuDeviceGetUuid_v2"),
+        SYM(DeviceGetAttribute, 2000, "cuDeviceGetAttribute"),
         SYM(DeviceTotalMem, 3020, "cuDeviceTotalMem_v2"),
         SYM(DevicePrimaryCtxRetain, 7000, "cuDevicePrimaryCtxRetain"),
         SYM(DevicePrimaryCtxRelease, 11000, "cuDevicePrimaryCtxRelease_v2"),
-        SYM(CtxSetCurrent, 4000, "cuCtxSetCurrent"),
-        SYM(CtxSynchronize, 2000, "cuCtxSynchronize"),
+        SYM(CtxGetCurrent, 4000, "cuCtxGetCurrent"),
+        SYM(CtxPushCurrent, 4000, "cuCtxPushCurrent_v2"),
+        SYM(CtxPopCurrent, 4000, "cuCtxPopCurrent_v2"),
         SYM(MemGetInfo, 3020, "cuMemGetInfo_v2"),
         SYM(MemGetAllocationGranularity, 10020, "cuMemGetAllocationGranularity"),
         SYM(MemCreate, 10020, "cuMemCreate"),
@@ -62,18 +67,23 @@ static const sym_t syms[] = {
         SYM(MemMap, 10020, "cuMemMap"),
         SYM(MemUnmap, 10020, "cuMemUnmap"),
         SYM(MemSetAccess, 10020, "cuMemSetAccess"),
-        SYM(StreamCreate, 2000, "cuStreamCreate"),
-        SYM(StreamDestroy, 4000, "cuStreamDestroy_v2"),
+        SYM(StreamGetCtx, 9020, "cuStreamGetCtx"),
+        SYM(StreamSynchronize, 2000, "cuStreamSynchronize"),
         SYM(EventCreate, 2000, "cuEventCreate"),
         SYM(EventRecord, 2000, "cuEventRecord"),
         SYM(EventQuery, 2000, "cuEventQuery"),
-        SYM(EventSynchronize, 2000, "cuEventSynchronize"),
         SYM(EventDestroy, 4000, "cuEventDestroy_v2"),
+        OPTIONAL(StreamCreate, 2000, "cuStreamCreate"),
+        OPTIONAL(StreamDestroy, 4000, "cuStreamDestroy_v2"),
+        OPTIONAL(EventSynchronize, 2000, "cuEventSynchronize"),
+        OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
 };
+
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static gm_cuda_t cuda;    /* filled by load(), read-only afterwards */
 static int load_result;   /* 0 or the negative errno of the one load */
+static pid_t load_pid;    /* the process that loaded it (a fork child inherits all of this) */
 static char load_error[LAST_ERROR_MAX];
 
 int gm_cuda_fail_errno(int err, const char *fmt, ...) {
@@ -120,18 +130,20 @@ int gm_cuda_fail(const gm_cuda_t *cu, CUresult r, const char *what) {
         return gm_cuda_fail_errno(gm_cuda_errno(r), "%s: CUDA error %d", what, (int)r);
 }
 
-/* One entry point of `lib`, or NULL when the library lacks it. */
+/* One entry point of `lib`, or NULL when the library lacks it. A driver with
+ * cuGetProcAddress is trusted alone: a symbol it does not give at the version
+ * asked must not be taken from an export of another signature. */
 static void *resolve(void *lib, PFN_cuGetProcAddress_v12000 getproc_v2, PFN_cuGetProcAddress_v11030 getproc_v1,
                      const sym_t *s) {
         void *fn = NULL;
         CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        if (getproc_v2 &&
-            getproc_v2(s->name, &fn, s->version, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
-            status == CU_GET_PROC_ADDRESS_SUCCESS && fn)
-                return fn;
-        fn = NULL;
-        if (getproc_v1 && getproc_v1(s->name, &fn, s->version, CU_GET_PROC_ADDRESS_DEFAULT) == CUDA_SUCCESS && fn)
-                return fn;
+        if (getproc_v2)
+                return getproc_v2(s->name, &fn, s->version, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
+                                       status == CU_GET_PROC_ADDRESS_SUCCESS
+                               ? fn
+                               : NULL;
+        if (getproc_v1)
+                return getproc_v1(s->name, &fn, s->version, CU_GET_PROC_ADDRESS_DEFAULT) == CUDA_SUCCESS ? fn : NULL;
         return dlsym(lib, s->exported);
 }
 
@@ -153,7 +165,7 @@ static int load(void) {
         }
         for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
                 void *fn = resolve(lib, getproc_v2, getproc_v1, &syms[i]);
-                if (!fn) {
+                if (!fn && !syms[i].optional) {
                         dlclose(lib);
                         return gm_cuda_fail_errno(-ENOSYS, "%s lacks %s (driver older than CUDA 11.4?)", path,
                                                   syms[i].name);
@@ -166,12 +178,26 @@ static int load(void) {
 }
 
 static void load_once_fn(void) {
+        load_pid = getpid();
         load_result = load();
         if (load_result < 0)
                 snprintf(load_error, sizeof(load_error), "%s", last_error);
 }
 
+int gm_cuda_check_process(void) {
+        if (load_pid == 0 || load_pid == getpid())
+                return 0;
+        return gm_cuda_fail_errno(-EOPNOTSUPP,
+                                  "CUDA cannot be used in this process: it was fork()ed from process %d, which had "
+                                  "initialised CUDA (the driver does not support use after fork without exec); "
+                                  "exec a new program, or start the child before using gpumemd",
+                                  (int)load_pid);
+}
+
 int gm_cuda_load(const gm_cuda_t **ret_cuda) {
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
         pthread_once(&load_once, load_once_fn);
         if (load_result < 0)
                 return gm_cuda_fail_errno(load_result, "%s", load_error);
@@ -249,11 +275,68 @@ int gm_cuda_find_device(const gm_cuda_t *cu, int ordinal, const char *uuid, CUde
         return gm_cuda_fail_errno(-ENODEV, "no cuda device has UUID '%s' (%d present)", uuid, count);
 }
 
-CUmemAllocationProp gm_cuda_alloc_prop(int ordinal) {
+CUmemAllocationProp gm_cuda_alloc_prop(int ordinal, bool rdma) {
         return (CUmemAllocationProp){
                 .type = CU_MEM_ALLOCATION_TYPE_PINNED,
                 .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ordinal},
+                .allocFlags = {.gpuDirectRDMACapable = rdma},
         };
+}
+
+int gm_cuda_push(const gm_cuda_t *cu, CUcontext ctx) {
+        CUresult r = cu->CtxPushCurrent(ctx);
+        return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, r, "cuCtxPushCurrent");
+}
+
+void gm_cuda_pop(const gm_cuda_t *cu) {
+        CUcontext ignored;
+        cu->CtxPopCurrent(&ignored);
+}
+
+int gm_cuda_device_uuid(const gm_cuda_t *cu, CUdevice dev, char ret_uuid[GM_CUDA_UUID_LEN]) {
+        CUuuid u;
+        CUresult r = cu->DeviceGetUuid(&u, dev);
+        if (r != CUDA_SUCCESS)
+                return gm_cuda_fail(cu, r, "cuDeviceGetUuid");
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        snprintf(ret_uuid, GM_CUDA_UUID_LEN,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+                 b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        return 0;
+}
+
+static int device_attribute(const gm_cuda_t *cu, CUdevice dev, CUdevice_attribute attr, const char *name,
+                            int *ret) {
+        CUresult r = cu->DeviceGetAttribute(ret, attr, dev);
+        return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, r, name);
+}
+
+int gm_cuda_check_device(const gm_cuda_t *cu, CUdevice dev, int ordinal, bool *ret_rdma) {
+        int vmm = 0, posix_fd = 0, mode = 0, rdma = 0;
+        int r = device_attribute(cu, dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", &vmm);
+        if (r == 0)
+                r = device_attribute(cu, dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                     "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)", &posix_fd);
+        if (r == 0)
+                r = device_attribute(cu, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, "cuDeviceGetAttribute(COMPUTE_MODE)",
+                                     &mode);
+        if (r < 0)
+                return r;
+        if (!vmm)
+                return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d does not support virtual memory management "
+                                                       "(cuMemCreate/cuMemMap)", ordinal);
+        if (!posix_fd)
+                return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d cannot export memory as POSIX file "
+                                                       "descriptors", ordinal);
+        if (mode == CU_COMPUTEMODE_PROHIBITED)
+                return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d is in compute-prohibited mode", ordinal);
+        /* An old driver may not know the attribute: then no RDMA flag. */
+        if (cu->DeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev) !=
+            CUDA_SUCCESS)
+                rdma = 0;
+        *ret_rdma = rdma != 0;
+        return 0;
 }
 #endif

@@ -4,8 +4,11 @@
  * In process (default) each trace runs on a fresh gm_heap_t over the in-memory
  * test provider (tests/fake_provider.c) with --capacity bytes; gm_heap_check()
  * runs at the end (and every N events with --check) and the provider's ledger
- * must balance. With --socket the same events go through a running gpumemd via
- * libgpumem, one session per run.
+ * must balance. With page reuse (gpumemd_page_reuse:True) the page moves are
+ * counted, and one extra, untimed-for-ns_per_op run times every allocation
+ * to compare those that moved pages with those that did not. With --socket
+ * the same events go through a running gpumemd via libgpumem, one session per
+ * run.
  *
  * A trace is read and validated completely before it is replayed, so the timed
  * loop does no parsing: every allocation gets a dense slot, and every free
@@ -20,10 +23,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "allocator.h"
 #include "fake_provider.h"
 #include "gpumem/gpumem.h"
+#include "json.h"
 #include "size.h"
+#include "u64map.h"
 
 #define EXIT_VIOLATION 1
 #define EXIT_USAGE 2
@@ -54,124 +60,44 @@ typedef struct options {
         unsigned runs;
 } options_t;
 
+typedef struct move_timing {
+        uint64_t moving_allocs, other_allocs; /* allocations that moved pages / that did not */
+        double moving_ns, other_ns;           /* their summed wall times */
+} move_timing_t;
+
 typedef struct result {
         int64_t peak_requested, peak_allocated, peak_reserved;
         int64_t num_alloc_retries, num_ooms;
+        uint64_t allocs;        /* allocation events replayed */
         uint64_t failed_allocs;
+        gm_page_reuse_info_t reuse; /* in process only */
+        move_timing_t moves;    /* the timing run's, with page reuse */
         double ns;      /* median over the runs of the replay loop's wall time */
         int violations; /* summed over the runs */
 } result_t;
 
-/* Open-addressing map from a trace's uint64 ids (pointers, stream values) to
- * a uint32; linear probing, backward-shift deletion, so no tombstones. */
-typedef struct idmap {
-        uint64_t *keys;
-        uint32_t *values;
-        bool *used;
-        size_t cap, len; /* cap: power of two, len < cap / 2 */
-} idmap_t;
-
-static size_t idmap_home(const idmap_t *m, uint64_t key) {
-        key ^= key >> 33;
-        key *= 0xff51afd7ed558ccdULL;
-        key ^= key >> 33;
-        return key & (m->cap - 1);
-}
-
-/* Index of `key`, or of the empty cell where it would go. */
-static size_t idmap_find(const idmap_t *m, uint64_t key) {
-        size_t i = idmap_home(m, key);
-
-        while (m->used[i] && m->keys[i] != key)
-                i = (i + 1) & (m->cap - 1);
-        return i;
-}
+/* A trace's uint64 ids (pointers, stream values) to a uint32, over the
+ * common map (values stored as integers in the pointer slot). */
+typedef gm_u64map_t idmap_t;
 
 static bool idmap_get(const idmap_t *m, uint64_t key, uint32_t *ret_value) {
-        size_t i;
-
-        if (m->len == 0)
+        void *v;
+        if (!gm_u64map_find(m, key, &v))
                 return false;
-        i = idmap_find(m, key);
-        if (!m->used[i])
-                return false;
-        *ret_value = m->values[i];
+        *ret_value = (uint32_t) (uintptr_t) v;
         return true;
 }
 
 static int idmap_put(idmap_t *m, uint64_t key, uint32_t value) {
-        size_t i;
-
-        if (2 * (m->len + 1) > m->cap) {
-                idmap_t n = {.cap = m->cap ? 2 * m->cap : 1024};
-
-                n.keys = malloc(n.cap * sizeof(*n.keys));
-                n.values = malloc(n.cap * sizeof(*n.values));
-                n.used = calloc(n.cap, sizeof(*n.used));
-                if (!n.keys || !n.values || !n.used) {
-                        free(n.keys);
-                        free(n.values);
-                        free(n.used);
-                        return -ENOMEM;
-                }
-                for (size_t j = 0; j < m->cap; j++)
-                        if (m->used[j]) {
-                                i = idmap_find(&n, m->keys[j]);
-                                n.used[i] = true;
-                                n.keys[i] = m->keys[j];
-                                n.values[i] = m->values[j];
-                        }
-                n.len = m->len;
-                free(m->keys);
-                free(m->values);
-                free(m->used);
-                *m = n;
-        }
-        i = idmap_find(m, key);
-        m->len += !m->used[i];
-        m->used[i] = true;
-        m->keys[i] = key;
-        m->values[i] = value;
-        return 0;
+        return gm_u64map_put(m, key, (void *) (uintptr_t) value);
 }
 
 static void idmap_remove(idmap_t *m, uint64_t key) {
-        size_t mask = m->cap - 1, i = idmap_find(m, key), j = i;
-
-        if (!m->used[i])
-                return;
-        m->used[i] = false;
-        m->len--;
-        /* Shift back every following entry whose probe path crosses the hole. */
-        for (;;) {
-                size_t home;
-
-                j = (j + 1) & mask;
-                if (!m->used[j])
-                        return;
-                home = idmap_home(m, m->keys[j]);
-                if (((j - home) & mask) < ((j - i) & mask))
-                        continue;
-                m->keys[i] = m->keys[j];
-                m->values[i] = m->values[j];
-                m->used[i] = true;
-                m->used[j] = false;
-                i = j;
-        }
+        gm_u64map_remove(m, key);
 }
 
 static void idmap_done(idmap_t *m) {
-        free(m->keys);
-        free(m->values);
-        free(m->used);
-        *m = (idmap_t){0};
-}
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+        gm_u64map_done(m);
 }
 
 /* Parses all of `s` as an unsigned number in `base` (10 or 16; "0x" allowed for 16). */
@@ -286,7 +212,7 @@ static int add_row(parser_t *p, size_t lineno, bool alloc, uint64_t id, uint64_t
 
 /* Our CSV: seq,action,id,size[,stream]. */
 static int parse_csv_row(parser_t *p, size_t lineno, char **f, size_t n, size_t ncols) {
-        uint64_t seq, id, size, stream = 0;
+        uint64_t seq, id, size = 0, stream = 0; /* a free may leave size empty */
         bool alloc;
 
         if (n != ncols)
@@ -415,9 +341,10 @@ static int violation(const trace_t *t, const char *what, long long a, long long 
 
 /* One in-process run on a fresh heap: stores the wall time of the replay loop
  * (heap checks excluded) in *ret_ns, the run's figures in r, and adds its
- * integrity violations to r->violations. Fails only when the heap does (not
- * on a refused allocation, which is counted). */
-static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double *ret_ns) {
+ * integrity violations to r->violations. With `timing`, every allocation is
+ * timed on its own into r->moves (and *ret_ns carries that overhead). Fails
+ * only when the heap does (not on a refused allocation, which is counted). */
+static int replay_heap(const trace_t *t, const options_t *o, bool timing, result_t *r, double *ret_ns) {
         uint64_t cursor = 1ULL << 40, *ids = calloc(t->n_slots ? t->n_slots : 1, sizeof(*ids));
         gm_heap_params_t params = {.capacity = o->capacity, .va_cursor = &cursor};
         int64_t live_requested = 0, live_blocks = 0;
@@ -431,6 +358,7 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
         if (!ids)
                 return -ENOMEM;
         fake_init(&fake, o->capacity);
+        fake.no_overlap_check = true; /* gm_heap_check() sees doubly mapped pages */
         prov = fake_provider(&fake);
         prov.trace = NULL; /* nothing to record: keeps the timed path lean */
         e = gm_heap_new(&o->config, &prov, &params, &h);
@@ -439,7 +367,7 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
                 fake_done(&fake);
                 return e;
         }
-        t0 = now_ns();
+        t0 = gm_now_ns();
         for (size_t i = 0; i < t->n_events; i++) {
                 const event_t *ev = &t->events[i];
                 gm_alloc_result_t res;
@@ -447,11 +375,11 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
                 if (o->check_every && i > 0 && i % o->check_every == 0) {
                         int bad;
 
-                        ns += now_ns() - t0;
+                        ns += gm_now_ns() - t0;
                         bad = gm_heap_check(h);
                         if (bad)
                                 r->violations += violation(t, "gm_heap_check during replay", bad, 0);
-                        t0 = now_ns();
+                        t0 = gm_now_ns();
                 }
                 if (!ev->alloc) {
                         if (!ids[ev->slot])
@@ -463,7 +391,23 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
                         live_blocks--;
                         continue;
                 }
-                e = gm_heap_alloc(h, ev->size, ev->stream, &res);
+                r->allocs++;
+                if (timing) {
+                        uint64_t moved = r->reuse.pages_moved;
+                        double a0 = (double) gm_now_ns();
+
+                        e = gm_heap_alloc(h, ev->size, ev->stream, &res);
+                        a0 = (double) gm_now_ns() - a0;
+                        gm_heap_page_reuse(h, &r->reuse);
+                        if (r->reuse.pages_moved != moved) {
+                                r->moves.moving_allocs++;
+                                r->moves.moving_ns += a0;
+                        } else {
+                                r->moves.other_allocs++;
+                                r->moves.other_ns += a0;
+                        }
+                } else
+                        e = gm_heap_alloc(h, ev->size, ev->stream, &res);
                 if (e == -ENOMEM || e == -EDQUOT) {
                         r->failed_allocs++;
                         e = 0;
@@ -475,13 +419,17 @@ static int replay_heap(const trace_t *t, const options_t *o, result_t *r, double
                 live_requested += (int64_t)ev->size;
                 live_blocks++;
         }
-        ns += now_ns() - t0;
+        ns += gm_now_ns() - t0;
         st = gm_heap_stats(h);
         r->peak_requested = st->requested_bytes[GM_STAT_ALL].peak;
         r->peak_allocated = st->allocated_bytes[GM_STAT_ALL].peak;
         r->peak_reserved = st->reserved_bytes[GM_STAT_ALL].peak;
         r->num_alloc_retries = st->num_alloc_retries;
         r->num_ooms = st->num_ooms;
+        gm_heap_page_reuse(h, &r->reuse);
+        if (e == 0 && r->reuse.pages_moved != fake.remaps)
+                r->violations += violation(t, "pages moved != provider's remaps", (long long)r->reuse.pages_moved,
+                                           (long long)fake.remaps);
         if (e == 0) {
                 int bad = gm_heap_check(h);
 
@@ -534,7 +482,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                 free(ptrs);
                 return e;
         }
-        t0 = now_ns();
+        t0 = gm_now_ns();
         for (size_t i = 0; i < t->n_events && e == 0; i++) {
                 const event_t *ev = &t->events[i];
 
@@ -546,6 +494,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                         }
                         continue;
                 }
+                r->allocs++;
                 e = gpumem_alloc(c, ev->size, ev->stream, &ptrs[ev->slot]);
                 if (e == 0)
                         live_requested += (int64_t)ev->size;
@@ -554,7 +503,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                         e = 0;
                 }
         }
-        ns = now_ns() - t0;
+        ns = gm_now_ns() - t0;
         if (e < 0)
                 fprintf(stderr, "gpumem-replay: %s: %s: %s\n", t->path, gpumem_strerror(e), gpumem_last_error(c));
         if (e == 0)
@@ -597,7 +546,15 @@ static int replay(const trace_t *t, const options_t *o, result_t *ret_result) {
                 int violations = r.violations;
 
                 r = (result_t){.violations = violations};
-                e = o->socket ? replay_socket(t, o, &r, &times[k]) : replay_heap(t, o, &r, &times[k]);
+                e = o->socket ? replay_socket(t, o, &r, &times[k]) : replay_heap(t, o, false, &r, &times[k]);
+        }
+        if (e == 0 && !o->socket && o->config.page_reuse) {
+                result_t timed = {0};
+                double ignored;
+
+                e = replay_heap(t, o, true, &timed, &ignored);
+                r.moves = timed.moves;
+                r.violations += timed.violations;
         }
         if (e == 0) {
                 qsort(times, o->runs, sizeof(*times), cmp_double);
@@ -609,18 +566,31 @@ static int replay(const trace_t *t, const options_t *o, result_t *ret_result) {
 }
 
 static void print_json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char ch = (unsigned char)*s;
+        gm_json_print_string(stdout, s);
+}
 
-                if (ch == '"' || ch == '\\')
-                        printf("\\%c", ch);
-                else if (ch < 0x20)
-                        printf("\\u%04x", ch);
-                else
-                        putchar(ch);
+static double per(double total, uint64_t n) {
+        return n ? total / (double)n : 0.0;
+}
+
+/* null unless page reuse is configured (in process); else the heap's move
+ * counters and the timing run's mean allocation times with and without moves. */
+static void print_page_reuse(const options_t *o, const result_t *r) {
+        const gm_page_reuse_info_t *u = &r->reuse;
+
+        if (o->socket || !o->config.page_reuse) {
+                printf("null");
+                return;
         }
-        putchar('"');
+        printf("{\"active\":%s,\"pages_moved\":%llu,\"ranges_moved\":%llu,\"allocs_with_moves\":%llu",
+               u->active ? "true" : "false", (unsigned long long)u->pages_moved, (unsigned long long)u->ranges_moved,
+               (unsigned long long)u->allocs_with_moves);
+        printf(",\"moves_per_1k_allocs\":%.2f,\"refused_busy\":%llu,\"remap_failures\":%llu",
+               1000.0 * per((double)u->pages_moved, r->allocs), (unsigned long long)u->refused_busy,
+               (unsigned long long)u->remap_failures);
+        printf(",\"moving_alloc_ns\":%.1f,\"other_alloc_ns\":%.1f,\"moving_allocs_ns_total\":%.0f}",
+               per(r->moves.moving_ns, r->moves.moving_allocs), per(r->moves.other_ns, r->moves.other_allocs),
+               r->moves.moving_ns);
 }
 
 static void print_result(const trace_t *t, const options_t *o, const result_t *r) {
@@ -643,6 +613,8 @@ static void print_result(const trace_t *t, const options_t *o, const result_t *r
                 printf(",\"fragmentation\":%.4f", (double)r->peak_reserved / (double)r->peak_requested);
         else
                 printf(",\"fragmentation\":null");
+        printf(",\"allocs\":%llu,\"page_reuse\":", (unsigned long long)r->allocs);
+        print_page_reuse(o, r);
         printf(",\"num_alloc_retries\":%lld,\"num_ooms\":%lld,\"runs\":%u,\"ns_per_op\":%.1f,\"violations\":%d}\n",
                (long long)r->num_alloc_retries, (long long)r->num_ooms, o->runs,
                t->n_events ? r->ns / (double)t->n_events : 0.0, r->violations);
@@ -655,7 +627,8 @@ static void usage(FILE *out) {
                 "Replays allocation traces through gpumemd's allocator; one JSON line per trace.\n"
                 "Traces: CSV 'seq,action,id,size[,stream]' (alloc|free) or RMM's replay log\n"
                 "'Thread,Time,Action,Pointer,Size,Stream', told apart by the header line.\n"
-                "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process)\n"
+                "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process); with\n"
+                "                         gpumemd_page_reuse:True the JSON's page_reuse has the moves\n"
                 "  -C, --capacity BYTES   provider capacity in process (8G, 512M; default 80G)\n"
                 "  -s, --socket PATH      replay through the gpumemd listening on PATH\n"
                 "  -c, --check N          also run gm_heap_check() every N events (in process)\n"

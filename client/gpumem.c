@@ -25,6 +25,7 @@
 #include "ipc.h"
 #include "mapper.h"
 #include "msg.h"
+#include "peer_check.h"
 #include "u64map.h"
 
 typedef struct waiter {
@@ -49,6 +50,7 @@ typedef struct segment {
         uint64_t piece_size;  /* every piece of a segment has one size (the page, or the whole) */
         uint64_t *pieces;     /* offsets of the mapped pieces */
         size_t n_pieces, cap_pieces;
+        bool released;        /* the daemon asked for the whole segment: it goes once no piece is mapped */
 } segment_t;
 
 static void segment_free(segment_t *seg) {
@@ -204,14 +206,17 @@ static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
                 }
                 seg->id = m->segment_id;
                 seg->va_size = m->segment_va_size;
-                r = c->mapper->ops->reserve(c->mapper, seg->va_size, &seg->base);
-                if (r < 0 || (r = gm_u64map_put(&c->segments, seg->id, seg)) < 0) {
-                        if (seg->base)
-                                c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
+                /* Known even when nothing maps: its release is then answered as done. */
+                if ((r = gm_u64map_put(&c->segments, seg->id, seg)) < 0) {
                         segment_free(seg);
                         close(fd);
                         return r;
                 }
+        }
+        if (!seg->base && (r = c->mapper->ops->reserve(c->mapper, seg->va_size, &seg->base)) < 0) {
+                seg->base = 0;
+                close(fd);
+                return r;
         }
         if (seg->n_pieces == seg->cap_pieces) {
                 size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
@@ -245,24 +250,66 @@ static int map_pieces(gpumem_client *c, Gpumem__Mapping **maps, size_t n_maps, i
         return err;
 }
 
-static void unmap_range(gpumem_client *c, const Gpumem__Range *range) {
-        segment_t *seg = gm_u64map_get(&c->segments, range->segment_id);
-        if (!seg)
+/* Forgets a segment the daemon took back once nothing of it is mapped. */
+static void segment_maybe_forget(gpumem_client *c, segment_t *seg) {
+        if (!seg->released || seg->n_pieces > 0)
                 return;
-        if (range->offset + range->length <= seg->va_size) {
-                c->mapper->ops->unmap(c->mapper, seg->base, range->offset, range->length);
-                seg->mapped_bytes -= range->length < seg->mapped_bytes ? range->length : seg->mapped_bytes;
-                for (size_t i = 0; i < seg->n_pieces; i++)
-                        if (seg->pieces[i] == range->offset) {
-                                seg->pieces[i] = seg->pieces[--seg->n_pieces];
-                                break;
-                        }
+        if (seg->base && c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size) < 0)
+                return; /* the range stays reserved (and known) until the session ends */
+        gm_u64map_remove(&c->segments, seg->id);
+        segment_free(seg);
+}
+
+/* Unmaps one range the daemon asks back. Returns false when it cannot be
+ * called released: the driver refused the unmap (the piece stays mapped and
+ * known), or the range names a segment this client does not know, whose
+ * memory it cannot account for. Caller holds lock. */
+static bool unmap_range(gpumem_client *c, const Gpumem__Range *range) {
+        segment_t *seg = gm_u64map_get(&c->segments, range->segment_id);
+        if (!seg || range->offset + range->length < range->offset || range->offset + range->length > seg->va_size)
+                return false;
+        for (size_t i = 0; i < seg->n_pieces; i++) {
+                if (seg->pieces[i] != range->offset)
+                        continue;
+                if (c->mapper->ops->unmap(c->mapper, seg->base, range->offset, seg->piece_size) < 0)
+                        return false;
+                seg->mapped_bytes -= seg->piece_size < seg->mapped_bytes ? seg->piece_size : seg->mapped_bytes;
+                seg->pieces[i] = seg->pieces[--seg->n_pieces];
+                break;
         }
-        if (range->whole_segment) {
-                gm_u64map_remove(&c->segments, seg->id);
-                c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
-                segment_free(seg);
+        /* A piece that never mapped (its map failed) holds nothing. */
+        seg->released |= range->whole_segment;
+        segment_maybe_forget(c, seg);
+        return true;
+}
+
+/* Waits, with no lock held, for the work on the streams of the segments a
+ * release request names: their memory may still be in use by queued work. */
+static void sync_release_streams(gpumem_client *c, const Gpumem__ReleaseRequest *req) {
+        if (!c->mapper->ops->sync)
+                return;
+        uint64_t streams[16];
+        size_t n = 0;
+        bool all = false; /* more distinct streams than kept: the device's default stream, which orders them */
+        pthread_mutex_lock(&c->lock);
+        for (size_t i = 0; i < req->n_ranges && !all; i++) {
+                const segment_t *seg = gm_u64map_get(&c->segments, req->ranges[i]->segment_id);
+                uint64_t stream = seg && seg->has_stream ? seg->stream : 0;
+                size_t k = 0;
+                while (k < n && streams[k] != stream)
+                        k++;
+                if (k == n && n == sizeof(streams) / sizeof(streams[0]))
+                        all = true;
+                else if (k == n)
+                        streams[n++] = stream;
         }
+        pthread_mutex_unlock(&c->lock);
+        if (all) {
+                n = 1;
+                streams[0] = 0;
+        }
+        for (size_t k = 0; k < n; k++)
+                c->mapper->ops->sync(c->mapper, streams[k]);
 }
 
 /* ---- the service thread ---- */
@@ -274,9 +321,12 @@ static waiter_t *waiter_find(gpumem_client *c, uint64_t request_id) {
         return NULL;
 }
 
-static void send_release_ack(gpumem_client *c, uint64_t release_id) {
+/* Acknowledges a release; `kept` are the ranges that stay mapped. */
+static void send_release_ack(gpumem_client *c, uint64_t release_id, Gpumem__Range **kept, size_t n_kept) {
         Gpumem__ReleaseAck ack = GPUMEM__RELEASE_ACK__INIT;
         ack.release_id = release_id;
+        ack.not_released = kept;
+        ack.n_not_released = n_kept;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 0;
         env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_ACK;
@@ -299,13 +349,20 @@ static void map_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__Mapping **maps
 static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
         switch (env->body_case) {
-        case GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST:
+        case GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST: {
                 gm_close_fds(fds, n_fds);
-                for (size_t i = 0; i < env->release_request->n_ranges; i++)
-                        unmap_range(c, env->release_request->ranges[i]);
-                send_release_ack(c, env->release_request->release_id);
+                Gpumem__ReleaseRequest *req = env->release_request;
+                size_t n_kept = 0; /* the ranges still mapped go first in req->ranges */
+                for (size_t i = 0; i < req->n_ranges; i++)
+                        if (!unmap_range(c, req->ranges[i])) {
+                                Gpumem__Range *kept = req->ranges[i];
+                                req->ranges[i] = req->ranges[n_kept];
+                                req->ranges[n_kept++] = kept;
+                        }
+                send_release_ack(c, req->release_id, req->ranges, n_kept);
                 gm_msg_free(env);
                 return;
+        }
         case GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS:
                 map_for_waiter(c, w, env->map_segments->mappings, env->map_segments->n_mappings, fds, n_fds);
                 gm_msg_free(env);
@@ -358,8 +415,11 @@ static bool complete_pending_frees(gpumem_client *c) {
         return c->pending_frees != NULL;
 }
 
-/* How often pending stream events are polled, in milliseconds. */
-#define EVENT_POLL_MS 1
+/* Pending stream events are polled after EVENT_POLL_MIN_MS, backing off to
+ * EVENT_POLL_MAX_MS while they stay pending; a new stream-ordered free starts
+ * from the minimum again. */
+#define EVENT_POLL_MIN_MS 1
+#define EVENT_POLL_MAX_MS 64
 
 static bool reconnect(gpumem_client *c);
 
@@ -392,6 +452,8 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
                 gm_close_fds(fds, n_fds);
                 return -EPROTO;
         }
+        if (env->body_case == GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST)
+                sync_release_streams(c, env->release_request);
         pthread_mutex_lock(&c->lock);
         dispatch(c, env, fds, n_fds);
         bool pending = complete_pending_frees(c);
@@ -404,12 +466,16 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
         bool pending = false;
+        int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
                 struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
-                int n = poll(pfd, 2, pending ? EVENT_POLL_MS : -1);
+                int n = poll(pfd, 2, pending ? poll_ms : -1);
                 if (n < 0 && errno != EINTR)
                         break;
+                if (n == 0 && poll_ms < EVENT_POLL_MAX_MS)
+                        poll_ms *= 2;
                 if (pfd[1].revents & POLLIN) {
+                        poll_ms = EVENT_POLL_MIN_MS;
                         uint64_t v;
                         if (read(c->wake_fd, &v, sizeof(v)) < 0) {
                         }
@@ -621,7 +687,7 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         env.hello = &hello;
         int r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         Gpumem__Envelope *reply = NULL;
-        if (r == 0)
+        if (r == 0 || r == -EPIPE) /* a daemon that refused us at once left its reason to read */
                 r = recv_env(c, fd, &reply);
         if (r < 0)
                 return set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: no hello from gpumemd at '%s': %s",
@@ -645,10 +711,10 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
 }
 
 static int session_open(gpumem_client *c) {
-        int r = gm_ipc_connect(c->socket_path, &c->fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &c->fd, why, sizeof(why));
         if (r < 0)
-                return set_error(c, r, "gpumem: cannot connect to gpumemd at '%s': %s", c->socket_path,
-                                 strerror(-r));
+                return set_error(c, r, "gpumem: %s", why);
         Gpumem__Envelope *reply = NULL;
         r = hello_exchange(c, c->fd, NULL, &reply);
         if (r < 0)
@@ -656,12 +722,14 @@ static int session_open(gpumem_client *c) {
         const Gpumem__HelloReply *hr = reply->hello_reply;
         snprintf(c->backend, sizeof(c->backend), "%s", hr->backend);
         if (strcmp(hr->backend, "cuda") == 0)
-                r = gm_mapper_cuda_new(hr->device, hr->granularity, &c->mapper);
+                r = gm_mapper_cuda_new(hr->device, hr->device_uuid, hr->granularity, &c->mapper);
         else
                 r = gm_mapper_host_new(hr->granularity, &c->mapper);
         gm_msg_free(reply);
         if (r < 0)
-                return set_error(c, r, "gpumem: cannot map %s memory in this process: %s", c->backend, strerror(-r));
+                return set_error(c, r, "gpumem: cannot map %s memory in this process: %s%s%s%s", c->backend,
+                                 strerror(-r), gm_cuda_last_error()[0] ? " (" : "", gm_cuda_last_error(),
+                                 gm_cuda_last_error()[0] ? ")" : "");
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0)
                 return set_error(c, -errno, "gpumem: eventfd: %s", strerror(errno));
@@ -789,7 +857,8 @@ static int reattach_send(gpumem_client *c, int fd) {
  * or another negative errno when the session cannot come back. */
 static int reattach_once(gpumem_client *c) {
         int fd;
-        int r = gm_ipc_connect(c->socket_path, &fd);
+        char why[512];
+        int r = gm_peer_connect(c->socket_path, &fd, why, sizeof(why));
         if (r < 0)
                 return -EAGAIN;
         Gpumem__Envelope *reply = NULL;
@@ -900,8 +969,11 @@ static void session_close(gpumem_client *c, bool owner) {
                 if (!seg)
                         continue;
                 if (owner) {
-                        c->mapper->ops->unmap(c->mapper, seg->base, 0, seg->va_size);
-                        c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
+                        /* The driver unmaps exactly what one cuMemMap mapped. */
+                        for (size_t k = 0; k < seg->n_pieces; k++)
+                                c->mapper->ops->unmap(c->mapper, seg->base, seg->pieces[k], seg->piece_size);
+                        if (seg->base)
+                                c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size);
                 }
                 segment_free(seg);
         }
@@ -1218,14 +1290,14 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
         Gpumem__Envelope *reply = NULL;
         if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply)) < 0)
                 return r;
-        r = set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+        r = -ENOENT;
         for (size_t i = 0; i < reply->stats_reply->n_stats; i++)
                 if (strcmp(reply->stats_reply->stats[i]->name, pytorch_stat_name) == 0) {
                         *ret_value = reply->stats_reply->stats[i]->value;
                         r = 0;
                 }
         gm_msg_free(reply);
-        return r;
+        return r < 0 ? set_error(c, r, "gpumem: no statistic named '%s'", pytorch_stat_name) : 0;
 }
 
 /* ---- for the library's other files (client-internal.h) ---- */

@@ -11,6 +11,8 @@
 
 #include "ipc.h"
 #include "msg.h"
+#include "json.h"
+#include "peer_check.h"
 #include "size.h"
 #include "stats.h"
 
@@ -48,6 +50,8 @@ static void usage(FILE *f) {
 static int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
         env->request_id = ++c->next_id;
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        if (r == -EPIPE)
+                r = 0; /* a daemon that refused the connection at once left its reason to read */
         uint8_t *buf = malloc(c->max_packet);
         if (!buf)
                 return EXIT_REFUSED;
@@ -73,7 +77,9 @@ static int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_r
                         fprintf(stderr, "gpumemctl: lost the connection to gpumemd: %s\n", strerror(-r));
                         return EXIT_UNREACHABLE;
                 }
-                if (reply->request_id != env->request_id) {
+                /* Request id 0: an error about the connection itself (a refusal). */
+                bool for_connection = reply->request_id == 0 && reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR;
+                if (reply->request_id != env->request_id && !for_connection) {
                         if (kept_fd >= 0)
                                 close(kept_fd);
                         gm_msg_free(reply);
@@ -122,9 +128,10 @@ static int ctl_open(const char *path, ctl_t *c) {
                 }
                 path = buf;
         }
-        int r = gm_ipc_connect(path, &c->fd);
+        char why[512];
+        int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
         if (r < 0) {
-                fprintf(stderr, "gpumemctl: cannot connect to gpumemd at '%s': %s\n", path, strerror(-r));
+                fprintf(stderr, "gpumemctl: %s\n", why);
                 return EXIT_UNREACHABLE;
         }
         c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;
@@ -153,17 +160,7 @@ static int ctl_open(const char *path, ctl_t *c) {
 }
 
 static void print_json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char ch = (unsigned char) *s;
-                if (ch == '"' || ch == '\\')
-                        printf("\\%c", ch);
-                else if (ch < 0x20)
-                        printf("\\u%04x", ch);
-                else
-                        putchar(ch);
-        }
-        putchar('"');
+        gm_json_print_string(stdout, s);
 }
 
 static int cmd_stats(ctl_t *c, int argc, char **argv) {
@@ -435,19 +432,7 @@ static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
 
 /* Compact sizes for tables that fit 80 columns: "512B", "20.0M", "7.5G". */
 static const char *fmt_size(uint64_t v, char *buf, size_t len) {
-        static const char units[] = "KMGTPE";
-        if (v < 1024) {
-                snprintf(buf, len, "%" PRIu64 "B", v);
-                return buf;
-        }
-        double x = (double) v / 1024;
-        int u = 0;
-        while (x >= 1024 && u < 5) {
-                x /= 1024;
-                u++;
-        }
-        snprintf(buf, len, "%.1f%c", x, units[u]);
-        return buf;
+        return gm_format_size_as(v, GM_SIZE_COMPACT, buf, len);
 }
 
 static int cmd_quota(ctl_t *c, int argc, char **argv) {

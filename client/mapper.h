@@ -14,15 +14,21 @@ typedef struct gm_mapper_ops {
         /* Maps `length` bytes of the physical memory behind `fd` at base+offset,
          * read-write. The fd is consumed (closed) whether or not this succeeds. */
         int (*map)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd);
-        /* Unmaps [base+offset, +length) after the work using it is done, keeping
-         * the reservation. */
+        /* Unmaps [base+offset, +length), exactly one map()'s range, keeping the
+         * reservation. The work using it must be done (see sync). */
         int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);
+        /* Waits for the work queued so far on `stream` (a CUstream value; 0
+         * is the device's default stream), so its memory can be unmapped.
+         * NULL on backends without device streams. Takes no lock of the
+         * caller's: call it with none held. */
+        int (*sync)(gm_mapper_t *m, uint64_t stream);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
         /* Stream-ordered frees (NULL on backends without device streams, where
          * work is done when the call returns). event_record marks the work
-         * queued so far on `stream` (a CUstream value); event_query returns 1
-         * once it is done, 0 while pending, or a negative errno. */
+         * queued so far on `stream` (a CUstream value of any context: the
+         * event is made in the stream's own); event_query returns 1 once it is
+         * done, 0 while pending, or a negative errno. */
         int (*event_record)(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event);
         int (*event_query)(gm_mapper_t *m, uint64_t event);
         void (*event_destroy)(gm_mapper_t *m, uint64_t event);
@@ -38,5 +44,10 @@ struct gm_mapper {
  * MADV_DONTFORK. */
 int gm_mapper_host_new(uint64_t granularity, gm_mapper_t **ret);
 /* Cuda backend: cuMemImportFromShareableHandle/cuMemAddressReserve/cuMemMap/
- * cuMemSetAccess on `device`. -ENOSYS when built without cuda. */
-int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret);
+ * cuMemSetAccess on the daemon's device: the one whose UUID is `device_uuid`
+ * (this process's own ordinal for it is looked up, whatever its
+ * CUDA_VISIBLE_DEVICES; -ENODEV when it cannot see that GPU), or ordinal
+ * `device` when device_uuid is NULL or "" (a daemon that sends none).
+ * -EOPNOTSUPP in a fork()ed child of a process that used CUDA, -ENOSYS when
+ * built without cuda. */
+int gm_mapper_cuda_new(int device, const char *device_uuid, uint64_t granularity, gm_mapper_t **ret);

@@ -2,9 +2,14 @@
  * device address space (import, map, grant read-write access to the device).
  * A mapping owns its physical memory: the imported handle is released right
  * after cuMemMap, so cuMemUnmap frees the memory once the daemon has released
- * its own handle. Every call makes the device's primary context current on the
- * calling thread (the library's service thread unmaps too). The text of a
- * failure is left in gm_cuda_last_error(). */
+ * its own handle.
+ *
+ * Calls run on application threads as well as on the library's service
+ * thread, so none leaves a mark on the calling thread: a call that needs a
+ * context pushes one and pops it again, and the thread's own current context
+ * (another device's, or one the application made) is what it has afterwards.
+ * In a fork()ed child no driver call is made at all (gm_cuda_check_process).
+ * The text of a failure is left in gm_cuda_last_error(). */
 #include "mapper.h"
 
 #include <errno.h>
@@ -14,6 +19,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 typedef struct cuda_mapper {
@@ -24,9 +30,9 @@ typedef struct cuda_mapper {
         CUmemAccessDesc access; /* read-write for the device */
 } cuda_mapper_t;
 
-static int make_current(cuda_mapper_t *cm) {
-        CUresult r = cm->cu->CtxSetCurrent(cm->ctx);
-        return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cm->cu, r, "cuCtxSetCurrent");
+static bool special_stream(uint64_t stream) {
+        return stream == 0 || stream == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
+               stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
 }
 
 static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
@@ -34,7 +40,7 @@ static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
         if (va_size == 0 || va_size % m->granularity != 0)
                 return gm_cuda_fail_errno(-EINVAL, "reservation of %llu bytes is not a multiple of the granularity",
                                           (unsigned long long)va_size);
-        int r = make_current(cm);
+        int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
         CUdeviceptr base;
@@ -48,7 +54,7 @@ static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
 static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
         const gm_cuda_t *cu = cm->cu;
-        int r = make_current(cm);
+        int r = gm_cuda_check_process();
         if (r < 0) {
                 close(fd);
                 return r;
@@ -78,51 +84,87 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
 
 static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
-        int r = make_current(cm);
+        int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
-        /* Work queued on the memory must finish before it can go back. */
-        CUresult cr = cm->cu->CtxSynchronize();
-        if (cr != CUDA_SUCCESS)
-                return gm_cuda_fail(cm->cu, cr, "cuCtxSynchronize");
-        cr = cm->cu->MemUnmap(base + offset, length);
-        if (cr != CUDA_SUCCESS)
-                return gm_cuda_fail(cm->cu, cr, "cuMemUnmap");
-        return 0;
+        CUresult cr = cm->cu->MemUnmap(base + offset, length);
+        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cm->cu, cr, "cuMemUnmap");
+}
+
+static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
+        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        const gm_cuda_t *cu = cm->cu;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        /* A stream runs in its own context; the default stream (or one the
+         * application destroyed since) is the device's primary context's. */
+        CUcontext ctx = cm->ctx;
+        CUstream s = (CUstream)(uintptr_t)stream;
+        if (special_stream(stream) || cu->StreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
+                ctx = cm->ctx;
+                s = NULL;
+        }
+        r = gm_cuda_push(cu, ctx);
+        if (r < 0)
+                return r;
+        CUresult cr = cu->StreamSynchronize(s);
+        gm_cuda_pop(cu);
+        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, cr, "cuStreamSynchronize");
 }
 
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
-        int r = make_current(cm);
+        int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
         CUresult cr = cm->cu->MemAddressFree(base, va_size);
-        if (cr != CUDA_SUCCESS)
-                return gm_cuda_fail(cm->cu, cr, "cuMemAddressFree");
-        return 0;
+        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cm->cu, cr, "cuMemAddressFree");
 }
 
 static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
-        int r = make_current(cm);
+        const gm_cuda_t *cu = cm->cu;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        /* The event must belong to the stream's context (cuEventRecord
+         * refuses another's): a special stream is the calling thread's
+         * current context's, or the device's primary one when it has none. */
+        CUcontext ctx = NULL;
+        CUresult cr;
+        if (special_stream(stream)) {
+                cr = cu->CtxGetCurrent(&ctx);
+                if (cr != CUDA_SUCCESS)
+                        return gm_cuda_fail(cu, cr, "cuCtxGetCurrent");
+                if (!ctx)
+                        ctx = cm->ctx;
+        } else {
+                cr = cu->StreamGetCtx((CUstream)(uintptr_t)stream, &ctx);
+                if (cr != CUDA_SUCCESS)
+                        return gm_cuda_fail(cu, cr, "cuStreamGetCtx");
+        }
+        r = gm_cuda_push(cu, ctx);
         if (r < 0)
                 return r;
         CUevent ev;
-        CUresult cr = cm->cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
-        if (cr != CUDA_SUCCESS)
-                return gm_cuda_fail(cm->cu, cr, "cuEventCreate");
-        cr = cm->cu->EventRecord(ev, (CUstream)(uintptr_t)stream);
+        cr = cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
         if (cr != CUDA_SUCCESS) {
-                cm->cu->EventDestroy(ev);
-                return gm_cuda_fail(cm->cu, cr, "cuEventRecord");
+                r = gm_cuda_fail(cu, cr, "cuEventCreate");
+        } else if ((cr = cu->EventRecord(ev, (CUstream)(uintptr_t)stream)) != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuEventRecord");
+                cu->EventDestroy(ev);
         }
+        gm_cuda_pop(cu);
+        if (r < 0)
+                return r;
         *ret_event = (uint64_t)(uintptr_t)ev;
         return 0;
 }
 
 static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
-        int r = make_current(cm);
+        int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
         CUresult cr = cm->cu->EventQuery((CUevent)(uintptr_t)event);
@@ -135,7 +177,7 @@ static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
 
 static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
-        if (make_current(cm) == 0)
+        if (gm_cuda_check_process() == 0)
                 cm->cu->EventDestroy((CUevent)(uintptr_t)event);
 }
 
@@ -143,7 +185,8 @@ static void cuda_destroy(gm_mapper_t *m) {
         cuda_mapper_t *cm = (cuda_mapper_t *)m;
         if (!cm)
                 return;
-        cm->cu->DevicePrimaryCtxRelease(cm->dev);
+        if (gm_cuda_check_process() == 0) /* a fork child's driver state is not its own */
+                cm->cu->DevicePrimaryCtxRelease(cm->dev);
         free(cm);
 }
 
@@ -152,6 +195,7 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .reserve = cuda_reserve,
         .map = cuda_map,
         .unmap = cuda_unmap,
+        .sync = cuda_sync,
         .unreserve = cuda_unreserve,
         .event_record = cuda_event_record,
         .event_query = cuda_event_query,
@@ -159,7 +203,7 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .destroy = cuda_destroy,
 };
 
-int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
+int gm_mapper_cuda_new(int device, const char *device_uuid, uint64_t granularity, gm_mapper_t **ret) {
         if (granularity == 0)
                 return gm_cuda_fail_errno(-EINVAL, "granularity 0");
         const gm_cuda_t *cu;
@@ -171,7 +215,15 @@ int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
                 return gm_cuda_fail_errno(-ENOMEM, "out of memory");
         cm->cu = cu;
         int ordinal;
-        r = gm_cuda_find_device(cu, device, NULL, &cm->dev, &ordinal);
+        bool by_uuid = device_uuid && *device_uuid;
+        r = gm_cuda_find_device(cu, device, by_uuid ? device_uuid : NULL, &cm->dev, &ordinal);
+        if (r == -ENODEV && by_uuid) {
+                const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+                r = gm_cuda_fail_errno(-ENODEV,
+                                       "gpumemd serves %s (its device %d), which this process cannot see "
+                                       "(CUDA_VISIBLE_DEVICES=%s)",
+                                       device_uuid, device, visible ? visible : "unset");
+        }
         if (r < 0)
                 goto fail_free;
         CUresult cr = cu->DevicePrimaryCtxRetain(&cm->ctx, cm->dev);
@@ -179,13 +231,9 @@ int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
                 r = gm_cuda_fail(cu, cr, "cuDevicePrimaryCtxRetain");
                 goto fail_free;
         }
-        r = make_current(cm);
-        if (r < 0)
-                goto fail_ctx;
 
-        /* The daemon's granularity must suit this device: a mismatch means
-         * the daemon serves another GPU than the one this ordinal names. */
-        CUmemAllocationProp prop = gm_cuda_alloc_prop(ordinal);
+        /* The daemon's granularity must suit this device. */
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(ordinal, false);
         size_t minimum = 0;
         cr = cu->MemGetAllocationGranularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         if (cr != CUDA_SUCCESS) {
@@ -215,7 +263,7 @@ fail_free:
 
 #else
 
-int gm_mapper_cuda_new(int device, uint64_t granularity, gm_mapper_t **ret) {
+int gm_mapper_cuda_new(int device, const char *device_uuid, uint64_t granularity, gm_mapper_t **ret) {
         return -ENOSYS;
 }
 

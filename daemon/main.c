@@ -14,7 +14,10 @@
 #include "log.h"
 #include "sd.h"
 #include "metrics.h"
+#include "requests.h"
+#include "clock.h"
 #include "size.h"
+#include "trust.h"
 
 static void usage(FILE *f) {
         fprintf(f,
@@ -30,12 +33,29 @@ static void usage(FILE *f) {
                 "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
                 "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
                 "      --max-sessions N       concurrent sessions (default 1024)\n"
+                "      --max-sessions-per-uid N  sessions of one uid (default max-sessions/4)\n"
                 "      --max-blocks N         live blocks per session (default 1048576)\n"
                 "  -v, --verbose              more logging (repeat for debug)\n"
                 "  -h, --help                 this text\n");
 }
 
-enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS };
+enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS, OPT_MAX_SESSIONS_PER_UID };
+
+/* A whole-number flag, in the range of the configuration key it mirrors. */
+static int parse_limit(const char *flag, const char *key, const char *value, uint64_t *ret) {
+        uint64_t min = 0, max = 0;
+        if (gm_config_key_range(key, &min, &max) < 0)
+                return -EINVAL;
+        if (gm_parse_uint(value, min, max, ret) < 0) {
+                log_error("Invalid --%s '%s': a whole number from %llu to %llu", flag, value,
+                          (unsigned long long) min, (unsigned long long) max);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+/* A ReleaseRequest must fit one packet: ranges are sent in batches of this many. */
+#define RANGES_PER_RELEASE 512
 
 static int parse_args(int argc, char **argv, gm_options_t *o) {
         static const struct option long_options[] = {
@@ -48,13 +68,14 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                 {"alloc-conf", required_argument, NULL, 'a'},
                 {"max-sessions", required_argument, NULL, OPT_MAX_SESSIONS},
                 {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
+                {"max-sessions-per-uid", required_argument, NULL, OPT_MAX_SESSIONS_PER_UID},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
         int c;
         while ((c = getopt_long(argc, argv, "c:d:b:C:s:m:a:vh", long_options, NULL)) != -1) {
-                char *end;
+                uint64_t v;
                 switch (c) {
                 case 'c':
                         o->config_path = optarg;
@@ -64,11 +85,11 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                                 o->device_uuid = optarg;
                                 break;
                         }
-                        o->device = (int) strtol(optarg, &end, 10);
-                        if (*end || o->device < 0) {
+                        if (gm_parse_uint(optarg, 0, INT32_MAX, &v) < 0) {
                                 log_error("Invalid --device '%s': an index or a GPU-... UUID", optarg);
                                 return -EINVAL;
                         }
+                        o->device = (int) v;
                         break;
                 case 'b':
                         if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0 && strcmp(optarg, "host") != 0) {
@@ -84,6 +105,10 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                         }
                         break;
                 case 's':
+                        if (optarg[0] != '/') {
+                                log_error("Invalid --socket '%s': an absolute path", optarg);
+                                return -EINVAL;
+                        }
                         if (strlen(optarg) >= sizeof(o->socket_path)) {
                                 log_error("Socket path '%s' is too long", optarg);
                                 return -ENAMETOOLONG;
@@ -97,18 +122,20 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                         o->alloc_conf = optarg;
                         break;
                 case OPT_MAX_SESSIONS:
-                case OPT_MAX_BLOCKS: {
-                        unsigned long long v = strtoull(optarg, &end, 10);
-                        if (*end || v == 0) {
-                                log_error("Invalid limit '%s'", optarg);
+                        if (parse_limit("max-sessions", "max_sessions", optarg, &v) < 0)
                                 return -EINVAL;
-                        }
-                        if (c == OPT_MAX_SESSIONS)
-                                o->limits.max_sessions = (uint32_t) v;
-                        else
-                                o->limits.max_blocks_per_session = v;
+                        o->limits.max_sessions = (uint32_t) v;
                         break;
-                }
+                case OPT_MAX_SESSIONS_PER_UID:
+                        if (parse_limit("max-sessions-per-uid", "max_sessions_per_uid", optarg, &v) < 0)
+                                return -EINVAL;
+                        o->limits.max_sessions_per_uid = (uint32_t) v;
+                        break;
+                case OPT_MAX_BLOCKS:
+                        if (parse_limit("max-blocks", "max_blocks_per_session", optarg, &v) < 0)
+                                return -EINVAL;
+                        o->limits.max_blocks_per_session = v;
+                        break;
                 case 'v':
                         o->verbosity++;
                         break;
@@ -131,8 +158,10 @@ static void options_default(gm_options_t *o) {
         *o = (gm_options_t){
                 .backend = "auto",
                 .socket_mode = 0666,
+                .metrics_tenants = true,
                 .limits = {
                         .max_sessions = 1024,
+                        .hello_timeout_ms = 5000,
                         .max_blocks_per_session = 1u << 20,
                         .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
                         .max_fds = GM_IPC_MAX_FDS_DEFAULT,
@@ -186,6 +215,12 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.max_parked_per_session = c->max_parked_per_session;
         if (c->has_reattach_grace_ms)
                 o->limits.reattach_grace_ms = c->reattach_grace_ms;
+        if (c->has_max_sessions_per_uid)
+                o->limits.max_sessions_per_uid = c->max_sessions_per_uid;
+        if (c->has_hello_timeout_ms)
+                o->limits.hello_timeout_ms = c->hello_timeout_ms;
+        if (c->has_metrics_tenants)
+                o->metrics_tenants = c->metrics_tenants;
 }
 
 /* Without a configured state directory, a daemon run by a user keeps its
@@ -203,14 +238,29 @@ static void default_state_dir(gm_options_t *o) {
         o->state_dir = o->state_dir_buf;
 }
 
-void gm_daemon_apply_config_quotas(gm_daemon_t *d) {
+/* The broker's limits from the daemon's. */
+static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
+        const gm_limits_t *l = &d->opts.limits;
+        return (gm_broker_limits_t){
+                .max_blocks_per_session = l->max_blocks_per_session,
+                .max_parked_per_session = l->max_parked_per_session,
+                .park_timeout_ms = l->park_timeout_ms,
+                .release_timeout_ms = l->release_timeout_ms,
+                .reattach_grace_ms = l->reattach_grace_ms,
+                .max_reattach_items = l->max_reattach_items,
+                .max_ranges_per_release = RANGES_PER_RELEASE,
+        };
+}
+
+/* Applies the config file's tenant quotas to every tenant. */
+static void apply_config_quotas(gm_daemon_t *d) {
         for (size_t i = 0; i < d->config->n_tenants; i++) {
                 const gm_config_tenant_t *ct = &d->config->tenants[i];
-                gm_tenant_t *t = gm_tenant_get(d, ct->name); /* listed even before a session comes */
+                gm_tenant_t *t = gm_tenant_get(d->broker, ct->name); /* listed even before a session comes */
                 if (t)
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
         }
-        for (gm_tenant_t *t = d->tenants; t; t = t->next)
+        for (gm_tenant_t *t = d->broker->tenants; t; t = t->next)
                 if (!gm_config_tenant_find(d->config, t->name))
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
 }
@@ -228,12 +278,8 @@ static void reload_config(gm_daemon_t *d) {
         }
         gm_alloc_config_t alloc;
         if (c->has_alloc_conf && gm_alloc_config_parse(c->alloc_conf, &alloc, err, sizeof(err)) == 0 &&
-            strcmp(alloc.raw, d->alloc_config.raw) != 0) {
-                d->alloc_config = alloc;
-                for (gm_session_t *s = d->sessions; s; s = s->next)
-                        if (s->heap)
-                                gm_heap_set_config(s->heap, &alloc);
-        }
+            strcmp(alloc.raw, d->broker->alloc_config.raw) != 0)
+                gm_broker_set_alloc_config(d->broker, &alloc); /* max_split_size of the statistics too */
         gm_options_t o = d->opts;
         options_from_config(&o, c);
         if (strcmp(o.socket_path, d->opts.socket_path) != 0 || o.socket_mode != d->opts.socket_mode ||
@@ -244,19 +290,22 @@ static void reload_config(gm_daemon_t *d) {
                 log_warning("Configuration changes to the socket, backend, capacity or packet limits need a "
                             "restart, ignoring them");
         d->opts.limits.max_sessions = o.limits.max_sessions;
+        d->opts.limits.max_sessions_per_uid = o.limits.max_sessions_per_uid;
+        d->opts.limits.hello_timeout_ms = o.limits.hello_timeout_ms;
         d->opts.limits.max_blocks_per_session = o.limits.max_blocks_per_session;
         d->opts.limits.release_timeout_ms = o.limits.release_timeout_ms;
         d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
-        /* Strings of the old configuration are used only at startup. */
-        d->opts.backend = d->opts.metrics_listen = d->opts.alloc_conf = d->opts.device_uuid = NULL;
+        gm_broker_limits_t limits = broker_limits(d);
+        gm_broker_set_limits(d->broker, &limits);
         if (d->opts.state_dir != d->opts.state_dir_buf)
                 d->opts.state_dir = o.state_dir == o.state_dir_buf ? d->opts.state_dir : o.state_dir;
         gm_config_free(d->config);
         d->config = c;
-        gm_daemon_apply_config_quotas(d);
+        gm_server_sync_requests(d); /* the state directory may have moved */
+        apply_config_quotas(d);
         log_notice("configuration reloaded from %s", c->path ? c->path : "(defaults)");
         gm_sd_notify_ready();
 }
@@ -288,10 +337,11 @@ static void on_signal(uv_signal_t *handle, int signum) {
         d->shutting_down = true;
         /* Under systemd the fd store keeps every segment for the next daemon,
          * whose clients re-attach; otherwise everything is released now. */
-        d->keep_stored = gm_sd_notify_available();
+        d->broker->keep_stored = gm_sd_notify_available();
+        d->broker->stopping = true; /* the sessions' clients may re-attach to the next daemon */
         gm_sd_notify_stopping();
         gm_server_stop(d);
-        gm_restart_expire(d, true);
+        gm_ledger_expire(d->broker, gm_now_ms(), true);
         if (d->watchdog_running) {
                 uv_timer_stop(&d->watchdog);
                 uv_close((uv_handle_t *) &d->watchdog, NULL);
@@ -314,9 +364,34 @@ static void on_watchdog(uv_timer_t *t) {
         uint64_t usec;
         if (gm_sd_watchdog_interval_usec(&usec) > 0)
                 gm_sd_watchdog_ping();
-        gm_sd_notify_status("%u sessions, %s of %s in use", d->n_sessions,
-                            gm_format_size(d->backend->in_use, used, sizeof(used)),
+        gm_sd_notify_status("%u sessions, %s of %s in use", d->n_conns,
+                            gm_format_size(gm_broker_reserved(d->broker), used, sizeof(used)),
                             gm_format_size(d->backend->capacity, cap, sizeof(cap)));
+}
+
+/* Copies of the option strings that point into the configuration, which a
+ * reload frees: a reload compares against what the daemon started with. */
+typedef struct startup_strings {
+        char *backend, *metrics_listen, *alloc_conf, *device_uuid;
+} startup_strings_t;
+
+static void own_startup_strings(gm_options_t *o, startup_strings_t *own) {
+        own->backend = o->backend ? strdup(o->backend) : NULL;
+        own->metrics_listen = o->metrics_listen ? strdup(o->metrics_listen) : NULL;
+        own->alloc_conf = o->alloc_conf ? strdup(o->alloc_conf) : NULL;
+        own->device_uuid = o->device_uuid ? strdup(o->device_uuid) : NULL;
+        o->backend = own->backend;
+        o->metrics_listen = own->metrics_listen;
+        o->alloc_conf = own->alloc_conf;
+        o->device_uuid = own->device_uuid;
+}
+
+static void free_startup_strings(startup_strings_t *own) {
+        free(own->backend);
+        free(own->metrics_listen);
+        free(own->alloc_conf);
+        free(own->device_uuid);
+        *own = (startup_strings_t){0};
 }
 
 static void walk_close(uv_handle_t *h, void *arg) {
@@ -326,13 +401,13 @@ static void walk_close(uv_handle_t *h, void *arg) {
 
 int main(int argc, char **argv) {
         static gm_daemon_t daemon;
+        static startup_strings_t startup;
         gm_daemon_t *d = &daemon;
         char err[512] = "";
         int r;
 
         options_default(&d->opts);
         d->listen_fd = -1;
-        d->ledger_fd = -1;
         /* Flags override the configuration file: a first pass finds the file. */
         gm_options_t first = d->opts;
         if (parse_args(argc, argv, &first) < 0)
@@ -347,6 +422,7 @@ int main(int argc, char **argv) {
         optind = 0;
         if (parse_args(argc, argv, &d->opts) < 0)
                 return EXIT_FAILURE;
+        own_startup_strings(&d->opts, &startup);
         default_state_dir(&d->opts);
         gm_log_max_level = d->opts.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
         if (!d->opts.socket_path[0]) {
@@ -372,6 +448,18 @@ int main(int argc, char **argv) {
                 sdfds.control_fd = -1;
         }
 
+        /* The socket's directory holds the ledger too: it exists, and nobody
+         * but this daemon's user (or root) can write to it, before either
+         * is opened. */
+        if (!d->listen_fd_inherited && (r = gm_ipc_make_socket_dir(d->opts.socket_path)) < 0)
+                return log_error_errno(r, "Failed to create the directory of '%s'", d->opts.socket_path),
+                       EXIT_FAILURE;
+        gm_trust_t trust = {0};
+        gm_trust_add(&trust, geteuid());
+        r = gm_trust_check_dir(d->opts.socket_path, &trust, err, sizeof(err));
+        if (r < 0)
+                return log_error("Refusing to start: %s", r == -EPERM ? err : strerror(-r)), EXIT_FAILURE;
+
         gm_backend_options_t bopts = {
                 .kind = d->opts.backend,
                 .device = d->opts.device,
@@ -386,19 +474,35 @@ int main(int argc, char **argv) {
         }
         if (err[0])
                 log_notice("%s", err);
-        r = gm_ledger_open(d);
+        gm_broker_params_t bparams = {
+                .backend = d->backend,
+                .alloc_config = &d->alloc_config,
+                .limits = broker_limits(d),
+                .ops = gm_server_broker_ops(d),
+                .store_max = gm_sd_notify_available() ? GM_SD_FDSTORE_MAX : 0,
+        };
+        r = gm_broker_new(&bparams, &d->broker);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up the broker");
+                d->backend = gm_backend_close(d->backend);
+                return EXIT_FAILURE;
+        }
+        char ledger_path[sizeof(d->opts.socket_path) + sizeof(".ledger")];
+        size_t socket_len = strnlen(d->opts.socket_path, sizeof(d->opts.socket_path) - 1);
+        memcpy(ledger_path, d->opts.socket_path, socket_len);
+        memcpy(ledger_path + socket_len, ".ledger", sizeof(".ledger"));
+        r = gm_ledger_open(d->broker, ledger_path);
         if (r < 0)
-                log_warning_errno(r, "No ledger journal at '%s.ledger': restarts will rely on clients alone",
-                                  d->opts.socket_path);
-        gm_restart_adopt(d, sdfds.segments, sdfds.n_segments);
-        gm_stats_init(&d->device_stats);
-        d->device_stats.max_split_size =
-                d->alloc_config.max_split_size == UINT64_MAX ? -1 : (int64_t) d->alloc_config.max_split_size;
-        d->va_cursor = 1ull << 40; /* synthetic addresses: away from 0, far below 2^53 */
-        r = gm_quotas_load(d);
+                log_warning_errno(r, "No ledger journal at '%s': restarts will rely on clients alone", ledger_path);
+        for (size_t i = 0; i < sdfds.n_segments; i++) {
+                gm_ledger_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
+                sdfds.segments[i].fd = -1; /* consumed */
+        }
+        gm_ledger_adopt_done(d->broker, gm_now_ms());
+        r = gm_quotas_load(d->broker, d->opts.state_dir);
         if (r < 0)
                 log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
-        gm_daemon_apply_config_quotas(d);
+        apply_config_quotas(d);
 
         d->loop = uv_default_loop();
         /* Signals first: a client may connect (and a supervisor signal) as
@@ -410,23 +514,35 @@ int main(int argc, char **argv) {
         uv_signal_start(&d->sigterm, on_signal, SIGTERM);
         uv_signal_start(&d->sigint, on_signal, SIGINT);
         uv_signal_start(&d->sighup, on_signal, SIGHUP);
+        gm_server_sync_requests(d);
         r = gm_server_start(d);
         if (r < 0) {
+                d->broker = gm_broker_free(d->broker);
                 d->backend = gm_backend_close(d->backend);
                 return EXIT_FAILURE;
         }
         err[0] = '\0';
+        const char *const *op_names;
+        /* The UUID label: the cuda backend's, else the configured one
+         * (--device GPU-..., or device = GPU-... in the config). */
+        gm_metrics_source_t msrc = {.loop = d->loop,
+                                    .broker = d->broker,
+                                    .hide_tenants = !d->opts.metrics_tenants,
+                                    .device_uuid = d->opts.device_uuid};
+        msrc.n_ops = gm_request_op_names(&op_names);
+        msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {
-                r = gm_metrics_start_fd(d, sdfds.metrics_fd, &d->metrics, err, sizeof(err));
+                r = gm_metrics_start_fd(&msrc, sdfds.metrics_fd, &d->metrics, err, sizeof(err));
                 sdfds.metrics_fd = -1;
         } else
-                r = gm_metrics_start(d, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
+                r = gm_metrics_start(&msrc, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
         gm_sd_fds_done(&sdfds);
         if (r < 0 && d->opts.metrics_listen) {
                 log_error("Failed to start the metrics endpoint: %s", err);
                 gm_server_stop(d);
                 uv_walk(d->loop, walk_close, NULL);
                 uv_run(d->loop, UV_RUN_DEFAULT);
+                d->broker = gm_broker_free(d->broker);
                 d->backend = gm_backend_close(d->backend);
                 return EXIT_FAILURE;
         }
@@ -437,6 +553,8 @@ int main(int argc, char **argv) {
         log_notice("gpumemd %s: device %d, %s backend, capacity %s, listening on %s", GPUMEMD_VERSION,
                    d->backend->device, d->backend->ops->name, gm_format_size(d->backend->capacity, cap, sizeof(cap)),
                    d->opts.socket_path);
+        if (d->backend->detail[0])
+                log_info("%s backend: %s", d->backend->ops->name, d->backend->detail);
         /* Under systemd: watchdog pings at half of WatchdogSec=, and STATUS=
          * lines at least every 10 s. */
         uint64_t watchdog_usec = 0;
@@ -454,16 +572,26 @@ int main(int argc, char **argv) {
 
         uv_walk(d->loop, walk_close, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
+        /* Every integration test is a leak test: what is still held here is a bug. */
+        int status = EXIT_SUCCESS;
         r = uv_loop_close(d->loop);
-        if (r < 0)
-                log_warning("event loop not empty at exit: %s", uv_strerror(r));
-        if (d->backend->in_use != 0)
+        if (r < 0) {
+                log_error("BUG: event loop not empty at exit: %s", uv_strerror(r));
+                status = EXIT_FAILURE;
+        }
+        char why[256];
+        if (gm_broker_check(d->broker, why, sizeof(why)) != 0) {
+                log_error("BUG: broker inconsistent at exit: %s", why);
+                status = EXIT_FAILURE;
+        }
+        d->broker = gm_broker_free(d->broker);
+        if (d->backend->in_use != 0) {
                 log_error("BUG: %llu bytes still in use at exit", (unsigned long long) d->backend->in_use);
+                status = EXIT_FAILURE;
+        }
         d->backend = gm_backend_close(d->backend);
-        d->history = gm_history_free(d->history);
-        gm_tenants_free(d);
         d->config = gm_config_free(d->config);
-        gm_ledger_close(d);
+        free_startup_strings(&startup);
         log_notice("stopped");
-        return EXIT_SUCCESS;
+        return status;
 }

@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc.h"
+#include "http_guard.h"
 #include "log.h"
 
 #ifndef GPUMEMD_VERSION
@@ -30,8 +32,7 @@
 #endif
 
 #define METRICS_PORT_BASE 9470
-#define HTTP_CONNECTION_LIMIT 64u
-#define HTTP_PER_IP_LIMIT 32u
+#define HTTP_CONNECTION_LIMIT GM_HTTP_CONNECTIONS /* and per peer: http_guard.h */
 #define HTTP_IDLE_TIMEOUT_S 10u
 #define HTTP_MEMORY_LIMIT (16u * 1024u) /* per connection: request line and headers */
 #define ACCEPTS_PER_WAKEUP 16
@@ -57,20 +58,6 @@ static const struct {
         {500000000, ",le=\"0.5\""}, {1000000000, ",le=\"1\""}, {2500000000, ",le=\"2.5\""},
 };
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
-
-static const char *const op_names[_GM_REQUEST_OP_MAX] = {
-        [GM_REQUEST_HELLO] = "hello",
-        [GM_REQUEST_ALLOC] = "alloc",
-        [GM_REQUEST_FREE] = "free",
-        [GM_REQUEST_FREE_COMPLETED] = "free_completed",
-        [GM_REQUEST_TRIM] = "trim",
-        [GM_REQUEST_STATS] = "stats",
-        [GM_REQUEST_RELEASE_ACK] = "release_ack",
-        [GM_REQUEST_RESET_STATS] = "reset_stats",
-        [GM_REQUEST_HISTORY] = "history",
-        [GM_REQUEST_SNAPSHOT] = "snapshot",
-        [GM_REQUEST_ALLOC_CONF] = "alloc_conf",
-};
 
 static const char *const reason_names[_GM_OOM_REASON_MAX] = {
         [GM_OOM_QUOTA] = "quota",
@@ -100,7 +87,7 @@ typedef struct histogram {
 enum { HANDLE_LISTENER = 1, HANDLE_EVENTS = 2, HANDLE_TIMER = 4 };
 
 struct gm_metrics {
-        gm_daemon_t *daemon;
+        gm_metrics_source_t src;
         struct MHD_Daemon *mhd;
         int listen_fd;
         uv_poll_t listener; /* our listening socket */
@@ -110,8 +97,10 @@ struct gm_metrics {
         unsigned closing;   /* close callbacks still to come; m is freed after the last */
         char unix_path[sizeof(((struct sockaddr_un *) 0)->sun_path)]; /* removed at stop; "" for TCP */
         double start_time;  /* process start, seconds since the epoch */
+        gm_http_guard_t guard; /* connections per peer */
 
-        histogram_t requests[_GM_REQUEST_OP_MAX];
+        histogram_t requests[GM_METRICS_MAX_OPS];
+        histogram_t reclaim_wait; /* parked allocations, from park to answer */
         uint64_t reclaims[_GM_RECLAIM_OUTCOME_MAX];
         refusal_entry_t *refusals; /* REFUSAL_TENANTS_MAX entries, n_refusals used */
         uint32_t n_refusals;
@@ -120,51 +109,23 @@ struct gm_metrics {
 
 /* ---- counters ---- */
 
-uint64_t gm_metrics_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-gm_request_op_t gm_metrics_request_op(Gpumem__Envelope__BodyCase body) {
-        switch (body) {
-        case GPUMEM__ENVELOPE__BODY_HELLO:
-                return GM_REQUEST_HELLO;
-        case GPUMEM__ENVELOPE__BODY_ALLOC:
-                return GM_REQUEST_ALLOC;
-        case GPUMEM__ENVELOPE__BODY_FREE:
-                return GM_REQUEST_FREE;
-        case GPUMEM__ENVELOPE__BODY_FREE_COMPLETED:
-                return GM_REQUEST_FREE_COMPLETED;
-        case GPUMEM__ENVELOPE__BODY_TRIM:
-                return GM_REQUEST_TRIM;
-        case GPUMEM__ENVELOPE__BODY_STATS:
-                return GM_REQUEST_STATS;
-        case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
-                return GM_REQUEST_RELEASE_ACK;
-        case GPUMEM__ENVELOPE__BODY_RESET_STATS:
-                return GM_REQUEST_RESET_STATS;
-        case GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL:
-                return GM_REQUEST_HISTORY;
-        case GPUMEM__ENVELOPE__BODY_SNAPSHOT:
-                return GM_REQUEST_SNAPSHOT;
-        case GPUMEM__ENVELOPE__BODY_ALLOC_CONF:
-                return GM_REQUEST_ALLOC_CONF;
-        default:
-                return _GM_REQUEST_OP_MAX;
-        }
-}
-
-void gm_metrics_observe_request(gm_metrics_t *m, gm_request_op_t op, uint64_t ns) {
-        if (!m || op < 0 || op >= _GM_REQUEST_OP_MAX)
-                return;
-        histogram_t *h = &m->requests[op];
+static void histogram_observe(histogram_t *h, uint64_t ns) {
         size_t i = 0;
         while (i < N_BUCKETS && ns > buckets[i].ns)
                 i++;
         h->bucket[i]++;
         h->count++;
         h->sum_ns += ns;
+}
+
+void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
+        if (m && op < m->src.n_ops)
+                histogram_observe(&m->requests[op], ns);
+}
+
+void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns) {
+        if (m)
+                histogram_observe(&m->reclaim_wait, ns);
 }
 
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome) {
@@ -319,53 +280,19 @@ static void escape_label(const char *in, char *out, size_t len) {
         out[j] = '\0';
 }
 
-/* What one scrape knows about a tenant beyond gm_tenant_t. */
+/* The label set every gpumem_ series starts with: {device="N" and, when
+ * known, ,UUID="<escaped: at most 2 * 55 characters>" (no closing brace). */
+#define DEVICE_LABELS_MAX 160
+/* ... followed by ,tenant="<escaped name: at most 2 * 63 characters>". */
+#define TENANT_LABELS_MAX (DEVICE_LABELS_MAX + 160)
+
+/* One tenant's row of a scrape: the broker's view and its label set. */
 typedef struct tenant_row {
         const gm_tenant_t *tenant;
-        char labels[192]; /* {device="N",tenant="<escaped name: at most 2 * 63 characters>" */
+        char labels[TENANT_LABELS_MAX];
         uint64_t releasing_bytes;
         uint64_t largest_free;
 } tenant_row_t;
-
-static int row_by_name(const void *a, const void *b) {
-        return strcmp(((const tenant_row_t *) a)->tenant->name, ((const tenant_row_t *) b)->tenant->name);
-}
-
-static int row_by_tenant(const void *key, const void *elem) {
-        const gm_tenant_t *t = key, *u = (*(const tenant_row_t *const *) elem)->tenant;
-        return t < u ? -1 : t > u;
-}
-
-static int row_ptr_by_tenant(const void *a, const void *b) {
-        const gm_tenant_t *t = (*(const tenant_row_t *const *) a)->tenant;
-        return row_by_tenant(t, b);
-}
-
-/* Per-tenant figures that live in the sessions: one pass over them, each
- * finding its tenant's row by binary search. */
-static int sum_sessions(gm_daemon_t *d, tenant_row_t *rows, size_t n) {
-        tenant_row_t **index = malloc((n ? n : 1) * sizeof(*index));
-        if (!index)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++)
-                index[i] = &rows[i];
-        qsort(index, n, sizeof(*index), row_ptr_by_tenant);
-        for (const gm_session_t *s = d->sessions; s; s = s->next) {
-                if (!s->tenant)
-                        continue;
-                tenant_row_t **r = bsearch(s->tenant, index, n, sizeof(*index), row_by_tenant);
-                if (!r)
-                        continue;
-                (*r)->releasing_bytes += s->releasing_bytes;
-                if (s->heap) {
-                        uint64_t lf = gm_heap_largest_free(s->heap);
-                        if (lf > (*r)->largest_free)
-                                (*r)->largest_free = lf;
-                }
-        }
-        free(index);
-        return 0;
-}
 
 typedef enum { V_CURRENT, V_PEAK, V_ALLOCATED, V_FREED, V_PENDING_FREE } value_kind_t;
 
@@ -466,7 +393,7 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
          * without a tenant row ("other") come from the table alone. */
         family(o, "gpumem_oom_refusals_total", "counter", "Allocations refused for lack of memory, by reason.");
         static const uint64_t zero[_GM_OOM_REASON_MAX];
-        char labels[192], more[32];
+        char labels[TENANT_LABELS_MAX], more[32];
         for (size_t i = 0; i < n; i++) {
                 if (refusal_find(m, rows[i].tenant->name))
                         continue;
@@ -487,6 +414,25 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         }
 }
 
+/* One histogram's series: cumulative buckets, sum in seconds, count. */
+static void render_histogram(out_t *o, const char *name, const char *labels, const histogram_t *h) {
+        char series[96], sum[32];
+        uint64_t cumulative = 0;
+        snprintf(series, sizeof(series), "%s_bucket", name);
+        for (size_t b = 0; b < N_BUCKETS; b++) {
+                cumulative += h->bucket[b];
+                sample(o, series, labels, buckets[b].le, (int64_t) cumulative);
+        }
+        sample(o, series, labels, ",le=\"+Inf\"", (int64_t) h->count);
+        snprintf(sum, sizeof(sum), "} %.9f\n", (double) h->sum_ns / 1e9);
+        out_str(o, name);
+        out_str(o, "_sum");
+        out_str(o, labels);
+        out_str(o, sum);
+        snprintf(series, sizeof(series), "%s_count", name);
+        sample(o, series, labels, "", (int64_t) h->count);
+}
+
 static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         char more[48];
         family(o, "gpumem_reclaim_requests_total", "counter",
@@ -497,25 +443,47 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         }
         family(o, "gpumem_request_duration_seconds", "histogram",
                "Time the daemon spent serving a request, by operation.");
-        for (int op = 0; op < _GM_REQUEST_OP_MAX; op++) {
-                const histogram_t *h = &m->requests[op];
-                char labels[64];
-                snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, op_names[op]);
-                uint64_t cumulative = 0;
-                for (size_t b = 0; b < N_BUCKETS; b++) {
-                        cumulative += h->bucket[b];
-                        sample(o, "gpumem_request_duration_seconds_bucket", labels, buckets[b].le,
-                               (int64_t) cumulative);
-                }
-                sample(o, "gpumem_request_duration_seconds_bucket", labels, ",le=\"+Inf\"", (int64_t) h->count);
-                out_printf(o, "gpumem_request_duration_seconds_sum%s} %.9f\n", labels, (double) h->sum_ns / 1e9);
-                sample(o, "gpumem_request_duration_seconds_count", labels, "", (int64_t) h->count);
+        for (size_t op = 0; op < m->src.n_ops; op++) {
+                char labels[DEVICE_LABELS_MAX + 64];
+                snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, m->src.op_names[op]);
+                render_histogram(o, "gpumem_request_duration_seconds", labels, &m->requests[op]);
         }
+        family(o, "gpumem_reclaim_wait_seconds", "histogram",
+               "Time parked allocations waited for reclaimed memory before they were served or refused.");
+        render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
+}
+
+/* The fields of /proc/self/stat the process_* metrics use. */
+typedef struct self_stat {
+        unsigned long long utime, stime; /* clock ticks */
+        unsigned long long start_ticks;  /* since boot */
+        unsigned long long vsize;        /* bytes */
+        long long rss;                   /* pages */
+} self_stat_t;
+
+/* Reads /proc/self/stat: after "pid (comm)" come field 3 (state) onwards;
+ * utime is 14, stime 15, starttime 22, vsize 23, rss 24. 0 or -EIO. */
+static int read_self_stat(self_stat_t *ret) {
+        char buf[1024];
+        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -EIO;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        const char *p = strrchr(buf, ')');
+        self_stat_t st;
+        if (!p || sscanf(p + 2,
+                         "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld",
+                         &st.utime, &st.stime, &st.start_ticks, &st.vsize, &st.rss) != 5)
+                return -EIO;
+        *ret = st;
+        return 0;
 }
 
 /* Seconds since the epoch at which this process started, from /proc. */
 static double process_start_time(void) {
-        double btime = 0, start_ticks = 0;
+        double btime = 0;
         char line[256];
         FILE *f = fopen("/proc/stat", "re");
         if (!f)
@@ -524,19 +492,10 @@ static double process_start_time(void) {
                 if (sscanf(line, "btime %lf", &btime) == 1)
                         break;
         fclose(f);
-        f = fopen("/proc/self/stat", "re");
-        if (!f)
+        self_stat_t st;
+        if (read_self_stat(&st) < 0)
                 return 0;
-        char buf[1024];
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        const char *p = strrchr(buf, ')');
-        /* After "pid (comm)": field 3 (state) onwards; starttime is field 22. */
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %lf",
-                         &start_ticks) != 1)
-                return 0;
-        return btime + start_ticks / (double) sysconf(_SC_CLK_TCK);
+        return btime + (double) st.start_ticks / (double) sysconf(_SC_CLK_TCK);
 }
 
 /* Open fds of this process, -1 if unknown. Every segment piece is an fd, so
@@ -577,29 +536,15 @@ static long count_open_fds(void) {
 
 /* The conventional process_* metrics of the daemon itself, from /proc/self. */
 static void render_process(out_t *o, const gm_metrics_t *m) {
-        char buf[1024];
-        unsigned long long utime = 0, stime = 0, vsize = 0;
-        long long rss = 0;
-        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-                ssize_t n = read(fd, buf, sizeof(buf) - 1);
-                close(fd);
-                buf[n > 0 ? n : 0] = '\0';
-                const char *p = strrchr(buf, ')');
-                /* Fields 14 (utime), 15 (stime), 23 (vsize) and 24 (rss, pages). */
-                if (!p || sscanf(p + 2,
-                                 "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %*u "
-                                 "%llu %lld",
-                                 &utime, &stime, &vsize, &rss) != 4)
-                        utime = stime = vsize = 0, rss = 0;
-        }
+        self_stat_t st = {0};
+        read_self_stat(&st); /* zeros when /proc is not there */
         long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
         family(o, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
-        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (utime + stime) / (double) tck);
+        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (st.utime + st.stime) / (double) tck);
         family(o, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        out_printf(o, "process_resident_memory_bytes %lld\n", rss * page);
+        out_printf(o, "process_resident_memory_bytes %lld\n", st.rss * page);
         family(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        out_printf(o, "process_virtual_memory_bytes %llu\n", vsize);
+        out_printf(o, "process_virtual_memory_bytes %llu\n", st.vsize);
         family(o, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
         out_printf(o, "process_start_time_seconds %.2f\n", m ? m->start_time : process_start_time());
 
@@ -614,49 +559,81 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
         out_printf(o, "process_max_fds %llu\n", (unsigned long long) rl.rlim_cur);
 }
 
-int gm_metrics_render(gm_daemon_t *d, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
+/* Whether a tenant has series: once it has had a session that did anything
+ * (its statistics never go back), while it has one or holds memory, when the
+ * configuration gives it a quota, or once refused. A quota set at run time
+ * for a name nobody uses creates no series. */
+static bool tenant_shown(const gm_tenant_t *t, const gm_metrics_t *m) {
+        const gm_stats_t *st = &t->stats;
+        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] ||
+               st->segment[GM_STAT_ALL].allocated || st->allocation[GM_STAT_ALL].allocated || st->num_ooms ||
+               (m && refusal_find(m, t->name));
+}
+
+int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
         out_t o = {.cap = 64 * 1024};
         o.p = malloc(o.cap);
+        gm_tenant_view_t *views = NULL;
         size_t n = 0;
-        for (const gm_tenant_t *t = d->tenants; t; t = t->next)
-                n++;
-        tenant_row_t *rows = calloc(n ? n : 1, sizeof(*rows));
+        int r = gm_broker_tenant_views(b, &views, &n);
+        tenant_row_t *rows = r == 0 ? calloc(n ? n : 1, sizeof(*rows)) : NULL;
         if (!o.p || !rows) {
                 free(o.p);
-                free(rows);
+                free(views);
                 return -ENOMEM;
         }
-        char dev[32];
-        snprintf(dev, sizeof(dev), "{device=\"%d\"", d->backend->device);
-        size_t i = 0;
-        for (const gm_tenant_t *t = d->tenants; t; t = t->next, i++) {
+        const gm_backend_t *backend_ = b->backend;
+        /* The driver's UUID of the device (cuda), else the configured one. */
+        const char *device_uuid = backend_->device_uuid[0] ? backend_->device_uuid : m ? m->src.device_uuid : NULL;
+        char dev[DEVICE_LABELS_MAX], uuid[112] = "";
+        if (device_uuid)
+                escape_label(device_uuid, uuid, sizeof(uuid));
+        snprintf(dev, sizeof(dev), "{device=\"%d\"%s%s%s", backend_->device, uuid[0] ? ",UUID=\"" : "", uuid,
+                 uuid[0] ? "\"" : "");
+        size_t shown = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (!tenant_shown(views[i].tenant, m))
+                        continue;
                 char label[144];
-                escape_label(t->name, label, sizeof(label));
-                rows[i].tenant = t;
-                snprintf(rows[i].labels, sizeof(rows[i].labels), "%s,tenant=\"%s\"", dev, label);
+                escape_label(views[i].tenant->name, label, sizeof(label));
+                rows[shown] = (tenant_row_t){
+                        .tenant = views[i].tenant,
+                        .releasing_bytes = views[i].releasing_bytes,
+                        .largest_free = views[i].largest_free,
+                };
+                snprintf(rows[shown].labels, sizeof(rows[shown].labels), "%s,tenant=\"%s\"", dev, label);
+                shown++;
         }
-        qsort(rows, n, sizeof(*rows), row_by_name);
-        if (sum_sessions(d, rows, n) < 0)
-                o.failed = true;
+        n = shown;
+        free(views);
 
         char backend[64], more[128];
-        escape_label(d->backend->ops->name, backend, sizeof(backend));
+        escape_label(backend_->ops->name, backend, sizeof(backend));
         family(&o, "gpumem_build_info", "gauge", "Build of the running gpumemd; the value is always 1.");
         snprintf(more, sizeof(more), ",version=\"%s\",backend=\"%s\"", GPUMEMD_VERSION, backend);
         sample(&o, "gpumem_build_info", dev, more, 1);
         family(&o, "gpumem_device_capacity_bytes", "gauge", "Bytes the broker may hand out on the device.");
-        sample(&o, "gpumem_device_capacity_bytes", dev, "", (int64_t) d->backend->capacity);
+        sample(&o, "gpumem_device_capacity_bytes", dev, "", (int64_t) backend_->capacity);
         uint64_t dev_free, dev_total;
-        if (d->backend->ops->mem_info(d->backend, &dev_free, &dev_total) == 0) {
+        if (backend_->ops->mem_info((gm_backend_t *) backend_, &dev_free, &dev_total) == 0) {
                 family(&o, "gpumem_device_total_bytes", "gauge", "Device memory as reported by the driver.");
                 sample(&o, "gpumem_device_total_bytes", dev, "", (int64_t) dev_total);
                 family(&o, "gpumem_device_free_bytes", "gauge", "Free device memory as reported by the driver.");
                 sample(&o, "gpumem_device_free_bytes", dev, "", (int64_t) dev_free);
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
-        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) d->backend->in_use);
+        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_broker_reserved(b));
+        if (b->store_max) {
+                family(&o, "gpumem_fdstore_fds", "gauge",
+                       "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");
+                sample(&o, "gpumem_fdstore_fds", dev, "", b->n_stored);
+                family(&o, "gpumem_fdstore_max_fds", "gauge",
+                       "Handles the fd store may hold; pieces beyond it do not survive a restart here.");
+                sample(&o, "gpumem_fdstore_max_fds", dev, "", b->store_max);
+        }
 
-        render_tenants(&o, dev, m, rows, n);
+        if (!m || !m->src.hide_tenants)
+                render_tenants(&o, dev, m, rows, n);
         if (m)
                 render_counters(&o, dev, m);
         render_process(&o, m);
@@ -695,7 +672,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return reply_static(c, MHD_HTTP_NOT_FOUND, "Not found: the metrics are at /metrics.\n", false);
         char *text;
         size_t len;
-        if (gm_metrics_render(m->daemon, m, &text, &len) < 0)
+        if (gm_metrics_render(m->src.broker, m, &text, &len) < 0)
                 return reply_static(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "Out of memory.\n", false);
         struct MHD_Response *r = MHD_create_response_from_buffer_with_free_callback(len, text, free);
         if (!r) {
@@ -746,10 +723,24 @@ static void on_listener(uv_poll_t *p, int status, int events) {
                                 log_debug("metrics: accept failed: %s", strerror(errno));
                         break;
                 }
+                if (!gm_http_guard_admit(&m->guard, fd, (struct sockaddr *) &addr, addrlen)) {
+                        close(fd); /* this peer holds its share: others' scrapes still find room */
+                        continue;
+                }
                 /* Closes fd itself when a limit refuses it. */
-                MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen);
+                if (MHD_add_connection(m->mhd, fd, (struct sockaddr *) &addr, addrlen) != MHD_YES)
+                        gm_http_guard_release(&m->guard, fd);
         }
         mhd_service(m);
+}
+
+/* A connection MHD closed (timeout, end, error) gives its peer's slot back. */
+static void on_connection_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                                 enum MHD_ConnectionNotificationCode code) {
+        gm_metrics_t *m = cls;
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (code == MHD_CONNECTION_NOTIFY_CLOSED && info)
+                gm_http_guard_release(&m->guard, info->connect_fd);
 }
 
 static void metrics_free(gm_metrics_t *m) {
@@ -808,7 +799,7 @@ static void describe_socket(int fd, char *buf, size_t len) {
         }
 }
 
-int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
+int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         gm_metrics_t *m = calloc(1, sizeof(*m));
         if (m)
                 m->refusals = calloc(REFUSAL_TENANTS_MAX, sizeof(*m->refusals));
@@ -818,9 +809,12 @@ int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr
                 snprintf(reterr, reterr_len, "out of memory");
                 return -ENOMEM;
         }
-        m->daemon = d;
+        m->src = *src;
+        if (m->src.n_ops > GM_METRICS_MAX_OPS)
+                m->src.n_ops = GM_METRICS_MAX_OPS;
         m->listen_fd = fd;
         m->start_time = process_start_time();
+        gm_http_guard_init(&m->guard);
 
         /* A socket from systemd is neither non-blocking nor close-on-exec. */
         int fl = fcntl(fd, F_GETFL);
@@ -834,7 +828,7 @@ int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr
                                   on_request, m,
                                   MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
                                   MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP_LIMIT,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection_notify, m,
                                   MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) HTTP_MEMORY_LIMIT,
                                   MHD_OPTION_END);
@@ -843,15 +837,15 @@ int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr
                 gm_metrics_stop(m);
                 return -EIO;
         }
-        uv_timer_init(d->loop, &m->timer);
+        uv_timer_init(src->loop, &m->timer);
         m->timer.data = m;
         m->handles |= HANDLE_TIMER;
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-        int r = info ? uv_poll_init(d->loop, &m->events, info->epoll_fd) : UV_EINVAL;
+        int r = info ? uv_poll_init(src->loop, &m->events, info->epoll_fd) : UV_EINVAL;
         if (r == 0) {
                 m->events.data = m;
                 m->handles |= HANDLE_EVENTS;
-                r = uv_poll_init(d->loop, &m->listener, fd);
+                r = uv_poll_init(src->loop, &m->listener, fd);
         }
         if (r < 0) {
                 snprintf(reterr, reterr_len, "cannot watch the HTTP sockets: %s", uv_strerror(r));
@@ -905,30 +899,10 @@ static int parse_inet(const char *listen, struct sockaddr_storage *ss, socklen_t
         return 0;
 }
 
-/* Binds a unix socket, replacing a stale socket file that nobody listens on. */
-static int bind_unix(int fd, const struct sockaddr_un *a) {
-        if (bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0)
-                return 0;
-        if (errno != EADDRINUSE)
-                return -errno;
-        struct stat st;
-        if (lstat(a->sun_path, &st) < 0 || !S_ISSOCK(st.st_mode))
-                return -EADDRINUSE;
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe < 0)
-                return -errno;
-        int live = connect(probe, (const struct sockaddr *) a, sizeof(*a)) == 0 || errno != ECONNREFUSED;
-        close(probe);
-        if (live)
-                return -EADDRINUSE;
-        unlink(a->sun_path);
-        return bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0 ? 0 : -errno;
-}
-
-int gm_metrics_start(gm_daemon_t *d, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
+int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         char def[32];
         if (!listen_addr) {
-                snprintf(def, sizeof(def), "127.0.0.1:%d", METRICS_PORT_BASE + d->opts.device);
+                snprintf(def, sizeof(def), "127.0.0.1:%d", METRICS_PORT_BASE + src->broker->backend->device);
                 listen_addr = def;
         }
         if (!listen_addr[0] || strcmp(listen_addr, "none") == 0) {
@@ -961,7 +935,7 @@ int gm_metrics_start(gm_daemon_t *d, const char *listen_addr, gm_metrics_t **ret
         }
         int r = 0;
         if (is_unix) {
-                r = bind_unix(fd, (const struct sockaddr_un *) &ss);
+                r = gm_ipc_bind_unix(fd, (const struct sockaddr_un *) &ss, SOCK_STREAM);
         } else {
                 int one = 1;
                 setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -976,7 +950,7 @@ int gm_metrics_start(gm_daemon_t *d, const char *listen_addr, gm_metrics_t **ret
                 return r;
         }
         gm_metrics_t *m;
-        r = gm_metrics_start_fd(d, fd, &m, reterr, reterr_len);
+        r = gm_metrics_start_fd(src, fd, &m, reterr, reterr_len);
         if (r < 0) {
                 if (is_unix)
                         unlink(((const struct sockaddr_un *) &ss)->sun_path);

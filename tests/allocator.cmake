@@ -2,10 +2,11 @@
 add_executable(test_allocator
   ${CMAKE_CURRENT_LIST_DIR}/test_allocator.c
   ${CMAKE_CURRENT_LIST_DIR}/test_allocator_random.c
+  ${CMAKE_CURRENT_LIST_DIR}/test_allocator_reuse.c
   ${CMAKE_CURRENT_LIST_DIR}/fake_provider.c)
 target_link_libraries(test_allocator PRIVATE gm_allocator PkgConfig::CHECK)
 add_test(NAME allocator COMMAND test_allocator)
-set_tests_properties(allocator PROPERTIES TIMEOUT 300)
+set_tests_properties(allocator PROPERTIES TIMEOUT 600)
 
 # Rebuilding a heap from its client's ledger (daemon restart).
 add_executable(test_restore ${CMAKE_CURRENT_LIST_DIR}/test_restore.c ${CMAKE_CURRENT_LIST_DIR}/fake_provider.c)

@@ -1,5 +1,6 @@
 /* See fake_provider.h. Handles are 1, 2, 3... in creation order. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +78,71 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
                 f->errors++;
 }
 
+/* Whether a live piece other than `handle` covers [offset, offset+size) of segment_id. */
+static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t segment_id, uint64_t offset,
+                          uint64_t size) {
+        for (uint64_t i = 0; i < f->n_pieces; i++) {
+                const fake_piece_t *p = &f->pieces[i];
+
+                if (i + 1 != handle && p->live && p->segment_id == segment_id && p->offset < offset + size &&
+                    offset < p->offset + p->size)
+                        return true;
+        }
+        return false;
+}
+
+static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
+                      uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
+                      bool from_segment_empty) {
+        fake_provider_t *f = userdata;
+        fake_piece_t *p;
+
+        if (f->remap_fail_next) {
+                f->remap_fail_next--;
+                return -EIO;
+        }
+        if (handle == 0 || handle > f->n_pieces || to_offset + size > to_segment_va_size) {
+                f->errors++;
+                return -EINVAL;
+        }
+        p = &f->pieces[handle - 1];
+        if (!p->live || p->segment_id != from_segment || p->offset != from_offset || p->size != size ||
+            (!f->no_overlap_check && overlaps_live(f, handle, to_segment, to_offset, size))) {
+                f->errors++;
+                return -EINVAL;
+        }
+        grow((void **)&f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
+        f->seg_live[from_segment]--;
+        f->seg_live[to_segment]++;
+        if (from_segment_empty != (f->seg_live[from_segment] == 0))
+                f->errors++;
+        p->segment_id = to_segment;
+        p->offset = to_offset;
+        f->remaps++;
+        return 0;
+}
+
+static int fake_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
+        fake_provider_t *f = userdata;
+
+        f->stream_queries++;
+        if (stream >= FAKE_STREAMS) {
+                *ret_done = fence;
+                return 0;
+        }
+        if (fence < f->fence_marked[stream])
+                f->errors++;
+        f->fence_marked[stream] = fence;
+        if (!f->busy[stream])
+                f->fence_done[stream] = fence;
+        *ret_done = f->fence_done[stream];
+        return 0;
+}
+
+void fake_progress(fake_provider_t *f, uint64_t stream) {
+        f->fence_done[stream] = f->fence_marked[stream];
+}
+
 static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
         fake_provider_t *f = userdata;
 
@@ -96,6 +162,8 @@ gm_provider_t fake_provider(fake_provider_t *f) {
                 .create = fake_create,
                 .release = fake_release,
                 .trace = fake_trace,
+                .remap = fake_remap,
+                .stream_fence = fake_stream_fence,
                 .userdata = f,
         };
 }

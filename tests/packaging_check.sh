@@ -1,6 +1,6 @@
 #!/bin/sh
 # Packaging checks, one per ctest entry (tests/sd.cmake):
-#   packaging_check.sh units|security|man|deb|k8s SOURCE_DIR BUILD_DIR GPUMEMD_BIN
+#   packaging_check.sh units|security|man|deb|maintscripts|k8s SOURCE_DIR BUILD_DIR GPUMEMD_BIN
 # Exit 0 pass, 1 fail, 77 skipped (a tool is missing). Works offline, in a
 # container without a running systemd.
 set -u
@@ -108,70 +108,243 @@ man)
         ;;
 
 deb)
-        need cpack dpkg-deb
-        [ -f "$build/CPackConfig.cmake" ] || fail "no CPackConfig.cmake in $build"
-        (cd "$build" && cpack -G DEB -B "$tmp/out" >"$tmp/cpack.log" 2>&1) || {
-                cat "$tmp/cpack.log" >&2
-                fail "cpack -G DEB"
+        # The Debian packages, built the Debian way (packaging/build-deb.sh:
+        # dpkg-buildpackage over packaging/debian), accepted by lintian,
+        # installed by dpkg into a throw-away root, and used from there.
+        need dpkg-buildpackage dh lintian dpkg-deb cc pkg-config cmake
+        sh "$pkg/build-deb.sh" "$src" "$tmp/out" >"$tmp/build.log" 2>&1 || {
+                tail -n 60 "$tmp/build.log" >&2
+                fail "packaging/build-deb.sh"
         }
-        deb=$(ls "$tmp"/out/gpumemd_*.deb 2>/dev/null | head -n 1)
-        [ -n "$deb" ] || fail "cpack produced no gpumemd_*.deb"
-        dpkg-deb -c "$deb" | awk '{ print $6 }' | sed 's#^\./#/#' >"$tmp/contents"
-        want="/usr/bin/gpumemd /usr/bin/gpumemctl
+        changes=$(ls "$tmp"/out/gpumemd_*.changes)
+        grep -q '\.dsc$' "$changes" || fail "no source package in $changes"
+        # Source and binary packages: no error, no warning; every override
+        # carries its reason.
+        lintian --fail-on error,warning --tag-display-limit 0 "$changes" >"$tmp/lintian" 2>&1 ||
+                fail "lintian:
+$(cat "$tmp/lintian")"
+        lintian --tag-display-limit 0 --show-overrides "$changes" >"$tmp/lintian" 2>&1
+        echo "lintian: no errors or warnings; overridden: $(sed -n 's/^O: //p' "$tmp/lintian" | tr '\n' ' ')"
+        for overrides in "$pkg"/debian/*.lintian-overrides; do
+                [ -e "$overrides" ] || continue
+                awk '/^#/ { why = 1; next } /^[^ \t]/ && !why { bad = 1; print FILENAME ": " $0 " has no reason" }
+                     { why = 0 } END { exit bad }' "$overrides" >&2 || fail "an override without a reason"
+        done
+
+        # Which file lives in which package.
+        for p in gpumemd libgpumem0 libgpumem-dev; do
+                deb=$(ls "$tmp"/out/${p}_*.deb)
+                dpkg-deb -c "$deb" | awk '{ print $6 }' | sed 's#^\./#/#' >"$tmp/$p.contents"
+                dpkg-deb -e "$deb" "$tmp/$p.control"
+        done
+        has() {
+                for path in $2; do
+                        grep -qx "$path" "$tmp/$1.contents" || fail "$path is not in $1"
+                done
+        }
+        multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+        share=/usr/share/gpumemd
+        has gpumemd "/usr/bin/gpumemd /usr/bin/gpumemctl /etc/gpumem/gpumemd.conf
 /usr/lib/systemd/system/gpumemd@.service /usr/lib/systemd/system/gpumemd@.socket
 /usr/lib/sysusers.d/gpumem.conf /usr/lib/tmpfiles.d/gpumem.conf
-/usr/include/gpumem/gpumem.h
-/usr/share/man/man8/gpumemd.8 /usr/share/man/man1/gpumemctl.1 /usr/share/man/man3/libgpumem.3"
-        [ -f "$src/etc/gpumemd.conf" ] && want="$want /etc/gpumem/gpumemd.conf"
-        for path in $want; do
-                grep -qx "$path" "$tmp/contents" || fail "$path missing from the .deb"
+/usr/share/man/man8/gpumemd.8.gz /usr/share/man/man1/gpumemctl.1.gz
+$share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share/grafana/gpumemd-dashboard.json
+/usr/share/doc/gpumemd/metrics.md /usr/share/doc/gpumemd/runbook.md /usr/share/doc/gpumemd/copyright"
+        has libgpumem0 "/usr/lib/$multiarch/libgpumem.so.0"
+        has libgpumem-dev "/usr/include/gpumem/gpumem.h /usr/lib/$multiarch/libgpumem.so
+/usr/lib/$multiarch/pkgconfig/gpumem.pc /usr/lib/$multiarch/cmake/gpumem/gpumemConfig.cmake
+/usr/share/man/man3/libgpumem.3.gz"
+        ! grep -q 'libgpumem\.so\|\.h$' "$tmp/gpumemd.contents" || fail "gpumemd carries library files"
+        ! grep -q '\.h$\|\.so$\|pkgconfig\|cmake' "$tmp/libgpumem0.contents" || fail "libgpumem0 carries development files"
+        grep -q '^libgpumem\.so\.0 libgpumem0' "$tmp/libgpumem0.control/symbols" || fail "libgpumem0 has no symbols file"
+        grep -qx /etc/gpumem/gpumemd.conf "$tmp/gpumemd.control/conffiles" || fail "the config is not a conffile"
+        for script in postinst prerm postrm; do
+                [ -x "$tmp/gpumemd.control/$script" ] || fail "gpumemd has no $script"
         done
-        for pattern in '/libgpumem\.so\.0$' '/pkgconfig/gpumem\.pc$' '/cmake/gpumem/gpumemConfig\.cmake$'; do
-                grep -q "$pattern" "$tmp/contents" || fail "nothing matching $pattern in the .deb"
-        done
-        [ "$(dpkg-deb -f "$deb" Package)" = gpumemd ] || fail "package name"
-        depends=$(dpkg-deb -f "$deb" Depends)
-        for dep in libuv1 libprotobuf-c1 libsystemd0 libinih1 libmicrohttpd12; do
-                printf '%s\n' "$depends" | grep -qw "$dep" || fail "Depends lacks $dep: $depends"
-        done
-        mkdir "$tmp/ctrl"
-        dpkg-deb -e "$deb" "$tmp/ctrl"
-        [ -x "$tmp/ctrl/postinst" ] || fail "no executable postinst"
-        grep -q systemd-sysusers "$tmp/ctrl/postinst" || fail "postinst does not run systemd-sysusers"
-        if [ -f "$src/etc/gpumemd.conf" ]; then
-                grep -qx /etc/gpumem/gpumemd.conf "$tmp/ctrl/conffiles" || fail "config is not a conffile"
-        fi
+        grep -q systemd-sysusers "$tmp/gpumemd.control/postinst" || fail "postinst does not create the gpumem user"
 
-        # What it installs works from where it lands: the daemon starts, and a
-        # program builds and runs against the header, gpumem.pc and the library.
+        # The throw-away root holds a dpkg database with the host's entries of
+        # the packages ours depend on, so dpkg checks Depends for real. Scripts
+        # run outside a chroot with DPKG_ROOT set (--force-script-chrootless):
+        # a chroot would need a whole Debian inside it.
         root=$tmp/root
-        dpkg-deb -x "$deb" "$root"
-        "$root/usr/bin/gpumemd" --help >/dev/null || fail "installed gpumemd --help"
-        if command -v cc >/dev/null 2>&1 && command -v pkg-config >/dev/null 2>&1; then
-                pc=$(find "$root/usr/lib" -name gpumem.pc | head -n 1)
-                libdir=$(dirname "$(find "$root/usr/lib" -name 'libgpumem.so.0' | head -n 1)")
-                cat >"$tmp/use.c" <<'EOF'
-#include <errno.h>
-#include <gpumem/gpumem.h>
-#include <stdio.h>
-#include <string.h>
-int main(void) {
-        gpumem_client *c = NULL;
-        /* No daemon there: a clean error, not a crash. */
-        int r = gpumem_connect("/nonexistent/gpumem.sock", &c);
-        printf("%s\n", gpumem_strerror(r));
-        return r < 0 && c == NULL && strlen(gpumem_strerror(-EDQUOT)) > 0 ? 0 : 1;
-}
-EOF
-                flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs gpumem) ||
-                        fail "pkg-config gpumem"
-                case $flags in *"$root"*) ;; *) fail "gpumem.pc does not point into the install: $flags" ;; esac
-                # A sanitizer build's library needs its runtime loaded first.
-                san=
-                readelf -d "$libdir/libgpumem.so.0" 2>/dev/null | grep -q libasan && san=-fsanitize=address,undefined
-                cc $san -o "$tmp/use" "$tmp/use.c" $flags || fail "building against the installed library"
-                LD_LIBRARY_PATH=$libdir "$tmp/use" >/dev/null || fail "program linked to libgpumem"
-        fi
+        mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/etc"
+        : >"$root/var/lib/dpkg/status"
+        deps=$(for deb in "$tmp"/out/*.deb; do dpkg-deb -f "$deb" Depends; done |
+                tr ',|' '\n\n' | sed 's/(.*//; s/:any//; s/[[:space:]]//g' | grep -v '^\(gpumemd\|libgpumem.*\|\)$' | sort -u)
+        for dep in $deps; do
+                dpkg-query -s "$dep" >>"$root/var/lib/dpkg/status" 2>/dev/null && echo >>"$root/var/lib/dpkg/status"
+        done
+        asroot=
+        [ "$(id -u)" = 0 ] || { need fakeroot; asroot=fakeroot; }
+        dpkgr() {
+                $asroot dpkg --root="$root" --force-script-chrootless --log=/dev/null "$@" >>"$tmp/dpkg.log" 2>&1 ||
+                        fail "dpkg $*:
+$(cat "$tmp/dpkg.log")"
+        }
+        dpkgr -i "$tmp"/out/gpumemd_*.deb "$tmp"/out/libgpumem0_*.deb "$tmp"/out/libgpumem-dev_*.deb
+        status=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package} ${db:Status-Abbrev}\n' \
+                gpumemd libgpumem0 libgpumem-dev | sort)
+        [ "$status" = "gpumemd ii 
+libgpumem-dev ii 
+libgpumem0 ii " ] || fail "not installed: $status"
+        uid=$(awk -F: '$1 == "gpumem" { print $3 }' "$root/etc/passwd")
+        [ -n "$uid" ] || fail "postinst created no gpumem user"
+        for dir in run/gpumem var/lib/gpumem; do
+                [ "$(stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
+        done
+
+        # The cuda backend is in the package exactly when the build profiles
+        # say so (packaging/debian/rules).
+        profiles=$(sed -n "s/^build-deb: build profiles '\(.*\)'\$/\1/p" "$tmp/build.log")
+        want_cuda=yes
+        case $profiles in *pkg.gpumemd.nocuda*) want_cuda=no ;; esac
+        has_cuda=yes
+        grep -q "built without the cuda backend" "$root/usr/bin/gpumemd" && has_cuda=no
+        [ $has_cuda = $want_cuda ] || fail "cuda backend in the package: $has_cuda, build profiles '$profiles'"
+        echo "cuda backend: $has_cuda (build profiles '$profiles')"
+
+        # Consumers of the installed libgpumem-dev: pkg-config and
+        # find_package(gpumem), run against the installed daemon.
+        libdir=$root/usr/lib/$multiarch
+        flags=$(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs gpumem) || fail "pkg-config gpumem"
+        case $flags in *"$root"*) ;; *) fail "gpumem.pc does not point into the root: $flags" ;; esac
+        # shellcheck disable=SC2086 # flags are words
+        cc -Wall -Werror -o "$tmp/example-pc" "$src/tests/install/example.c" $flags || fail "building with pkg-config"
+        cmake -S "$src/tests/install" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$root/usr" >"$tmp/cmake.log" 2>&1 &&
+                cmake --build "$tmp/consumer" >>"$tmp/cmake.log" 2>&1 ||
+                fail "building with find_package(gpumem):
+$(cat "$tmp/cmake.log")"
+        grep -q "$root/usr/lib/$multiarch/cmake/gpumem" "$tmp/consumer/CMakeCache.txt" ||
+                fail "find_package(gpumem) did not find the installed package"
+        sock=$tmp/gpu0.sock
+        "$root/usr/bin/gpumemd" --backend host --capacity 64M --socket "$sock" --metrics-listen none \
+                --config "$root/etc/gpumem/gpumemd.conf" 2>"$tmp/daemon.log" &
+        daemon=$!
+        trap 'kill $daemon 2>/dev/null; rm -rf "$tmp"' EXIT
+        i=0
+        while [ ! -S "$sock" ]; do
+                [ $i -lt 1200 ] || fail "the installed gpumemd does not listen: $(cat "$tmp/daemon.log")"
+                sleep 0.05
+                i=$((i + 1))
+        done
+        for example in "$tmp/example-pc" "$tmp/consumer/example"; do
+                # The example allocates 8 MiB, says "ready" and frees at EOF.
+                mkfifo "$tmp/in"
+                LD_LIBRARY_PATH=$libdir "$example" "$sock" <"$tmp/in" >"$tmp/ex.out" &
+                exec 3>"$tmp/in"
+                i=0
+                while ! grep -q ready "$tmp/ex.out"; do
+                        [ $i -lt 1200 ] || fail "$example never got its memory: $(cat "$tmp/daemon.log")"
+                        sleep 0.05
+                        i=$((i + 1))
+                done
+                stats=$("$root/usr/bin/gpumemctl" -s "$sock" stats --json)
+                exec 3>&-
+                wait $! || fail "$example failed: $(cat "$tmp/daemon.log")"
+                rm "$tmp/in"
+                case $stats in *'"allocated_bytes.all.current": 8388608'*) ;;
+                *) fail "$example: the installed gpumemctl does not show its block: $stats" ;; esac
+        done
+        kill $daemon
+        wait $daemon 2>/dev/null
+
+        # Removal keeps the configuration and state; purge takes them.
+        dpkgr -r gpumemd libgpumem-dev libgpumem0
+        [ ! -e "$root/usr/bin/gpumemd" ] && [ ! -e "$libdir/libgpumem.so.0" ] || fail "dpkg -r left files"
+        [ -f "$root/etc/gpumem/gpumemd.conf" ] && [ -d "$root/var/lib/gpumem" ] || fail "dpkg -r took the config"
+        mkdir -p "$root/etc/systemd/system/sockets.target.wants"
+        ln -s /usr/lib/systemd/system/gpumemd@.socket "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket"
+        dpkgr --purge gpumemd libgpumem-dev libgpumem0
+        [ ! -e "$root/etc/gpumem/gpumemd.conf" ] && [ ! -e "$root/var/lib/gpumem" ] || fail "purge left the config or state"
+        [ ! -L "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket" ] || fail "purge left an enabled instance"
+        grep -q '^gpumem:' "$root/etc/passwd" || fail "purge removed the gpumem user"
+        ;;
+
+maintscripts)
+        # gpumemd's maintainer scripts against a stand-in systemctl and
+        # deb-systemd-invoke that log what they are asked (the debhelper parts
+        # are left out: #DEBHELPER# stays a comment). "Running under systemd"
+        # is a directory of the test's, not /run/systemd/system.
+        bin=$tmp/bin
+        mkdir -p "$bin" "$tmp/systemd-running"
+        cat >"$bin/systemctl" <<'STUB'
+#!/bin/sh
+# list-units [--state=S] PATTERN...: the lines of $UNITS ("name load active
+# sub") whose name matches a pattern and whose active state is S (default:
+# not inactive, as systemctl lists by default). Every call is logged.
+echo "systemctl $*" >>"$LOG"
+[ "$1" = list-units ] || exit 0
+shift
+state=
+patterns=
+for a in "$@"; do
+        case $a in --state=*) state=${a#--state=} ;; --*) ;; *) patterns="$patterns $a" ;; esac
+done
+for p in $patterns; do
+        while read -r name load active sub; do
+                case $name in $p)
+                        if [ -n "$state" ]; then [ "$active" = "$state" ] || continue
+                        else [ "$active" != inactive ] || continue; fi
+                        echo "$name $load $active $sub description" ;;
+                esac
+        done <"$UNITS"
+done
+STUB
+        printf '#!/bin/sh\necho "deb-systemd-invoke $*" >>"$LOG"\n' >"$bin/deb-systemd-invoke"
+        chmod +x "$bin/systemctl" "$bin/deb-systemd-invoke"
+        for script in postinst prerm postrm; do
+                sed "s#/run/systemd/system#$tmp/systemd-running#g" "$pkg/debian/gpumemd.$script" >"$tmp/$script"
+        done
+        cat >"$tmp/units" <<'UNITS'
+gpumemd@0.service loaded active running
+gpumemd@0.socket loaded active running
+gpumemd@1.service loaded inactive dead
+gpumemd@1.socket loaded active listening
+gpumemd@2.service loaded active running
+gpumemd@2.socket loaded active running
+other@0.service loaded active running
+UNITS
+        LOG=$tmp/log UNITS=$tmp/units
+        export LOG UNITS
+        # expect SCRIPT "ARGS" "DEB-SYSTEMD-INVOKE CALLS": runs the script
+        # with ARGS and compares the calls it made.
+        expect() {
+                : >"$LOG"
+                # shellcheck disable=SC2086 # ARGS is split into words
+                PATH=$bin:$PATH sh -e "$tmp/$1" $2 || fail "$1 $2 failed"
+                got=$(grep '^deb-systemd-invoke' "$LOG")
+                [ "$got" = "$3" ] || fail "$1 $2: expected '$3', got '$got' (log: $(cat "$LOG"))"
+        }
+        # A fresh install starts nothing: instances are the administrator's.
+        expect postinst configure ""
+        grep -q 'daemon-reload' "$LOG" || fail "postinst configure does not reload systemd"
+        # An upgrade restarts the running daemons, never the sockets (clients
+        # keep their connection paths) nor stopped instances.
+        expect postinst "configure 0.0.9-1" "deb-systemd-invoke restart gpumemd@0.service gpumemd@2.service"
+        # Upgrading stops nothing: a stop would empty the fd store.
+        expect prerm "upgrade 0.1.1-1" ""
+        # Removal stops every instance that runs or listens, sockets first.
+        expect prerm remove \
+                "deb-systemd-invoke stop gpumemd@0.socket gpumemd@1.socket gpumemd@2.socket gpumemd@0.service gpumemd@2.service"
+        expect postrm remove ""
+        grep -q 'daemon-reload' "$LOG" || fail "postrm remove does not reload systemd"
+        # Without systemd, or into another root (DPKG_ROOT), systemd is left alone.
+        rmdir "$tmp/systemd-running"
+        expect postinst "configure 0.0.9-1" ""
+        [ ! -s "$LOG" ] || fail "postinst talked to systemd without one: $(cat "$LOG")"
+        mkdir "$tmp/systemd-running"
+        root=$tmp/root
+        DPKG_ROOT=$root expect prerm remove ""
+        [ ! -s "$LOG" ] || fail "prerm with DPKG_ROOT talked to the host's systemd: $(cat "$LOG")"
+        # Purge in a root: the state and the dangling links of enabled instances go.
+        wants=$root/etc/systemd/system/sockets.target.wants
+        mkdir -p "$root/var/lib/gpumem" "$wants"
+        ln -s /nonexistent/gpumemd@.socket "$wants/gpumemd@0.socket"
+        ln -s "$tmp/units" "$wants/gpumemd@9.socket" # resolves: not a leftover
+        DPKG_ROOT=$root expect postrm purge ""
+        [ ! -e "$root/var/lib/gpumem" ] && [ ! -L "$wants/gpumemd@0.socket" ] && [ -L "$wants/gpumemd@9.socket" ] ||
+                fail "postrm purge: $(ls -la "$root/var/lib" "$wants")"
         ;;
 
 k8s)

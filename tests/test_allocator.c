@@ -499,6 +499,49 @@ START_TEST(test_expandable_pages) {
 }
 END_TEST
 
+/* PyTorch's get_free_block() in expandable mode judges a candidate by the
+ * size it can grow to (itself plus the unmapped range after it), so a hole
+ * that fits beats the growing tail of the segment even when the tail is the
+ * smaller block. Derived by hand, 20 MiB large-pool pages. */
+START_TEST(test_expandable_best_fit_growth) {
+        gm_alloc_result_t a, b, c, d, e, f, g, x1, x2;
+
+        open_with(true, UINT64_MAX, 1 * GiB);
+        a = alloc_ok(10 * MiB, 0); /* page 0: a [0,10), tail [10,20) */
+        b = alloc_ok(10 * MiB, 0); /* the tail exactly: b [10,20) */
+        ck_assert_uint_eq(b.offset, 10 * MiB);
+        c = alloc_ok(12 * MiB, 0); /* page 1: c [20,32), tail [32,40) */
+        ck_assert_uint_eq(c.offset, 20 * MiB);
+        free_ok(a.block_id, false); /* hole [0,10), can grow to 10 */
+        /* best fit by size is the 8 MiB tail (it can grow to the whole segment);
+         * the 10 MiB hole can grow to less, so it wins: d [0,8), free [8,10) */
+        d = alloc_ok(8 * MiB, 0);
+        ck_assert_uint_eq(d.offset, 0);
+        ck_assert_uint_eq(d.size, 8 * MiB);
+        /* now only the tail fits (the 2 MiB rest is too small) */
+        e = alloc_ok(8 * MiB, 0);
+        ck_assert_uint_eq(e.offset, 32 * MiB);
+        ck_assert_int_eq(RESERVED(GM_STAT_LARGE_POOL), 40 * MiB);
+        /* the 2 MiB rest beats a tail that could grow further */
+        f = alloc_ok(12 * MiB, 0); /* page 2: f [40,52), tail [52,60) */
+        ck_assert_uint_eq(f.offset, 40 * MiB);
+        g = alloc_ok(2 * MiB, 0);
+        ck_assert_uint_eq(g.offset, 8 * MiB);
+        /* another stream's blocks never enter the walk: stream 1 gets a 2 MiB
+         * hole (smallest of its blocks, right after stream 0's in the set) */
+        x1 = alloc_ok(2 * MiB, 1);
+        x2 = alloc_ok(2 * MiB, 1);
+        ck_assert_uint_ne(x1.segment_id, a.segment_id);
+        free_ok(x1.block_id, false);
+        g = alloc_ok(8 * MiB, 0); /* stream 0's tail [52,60), not stream 1's hole */
+        ck_assert_uint_eq(g.segment_id, a.segment_id);
+        ck_assert_uint_eq(g.offset, 52 * MiB);
+        ck_assert_int_eq(RESERVED(GM_STAT_LARGE_POOL), 80 * MiB);
+        ck_assert_int_eq(STATS->num_device_alloc, 4);
+        (void)x2;
+}
+END_TEST
+
 START_TEST(test_idle_split_segment) {
         gm_alloc_result_t a = alloc_ok(3 * MiB, 0), b = alloc_ok(3 * MiB, 0);
 
@@ -808,6 +851,7 @@ static Suite *allocator_suite(void) {
         tcase_add_test(tc, test_pattern_native);
         tcase_add_test(tc, test_pattern_expandable);
         tcase_add_test(tc, test_expandable_pages);
+        tcase_add_test(tc, test_expandable_best_fit_growth);
         tcase_add_test(tc, test_idle_split_segment);
         tcase_add_test(tc, test_ladder_release_cached);
         tcase_add_test(tc, test_ladder_oom);
@@ -828,6 +872,7 @@ int main(void) {
         int failed;
 
         srunner_add_suite(sr, allocator_random_suite());
+        srunner_add_suite(sr, allocator_reuse_suite());
         srunner_run_all(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);

@@ -32,3 +32,4 @@ int64_t cur(const gm_stat_t *stat_array, int type);
 #define CHECK_HEAP() ck_assert_int_eq(gm_heap_check(H), 0)
 
 Suite *allocator_random_suite(void);
+Suite *allocator_reuse_suite(void);

@@ -1,8 +1,10 @@
-/* Seeded random workloads (about 100k operations in all): allocations of every
- * size class on three streams, immediate and deferred frees, completions and
- * empty_cache, on a capacity small enough to drive the retry ladder. After
- * every step the heap passes gm_heap_check() and, per pool, reserved bytes =
- * allocated + pending + inactive bytes as seen by a walk. */
+/* Seeded random workloads (about 100k operations per policy mode, 100k more
+ * with page reuse): allocations of every size class on three streams,
+ * immediate and deferred frees, completions and empty_cache, on a capacity
+ * small enough to drive the retry ladder; with page reuse the streams also
+ * turn busy and idle and pass their fences at random. After every step the heap passes
+ * gm_heap_check() and, per pool, reserved bytes = allocated + pending +
+ * inactive bytes as seen by a walk = the provider's live bytes. */
 #include "test_allocator.h"
 
 #define LIVE_MAX 256
@@ -15,6 +17,9 @@ typedef struct live {
 
 static live_t live[LIVE_MAX];
 static unsigned n_live;
+static bool toggle_busy; /* page reuse: streams' device work comes and goes, and the
+                          * mode is switched off and on at run time now and then */
+static uint64_t limit_bytes; /* gm_heap_set_limit(), 0 = none */
 static uint64_t rng;
 
 static uint64_t rnd(void) {
@@ -51,6 +56,9 @@ static void invariants(void) {
                 ck_assert_int_eq(cur(STATS->active_bytes, type), t.allocated[type] + t.pending[type]);
                 ck_assert_int_eq(SINK.reserved_bytes[type].current, RESERVED(type));
         }
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), F.live_bytes);
+        if (limit_bytes)
+                ck_assert_int_le(SINK.reserved_bytes[GM_STAT_ALL].current, limit_bytes);
         ck_assert_uint_eq(gm_heap_live_blocks(H), n_live);
 }
 
@@ -74,6 +82,18 @@ static void step(void) {
         gm_alloc_result_t res;
         int r;
 
+        if (toggle_busy && rnd() % 8 == 0)
+                F.busy[rnd() % 3] ^= true;
+        if (toggle_busy && rnd() % 8 == 0)
+                fake_progress(&F, rnd() % 3);
+        if (toggle_busy && rnd() % 4096 == 0) {
+                gm_alloc_config_t c;
+
+                gm_alloc_config_default(&c);
+                c.expandable_segments = true;
+                c.page_reuse = rnd() % 2; /* off: new large segments get 20 MiB pages again */
+                gm_heap_set_config(H, &c);
+        }
         if (op < 50 || !n_live) {
                 uint64_t size = random_size();
 
@@ -111,13 +131,14 @@ static void step(void) {
                 gm_heap_release_cached(H);
 }
 
-static void workload(const gm_alloc_config_t *config, uint64_t limit, uint64_t seed) {
+static void workload(const gm_alloc_config_t *config, uint64_t limit, uint64_t seed, unsigned ops) {
         heap_open(config, 512 * MiB);
         if (limit)
                 gm_heap_set_limit(H, limit, &SINK);
+        limit_bytes = limit;
         n_live = 0;
         rng = seed;
-        for (unsigned i = 0; i < OPS_PER_MODE; i++) {
+        for (unsigned i = 0; i < ops; i++) {
                 step();
                 invariants();
         }
@@ -129,7 +150,7 @@ START_TEST(test_random_native) {
         gm_alloc_config_t c;
 
         gm_alloc_config_default(&c);
-        workload(&c, 0, 0x9e3779b97f4a7c15ULL);
+        workload(&c, 0, 0x9e3779b97f4a7c15ULL, OPS_PER_MODE);
 }
 END_TEST
 
@@ -141,7 +162,7 @@ START_TEST(test_random_native_tuned) {
         c.garbage_collection_threshold = 0.6;
         for (int i = 0; i < GM_ROUNDUP_SLOTS; i++)
                 c.roundup_power2_divisions[i] = 4;
-        workload(&c, 384 * MiB, 0x1234567887654321ULL);
+        workload(&c, 384 * MiB, 0x1234567887654321ULL, OPS_PER_MODE);
         ck_assert_int_gt(STATS->oversize_segments.allocated, 0);
 }
 END_TEST
@@ -151,13 +172,36 @@ START_TEST(test_random_expandable) {
 
         gm_alloc_config_default(&c);
         c.expandable_segments = true;
-        workload(&c, 0, 0xdeadbeefcafef00dULL);
+        workload(&c, 0, 0xdeadbeefcafef00dULL, OPS_PER_MODE);
         ck_assert_int_eq(STATS->segment[GM_STAT_ALL].allocated, 0);
+}
+END_TEST
+
+/* 100k operations with the checker after each, quota on (the limits see
+ * only created memory), streams busy at random, the mode switched at run
+ * time now and then (segments of both page sizes side by side). */
+START_TEST(test_random_page_reuse) {
+        gm_alloc_config_t c;
+        gm_page_reuse_info_t info;
+
+        gm_alloc_config_default(&c);
+        c.expandable_segments = c.page_reuse = true;
+        toggle_busy = true;
+        workload(&c, 448 * MiB, 0x5eed0f9a9e5eedULL, 100000);
+        toggle_busy = false;
+        gm_heap_page_reuse(H, &info);
+        ck_assert_uint_gt(F.remaps, 1000);
+        ck_assert_uint_eq(info.pages_moved, F.remaps);
+        ck_assert_uint_gt(info.refused_busy, 0);
+        ck_assert_uint_gt(info.allocs_with_moves, 0);
+        ck_assert_uint_le(info.ranges_moved, info.pages_moved);
+        ck_assert_uint_eq(F.errors, 0);
 }
 END_TEST
 
 static void setup(void) {
         H = NULL;
+        toggle_busy = false;
 }
 
 static void teardown(void) {
@@ -174,6 +218,12 @@ Suite *allocator_random_suite(void) {
         tcase_add_test(tc, test_random_native);
         tcase_add_test(tc, test_random_native_tuned);
         tcase_add_test(tc, test_random_expandable);
+        suite_add_tcase(s, tc);
+        /* three times the steps, and slow under the sanitizers */
+        tc = tcase_create("page_reuse_workload");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 300);
+        tcase_add_test(tc, test_random_page_reuse);
         suite_add_tcase(s, tc);
         return s;
 }

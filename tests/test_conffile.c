@@ -199,7 +199,9 @@ START_TEST(test_example_file) {
                   c->has_backend && c->has_device && c->has_capacity && c->has_alloc_conf && c->has_admin_group &&
                   c->has_state_dir && c->has_max_sessions && c->has_max_blocks_per_session && c->has_max_packet &&
                   c->has_max_fds && c->has_release_timeout_ms && c->has_park_timeout_ms &&
-                  c->has_max_parked_per_session);
+                  c->has_max_parked_per_session && c->has_max_sessions_per_uid && c->has_hello_timeout_ms &&
+                  c->has_metrics_tenants);
+        ck_assert(c->metrics_tenants);
         ck_assert_uint_eq(c->socket_mode, 0660);
         ck_assert_uint_eq(c->socket_group, gid_of("video"));
         ck_assert_uint_eq(c->admin_group, gid_of("adm"));

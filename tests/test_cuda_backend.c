@@ -2,13 +2,18 @@
  * (client/mapper_cuda.c) and their loader, run over the emulated driver
  * (tests/fakecuda, selected by GPUMEM_LIBCUDA). Each test runs in its own
  * forked process (CK_FORK), so each loads the driver afresh and may set the
- * FAKECUDA_* configuration before its first CUDA call. Device pointers of the
- * emulated driver are CPU mappings, so the tests read and write through them. */
+ * FAKECUDA_* configuration before its first CUDA call; each gets its own
+ * device pool file, and at its end holds no driver object and the device has
+ * nothing in use (a leak is a failure). Device pointers of the emulated
+ * driver are CPU mappings, so the tests read and write through them. A second
+ * process that uses the driver is this program again, exec'd (CUDA does not
+ * survive fork without exec): see helper_main(). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <check.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -22,6 +27,7 @@
 
 #include "backend.h"
 #include "cuda_loader.h"
+#include "fakecuda_check.h"
 #include "mapper.h"
 #include "testutil.h"
 
@@ -37,6 +43,56 @@
 
 /* ---- helpers ---- */
 
+static char pool_path[64];
+
+/* Every test: its own device pool, shared with the processes it starts. */
+static void setup(void) {
+        gm_fake_new_pool(pool_path, sizeof(pool_path));
+        setenv("FAKECUDA_CONTEXT_BYTES", "0", 0); /* contexts cost nothing unless a test says so */
+}
+
+/* ...and at its end nothing is left: no driver object in this process,
+ * nothing in use on any device. */
+static void teardown(void) {
+        fakecuda_usage_t u;
+        if (gm_fake_usage(&u)) {
+                gm_fake_assert_no_objects();
+                for (int d = 0; d < 4; d++)
+                        ck_assert_msg(gm_fake_device_bytes(d) == 0, "device %d: %llu bytes still in use", d,
+                                      (unsigned long long)gm_fake_device_bytes(d));
+        }
+        unlink(pool_path);
+}
+
+/* Runs this program again (exec'd, so it may use CUDA) as helper `mode` with
+ * `args`, after setting the NULL-terminated NAME, VALUE pairs in `env`;
+ * returns its exit status. fds stay open across the exec. */
+static int run_helper(const char *mode, const char *const *args, const char *const *env) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                for (size_t i = 0; env && env[i]; i += 2)
+                        setenv(env[i], env[i + 1], 1);
+                const char *argv[16] = {"/proc/self/exe", "--helper", mode};
+                size_t n = 3;
+                for (size_t i = 0; args && args[i] && n < 15; i++)
+                        argv[n++] = args[i];
+                argv[n] = NULL;
+                execv(argv[0], (char *const *)argv);
+                _exit(127);
+        }
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* An fd number as a helper argument; the fd loses CLOEXEC to cross exec. */
+static const char *pass_fd(int fd, char *buf, size_t len) {
+        ck_assert_int_eq(fcntl(fd, F_SETFD, 0), 0);
+        snprintf(buf, len, "%d", fd);
+        return buf;
+}
+
 static gm_backend_t *open_cuda(uint64_t capacity) {
         gm_backend_options_t opts = {.kind = "cuda", .device = 0, .capacity = capacity};
         gm_backend_t *b = NULL;
@@ -48,7 +104,7 @@ static gm_backend_t *open_cuda(uint64_t capacity) {
 
 static gm_mapper_t *new_mapper(uint64_t granularity) {
         gm_mapper_t *m = NULL;
-        ck_assert_ok(gm_mapper_cuda_new(0, granularity, &m));
+        ck_assert_ok(gm_mapper_cuda_new(0, NULL, granularity, &m));
         ck_assert_str_eq(m->ops->backend, "cuda");
         return m;
 }
@@ -265,7 +321,7 @@ START_TEST(test_no_libcuda_auto_falls_back) {
         ck_assert_ptr_nonnull(strstr(err, "cannot load /nonexistent/libcuda.so.1"));
         ck_assert_int_eq(gm_backend_open(&opts, &b, err, sizeof(err)), -ELIBACC);
         gm_mapper_t *m = NULL;
-        ck_assert_int_eq(gm_mapper_cuda_new(0, 2 * MiB, &m), -ELIBACC);
+        ck_assert_int_eq(gm_mapper_cuda_new(0, NULL, 2 * MiB, &m), -ELIBACC);
 
         opts.kind = "auto";
         err[0] = '\0';
@@ -297,30 +353,13 @@ START_TEST(test_map_across_processes) {
         gm_backend_t *b = open_cuda(0);
         gm_phys_t phys;
         ck_assert_ok(gm_backend_create(b, SEG, &phys));
-
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
-        if (pid == 0) {
-                /* The client: plain exit codes, no Check calls in this process. */
-                gm_mapper_t *m;
-                uint64_t base;
-                if (gm_mapper_cuda_new(0, 2 * MiB, &m) < 0 || m->ops->reserve(m, SEG, &base) < 0)
-                        _exit(10);
-                if (base % (2 * MiB) != 0 || m->ops->map(m, base, 0, SEG, phys.fd) < 0)
-                        _exit(11);
-                fill((void *)(uintptr_t)base, SEG, 0xc0ffee);
-                if (m->ops->unmap(m, base, 0, SEG) < 0 || m->ops->unreserve(m, base, SEG) < 0)
-                        _exit(12);
-                m->ops->destroy(m);
-                _exit(0);
-        }
-        int status;
-        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client failed with status %#x", status);
+        char fd_arg[16];
+        const char *args[] = {pass_fd(phys.fd, fd_arg, sizeof(fd_arg)), "12648430", b->device_uuid, NULL};
+        ck_assert_int_eq(run_helper("map-client", args, NULL), 0);
 
         gm_mapper_t *m = new_mapper(b->granularity);
         uint64_t base = map_copy(m, phys.fd, SEG);
-        ck_assert(verify((void *)(uintptr_t)base, SEG, 0xc0ffee));
+        ck_assert(verify((void *)(uintptr_t)base, SEG, 12648430));
         unmap_all(m, base, SEG);
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
@@ -462,9 +501,9 @@ END_TEST
 
 START_TEST(test_mapper_arguments) {
         gm_mapper_t *m = NULL;
-        ck_assert_int_eq(gm_mapper_cuda_new(0, 0, &m), -EINVAL);
-        ck_assert_int_eq(gm_mapper_cuda_new(0, 1 * MiB, &m), -EINVAL); /* not a multiple of the device's 2 MiB */
-        ck_assert_int_eq(gm_mapper_cuda_new(1, 2 * MiB, &m), -ENODEV);
+        ck_assert_int_eq(gm_mapper_cuda_new(0, NULL, 0, &m), -EINVAL);
+        ck_assert_int_eq(gm_mapper_cuda_new(0, NULL, 1 * MiB, &m), -EINVAL); /* not a multiple of the device's 2 MiB */
+        ck_assert_int_eq(gm_mapper_cuda_new(1, NULL, 2 * MiB, &m), -ENODEV);
         ck_assert_ptr_null(m);
         m = new_mapper(4 * MiB);
         uint64_t base;
@@ -494,7 +533,7 @@ START_TEST(test_events_held) {
         ck_assert_int_eq(cu->DeviceGet(&dev, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
         ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_ERROR_INVALID_CONTEXT);
-        ck_assert_int_eq(cu->CtxSetCurrent(ctx), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->CtxPushCurrent(ctx), CUDA_SUCCESS);
         ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventCreate(&event, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventRecord(event, stream), CUDA_SUCCESS);
@@ -507,12 +546,449 @@ START_TEST(test_events_held) {
         ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
         ck_assert_int_eq(cu->DevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
         ck_assert_int_eq(cu->CtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT); /* released */
+        CUcontext popped;
+        ck_assert_int_eq(cu->CtxPopCurrent(&popped), CUDA_SUCCESS);
+        ck_assert_ptr_eq(popped, ctx);
 }
 END_TEST
+
+/* ---- the defects a driver shows (issue #13) ---- */
+
+static const gm_cuda_t *load(void) {
+        const gm_cuda_t *cu;
+        ck_assert_ok(gm_cuda_load(&cu));
+        return cu;
+}
+
+/* Retains device `ordinal`'s primary context and pushes it. */
+static CUcontext push_primary(const gm_cuda_t *cu, int ordinal) {
+        CUdevice dev;
+        CUcontext ctx;
+        ck_assert_int_eq(cu->DeviceGet(&dev, ordinal), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->CtxPushCurrent(ctx), CUDA_SUCCESS);
+        return ctx;
+}
+
+static void pop_primary(const gm_cuda_t *cu, int ordinal, CUcontext want) {
+        CUcontext ctx;
+        ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_SUCCESS);
+        ck_assert_ptr_eq(ctx, want);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRelease(ordinal), CUDA_SUCCESS);
+}
+
+static CUcontext current(const gm_cuda_t *cu) {
+        CUcontext ctx = NULL;
+        ck_assert_int_eq(cu->CtxGetCurrent(&ctx), CUDA_SUCCESS);
+        return ctx;
+}
+
+/* Defect 2: the library never changes the calling thread's context. */
+START_TEST(test_caller_context_kept) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        gm_backend_t *b = open_cuda(0);
+        const gm_cuda_t *cu = load();
+        CUcontext mine = push_primary(cu, 1); /* the application works on another GPU */
+        gm_mapper_t *m = new_mapper(b->granularity);
+        ck_assert_ptr_eq(current(cu), mine);
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys));
+        uint64_t base = map_copy(m, phys.fd, SEG);
+        ck_assert_ptr_eq(current(cu), mine);
+        uint64_t event;
+        ck_assert_ok(m->ops->event_record(m, 0, &event)); /* the default stream: of the caller's context */
+        ck_assert_int_eq(m->ops->event_query(m, event), 1);
+        m->ops->event_destroy(m, event);
+        ck_assert_ok(m->ops->sync(m, 0));
+        uint64_t free_bytes, total;
+        ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
+        ck_assert_ptr_eq(current(cu), mine);
+        unmap_all(m, base, SEG);
+        ck_assert_ptr_eq(current(cu), mine);
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.stack_depth, 1);
+        m->ops->destroy(m);
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+        pop_primary(cu, 1, mine);
+}
+END_TEST
+
+/* Defect 3: a stream of another context gets an event of its own context. */
+START_TEST(test_event_on_other_context_stream) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        gm_mapper_t *m = new_mapper(2 * MiB); /* device 0 */
+        const gm_cuda_t *cu = load();
+        CUcontext other = push_primary(cu, 1);
+        CUstream stream;
+        ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_SUCCESS);
+        pop_primary(cu, 1, other);
+        CUcontext keep;
+        CUdevice dev1;
+        ck_assert_int_eq(cu->DeviceGet(&dev1, 1), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRetain(&keep, dev1), CUDA_SUCCESS); /* the stream's context lives on */
+
+        uint64_t event;
+        ck_assert_ok(m->ops->event_record(m, (uint64_t)(uintptr_t)stream, &event));
+        ck_assert_int_eq(m->ops->event_query(m, event), 1);
+        m->ops->event_destroy(m, event);
+        ck_assert_ok(m->ops->sync(m, (uint64_t)(uintptr_t)stream));
+        /* A stream value that is no stream is refused, not recorded. */
+        ck_assert_int_eq(m->ops->event_record(m, 7, &event), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), "cuStreamGetCtx"));
+        ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRelease(dev1), CUDA_SUCCESS);
+        m->ops->destroy(m);
+}
+END_TEST
+
+/* Defect 6: a fork()ed child makes no driver call and says why. */
+START_TEST(test_fork_child_refused) {
+        gm_mapper_t *m = new_mapper(2 * MiB);
+        uint64_t base;
+        ck_assert_ok(m->ops->reserve(m, SEG, &base));
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                gm_mapper_t *m2 = NULL;
+                uint64_t b2;
+                if (gm_mapper_cuda_new(0, NULL, 2 * MiB, &m2) != -EOPNOTSUPP || m2)
+                        _exit(1);
+                if (!strstr(gm_cuda_last_error(), "fork"))
+                        _exit(2);
+                if (m->ops->reserve(m, SEG, &b2) != -EOPNOTSUPP || m->ops->unreserve(m, base, SEG) != -EOPNOTSUPP)
+                        _exit(3);
+                m->ops->destroy(m); /* frees memory only */
+                _exit(0);
+        }
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+        /* The emulated driver refuses a forked child too, cuInit included. */
+        const gm_cuda_t *cu = load();
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int count;
+                _exit(cu->Init(0) == CUDA_ERROR_NOT_INITIALIZED && cu->DeviceGetCount(&count) == CUDA_ERROR_NOT_INITIALIZED
+                              ? 0
+                              : 1);
+        }
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "emulator child status %#x", status);
+        ck_assert_ok(m->ops->unreserve(m, base, SEG));
+        m->ops->destroy(m);
+}
+END_TEST
+
+/* Defect 7: a device gpumemd cannot serve is refused at open, and auto
+ * picks the host backend. */
+static void check_refused_device(const char *variable, const char *value, const char *reason) {
+        setenv(variable, value, 1);
+        gm_backend_options_t opts = {.kind = "cuda", .device = 0, .capacity = 64 * MiB};
+        gm_backend_t *b = NULL;
+        char err[512] = "";
+        ck_assert_int_eq(gm_backend_open(&opts, &b, err, sizeof(err)), -EOPNOTSUPP);
+        ck_assert_msg(strstr(err, reason), "error: %s", err);
+        opts.kind = "auto";
+        ck_assert_ok(gm_backend_open(&opts, &b, err, sizeof(err)));
+        ck_assert_str_eq(b->ops->name, "host");
+        ck_assert_msg(strstr(err, reason), "error: %s", err);
+        gm_backend_close(b);
+}
+
+START_TEST(test_refused_without_vmm) {
+        check_refused_device("FAKECUDA_NO_VMM", "1", "virtual memory management");
+}
+END_TEST
+
+START_TEST(test_refused_without_posix_fd) {
+        check_refused_device("FAKECUDA_NO_POSIX_FD", "1", "POSIX file descriptors");
+}
+END_TEST
+
+START_TEST(test_refused_compute_prohibited) {
+        check_refused_device("FAKECUDA_COMPUTE_MODE", "prohibited", "compute-prohibited");
+}
+END_TEST
+
+/* Defect 8: the daemon's backend holds no context; under exclusive-process
+ * compute mode a client process can still have one. */
+START_TEST(test_backend_holds_no_context) {
+        setenv("FAKECUDA_COMPUTE_MODE", "exclusive_process", 1);
+        setenv("FAKECUDA_CONTEXT_BYTES", "64M", 1);
+        gm_backend_t *b = open_cuda(0);
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys));
+        uint64_t free_bytes, total;
+        ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
+        ck_assert_uint_eq(total - free_bytes, SEG); /* no context of ours costs anything */
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.contexts, 0);
+        char fd_arg[16];
+        const char *args[] = {pass_fd(phys.fd, fd_arg, sizeof(fd_arg)), "77", b->device_uuid, NULL};
+        ck_assert_int_eq(run_helper("map-client", args, NULL), 0); /* retains, maps, writes */
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+}
+END_TEST
+
+/* Defect 8: memory figures from NVML, device-wide (another process's
+ * allocation counts), and without NVML from a context held only for the call. */
+static void check_mem_info(const char *libnvml, const char *source) {
+        setenv("GPUMEM_LIBNVML", libnvml, 1);
+        setenv("FAKECUDA_CONTEXT_BYTES", "32M", 1);
+        gm_backend_t *b = open_cuda(0);
+        ck_assert_msg(strstr(b->detail, source), "detail: %s", b->detail);
+        ck_assert_ptr_nonnull(strstr(b->detail, "no CUDA context held"));
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys));
+        /* The helper holds 8 MiB (and its context's 32 MiB) while it asks. */
+        gm_test_proc_t proc;
+        const char *argv[] = {"/proc/self/exe", "--helper", "hold-alloc", "8388608", NULL};
+        gm_test_spawn(argv, 0, &proc);
+        char line[64];
+        ck_assert(gm_test_proc_read_line(&proc, line, sizeof(line)));
+        ck_assert_str_eq(line, "holding");
+        uint64_t free_bytes, total;
+        ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
+        uint64_t ours = strstr(source, "context") ? 32 * MiB : 0; /* the short-lived context, while it asks */
+        ck_assert_uint_eq(total - free_bytes, SEG + 8 * MiB + 32 * MiB + ours);
+        ck_assert_int_eq(gm_test_proc_finish(&proc), 0);
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.contexts, 0);
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+}
+
+START_TEST(test_mem_info_from_nvml) {
+        check_mem_info(getenv("GM_TEST_FAKENVML"), "from NVML");
+}
+END_TEST
+
+START_TEST(test_mem_info_without_nvml) {
+        check_mem_info("/nonexistent/libnvidia-ml.so.1", "short-lived primary context");
+}
+END_TEST
+
+/* Defect 9: the client finds the daemon's GPU by UUID under its own
+ * CUDA_VISIBLE_DEVICES, and refuses one it cannot see. */
+START_TEST(test_client_device_by_uuid) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        gm_backend_t *b = open_cuda(0); /* physical device 0 */
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys));
+        char fd_arg[16];
+        const char *by_uuid[] = {pass_fd(phys.fd, fd_arg, sizeof(fd_arg)), "5", b->device_uuid, NULL};
+        const char *swapped[] = {"CUDA_VISIBLE_DEVICES", "1,0", NULL};
+        ck_assert_int_eq(run_helper("map-client", by_uuid, swapped), 0); /* its ordinal 1 */
+        const char *by_ordinal[] = {fd_arg, "5", "", NULL};
+        ck_assert_int_eq(run_helper("map-client", by_ordinal, swapped), 11); /* ordinal 0 is the other GPU */
+        const char *hidden[] = {"CUDA_VISIBLE_DEVICES", "1", NULL};
+        ck_assert_int_eq(run_helper("map-client", by_uuid, hidden), 19); /* -ENODEV: cannot see it */
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+}
+END_TEST
+
+/* Defect 11: allocations are GPUDirect RDMA capable where the device allows. */
+START_TEST(test_rdma_capable_allocations) {
+        gm_backend_t *b = open_cuda(0);
+        ck_assert_ptr_nonnull(strstr(b->detail, "GPUDirect RDMA"));
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys));
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.rdma_handles, 1);
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+}
+END_TEST
+
+START_TEST(test_no_rdma_where_unsupported) {
+        setenv("FAKECUDA_NO_RDMA", "1", 1);
+        gm_backend_t *b = open_cuda(0);
+        ck_assert_ptr_null(strstr(b->detail, "GPUDirect RDMA"));
+        gm_phys_t phys;
+        ck_assert_ok(gm_backend_create(b, SEG, &phys)); /* the emulator refuses the flag here */
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.rdma_handles, 0);
+        gm_backend_release(b, &phys);
+        gm_backend_close(b);
+}
+END_TEST
+
+/* Defect 11: entry points only tests use are not required. */
+START_TEST(test_optional_entry_points) {
+        setenv("FAKECUDA_HIDE", "cuStreamCreate,cuEventSynchronize,cuStreamDestroy,cuCtxSynchronize", 1);
+        const gm_cuda_t *cu = load();
+        ck_assert_ptr_null(cu->StreamCreate);
+        ck_assert_ptr_null(cu->EventSynchronize);
+        ck_assert_ptr_nonnull(cu->MemCreate);
+        gm_backend_t *b = open_cuda(0);
+        gm_backend_close(b);
+}
+END_TEST
+
+START_TEST(test_required_entry_point_missing) {
+        setenv("FAKECUDA_HIDE", "cuMemMap", 1);
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), -ENOSYS);
+        ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), "cuMemMap"));
+}
+END_TEST
+
+/* ---- the emulated driver is as strict as the real one ---- */
+
+START_TEST(test_emulator_strict) {
+        const gm_cuda_t *cu = load();
+        /* Entry points exist only from their version on, with that version's signature. */
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult status;
+        PFN_cuGetProcAddress_v12000 getproc;
+        void *p = gm_fake_symbol("cuGetProcAddress_v2");
+        memcpy(&getproc, &p, sizeof(p));
+        ck_assert_int_eq(getproc("cuMemCreate", &fn, 10000, 0, &status), CUDA_ERROR_NOT_FOUND);
+        ck_assert_int_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+        void *v1 = NULL, *v2 = NULL;
+        ck_assert_int_eq(getproc("cuCtxSynchronize", &v1, 12080, 0, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(getproc("cuCtxSynchronize", &v2, 13000, 0, &status), CUDA_SUCCESS);
+        ck_assert_ptr_ne(v1, v2);
+        ck_assert_int_eq(getproc("cuNoSuchThing", &fn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+        ck_assert_int_eq(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+
+        /* Events and streams belong to contexts. */
+        CUcontext ctx = push_primary(cu, 0);
+        CUstream stream;
+        CUevent event;
+        ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->EventCreate(&event, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->EventRecord(event, stream), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->EventRecord(event, (CUstream)(uintptr_t)7), CUDA_ERROR_INVALID_HANDLE);
+        ck_assert_int_eq(cu->EventDestroy(event), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->EventQuery(event), CUDA_ERROR_INVALID_HANDLE);
+        ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
+        pop_primary(cu, 0, ctx);
+        ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_ERROR_INVALID_CONTEXT);
+
+        /* cuMemUnmap takes exactly one mapped range. */
+        gm_backend_t *b = open_cuda(0);
+        gm_phys_t p1, p2;
+        ck_assert_ok(gm_backend_create(b, SEG, &p1));
+        ck_assert_ok(gm_backend_create(b, SEG, &p2));
+        gm_mapper_t *m = new_mapper(b->granularity);
+        uint64_t base;
+        ck_assert_ok(m->ops->reserve(m, 4 * SEG, &base));
+        ck_assert_ok(m->ops->map(m, base, 0, SEG, dup(p1.fd)));
+        ck_assert_ok(m->ops->map(m, base, SEG, SEG, dup(p2.fd)));
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, 2 * SEG), -EINVAL);  /* two mappings */
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, 4 * SEG), -EINVAL);  /* with a hole */
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, SEG / 2), -EINVAL);  /* a sub-range */
+        ck_assert_ok(m->ops->unmap(m, base, 0, SEG));
+        ck_assert_ok(m->ops->unmap(m, base, SEG, SEG));
+        ck_assert_ok(m->ops->unreserve(m, base, 4 * SEG));
+        /* An fd that is not the driver's is no handle. */
+        int other = memfd_create("other", MFD_CLOEXEC);
+        ck_assert_int_eq(ftruncate(other, SEG), 0);
+        ck_assert_ok(m->ops->reserve(m, SEG, &base));
+        ck_assert_int_eq(m->ops->map(m, base, 0, SEG, other), -EINVAL);
+        ck_assert_ok(m->ops->unreserve(m, base, SEG));
+        m->ops->destroy(m);
+        gm_backend_release(b, &p1);
+        gm_backend_release(b, &p2);
+        gm_backend_close(b);
+}
+END_TEST
+
+/* The pool is device-wide: memory a dead process held is free again, and
+ * one mapped elsewhere stays in use after its creator released it. */
+START_TEST(test_emulator_pool_device_wide) {
+        setenv("FAKECUDA_CAPACITY", "64M", 1);
+        gm_backend_t *b = open_cuda(0);
+        gm_test_proc_t proc;
+        const char *argv[] = {"/proc/self/exe", "--helper", "hold-alloc", "41943040", NULL};
+        gm_test_spawn(argv, 0, &proc);
+        char line[64];
+        ck_assert(gm_test_proc_read_line(&proc, line, sizeof(line)));
+        gm_phys_t p1, p2;
+        ck_assert_ok(gm_backend_create(b, 16 * MiB, &p1));
+        ck_assert_int_eq(gm_backend_create(b, 16 * MiB, &p2), -ENOMEM); /* 40 MiB are the helper's */
+        kill(proc.pid, SIGKILL);
+        ck_assert_int_eq(gm_test_proc_finish(&proc), 128 + SIGKILL);
+        ck_assert_ok(gm_backend_create(b, 16 * MiB, &p2)); /* its memory went with it */
+        gm_mapper_t *m = new_mapper(b->granularity);
+        uint64_t base = map_copy(m, p2.fd, 16 * MiB);
+        gm_backend_release(b, &p2);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), 32 * MiB); /* still mapped here */
+        unmap_all(m, base, 16 * MiB);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), 16 * MiB);
+        m->ops->destroy(m);
+        gm_backend_release(b, &p1);
+        gm_backend_close(b);
+}
+END_TEST
+
+/* ---- helpers run as separate programs ---- */
+
+static int helper_map_client(int fd, uint32_t seed, const char *uuid) {
+        gm_mapper_t *m;
+        uint64_t base;
+        int r = gm_mapper_cuda_new(0, uuid, 2 * MiB, &m);
+        if (r < 0) {
+                fprintf(stderr, "map-client: %s (%s)\n", strerror(-r), gm_cuda_last_error());
+                return r == -ENODEV ? 19 : 10;
+        }
+        if (m->ops->reserve(m, SEG, &base) < 0)
+                return 10;
+        if (base % (2 * MiB) != 0 || m->ops->map(m, base, 0, SEG, fd) < 0) {
+                fprintf(stderr, "map-client: %s\n", gm_cuda_last_error());
+                m->ops->unreserve(m, base, SEG);
+                m->ops->destroy(m);
+                return 11;
+        }
+        fill((void *)(uintptr_t)base, SEG, seed);
+        if (m->ops->unmap(m, base, 0, SEG) < 0 || m->ops->unreserve(m, base, SEG) < 0)
+                return 12;
+        m->ops->destroy(m);
+        return 0;
+}
+
+/* Holds `size` bytes (an allocation and the primary context) until stdin closes. */
+static int helper_hold_alloc(uint64_t size) {
+        const gm_cuda_t *cu;
+        CUcontext ctx;
+        CUmemGenericAllocationHandle h;
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
+        if (gm_cuda_load(&cu) < 0 || cu->DevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+            cu->MemCreate(&h, size, &prop, 0) != CUDA_SUCCESS)
+                return 10;
+        printf("holding\n");
+        fflush(stdout);
+        char buf[16];
+        while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+        }
+        cu->MemRelease(h);
+        cu->DevicePrimaryCtxRelease(0);
+        return 0;
+}
+
+static int helper_main(int argc, char **argv) {
+        if (argc == 6 && strcmp(argv[2], "map-client") == 0)
+                return helper_map_client(atoi(argv[3]), (uint32_t)strtoul(argv[4], NULL, 10), argv[5]);
+        if (argc == 4 && strcmp(argv[2], "hold-alloc") == 0)
+                return helper_hold_alloc(strtoull(argv[3], NULL, 10));
+        fprintf(stderr, "unknown helper\n");
+        return 100;
+}
 
 static Suite *cuda_suite(void) {
         Suite *s = suite_create("cuda");
         TCase *tc = tcase_create("backend");
+        tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_open_create_release);
         tcase_add_test(tc, test_granularity_from_driver);
@@ -527,6 +1003,7 @@ static Suite *cuda_suite(void) {
         suite_add_tcase(s, tc);
 
         tc = tcase_create("mapper");
+        tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_map_across_processes);
         tcase_add_test(tc, test_map_contiguous_pieces);
@@ -538,10 +1015,33 @@ static Suite *cuda_suite(void) {
         tcase_add_test(tc, test_mapper_arguments);
         tcase_add_test(tc, test_events_held);
         suite_add_tcase(s, tc);
+
+        tc = tcase_create("driver_defects");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_caller_context_kept);
+        tcase_add_test(tc, test_event_on_other_context_stream);
+        tcase_add_test(tc, test_fork_child_refused);
+        tcase_add_test(tc, test_refused_without_vmm);
+        tcase_add_test(tc, test_refused_without_posix_fd);
+        tcase_add_test(tc, test_refused_compute_prohibited);
+        tcase_add_test(tc, test_backend_holds_no_context);
+        tcase_add_test(tc, test_mem_info_from_nvml);
+        tcase_add_test(tc, test_mem_info_without_nvml);
+        tcase_add_test(tc, test_client_device_by_uuid);
+        tcase_add_test(tc, test_rdma_capable_allocations);
+        tcase_add_test(tc, test_no_rdma_where_unsupported);
+        tcase_add_test(tc, test_optional_entry_points);
+        tcase_add_test(tc, test_required_entry_point_missing);
+        tcase_add_test(tc, test_emulator_strict);
+        tcase_add_test(tc, test_emulator_pool_device_wide);
+        suite_add_tcase(s, tc);
         return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+        if (argc > 2 && strcmp(argv[1], "--helper") == 0)
+                return helper_main(argc, argv);
         SRunner *sr = srunner_create(cuda_suite());
         /* Every test configures the emulated driver before loading it. */
         srunner_set_fork_status(sr, CK_FORK);

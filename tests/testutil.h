@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <check.h>
+
 #include "gpumem.pb-c.h"
 
 typedef struct gm_test_daemon {
@@ -40,6 +42,10 @@ int gm_test_count_fds(pid_t pid);
 int gm_test_raw_connect(const char *socket_path);
 /* Sends Hello (admin or not) and asserts a HelloReply. */
 void gm_test_raw_hello(int fd, bool admin);
+/* The same with a client_name of the caller's choosing. */
+void gm_test_raw_hello_named(int fd, bool admin, const char *client_name);
+/* Sends Hello (resume_token may be NULL) and returns the reply, whatever it is. */
+Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token);
 /* Sends env (request_id set by caller) and returns the next envelope with that
  * request id (skipping others), or NULL if the connection closed. */
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
@@ -51,6 +57,10 @@ int64_t gm_test_device_stat(const char *socket_path, const char *name);
 /* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */
 int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int64_t want);
 
+/* Runs every test of `s`; the process's exit status (EXIT_FAILURE when one failed). */
+int gm_test_run_suite(Suite *s);
+/* Runs a shell command whose exit status does not matter (log dumps, cleanup). */
+void gm_test_shell(const char *cmd);
 /* Runs a command, captures stdout into buf; returns its exit status. */
 int gm_test_run(char *buf, size_t buf_len, const char *const *argv);
 

@@ -34,6 +34,10 @@ class Trace:
         size, stream = self.live.pop(i)
         self.rows.append(("free", i, size, stream))
 
+    def free_each(self, ids):
+        for i in ids:
+            self.free(i)
+
     def free_all(self):
         for i in sorted(self.live):
             self.free(i)
@@ -174,6 +178,71 @@ def fragmentation(path):
     t.write(path)
 
 
+def convnet(path):
+    """A fixed-shape convnet training loop (ResNet-like, batch 64, 224x224
+    fp16 input, four stages halving the resolution and doubling the
+    channels): the same sizes every step, activations saved for backward,
+    cuDNN workspaces, gradients, SGD momentum from the first step."""
+    t = Trace()
+    batch, f16, f32 = 64, 2, 4
+    stages = [(64, 56, 3), (128, 28, 4), (256, 14, 6), (512, 7, 3)]  # channels, resolution, blocks
+    layer_shapes = []
+    cin = 64
+    for ch, _, blocks in stages:
+        for b in range(blocks):
+            layer_shapes += [ch * cin * 9, ch * ch * 9] if b == 0 else [ch * ch * 9, ch * ch * 9]
+            cin = ch
+    weights = [t.alloc(64 * 3 * 49 * f32)] + [t.alloc(n * f32) for n in layer_shapes] + [t.alloc(512 * 1000 * f32)]
+    momentum = []
+    for step in range(6):
+        x = t.alloc(batch * 3 * 224 * 224 * f16)
+        saved = [t.alloc(batch * 64 * 112 * 112 * f16)]
+        for ch, res, blocks in stages:
+            for _ in range(2 * blocks):
+                ws = t.alloc(32 * 1024 * 1024)  # conv workspace
+                saved.append(t.alloc(batch * ch * res * res * f16))   # conv out
+                saved.append(t.alloc(batch * ch * res * res * f16))   # bn out
+                t.free(ws)
+        logits = t.alloc(batch * 1000 * f32)
+        grads = []
+        dx = t.alloc(batch * 512 * 7 * 7 * f16)
+        for i, n in enumerate(reversed(layer_shapes)):
+            ws = t.alloc(32 * 1024 * 1024)
+            grads.append(t.alloc(n * f32))
+            t.free(ws)
+            if saved:
+                t.free(saved.pop())
+            if saved and i % 2:
+                t.free(saved.pop())
+        t.free_each(saved + [dx, logits, x])
+        if not momentum:
+            momentum = [t.alloc(n * f32) for n in layer_shapes]
+        t.free_each(grads)
+    t.free_each(momentum + weights)
+    t.write(path)
+
+
+def sawtooth(path):
+    """Adversarial: a buffer regrown 3 % at a time (allocate the larger one,
+    copy, free the old), from 64 MiB for 60 steps, beside a few long-lived
+    small tensors allocated along the way. Every request is larger than any
+    block freed before it."""
+    t = Trace()
+    size, old, keep = 64 * MIB, None, []
+    for step in range(60):
+        new = t.alloc(size)
+        if old is not None:
+            t.free(old)
+        old = new
+        if step % 10 == 0:
+            keep.append(t.alloc(3 * MIB + step * 4096))
+        size = (size * 103 // 100 + 511) // 512 * 512
+    t.free(old)
+    for k in keep:
+        t.free(k)
+    t.write(path)
+
+
 def rmm_log(path):
     """A cuDF-like workload in RMM's log format: two threads on two streams
     building and dropping columns of varying row counts; pointers come from a
@@ -225,6 +294,8 @@ def main():
     training(os.path.join(out, "train_loop.csv"))
     inference(os.path.join(out, "infer_kv.csv"))
     fragmentation(os.path.join(out, "frag_16m_32m.csv"))
+    convnet(os.path.join(out, "convnet.csv"))
+    sawtooth(os.path.join(out, "sawtooth.csv"))
     rmm_log(os.path.join(out, "rmm_cudf.csv"))
 
 

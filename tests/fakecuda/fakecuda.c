@@ -1,95 +1,140 @@
 /* fakecuda: an emulated CUDA driver, built as a test-only libcuda.so.1 so that
  * CI runs the cuda backend's real code path without a GPU. It implements
- * exactly the entry points gpumemd uses, over memfd and mmap:
- *   - physical memory (cuMemCreate) is one memfd, charged against the capacity
- *     in the process that created it; exporting dups the memfd, importing
- *     wraps a received fd;
+ * exactly the entry points gpumemd uses, over memfd and mmap, and is as strict
+ * as the driver where gpumemd could go wrong:
+ *   - physical memory (cuMemCreate) is one memfd named "fakecuda-devN";
+ *     exporting dups it, importing wraps a received fd (anything else is
+ *     refused); an allocation lives while any process holds its handle or a
+ *     mapping of it, and is charged to its device in a pool shared by every
+ *     process (pool.h: FAKECUDA_POOL names the file), so free memory is
+ *     device-wide as on hardware; a dead process's share is dropped;
  *   - device addresses are CPU addresses: cuMemAddressReserve is a PROT_NONE
  *     mmap, cuMemMap maps the memfd there (still PROT_NONE), cuMemSetAccess
- *     makes it readable/writable, cuMemUnmap puts PROT_NONE back; so a test can
- *     read and write through a device pointer;
- *   - an allocation lives while its handle is open or any mapping uses it;
- *   - like device mappings, reserved ranges are not inherited by fork()
- *     (MADV_DONTFORK); a forked child must not use its parent's CUDA state.
+ *     makes it readable/writable, cuMemUnmap puts PROT_NONE back and takes
+ *     exactly one mapped range (no holes, no sub-range); so a test can read
+ *     and write through a device pointer;
+ *   - contexts: one primary context per device, a context stack per thread
+ *     (set/push/pop/get); an active context costs FAKECUDA_CONTEXT_BYTES of
+ *     device memory (default 8M); exclusive-process compute mode refuses a
+ *     second process's context; streams and events belong to the context that
+ *     was current when they were made, and cuEventRecord refuses a stream of
+ *     another context; unknown stream/event handles are refused;
+ *   - fork: a child of a process that called cuInit gets
+ *     CUDA_ERROR_NOT_INITIALIZED from every call, cuInit included (only a new
+ *     program, after exec, may initialise); reserved ranges are not inherited
+ *     (MADV_DONTFORK);
+ *   - cuGetProcAddress gives an entry point only at a version that has it and
+ *     the signature of that version (cuCtxSynchronize from 13.0 takes a
+ *     context);
+ *   - CUDA_VISIBLE_DEVICES (a list of indices) reorders and hides devices.
  * Configuration (read by cuInit): FAKECUDA_DEVICE_COUNT (default 1; 0 makes
- * cuInit fail with CUDA_ERROR_NO_DEVICE), FAKECUDA_CAPACITY (bytes per process,
- * suffixes K/M/G/T, default 4G), FAKECUDA_GRANULARITY (default 2M),
- * FAKECUDA_FAIL_{CREATE,IMPORT,MAP}_AT=N (the Nth such call in this process
- * fails with FAKECUDA_FAIL_{CREATE,IMPORT,MAP}_ERROR, an error name, default
- * CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_HOLD_EVENTS=path (while the file exists
- * events are not complete), FAKECUDA_UUID_PREFIX (hex; a device's UUID is
- * these bytes, then zeros, then the ordinal in the last byte; default
- * fa4ec0da). */
+ * cuInit fail with CUDA_ERROR_NO_DEVICE), FAKECUDA_CAPACITY (bytes per device,
+ * suffixes K/M/G/T, default 4G; fixed by the process that creates the pool),
+ * FAKECUDA_GRANULARITY (default 2M), FAKECUDA_POOL (the shared pool file),
+ * FAKECUDA_CONTEXT_BYTES, FAKECUDA_COMPUTE_MODE (default, exclusive_process,
+ * prohibited), FAKECUDA_NO_VMM=1, FAKECUDA_NO_POSIX_FD=1, FAKECUDA_NO_RDMA=1
+ * (device attributes and what cuMemCreate accepts),
+ * FAKECUDA_FAIL_{CREATE,IMPORT,MAP,UNMAP}_AT=N (the Nth such call in this
+ * process fails with FAKECUDA_FAIL_{CREATE,IMPORT,MAP,UNMAP}_ERROR, an error
+ * name, default CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_HOLD_EVENTS=path (while the
+ * file exists events are not complete), FAKECUDA_UUID_PREFIX (hex; a device's
+ * UUID is these bytes, then zeros, then the physical index in the last byte;
+ * default fa4ec0da). fakecuda.h declares the queries tests make. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fakecuda.h"
+#include "pool.h"
+
 #pragma GCC visibility push(default)
 #include <cuda.h>
 
 #define FAKE_DRIVER_VERSION 13000
-#define FAKE_MAX_DEVICES 16
+#define FAKE_STACK_MAX 16
+#define FAKE_STREAM_MAGIC 0x5354524du
+#define FAKE_EVENT_MAGIC 0x45564e54u
 
 typedef struct alloc {
         struct alloc *next;
         int fd;            /* the memfd, owned */
         size_t size;       /* bytes */
+        int slot;          /* in the pool */
         bool handle_open;  /* the handle was not released yet */
         int mappings;      /* cuMemMap ranges using it */
-        bool charged;      /* created here: counts against the capacity */
         bool exportable;   /* created with POSIX fd handles requested */
+        bool rdma;         /* created GPUDirect-RDMA capable */
 } alloc_t;
 
-/* A reservation, a mapping (alloc set) or a cuMemAlloc block. */
+/* A reservation, a mapping (alloc set) or a cuMemAlloc block (slot set). */
 typedef struct range {
         struct range *next;
         uintptr_t addr;
         size_t size;
         alloc_t *alloc;
+        int slot;
 } range_t;
 
 struct CUctx_st {
-        int device;
-        int refs; /* primary context retains */
+        int device; /* ordinal */
+        int refs;   /* primary context retains; active while > 0 */
 };
 struct CUstream_st {
-        int device;
+        uint32_t magic;
+        CUcontext ctx;
+        struct CUstream_st *next;
 };
 struct CUevent_st {
+        uint32_t magic;
+        CUcontext ctx;
         bool recorded;
+        struct CUevent_st *next;
 };
 
 static struct {
         pthread_mutex_t lock; /* guards everything below but the config */
         bool initialized;
+        pid_t init_pid; /* the process that called cuInit: a fork child is refused */
         /* configuration, fixed by the first successful cuInit */
-        int device_count;
-        uint64_t capacity, granularity;
-        long fail_create_at, fail_import_at, fail_map_at;
-        CUresult fail_create_error, fail_import_error, fail_map_error;
+        int device_count;   /* visible devices */
+        int physical[FAKE_MAX_DEVICES]; /* ordinal -> physical index */
+        uint64_t granularity, context_bytes;
+        bool no_vmm, no_posix_fd, no_rdma;
+        long fail_create_at, fail_import_at, fail_map_at, fail_unmap_at;
+        CUresult fail_create_error, fail_import_error, fail_map_error, fail_unmap_error;
         const char *hold_events;
         unsigned char uuid_prefix[15];
         size_t uuid_prefix_len;
+        /* the shared pool */
+        fake_pool_t *pool;
+        int pool_fd; /* -1: private pool */
         /* state */
-        uint64_t in_use; /* bytes charged: created allocations and cuMemAlloc blocks */
-        long creates, imports, maps;
+        long creates, imports, maps, unmaps, event_queries;
+        uint64_t next_block_id;
         struct CUctx_st ctx[FAKE_MAX_DEVICES];
         alloc_t *allocs;
         range_t *reservations, *mappings, *blocks;
-} fake = {.lock = PTHREAD_MUTEX_INITIALIZER};
+        struct CUstream_st *streams;
+        struct CUevent_st *events;
+} fake = {.lock = PTHREAD_MUTEX_INITIALIZER, .pool_fd = -1};
 
-static _Thread_local CUcontext current;
+static _Thread_local CUcontext stack[FAKE_STACK_MAX];
+static _Thread_local int depth;
 
 static void unlock(pthread_mutex_t **m) {
         pthread_mutex_unlock(*m);
@@ -97,9 +142,10 @@ static void unlock(pthread_mutex_t **m) {
 #define LOCKED()                                                                                   \
         pthread_mutex_t *locked_ __attribute__((cleanup(unlock))) = &fake.lock;                    \
         pthread_mutex_lock(locked_)
+/* A fork()ed child of an initialised process cannot use the driver. */
 #define REQUIRE_INIT()                                                                             \
         do {                                                                                       \
-                if (!fake.initialized)                                                             \
+                if (!fake.initialized || fake.init_pid != getpid())                                \
                         return CUDA_ERROR_NOT_INITIALIZED;                                         \
         } while (0)
 
@@ -120,6 +166,7 @@ static const struct {
         {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
         {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
         {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+        {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
         {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -183,30 +230,238 @@ static bool parse_hex(const char *s, unsigned char *bytes, size_t max, size_t *r
         return true;
 }
 
+static bool env_flag(const char *name) {
+        const char *s = getenv(name);
+        return s && *s && strcmp(s, "0") != 0;
+}
+
+static bool parse_compute_mode(uint32_t *ret) {
+        const char *s = getenv("FAKECUDA_COMPUTE_MODE");
+        if (!s || !*s || strcmp(s, "default") == 0)
+                *ret = CU_COMPUTEMODE_DEFAULT;
+        else if (strcmp(s, "exclusive_process") == 0)
+                *ret = CU_COMPUTEMODE_EXCLUSIVE_PROCESS;
+        else if (strcmp(s, "prohibited") == 0)
+                *ret = CU_COMPUTEMODE_PROHIBITED;
+        else
+                return false;
+        return true;
+}
+
+/* CUDA_VISIBLE_DEVICES: indices, separated by commas; the list ends at the
+ * first entry that is not a valid index (as the driver does). */
+static void visible_devices(int physical_count) {
+        const char *s = getenv("CUDA_VISIBLE_DEVICES");
+        fake.device_count = 0;
+        if (!s) {
+                for (int i = 0; i < physical_count; i++)
+                        fake.physical[fake.device_count++] = i;
+                return;
+        }
+        while (*s && fake.device_count < FAKE_MAX_DEVICES) {
+                char *end;
+                long v = strtol(s, &end, 10);
+                if (end == s || v < 0 || v >= physical_count)
+                        return;
+                fake.physical[fake.device_count++] = (int)v;
+                s = *end == ',' ? end + 1 : end;
+                if (*end != ',')
+                        return;
+        }
+}
+
+static bool pool_open(uint64_t capacity, int physical_count, uint32_t compute_mode) {
+        const char *path = getenv("FAKECUDA_POOL");
+        int fd = -1;
+        if (path && *path) {
+                fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+                if (fd < 0 || flock(fd, LOCK_EX) < 0)
+                        goto fail;
+                struct stat st;
+                if (fstat(fd, &st) < 0 || (st.st_size < (off_t)sizeof(fake_pool_t) &&
+                                           ftruncate(fd, sizeof(fake_pool_t)) < 0))
+                        goto fail;
+        }
+        void *p = mmap(NULL, sizeof(fake_pool_t), PROT_READ | PROT_WRITE,
+                       fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS, fd, 0);
+        if (p == MAP_FAILED)
+                goto fail;
+        fake_pool_t *pool = p;
+        if (pool->magic != FAKE_POOL_MAGIC) {
+                memset(pool, 0, sizeof(*pool));
+                pool->device_count = (uint32_t)physical_count;
+                pool->compute_mode = compute_mode;
+                for (int i = 0; i < FAKE_MAX_DEVICES; i++)
+                        pool->capacity[i] = capacity;
+                pool->magic = FAKE_POOL_MAGIC;
+        }
+        if (fd >= 0)
+                flock(fd, LOCK_UN);
+        fake.pool = pool;
+        fake.pool_fd = fd;
+        return true;
+fail:
+        if (fd >= 0)
+                close(fd);
+        return false;
+}
+
 static bool configure(void) {
-        uint64_t count, fail_create, fail_import, fail_map;
+        uint64_t count, capacity, fail_create, fail_import, fail_map, fail_unmap;
+        uint32_t compute_mode;
         const char *prefix = getenv("FAKECUDA_UUID_PREFIX");
         if (!env_size("FAKECUDA_DEVICE_COUNT", 1, &count) || count > FAKE_MAX_DEVICES ||
-            !env_size("FAKECUDA_CAPACITY", 4ull << 30, &fake.capacity) ||
+            !env_size("FAKECUDA_CAPACITY", 4ull << 30, &capacity) ||
             !env_size("FAKECUDA_GRANULARITY", 2ull << 20, &fake.granularity) || fake.granularity == 0 ||
             fake.granularity % (uint64_t)sysconf(_SC_PAGESIZE) != 0 ||
+            !env_size("FAKECUDA_CONTEXT_BYTES", 8ull << 20, &fake.context_bytes) ||
             !env_size("FAKECUDA_FAIL_CREATE_AT", 0, &fail_create) ||
             !env_size("FAKECUDA_FAIL_IMPORT_AT", 0, &fail_import) ||
             !env_size("FAKECUDA_FAIL_MAP_AT", 0, &fail_map) ||
+            !env_size("FAKECUDA_FAIL_UNMAP_AT", 0, &fail_unmap) ||
             !env_error("FAKECUDA_FAIL_CREATE_ERROR", &fake.fail_create_error) ||
             !env_error("FAKECUDA_FAIL_IMPORT_ERROR", &fake.fail_import_error) ||
             !env_error("FAKECUDA_FAIL_MAP_ERROR", &fake.fail_map_error) ||
+            !env_error("FAKECUDA_FAIL_UNMAP_ERROR", &fake.fail_unmap_error) || !parse_compute_mode(&compute_mode) ||
             !parse_hex(prefix ? prefix : "fa4ec0da", fake.uuid_prefix, sizeof(fake.uuid_prefix),
                        &fake.uuid_prefix_len))
                 return false;
-        fake.device_count = (int)count;
+        fake.no_vmm = env_flag("FAKECUDA_NO_VMM");
+        fake.no_posix_fd = env_flag("FAKECUDA_NO_POSIX_FD");
+        fake.no_rdma = env_flag("FAKECUDA_NO_RDMA");
         fake.fail_create_at = (long)fail_create;
         fake.fail_import_at = (long)fail_import;
         fake.fail_map_at = (long)fail_map;
+        fake.fail_unmap_at = (long)fail_unmap;
         fake.hold_events = getenv("FAKECUDA_HOLD_EVENTS");
+        if (!pool_open(capacity, (int)count, compute_mode))
+                return false;
+        visible_devices((int)count);
         for (int i = 0; i < FAKE_MAX_DEVICES; i++)
                 fake.ctx[i].device = i;
         return true;
+}
+
+/* ---- the shared pool (callers hold fake.lock) ---- */
+
+static void pool_lock(void) {
+        if (fake.pool_fd >= 0)
+                flock(fake.pool_fd, LOCK_EX);
+}
+
+static void pool_unlock(void) {
+        if (fake.pool_fd >= 0)
+                flock(fake.pool_fd, LOCK_UN);
+}
+
+/* A process that exited (or is a zombie) holds no device memory. */
+static bool alive(int32_t pid) {
+        if (pid == getpid())
+                return true;
+        if (kill(pid, 0) < 0 && errno == ESRCH)
+                return false;
+        char path[64], buf[256];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno != ENOENT;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return true;
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')');
+        return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+static void slot_free(fake_pool_t *pool, fake_slot_t *s) {
+        pool->in_use[s->device] -= s->size;
+        pool->allocations[s->device]--;
+        memset(s, 0, sizeof(*s));
+}
+
+/* Drops what dead processes held. Caller holds the pool lock. */
+static void pool_sweep(void) {
+        fake_pool_t *pool = fake.pool;
+        for (int i = 0; i < FAKE_POOL_SLOTS; i++) {
+                fake_slot_t *s = &pool->slots[i];
+                if (!s->ino)
+                        continue;
+                bool held = false;
+                for (int h = 0; h < FAKE_POOL_HOLDERS; h++) {
+                        if (s->holders[h].pid && !alive(s->holders[h].pid))
+                                s->holders[h] = (fake_holder_t){0};
+                        held |= s->holders[h].pid != 0;
+                }
+                if (!held)
+                        slot_free(pool, s);
+        }
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++) {
+                fake_ctx_use_t *c = &pool->contexts[i];
+                if (c->pid && !alive(c->pid)) {
+                        pool->in_use[c->device] -= c->bytes;
+                        *c = (fake_ctx_use_t){0};
+                }
+        }
+}
+
+/* Whether `size` more bytes fit device `physical` (sweeping once if not). */
+static bool pool_fits(int physical, uint64_t size) {
+        fake_pool_t *pool = fake.pool;
+        if (size <= pool->capacity[physical] - pool->in_use[physical])
+                return true;
+        pool_sweep();
+        return size <= pool->capacity[physical] - pool->in_use[physical];
+}
+
+/* Adds this process as a holder of the allocation `ino`, creating its slot
+ * (charged to `physical`) if there is none. Returns the slot or -1. Caller
+ * holds the pool lock. */
+static int slot_hold(uint64_t ino, uint64_t size, int physical) {
+        fake_pool_t *pool = fake.pool;
+        int found = -1, empty = -1;
+        for (int i = 0; i < FAKE_POOL_SLOTS && found < 0; i++) {
+                if (pool->slots[i].ino == ino)
+                        found = i;
+                else if (!pool->slots[i].ino && empty < 0)
+                        empty = i;
+        }
+        if (found < 0) {
+                if (empty < 0)
+                        return -1;
+                found = empty;
+                pool->slots[found] = (fake_slot_t){.ino = ino, .size = size, .device = physical};
+                pool->in_use[physical] += size;
+                pool->allocations[physical]++;
+        }
+        fake_slot_t *s = &pool->slots[found];
+        int32_t pid = getpid();
+        for (int h = 0; h < FAKE_POOL_HOLDERS; h++)
+                if (s->holders[h].pid == pid) {
+                        s->holders[h].refs++;
+                        return found;
+                }
+        for (int h = 0; h < FAKE_POOL_HOLDERS; h++)
+                if (!s->holders[h].pid) {
+                        s->holders[h] = (fake_holder_t){.pid = pid, .refs = 1};
+                        return found;
+                }
+        return -1;
+}
+
+/* This process lets go of one hold on `slot`. */
+static void slot_drop(int slot) {
+        pool_lock();
+        fake_slot_t *s = &fake.pool->slots[slot];
+        bool held = false;
+        for (int h = 0; h < FAKE_POOL_HOLDERS; h++) {
+                if (s->holders[h].pid == getpid() && --s->holders[h].refs == 0)
+                        s->holders[h] = (fake_holder_t){0};
+                held |= s->holders[h].pid != 0;
+        }
+        if (!held)
+                slot_free(fake.pool, s);
+        pool_unlock();
 }
 
 /* ---- bookkeeping ---- */
@@ -215,8 +470,38 @@ static bool valid_device(CUdevice dev) {
         return dev >= 0 && dev < fake.device_count;
 }
 
-static bool have_context(void) {
-        return current && current->refs > 0;
+static int physical(CUdevice dev) {
+        return fake.physical[dev];
+}
+
+static CUcontext current_ctx(void) {
+        return depth > 0 && stack[depth - 1] && stack[depth - 1]->refs > 0 ? stack[depth - 1] : NULL;
+}
+
+static bool valid_ctx(CUcontext ctx) {
+        return ctx >= &fake.ctx[0] && ctx < &fake.ctx[FAKE_MAX_DEVICES] && ctx->refs > 0;
+}
+
+static bool special_stream(CUstream s) {
+        return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+/* The context a stream belongs to: a special stream is the current
+ * context's. NULL for an unknown or destroyed stream. */
+static CUcontext stream_ctx(CUstream s) {
+        if (special_stream(s))
+                return current_ctx();
+        for (struct CUstream_st *x = fake.streams; x; x = x->next)
+                if (x == s)
+                        return valid_ctx(x->ctx) ? x->ctx : NULL;
+        return NULL;
+}
+
+static struct CUevent_st *find_event(CUevent e) {
+        for (struct CUevent_st *x = fake.events; x; x = x->next)
+                if (x == e && x->magic == FAKE_EVENT_MAGIC)
+                        return x;
+        return NULL;
 }
 
 static alloc_t *find_alloc(CUmemGenericAllocationHandle handle) {
@@ -226,7 +511,8 @@ static alloc_t *find_alloc(CUmemGenericAllocationHandle handle) {
         return NULL;
 }
 
-/* Frees the allocation once neither its handle nor a mapping uses it. */
+/* Frees the allocation here once neither its handle nor a mapping uses it;
+ * the device memory goes when no process holds it. */
 static void alloc_maybe_free(alloc_t *a) {
         if (a->handle_open || a->mappings > 0)
                 return;
@@ -236,17 +522,16 @@ static void alloc_maybe_free(alloc_t *a) {
                         break;
                 }
         close(a->fd);
-        if (a->charged)
-                fake.in_use -= a->size;
+        slot_drop(a->slot);
         free(a);
 }
 
-static alloc_t *alloc_new(int fd, size_t size, bool charged, bool exportable) {
+static alloc_t *alloc_new(int fd, size_t size, int slot, bool exportable, bool rdma) {
         alloc_t *a = calloc(1, sizeof(*a));
         if (!a)
                 return NULL;
-        *a = (alloc_t){.next = fake.allocs, .fd = fd, .size = size, .handle_open = true, .charged = charged,
-                       .exportable = exportable};
+        *a = (alloc_t){.next = fake.allocs, .fd = fd, .size = size, .slot = slot, .handle_open = true,
+                       .exportable = exportable, .rdma = rdma};
         fake.allocs = a;
         return a;
 }
@@ -255,7 +540,7 @@ static range_t *range_add(range_t **list, uintptr_t addr, size_t size, alloc_t *
         range_t *r = calloc(1, sizeof(*r));
         if (!r)
                 return NULL;
-        *r = (range_t){.next = *list, .addr = addr, .size = size, .alloc = a};
+        *r = (range_t){.next = *list, .addr = addr, .size = size, .alloc = a, .slot = -1};
         *list = r;
         return r;
 }
@@ -295,7 +580,8 @@ static bool prop_valid(const CUmemAllocationProp *prop) {
         return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
                prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id) &&
                (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ||
-                prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
+               prop->allocFlags.compressionType == 0 && prop->allocFlags.usage == 0;
 }
 
 /* Turns [addr, +size) back into reserved, inaccessible, not inherited pages. */
@@ -308,19 +594,28 @@ static bool events_held(void) {
         return fake.hold_events && access(fake.hold_events, F_OK) == 0;
 }
 
-/* ---- initialization, errors, devices, contexts ---- */
+/* Synchronizing waits while FAKECUDA_HOLD_SYNC names an existing file (work
+ * that takes long), without holding the driver's lock. */
+static void wait_sync_hold(void) {
+        const char *hold = getenv("FAKECUDA_HOLD_SYNC");
+        while (hold && access(hold, F_OK) == 0)
+                nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+}
+
+/* ---- initialization, errors, devices ---- */
 
 CUresult CUDAAPI cuInit(unsigned int flags) {
         LOCKED();
         if (flags != 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!fake.initialized) {
-                if (!configure())
-                        return CUDA_ERROR_INVALID_VALUE;
-                if (fake.device_count == 0)
-                        return CUDA_ERROR_NO_DEVICE;
-                fake.initialized = true;
-        }
+        if (fake.initialized)
+                return fake.init_pid == getpid() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+        if (!configure())
+                return CUDA_ERROR_INVALID_VALUE;
+        if (fake.device_count == 0)
+                return CUDA_ERROR_NO_DEVICE;
+        fake.init_pid = getpid();
+        fake.initialized = true;
         return CUDA_SUCCESS;
 }
 
@@ -331,24 +626,22 @@ CUresult CUDAAPI cuDriverGetVersion(int *version) {
         return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) {
+static CUresult error_lookup(CUresult error, bool name, const char **str) {
         for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
                 if (errors[i].code == error) {
-                        *str = errors[i].name;
+                        *str = name ? errors[i].name : errors[i].text;
                         return CUDA_SUCCESS;
                 }
         *str = NULL;
         return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) {
+        return error_lookup(error, true, str);
+}
+
 CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str) {
-        for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
-                if (errors[i].code == error) {
-                        *str = errors[i].text;
-                        return CUDA_SUCCESS;
-                }
-        *str = NULL;
-        return CUDA_ERROR_INVALID_VALUE;
+        return error_lookup(error, false, str);
 }
 
 CUresult CUDAAPI cuDeviceGetCount(int *count) {
@@ -367,6 +660,8 @@ CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
         return CUDA_SUCCESS;
 }
 
+/* cuda.h names this cuDeviceGetUuid_v2; the 9.2 entry point has the same
+ * signature. */
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
         LOCKED();
         REQUIRE_INIT();
@@ -374,7 +669,7 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
                 return CUDA_ERROR_INVALID_DEVICE;
         memset(uuid->bytes, 0, sizeof(uuid->bytes));
         memcpy(uuid->bytes, fake.uuid_prefix, fake.uuid_prefix_len);
-        uuid->bytes[15] = (char)dev;
+        uuid->bytes[15] = (char)physical(dev);
         return CUDA_SUCCESS;
 }
 
@@ -383,8 +678,83 @@ CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
         REQUIRE_INIT();
         if (!valid_device(dev))
                 return CUDA_ERROR_INVALID_DEVICE;
-        *bytes = fake.capacity;
+        *bytes = fake.pool->capacity[physical(dev)];
         return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!valid_device(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        if (!pi)
+                return CUDA_ERROR_INVALID_VALUE;
+        switch (attrib) {
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+                *pi = !fake.no_vmm;
+                return CUDA_SUCCESS;
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+                *pi = !fake.no_vmm && !fake.no_posix_fd;
+                return CUDA_SUCCESS;
+        case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+                *pi = !fake.no_vmm && !fake.no_rdma;
+                return CUDA_SUCCESS;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
+                *pi = (int)fake.pool->compute_mode;
+                return CUDA_SUCCESS;
+        default:
+                return CUDA_ERROR_INVALID_VALUE; /* not emulated: a caller must not depend on it */
+        }
+}
+
+/* ---- contexts ---- */
+
+/* Makes device `dev`'s primary context active in this process: charged to
+ * the device, refused under compute modes that forbid it. */
+static CUresult ctx_activate(CUdevice dev) {
+        fake_pool_t *pool = fake.pool;
+        int phys = physical(dev);
+        CUresult r = CUDA_SUCCESS;
+        pool_lock();
+        if (pool->compute_mode == CU_COMPUTEMODE_PROHIBITED) {
+                r = CUDA_ERROR_DEVICE_UNAVAILABLE;
+                goto out;
+        }
+        pool_sweep();
+        int empty = -1;
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++) {
+                fake_ctx_use_t *c = &pool->contexts[i];
+                if (!c->pid && empty < 0)
+                        empty = i;
+                if (c->pid && c->pid != getpid() && c->device == phys &&
+                    pool->compute_mode == CU_COMPUTEMODE_EXCLUSIVE_PROCESS) {
+                        r = CUDA_ERROR_DEVICE_UNAVAILABLE;
+                        goto out;
+                }
+        }
+        if (empty < 0 || !pool_fits(phys, fake.context_bytes)) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                goto out;
+        }
+        pool->contexts[empty] = (fake_ctx_use_t){.pid = getpid(), .device = phys, .bytes = fake.context_bytes};
+        pool->in_use[phys] += fake.context_bytes;
+out:
+        pool_unlock();
+        return r;
+}
+
+static void ctx_deactivate(CUdevice dev) {
+        fake_pool_t *pool = fake.pool;
+        pool_lock();
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++) {
+                fake_ctx_use_t *c = &pool->contexts[i];
+                if (c->pid == getpid() && c->device == physical(dev)) {
+                        pool->in_use[c->device] -= c->bytes;
+                        *c = (fake_ctx_use_t){0};
+                        break;
+                }
+        }
+        pool_unlock();
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
@@ -392,6 +762,11 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
         REQUIRE_INIT();
         if (!valid_device(dev))
                 return CUDA_ERROR_INVALID_DEVICE;
+        if (fake.ctx[dev].refs == 0) {
+                CUresult r = ctx_activate(dev);
+                if (r != CUDA_SUCCESS)
+                        return r;
+        }
         fake.ctx[dev].refs++;
         *ctx = &fake.ctx[dev];
         return CUDA_SUCCESS;
@@ -404,32 +779,90 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
                 return CUDA_ERROR_INVALID_DEVICE;
         if (fake.ctx[dev].refs == 0)
                 return CUDA_ERROR_INVALID_CONTEXT;
-        fake.ctx[dev].refs--;
+        if (--fake.ctx[dev].refs == 0)
+                ctx_deactivate(dev);
         return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
         LOCKED();
         REQUIRE_INIT();
-        if (ctx && (ctx < &fake.ctx[0] || ctx >= &fake.ctx[FAKE_MAX_DEVICES] || ctx->refs == 0))
+        if (ctx && !valid_ctx(ctx))
                 return CUDA_ERROR_INVALID_CONTEXT;
-        current = ctx;
+        if (!ctx) {
+                if (depth > 0)
+                        depth--;
+        } else if (depth == 0) {
+                stack[depth++] = ctx;
+        } else {
+                stack[depth - 1] = ctx;
+        }
         return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuCtxSynchronize(void) {
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *ctx) {
         LOCKED();
         REQUIRE_INIT();
-        return have_context() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+        if (!ctx)
+                return CUDA_ERROR_INVALID_VALUE;
+        *ctx = depth > 0 ? stack[depth - 1] : NULL;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!valid_ctx(ctx))
+                return CUDA_ERROR_INVALID_CONTEXT;
+        if (depth == FAKE_STACK_MAX)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        stack[depth++] = ctx;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *ctx) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (depth == 0)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        depth--;
+        if (ctx)
+                *ctx = stack[depth];
+        return CUDA_SUCCESS;
+}
+
+static CUresult check_ctx(CUcontext ctx) {
+        LOCKED();
+        REQUIRE_INIT();
+        return valid_ctx(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+        CUresult r = check_ctx(current_ctx());
+        if (r == CUDA_SUCCESS)
+                wait_sync_hold();
+        return r;
+}
+
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+        CUresult r = check_ctx(ctx);
+        if (r == CUDA_SUCCESS)
+                wait_sync_hold();
+        return r;
 }
 
 CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
         LOCKED();
         REQUIRE_INIT();
-        if (!have_context())
+        CUcontext ctx = current_ctx();
+        if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
-        *free_bytes = fake.capacity - fake.in_use;
-        *total_bytes = fake.capacity;
+        int phys = physical(ctx->device);
+        pool_lock();
+        pool_sweep();
+        *free_bytes = fake.pool->capacity[phys] - fake.pool->in_use[phys];
+        *total_bytes = fake.pool->capacity[phys];
+        pool_unlock();
         return CUDA_SUCCESS;
 }
 
@@ -451,20 +884,33 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         REQUIRE_INIT();
         if (!handle || !prop_valid(prop) || flags != 0 || size == 0 || size % fake.granularity != 0)
                 return CUDA_ERROR_INVALID_VALUE;
+        bool exportable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        if (fake.no_vmm || (exportable && fake.no_posix_fd))
+                return CUDA_ERROR_NOT_SUPPORTED;
+        if (prop->allocFlags.gpuDirectRDMACapable && fake.no_rdma)
+                return CUDA_ERROR_INVALID_VALUE;
         if (++fake.creates == fake.fail_create_at)
                 return fake.fail_create_error;
-        if (size > fake.capacity - fake.in_use)
+        int phys = physical(prop->location.id);
+        char name[32];
+        snprintf(name, sizeof(name), "fakecuda-dev%d", phys);
+        int fd = memfd_create(name, MFD_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || ftruncate(fd, (off_t)size) < 0 || fstat(fd, &st) < 0) {
+                if (fd >= 0)
+                        close(fd);
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        int fd = memfd_create("fakecuda", MFD_CLOEXEC);
-        if (fd < 0)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        alloc_t *a = NULL;
-        if (ftruncate(fd, (off_t)size) < 0 ||
-            !(a = alloc_new(fd, size, true, prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
+        }
+        pool_lock();
+        int slot = pool_fits(phys, size) ? slot_hold((uint64_t)st.st_ino, size, phys) : -1;
+        pool_unlock();
+        alloc_t *a = slot >= 0 ? alloc_new(fd, size, slot, exportable, prop->allocFlags.gpuDirectRDMACapable) : NULL;
+        if (!a) {
+                if (slot >= 0)
+                        slot_drop(slot);
                 close(fd);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        fake.in_use += size;
         *handle = (uintptr_t)a;
         return CUDA_SUCCESS;
 }
@@ -495,6 +941,20 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable, CUmemGenericAlloc
         return CUDA_SUCCESS;
 }
 
+/* The physical device of an exported allocation; -1 if `fd` is none. */
+static int exported_device(int fd) {
+        char path[64], target[128];
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0)
+                return -1;
+        target[n] = '\0';
+        int dev;
+        if (sscanf(target, "/memfd:fakecuda-dev%d", &dev) != 1 || dev < 0 || dev >= FAKE_MAX_DEVICES)
+                return -1;
+        return dev;
+}
+
 CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
                                                 CUmemAllocationHandleType type) {
         LOCKED();
@@ -505,14 +965,20 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
                 return fake.fail_import_error;
         int fd = (int)(intptr_t)os_handle;
         struct stat st;
-        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        int phys = exported_device(fd);
+        if (phys < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
             (uint64_t)st.st_size % fake.granularity != 0)
                 return CUDA_ERROR_INVALID_HANDLE;
         int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (own < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        alloc_t *a = alloc_new(own, (size_t)st.st_size, false, true);
+        pool_lock();
+        int slot = slot_hold((uint64_t)st.st_ino, (uint64_t)st.st_size, phys); /* it exists: no capacity check */
+        pool_unlock();
+        alloc_t *a = slot >= 0 ? alloc_new(own, (size_t)st.st_size, slot, true, false) : NULL;
         if (!a) {
+                if (slot >= 0)
+                        slot_drop(slot);
                 close(own);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -588,6 +1054,11 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
         for (size_t i = 0; i < count; i++) {
                 if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id))
                         return CUDA_ERROR_INVALID_DEVICE;
+                /* No peer access is emulated: only the memory's own device. */
+                for (range_t *r = fake.mappings; r; r = r->next)
+                        if (overlaps(r, ptr, size) &&
+                            fake.pool->slots[r->alloc->slot].device != physical(desc[i].location.id))
+                                return CUDA_ERROR_INVALID_DEVICE;
                 if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
                         prot |= PROT_READ;
                 else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
@@ -603,21 +1074,18 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         LOCKED();
         REQUIRE_INIT();
-        /* The range must consist of whole mappings. */
-        if (size == 0 || mapped_bytes(ptr, size) != (long long)size)
+        if (++fake.unmaps == fake.fail_unmap_at)
+                return fake.fail_unmap_error;
+        /* Exactly one mapped range, as cuMemMap made it. */
+        range_t **p = range_find(&fake.mappings, ptr);
+        if (!p || (*p)->size != size)
                 return CUDA_ERROR_INVALID_VALUE;
-        for (range_t **p = &fake.mappings; *p;) {
-                range_t *r = *p;
-                if (!overlaps(r, ptr, size)) {
-                        p = &r->next;
-                        continue;
-                }
-                reserve_pages(r->addr, r->size);
-                *p = r->next;
-                r->alloc->mappings--;
-                alloc_maybe_free(r->alloc);
-                free(r);
-        }
+        range_t *r = *p;
+        reserve_pages(r->addr, r->size);
+        *p = r->next;
+        r->alloc->mappings--;
+        alloc_maybe_free(r->alloc);
+        free(r);
         return CUDA_SUCCESS;
 }
 
@@ -626,61 +1094,119 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
         LOCKED();
         REQUIRE_INIT();
-        if (!have_context())
+        CUcontext ctx = current_ctx();
+        if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
-        if (!stream || !(*stream = calloc(1, sizeof(**stream))))
+        struct CUstream_st *s = stream ? calloc(1, sizeof(*s)) : NULL;
+        if (!s)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        (*stream)->device = current->device;
+        *s = (struct CUstream_st){.magic = FAKE_STREAM_MAGIC, .ctx = ctx, .next = fake.streams};
+        fake.streams = s;
+        *stream = s;
         return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
-        if (!stream)
-                return CUDA_ERROR_INVALID_HANDLE;
-        free(stream);
+        LOCKED();
+        REQUIRE_INIT();
+        for (struct CUstream_st **p = &fake.streams; *p; p = &(*p)->next)
+                if (*p == stream) {
+                        *p = stream->next;
+                        free(stream);
+                        return CUDA_SUCCESS;
+                }
+        return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult CUDAAPI cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext c = stream_ctx(stream);
+        if (!c)
+                return special_stream(stream) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+        *ctx = c;
         return CUDA_SUCCESS;
+}
+
+static CUresult check_stream(CUstream stream) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!stream_ctx(stream))
+                return special_stream(stream) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+        CUresult r = check_stream(stream);
+        if (r == CUDA_SUCCESS)
+                wait_sync_hold(); /* emulated work is done when it is queued, unless held */
+        return r;
 }
 
 CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags) {
         LOCKED();
         REQUIRE_INIT();
-        if (!have_context())
+        CUcontext ctx = current_ctx();
+        if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
-        if (!event || !(*event = calloc(1, sizeof(**event))))
+        struct CUevent_st *e = event ? calloc(1, sizeof(*e)) : NULL;
+        if (!e)
                 return CUDA_ERROR_OUT_OF_MEMORY;
+        *e = (struct CUevent_st){.magic = FAKE_EVENT_MAGIC, .ctx = ctx, .next = fake.events};
+        fake.events = e;
+        *event = e;
         return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
         LOCKED();
         REQUIRE_INIT();
-        if (!event)
+        struct CUevent_st *e = find_event(event);
+        CUcontext ctx = stream_ctx(stream);
+        if (!e || !ctx)
+                return !e || !special_stream(stream) ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+        /* "hStream and hEvent must be from the same context" */
+        if (ctx != e->ctx)
                 return CUDA_ERROR_INVALID_HANDLE;
-        if (!have_context())
-                return CUDA_ERROR_INVALID_CONTEXT;
-        event->recorded = true;
+        e->recorded = true;
         return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuEventQuery(CUevent event) {
-        if (!event)
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUevent_st *e = find_event(event);
+        if (!e)
                 return CUDA_ERROR_INVALID_HANDLE;
-        return event->recorded && events_held() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+        fake.event_queries++;
+        return e->recorded && events_held() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuEventSynchronize(CUevent event) {
-        if (!event)
-                return CUDA_ERROR_INVALID_HANDLE;
-        while (event->recorded && events_held())
+        for (;;) {
+                {
+                        LOCKED();
+                        REQUIRE_INIT();
+                        struct CUevent_st *e = find_event(event);
+                        if (!e)
+                                return CUDA_ERROR_INVALID_HANDLE;
+                        if (!e->recorded || !events_held())
+                                return CUDA_SUCCESS;
+                }
                 nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        return CUDA_SUCCESS;
+        }
 }
 
 CUresult CUDAAPI cuEventDestroy(CUevent event) {
-        if (!event)
-                return CUDA_ERROR_INVALID_HANDLE;
-        free(event);
-        return CUDA_SUCCESS;
+        LOCKED();
+        REQUIRE_INIT();
+        for (struct CUevent_st **p = &fake.events; *p; p = &(*p)->next)
+                if (*p == event) {
+                        *p = event->next;
+                        free(event);
+                        return CUDA_SUCCESS;
+                }
+        return CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* ---- classic allocation (what the GPU check compares against) ---- */
@@ -688,20 +1214,28 @@ CUresult CUDAAPI cuEventDestroy(CUevent event) {
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
         LOCKED();
         REQUIRE_INIT();
-        if (!have_context())
+        CUcontext ctx = current_ctx();
+        if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (size > fake.capacity - fake.in_use)
+        int phys = physical(ctx->device);
+        /* A block is a pool slot of its own, named outside the inode space. */
+        uint64_t id = (1ull << 63) | ((uint64_t)getpid() << 32) | ++fake.next_block_id;
+        pool_lock();
+        int slot = pool_fits(phys, size) ? slot_hold(id, size, phys) : -1;
+        pool_unlock();
+        if (slot < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        if (!range_add(&fake.blocks, (uintptr_t)p, size, NULL)) {
-                munmap(p, size);
+        range_t *r = p == MAP_FAILED ? NULL : range_add(&fake.blocks, (uintptr_t)p, size, NULL);
+        if (!r) {
+                if (p != MAP_FAILED)
+                        munmap(p, size);
+                slot_drop(slot);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        fake.in_use += size;
+        r->slot = slot;
         *dptr = (uintptr_t)p;
         return CUDA_SUCCESS;
 }
@@ -715,9 +1249,76 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
         range_t *r = *p;
         *p = r->next;
         munmap((void *)r->addr, r->size);
-        fake.in_use -= r->size;
+        slot_drop(r->slot);
         free(r);
         return CUDA_SUCCESS;
+}
+
+/* ---- what tests ask (fakecuda.h) ---- */
+
+static long count_ranges(const range_t *r) {
+        long n = 0;
+        for (; r; r = r->next)
+                n++;
+        return n;
+}
+
+int fakecuda_usage(fakecuda_usage_t *ret) {
+        LOCKED();
+        if (!fake.initialized || fake.init_pid != getpid())
+                return -1;
+        fakecuda_usage_t u = {.stack_depth = depth, .event_queries = fake.event_queries};
+        for (alloc_t *a = fake.allocs; a; a = a->next)
+                if (a->handle_open) {
+                        u.handles++;
+                        u.rdma_handles += a->rdma;
+                }
+        u.mappings = count_ranges(fake.mappings);
+        u.reservations = count_ranges(fake.reservations);
+        u.blocks = count_ranges(fake.blocks);
+        for (struct CUstream_st *s = fake.streams; s; s = s->next)
+                u.streams++;
+        for (struct CUevent_st *e = fake.events; e; e = e->next)
+                u.events++;
+        for (int i = 0; i < FAKE_MAX_DEVICES; i++)
+                u.contexts += fake.ctx[i].refs;
+        *ret = u;
+        return 0;
+}
+
+int fakecuda_device_usage(int device, uint64_t *ret_bytes, uint64_t *ret_allocations) {
+        LOCKED();
+        if (!fake.initialized || device < 0 || device >= FAKE_MAX_DEVICES)
+                return -1;
+        pool_lock();
+        pool_sweep();
+        *ret_bytes = fake.pool->in_use[device];
+        *ret_allocations = fake.pool->allocations[device];
+        pool_unlock();
+        return 0;
+}
+
+int fakecuda_process_usage(int device, int pid, uint64_t *ret_bytes) {
+        LOCKED();
+        if (!fake.initialized || device < 0 || device >= FAKE_MAX_DEVICES)
+                return -1;
+        uint64_t n = 0;
+        pool_lock();
+        pool_sweep();
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++)
+                if (fake.pool->contexts[i].pid == pid && fake.pool->contexts[i].device == device)
+                        n += fake.pool->contexts[i].bytes;
+        for (int i = 0; i < FAKE_POOL_SLOTS; i++) {
+                const fake_slot_t *s = &fake.pool->slots[i];
+                if (!s->ino || s->device != device)
+                        continue;
+                for (int h = 0; h < FAKE_POOL_HOLDERS; h++)
+                        if (s->holders[h].pid == pid)
+                                n += s->size;
+        }
+        pool_unlock();
+        *ret_bytes = n;
+        return 0;
 }
 
 /* ---- entry point lookup ---- */
@@ -725,60 +1326,173 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                   CUdriverProcAddressQueryResult *status);
 
+/* Each row: a name, the CUDA version that introduced this signature, the
+ * function. A lookup gets the newest row not newer than the version asked. */
 static const struct {
         const char *name;
+        int version;
         void *fn;
 } entry_points[] = {
-#define ENTRY(name) {#name, (void *)name}
-        ENTRY(cuInit),
-        ENTRY(cuDriverGetVersion),
-        ENTRY(cuGetProcAddress),
-        ENTRY(cuGetErrorName),
-        ENTRY(cuGetErrorString),
-        ENTRY(cuDeviceGet),
-        ENTRY(cuDeviceGetCount),
-        ENTRY(cuDeviceGetUuid),
-        ENTRY(cuDeviceTotalMem),
-        ENTRY(cuDevicePrimaryCtxRetain),
-        ENTRY(cuDevicePrimaryCtxRelease),
-        ENTRY(cuCtxSetCurrent),
-        ENTRY(cuCtxSynchronize),
-        ENTRY(cuMemGetInfo),
-        ENTRY(cuMemGetAllocationGranularity),
-        ENTRY(cuMemCreate),
-        ENTRY(cuMemRelease),
-        ENTRY(cuMemExportToShareableHandle),
-        ENTRY(cuMemImportFromShareableHandle),
-        ENTRY(cuMemAddressReserve),
-        ENTRY(cuMemAddressFree),
-        ENTRY(cuMemMap),
-        ENTRY(cuMemUnmap),
-        ENTRY(cuMemSetAccess),
-        ENTRY(cuStreamCreate),
-        ENTRY(cuStreamDestroy),
-        ENTRY(cuEventCreate),
-        ENTRY(cuEventRecord),
-        ENTRY(cuEventQuery),
-        ENTRY(cuEventSynchronize),
-        ENTRY(cuEventDestroy),
-        ENTRY(cuMemAlloc),
-        ENTRY(cuMemFree),
+#define ENTRY(name, version) {#name, version, (void *)name}
+        ENTRY(cuInit, 2000),
+        ENTRY(cuDriverGetVersion, 2020),
+        ENTRY(cuGetProcAddress, 12000),
+        ENTRY(cuGetErrorName, 6000),
+        ENTRY(cuGetErrorString, 6000),
+        ENTRY(cuDeviceGet, 2000),
+        ENTRY(cuDeviceGetCount, 2000),
+        {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
+        ENTRY(cuDeviceGetAttribute, 2000),
+        ENTRY(cuDeviceTotalMem, 3020),
+        ENTRY(cuDevicePrimaryCtxRetain, 7000),
+        ENTRY(cuDevicePrimaryCtxRelease, 11000),
+        ENTRY(cuCtxSetCurrent, 4000),
+        ENTRY(cuCtxGetCurrent, 4000),
+        ENTRY(cuCtxPushCurrent, 4000),
+        ENTRY(cuCtxPopCurrent, 4000),
+        {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
+        {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
+        ENTRY(cuMemGetInfo, 3020),
+        ENTRY(cuMemGetAllocationGranularity, 10020),
+        ENTRY(cuMemCreate, 10020),
+        ENTRY(cuMemRelease, 10020),
+        ENTRY(cuMemExportToShareableHandle, 10020),
+        ENTRY(cuMemImportFromShareableHandle, 10020),
+        ENTRY(cuMemAddressReserve, 10020),
+        ENTRY(cuMemAddressFree, 10020),
+        ENTRY(cuMemMap, 10020),
+        ENTRY(cuMemUnmap, 10020),
+        ENTRY(cuMemSetAccess, 10020),
+        ENTRY(cuStreamCreate, 2000),
+        ENTRY(cuStreamDestroy, 4000),
+        ENTRY(cuStreamGetCtx, 9020),
+        ENTRY(cuStreamSynchronize, 2000),
+        ENTRY(cuEventCreate, 2000),
+        ENTRY(cuEventRecord, 2000),
+        ENTRY(cuEventQuery, 2000),
+        ENTRY(cuEventSynchronize, 2000),
+        ENTRY(cuEventDestroy, 4000),
+        ENTRY(cuMemAlloc, 3020),
+        ENTRY(cuMemFree, 3020),
 #undef ENTRY
 };
 
+/* Whether FAKECUDA_HIDE, a comma-separated list, names `symbol`: a driver
+ * that lacks it. */
+static bool hidden(const char *symbol) {
+        const char *hide = getenv("FAKECUDA_HIDE");
+        size_t len = strlen(symbol);
+        for (const char *h = hide ? strstr(hide, symbol) : NULL; h; h = strstr(h + 1, symbol))
+                if ((h == hide || h[-1] == ',') && (h[len] == ',' || h[len] == '\0'))
+                        return true;
+        return false;
+}
+
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                   CUdriverProcAddressQueryResult *status) {
-        if (!symbol || !pfn)
+        if (!symbol || !pfn || flags > (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
                 return CUDA_ERROR_INVALID_VALUE;
-        for (size_t i = 0; i < sizeof(entry_points) / sizeof(entry_points[0]); i++)
-                if (strcmp(entry_points[i].name, symbol) == 0) {
-                        *pfn = entry_points[i].fn;
-                        if (status)
-                                *status = CU_GET_PROC_ADDRESS_SUCCESS;
-                        return CUDA_SUCCESS;
-                }
-        *pfn = NULL;
+        bool known = false;
+        int best = -1;
+        for (size_t i = 0; !hidden(symbol) && i < sizeof(entry_points) / sizeof(entry_points[0]); i++) {
+                if (strcmp(entry_points[i].name, symbol) != 0)
+                        continue;
+                known = true;
+                if (entry_points[i].version <= version)
+                        best = (int)i;
+        }
+        *pfn = best >= 0 ? entry_points[best].fn : NULL;
         if (status)
-                *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
+                *status = best >= 0 ? CU_GET_PROC_ADDRESS_SUCCESS
+                          : known   ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                    : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return best >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
+
+#ifdef FAKE_NVML
+/* ---- fakenvml: the same source built as a test-only libnvidia-ml.so.1 ----
+ * It reads the shared pool (FAKECUDA_POOL; without one nvmlInit fails as
+ * with no driver loaded), so a process sees device-wide figures without a
+ * CUDA context, as with NVML on hardware. */
+typedef struct nvmlMemory {
+        unsigned long long total, free, used;
+} nvmlMemory_t;
+typedef struct fake_nvml_device *nvmlDevice_t;
+enum { NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_FOUND = 6,
+       NVML_ERROR_DRIVER_NOT_LOADED = 9 };
+
+int nvmlInit_v2(void);
+int nvmlShutdown(void);
+const char *nvmlErrorString(int result);
+int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
+int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+
+int nvmlInit_v2(void) {
+        LOCKED();
+        const char *pool = getenv("FAKECUDA_POOL");
+        if (!pool || !*pool)
+                return NVML_ERROR_DRIVER_NOT_LOADED;
+        if (!fake.initialized) {
+                if (!configure())
+                        return NVML_ERROR_DRIVER_NOT_LOADED;
+                fake.init_pid = getpid();
+                fake.initialized = true;
+        }
+        return NVML_SUCCESS;
+}
+
+int nvmlShutdown(void) {
+        return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(int result) {
+        switch (result) {
+        case NVML_SUCCESS: return "Success";
+        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+        case NVML_ERROR_NOT_FOUND: return "Not Found";
+        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+        default: return "Unknown Error";
+        }
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of a physical device (NVML
+ * ignores CUDA_VISIBLE_DEVICES). */
+int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+        LOCKED();
+        if (!fake.initialized)
+                return NVML_ERROR_UNINITIALIZED;
+        if (!uuid || !device)
+                return NVML_ERROR_INVALID_ARGUMENT;
+        for (uint32_t d = 0; d < fake.pool->device_count; d++) {
+                unsigned char b[16] = {0};
+                memcpy(b, fake.uuid_prefix, fake.uuid_prefix_len);
+                b[15] = (unsigned char)d;
+                char text[64];
+                snprintf(text, sizeof(text),
+                         "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                         b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                if (strcasecmp(text, uuid) == 0) {
+                        *device = (nvmlDevice_t)(uintptr_t)(d + 1);
+                        return NVML_SUCCESS;
+                }
+        }
+        return NVML_ERROR_NOT_FOUND;
+}
+
+int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+        LOCKED();
+        uintptr_t d = (uintptr_t)device;
+        if (!fake.initialized)
+                return NVML_ERROR_UNINITIALIZED;
+        if (!memory || d == 0 || d > fake.pool->device_count)
+                return NVML_ERROR_INVALID_ARGUMENT;
+        pool_lock();
+        pool_sweep();
+        memory->total = fake.pool->capacity[d - 1];
+        memory->used = fake.pool->in_use[d - 1];
+        memory->free = memory->total - memory->used;
+        pool_unlock();
+        return NVML_SUCCESS;
+}
+#endif

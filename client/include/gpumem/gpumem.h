@@ -64,7 +64,8 @@ GPUMEM_EXPORT const char *gpumem_strerror(int err);
 /* The detailed message of the calling thread's last failure on this client
  * (e.g. the out-of-memory diagnosis); "" if none. Valid until the thread's next
  * call on the client. With NULL: why the thread's last gpumem_connect() or
- * gpumem_connect_device() failed. */
+ * gpumem_connect_device() failed (e.g. a refused socket directory, or the
+ * daemon's session limit). */
 GPUMEM_EXPORT const char *gpumem_last_error(gpumem_client *c);
 
 /* ---- Frames, devices, statistics, snapshots, administration ----

@@ -1,0 +1,62 @@
+/* Trusted connections to gpumemd (peer_check.h). */
+#include "peer_check.h"
+
+#include <errno.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc.h"
+#include "trust.h"
+
+#define SERVICE_USER "gpumem"
+
+/* The uid of a user name or decimal uid; -1 when unknown. */
+static long resolve_user(const char *name) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(name, &end, 10);
+        if (*name && !*end && errno == 0 && v < (unsigned long) (uid_t) -1)
+                return (long) v;
+        char buf[1024];
+        struct passwd pw, *found = NULL;
+        if (getpwnam_r(name, &pw, buf, sizeof(buf), &found) != 0 || !found)
+                return -1;
+        return (long) found->pw_uid;
+}
+
+static void trusted_set(gm_trust_t *t) {
+        *t = (gm_trust_t) {0};
+        gm_trust_add(t, geteuid());
+        long uid = resolve_user(SERVICE_USER);
+        if (uid >= 0)
+                gm_trust_add(t, (uid_t) uid);
+        const char *extra = secure_getenv("GPUMEM_DAEMON_USER");
+        if (extra && *extra && (uid = resolve_user(extra)) >= 0)
+                gm_trust_add(t, (uid_t) uid);
+}
+
+int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len) {
+        gm_trust_t t;
+        trusted_set(&t);
+        char reason[384] = "";
+        int r = gm_trust_check_dir(path, &t, reason, sizeof(reason));
+        if (r < 0 && r != -EPERM)
+                snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        int fd = -1;
+        if (r == 0 && (r = gm_ipc_connect(path, &fd)) < 0)
+                snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        if (r == 0 && (r = gm_trust_check_peer(fd, &t, reason, sizeof(reason))) < 0) {
+                close(fd);
+                if (r != -EPERM)
+                        snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        }
+        if (r < 0) {
+                snprintf(why, why_len, "cannot connect to gpumemd at '%s': %s", path, reason);
+                return r;
+        }
+        *ret_fd = fd;
+        return 0;
+}

@@ -1,0 +1,13 @@
+/* Text that came from someone else, made safe to print: logs, metrics,
+ * `gpumemctl clients`, snapshots. */
+#pragma once
+
+#include <stddef.h>
+
+/* Copies `in` into out (capacity out_len > 0, always NUL-terminated) with
+ * every control character (C0, DEL, and C1 as UTF-8), every byte that is not
+ * part of well-formed UTF-8, and the backslash written as "\xNN" ("\\" for
+ * the backslash), so that no newline, terminal escape or syslog "<N>" prefix
+ * at a line's start can come through. An escape is never cut in half: what
+ * does not fit is left out whole. Returns out. */
+char *gm_text_escape(const char *in, char *out, size_t out_len);

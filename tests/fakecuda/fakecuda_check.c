@@ -1,0 +1,57 @@
+#include "fakecuda_check.h"
+
+#include <check.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void *gm_fake_symbol(const char *name) {
+        void *lib = dlopen(getenv("GPUMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        void *fn = dlsym(lib, name);
+        ck_assert_ptr_nonnull(fn);
+        dlclose(lib);
+        return fn;
+}
+
+bool gm_fake_usage(fakecuda_usage_t *ret) {
+        const char *path = getenv("GPUMEM_LIBCUDA");
+        void *lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        if (!lib)
+                return false;
+        dlclose(lib);
+        fakecuda_usage_fn fn;
+        void *p = gm_fake_symbol("fakecuda_usage");
+        memcpy(&fn, &p, sizeof(p));
+        return fn(ret) == 0;
+}
+
+uint64_t gm_fake_device_bytes(int device) {
+        fakecuda_device_usage_fn fn;
+        void *p = gm_fake_symbol("fakecuda_device_usage");
+        memcpy(&fn, &p, sizeof(p));
+        uint64_t bytes = 0, allocations = 0;
+        ck_assert_int_eq(fn(device, &bytes, &allocations), 0);
+        return bytes;
+}
+
+void gm_fake_assert_no_objects(void) {
+        fakecuda_usage_t u;
+        if (!gm_fake_usage(&u))
+                return;
+        ck_assert_msg(u.handles == 0 && u.mappings == 0 && u.reservations == 0 && u.blocks == 0 && u.streams == 0 &&
+                              u.events == 0 && u.contexts == 0 && u.stack_depth == 0,
+                      "leaked: %ld handles, %ld mappings, %ld reservations, %ld blocks, %ld streams, %ld events, "
+                      "%ld contexts, context stack %ld",
+                      u.handles, u.mappings, u.reservations, u.blocks, u.streams, u.events, u.contexts, u.stack_depth);
+}
+
+void gm_fake_new_pool(char *path, size_t len) {
+        snprintf(path, len, "/tmp/fakecuda-pool-XXXXXX");
+        int fd = mkstemp(path);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_POOL", path, 1);
+}

@@ -1,0 +1,22 @@
+/* Test-side queries of the emulated driver (fakecuda.h), resolved in the
+ * copy this process loaded through GPUMEM_LIBCUDA. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fakecuda.h"
+
+/* A symbol of the loaded emulator (asserts it is loaded and has it). */
+void *gm_fake_symbol(const char *name);
+/* This process's driver objects; false when the driver was never loaded. */
+bool gm_fake_usage(fakecuda_usage_t *ret);
+/* Bytes in use on physical device `device`, device-wide. */
+uint64_t gm_fake_device_bytes(int device);
+/* Asserts this process holds no driver object (contexts and the calling
+ * thread's context stack included) when the driver is loaded. */
+void gm_fake_assert_no_objects(void);
+/* Makes a fresh pool file for this test (FAKECUDA_POOL, inherited by the
+ * processes it starts) into path (at least 64 bytes). */
+void gm_fake_new_pool(char *path, size_t len);

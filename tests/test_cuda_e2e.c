@@ -1,0 +1,363 @@
+/* The cuda backend end to end over the emulated driver: a real gpumemd on
+ * --backend cuda, this process as its client (libgpumem), and the emulator's
+ * device pool shared by both, so what a GPU would show shows here: memory the
+ * client still maps, releases acknowledged too early, ranges unmapped wrongly.
+ * Every test ends with the client holding no driver object after its
+ * disconnect and, once the daemon is gone, nothing in use on the device. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_loader.h"
+#include "fakecuda_check.h"
+#include "gpumem/gpumem.h"
+#include "testutil.h"
+
+#define MiB (1024ull * 1024ull)
+
+static gm_test_daemon_t daemon_;
+static char pool_path[64];
+
+static void setup(void) {
+        gm_fake_new_pool(pool_path, sizeof(pool_path));
+        setenv("FAKECUDA_CONTEXT_BYTES", "0", 1); /* device figures: memory alone */
+}
+
+/* Starts gpumemd with `name`=`value` in its environment only. */
+static void start_daemon(const char *capacity, const char *const *args, const char *name, const char *value) {
+        if (name)
+                setenv(name, value, 1);
+        gm_test_daemon_start(&daemon_, capacity, args);
+        if (name)
+                unsetenv(name);
+}
+
+static gpumem_client *connect_ok(void) {
+        gpumem_client *c = NULL;
+        int r = gpumem_connect(daemon_.socket_path, &c);
+        ck_assert_msg(r == 0, "gpumem_connect: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        return c;
+}
+
+/* Disconnects, stops the daemon and asserts that nothing is left. */
+static void finish(gpumem_client *c) {
+        gpumem_disconnect(c);
+        gm_fake_assert_no_objects();
+        gm_test_daemon_stop(&daemon_);
+        ck_assert_msg(gm_fake_device_bytes(0) == 0, "%llu bytes still in use on the device",
+                      (unsigned long long) gm_fake_device_bytes(0));
+        unlink(pool_path);
+}
+
+static fakecuda_usage_t usage(void) {
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        return u;
+}
+
+/* Defect 1: one release of more than 512 pages (two ReleaseRequest
+ * batches) leaves nothing mapped and the device's memory comes back. */
+START_TEST(test_release_of_many_pages) {
+        static const char *const args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        setenv("FAKECUDA_CAPACITY", "16G", 1); /* the device, fixed by the daemon's pool */
+        start_daemon("16G", args, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 12000 * MiB, 0, &p), 0); /* 600 pages of 20 MiB */
+        ck_assert_int_eq(usage().mappings, 600);
+        gm_test_fill(p, MiB, 1);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_eq(released, 12000 * MiB);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        fakecuda_usage_t u = usage();
+        ck_assert_msg(u.mappings == 0 && u.reservations == 0, "%ld pages, %ld ranges still mapped", u.mappings,
+                      u.reservations);
+        for (int i = 0; i < 500 && gm_fake_device_bytes(0) != 0; i++)
+                usleep(10000);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), 0); /* the daemon released every handle, nothing maps */
+        finish(c);
+}
+END_TEST
+
+/* Defect 4: an unmap the driver refuses is not acknowledged as done: the
+ * daemon keeps the memory (and its handle) until the session ends, and the
+ * client's data stays intact. */
+START_TEST(test_failed_unmap_keeps_memory) {
+        start_daemon("256M", NULL, NULL, NULL);
+        setenv("FAKECUDA_FAIL_UNMAP_AT", "1", 1); /* this process's first cuMemUnmap fails */
+        gpumem_client *c = connect_ok();
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 30 * MiB, 0, &q), 0);
+        gm_test_fill(p, 12 * MiB, 4);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(gpumem_free(c, q), 0);
+        uint64_t released;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        /* One of the two segments stays mapped here, and the daemon keeps it
+         * charged, as releasing, instead of giving it back to the driver. */
+        fakecuda_usage_t u = usage();
+        ck_assert_int_eq(u.mappings, 1);
+        char out[8192];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
+        long long releasing = 0;
+        for (int i = 0; i < 500 && releasing == 0; i++) {
+                ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+                const char *at = strstr(out, "\"name\": \"libgpumem");
+                ck_assert_ptr_nonnull(at);
+                at = strstr(at, "\"releasing_bytes\": ");
+                ck_assert_ptr_nonnull(at);
+                releasing = strtoll(at + strlen("\"releasing_bytes\": "), NULL, 10);
+                if (releasing == 0)
+                        usleep(10000);
+        }
+        ck_assert_msg(releasing == 12 * (long long) MiB || releasing == 30 * (long long) MiB, "releasing %lld: %s",
+                      releasing, out);
+        finish(c); /* the disconnect unmaps it; the session's end releases it */
+}
+END_TEST
+
+/* Defect 5: disconnecting unmaps every mapped page on its own, holes in the
+ * expandable range included. */
+START_TEST(test_disconnect_with_holes) {
+        static const char *const args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        start_daemon("256M", args, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        void *a, *b, *d;
+        ck_assert_int_eq(gpumem_alloc(c, 40 * MiB, 0, &a), 0); /* pages 0-1 */
+        ck_assert_int_eq(gpumem_alloc(c, 20 * MiB, 0, &b), 0); /* page 2 */
+        ck_assert_int_eq(gpumem_alloc(c, 20 * MiB, 0, &d), 0); /* page 3 */
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        uint64_t released;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_eq(released, 20 * MiB); /* a hole between a's pages and d's */
+        ck_assert_int_eq(usage().mappings, 3);
+        gm_test_fill(a, 40 * MiB, 1);
+        gm_test_fill(d, 20 * MiB, 2);
+        finish(c); /* a, d still allocated: the disconnect unmaps them */
+}
+END_TEST
+
+typedef struct free_job {
+        gpumem_client *c;
+        void *ptr;
+        int result;
+} free_job_t;
+
+static void *free_thread(void *arg) {
+        free_job_t *job = arg;
+        job->result = gpumem_free(job->c, job->ptr);
+        return NULL;
+}
+
+/* Defect 11: while a release waits for a segment's stream, other threads'
+ * calls that need no reply do not wait behind it. */
+START_TEST(test_release_waits_outside_the_lock) {
+        start_daemon("256M", NULL, NULL, NULL);
+        char hold[400];
+        snprintf(hold, sizeof(hold), "%s/hold-sync", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_SYNC", hold, 1); /* stream work "takes" until the file goes */
+        gpumem_client *c = connect_ok();
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 1 * MiB, 0, &q), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        /* An admin trim: the daemon asks this client for p's segment. */
+        char out[4096];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "trim", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        usleep(100000); /* the service thread is in cuStreamSynchronize now */
+        free_job_t job = {.c = c, .ptr = q, .result = 1};
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, free_thread, &job), 0);
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += 10;
+        int joined = pthread_timedjoin_np(t, NULL, &deadline);
+        unlink(hold);
+        if (joined != 0)
+                pthread_join(t, NULL);
+        ck_assert_msg(joined == 0, "gpumem_free waited for the release's stream synchronization");
+        ck_assert_int_eq(job.result, 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 2 * MiB),
+                         2 * (int64_t) MiB);
+        unsetenv("FAKECUDA_HOLD_SYNC");
+        finish(c);
+}
+END_TEST
+
+/* Defect 11: pending stream events are polled with a backoff, not every
+ * millisecond. */
+START_TEST(test_pending_events_back_off) {
+        start_daemon("256M", NULL, NULL, NULL);
+        char hold[400];
+        snprintf(hold, sizeof(hold), "%s/hold-events", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
+        gpumem_client *c = connect_ok();
+        const gm_cuda_t *cu;
+        CUcontext ctx;
+        CUstream stream;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->CtxPushCurrent(ctx), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_SUCCESS);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free_async(c, p, (uint64_t) (uintptr_t) stream), 0); /* another stream: an event */
+        long before = usage().event_queries;
+        usleep(1000000);
+        long polls = usage().event_queries - before;
+        ck_assert_msg(polls > 0 && polls < 100, "%ld event queries in a second", polls);
+        unlink(hold);
+        int64_t v = -1;
+        for (int i = 0; i < 500 && v != 0; i++) {
+                ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
+                usleep(10000);
+        }
+        ck_assert_int_eq(v, 0);
+        unsetenv("FAKECUDA_HOLD_EVENTS");
+        ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+        finish(c);
+}
+END_TEST
+
+/* Defect 10: the refusal's figures are one view: the broker's capacity
+ * within the device, and what is free of it. */
+START_TEST(test_oom_figures_consistent) {
+        start_daemon("256M", NULL, NULL, NULL); /* the device has 4 GiB */
+        gpumem_client *c = connect_ok();
+        void *p[12];
+        for (int i = 0; i < 12; i++)
+                ck_assert_int_eq(gpumem_alloc(c, 20 * MiB, 0, &p[i]), 0);
+        void *q;
+        ck_assert_int_eq(gpumem_alloc(c, 20 * MiB, 0, &q), -ENOMEM);
+        const char *msg = gpumem_last_error(c);
+        ck_assert_msg(strstr(msg, "GPU 0 has a total capacity of 256.00 MiB of which 16.00 MiB is free"), "%s", msg);
+        ck_assert_msg(strstr(msg, "the device is full of live allocations"), "%s", msg);
+        for (int i = 0; i < 12; i++)
+                ck_assert_int_eq(gpumem_free(c, p[i]), 0);
+        finish(c);
+}
+END_TEST
+
+/* Defect 9: a client whose CUDA_VISIBLE_DEVICES orders the GPUs otherwise
+ * maps on the daemon's GPU, found by UUID. */
+START_TEST(test_client_finds_daemon_gpu) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        start_daemon("256M", NULL, NULL, NULL); /* its device 0: the first GPU */
+        setenv("CUDA_VISIBLE_DEVICES", "1,0", 1); /* here that GPU is ordinal 1 */
+        gpumem_client *c = connect_ok();
+        void *p;
+        int r = gpumem_alloc(c, 4 * MiB, 0, &p);
+        ck_assert_msg(r == 0, "alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(p, 4 * MiB, 9);
+        ck_assert(gm_test_verify(p, 4 * MiB, 9));
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        finish(c);
+}
+END_TEST
+
+START_TEST(test_client_refuses_unseen_gpu) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        start_daemon("256M", NULL, NULL, NULL);
+        setenv("CUDA_VISIBLE_DEVICES", "1", 1); /* the daemon's GPU is hidden here */
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(daemon_.socket_path, &c), -ENODEV);
+        ck_assert_ptr_null(c);
+        gm_test_daemon_stop(&daemon_);
+        unlink(pool_path);
+}
+END_TEST
+
+/* Defect 8: under exclusive-process compute mode the daemon (which holds no
+ * context) does not lock its clients out. */
+START_TEST(test_exclusive_process_mode) {
+        setenv("FAKECUDA_COMPUTE_MODE", "exclusive_process", 1);
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        void *p;
+        int r = gpumem_alloc(c, 4 * MiB, 0, &p);
+        ck_assert_msg(r == 0, "alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(p, 4 * MiB, 3);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        finish(c);
+}
+END_TEST
+
+/* Defect 11: segment and page sizes follow the backend's granularity (here
+ * 8 MiB), not PyTorch's 2 MiB constants. */
+static void check_granularity(const char *const *args) {
+        setenv("FAKECUDA_GRANULARITY", "8M", 1);
+        start_daemon("256M", args, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        void *small, *large;
+        int r = gpumem_alloc(c, 4096, 0, &small);
+        ck_assert_msg(r == 0, "small alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        r = gpumem_alloc(c, 5 * MiB, 0, &large);
+        ck_assert_msg(r == 0, "large alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(small, 4096, 1);
+        gm_test_fill(large, 5 * MiB, 2);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 8 * (int64_t) MiB + 24 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        ck_assert_int_eq(gpumem_free(c, large), 0);
+        finish(c);
+}
+
+START_TEST(test_granularity_segments) {
+        check_granularity(NULL);
+}
+END_TEST
+
+START_TEST(test_granularity_pages) {
+        static const char *const args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        check_granularity(args);
+}
+END_TEST
+
+static Suite *e2e_suite(void) {
+        Suite *s = suite_create("cuda_e2e");
+        TCase *tc = tcase_create("defects");
+        tcase_add_checked_fixture(tc, setup, NULL);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_release_of_many_pages);
+        tcase_add_test(tc, test_failed_unmap_keeps_memory);
+        tcase_add_test(tc, test_disconnect_with_holes);
+        tcase_add_test(tc, test_release_waits_outside_the_lock);
+        tcase_add_test(tc, test_pending_events_back_off);
+        tcase_add_test(tc, test_oom_figures_consistent);
+        tcase_add_test(tc, test_client_finds_daemon_gpu);
+        tcase_add_test(tc, test_client_refuses_unseen_gpu);
+        tcase_add_test(tc, test_exclusive_process_mode);
+        tcase_add_test(tc, test_granularity_segments);
+        tcase_add_test(tc, test_granularity_pages);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        SRunner *sr = srunner_create(e2e_suite());
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

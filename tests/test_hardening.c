@@ -1,0 +1,626 @@
+/* Issue #17, "nobody in where they don't belong": no squatting on another
+ * user's socket (squatters are real processes of other uids listening on real
+ * sockets; the victims are libgpumem in this process and gpumemctl), flags
+ * that cannot wrap, client text that cannot forge log lines, session limits
+ * per uid and for silent connections, and a metrics endpoint one user cannot
+ * blind. Needs root (to act as other uids); reports and skips otherwise. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <time.h>
+
+#include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "msg.h"
+#include "testutil.h"
+
+#define NOBODY 65534
+#define SQUATTER 65533
+
+/* A listener of another uid: it reports every connection it gets. */
+typedef struct squatter {
+        pid_t pid;
+        int done_fd;   /* closed by the test: the squatter takes what waits and exits */
+        int report_fd; /* one 'C' per connection it accepted */
+        char dir[64];
+        char path[96];
+} squatter_t;
+
+typedef enum { DROP_BEFORE_BIND, DROP_AFTER_BIND } drop_t;
+
+static void squatter_main(const squatter_t *s, int done_fd, int report_fd, int ready_fd, drop_t drop) {
+        if (drop == DROP_BEFORE_BIND && (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 ||
+                                         setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
+                _exit(2);
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", s->path);
+        if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || chmod(s->path, 0777) < 0)
+                _exit(3);
+        /* SO_PEERCRED names whoever called listen(). */
+        if (drop == DROP_AFTER_BIND && (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 ||
+                                        setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
+                _exit(2);
+        if (listen(fd, 16) < 0 || write(ready_fd, "R", 1) != 1)
+                _exit(4);
+        for (;;) {
+                struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = done_fd, .events = POLLIN}};
+                if (poll(p, 2, 10000) <= 0)
+                        _exit(5); /* bounded: the test never waits this long */
+                if (p[0].revents & POLLIN) {
+                        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+                        if (c >= 0) {
+                                (void) !write(report_fd, "C", 1);
+                                close(c); /* the victim sees the daemon gone */
+                        }
+                        continue;
+                }
+                _exit(0);
+        }
+}
+
+/* Directory owned by dir_uid with mode dir_mode, a squatter listening in it. */
+static void squatter_start(squatter_t *s, uid_t dir_uid, mode_t dir_mode, drop_t drop) {
+        memset(s, 0, sizeof(*s));
+        snprintf(s->dir, sizeof(s->dir), "/tmp/gpumem-squat-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(s->dir));
+        snprintf(s->path, sizeof(s->path), "%s/gpu0.sock", s->dir);
+        ck_assert_int_eq(chown(s->dir, dir_uid, dir_uid), 0);
+        ck_assert_int_eq(chmod(s->dir, dir_mode), 0);
+        int done[2], report[2], ready[2];
+        ck_assert_int_eq(pipe2(done, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(report, O_CLOEXEC | O_NONBLOCK), 0);
+        ck_assert_int_eq(pipe2(ready, O_CLOEXEC), 0);
+        s->pid = fork();
+        ck_assert_int_ge(s->pid, 0);
+        if (s->pid == 0) {
+                close(done[1]);
+                close(report[0]);
+                close(ready[0]);
+                squatter_main(s, done[0], report[1], ready[1], drop);
+        }
+        close(done[0]);
+        close(report[1]);
+        close(ready[1]);
+        char ch;
+        ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+        close(ready[0]);
+        s->done_fd = done[1];
+        s->report_fd = report[0];
+}
+
+/* Stops the squatter; returns how many connections it got. */
+static int squatter_finish(squatter_t *s) {
+        close(s->done_fd);
+        int status;
+        ck_assert_int_eq(waitpid(s->pid, &status, 0), s->pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "squatter status %d", status);
+        char buf[64];
+        ssize_t n = read(s->report_fd, buf, sizeof(buf));
+        close(s->report_fd);
+        unlink(s->path);
+        rmdir(s->dir);
+        return n > 0 ? (int) n : 0;
+}
+
+/* The exit status of "gpumemctl stats" as uid (for its own tenant), its
+ * output and stderr in out. */
+static int ctl_status(const char *socket_path, uid_t uid, char *out, size_t len) {
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --tenant uid:%u 2>&1", GPUMEMCTL_BIN, socket_path,
+                 (unsigned) uid);
+        const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        return uid ? gm_test_run_as(out, len, uid, argv) : gm_test_run(out, len, argv);
+}
+
+/* gpumem_connect(path) is refused with -EPERM, and says `why`. */
+static void expect_refused(const char *path, const char *why) {
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(path, &c), -EPERM);
+        ck_assert_ptr_null(c);
+        const char *msg = gpumem_last_error(NULL);
+        ck_assert_msg(strstr(msg, why) && strstr(msg, path), "%s", msg);
+}
+
+START_TEST(test_squatted_directory_refused) {
+        /* Another user made the directory (as with /tmp/gpumem-<uid> when
+         * XDG_RUNTIME_DIR is unset) and listens in it. */
+        squatter_t s;
+        squatter_start(&s, SQUATTER, 0755, DROP_BEFORE_BIND);
+        expect_refused(s.path, "refusing socket directory");
+        expect_refused(s.path, "owned by uid 65533, not by root");
+
+        char out[1024];
+        ck_assert_int_ne(ctl_status(s.path, 0, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "refusing socket directory") && strstr(out, s.dir), "%s", out);
+        ck_assert_int_ne(ctl_status(s.path, NOBODY, out, sizeof(out)), 0); /* any victim */
+        ck_assert_msg(strstr(out, "owned by uid 65533"), "%s", out);
+        ck_assert_int_eq(squatter_finish(&s), 0); /* nobody even connected */
+}
+END_TEST
+
+START_TEST(test_world_writable_directory_refused) {
+        /* Root's directory, but anyone may create names in it. */
+        squatter_t s;
+        squatter_start(&s, 0, 0777, DROP_BEFORE_BIND);
+        expect_refused(s.path, "writable by other users (mode 0777)");
+        ck_assert_int_eq(squatter_finish(&s), 0);
+}
+END_TEST
+
+START_TEST(test_daemon_of_untrusted_uid_refused) {
+        /* The directory is fine, the listener is not: SO_PEERCRED names uid
+         * 65533, neither root, the caller nor the service user. */
+        squatter_t s;
+        squatter_start(&s, 0, 0755, DROP_AFTER_BIND);
+        expect_refused(s.path, "refusing the daemon: it runs as uid 65533");
+        char out[1024];
+        ck_assert_int_ne(ctl_status(s.path, NOBODY, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "runs as uid 65533"), "%s", out);
+        /* Connected (the check needs the connection), but never spoke. */
+        ck_assert_int_eq(squatter_finish(&s), 2);
+
+        /* Named as the daemon's user, the same listener is trusted: the
+         * connection gets past the check and then finds the daemon gone. */
+        squatter_start(&s, 0, 0755, DROP_AFTER_BIND);
+        setenv("GPUMEM_DAEMON_USER", "65533", 1);
+        gpumem_client *c = NULL;
+        int r = gpumem_connect(s.path, &c);
+        unsetenv("GPUMEM_DAEMON_USER");
+        ck_assert_int_eq(r, -ECONNRESET);
+        ck_assert_int_eq(squatter_finish(&s), 1);
+}
+END_TEST
+
+START_TEST(test_own_daemon_accepted) {
+        /* The ordinary case for every user: a daemon of root in root's 0755
+         * directory, reached by root and by another uid. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        char out[4096];
+        ck_assert_int_eq(ctl_status(d.socket_path, 0, out, sizeof(out)), 0);
+        ck_assert_int_eq(ctl_status(d.socket_path, NOBODY, out, sizeof(out)), 0);
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+
+/* ---- the daemon's own checks ---- */
+
+static void sleep_ms(unsigned ms) {
+        struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long) (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+}
+
+/* Runs gpumemd with args (NULL-terminated, after --backend host --capacity
+ * 64M --config /dev/null) expecting it to exit at once; returns its status
+ * with stderr in out. */
+static int daemon_refuses(char *out, size_t len, const char *const *args) {
+        char cmd[1024];
+        int n = snprintf(cmd, sizeof(cmd), "exec '%s' --backend host --capacity 64M --config /dev/null", GPUMEMD_BIN);
+        for (size_t i = 0; args[i]; i++)
+                n += snprintf(cmd + n, sizeof(cmd) - (size_t) n, " '%s'", args[i]);
+        snprintf(cmd + n, sizeof(cmd) - (size_t) n, " 2>&1 </dev/null");
+        const char *argv[] = {"/usr/bin/timeout", "20", "/bin/sh", "-c", cmd, NULL};
+        return gm_test_run(out, len, argv);
+}
+
+START_TEST(test_numeric_flags_range_checked) {
+        /* Each once wrapped: 4294967296 sessions became 0 (every client
+         * refused), -5 became 4294967291, '' fell back to the default path. */
+        static const struct {
+                const char *flag, *value, *says;
+        } cases[] = {
+                {"--max-sessions", "4294967296", "Invalid --max-sessions '4294967296': a whole number from 1 to 1048576"},
+                {"--max-sessions", "-5", "Invalid --max-sessions '-5': a whole number from 1 to 1048576"},
+                {"--max-sessions", "0", "Invalid --max-sessions '0'"},
+                {"--max-sessions", " 8", "Invalid --max-sessions ' 8'"},
+                {"--max-blocks", "18446744073709551617", "Invalid --max-blocks '18446744073709551617': a whole number from 1 to 4294967296"},
+                {"--max-sessions-per-uid", "0x10", "Invalid --max-sessions-per-uid '0x10'"},
+                {"--device", "4294967296", "Invalid --device '4294967296'"},
+                {"--device", "-1", "Invalid --device '-1'"},
+                {"--socket", "", "Invalid --socket '': an absolute path"},
+                {"--socket", "relative.sock", "Invalid --socket 'relative.sock': an absolute path"},
+                {"--capacity", "1e3G", "Invalid --capacity '1e3G'"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                char out[2048];
+                const char *args[] = {cases[i].flag, cases[i].value, NULL};
+                int status = daemon_refuses(out, sizeof(out), args);
+                ck_assert_msg(status == 1, "%s '%s': status %d: %s", cases[i].flag, cases[i].value, status, out);
+                ck_assert_msg(strstr(out, cases[i].says), "%s '%s': %s", cases[i].flag, cases[i].value, out);
+        }
+}
+END_TEST
+
+/* Starts gpumemd on socket `path` (its own config in dir) and waits until it
+ * answers; returns its pid. */
+static pid_t daemon_at(const char *dir, const char *path, const char *const *extra) {
+        char conf[160], log[160];
+        snprintf(conf, sizeof(conf), "%s/gpumemd.conf", dir);
+        snprintf(log, sizeof(log), "%s/gpumemd.log", dir);
+        FILE *f = fopen(conf, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[daemon]\nstate_dir = %s/state\n", dir);
+        fclose(f);
+        const char *argv[16] = {GPUMEMD_BIN, "--backend", "host", "--capacity", "64M", "--socket", path, "--config", conf};
+        size_t n = 9;
+        for (size_t i = 0; extra && extra[i] && n < 15; i++)
+                argv[n++] = extra[i];
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (fd >= 0)
+                        dup2(fd, STDERR_FILENO);
+                execv(argv[0], (char *const *) argv);
+                _exit(127);
+        }
+        for (int i = 0; i < 1000; i++) {
+                int fd;
+                if (gm_ipc_connect(path, &fd) == 0) {
+                        close(fd);
+                        return pid;
+                }
+                int status;
+                if (waitpid(pid, &status, WNOHANG) == pid)
+                        ck_abort_msg("gpumemd exited during start (status %d); see %s", status, log);
+                sleep_ms(10);
+        }
+        ck_abort_msg("gpumemd did not come up at %s", path);
+        return -1;
+}
+
+static void daemon_stop(pid_t pid) {
+        kill(pid, SIGTERM);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd status %d", status);
+}
+
+START_TEST(test_socket_directory_made_before_ledger) {
+        /* The socket's directory does not exist yet: the ledger next to the
+         * socket was once opened before it was made, and silently not kept. */
+        char dir[64], path[160], ledger[192];
+        snprintf(dir, sizeof(dir), "/tmp/gpumemd-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        ck_assert_int_eq(chmod(dir, 0755), 0);
+        snprintf(path, sizeof(path), "%s/run/gpumem/gpu0.sock", dir);
+        snprintf(ledger, sizeof(ledger), "%s.ledger", path);
+        pid_t pid = daemon_at(dir, path, NULL);
+        struct stat st;
+        ck_assert_msg(stat(ledger, &st) == 0, "no ledger at %s", ledger);
+        ck_assert(S_ISREG(st.st_mode));
+        daemon_stop(pid);
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(test_daemon_refuses_squatted_directory) {
+        char dir[64], path[128], out[2048];
+        snprintf(dir, sizeof(dir), "/tmp/gpumemd-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/gpu0.sock", dir);
+        const char *args[] = {"--socket", path, NULL};
+
+        ck_assert_int_eq(chown(dir, SQUATTER, SQUATTER), 0); /* another user's directory */
+        ck_assert_int_eq(chmod(dir, 0755), 0);
+        ck_assert_int_eq(daemon_refuses(out, sizeof(out), args), 1);
+        ck_assert_msg(strstr(out, "Refusing to start: refusing socket directory") && strstr(out, "owned by uid 65533"),
+                      "%s", out);
+
+        ck_assert_int_eq(chown(dir, 0, 0), 0); /* root's, but anyone may write */
+        ck_assert_int_eq(chmod(dir, 0777), 0);
+        ck_assert_int_eq(daemon_refuses(out, sizeof(out), args), 1);
+        ck_assert_msg(strstr(out, "writable by other users (mode 0777)"), "%s", out);
+        struct stat st;
+        ck_assert_int_ne(stat(path, &st), 0); /* nothing was created there */
+        char ledger[160];
+        snprintf(ledger, sizeof(ledger), "%s.ledger", path);
+        ck_assert_int_ne(stat(ledger, &st), 0);
+        ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
+/* ---- client text ---- */
+
+START_TEST(test_client_name_cannot_forge_log_lines) {
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int fd = gm_test_raw_connect(d.socket_path);
+        gm_test_raw_hello_named(fd, false, "evil\n<0>gpumemd: FORGED\x1b[2J\x7f\xc2\x9b\xff\\x");
+
+        char out[16384];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", d.socket_path, "clients", "--json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        /* Escaped by the daemon, then once more as JSON. */
+        ck_assert_msg(strstr(out, "\"evil\\\\x0a<0>gpumemd: FORGED\\\\x1b[2J\\\\x7f\\\\xc2\\\\x9b\\\\xff"
+                                  "\\\\\\\\x\""),
+                      "%s", out);
+        ck_assert_ptr_null(strchr(out, '\x1b'));
+        close(fd);
+
+        FILE *f = fopen(d.log_path, "re");
+        ck_assert_ptr_nonnull(f);
+        char line[1024];
+        bool seen = false;
+        while (fgets(line, sizeof(line), f)) {
+                ck_assert_msg(strncmp(line, "<0>", 3) != 0, "forged line: %s", line);
+                ck_assert_ptr_null(strchr(line, '\x1b'));
+                seen = seen || strstr(line, "client 'evil\\x0a<0>gpumemd: FORGED\\x1b[2J");
+        }
+        fclose(f);
+        ck_assert(seen);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- fair limits ---- */
+
+START_TEST(test_sessions_per_uid_limited) {
+        gm_test_daemon_t d;
+        static const char *const args[] = {"--max-sessions", "16", "--max-sessions-per-uid", "4", NULL};
+        gm_test_daemon_start(&d, "64M", args);
+        int fds[4];
+        for (int i = 0; i < 4; i++) { /* root takes its four */
+                fds[i] = gm_test_raw_connect(d.socket_path);
+                gm_test_raw_hello(fds[i], false);
+        }
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(d.socket_path, &c), -EUSERS);
+        const char *msg = gpumem_last_error(NULL);
+        ck_assert_msg(strstr(msg, "session limit for uid 0 reached (4 sessions)"), "%s", msg);
+        char out[4096];
+        ck_assert_int_ne(ctl_status(d.socket_path, 0, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, "session limit for uid 0 reached"), "%s", out);
+        /* Others are not locked out. */
+        ck_assert_int_eq(ctl_status(d.socket_path, NOBODY, out, sizeof(out)), 0);
+        /* A slot given back is taken again. */
+        close(fds[0]);
+        int r = -EUSERS;
+        for (int i = 0; i < 500 && r == -EUSERS; i++) {
+                r = gpumem_connect(d.socket_path, &c);
+                if (r == -EUSERS)
+                        sleep_ms(10);
+        }
+        ck_assert_int_eq(r, 0);
+        gpumem_disconnect(c);
+        for (int i = 1; i < 4; i++)
+                close(fds[i]);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_silent_connections_closed) {
+        /* Connections that never say Hello once held their slots forever. */
+        gm_test_daemon_t d;
+        static const char *const args[] = {"--max-sessions", "16", "--max-sessions-per-uid", "16", NULL};
+        gm_test_daemon_start_config(&d, "64M", args, "hello_timeout_ms = 300\n");
+        int fds[8];
+        for (int i = 0; i < 8; i++)
+                fds[i] = gm_test_raw_connect(d.socket_path);
+        /* Each is told why and closed; poll is bounded (10 s). */
+        for (int i = 0; i < 8; i++) {
+                Gpumem__Envelope *env = NULL;
+                struct pollfd p = {.fd = fds[i], .events = POLLIN};
+                ck_assert_int_eq(poll(&p, 1, 10000), 1);
+                env = gm_test_raw_recv(fds[i]);
+                ck_assert_ptr_nonnull(env);
+                ck_assert_int_eq(env->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+                ck_assert_int_eq(env->error->code, ETIMEDOUT);
+                ck_assert_ptr_nonnull(strstr(env->error->message, "no Hello within 300 ms"));
+                gm_msg_free(env);
+                ck_assert_ptr_null(gm_test_raw_recv(fds[i])); /* then closed */
+                close(fds[i]);
+        }
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- metrics ---- */
+
+static unsigned metrics_port(const gm_test_daemon_t *d) {
+        unsigned port = 0;
+        char line[512];
+        for (int i = 0; i < 1000 && !port; i++) {
+                FILE *f = fopen(d->log_path, "re");
+                ck_assert_ptr_nonnull(f);
+                while (!port && fgets(line, sizeof(line), f))
+                        if (sscanf(line, "<%*d>metrics: serving http://127.0.0.1:%u/metrics", &port) != 1)
+                                port = 0;
+                fclose(f);
+                if (!port)
+                        sleep_ms(10);
+        }
+        ck_assert_uint_gt(port, 0);
+        return port;
+}
+
+static int connect_tcp(unsigned port) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fd >= 0 && connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0)
+                return fd;
+        if (fd >= 0)
+                close(fd);
+        return -1;
+}
+
+/* One scrape within 2 s: its body (malloc'd) on 200, else NULL. */
+static char *scrape_tcp(unsigned port) {
+        int fd = connect_tcp(port);
+        if (fd < 0)
+                return NULL;
+        static const char req[] = "GET /metrics HTTP/1.1\r\nHost: gpumemd\r\nConnection: close\r\n\r\n";
+        size_t cap = 1 << 20, len = 0;
+        char *buf = malloc(cap);
+        if (write(fd, req, sizeof(req) - 1) != (ssize_t) sizeof(req) - 1)
+                len = 0;
+        for (;;) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                if (poll(&p, 1, 2000) != 1)
+                        break;
+                ssize_t n = read(fd, buf + len, cap - 1 - len);
+                if (n <= 0)
+                        break;
+                len += (size_t) n;
+        }
+        close(fd);
+        buf[len] = '\0';
+        if (strncmp(buf, "HTTP/1.1 200", 12) != 0) {
+                free(buf);
+                return NULL;
+        }
+        return buf;
+}
+
+/* Slowloris as uid SQUATTER: `n` connections that each trickle a header byte
+ * every 200 ms, reopened when closed, for `seconds`. */
+static pid_t slowloris(unsigned port, int n, int seconds) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid)
+                return pid;
+        if (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 || setresuid(SQUATTER, SQUATTER, SQUATTER) < 0)
+                _exit(2);
+        int fds[1024];
+        for (int i = 0; i < n; i++)
+                fds[i] = -1;
+        for (int round = 0; round < seconds * 5; round++) {
+                for (int i = 0; i < n; i++) {
+                        if (fds[i] < 0 && (fds[i] = connect_tcp(port)) >= 0)
+                                (void) !write(fds[i], "GET /metrics HTTP/1.1\r\n", 23);
+                        if (fds[i] >= 0 && write(fds[i], "X", 1) != 1) {
+                                close(fds[i]);
+                                fds[i] = -1;
+                        }
+                }
+                sleep_ms(200);
+        }
+        _exit(0);
+}
+
+START_TEST(test_slowloris_cannot_blind_metrics) {
+        gm_test_daemon_t d;
+        static const char *const args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+        gm_test_daemon_start(&d, "64M", args);
+        unsigned port = metrics_port(&d);
+        pid_t attacker = slowloris(port, 300, 6);
+        sleep_ms(1500); /* it holds what it can get */
+        int answered = 0;
+        for (int i = 0; i < 20; i++) {
+                char *body = scrape_tcp(port);
+                answered += body != NULL;
+                free(body);
+                sleep_ms(100);
+        }
+        kill(attacker, SIGKILL);
+        waitpid(attacker, NULL, 0);
+        ck_assert_int_eq(answered, 20);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_metrics_can_leave_tenants_out) {
+        for (int hide = 0; hide < 2; hide++) {
+                gm_test_daemon_t d;
+                static const char *const args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+                gm_test_daemon_start_config(&d, "64M", args, hide ? "metrics_tenants = false\n" : "");
+                unsigned port = metrics_port(&d);
+                gpumem_client *c = NULL;
+                ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
+                void *p;
+                ck_assert_int_eq(gpumem_alloc(c, 1 << 20, 0, &p), 0);
+                char *body = scrape_tcp(port);
+                ck_assert_ptr_nonnull(body);
+                ck_assert_ptr_nonnull(strstr(body, "gpumem_device_in_use_bytes{device=\"0\"}"));
+                if (hide)
+                        ck_assert_msg(!strstr(body, "tenant=") && !strstr(body, "uid:0"), "%s", body);
+                else
+                        ck_assert_ptr_nonnull(strstr(body, "tenant=\"uid:0\""));
+                free(body);
+                gpumem_free(c, p);
+                gpumem_disconnect(c);
+                gm_test_daemon_stop(&d);
+        }
+}
+END_TEST
+
+/* ---- re-attach ---- */
+
+START_TEST(test_made_up_token_claims_nothing) {
+        /* Without an fd store a resumed session once believed every segment
+         * the client named: now the token must be one the ledger journaled. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int fd = gm_test_raw_connect(d.socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "thief", "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, ENOENT);
+        ck_assert_msg(strstr(reply->error->message, "cannot re-attach session: the ledger knows no such session"), "%s",
+                      reply->error->message);
+        gm_msg_free(reply);
+        close(fd);
+        ck_assert_int_eq(gm_test_device_stat(d.socket_path, "reserved_bytes.all.current"), 0);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+static Suite *hardening_suite(void) {
+        Suite *s = suite_create("hardening");
+        TCase *squat = tcase_create("squatting");
+        tcase_set_timeout(squat, 60);
+        tcase_add_test(squat, test_squatted_directory_refused);
+        tcase_add_test(squat, test_world_writable_directory_refused);
+        tcase_add_test(squat, test_daemon_of_untrusted_uid_refused);
+        tcase_add_test(squat, test_own_daemon_accepted);
+        suite_add_tcase(s, squat);
+        TCase *daemon = tcase_create("daemon");
+        tcase_set_timeout(daemon, 120);
+        tcase_add_test(daemon, test_numeric_flags_range_checked);
+        tcase_add_test(daemon, test_socket_directory_made_before_ledger);
+        tcase_add_test(daemon, test_daemon_refuses_squatted_directory);
+        tcase_add_test(daemon, test_client_name_cannot_forge_log_lines);
+        tcase_add_test(daemon, test_sessions_per_uid_limited);
+        tcase_add_test(daemon, test_silent_connections_closed);
+        tcase_add_test(daemon, test_slowloris_cannot_blind_metrics);
+        tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
+        tcase_add_test(daemon, test_made_up_token_claims_nothing);
+        suite_add_tcase(s, daemon);
+        return s;
+}
+
+int main(void) {
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_hardening: needs root to act as other users\n");
+                return getenv("CI") ? EXIT_FAILURE : 77;
+        }
+        SRunner *sr = srunner_create(hardening_suite());
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
