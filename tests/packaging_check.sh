@@ -182,8 +182,13 @@ $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share
         for dep in $deps; do
                 dpkg-query -s "$dep" >>"$root/var/lib/dpkg/status" 2>/dev/null && echo >>"$root/var/lib/dpkg/status"
         done
+        # Not root: fakeroot, its owners kept from one call to the next.
         asroot=
-        [ "$(id -u)" = 0 ] || { need fakeroot; asroot=fakeroot; }
+        if [ "$(id -u)" != 0 ]; then
+                need fakeroot
+                : >"$tmp/fakeroot.state"
+                asroot="fakeroot -i $tmp/fakeroot.state -s $tmp/fakeroot.state"
+        fi
         # dh_python3's postinst and prerm call py3compile and py3clean, which
         # (bookworm's dh-python) know no DPKG_ROOT: stand-ins do their work in
         # the root, where the host's would touch the host.
@@ -210,7 +215,7 @@ $(cat "$tmp/dpkg.log")"
         ls "$root"/usr/lib/python3/dist-packages/gpumem/__pycache__/_lib.*.pyc >/dev/null 2>&1 ||
                 fail "python3-gpumem's postinst compiled nothing"
         for dir in run/gpumem var/lib/gpumem; do
-                [ "$(stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
+                [ "$($asroot stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
         done
 
         # The cuda backend is in the package exactly when the build profiles
