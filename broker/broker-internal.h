@@ -38,6 +38,13 @@ typedef struct gm_orphan {
         struct gm_orphan *next;
 } gm_orphan_t;
 
+/* A session the journal says the previous daemon had: only such tokens (or an
+ * orphan's) may be re-attached, and only by the same uid. */
+typedef struct gm_known_token {
+        char token[GM_TOKEN_LEN + 1];
+        uid_t uid;
+} gm_known_token_t;
+
 typedef struct gm_ledger_entry {
         uint64_t store_id;
         char token[GM_TOKEN_LEN + 1];
@@ -67,6 +74,10 @@ void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
 /* ledger.c */
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
+/* Journals a session's token and uid at its start, and its end (unless the
+ * broker is stopping: then its client may claim it from the next daemon). */
+void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);
+void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s);
 void gm_ledger_free_orphans(gm_broker_t *b);
 /* A resuming start: the orphan with that token becomes s's adopting pieces. */
 int gm_ledger_claim(gm_session_t *s, const char *token);

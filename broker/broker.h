@@ -206,6 +206,9 @@ struct gm_broker {
         uint64_t next_store_id;
         int ledger_fd;             /* append-only journal, or -1 */
         uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
+        bool stopping;             /* the daemon is stopping: ending sessions stay claimable by their clients */
+        struct gm_known_token *known_tokens; /* sessions of the previous daemon ("t" lines), until claimed or expired */
+        size_t n_known_tokens;
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;

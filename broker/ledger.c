@@ -116,10 +116,15 @@ static int ledger_rewrite(gm_broker_t *b) {
         for (const gm_tenant_t *t = b->tenants; t; t = t->next)
                 if (t->quota_set[GM_QUOTA_RUNTIME])
                         gm_ledger_runtime_quota(b, t->name, t->quota_by_source[GM_QUOTA_RUNTIME]);
+        for (size_t i = 0; i < b->n_known_tokens; i++)
+                ledger_append(b, "t %s %u\n", b->known_tokens[i].token, (unsigned) b->known_tokens[i].uid);
         for (size_t i = 0; i < b->n_ledger; i++)
                 append_piece(b, &b->ledger[i]);
-        for (const gm_session_t *s = b->sessions; s; s = s->next)
+        for (const gm_session_t *s = b->sessions; s; s = s->next) {
+                if (s->token[0] && s->tenant && !s->ended)
+                        ledger_append(b, "t %s %u\n", s->token, (unsigned) s->uid);
                 append_live(b, s->pieces, s->token, s->uid);
+        }
         for (const gm_orphan_t *o = b->orphans; o; o = o->next)
                 append_live(b, o->pieces, o->token, o->uid);
         int r = fsync(fd) < 0 ? -errno : 0;
@@ -138,19 +143,46 @@ static int ledger_rewrite(gm_broker_t *b) {
         return fd < 0 ? -errno : 0;
 }
 
-/* A journal line saying a stored piece is gone; when such dead lines make
+/* After a journal line that makes an earlier one dead: when dead lines make
  * the journal more than twice what is live (plus some slack), it is
  * rewritten once adoption is done, so a churning client cannot grow it
  * without bound (amortised: a rewrite per LEDGER_SLACK_LINES lines at least). */
-static void ledger_forget(gm_broker_t *b, uint64_t store_id) {
-        ledger_append(b, "- %" PRIu64 "\n", store_id);
-        uint64_t live = b->n_stored + b->n_tenants;
+static void ledger_maybe_compact(gm_broker_t *b) {
+        uint64_t live = b->n_stored + b->n_tenants + b->n_sessions + b->n_known_tokens;
         if (b->ledger_fd >= 0 && !b->ledger && b->ledger_lines > 2 * live + LEDGER_SLACK_LINES) {
                 int r = ledger_rewrite(b);
                 if (r < 0)
                         gm_broker_log(b, LOG_WARNING, "Failed to compact the ledger journal '%s': %s", b->ledger_path,
                                       strerror(-r));
         }
+}
+
+/* A stored piece is gone. */
+static void ledger_forget(gm_broker_t *b, uint64_t store_id) {
+        ledger_append(b, "- %" PRIu64 "\n", store_id);
+        ledger_maybe_compact(b);
+}
+
+static gm_known_token_t *known_token_find(gm_broker_t *b, const char *token) {
+        for (size_t i = 0; i < b->n_known_tokens; i++)
+                if (strcmp(b->known_tokens[i].token, token) == 0)
+                        return &b->known_tokens[i];
+        return NULL;
+}
+
+static void known_token_remove(gm_broker_t *b, gm_known_token_t *k) {
+        *k = b->known_tokens[--b->n_known_tokens];
+}
+
+void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s) {
+        ledger_append(b, "t %s %u\n", s->token, (unsigned) s->uid);
+}
+
+void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s) {
+        if (b->stopping || !s->token[0] || !s->tenant)
+                return;
+        ledger_append(b, "e %s\n", s->token);
+        ledger_maybe_compact(b);
 }
 
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
@@ -208,8 +240,9 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                 return -ENAMETOOLONG;
         snprintf(b->ledger_path, sizeof(b->ledger_path), "%s", path);
         FILE *f = fopen(b->ledger_path, "re");
-        size_t cap = 0;
-        char line[512];
+        size_t cap = 0, known_cap = 0;
+        char line[512], token[GM_TOKEN_LEN + 1];
+        unsigned uid;
         while (f && fgets(line, sizeof(line), f)) {
                 gm_ledger_entry_t e = {0};
                 char tenant[64];
@@ -232,6 +265,23 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                                         b->ledger[i] = b->ledger[--b->n_ledger];
                                         break;
                                 }
+                } else if (sscanf(line, "t %32s %u", token, &uid) == 2 && token_valid(token)) {
+                        if (!known_token_find(b, token) && b->n_known_tokens == known_cap) {
+                                known_cap = known_cap ? 2 * known_cap : 64;
+                                gm_known_token_t *n = realloc(b->known_tokens, known_cap * sizeof(*n));
+                                if (!n)
+                                        break;
+                                b->known_tokens = n;
+                        }
+                        if (!known_token_find(b, token)) {
+                                gm_known_token_t *k = &b->known_tokens[b->n_known_tokens++];
+                                snprintf(k->token, sizeof(k->token), "%s", token);
+                                k->uid = (uid_t) uid;
+                        }
+                } else if (sscanf(line, "e %32s", token) == 1) {
+                        gm_known_token_t *k = known_token_find(b, token);
+                        if (k)
+                                known_token_remove(b, k);
                 } else if (sscanf(line, "q %63s %" SCNu64, tenant, &v) == 2) {
                         gm_tenant_t *t = gm_tenant_get(b, tenant);
                         if (t)
@@ -250,6 +300,9 @@ void gm_ledger_close(gm_broker_t *b) {
         free(b->ledger);
         b->ledger = NULL;
         b->n_ledger = 0;
+        free(b->known_tokens);
+        b->known_tokens = NULL;
+        b->n_known_tokens = 0;
 }
 
 static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *name) {
@@ -353,8 +406,9 @@ void gm_ledger_free_orphans(gm_broker_t *b) {
 }
 
 void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all) {
-        if (!b->orphans || (!all && now_ms < b->orphans_deadline_ms))
+        if ((!b->orphans && !b->n_known_tokens) || (!all && now_ms < b->orphans_deadline_ms))
                 return;
+        b->n_known_tokens = 0; /* their sessions are not coming back */
         while (b->orphans) {
                 gm_orphan_t *o = b->orphans;
                 b->orphans = o->next;
@@ -377,6 +431,15 @@ int gm_ledger_claim(gm_session_t *s, const char *token) {
         gm_orphan_t **op = &b->orphans;
         while (*op && strcmp((*op)->token, token) != 0)
                 op = &(*op)->next;
+        /* Only what the previous daemon journaled, by the same uid: a made-up
+         * token (or another user's) claims nothing. */
+        gm_known_token_t *known = known_token_find(b, token);
+        if (!*op && !known)
+                return -ENOENT;
+        if (known && known->uid != s->uid)
+                return -EPERM;
+        if (known)
+                known_token_remove(b, known);
         if (*op) {
                 gm_orphan_t *o = *op;
                 if (o->uid != s->uid)
@@ -398,19 +461,27 @@ int gm_ledger_claim(gm_session_t *s, const char *token) {
         return 0;
 }
 
+/* The link to the adopted (stored) piece with spec's coordinates, or NULL. */
+static gm_piece_t **adopting_piece(gm_session_t *s, const gm_piece_spec_t *spec) {
+        for (gm_piece_t **pp = &s->adopting; *pp; pp = &(*pp)->queue) {
+                const gm_piece_t *p = *pp;
+                if (p->segment_id == spec->segment_id && p->offset == spec->offset && p->phys.size == spec->size &&
+                    p->segment_va_size == spec->segment_va_size)
+                        return pp;
+        }
+        return NULL;
+}
+
 /* The piece behind one mapped range a client reports: the adopted one with
  * the same coordinates, or (no fd store) an unbacked piece. */
 static gm_piece_t *claim_piece(gm_session_t *s, const gm_piece_spec_t *spec) {
-        for (gm_piece_t **pp = &s->adopting; *pp; pp = &(*pp)->queue) {
-                gm_piece_t *p = *pp;
-                if (p->segment_id == spec->segment_id && p->offset == spec->offset && p->phys.size == spec->size &&
-                    p->segment_va_size == spec->segment_va_size) {
-                        *pp = p->queue;
-                        p->queue = NULL;
-                        return p;
-                }
-        }
-        return gm_piece_new_unbacked(s, spec);
+        gm_piece_t **pp = adopting_piece(s, spec);
+        if (!pp)
+                return gm_piece_new_unbacked(s, spec);
+        gm_piece_t *p = *pp;
+        *pp = p->queue;
+        p->queue = NULL;
+        return p;
 }
 
 /* Puts a claimed piece back where it came from after a refused claim. */
@@ -444,6 +515,7 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
         gm_restore_piece_t *rp = calloc(n_mapped, sizeof(*rp));
         gm_piece_t **claimed = calloc(n_mapped, sizeof(*claimed));
         r = rp && claimed ? 0 : -ENOMEM;
+        uint64_t unbacked = 0; /* bytes claimed below with nothing here to back them */
         for (size_t i = 0; i < n_mapped && r == 0; i++) {
                 const gm_reattach_range_t *m = &mapped[i];
                 if (m->length == 0 || m->offset + m->length < m->offset || m->offset + m->length > va_size) {
@@ -452,6 +524,15 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
                 }
                 gm_piece_spec_t spec = {
                         .segment_id = segment_id, .segment_va_size = va_size, .offset = m->offset, .size = m->length};
+                if (!adopting_piece(s, &spec)) {
+                        /* Only the client's word: it must fit the tenant's quota (and the device). */
+                        const gm_tenant_t *t = s->tenant;
+                        unbacked += m->length;
+                        if (t->quota && (unbacked > t->quota || t->charged_bytes > t->quota - unbacked)) {
+                                r = -EDQUOT;
+                                break;
+                        }
+                }
                 claimed[i] = claim_piece(s, &spec);
                 if (!claimed[i]) {
                         r = -ENOMEM;

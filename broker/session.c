@@ -136,6 +136,7 @@ int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resum
         } else {
                 gm_token_new(s->token);
                 s->tenant = t;
+                gm_ledger_session_started(b, s);
         }
         t->sessions++;
         return 0;
@@ -159,6 +160,7 @@ void gm_session_end(gm_session_t *s) {
         if (!s || s->ended)
                 return;
         gm_broker_t *b = s->broker;
+        gm_ledger_session_ended(b, s);
         s->ended = true;
         s->heap = gm_heap_destroy(s->heap); /* every piece at once: ended is set */
         s->new_head = s->new_tail = NULL;   /* the heap's pieces, destroyed with it */
@@ -383,7 +385,9 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
         /* One view of the device: what the broker may use of it (its capacity
          * within the driver's total), and what is free of that. */
-        uint64_t device_free = 0, device_total = 0, capacity_free = b->backend->capacity - b->backend->in_use;
+        uint64_t reserved = gm_broker_reserved(b);
+        uint64_t device_free = 0, device_total = 0;
+        uint64_t capacity_free = reserved < b->backend->capacity ? b->backend->capacity - reserved : 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
                 device_free = device_total = b->backend->capacity;
         device_total = device_total < b->backend->capacity ? device_total : b->backend->capacity;

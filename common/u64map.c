@@ -37,7 +37,7 @@ static int grow_to(gm_u64map_t *m, size_t cap) {
 
 int gm_u64map_reserve(gm_u64map_t *m, size_t extra) {
         size_t cap = m->cap ? m->cap : 64;
-        while ((m->len + extra) * 4 > cap * 3)
+        while ((m->len + extra) * 2 > cap)
                 cap *= 2;
         return cap == m->cap ? 0 : grow_to(m, cap);
 }

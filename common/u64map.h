@@ -1,5 +1,5 @@
 /* A small open-addressing hash map from uint64 keys to pointers: linear
- * probing, backward-shift deletion (no tombstones), load factor <= 3/4.
+ * probing, backward-shift deletion (no tombstones), load factor <= 1/2.
  * Not thread-safe; the caller locks. */
 #pragma once
 

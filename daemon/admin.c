@@ -49,6 +49,15 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
 
 static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
 
+/* Statistic names one request may ask for, at most. */
+#define STATS_MAX_NAMES 1024
+
+int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        if (env->stats->n_names > STATS_MAX_NAMES)
+                return snprintf(why, why_len, "at most %u statistic names in one request", STATS_MAX_NAMES), -E2BIG;
+        return 0;
+}
+
 /* The tenant a request names, or the caller's own. */
 static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
         return name && name[0] ? name : c->session->tenant->name;
@@ -57,10 +66,10 @@ static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
 const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE)
-                return "device-wide statistics";
+                return "reading device-wide statistics";
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT &&
             strcmp(tenant_named(c, req->tenant), c->session->tenant->name) != 0)
-                return "statistics of another tenant";
+                return "reading another tenant's statistics";
         return NULL;
 }
 

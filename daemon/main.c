@@ -338,6 +338,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         /* Under systemd the fd store keeps every segment for the next daemon,
          * whose clients re-attach; otherwise everything is released now. */
         d->broker->keep_stored = gm_sd_notify_available();
+        d->broker->stopping = true; /* the sessions' clients may re-attach to the next daemon */
         gm_sd_notify_stopping();
         gm_server_stop(d);
         gm_ledger_expire(d->broker, gm_now_ms(), true);

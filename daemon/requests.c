@@ -95,6 +95,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                                  r == -EBUSY    ? "it is attached to another connection"
                                  : r == -EPERM  ? "it belongs to another user"
                                  : r == -EINVAL ? "invalid token"
+                                 : r == -ENOENT ? "the ledger knows no such session"
                                                 : strerror(-r));
                 return r;
         }
@@ -340,7 +341,8 @@ static const gm_request_kind_t kinds[] = {
         {BODY(FREE), .op = "free", .handle = handle_free},
         {BODY(FREE_COMPLETED), .op = "free_completed", .handle = handle_free_completed},
         {BODY(TRIM), .op = "trim", .handle = handle_trim, .admin_for = admin_for_trim},
-        {BODY(STATS), .op = "stats", .handle = gm_handle_stats, .admin_for = gm_admin_for_stats},
+        {BODY(STATS), .op = "stats", .handle = gm_handle_stats, .admin_for = gm_admin_for_stats,
+         .check = gm_check_stats},
         {BODY(RELEASE_ACK), .op = "release_ack", .handle = handle_release_ack},
         {BODY(RESET_STATS), .op = "reset_stats", .handle = gm_handle_reset_stats,
          .admin_for = gm_admin_for_reset_stats},

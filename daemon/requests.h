@@ -100,5 +100,6 @@ const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__E
 const char *gm_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env);
 const char *gm_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem__Envelope *env);
 const char *gm_admin_for_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env);
+int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);
 int gm_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);
 int gm_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);

@@ -218,6 +218,11 @@ Suite *allocator_random_suite(void) {
         tcase_add_test(tc, test_random_native);
         tcase_add_test(tc, test_random_native_tuned);
         tcase_add_test(tc, test_random_expandable);
+        suite_add_tcase(s, tc);
+        /* three times the steps, and slow under the sanitizers */
+        tc = tcase_create("page_reuse_workload");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 300);
         tcase_add_test(tc, test_random_page_reuse);
         suite_add_tcase(s, tc);
         return s;

@@ -610,19 +610,49 @@ START_TEST(test_ledger_replay_and_reattach) {
 }
 END_TEST
 
-/* Without a store, a client's report alone re-registers its memory, while it fits. */
+/* Without a store, a client's report re-registers its memory (unbacked), but
+ * only for a session the journal names, by the same uid, within its quota and
+ * the device. Issue #17 item 2: any made-up token once claimed anything. */
 START_TEST(test_reattach_without_store_is_unbacked) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_session_t *old = session(b_, 1000, "a");
+        char token[GM_TOKEN_LEN + 1];
+        snprintf(token, sizeof(token), "%s", old->token);
+        b_->stopping = true; /* as a daemon that stops (or dies): the session stays claimable */
+        b_ = gm_broker_free(b_);
+
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_CONFIG, true, 64 * MiB);
         gm_session_params_t params = {.pid = 7, .uid = 1000};
         gm_session_t *r;
+        char made_up[GM_TOKEN_LEN + 1];
+        gm_token_new(made_up);
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
-        char token[GM_TOKEN_LEN + 1];
-        gm_token_new(token);
+        ck_assert_int_eq(gm_session_start(r, "a", made_up), -ENOENT);
+        gm_session_free(r);
+        params.uid = 1001; /* the real token, another user */
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "b", token), -EPERM);
+        gm_session_free(r);
+        CHECK(b_);
+
+        params.uid = 1000;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), 0);
         gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
         ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), 0);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
         ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
+        gm_reattach_range_t big = {.offset = 0, .length = 48 * MiB}; /* 68 MiB > the 64 MiB quota */
+        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 48 * MiB, 0, &big, 1), -EDQUOT);
+        CHECK(b_);
+        gm_tenant_set_quota(r->tenant, GM_QUOTA_CONFIG, false, 0);
         gm_reattach_range_t huge = {.offset = 0, .length = 512 * MiB};
         ck_assert_int_eq(gm_session_reattach_segment(r, 6, 512 * MiB, 0, &huge, 1), -ENOMEM);
         ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), -EEXIST);
@@ -633,6 +663,15 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         gm_session_end(r);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
+
+        /* Its end is journaled: the token cannot be claimed again. */
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", token), -ENOENT);
+        gm_session_free(r);
 }
 END_TEST
 

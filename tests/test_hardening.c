@@ -569,6 +569,26 @@ START_TEST(test_metrics_can_leave_tenants_out) {
 }
 END_TEST
 
+/* ---- re-attach ---- */
+
+START_TEST(test_made_up_token_claims_nothing) {
+        /* Without an fd store a resumed session once believed every segment
+         * the client named: now the token must be one the ledger journaled. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int fd = gm_test_raw_connect(d.socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "thief", "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, ENOENT);
+        ck_assert_msg(strstr(reply->error->message, "cannot re-attach session: the ledger knows no such session"), "%s",
+                      reply->error->message);
+        gm_msg_free(reply);
+        close(fd);
+        ck_assert_int_eq(gm_test_device_stat(d.socket_path, "reserved_bytes.all.current"), 0);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 static Suite *hardening_suite(void) {
         Suite *s = suite_create("hardening");
         TCase *squat = tcase_create("squatting");
@@ -588,6 +608,7 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_silent_connections_closed);
         tcase_add_test(daemon, test_slowloris_cannot_blind_metrics);
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
+        tcase_add_test(daemon, test_made_up_token_claims_nothing);
         suite_add_tcase(s, daemon);
         return s;
 }

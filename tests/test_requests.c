@@ -167,6 +167,22 @@ START_TEST(test_order_admin_and_limits) {
         ck_assert_int_eq(sent_[n_sent_ - 1].error, EINVAL);
         ck_assert_ptr_null(broker_->history); /* the handler never ran */
 
+        /* Asking for more statistic names than the limit is refused before the handler. */
+        static char *names[1025];
+        for (size_t i = 0; i < 1025; i++)
+                names[i] = "allocated_bytes.all.current";
+        Gpumem__Stats st = GPUMEM__STATS__INIT;
+        st.n_names = 1025;
+        st.names = names;
+        env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
+        env.stats = &st;
+        ck_assert_int_eq(dispatch(&env, 6), 0);
+        ck_assert_int_eq(sent_[n_sent_ - 1].error, E2BIG);
+        st.n_names = 1;
+        ck_assert_int_eq(dispatch(&env, 7), 0);
+        ck_assert_int_eq(sent_[n_sent_ - 1].body, GPUMEM__ENVELOPE__BODY_STATS_REPLY);
+
         /* A Reattach without a resuming Hello ends the connection. */
         Gpumem__Reattach ra = GPUMEM__REATTACH__INIT;
         env = (Gpumem__Envelope) GPUMEM__ENVELOPE__INIT;

@@ -161,17 +161,23 @@ void gm_test_raw_hello(int fd, bool admin) {
         gm_test_raw_hello_named(fd, admin, "test");
 }
 
-void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {
+Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         hello.client_name = (char *) client_name;
         hello.admin = admin;
+        hello.resume_token = (char *) (resume_token ? resume_token : "");
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 1;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
         Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
         ck_assert_ptr_nonnull(reply);
+        return reply;
+}
+
+void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, admin, client_name, NULL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         gm_msg_free(reply);
 }

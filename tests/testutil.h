@@ -44,6 +44,8 @@ int gm_test_raw_connect(const char *socket_path);
 void gm_test_raw_hello(int fd, bool admin);
 /* The same with a client_name of the caller's choosing. */
 void gm_test_raw_hello_named(int fd, bool admin, const char *client_name);
+/* Sends Hello (resume_token may be NULL) and returns the reply, whatever it is. */
+Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token);
 /* Sends env (request_id set by caller) and returns the next envelope with that
  * request id (skipping others), or NULL if the connection closed. */
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
