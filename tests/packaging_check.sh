@@ -132,7 +132,8 @@ $(cat "$tmp/lintian")"
         done
 
         # Which file lives in which package.
-        for p in gpumemd libgpumem0 libgpumem-dev; do
+        packages="gpumemd libgpumem0 libgpumem-torch0 libgpumem-dev python3-gpumem"
+        for p in $packages; do
                 deb=$(ls "$tmp"/out/${p}_*.deb)
                 dpkg-deb -c "$deb" | awk '{ print $6 }' | sed 's#^\./#/#' >"$tmp/$p.contents"
                 dpkg-deb -e "$deb" "$tmp/$p.control"
@@ -151,12 +152,18 @@ $(cat "$tmp/lintian")"
 $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share/grafana/gpumemd-dashboard.json
 /usr/share/doc/gpumemd/metrics.md /usr/share/doc/gpumemd/runbook.md /usr/share/doc/gpumemd/copyright"
         has libgpumem0 "/usr/lib/$multiarch/libgpumem.so.0"
-        has libgpumem-dev "/usr/include/gpumem/gpumem.h /usr/lib/$multiarch/libgpumem.so
-/usr/lib/$multiarch/pkgconfig/gpumem.pc /usr/lib/$multiarch/cmake/gpumem/gpumemConfig.cmake
-/usr/share/man/man3/libgpumem.3.gz"
+        has libgpumem-torch0 "/usr/lib/$multiarch/libgpumem_torch.so.0"
+        has libgpumem-dev "/usr/include/gpumem/gpumem.h /usr/include/gpumem/torch.h /usr/lib/$multiarch/libgpumem.so
+/usr/lib/$multiarch/libgpumem_torch.so /usr/lib/$multiarch/pkgconfig/gpumem.pc
+/usr/lib/$multiarch/cmake/gpumem/gpumemConfig.cmake /usr/share/man/man3/libgpumem.3.gz
+/usr/share/man/man3/gpumem_torch.3.gz"
+        has python3-gpumem "/usr/lib/python3/dist-packages/gpumem/__init__.py /usr/lib/python3/dist-packages/gpumem/torch.py"
+        [ "$(dpkg-deb -f "$tmp"/out/python3-gpumem_*.deb Architecture)" = all ] || fail "python3-gpumem is not Architecture: all"
         ! grep -q 'libgpumem\.so\|\.h$' "$tmp/gpumemd.contents" || fail "gpumemd carries library files"
         ! grep -q '\.h$\|\.so$\|pkgconfig\|cmake' "$tmp/libgpumem0.contents" || fail "libgpumem0 carries development files"
         grep -q '^libgpumem\.so\.0 libgpumem0' "$tmp/libgpumem0.control/symbols" || fail "libgpumem0 has no symbols file"
+        grep -q '^libgpumem_torch\.so\.0 libgpumem-torch0' "$tmp/libgpumem-torch0.control/symbols" ||
+                fail "libgpumem-torch0 has no symbols file"
         grep -qx /etc/gpumem/gpumemd.conf "$tmp/gpumemd.control/conffiles" || fail "the config is not a conffile"
         for script in postinst prerm postrm; do
                 [ -x "$tmp/gpumemd.control/$script" ] || fail "gpumemd has no $script"
@@ -175,23 +182,40 @@ $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share
         for dep in $deps; do
                 dpkg-query -s "$dep" >>"$root/var/lib/dpkg/status" 2>/dev/null && echo >>"$root/var/lib/dpkg/status"
         done
+        # Not root: fakeroot, its owners kept from one call to the next.
         asroot=
-        [ "$(id -u)" = 0 ] || { need fakeroot; asroot=fakeroot; }
+        if [ "$(id -u)" != 0 ]; then
+                need fakeroot
+                : >"$tmp/fakeroot.state"
+                asroot="fakeroot -i $tmp/fakeroot.state -s $tmp/fakeroot.state"
+        fi
+        # dh_python3's postinst and prerm call py3compile and py3clean, which
+        # (bookworm's dh-python) know no DPKG_ROOT: stand-ins do their work in
+        # the root, where the host's would touch the host.
+        pybin=$tmp/pybin
+        mkdir -p "$pybin"
+        printf '#!/bin/sh\nexec python3 -m compileall -q "$DPKG_ROOT/usr/lib/python3/dist-packages/gpumem"\n' \
+                >"$pybin/py3compile"
+        printf '#!/bin/sh\nexec rm -rf "$DPKG_ROOT/usr/lib/python3/dist-packages/gpumem/__pycache__"\n' >"$pybin/py3clean"
+        chmod +x "$pybin/py3compile" "$pybin/py3clean"
         dpkgr() {
-                $asroot dpkg --root="$root" --force-script-chrootless --log=/dev/null "$@" >>"$tmp/dpkg.log" 2>&1 ||
+                PATH=$pybin:$PATH $asroot dpkg --root="$root" --force-script-chrootless --log=/dev/null "$@" \
+                        >>"$tmp/dpkg.log" 2>&1 ||
                         fail "dpkg $*:
 $(cat "$tmp/dpkg.log")"
         }
-        dpkgr -i "$tmp"/out/gpumemd_*.deb "$tmp"/out/libgpumem0_*.deb "$tmp"/out/libgpumem-dev_*.deb
-        status=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package} ${db:Status-Abbrev}\n' \
-                gpumemd libgpumem0 libgpumem-dev | sort)
-        [ "$status" = "gpumemd ii 
-libgpumem-dev ii 
-libgpumem0 ii " ] || fail "not installed: $status"
+        # shellcheck disable=SC2086 # one package a word
+        dpkgr -i $(for p in $packages; do ls "$tmp"/out/${p}_*.deb; done)
+        # shellcheck disable=SC2086
+        status=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${db:Status-Abbrev}${Package}\n' $packages |
+                grep -v '^ii ')
+        [ -z "$status" ] || fail "not installed: $status"
         uid=$(awk -F: '$1 == "gpumem" { print $3 }' "$root/etc/passwd")
         [ -n "$uid" ] || fail "postinst created no gpumem user"
+        ls "$root"/usr/lib/python3/dist-packages/gpumem/__pycache__/_lib.*.pyc >/dev/null 2>&1 ||
+                fail "python3-gpumem's postinst compiled nothing"
         for dir in run/gpumem var/lib/gpumem; do
-                [ "$(stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
+                [ "$($asroot stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
         done
 
         # The cuda backend is in the package exactly when the build profiles
@@ -246,16 +270,30 @@ $(cat "$tmp/cmake.log")"
                 case $stats in *'"allocated_bytes.all.current": 8388608'*) ;;
                 *) fail "$example: the installed gpumemctl does not show its block: $stats" ;; esac
         done
+        # The installed Python package loads the installed libraries by
+        # soname (no _libdir.py) and talks to the installed daemon.
+        py=$(PYTHONPATH=$root/usr/lib/python3/dist-packages LD_LIBRARY_PATH=$libdir GPUMEM_SOCKET=$sock python3 -c '
+import gpumem, gpumem._lib as lib
+free, total = gpumem.mem_get_info()
+print(gpumem.__file__, lib.LIBRARY_PATH, lib.TORCH_LIBRARY_PATH, total)' 2>&1) ||
+                fail "python3-gpumem: $py"
+        set -- $py
+        case $1 in "$root"/*) ;; *) fail "gpumem imported from $1, not the root" ;; esac
+        [ "$2" = libgpumem.so.0 ] && [ "$3" = libgpumem_torch.so.0 ] || fail "gpumem loaded $2 and $3, not by soname"
+        [ "$4" = 67108864 ] || fail "gpumem.mem_get_info() total $4, not the daemon's 64M"
         kill $daemon
         wait $daemon 2>/dev/null
 
         # Removal keeps the configuration and state; purge takes them.
-        dpkgr -r gpumemd libgpumem-dev libgpumem0
-        [ ! -e "$root/usr/bin/gpumemd" ] && [ ! -e "$libdir/libgpumem.so.0" ] || fail "dpkg -r left files"
+        # shellcheck disable=SC2086
+        dpkgr -r $packages
+        [ ! -e "$root/usr/bin/gpumemd" ] && [ ! -e "$libdir/libgpumem.so.0" ] && [ ! -e "$libdir/libgpumem_torch.so.0" ] &&
+                [ ! -e "$root/usr/lib/python3/dist-packages/gpumem" ] || fail "dpkg -r left files"
         [ -f "$root/etc/gpumem/gpumemd.conf" ] && [ -d "$root/var/lib/gpumem" ] || fail "dpkg -r took the config"
         mkdir -p "$root/etc/systemd/system/sockets.target.wants"
         ln -s /usr/lib/systemd/system/gpumemd@.socket "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket"
-        dpkgr --purge gpumemd libgpumem-dev libgpumem0
+        # shellcheck disable=SC2086
+        dpkgr --purge $packages
         [ ! -e "$root/etc/gpumem/gpumemd.conf" ] && [ ! -e "$root/var/lib/gpumem" ] || fail "purge left the config or state"
         [ ! -L "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket" ] || fail "purge left an enabled instance"
         grep -q '^gpumem:' "$root/etc/passwd" || fail "purge removed the gpumem user"
