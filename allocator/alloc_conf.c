@@ -167,8 +167,8 @@ static int parse_divisions(parser_t *p, size_t i, uint32_t *slots, size_t *ret_i
         const char *key = "roundup_power2_divisions";
         bool first = true;
         size_t last = 0;
-        const char *v;
-        uint64_t u;
+        const char *v = NULL; /* set before use; initialised for gcc -O3 -Wmaybe-uninitialized */
+        uint64_t u = 0;
         uint32_t divs = 0;
         int r;
 
@@ -220,8 +220,8 @@ static int parse_divisions(parser_t *p, size_t i, uint32_t *slots, size_t *ret_i
 static int parse_value(parser_t *p, const struct option *o, size_t i, size_t *ret_i) {
         char *field = o->offset == NO_FIELD ? NULL : (char *) p->config + o->offset;
         const char *v = NULL;
-        uint64_t u;
-        double d;
+        uint64_t u = 0;
+        double d = 0;
         int r;
 
         if (o->kind != OPT_DIVISIONS && (r = value_token(p, i, o->name, &v)) < 0)

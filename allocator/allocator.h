@@ -39,35 +39,50 @@ typedef struct gm_provider {
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see
          * gm_heap_page_reuse()); NULL = the mode stays inactive with this
-         * provider. Moves one page: `handle` (made by create(), `size` bytes)
-         * is mapped at [from_offset, from_offset+size) of segment from_segment
-         * and must end up mapped at [to_offset, to_offset+size) of segment
-         * to_segment instead (its virtual range is to_segment_va_size bytes;
-         * it may have no piece yet, as with a segment's first create()) and no
-         * longer at the old place, which becomes unmapped virtual space of
-         * from_segment. from_segment_empty is true when this was the last
-         * piece of from_segment: its virtual range goes too (as with
-         * release()'s whole_segment). The handle keeps its value; later
-         * release() and remap() calls name it at its new place. The heap
-         * calls this only for a page that lies wholly inside a free block
-         * whose device work is complete (see stream_idle); it emits the
-         * segment_unmap / segment_map trace events itself. Whoever maps
-         * the memory must map the new range before the block that uses it
-         * is handed out (central sessions: in the allocation reply; local
-         * heaps: at once). Returns 0, or a negative errno with nothing
+         * provider. Moves one page of an expandable segment: `handle` (made
+         * by create(), `size` = the heap's small page: 2 MiB, or the backend's granularity where larger) is mapped at
+         * [from_offset, from_offset+size) of segment from_segment and must end
+         * up mapped at [to_offset, to_offset+size) of segment to_segment
+         * instead, and no longer at the old place, which becomes unmapped
+         * virtual space of from_segment. Offsets are multiples of size; the
+         * target range holds no piece; the segments may be the same, or of
+         * another stream or pool of the same heap (never of another heap).
+         * to_segment's virtual range is to_segment_va_size bytes and it may
+         * have no piece yet (as with a segment's first create()).
+         * from_segment_empty is true when this was the last piece of
+         * from_segment: its virtual range goes too (as with release()'s
+         * whole_segment). The handle keeps its value; later release() and
+         * remap() calls name it at its new place. The heap calls this only
+         * from gm_heap_alloc(), only for a page that lies wholly inside a free
+         * block whose device work is complete (see stream_fence), and it emits
+         * the segment_unmap / segment_map trace events itself. Moves are
+         * final even when the allocation then fails (its pages may then be
+         * released right away, at their new place). Whoever maps the memory
+         * must apply the moves of a gm_heap_alloc() call before the block it
+         * returns is used (central sessions: listed in the allocation reply,
+         * unmap these ranges, map these handles there; local heaps: through
+         * their mapper at once). Returns 0, or a negative errno with nothing
          * changed: the page is still at its old place and the heap creates
          * new memory for the rest of the request. */
         int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
                      uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
                      bool from_segment_empty);
-        /* Optional, for page reuse: whether all device work queued so far on
-         * `stream` is complete (1) or not yet (0); a negative errno counts as
-         * not yet. Must not wait (cuStreamQuery, never a synchronize). A page
-         * whose free block was freed on a stream after the last time the
-         * stream answered 1 stays where it is; the heap asks at most once
-         * per allocation and stream. NULL = frees are synchronous (no queued
-         * device work, e.g. the host backend): every free page may move. */
-        int (*stream_idle)(void *userdata, uint64_t stream);
+        /* Optional, for page reuse: device-work fences, never waiting
+         * (cuEventRecord + cuEventQuery, not a synchronize). Marks fence
+         * number `fence` on `stream` after all work queued there so far (the
+         * numbers a heap passes for a stream never decrease; a number already
+         * marked needs no new mark), then stores in *ret_done the highest
+         * fence number on that stream whose work is known complete (0 if
+         * none) and returns 0; a negative errno counts as nothing complete.
+         * The heap passes its count of frees so far and moves a page freed on
+         * `stream` only once a fence at or after that free is complete, so
+         * pages move even on a stream that is never idle, one allocation
+         * after the device has passed the fence. It asks at most once per
+         * allocation and stream; a provider may keep a few marks per stream
+         * outstanding and skip new marks beyond that. NULL = frees are
+         * synchronous (no queued device work, e.g. the host backend): every
+         * free page may move. */
+        int (*stream_fence)(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done);
         void *userdata;
 } gm_provider_t;
 
@@ -144,12 +159,11 @@ void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_si
  * would map new pages, it first moves whole pages that lie inside free blocks
  * of any of its segments (any stream and pool, device work complete) to
  * where the request needs them (provider remap()); only the shortfall is
- * created. The pages' old range becomes unmapped free space. Pages are
- * GM_PAGE_REUSE_PAGE_SIZE (2 MiB, the CUDA granularity) in both pools, instead
- * of PyTorch's 20 MiB large-pool pages. Limits (memory fraction, quota) are
+ * created. The pages' old range becomes unmapped free space. Pages are the
+ * small page (2 MiB, the CUDA granularity; the backend's granularity where
+ * larger) in both pools, instead of PyTorch's 20 MiB large-pool pages. Limits (memory fraction, quota) are
  * checked against the bytes actually created. Counters are not in
  * memory_stats() (PyTorch's key set stays exact); they are here. */
-#define GM_PAGE_REUSE_PAGE_SIZE (2ULL << 20)
 
 typedef struct gm_page_reuse_info {
         bool configured;        /* alloc_conf asks for it */
@@ -158,8 +172,8 @@ typedef struct gm_page_reuse_info {
         uint64_t pages_moved;   /* remap() calls that succeeded */
         uint64_t ranges_moved;  /* contiguous source ranges unmapped for moves */
         uint64_t allocs_with_moves; /* allocations that moved at least one page */
-        uint64_t stream_queries;    /* stream_idle() calls */
-        uint64_t refused_busy;  /* free blocks passed over: their stream's work not done */
+        uint64_t stream_queries;    /* stream_fence() calls */
+        uint64_t refused_busy;  /* free blocks passed over: no complete fence after their free */
         uint64_t remap_failures;    /* remap() errors (the page stayed, new memory was made) */
 } gm_page_reuse_info_t;
 void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);
@@ -188,6 +202,12 @@ typedef struct gm_restore_piece {
 
 int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                             const gm_restore_piece_t *pieces, size_t n_pieces);
+/* The same with the pool named (small_pool) instead of inferred from the
+ * sizes, which page-reuse heaps need: their large-pool expandable segments
+ * have 2 MiB pages like small-pool ones (gm_heap_restore_segment() takes
+ * those for small-pool segments). */
+int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                    bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces);
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
                           uint64_t requested_size, bool pending);
 int gm_heap_restore_finish(gm_heap_t *h);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "allocator.h"
+#include "u64map.h"
 
 /* Intrusive AVL tree node; the key is copied in at insertion so the tree
  * stays ordered even while the owner's fields change outside it. */
@@ -73,15 +74,16 @@ struct gm_segment {
         /* expandable only: */
         uint64_t page_size;
         uint64_t n_pages, mapped_pages;
+        uint64_t cap_pages;        /* length of the two page arrays, grown on demand; pages
+                                    * from here to n_pages are unmapped */
         uint64_t *page_handle;     /* per page; valid where page_mapped */
         uint8_t *page_mapped;
 };
 
-/* Open-addressing map block id -> live (allocated or pending) block. */
+/* Block id -> live (allocated or pending) block. */
 typedef struct gm_idmap {
-        gm_block_t **slots;
-        uint64_t cap;   /* power of two, 0 when empty */
-        uint64_t count;
+        gm_u64map_t map;
+        uint64_t count; /* = map.len */
 } gm_idmap_t;
 
 /* Makes room for `extra` more entries; -ENOMEM on failure (map unchanged). */

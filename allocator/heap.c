@@ -38,7 +38,7 @@ typedef struct pool {
 typedef struct reuse_stream {
         uint64_t stream;
         uint64_t done_seq;     /* every free up to this free count has its work done */
-        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked and heard "not yet" */
+        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked the provider */
 } reuse_stream_t;
 
 struct gm_heap {
@@ -409,8 +409,10 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         return size;
 }
 
-/* Merges free neighbour `src` into `dst` (outside any set) when both are free
- * with the same mapped state; returns the bytes taken over (0 = no merge). */
+/* Merges free neighbour `src` into `dst` when both are free with the same
+ * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
+ * any set, or in the unmapped set when `src` follows it (that key, stream and
+ * address, does not change). The merged block keeps the newer free_seq. */
 static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
@@ -443,6 +445,35 @@ static bool reuse_active(const gm_heap_t *h) {
         return h->cfg.expandable_segments && h->cfg.page_reuse && h->prov.remap;
 }
 
+/* Grows the page arrays of `s` to cover pages [0, end) (end <= n_pages),
+ * so that a segment costs what it maps, not its virtual size. */
+static int pages_reserve(gm_segment_t *s, uint64_t end) {
+        uint64_t cap = s->cap_pages ? 2 * s->cap_pages : 64, *handles;
+        uint8_t *mapped;
+
+        if (end <= s->cap_pages)
+                return 0;
+        if (cap < end)
+                cap = end;
+        if (cap > s->n_pages)
+                cap = s->n_pages;
+        handles = realloc(s->page_handle, cap * sizeof(*handles));
+        if (!handles)
+                return -ENOMEM;
+        s->page_handle = handles;
+        mapped = realloc(s->page_mapped, cap * sizeof(*mapped));
+        if (!mapped)
+                return -ENOMEM;
+        memset(mapped + s->cap_pages, 0, cap - s->cap_pages);
+        s->page_mapped = mapped;
+        s->cap_pages = cap;
+        return 0;
+}
+
+static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
+        return i < s->cap_pages && s->page_mapped[i];
+}
+
 /* Gives one page back; the segment's last page carries whole_segment. */
 static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
         s->page_mapped[i] = 0;
@@ -460,17 +491,9 @@ static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min
 
         if (n == 0 || n * page < min_size)
                 return -ENOMEM;
-        s = calloc(1, sizeof(*s));
+        s = calloc(1, sizeof(*s)); /* page arrays come with the first map_block() */
         if (!s)
                 return -ENOMEM;
-        s->page_handle = calloc(n, sizeof(*s->page_handle));
-        s->page_mapped = calloc(n, sizeof(*s->page_mapped));
-        if (!s->page_handle || !s->page_mapped) {
-                free(s->page_handle);
-                free(s->page_mapped);
-                free(s);
-                return -ENOMEM;
-        }
         s->id = h->next_segment_id++;
         s->size = n * page;
         s->addr = take_va(h, s->size);
@@ -572,12 +595,14 @@ static reuse_stream_t *reuse_stream(gm_heap_t *h, uint64_t stream) {
 }
 
 /* Whether no queued device work can still touch free block `b`: it was never
- * handed out since it was mapped, or its stream has been idle since its last
- * free. Asks the provider at most once per allocation and stream. */
+ * handed out since it was mapped, or a fence its stream got after its last
+ * free is complete. Asks the provider (marking a fence at the current free
+ * count) at most once per allocation and stream. */
 static bool work_done(gm_heap_t *h, const gm_block_t *b) {
         reuse_stream_t *st;
+        uint64_t done = 0;
 
-        if (b->free_seq == 0 || !h->prov.stream_idle)
+        if (b->free_seq == 0 || !h->prov.stream_fence)
                 return true;
         st = reuse_stream(h, b->seg->stream);
         if (!st)
@@ -586,13 +611,11 @@ static bool work_done(gm_heap_t *h, const gm_block_t *b) {
                 return true;
         if (st->asked_alloc == h->n_allocs)
                 return false;
-        h->reuse.stream_queries++;
-        if (h->prov.stream_idle(h->prov.userdata, st->stream) == 1) {
-                st->done_seq = h->free_seq;
-                return true;
-        }
         st->asked_alloc = h->n_allocs;
-        return false;
+        h->reuse.stream_queries++;
+        if (h->prov.stream_fence(h->prov.userdata, st->stream, h->free_seq, &done) == 0 && done > st->done_seq)
+                st->done_seq = done < h->free_seq ? done : h->free_seq;
+        return b->free_seq <= st->done_seq;
 }
 
 /* The whole pages of free block `b` that may move to `t`: [*ret_begin,
@@ -715,12 +738,13 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
-        int r = 0;
+        int r = pages_reserve(s, end);
 
-        if (t)
+        if (t && r == 0)
                 i += reuse_pages(h, t, first, end); /* b survives: no moved range lies right before it */
-        if (reuse_active(h) && i < end)
-                r = over_limit(h, (end - i) * s->page_size);
+        /* the moved pages left the reserved total and come back with this range */
+        if (r == 0 && reuse_active(h) && i < end)
+                r = over_limit(h, (end - first) * s->page_size);
         for (; r == 0 && i < end; i++) {
                 r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
                                    &s->page_handle[i]);
@@ -1323,7 +1347,7 @@ typedef struct check_ctx {
 /* Whether pages [first, end) are all mapped (want = 1) or all unmapped (want = 0). */
 static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8_t want) {
         for (uint64_t i = first; i < end; i++)
-                if (s->page_mapped[i] != want)
+                if (page_is_mapped(s, i) != want)
                         return false;
         return true;
 }
@@ -1410,9 +1434,10 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
         }
         bad += off != s->size;
         if (s->expandable) {
-                for (uint64_t i = 0; i < s->n_pages; i++)
+                for (uint64_t i = 0; i < s->cap_pages; i++)
                         pages += s->page_mapped[i];
-                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size;
+                bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size ||
+                       s->cap_pages > s->n_pages;
                 r->reserved_bytes += (int64_t)(pages * s->page_size);
         } else {
                 r->segment++;
@@ -1443,7 +1468,7 @@ static int check_reuse(const gm_heap_t *h) {
         if (!handles)
                 return bad; /* nothing to sort with: the rest is not checked */
         for (const gm_segment_t *s = h->seg_head; s; s = s->next)
-                for (uint64_t i = 0; s->expandable && i < s->n_pages && k < n; i++)
+                for (uint64_t i = 0; s->expandable && i < s->cap_pages && k < n; i++)
                         if (s->page_mapped[i])
                                 handles[k++] = s->page_handle[i];
         qsort(handles, k, sizeof(*handles), cmp_u64);
@@ -1529,8 +1554,9 @@ static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
         return 0;
 }
 
-int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+/* pool: 1 small, 0 large, -1 = inferred from the sizes */
+static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+                           const gm_restore_piece_t *pieces, size_t n_pieces) {
         if (segment_id == 0 || !pieces || n_pieces == 0 || va_size == 0 || va_size % MIN_BLOCK_SIZE ||
             va_size >= MAX_REQUEST)
                 return -EINVAL;
@@ -1539,7 +1565,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
         uint64_t page = pieces[0].size;
         if (expandable && ((page != small_buffer(h) && page != large_buffer(h)) || va_size % page ||
-                           va_size / page > (1u << 24)))
+                           va_size / page > (1u << 24) || (pool == 1 && page != small_buffer(h))))
                 return -EINVAL;
         gm_segment_t *s = calloc(1, sizeof(*s));
         if (!s)
@@ -1549,7 +1575,7 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         s->stream = stream;
         s->expandable = expandable;
         if (!expandable) {
-                s->small = va_size == small_buffer(h); /* no large-pool segment has that size */
+                s->small = pool >= 0 ? pool == 1 : va_size == small_buffer(h); /* no large-pool segment has that size */
                 s->handle = pieces[0].handle;
                 if (reserve_blocks(h, 1) < 0) {
                         free(s);
@@ -1557,12 +1583,10 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
                 }
                 s->first = block_new(h, s, 0, va_size, true);
         } else {
-                s->small = page == small_buffer(h);
+                s->small = pool >= 0 ? pool == 1 : page == small_buffer(h); /* page reuse: small pages in both pools */
                 s->page_size = page;
                 s->n_pages = va_size / page;
-                s->page_handle = calloc(s->n_pages, sizeof(*s->page_handle));
-                s->page_mapped = calloc(s->n_pages, sizeof(*s->page_mapped));
-                int r = s->page_handle && s->page_mapped ? 0 : -ENOMEM;
+                int r = pages_reserve(s, s->n_pages);
                 for (size_t i = 0; i < n_pieces && r == 0; i++) {
                         uint64_t k = pieces[i].offset / page;
                         if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages ||
@@ -1604,6 +1628,16 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
         if (segment_id >= h->next_segment_id)
                 h->next_segment_id = segment_id + 1;
         return 0;
+}
+
+int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                            const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, -1, pieces, n_pieces);
+}
+
+int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                    bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, small_pool ? 1 : 0, pieces, n_pieces);
 }
 
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,

@@ -3,6 +3,7 @@
  * private-pool clauses, which have no broker equivalent); sizes use PyTorch's
  * format_size() everywhere so the two parts read alike. */
 #include "oom.h"
+#include "size.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -33,18 +34,8 @@ static void out_printf(out_t *o, const char *fmt, ...) {
                 o->pos += (size_t) n;
 }
 
-/* PyTorch's format_size(): up to 1024 in bytes, then KiB/MiB/GiB with two
- * decimals; each bound is inclusive (1 MiB prints "1024.00 KiB"). */
 static const char *format_size(uint64_t v, char b[static SIZE_BUF]) {
-        if (v <= 1024)
-                snprintf(b, SIZE_BUF, "%" PRIu64 " bytes", v);
-        else if (v <= 1048576)
-                snprintf(b, SIZE_BUF, "%.2f KiB", (double) v / 1024.0);
-        else if (v <= 1073741824)
-                snprintf(b, SIZE_BUF, "%.2f MiB", (double) v / 1048576.0);
-        else
-                snprintf(b, SIZE_BUF, "%.2f GiB", (double) v / 1073741824.0);
-        return b;
+        return gm_format_size_as(v, GM_SIZE_PYTORCH, b, SIZE_BUF);
 }
 
 static uint64_t sub_sat(uint64_t a, uint64_t b) {

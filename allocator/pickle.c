@@ -3,6 +3,7 @@
  * APPENDS (the MARK is dropped again when the container stays empty), then
  * STOP. Ints take Python's own choice of BININT1/BININT2/BININT/LONG1. */
 #include "pickle.h"
+#include "json.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -136,20 +137,11 @@ static void put_text(gm_pickler_t *w, const char *str, bool json) {
                         s++;
                         continue;
                 }
-                if (json && n == 1 && (*s < 0x20 || *s == '"' || *s == '\\')) {
-                        char esc[8];
-                        switch (*s) {
-                        case '"': strcpy(esc, "\\\""); break;
-                        case '\\': strcpy(esc, "\\\\"); break;
-                        case '\b': strcpy(esc, "\\b"); break;
-                        case '\f': strcpy(esc, "\\f"); break;
-                        case '\n': strcpy(esc, "\\n"); break;
-                        case '\r': strcpy(esc, "\\r"); break;
-                        case '\t': strcpy(esc, "\\t"); break;
-                        default: snprintf(esc, sizeof(esc), "\\u%04x", *s); break;
-                        }
+                char buf[8];
+                const char *esc = json && n == 1 ? gm_json_escape_byte(*s, buf) : NULL;
+                if (esc)
                         put_cstr(w, esc);
-                } else
+                else
                         put(w, s, n);
                 s += n;
         }

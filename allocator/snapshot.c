@@ -27,6 +27,22 @@ typedef struct collector {
         int error;
 } collector_t;
 
+/* The stack of the newest `alloc` trace entry at an address: a live block's
+ * frames, as PyTorch records them at allocation. Addresses are unique on the
+ * device (one VA cursor), so the address names the block. */
+typedef struct alloc_frames {
+        uint64_t addr;
+        size_t seq;               /* entry order: the newest entry at an address wins */
+        const gm_frame_t *frames; /* the history's, valid while it is not modified */
+        size_t n_frames;
+} alloc_frames_t;
+
+typedef struct frames_index {
+        alloc_frames_t *items;
+        size_t n, cap;
+        int error;
+} frames_index_t;
+
 typedef struct trace_ctx {
         gm_pickler_t *w;
         const uint32_t *pids; /* sorted; NULL = keep every entry */
@@ -110,7 +126,72 @@ static void key_empty_list(gm_pickler_t *w, const char *key) {
         gm_pickler_end_list(w);
 }
 
-static void write_segment(gm_pickler_t *w, int device, const seg_rec_t *s, const gm_block_info_t *blocks) {
+static void key_frames(gm_pickler_t *w, const gm_frame_t *frames, size_t n_frames) {
+        gm_pickler_key(w, "frames");
+        gm_pickler_begin_list(w);
+        for (size_t i = 0; i < n_frames; i++) {
+                gm_pickler_begin_dict(w);
+                gm_pickler_key(w, "filename");
+                gm_pickler_str(w, frames[i].filename);
+                key_uint(w, "line", frames[i].line);
+                gm_pickler_key(w, "name");
+                gm_pickler_str(w, frames[i].name);
+                gm_pickler_end_dict(w);
+        }
+        gm_pickler_end_list(w);
+}
+
+static void index_alloc_frames(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames,
+                               void *userdata) {
+        frames_index_t *x = userdata;
+        if (x->error || e->action != GM_TRACE_ALLOC)
+                return;
+        if (!grow((void **) &x->items, &x->cap, x->n, sizeof(*x->items))) {
+                x->error = -ENOMEM;
+                return;
+        }
+        x->items[x->n] = (alloc_frames_t) { .addr = e->addr, .seq = x->n, .frames = frames, .n_frames = n_frames };
+        x->n++;
+}
+
+static int cmp_alloc_frames(const void *a, const void *b) {
+        const alloc_frames_t *x = a, *y = b;
+        if (x->addr != y->addr)
+                return (x->addr > y->addr) - (x->addr < y->addr);
+        return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* Address -> frames of the newest alloc entry there, sorted by address. */
+static int frames_index_build(frames_index_t *x, const gm_history_t *h) {
+        if (h)
+                gm_history_foreach(h, index_alloc_frames, x);
+        if (x->error)
+                return x->error;
+        qsort(x->items, x->n, sizeof(*x->items), cmp_alloc_frames);
+        size_t k = 0;
+        for (size_t i = 0; i < x->n; i++) {
+                if (k > 0 && x->items[k - 1].addr == x->items[i].addr)
+                        k--; /* a newer allocation at the same address replaces it */
+                x->items[k++] = x->items[i];
+        }
+        x->n = k;
+        return 0;
+}
+
+static const alloc_frames_t *frames_find(const frames_index_t *x, uint64_t addr) {
+        size_t lo = 0, hi = x->n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (x->items[mid].addr < addr)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo < x->n && x->items[lo].addr == addr ? &x->items[lo] : NULL;
+}
+
+static void write_segment(gm_pickler_t *w, int device, const seg_rec_t *s, const gm_block_info_t *blocks,
+                          const frames_index_t *frames) {
         static const int64_t default_pool[2] = { 0, 0 };
         uint64_t total = 0, allocated = 0, active = 0, requested = 0;
 
@@ -152,7 +233,8 @@ static void write_segment(gm_pickler_t *w, int device, const seg_rec_t *s, const
                 key_uint(w, "requested_size", b->requested_size);
                 gm_pickler_key(w, "state");
                 gm_pickler_str(w, state_name(b->state));
-                key_empty_list(w, "frames");
+                const alloc_frames_t *f = b->state != GM_BLOCK_INACTIVE ? frames_find(frames, b->addr) : NULL;
+                key_frames(w, f ? f->frames : NULL, f ? f->n_frames : 0);
                 gm_pickler_end_dict(w);
         }
         gm_pickler_end_list(w);
@@ -178,20 +260,8 @@ static void write_trace_entry(const gm_history_entry_t *e, const gm_frame_t *fra
         key_uint(w, "size", e->size);
         key_uint(w, "stream", e->stream);
         key_uint(w, "time_us", e->time_us);
-        if (n_frames > 0) {
-                gm_pickler_key(w, "frames");
-                gm_pickler_begin_list(w);
-                for (size_t i = 0; i < n_frames; i++) {
-                        gm_pickler_begin_dict(w);
-                        gm_pickler_key(w, "filename");
-                        gm_pickler_str(w, frames[i].filename);
-                        key_uint(w, "line", frames[i].line);
-                        gm_pickler_key(w, "name");
-                        gm_pickler_str(w, frames[i].name);
-                        gm_pickler_end_dict(w);
-                }
-                gm_pickler_end_list(w);
-        }
+        if (n_frames > 0)
+                key_frames(w, frames, n_frames);
         key_uint(w, "pid", e->pid);
         gm_pickler_end_dict(w);
 }
@@ -221,6 +291,10 @@ static void write_settings(gm_pickler_t *w, const gm_alloc_config_t *c) {
         gm_pickler_double(w, c->garbage_collection_threshold);
         gm_pickler_key(w, "expandable_segments");
         gm_pickler_bool(w, c->expandable_segments);
+        if (c->page_reuse) { /* gpumemd extension: absent unless set, so default snapshots match PyTorch's */
+                gm_pickler_key(w, "gpumemd_page_reuse");
+                gm_pickler_bool(w, true);
+        }
         gm_pickler_key(w, "release_lock_on_cudamalloc");
         gm_pickler_bool(w, c->release_lock_on_cudamalloc);
         gm_pickler_key(w, "pinned_use_cuda_host_register");
@@ -242,6 +316,7 @@ static void write_settings(gm_pickler_t *w, const gm_alloc_config_t *c) {
 
 int gm_snapshot_write(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt, char **ret_buf, size_t *ret_len) {
         collector_t c = { 0 };
+        frames_index_t frames = { 0 };
         uint32_t *pids = NULL;
         gm_pickler_t w;
         int r;
@@ -267,6 +342,9 @@ int gm_snapshot_write(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt,
                 goto finish;
         if (c.n_segs > 1)
                 qsort(c.segs, c.n_segs, sizeof(*c.segs), cmp_seg_addr);
+        r = frames_index_build(&frames, src->history);
+        if (r < 0)
+                goto finish;
 
         if (src->only_heap_pids) {
                 pids = calloc(src->n_heaps + 1, sizeof(*pids));
@@ -286,7 +364,7 @@ int gm_snapshot_write(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt,
         gm_pickler_key(&w, "segments");
         gm_pickler_begin_list(&w);
         for (size_t i = 0; i < c.n_segs; i++)
-                write_segment(&w, src->device, &c.segs[i], c.blocks + c.segs[i].first_block);
+                write_segment(&w, src->device, &c.segs[i], c.blocks + c.segs[i].first_block, &frames);
         gm_pickler_end_list(&w);
         gm_pickler_key(&w, "device_traces");
         write_traces(&w, src, pids);
@@ -296,6 +374,7 @@ int gm_snapshot_write(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt,
         gm_pickler_end_dict(&w);
         r = gm_pickler_finish(&w, ret_buf, ret_len);
 finish:
+        free(frames.items);
         free(pids);
         free(c.blocks);
         free(c.segs);

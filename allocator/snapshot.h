@@ -6,7 +6,8 @@
  * blocks and the extra keys `pid`, `tenant`, `session_id`), `device_traces`
  * (device + 1 lists; the last holds the history oldest to newest, each entry
  * with the extra key `pid`), `allocator_settings` and `external_annotations`
- * (always empty). Pure C, no I/O. */
+ * (always empty). A live block's `frames` are those of the newest `alloc`
+ * entry at its address still in the history (else empty). Pure C, no I/O. */
 #pragma once
 
 #include <stdbool.h>

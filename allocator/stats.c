@@ -169,6 +169,24 @@ void gm_stats_reset_accumulated(gm_stats_t *s) {
                         memset((char *) s + groups[g].offset, 0, sizeof(int64_t));
 }
 
+void gm_stats_subtract_accumulated(gm_stats_t *s, const gm_stats_t *base) {
+        for (size_t g = 0; g < N_GROUPS; g++) {
+                const group_t *grp = &groups[g];
+                if (grp->kind == GROUP_COUNTER) {
+                        int64_t v = value_at(s, grp->offset) - value_at(base, grp->offset);
+                        memcpy((char *) s + grp->offset, &v, sizeof(v));
+                        continue;
+                }
+                if (grp->kind == GROUP_SETTING)
+                        continue;
+                size_t n = grp->kind == GROUP_POOLED ? _GM_STAT_TYPE_MAX : 1;
+                for (size_t t = 0; t < n; t++) {
+                        stat_at(s, grp, (gm_stat_type_t) t)->allocated -= cstat_at(base, grp, (gm_stat_type_t) t)->allocated;
+                        stat_at(s, grp, (gm_stat_type_t) t)->freed -= cstat_at(base, grp, (gm_stat_type_t) t)->freed;
+                }
+        }
+}
+
 typedef struct visit_ctx {
         const gm_stats_t *stats;
         gm_stats_visit_fn fn;

@@ -53,6 +53,10 @@ void gm_stat_update(gm_stat_t *stat, int64_t delta);
 void gm_stats_reset_peak(gm_stats_t *s);
 /* reset_accumulated_memory_stats(): allocated = freed = 0, num_* counters = 0. */
 void gm_stats_reset_accumulated(gm_stats_t *s);
+/* The same as a view: subtracts base's accumulated figures (allocated, freed,
+ * num_* counters) from s, where base is a copy of the statistics taken at
+ * the reset. The statistics themselves keep counting and never go back. */
+void gm_stats_subtract_accumulated(gm_stats_t *s, const gm_stats_t *base);
 
 /* Visits every flattened memory_stats() key ("allocated_bytes.all.current", ...,
  * "num_ooms", "max_split_size") in sorted key order, as memory_stats() does. */

@@ -22,17 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "gpumem/gpumem.h"
 #include "metrics.h"
 
 #define BLOCKS_PER_SESSION 3
 static const size_t block_sizes[BLOCKS_PER_SESSION] = {512, 4096, 100000}; /* small pool: one 2 MiB segment */
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
 
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
@@ -119,10 +114,10 @@ static int bench_render(unsigned n_sessions, unsigned runs) {
         size_t len = 0;
         for (unsigned r = 0; r < runs; r++) {
                 char *text;
-                uint64_t t0 = now_ns();
+                uint64_t t0 = gm_now_ns();
                 if (gm_metrics_render(&d, m, &text, &len) < 0)
                         return -1;
-                ns[r] = now_ns() - t0;
+                ns[r] = gm_now_ns() - t0;
                 free(text);
         }
         char what[64];
@@ -211,9 +206,9 @@ static int bench_scrapes(const char *socket_path, const char *metrics_path, unsi
         uint64_t *ns = calloc(runs, sizeof(*ns));
         ssize_t size = 0;
         for (unsigned r = 0; ok && r < runs; r++) {
-                uint64_t t0 = now_ns();
+                uint64_t t0 = gm_now_ns();
                 size = scrape_once(metrics_path);
-                ns[r] = now_ns() - t0;
+                ns[r] = gm_now_ns() - t0;
                 ok = size > 0;
         }
         close(hold[1]);

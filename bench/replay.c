@@ -23,10 +23,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "allocator.h"
 #include "fake_provider.h"
 #include "gpumem/gpumem.h"
+#include "json.h"
 #include "size.h"
+#include "u64map.h"
 
 #define EXIT_VIOLATION 1
 #define EXIT_USAGE 2
@@ -73,116 +76,28 @@ typedef struct result {
         int violations; /* summed over the runs */
 } result_t;
 
-/* Open-addressing map from a trace's uint64 ids (pointers, stream values) to
- * a uint32; linear probing, backward-shift deletion, so no tombstones. */
-typedef struct idmap {
-        uint64_t *keys;
-        uint32_t *values;
-        bool *used;
-        size_t cap, len; /* cap: power of two, len < cap / 2 */
-} idmap_t;
-
-static size_t idmap_home(const idmap_t *m, uint64_t key) {
-        key ^= key >> 33;
-        key *= 0xff51afd7ed558ccdULL;
-        key ^= key >> 33;
-        return key & (m->cap - 1);
-}
-
-/* Index of `key`, or of the empty cell where it would go. */
-static size_t idmap_find(const idmap_t *m, uint64_t key) {
-        size_t i = idmap_home(m, key);
-
-        while (m->used[i] && m->keys[i] != key)
-                i = (i + 1) & (m->cap - 1);
-        return i;
-}
+/* A trace's uint64 ids (pointers, stream values) to a uint32, over the
+ * common map (values stored as integers in the pointer slot). */
+typedef gm_u64map_t idmap_t;
 
 static bool idmap_get(const idmap_t *m, uint64_t key, uint32_t *ret_value) {
-        size_t i;
-
-        if (m->len == 0)
+        void *v;
+        if (!gm_u64map_find(m, key, &v))
                 return false;
-        i = idmap_find(m, key);
-        if (!m->used[i])
-                return false;
-        *ret_value = m->values[i];
+        *ret_value = (uint32_t) (uintptr_t) v;
         return true;
 }
 
 static int idmap_put(idmap_t *m, uint64_t key, uint32_t value) {
-        size_t i;
-
-        if (2 * (m->len + 1) > m->cap) {
-                idmap_t n = {.cap = m->cap ? 2 * m->cap : 1024};
-
-                n.keys = malloc(n.cap * sizeof(*n.keys));
-                n.values = malloc(n.cap * sizeof(*n.values));
-                n.used = calloc(n.cap, sizeof(*n.used));
-                if (!n.keys || !n.values || !n.used) {
-                        free(n.keys);
-                        free(n.values);
-                        free(n.used);
-                        return -ENOMEM;
-                }
-                for (size_t j = 0; j < m->cap; j++)
-                        if (m->used[j]) {
-                                i = idmap_find(&n, m->keys[j]);
-                                n.used[i] = true;
-                                n.keys[i] = m->keys[j];
-                                n.values[i] = m->values[j];
-                        }
-                n.len = m->len;
-                free(m->keys);
-                free(m->values);
-                free(m->used);
-                *m = n;
-        }
-        i = idmap_find(m, key);
-        m->len += !m->used[i];
-        m->used[i] = true;
-        m->keys[i] = key;
-        m->values[i] = value;
-        return 0;
+        return gm_u64map_put(m, key, (void *) (uintptr_t) value);
 }
 
 static void idmap_remove(idmap_t *m, uint64_t key) {
-        size_t mask = m->cap - 1, i = idmap_find(m, key), j = i;
-
-        if (!m->used[i])
-                return;
-        m->used[i] = false;
-        m->len--;
-        /* Shift back every following entry whose probe path crosses the hole. */
-        for (;;) {
-                size_t home;
-
-                j = (j + 1) & mask;
-                if (!m->used[j])
-                        return;
-                home = idmap_home(m, m->keys[j]);
-                if (((j - home) & mask) < ((j - i) & mask))
-                        continue;
-                m->keys[i] = m->keys[j];
-                m->values[i] = m->values[j];
-                m->used[i] = true;
-                m->used[j] = false;
-                i = j;
-        }
+        gm_u64map_remove(m, key);
 }
 
 static void idmap_done(idmap_t *m) {
-        free(m->keys);
-        free(m->values);
-        free(m->used);
-        *m = (idmap_t){0};
-}
-
-static double now_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+        gm_u64map_done(m);
 }
 
 /* Parses all of `s` as an unsigned number in `base` (10 or 16; "0x" allowed for 16). */
@@ -297,7 +212,7 @@ static int add_row(parser_t *p, size_t lineno, bool alloc, uint64_t id, uint64_t
 
 /* Our CSV: seq,action,id,size[,stream]. */
 static int parse_csv_row(parser_t *p, size_t lineno, char **f, size_t n, size_t ncols) {
-        uint64_t seq, id, size, stream = 0;
+        uint64_t seq, id, size = 0, stream = 0; /* a free may leave size empty */
         bool alloc;
 
         if (n != ncols)
@@ -452,7 +367,7 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                 fake_done(&fake);
                 return e;
         }
-        t0 = now_ns();
+        t0 = gm_now_ns();
         for (size_t i = 0; i < t->n_events; i++) {
                 const event_t *ev = &t->events[i];
                 gm_alloc_result_t res;
@@ -460,11 +375,11 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                 if (o->check_every && i > 0 && i % o->check_every == 0) {
                         int bad;
 
-                        ns += now_ns() - t0;
+                        ns += gm_now_ns() - t0;
                         bad = gm_heap_check(h);
                         if (bad)
                                 r->violations += violation(t, "gm_heap_check during replay", bad, 0);
-                        t0 = now_ns();
+                        t0 = gm_now_ns();
                 }
                 if (!ev->alloc) {
                         if (!ids[ev->slot])
@@ -479,10 +394,10 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                 r->allocs++;
                 if (timing) {
                         uint64_t moved = r->reuse.pages_moved;
-                        double a0 = now_ns();
+                        double a0 = (double) gm_now_ns();
 
                         e = gm_heap_alloc(h, ev->size, ev->stream, &res);
-                        a0 = now_ns() - a0;
+                        a0 = (double) gm_now_ns() - a0;
                         gm_heap_page_reuse(h, &r->reuse);
                         if (r->reuse.pages_moved != moved) {
                                 r->moves.moving_allocs++;
@@ -504,7 +419,7 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                 live_requested += (int64_t)ev->size;
                 live_blocks++;
         }
-        ns += now_ns() - t0;
+        ns += gm_now_ns() - t0;
         st = gm_heap_stats(h);
         r->peak_requested = st->requested_bytes[GM_STAT_ALL].peak;
         r->peak_allocated = st->allocated_bytes[GM_STAT_ALL].peak;
@@ -567,7 +482,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                 free(ptrs);
                 return e;
         }
-        t0 = now_ns();
+        t0 = gm_now_ns();
         for (size_t i = 0; i < t->n_events && e == 0; i++) {
                 const event_t *ev = &t->events[i];
 
@@ -588,7 +503,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                         e = 0;
                 }
         }
-        ns = now_ns() - t0;
+        ns = gm_now_ns() - t0;
         if (e < 0)
                 fprintf(stderr, "gpumem-replay: %s: %s: %s\n", t->path, gpumem_strerror(e), gpumem_last_error(c));
         if (e == 0)
@@ -651,18 +566,7 @@ static int replay(const trace_t *t, const options_t *o, result_t *ret_result) {
 }
 
 static void print_json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char ch = (unsigned char)*s;
-
-                if (ch == '"' || ch == '\\')
-                        printf("\\%c", ch);
-                else if (ch < 0x20)
-                        printf("\\u%04x", ch);
-                else
-                        putchar(ch);
-        }
-        putchar('"');
+        gm_json_print_string(stdout, s);
 }
 
 static double per(double total, uint64_t n) {
@@ -723,7 +627,8 @@ static void usage(FILE *out) {
                 "Replays allocation traces through gpumemd's allocator; one JSON line per trace.\n"
                 "Traces: CSV 'seq,action,id,size[,stream]' (alloc|free) or RMM's replay log\n"
                 "'Thread,Time,Action,Pointer,Size,Stream', told apart by the header line.\n"
-                "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process)\n"
+                "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process); with\n"
+                "                         gpumemd_page_reuse:True the JSON's page_reuse has the moves\n"
                 "  -C, --capacity BYTES   provider capacity in process (8G, 512M; default 80G)\n"
                 "  -s, --socket PATH      replay through the gpumemd listening on PATH\n"
                 "  -c, --check N          also run gm_heap_check() every N events (in process)\n"

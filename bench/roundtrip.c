@@ -17,13 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "gpumem/gpumem.h"
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
 
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
@@ -51,7 +46,7 @@ static int run(const char *socket_path, size_t size, int iters, bool fresh, int 
         if (write(ready, &ch, 1) != 1 || read(go, &ch, 1) != 0)
                 return 1;
         for (int i = 0; i < iters; i++) {
-                uint64_t t0 = now_ns();
+                uint64_t t0 = gm_now_ns();
                 r = gpumem_alloc(c, size, 0, &p);
                 if (r < 0) {
                         fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
@@ -60,7 +55,7 @@ static int run(const char *socket_path, size_t size, int iters, bool fresh, int 
                 gpumem_free(c, p);
                 if (fresh)
                         gpumem_trim(c, NULL);
-                lat[i] = now_ns() - t0;
+                lat[i] = gm_now_ns() - t0;
         }
         qsort(lat, (size_t) iters, sizeof(*lat), cmp_u64);
         out[0] = lat[iters / 2];
@@ -117,7 +112,7 @@ int main(int argc, char **argv) {
                 if (read(ready[0], &ch, 1) != 1)
                         break;
         }
-        uint64_t start = now_ns();
+        uint64_t start = gm_now_ns();
         close(go[1]); /* start together */
         uint64_t *med = calloc((size_t) clients, sizeof(*med)), worst_p99 = 0;
         int got = 0;
@@ -130,7 +125,7 @@ int main(int argc, char **argv) {
         int failed = 0, status;
         while (wait(&status) > 0)
                 failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        double seconds = (double) (now_ns() - start) / 1e9;
+        double seconds = (double) (gm_now_ns() - start) / 1e9;
         if (failed || got != clients)
                 return 1;
         qsort(med, (size_t) clients, sizeof(*med), cmp_u64);

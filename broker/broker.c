@@ -167,8 +167,7 @@ static size_t queue_len(const gm_piece_t *head) {
         return n;
 }
 
-static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked,
-                          uint32_t *stored) {
+static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked, uint32_t *stored) {
         uint64_t in_heap = 0, releasing = 0;
         size_t n_new = 0, n_rel = 0, n_adopting = 0;
         for (const gm_piece_t *p = s->pieces; p; p = p->next) {
@@ -185,8 +184,7 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                 if (p->state == GM_PIECE_ORPHAN)
                         violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
                 if (p->in_heap && p->state != GM_PIECE_LIVE)
-                        violation(c, "session %llu: a released piece is still in the heap",
-                                  (unsigned long long) s->id);
+                        violation(c, "session %llu: a released piece is still in the heap", (unsigned long long) s->id);
                 if (p->in_heap)
                         in_heap += p->phys.size;
                 if (p->state == GM_PIECE_RELEASING)
@@ -208,12 +206,12 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         }
         size_t q = queue_len(s->new_head);
         if (q != n_new)
-                violation(c, "session %llu: %zu pieces listed for the reply, %zu unsent", (unsigned long long) s->id,
-                          q, n_new);
+                violation(c, "session %llu: %zu pieces listed for the reply, %zu unsent", (unsigned long long) s->id, q,
+                          n_new);
         q = queue_len(s->rel_head);
         if (q != n_rel)
-                violation(c, "session %llu: %zu pieces queued for release, %zu released", (unsigned long long) s->id,
-                          q, n_rel);
+                violation(c, "session %llu: %zu pieces queued for release, %zu released", (unsigned long long) s->id, q,
+                          n_rel);
         q = queue_len(s->adopting);
         if (q != n_adopting)
                 violation(c, "session %llu: %zu pieces adopting, %zu listed", (unsigned long long) s->id, n_adopting,
@@ -228,9 +226,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                                           (unsigned long long) s->id, (unsigned long long) rel->id);
                 }
                 if (bytes != rel->bytes)
-                        violation(c, "session %llu: release %llu counts %llu bytes of %llu",
-                                  (unsigned long long) s->id, (unsigned long long) rel->id,
-                                  (unsigned long long) rel->bytes, (unsigned long long) bytes);
+                        violation(c, "session %llu: release %llu counts %llu bytes of %llu", (unsigned long long) s->id,
+                                  (unsigned long long) rel->id, (unsigned long long) rel->bytes,
+                                  (unsigned long long) bytes);
                 rel_bytes += bytes;
         }
         if (rel_bytes != releasing || s->releasing_bytes != releasing)

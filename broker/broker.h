@@ -47,7 +47,8 @@ typedef enum gm_quota_source {
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
-        gm_stats_t stats;       /* allocator statistics of all its sessions */
+        gm_stats_t stats;       /* allocator statistics of all its sessions; accumulated ones never reset */
+        gm_stats_t shown_base;  /* stats at the last reset_accumulated: what replies subtract (a view offset) */
         uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
         uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
@@ -74,12 +75,12 @@ struct gm_piece {
         uint64_t segment_id;
         uint64_t segment_va_size;
         uint64_t offset;
-        gm_phys_t phys;     /* fd -1: re-registered by its client with no handle here */
+        gm_phys_t phys; /* fd -1: re-registered by its client with no handle here */
         gm_piece_state_t state;
-        bool in_heap;       /* its handle is held by the session's heap */
-        bool sent;          /* its fd reached the client, so its release needs an ack */
-        bool whole_segment; /* set at release: the client drops the reservation too */
-        uint64_t store_id;  /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
+        bool in_heap;          /* its handle is held by the session's heap */
+        bool sent;             /* its fd reached the client, so its release needs an ack */
+        bool whole_segment;    /* set at release: the client drops the reservation too */
+        uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -144,9 +145,9 @@ typedef enum gm_outcome_kind {
 
 typedef struct gm_outcome {
         gm_outcome_kind_t kind;
-        int error;                /* REFUSE: negative errno */
-        char message[1024];       /* REFUSE: the client's text */
-        gm_alloc_result_t alloc;  /* REPLY to an allocation */
+        int error;               /* REFUSE: negative errno */
+        char message[1024];      /* REFUSE: the client's text */
+        gm_alloc_result_t alloc; /* REPLY to an allocation */
 } gm_outcome_t;
 
 /* Everything the broker needs from its host (the daemon). userdata is the
@@ -165,15 +166,17 @@ typedef struct gm_broker_ops {
         void (*log)(void *userdata, int priority, const char *message);
         void (*count_reclaim)(void *userdata, gm_reclaim_outcome_t outcome);
         void (*count_refusal)(void *userdata, const char *tenant, gm_oom_reason_t reason);
+        /* A parked allocation was decided after waiting `waited_ms` for reclaim. */
+        void (*parked_done)(void *userdata, uint64_t waited_ms);
         void *userdata;
 } gm_broker_ops_t;
 
 typedef struct gm_broker_params {
-        gm_backend_t *backend;       /* borrowed; outlives the broker */
+        gm_backend_t *backend; /* borrowed; outlives the broker */
         const gm_alloc_config_t *alloc_config;
         gm_broker_limits_t limits;
         gm_broker_ops_t ops;
-        uint32_t store_max;          /* pieces the fd store may hold; 0 = no store */
+        uint32_t store_max; /* pieces the fd store may hold; 0 = no store */
 } gm_broker_params_t;
 
 /* Read-only outside the broker except where a setter says otherwise. */
@@ -182,21 +185,22 @@ struct gm_broker {
         gm_broker_ops_t ops;
         gm_broker_limits_t limits;
         gm_alloc_config_t alloc_config;
-        gm_stats_t device_stats;
-        uint64_t va_cursor;        /* next synthetic segment address (shared by all heaps) */
-        gm_session_t *sessions;    /* newest first */
+        gm_stats_t device_stats;        /* accumulated figures never reset */
+        gm_stats_t device_shown_base;   /* device_stats at the last reset_accumulated (a view offset) */
+        uint64_t va_cursor;     /* next synthetic segment address (shared by all heaps) */
+        gm_session_t *sessions; /* newest first */
         uint32_t n_sessions;
         uint64_t next_session_id;
         gm_tenant_t *tenants;
         uint32_t n_tenants;
-        uint64_t releasing_bytes;  /* = sum of the sessions' releasing_bytes */
-        uint64_t unbacked_bytes;   /* pieces with no handle here (re-registered by their clients) */
-        gm_history_t *history;     /* NULL while memory history is off */
+        uint64_t releasing_bytes; /* = sum of the sessions' releasing_bytes */
+        uint64_t unbacked_bytes;  /* pieces with no handle here (re-registered by their clients) */
+        gm_history_t *history;    /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
         struct gm_orphan *orphans; /* stored pieces of sessions not yet re-attached */
         uint64_t orphans_deadline_ms;
-        bool keep_stored;          /* stopping with a store: stored pieces outlive this process */
+        bool keep_stored; /* stopping with a store: stored pieces outlive this process */
         uint32_t store_max;
         uint32_t n_stored;
         uint64_t next_store_id;
@@ -245,6 +249,11 @@ gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
 const char *gm_quota_source_name(const gm_tenant_t *t);
+/* A quota set by an admin (bytes 0: removed), creating the tenant: a runtime
+ * one is journalled in the ledger (it lasts until restart), a persistent one
+ * saved in state_dir; a failed save keeps the old one. 0, -ENOSPC (already
+ * GM_BROKER_MAX_TENANTS tenants), -ENOMEM, or the save's error. */
+int gm_broker_set_quota(gm_broker_t *b, const char *tenant, bool runtime, uint64_t bytes, const char *state_dir);
 /* Persistent quotas: <state_dir>/quotas ("TENANT BYTES" lines), written
  * atomically. Load applies them (creating tenants). */
 int gm_quotas_load(gm_broker_t *b, const char *state_dir);
@@ -255,9 +264,9 @@ int gm_quotas_save(const gm_broker_t *b, const char *state_dir);
 typedef struct gm_session_params {
         pid_t pid;
         uid_t uid;
-        const char *unit;   /* the peer's systemd unit, "" if none */
-        bool admin;         /* kernel-verified right to administer */
-        void *userdata;     /* the daemon's connection */
+        const char *unit; /* the peer's systemd unit, "" if none */
+        bool admin;       /* kernel-verified right to administer */
+        void *userdata;   /* the daemon's connection */
 } gm_session_params_t;
 
 /* Read-only outside the broker. */
@@ -271,21 +280,21 @@ struct gm_session {
         bool admin;
         bool admin_conn;
         void *userdata;
-        gm_tenant_t *tenant;   /* set at start */
+        gm_tenant_t *tenant; /* set at start */
         char token[GM_TOKEN_LEN + 1];
-        bool reattaching;
-        bool lied;     /* acknowledged a release it had not done: its memory is checked when it ends */      /* between a resuming start and the last re-attach report */
+        bool reattaching; /* between a resuming start and the last re-attach report */
+        bool lied;        /* acknowledged a release it had not done: its memory is checked when it ends */
         uint64_t reattach_items;
-        bool ended;            /* memory released; no request is served any more */
-        gm_heap_t *heap;       /* created at the first allocation */
+        bool ended;      /* memory released; no request is served any more */
+        gm_heap_t *heap; /* created at the first allocation */
         uint64_t last_active_ms;
         const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
         size_t n_cur_frames;
-        gm_piece_t *pieces;    /* every piece it owns (any state) */
-        gm_piece_t *new_head, *new_tail;  /* LIVE, not yet sent, in creation order */
-        gm_piece_t *rel_head, *rel_tail;  /* TO_RELEASE, in release order */
-        gm_piece_t *adopting;  /* ADOPTING */
-        struct gm_release *releases; /* sent, awaiting ReleaseAck */
+        gm_piece_t *pieces;              /* every piece it owns (any state) */
+        gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */
+        gm_piece_t *rel_head, *rel_tail; /* TO_RELEASE, in release order */
+        gm_piece_t *adopting;            /* ADOPTING */
+        struct gm_release *releases;     /* sent, awaiting ReleaseAck */
         uint64_t releasing_bytes;
         uint64_t next_release_id;
         struct gm_parked *parked, *parked_tail;
@@ -312,8 +321,8 @@ void gm_session_free(gm_session_t *s);
 int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
 
 /* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream,
-                      const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
+void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                      size_t n_frames, gm_outcome_t *ret);
 /* The first piece to send with the current reply (creation order: ->queue). */
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
 /* The reply carrying them was sent: their releases need acks from now on. */
@@ -365,8 +374,8 @@ typedef struct gm_reattach_range {
 } gm_reattach_range_t;
 int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                 const gm_reattach_range_t *mapped, size_t n_mapped);
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t requested_size, bool pending_free);
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                              uint64_t requested_size, bool pending_free);
 /* The last report: the heap is checked, unclaimed stored pieces released. */
 int gm_session_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */

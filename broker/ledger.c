@@ -73,8 +73,8 @@ static void ledger_append(gm_broker_t *b, const char *fmt, ...) {
 }
 
 static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
-        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", e->store_id,
-                      e->token, e->uid, e->segment_id, e->offset, e->size, e->va_size);
+        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", e->store_id, e->token,
+                      e->uid, e->segment_id, e->offset, e->size, e->va_size);
 }
 
 void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes) {
@@ -309,8 +309,8 @@ static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *na
         uint64_t id;
         int end = 0;
         size_t prefix = strlen(GM_STORE_PREFIX);
-        if (strncmp(name, GM_STORE_PREFIX, prefix) != 0 ||
-            sscanf(name + prefix, "%" SCNx64 "%n", &id, &end) != 1 || name[prefix + (size_t) end] != '\0')
+        if (strncmp(name, GM_STORE_PREFIX, prefix) != 0 || sscanf(name + prefix, "%" SCNx64 "%n", &id, &end) != 1 ||
+            name[prefix + (size_t) end] != '\0')
                 return NULL;
         for (size_t i = 0; i < b->n_ledger; i++)
                 if (b->ledger[i].store_id == id)
@@ -348,8 +348,7 @@ void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd) {
         else
                 close(fd);
         if (r < 0) {
-                gm_broker_log(b, LOG_WARNING, "Cannot adopt stored segment '%s': %s, dropping it", name,
-                              strerror(-r));
+                gm_broker_log(b, LOG_WARNING, "Cannot adopt stored segment '%s': %s, dropping it", name, strerror(-r));
                 if (b->ops.store_remove)
                         b->ops.store_remove(b->ops.userdata, name);
                 ledger_forget(b, e->store_id);
@@ -555,8 +554,8 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
         return r;
 }
 
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t requested_size, bool pending_free) {
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                              uint64_t requested_size, bool pending_free) {
         if (!s->reattaching)
                 return -EPROTO;
         gm_heap_t *heap;

@@ -398,7 +398,9 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
         /* One view of the device: what the broker may use of it (its capacity
          * within the driver's total), and what is free of that. */
-        uint64_t device_free = 0, device_total = 0, capacity_free = b->backend->capacity - b->backend->in_use;
+        uint64_t reserved = gm_broker_reserved(b);
+        uint64_t device_free = 0, device_total = 0;
+        uint64_t capacity_free = reserved < b->backend->capacity ? b->backend->capacity - reserved : 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
                 device_free = device_total = b->backend->capacity;
         device_total = device_total < b->backend->capacity ? device_total : b->backend->capacity;
@@ -531,8 +533,8 @@ static void park(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t s
         out->kind = GM_OUTCOME_PARK;
 }
 
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream,
-                      const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
+void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                      size_t n_frames, gm_outcome_t *ret) {
         *ret = (gm_outcome_t){0};
         if (s->ended || !s->tenant)
                 return refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
@@ -593,6 +595,8 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
                                 gm_session_flush_releases(s);
                                 break;
                         }
+                        if (b->ops.parked_done)
+                                b->ops.parked_done(b->ops.userdata, now - p->parked_at_ms);
                         if (b->ops.alloc_done)
                                 b->ops.alloc_done(b->ops.userdata, s, p->request_id, &out);
                         else if (out.kind == GM_OUTCOME_REPLY)
@@ -615,8 +619,7 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
                                 gm_broker_log(b, LOG_WARNING,
                                               "session %" PRIu64 " (pid %d) has not acknowledged release %" PRIu64
                                               " (%" PRIu64 " bytes) in %u ms; asking again, the bytes stay charged",
-                                              s->id, (int) s->pid, rel->id, rel->bytes,
-                                              b->limits.release_timeout_ms);
+                                              s->id, (int) s->pid, rel->id, rel->bytes, b->limits.release_timeout_ms);
                         }
                         if (release_send(s, rel) < 0)
                                 break;

@@ -119,3 +119,23 @@ int gm_quotas_save(const gm_broker_t *b, const char *state_dir) {
                 unlink(tmp);
         return r;
 }
+
+int gm_broker_set_quota(gm_broker_t *b, const char *name, bool runtime, uint64_t bytes, const char *state_dir) {
+        gm_tenant_t *t = gm_tenant_find(b, name);
+        if (!t && b->n_tenants >= GM_BROKER_MAX_TENANTS)
+                return -ENOSPC;
+        if (!t && !(t = gm_tenant_get(b, name)))
+                return -ENOMEM;
+        gm_quota_source_t source = runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
+        bool had = t->quota_set[source];
+        uint64_t old = t->quota_by_source[source];
+        gm_tenant_set_quota(t, source, bytes != 0, bytes);
+        if (runtime) {
+                gm_ledger_runtime_quota(b, t->name, bytes);
+                return 0;
+        }
+        int r = gm_quotas_save(b, state_dir);
+        if (r < 0)
+                gm_tenant_set_quota(t, source, had, old);
+        return r;
+}

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "client-internal.h"
 #include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
@@ -34,6 +35,7 @@ typedef struct waiter {
         Gpumem__Envelope *reply;  /* owned by the waiter once done */
         bool resend;              /* the daemon restarted before answering: send the request again */
         char detail[256];         /* the driver's text when mapping failed (service thread) */
+        int fd;                   /* the first fd a non-mapping reply brought (a snapshot), or -1 */
         pthread_cond_t cond;
         struct waiter *next;
 } waiter_t;
@@ -143,7 +145,7 @@ static int set_error(const gpumem_client *c, int err, const char *fmt, ...) {
 }
 
 const char *gpumem_last_error(gpumem_client *c) {
-        return tls_error_client == c ? tls_error : ""; /* NULL: a failed gpumem_connect() */
+        return tls_error_client == c ? tls_error : ""; /* NULL: the thread's last failed connect */
 }
 
 const char *gpumem_strerror(int err) {
@@ -369,6 +371,11 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
                 break;
         default:
+                if (w && w->fd < 0 && n_fds > 0) {
+                        w->fd = fds[0];
+                        fds++;
+                        n_fds--;
+                }
                 gm_close_fds(fds, n_fds);
                 break;
         }
@@ -525,9 +532,11 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
 }
 
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
- * (an Error body is turned into its negative code and message). */
-static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
-        waiter_t w = {.cond = PTHREAD_COND_INITIALIZER};
+ * (an Error body is turned into its negative code and message) and, when
+ * ret_fd is not NULL, *ret_fd the first fd it carried or -1 (the caller's to
+ * close); fds nobody asked for are closed. */
+static int call_fd(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
+        waiter_t w = {.cond = PTHREAD_COND_INITIALIZER, .fd = -1};
         pthread_mutex_lock(&c->lock);
         if (c->dead) {
                 pthread_mutex_unlock(&c->lock);
@@ -573,6 +582,11 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
                 }
         pthread_mutex_unlock(&c->lock);
         pthread_cond_destroy(&w.cond);
+        if (w.fd >= 0 && (!ret_fd || r < 0 || w.error < 0 || !w.reply ||
+                          w.reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR)) {
+                close(w.fd);
+                w.fd = -1;
+        }
 
         if (r < 0)
                 return set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd: %s",
@@ -609,7 +623,13 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
                                                           strerror(-w.error), w.detail[0] ? ": " : "", w.detail);
         }
         *ret_reply = reply;
+        if (ret_fd)
+                *ret_fd = w.fd;
         return 0;
+}
+
+static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
+        return call_fd(c, env, ret_reply, NULL);
 }
 
 /* call() whose reply must have body `want`. */
@@ -1044,7 +1064,12 @@ void gpumem_disconnect(gpumem_client *c) {
 /* ---- allocation ---- */
 
 int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
-        if (!c || !ret_ptr)
+        return gpumem_alloc_frames(c, size, stream, NULL, 0, ret_ptr);
+}
+
+int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+                        void **ret_ptr) {
+        if (!c || !ret_ptr || (n_frames && !frames))
                 return -EINVAL;
         if (size == 0)
                 return set_error(c, -EINVAL, "gpumem: allocation of size 0");
@@ -1054,6 +1079,10 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
         alloc.stream = stream;
+        Gpumem__Frame wire_frames[GPUMEM_MAX_FRAMES];
+        Gpumem__Frame *frame_ptrs[GPUMEM_MAX_FRAMES];
+        alloc.n_frames = gm_client_wire_frames(frames, n_frames, wire_frames, frame_ptrs);
+        alloc.frames = frame_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
         env.alloc = &alloc;
@@ -1261,12 +1290,48 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
         Gpumem__Envelope *reply = NULL;
         if ((r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply)) < 0)
                 return r;
-        r = set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+        r = -ENOENT;
         for (size_t i = 0; i < reply->stats_reply->n_stats; i++)
                 if (strcmp(reply->stats_reply->stats[i]->name, pytorch_stat_name) == 0) {
                         *ret_value = reply->stats_reply->stats[i]->value;
                         r = 0;
                 }
         gm_msg_free(reply);
-        return r;
+        return r < 0 ? set_error(c, r, "gpumem: no statistic named '%s'", pytorch_stat_name) : 0;
+}
+
+/* ---- for the library's other files (client-internal.h) ---- */
+
+int gm_client_set_error(const gpumem_client *c, int err, const char *fmt, ...) {
+        char msg[sizeof(tls_error)];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        return set_error(c, err, "%s", msg);
+}
+
+int gm_client_call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
+                   Gpumem__Envelope **ret_reply, int *ret_fd) {
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        Gpumem__Envelope *reply = NULL;
+        int fd = -1;
+        if ((r = call_fd(c, env, &reply, ret_fd ? &fd : NULL)) < 0)
+                return r;
+        if (reply->body_case != want) {
+                if (fd >= 0)
+                        close(fd);
+                gm_msg_free(reply);
+                return set_error(c, -EPROTO, "gpumem: unexpected reply from gpumemd");
+        }
+        if (ret_fd)
+                *ret_fd = fd;
+        *ret_reply = reply;
+        return 0;
+}
+
+const char *gm_client_socket_path(const gpumem_client *c) {
+        return c->socket_path;
 }

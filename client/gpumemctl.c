@@ -11,6 +11,7 @@
 
 #include "ipc.h"
 #include "msg.h"
+#include "json.h"
 #include "peer_check.h"
 #include "size.h"
 #include "stats.h"
@@ -159,17 +160,7 @@ static int ctl_open(const char *path, ctl_t *c) {
 }
 
 static void print_json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char ch = (unsigned char) *s;
-                if (ch == '"' || ch == '\\')
-                        printf("\\%c", ch);
-                else if (ch < 0x20)
-                        printf("\\u%04x", ch);
-                else
-                        putchar(ch);
-        }
-        putchar('"');
+        gm_json_print_string(stdout, s);
 }
 
 static int cmd_stats(ctl_t *c, int argc, char **argv) {
@@ -441,19 +432,7 @@ static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
 
 /* Compact sizes for tables that fit 80 columns: "512B", "20.0M", "7.5G". */
 static const char *fmt_size(uint64_t v, char *buf, size_t len) {
-        static const char units[] = "KMGTPE";
-        if (v < 1024) {
-                snprintf(buf, len, "%" PRIu64 "B", v);
-                return buf;
-        }
-        double x = (double) v / 1024;
-        int u = 0;
-        while (x >= 1024 && u < 5) {
-                x /= 1024;
-                u++;
-        }
-        snprintf(buf, len, "%.1f%c", x, units[u]);
-        return buf;
+        return gm_format_size_as(v, GM_SIZE_COMPACT, buf, len);
 }
 
 static int cmd_quota(ctl_t *c, int argc, char **argv) {

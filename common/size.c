@@ -78,18 +78,24 @@ int gm_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret_value
         return 0;
 }
 
-const char *gm_format_size(uint64_t bytes, char *buf, size_t buf_len) {
-        static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-        if (bytes < 1024) {
-                snprintf(buf, buf_len, "%llu bytes", (unsigned long long) bytes);
-                return buf;
-        }
+const char *gm_format_size_as(uint64_t bytes, gm_size_style_t style, char *buf, size_t buf_len) {
+        static const char *const long_units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+        static const char *const short_units[] = {"B", "K", "M", "G", "T", "P", "E"};
+        bool pytorch = style == GM_SIZE_PYTORCH, compact = style == GM_SIZE_COMPACT;
+        size_t max_unit = pytorch ? 3 : 6, u = 0;
         double v = (double) bytes;
-        size_t u = 0;
-        while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        while (u < max_unit && (pytorch ? v > 1024 : v >= 1024)) {
                 v /= 1024;
                 u++;
         }
-        snprintf(buf, buf_len, "%.2f %s", v, units[u]);
+        if (u == 0)
+                snprintf(buf, buf_len, compact ? "%llu%s" : "%llu %s", (unsigned long long) bytes,
+                         compact ? short_units[0] : long_units[0]);
+        else
+                snprintf(buf, buf_len, compact ? "%.1f%s" : "%.2f %s", v, compact ? short_units[u] : long_units[u]);
         return buf;
+}
+
+const char *gm_format_size(uint64_t bytes, char *buf, size_t buf_len) {
+        return gm_format_size_as(bytes, GM_SIZE_LONG, buf, buf_len);
 }

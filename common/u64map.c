@@ -10,8 +10,7 @@ static size_t slot_of(uint64_t key, size_t cap) {
         return (size_t) key & (cap - 1);
 }
 
-static int grow(gm_u64map_t *m) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
+static int grow_to(gm_u64map_t *m, size_t cap) {
         uint64_t *keys = calloc(cap, sizeof(*keys));
         void **values = calloc(cap, sizeof(*values));
         if (!keys || !values) {
@@ -36,12 +35,23 @@ static int grow(gm_u64map_t *m) {
         return 0;
 }
 
+int gm_u64map_reserve(gm_u64map_t *m, size_t extra) {
+        size_t cap = m->cap ? m->cap : 64;
+        while ((m->len + extra) * 2 > cap)
+                cap *= 2;
+        return cap == m->cap ? 0 : grow_to(m, cap);
+}
+
 int gm_u64map_put(gm_u64map_t *m, uint64_t key, void *value) {
-        if ((m->len + 1) * 4 > m->cap * 3) { /* load factor <= 3/4 */
-                int r = grow(m);
-                if (r < 0)
-                        return r;
+        if (!key) {
+                m->len += !m->has_zero;
+                m->has_zero = true;
+                m->zero_value = value;
+                return 0;
         }
+        int r = gm_u64map_reserve(m, 1);
+        if (r < 0)
+                return r;
         size_t i = slot_of(key, m->cap);
         while (m->keys[i] && m->keys[i] != key)
                 i = (i + 1) & (m->cap - 1);
@@ -52,16 +62,37 @@ int gm_u64map_put(gm_u64map_t *m, uint64_t key, void *value) {
         return 0;
 }
 
-void *gm_u64map_get(const gm_u64map_t *m, uint64_t key) {
+bool gm_u64map_find(const gm_u64map_t *m, uint64_t key, void **ret_value) {
+        if (!key) {
+                if (m->has_zero && ret_value)
+                        *ret_value = m->zero_value;
+                return m->has_zero;
+        }
         if (!m->cap)
-                return NULL;
+                return false;
         for (size_t i = slot_of(key, m->cap); m->keys[i]; i = (i + 1) & (m->cap - 1))
-                if (m->keys[i] == key)
-                        return m->values[i];
-        return NULL;
+                if (m->keys[i] == key) {
+                        if (ret_value)
+                                *ret_value = m->values[i];
+                        return true;
+                }
+        return false;
+}
+
+void *gm_u64map_get(const gm_u64map_t *m, uint64_t key) {
+        void *value = NULL;
+        gm_u64map_find(m, key, &value);
+        return value;
 }
 
 void *gm_u64map_remove(gm_u64map_t *m, uint64_t key) {
+        if (!key) {
+                void *value = m->has_zero ? m->zero_value : NULL;
+                m->len -= m->has_zero;
+                m->has_zero = false;
+                m->zero_value = NULL;
+                return value;
+        }
         if (!m->cap)
                 return NULL;
         size_t mask = m->cap - 1, i = slot_of(key, m->cap);

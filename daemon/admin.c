@@ -49,25 +49,33 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
 
 static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
 
+/* Statistic names one request may ask for, at most. */
+#define STATS_MAX_NAMES 1024
+
+int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        if (env->stats->n_names > STATS_MAX_NAMES)
+                return snprintf(why, why_len, "at most %u statistic names in one request", STATS_MAX_NAMES), -E2BIG;
+        return 0;
+}
+
 /* The tenant a request names, or the caller's own. */
-static const char *tenant_named(const gm_conn_t *c, const char *name) {
+static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
         return name && name[0] ? name : c->session->tenant->name;
 }
 
-const char *gm_admin_for_stats(const gm_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE)
-                return "device-wide statistics";
+                return "reading device-wide statistics";
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT &&
             strcmp(tenant_named(c, req->tenant), c->session->tenant->name) != 0)
-                return "statistics of another tenant";
+                return "reading another tenant's statistics";
         return NULL;
 }
 
-int gm_handle_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
-        gm_daemon_t *d = c->daemon;
-        gm_broker_t *b = d->broker;
+        gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
@@ -84,15 +92,19 @@ int gm_handle_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
+                scratch = b->device_stats;
+                gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
+                st = &scratch;
                 sessions = b->n_sessions;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 const char *name = tenant_named(c, req->tenant);
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
-                        return gm_conn_send_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                st = &t->stats;
+                        return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
+                scratch = t->stats;
+                gm_stats_subtract_accumulated(&scratch, &t->shown_base);
+                st = &scratch;
                 sessions = t->sessions;
                 break;
         }
@@ -110,7 +122,7 @@ int gm_handle_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
                 st = &scratch;
                 break;
         default:
-                return gm_conn_send_error(c, request_id, EINVAL, "unknown statistics scope"), 0;
+                return gm_request_error(c, request_id, EINVAL, "unknown statistics scope"), 0;
         }
         enum { MAX_STATS = 160 };
         static char names[MAX_STATS][STAT_NAME_MAX];
@@ -128,13 +140,13 @@ int gm_handle_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
         Gpumem__StatsReply reply = GPUMEM__STATS_REPLY__INIT;
         reply.n_stats = collect.n;
         reply.stats = ptrs;
-        reply.device = d->backend->device;
-        reply.capacity = d->backend->capacity;
+        reply.device = c->rq->broker->backend->device;
+        reply.capacity = c->rq->broker->backend->capacity;
         reply.sessions = sessions;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_STATS_REPLY;
         out.stats_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
 }
 
@@ -168,7 +180,7 @@ static void stats_add(gm_stats_t *sum, const gm_stats_t *add) {
         sum->num_device_free += add->num_device_free;
 }
 
-const char *gm_admin_for_reset_stats(const gm_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         switch (env->reset_stats->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 return "resetting device statistics";
@@ -179,9 +191,9 @@ const char *gm_admin_for_reset_stats(const gm_conn_t *c, const Gpumem__Envelope 
         }
 }
 
-int gm_handle_reset_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__ResetStats *req = env->reset_stats;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t *st = NULL;
         switch (req->scope) {
@@ -190,17 +202,25 @@ int gm_handle_reset_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envel
                         st = gm_heap_stats_mut(s->heap);
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                st = &b->device_stats;
-                break;
+                /* Counters Prometheus may scrape never go back: resetting the
+                 * device's or a tenant's is a view offset that replies subtract. */
+                if (req->peak)
+                        gm_stats_reset_peak(&b->device_stats);
+                if (req->accumulated)
+                        b->device_shown_base = b->device_stats;
+                return gm_reply_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
-                        return gm_conn_send_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                st = &t->stats;
-                break;
+                        return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
+                if (req->peak)
+                        gm_stats_reset_peak(&t->stats);
+                if (req->accumulated)
+                        t->shown_base = t->stats;
+                return gm_reply_ok(c, request_id);
         }
         default:
-                return gm_conn_send_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;
+                return gm_request_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;
         }
         if (st && req->peak)
                 gm_stats_reset_peak(st);
@@ -214,22 +234,22 @@ int gm_handle_reset_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envel
 /* History entries one may ask the daemon to keep, at most. */
 #define HISTORY_MAX_ENTRIES 100000000
 
-const char *gm_admin_for_history(const gm_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return "controlling memory history";
 }
 
-int gm_check_history(const gm_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+int gm_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         if (env->history_control->max_entries > HISTORY_MAX_ENTRIES)
                 return snprintf(why, why_len, "at most %u history entries", HISTORY_MAX_ENTRIES), -EINVAL;
         return 0;
 }
 
-int gm_handle_history(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__HistoryControl *req = env->history_control;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         int r = gm_broker_history(b, req->enabled, req->max_entries);
         if (r < 0)
-                return gm_conn_send_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
+                return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
         log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off", b->history_max_entries,
                  (int) c->session->pid);
         Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
@@ -239,7 +259,7 @@ int gm_handle_history(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope 
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_REPLY;
         out.history_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
 }
 
@@ -270,13 +290,13 @@ static int bytes_to_memfd(const char *buf, size_t len, int *ret_fd) {
         return 0;
 }
 
-int gm_handle_snapshot(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Snapshot *req = env->snapshot;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_snapshot_heap_t *heaps = calloc(b->n_sessions + 1, sizeof(*heaps));
         if (!heaps)
-                return gm_conn_send_error(c, request_id, ENOMEM, "out of memory"), 0;
+                return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         size_t n = 0;
         bool everything = true;
         for (gm_session_t *o = b->sessions; o; o = o->next) {
@@ -297,8 +317,8 @@ int gm_handle_snapshot(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
                 .only_heap_pids = !everything,
                 .config = &b->alloc_config,
         };
-        gm_snapshot_format_t fmt = req->format == GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON ? GM_SNAPSHOT_JSON
-                                                                                               : GM_SNAPSHOT_PICKLE;
+        gm_snapshot_format_t fmt =
+                req->format == GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON ? GM_SNAPSHOT_JSON : GM_SNAPSHOT_PICKLE;
         char *buf = NULL;
         size_t len = 0;
         int fd = -1;
@@ -308,34 +328,34 @@ int gm_handle_snapshot(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
                 r = bytes_to_memfd(buf, len, &fd);
         free(buf);
         if (r < 0)
-                return gm_conn_send_error(c, request_id, r, "snapshot failed: %s", strerror(-r)), 0;
+                return gm_request_error(c, request_id, r, "snapshot failed: %s", strerror(-r)), 0;
         Gpumem__SnapshotReply reply = GPUMEM__SNAPSHOT_REPLY__INIT;
         reply.format = req->format;
         reply.size = len;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY;
         out.snapshot_reply = &reply;
-        gm_conn_send(c, request_id, &out, &fd, 1);
+        gm_request_send(c, request_id, &out, &fd, 1);
         close(fd);
         return 0;
 }
 
 /* ---- allocator settings at run time ---- */
 
-const char *gm_admin_for_alloc_conf(const gm_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return env->alloc_conf->set ? "changing allocator settings" : NULL;
 }
 
-int gm_handle_alloc_conf(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__AllocConf *req = env->alloc_conf;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         if (req->set) {
                 gm_alloc_config_t cfg;
                 char err[256] = "";
                 int r = gm_alloc_config_parse(req->conf, &cfg, err, sizeof(err));
                 if (r < 0)
-                        return gm_conn_send_error(c, request_id, EINVAL, "invalid alloc_conf '%s': %s",
-                                                  req->conf ? req->conf : "", err),
+                        return gm_request_error(c, request_id, EINVAL, "invalid alloc_conf '%s': %s",
+                                                req->conf ? req->conf : "", err),
                                0;
                 gm_broker_set_alloc_config(b, &cfg);
                 char raw[2 * sizeof(cfg.raw)];
@@ -347,7 +367,7 @@ int gm_handle_alloc_conf(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelo
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_CONF_REPLY;
         out.alloc_conf_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
 }
 
@@ -365,11 +385,11 @@ static void tenant_info(const gm_tenant_t *t, Gpumem__TenantInfo *info) {
         info->sessions = t->sessions;
 }
 
-const char *gm_admin_for_quota(const gm_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_admin_for_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return env->quota->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET ? "setting quotas" : NULL;
 }
 
-int gm_check_quota(const gm_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+int gm_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         const Gpumem__Quota *req = env->quota;
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && !gm_tenant_name_valid(tenant_named(c, req->tenant)))
                 return snprintf(why, why_len, "invalid tenant name"), -EINVAL; /* what the config accepts */
@@ -377,38 +397,25 @@ int gm_check_quota(const gm_conn_t *c, const Gpumem__Envelope *env, char *why, s
 }
 
 /* Sets a quota from a request; 0, or refused (answered). */
-static int set_quota(gm_conn_t *c, uint64_t request_id, const Gpumem__Quota *req, const char *name) {
-        gm_daemon_t *d = c->daemon;
-        gm_broker_t *b = d->broker;
-        gm_tenant_t *t = gm_tenant_find(b, name);
-        if (!t && b->n_tenants >= GM_BROKER_MAX_TENANTS)
-                return gm_conn_send_error(c, request_id, ENOSPC, "too many tenants"), -ENOSPC;
-        if (!t && !(t = gm_tenant_get(b, name)))
-                return gm_conn_send_error(c, request_id, ENOMEM, "out of memory"), -ENOMEM;
-        gm_quota_source_t source = req->runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
-        bool had = t->quota_set[source];
-        uint64_t old = t->quota_by_source[source];
-        gm_tenant_set_quota(t, source, req->bytes != 0, req->bytes);
-        if (req->runtime) {
-                gm_ledger_runtime_quota(b, t->name, req->bytes);
-        } else {
-                int r = gm_quotas_save(b, d->opts.state_dir);
-                if (r < 0) {
-                        gm_tenant_set_quota(t, source, had, old);
-                        return gm_conn_send_error(c, request_id, r, "cannot save the quota in '%s': %s",
-                                                  d->opts.state_dir ? d->opts.state_dir : "(no state directory)",
-                                                  strerror(-r)),
-                               r;
-                }
-        }
-        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", t->name, (unsigned long long) req->bytes,
+static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Quota *req, const char *name) {
+        const char *state_dir = c->rq->config->state_dir;
+        int r = gm_broker_set_quota(c->rq->broker, name, req->runtime, req->bytes, state_dir);
+        if (r == -ENOSPC)
+                return gm_request_error(c, request_id, r, "too many tenants"), r;
+        if (r == -ENOMEM)
+                return gm_request_error(c, request_id, r, "out of memory"), r;
+        if (r < 0)
+                return gm_request_error(c, request_id, r, "cannot save the quota in '%s': %s",
+                                        state_dir ? state_dir : "(no state directory)", strerror(-r)),
+                       r;
+        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", name, (unsigned long long) req->bytes,
                    req->runtime ? "runtime" : "persistent", (int) c->session->pid);
         return 0;
 }
 
-int gm_handle_quota(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Quota *req = env->quota;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         const char *name = tenant_named(c, req->tenant);
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && set_quota(c, request_id, req, name) < 0)
@@ -419,7 +426,7 @@ int gm_handle_quota(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
         if (!infos || !ptrs) {
                 free(infos);
                 free(ptrs);
-                return gm_conn_send_error(c, request_id, ENOMEM, "out of memory"), 0;
+                return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
         bool list = req->op == GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
@@ -435,8 +442,8 @@ int gm_handle_quota(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
         if (!list && k == 0) {
                 free(infos);
                 free(ptrs);
-                return gm_conn_send_error(c, request_id, s->admin ? ENOENT : EPERM,
-                                          s->admin ? "no tenant '%s'" : "tenant '%s' is not yours to see", name),
+                return gm_request_error(c, request_id, s->admin ? ENOENT : EPERM,
+                                        s->admin ? "no tenant '%s'" : "tenant '%s' is not yours to see", name),
                        0;
         }
         Gpumem__QuotaReply reply = GPUMEM__QUOTA_REPLY__INIT;
@@ -445,21 +452,21 @@ int gm_handle_quota(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *e
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_QUOTA_REPLY;
         out.quota_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         free(infos);
         free(ptrs);
         return 0;
 }
 
-int gm_handle_clients(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
-        gm_broker_t *b = c->daemon->broker;
+int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         Gpumem__ClientInfo *infos = calloc(b->n_sessions + 1, sizeof(*infos));
         Gpumem__ClientInfo **ptrs = calloc(b->n_sessions + 1, sizeof(*ptrs));
         if (!infos || !ptrs) {
                 free(infos);
                 free(ptrs);
-                return gm_conn_send_error(c, request_id, ENOMEM, "out of memory"), 0;
+                return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
         for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = o->next) {
@@ -492,7 +499,7 @@ int gm_handle_clients(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope 
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY;
         out.clients_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         free(infos);
         free(ptrs);
         return 0;

@@ -1,6 +1,5 @@
-/* The configuration file (INI, parsed with libinih) and the identity of a
- * connected peer as the kernel reports it, which the file's tenant rules map
- * to a tenant name. Nothing here logs: errors come back as negative errno with
+/* The configuration file (INI, parsed with libinih), whose tenant rules map
+ * the identity of a connected peer (identity.h) to a tenant name. Nothing here logs: errors come back as negative errno with
  * a one-line "FILE:LINE: reason" in reterr. Loading never touches the daemon's
  * state, so a reload that fails leaves the running configuration alone. */
 #pragma once
@@ -10,6 +9,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "identity.h"
+
 #define GM_CONFIG_DEFAULT_PATH "/etc/gpumem/gpumemd.conf"
 #define GM_CONFIG_DEFAULT_STATE_DIR "/var/lib/gpumem"
 #define GM_CONFIG_MAX_TENANTS 1024u
@@ -17,8 +18,6 @@
 #define GM_CONFIG_MAX_LINE 4096u        /* bytes in one line, newline excluded */
 #define GM_CONFIG_MAX_FILE (1u << 20)   /* bytes in the whole file */
 #define GM_TENANT_NAME_MAX 63u          /* characters; [A-Za-z0-9_.:-] */
-#define GM_UNIT_NAME_MAX 255u           /* systemd's limit */
-#define GM_IDENTITY_MAX_GROUPS 64u
 
 typedef enum gm_rule_kind {
         GM_RULE_UNIT,
@@ -120,36 +119,6 @@ int gm_config_key_range(const char *key, uint64_t *ret_min, uint64_t *ret_max);
 
 /* A configured tenant by name, or NULL. */
 const gm_config_tenant_t *gm_config_tenant_find(const gm_config_t *c, const char *name);
-
-/* The peer of a connection, as the kernel reports it. */
-typedef struct gm_identity {
-        pid_t pid;
-        uid_t uid;
-        gid_t gid;
-        gid_t groups[GM_IDENTITY_MAX_GROUPS]; /* supplementary groups (the first 64) */
-        size_t n_groups;
-        char unit[GM_UNIT_NAME_MAX + 1];      /* systemd unit; "" when none or unverifiable */
-        /* The unit lives under a user's own service manager (user@UID.service),
-         * whose cgroup subtree that user controls and may name freely: such a
-         * unit is shown but never matched by unit= rules. */
-        bool user_unit;
-} gm_identity_t;
-
-/* Fills *ret from a connected AF_UNIX socket: uid, gid and pid (SO_PEERCRED),
- * supplementary groups (SO_PEERGROUPS) and the unit from /proc/PID/cgroup.
- * `pid` is 0, or the pid the caller already holds for this peer, which must
- * match SO_PEERCRED's (-ESRCH otherwise). The unit is read only when the
- * kernel can vouch that the pid still names the peer (SO_PEERPIDFD): a peer
- * that has exited, an old kernel or an unreadable /proc give "". Fails only
- * when the credentials cannot be read. */
-int gm_identity_read(int sock, pid_t pid, gm_identity_t *ret);
-
-/* The unit in the contents of a /proc/PID/cgroup file: from the "0::" line
- * (cgroup v2) or, when present, the "name=systemd:" line (v1, hybrid). Slices
- * are skipped and the first unit below them is taken; under user@UID.service
- * the user's unit below it is taken and *ret_user_unit set. Anything else
- * (no systemd hierarchy, foreign paths, malformed names) gives "". */
-void gm_cgroup_parse_unit(const char *text, char ret_unit[GM_UNIT_NAME_MAX + 1], bool *ret_user_unit);
 
 /* The tenant of `id`: the first rule (in file order) matching its unit, else
  * the first matching its uid, else the first matching its primary or a

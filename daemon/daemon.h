@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
+#include "requests.h"
 #include "u64map.h"
 
 typedef struct gm_limits {
@@ -51,15 +52,13 @@ typedef struct gm_options {
 typedef struct gm_daemon gm_daemon_t;
 
 /* One client connection. Its broker session lives as long as it does; both
- * are freed in the poll handle's close callback. */
+ * are freed in the poll handle's close callback. req.closed: no more input
+ * is processed, nothing more is sent. */
 typedef struct gm_conn {
         gm_daemon_t *daemon;
         uv_poll_t poll; /* poll.data = this connection */
         int fd;
-        gm_session_t *session;
-        char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
-        bool hello_done;
-        bool closing; /* no more input is processed; memory is being released */
+        gm_request_conn_t req; /* the request handlers' view: session, hello state */
         uint64_t accepted_ms; /* gm_now_ms() at accept: the hello timeout counts from it */
         struct gm_conn *prev, *next;
 } gm_conn_t;
@@ -73,6 +72,8 @@ struct gm_daemon {
         gm_backend_t *backend;
         gm_alloc_config_t alloc_config; /* at start; the broker's is the live one */
         gm_broker_t *broker;
+        gm_requests_t requests;             /* the request handlers' host */
+        gm_request_config_t request_config; /* what they read of the options */
         int listen_fd;
         uint8_t *rx_buf;          /* max_packet bytes: every connection's packets are read into it */
         bool listen_fd_inherited; /* from systemd: its path is the socket unit's, never unlink it */
@@ -91,29 +92,10 @@ struct gm_daemon {
 /* server.c: the listener and connection lifetimes, the only socket I/O. */
 int gm_server_start(gm_daemon_t *d);
 void gm_server_stop(gm_daemon_t *d);
-/* Ends a connection: its session releases all its memory at once. */
-void gm_conn_close(gm_conn_t *c, const char *why);
-/* Sends an envelope (with fds) carrying `request_id`; on failure the
- * connection is closed and a negative errno returned. */
-int gm_conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
-/* Sends an Error: `err` in either sign, the message prefixed "gpumemd: ". */
-int gm_conn_send_error(gm_conn_t *c, uint64_t request_id, int err, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-/* Sends a broker refusal as it is (its message is whole). */
-int gm_conn_send_refusal(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* The broker's host callbacks (release requests, parked answers, fd store, logs, counters). */
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d);
-/* The broker's limits from the daemon's. */
-gm_broker_limits_t gm_daemon_broker_limits(const gm_daemon_t *d);
-
-/* requests.c: one request of a connection. Returns 0, or a negative errno
- * when the connection must be closed (protocol abuse). */
-int gm_requests_dispatch(gm_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds);
-/* Answers an allocation's outcome (reply with its new pieces, or refusal). */
-void gm_requests_answer_alloc(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
-
-/* main.c: applies the config file's tenant quotas to every tenant. */
-void gm_daemon_apply_config_quotas(gm_daemon_t *d);
+/* Points the request handlers at the broker and the current options. */
+void gm_server_sync_requests(gm_daemon_t *d);
 
 /* GPUMEMD_DEBUG builds: verifies the broker (and every heap) and aborts on a
  * violation, naming `after`. A no-op otherwise. */

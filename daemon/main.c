@@ -238,7 +238,8 @@ static void default_state_dir(gm_options_t *o) {
         o->state_dir = o->state_dir_buf;
 }
 
-gm_broker_limits_t gm_daemon_broker_limits(const gm_daemon_t *d) {
+/* The broker's limits from the daemon's. */
+static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
         const gm_limits_t *l = &d->opts.limits;
         return (gm_broker_limits_t){
                 .max_blocks_per_session = l->max_blocks_per_session,
@@ -251,7 +252,8 @@ gm_broker_limits_t gm_daemon_broker_limits(const gm_daemon_t *d) {
         };
 }
 
-void gm_daemon_apply_config_quotas(gm_daemon_t *d) {
+/* Applies the config file's tenant quotas to every tenant. */
+static void apply_config_quotas(gm_daemon_t *d) {
         for (size_t i = 0; i < d->config->n_tenants; i++) {
                 const gm_config_tenant_t *ct = &d->config->tenants[i];
                 gm_tenant_t *t = gm_tenant_get(d->broker, ct->name); /* listed even before a session comes */
@@ -296,13 +298,14 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
-        gm_broker_limits_t limits = gm_daemon_broker_limits(d);
+        gm_broker_limits_t limits = broker_limits(d);
         gm_broker_set_limits(d->broker, &limits);
         if (d->opts.state_dir != d->opts.state_dir_buf)
                 d->opts.state_dir = o.state_dir == o.state_dir_buf ? d->opts.state_dir : o.state_dir;
         gm_config_free(d->config);
         d->config = c;
-        gm_daemon_apply_config_quotas(d);
+        gm_server_sync_requests(d); /* the state directory may have moved */
+        apply_config_quotas(d);
         log_notice("configuration reloaded from %s", c->path ? c->path : "(defaults)");
         gm_sd_notify_ready();
 }
@@ -474,7 +477,7 @@ int main(int argc, char **argv) {
         gm_broker_params_t bparams = {
                 .backend = d->backend,
                 .alloc_config = &d->alloc_config,
-                .limits = gm_daemon_broker_limits(d),
+                .limits = broker_limits(d),
                 .ops = gm_server_broker_ops(d),
                 .store_max = gm_sd_notify_available() ? GM_SD_FDSTORE_MAX : 0,
         };
@@ -499,7 +502,7 @@ int main(int argc, char **argv) {
         r = gm_quotas_load(d->broker, d->opts.state_dir);
         if (r < 0)
                 log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
-        gm_daemon_apply_config_quotas(d);
+        apply_config_quotas(d);
 
         d->loop = uv_default_loop();
         /* Signals first: a client may connect (and a supervisor signal) as
@@ -511,6 +514,7 @@ int main(int argc, char **argv) {
         uv_signal_start(&d->sigterm, on_signal, SIGTERM);
         uv_signal_start(&d->sigint, on_signal, SIGINT);
         uv_signal_start(&d->sighup, on_signal, SIGHUP);
+        gm_server_sync_requests(d);
         r = gm_server_start(d);
         if (r < 0) {
                 d->broker = gm_broker_free(d->broker);
@@ -519,7 +523,12 @@ int main(int argc, char **argv) {
         }
         err[0] = '\0';
         const char *const *op_names;
-        gm_metrics_source_t msrc = {.loop = d->loop, .broker = d->broker, .hide_tenants = !d->opts.metrics_tenants};
+        /* The UUID label: the cuda backend's, else the configured one
+         * (--device GPU-..., or device = GPU-... in the config). */
+        gm_metrics_source_t msrc = {.loop = d->loop,
+                                    .broker = d->broker,
+                                    .hide_tenants = !d->opts.metrics_tenants,
+                                    .device_uuid = d->opts.device_uuid};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc.h"
 #include "http_guard.h"
 #include "log.h"
 
@@ -99,6 +100,7 @@ struct gm_metrics {
         gm_http_guard_t guard; /* connections per peer */
 
         histogram_t requests[GM_METRICS_MAX_OPS];
+        histogram_t reclaim_wait; /* parked allocations, from park to answer */
         uint64_t reclaims[_GM_RECLAIM_OUTCOME_MAX];
         refusal_entry_t *refusals; /* REFUSAL_TENANTS_MAX entries, n_refusals used */
         uint32_t n_refusals;
@@ -107,16 +109,23 @@ struct gm_metrics {
 
 /* ---- counters ---- */
 
-void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
-        if (!m || op >= m->src.n_ops)
-                return;
-        histogram_t *h = &m->requests[op];
+static void histogram_observe(histogram_t *h, uint64_t ns) {
         size_t i = 0;
         while (i < N_BUCKETS && ns > buckets[i].ns)
                 i++;
         h->bucket[i]++;
         h->count++;
         h->sum_ns += ns;
+}
+
+void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
+        if (m && op < m->src.n_ops)
+                histogram_observe(&m->requests[op], ns);
+}
+
+void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns) {
+        if (m)
+                histogram_observe(&m->reclaim_wait, ns);
 }
 
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome) {
@@ -271,10 +280,16 @@ static void escape_label(const char *in, char *out, size_t len) {
         out[j] = '\0';
 }
 
+/* The label set every gpumem_ series starts with: {device="N" and, when
+ * known, ,UUID="<escaped: at most 2 * 55 characters>" (no closing brace). */
+#define DEVICE_LABELS_MAX 160
+/* ... followed by ,tenant="<escaped name: at most 2 * 63 characters>". */
+#define TENANT_LABELS_MAX (DEVICE_LABELS_MAX + 160)
+
 /* One tenant's row of a scrape: the broker's view and its label set. */
 typedef struct tenant_row {
         const gm_tenant_t *tenant;
-        char labels[192]; /* {device="N",tenant="<escaped name: at most 2 * 63 characters>" */
+        char labels[TENANT_LABELS_MAX];
         uint64_t releasing_bytes;
         uint64_t largest_free;
 } tenant_row_t;
@@ -378,7 +393,7 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
          * without a tenant row ("other") come from the table alone. */
         family(o, "gpumem_oom_refusals_total", "counter", "Allocations refused for lack of memory, by reason.");
         static const uint64_t zero[_GM_OOM_REASON_MAX];
-        char labels[192], more[32];
+        char labels[TENANT_LABELS_MAX], more[32];
         for (size_t i = 0; i < n; i++) {
                 if (refusal_find(m, rows[i].tenant->name))
                         continue;
@@ -399,6 +414,25 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         }
 }
 
+/* One histogram's series: cumulative buckets, sum in seconds, count. */
+static void render_histogram(out_t *o, const char *name, const char *labels, const histogram_t *h) {
+        char series[96], sum[32];
+        uint64_t cumulative = 0;
+        snprintf(series, sizeof(series), "%s_bucket", name);
+        for (size_t b = 0; b < N_BUCKETS; b++) {
+                cumulative += h->bucket[b];
+                sample(o, series, labels, buckets[b].le, (int64_t) cumulative);
+        }
+        sample(o, series, labels, ",le=\"+Inf\"", (int64_t) h->count);
+        snprintf(sum, sizeof(sum), "} %.9f\n", (double) h->sum_ns / 1e9);
+        out_str(o, name);
+        out_str(o, "_sum");
+        out_str(o, labels);
+        out_str(o, sum);
+        snprintf(series, sizeof(series), "%s_count", name);
+        sample(o, series, labels, "", (int64_t) h->count);
+}
+
 static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         char more[48];
         family(o, "gpumem_reclaim_requests_total", "counter",
@@ -410,24 +444,46 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         family(o, "gpumem_request_duration_seconds", "histogram",
                "Time the daemon spent serving a request, by operation.");
         for (size_t op = 0; op < m->src.n_ops; op++) {
-                const histogram_t *h = &m->requests[op];
-                char labels[64];
+                char labels[DEVICE_LABELS_MAX + 64];
                 snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, m->src.op_names[op]);
-                uint64_t cumulative = 0;
-                for (size_t b = 0; b < N_BUCKETS; b++) {
-                        cumulative += h->bucket[b];
-                        sample(o, "gpumem_request_duration_seconds_bucket", labels, buckets[b].le,
-                               (int64_t) cumulative);
-                }
-                sample(o, "gpumem_request_duration_seconds_bucket", labels, ",le=\"+Inf\"", (int64_t) h->count);
-                out_printf(o, "gpumem_request_duration_seconds_sum%s} %.9f\n", labels, (double) h->sum_ns / 1e9);
-                sample(o, "gpumem_request_duration_seconds_count", labels, "", (int64_t) h->count);
+                render_histogram(o, "gpumem_request_duration_seconds", labels, &m->requests[op]);
         }
+        family(o, "gpumem_reclaim_wait_seconds", "histogram",
+               "Time parked allocations waited for reclaimed memory before they were served or refused.");
+        render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
+}
+
+/* The fields of /proc/self/stat the process_* metrics use. */
+typedef struct self_stat {
+        unsigned long long utime, stime; /* clock ticks */
+        unsigned long long start_ticks;  /* since boot */
+        unsigned long long vsize;        /* bytes */
+        long long rss;                   /* pages */
+} self_stat_t;
+
+/* Reads /proc/self/stat: after "pid (comm)" come field 3 (state) onwards;
+ * utime is 14, stime 15, starttime 22, vsize 23, rss 24. 0 or -EIO. */
+static int read_self_stat(self_stat_t *ret) {
+        char buf[1024];
+        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -EIO;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        const char *p = strrchr(buf, ')');
+        self_stat_t st;
+        if (!p || sscanf(p + 2,
+                         "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld",
+                         &st.utime, &st.stime, &st.start_ticks, &st.vsize, &st.rss) != 5)
+                return -EIO;
+        *ret = st;
+        return 0;
 }
 
 /* Seconds since the epoch at which this process started, from /proc. */
 static double process_start_time(void) {
-        double btime = 0, start_ticks = 0;
+        double btime = 0;
         char line[256];
         FILE *f = fopen("/proc/stat", "re");
         if (!f)
@@ -436,19 +492,10 @@ static double process_start_time(void) {
                 if (sscanf(line, "btime %lf", &btime) == 1)
                         break;
         fclose(f);
-        f = fopen("/proc/self/stat", "re");
-        if (!f)
+        self_stat_t st;
+        if (read_self_stat(&st) < 0)
                 return 0;
-        char buf[1024];
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        const char *p = strrchr(buf, ')');
-        /* After "pid (comm)": field 3 (state) onwards; starttime is field 22. */
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %lf",
-                         &start_ticks) != 1)
-                return 0;
-        return btime + start_ticks / (double) sysconf(_SC_CLK_TCK);
+        return btime + (double) st.start_ticks / (double) sysconf(_SC_CLK_TCK);
 }
 
 /* Open fds of this process, -1 if unknown. Every segment piece is an fd, so
@@ -489,29 +536,15 @@ static long count_open_fds(void) {
 
 /* The conventional process_* metrics of the daemon itself, from /proc/self. */
 static void render_process(out_t *o, const gm_metrics_t *m) {
-        char buf[1024];
-        unsigned long long utime = 0, stime = 0, vsize = 0;
-        long long rss = 0;
-        int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-                ssize_t n = read(fd, buf, sizeof(buf) - 1);
-                close(fd);
-                buf[n > 0 ? n : 0] = '\0';
-                const char *p = strrchr(buf, ')');
-                /* Fields 14 (utime), 15 (stime), 23 (vsize) and 24 (rss, pages). */
-                if (!p || sscanf(p + 2,
-                                 "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %*u "
-                                 "%llu %lld",
-                                 &utime, &stime, &vsize, &rss) != 4)
-                        utime = stime = vsize = 0, rss = 0;
-        }
+        self_stat_t st = {0};
+        read_self_stat(&st); /* zeros when /proc is not there */
         long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
         family(o, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
-        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (utime + stime) / (double) tck);
+        out_printf(o, "process_cpu_seconds_total %.2f\n", (double) (st.utime + st.stime) / (double) tck);
         family(o, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        out_printf(o, "process_resident_memory_bytes %lld\n", rss * page);
+        out_printf(o, "process_resident_memory_bytes %lld\n", st.rss * page);
         family(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        out_printf(o, "process_virtual_memory_bytes %llu\n", vsize);
+        out_printf(o, "process_virtual_memory_bytes %llu\n", st.vsize);
         family(o, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
         out_printf(o, "process_start_time_seconds %.2f\n", m ? m->start_time : process_start_time());
 
@@ -524,6 +557,17 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
         getrlimit(RLIMIT_NOFILE, &rl);
         family(o, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
         out_printf(o, "process_max_fds %llu\n", (unsigned long long) rl.rlim_cur);
+}
+
+/* Whether a tenant has series: once it has had a session that did anything
+ * (its statistics never go back), while it has one or holds memory, when the
+ * configuration gives it a quota, or once refused. A quota set at run time
+ * for a name nobody uses creates no series. */
+static bool tenant_shown(const gm_tenant_t *t, const gm_metrics_t *m) {
+        const gm_stats_t *st = &t->stats;
+        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] ||
+               st->segment[GM_STAT_ALL].allocated || st->allocation[GM_STAT_ALL].allocated || st->num_ooms ||
+               (m && refusal_find(m, t->name));
 }
 
 int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
@@ -539,18 +583,28 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                 return -ENOMEM;
         }
         const gm_backend_t *backend_ = b->backend;
-        char dev[32];
-        snprintf(dev, sizeof(dev), "{device=\"%d\"", backend_->device);
+        /* The driver's UUID of the device (cuda), else the configured one. */
+        const char *device_uuid = backend_->device_uuid[0] ? backend_->device_uuid : m ? m->src.device_uuid : NULL;
+        char dev[DEVICE_LABELS_MAX], uuid[112] = "";
+        if (device_uuid)
+                escape_label(device_uuid, uuid, sizeof(uuid));
+        snprintf(dev, sizeof(dev), "{device=\"%d\"%s%s%s", backend_->device, uuid[0] ? ",UUID=\"" : "", uuid,
+                 uuid[0] ? "\"" : "");
+        size_t shown = 0;
         for (size_t i = 0; i < n; i++) {
+                if (!tenant_shown(views[i].tenant, m))
+                        continue;
                 char label[144];
                 escape_label(views[i].tenant->name, label, sizeof(label));
-                rows[i] = (tenant_row_t){
+                rows[shown] = (tenant_row_t){
                         .tenant = views[i].tenant,
                         .releasing_bytes = views[i].releasing_bytes,
                         .largest_free = views[i].largest_free,
                 };
-                snprintf(rows[i].labels, sizeof(rows[i].labels), "%s,tenant=\"%s\"", dev, label);
+                snprintf(rows[shown].labels, sizeof(rows[shown].labels), "%s,tenant=\"%s\"", dev, label);
+                shown++;
         }
+        n = shown;
         free(views);
 
         char backend[64], more[128];
@@ -569,6 +623,14 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
         sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_broker_reserved(b));
+        if (b->store_max) {
+                family(&o, "gpumem_fdstore_fds", "gauge",
+                       "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");
+                sample(&o, "gpumem_fdstore_fds", dev, "", b->n_stored);
+                family(&o, "gpumem_fdstore_max_fds", "gauge",
+                       "Handles the fd store may hold; pieces beyond it do not survive a restart here.");
+                sample(&o, "gpumem_fdstore_max_fds", dev, "", b->store_max);
+        }
 
         if (!m || !m->src.hide_tenants)
                 render_tenants(&o, dev, m, rows, n);
@@ -837,26 +899,6 @@ static int parse_inet(const char *listen, struct sockaddr_storage *ss, socklen_t
         return 0;
 }
 
-/* Binds a unix socket, replacing a stale socket file that nobody listens on. */
-static int bind_unix(int fd, const struct sockaddr_un *a) {
-        if (bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0)
-                return 0;
-        if (errno != EADDRINUSE)
-                return -errno;
-        struct stat st;
-        if (lstat(a->sun_path, &st) < 0 || !S_ISSOCK(st.st_mode))
-                return -EADDRINUSE;
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe < 0)
-                return -errno;
-        int live = connect(probe, (const struct sockaddr *) a, sizeof(*a)) == 0 || errno != ECONNREFUSED;
-        close(probe);
-        if (live)
-                return -EADDRINUSE;
-        unlink(a->sun_path);
-        return bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0 ? 0 : -errno;
-}
-
 int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         char def[32];
         if (!listen_addr) {
@@ -893,7 +935,7 @@ int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm
         }
         int r = 0;
         if (is_unix) {
-                r = bind_unix(fd, (const struct sockaddr_un *) &ss);
+                r = gm_ipc_bind_unix(fd, (const struct sockaddr_un *) &ss, SOCK_STREAM);
         } else {
                 int one = 1;
                 setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));

@@ -24,6 +24,11 @@ typedef struct gm_metrics_source {
         const char *const *op_names; /* request kinds by index: the op label; outlive the endpoint */
         size_t n_ops;
         bool hide_tenants; /* leave per-tenant series (and so tenant names) out of scrapes */
+        /* The GPU's UUID ("GPU-...") when the backend knows none (host): the
+         * UUID label of every gpumem_ series, so they join with
+         * dcgm-exporter's; the backend's wins; NULL or "" and none there
+         * leaves it out. Outlives the endpoint. */
+        const char *device_uuid;
 } gm_metrics_source_t;
 
 /* Request kinds an endpoint can time, at most. */
@@ -50,8 +55,14 @@ void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns);
 void gm_metrics_count_refusal(gm_metrics_t *m, const char *tenant, gm_oom_reason_t reason);
 /* Counts one reclaim event. */
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome);
+/* Records that a parked allocation waited `ns` nanoseconds for reclaimed
+ * memory before it was served or refused. */
+void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns);
 
 /* Builds the whole exposition text from b's current state and m's counters
- * (m == NULL: the state only, no counters or histograms). *ret_buf is
+ * (m == NULL: the state only, no counters, histograms or UUID). Tenants are
+ * shown once they have had a session, hold memory or have a quota from the
+ * configuration, and from then on (a quota set for a mistyped name shows
+ * nothing); counters come from statistics that never go back. *ret_buf is
  * malloc'd, NUL-terminated, *ret_len excludes the NUL. -ENOMEM on failure. */
 int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len);

@@ -2,13 +2,14 @@
  * allocations, frees, releases, trim and re-attach. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
+#include "ipc.h"
 #include "log.h"
-#include "metrics.h"
 #include "msg.h"
 #include "requests.h"
 
@@ -19,41 +20,83 @@
 /* Mapped pieces one re-attached segment may report. */
 #define MAX_REATTACH_PIECES (1u << 16)
 
-int gm_reply_ok(gm_conn_t *c, uint64_t request_id) {
+/* Every error message the daemon writes starts so; the broker's are whole already. */
+#define MESSAGE_PREFIX "gpumemd: "
+
+int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+        if (c->closed)
+                return -ECONNRESET;
+        return c->rq->send(c->rq->userdata, c, request_id, env, fds, n_fds);
+}
+
+void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text) {
+        gpumem__error__init(error);
+        error->code = err < 0 ? -err : err;
+        error->message = (char *) text;
+        gpumem__envelope__init(env);
+        env->body_case = GPUMEM__ENVELOPE__BODY_ERROR;
+        env->error = error;
+}
+
+void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap) {
+        size_t prefix = strlen(MESSAGE_PREFIX);
+        memcpy(message, MESSAGE_PREFIX, prefix + 1);
+        vsnprintf(message + prefix, len - prefix, fmt, ap);
+}
+
+static int send_error_text(gm_request_conn_t *c, uint64_t request_id, int err, const char *text) {
+        Gpumem__Error error;
+        Gpumem__Envelope env;
+        gm_request_error_envelope(&env, &error, err, text);
+        return gm_request_send(c, request_id, &env, NULL, 0);
+}
+
+int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
+        char message[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        gm_request_format_message(message, sizeof(message), fmt, ap);
+        va_end(ap);
+        return send_error_text(c, request_id, err, message);
+}
+
+int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        return send_error_text(c, request_id, out->error, out->message);
+}
+
+int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id) {
         Gpumem__Ok ok = GPUMEM__OK__INIT;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_OK;
         env.ok = &ok;
-        gm_conn_send(c, request_id, &env, NULL, 0);
+        gm_request_send(c, request_id, &env, NULL, 0);
         return 0;
 }
 
 /* ---- hello ---- */
 
-static int handle_hello(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Hello *hello = env->hello;
-        gm_daemon_t *d = c->daemon;
         gm_session_t *s = c->session;
         if (c->hello_done) {
-                gm_conn_send_error(c, request_id, EPROTO, "hello sent twice");
+                gm_request_error(c, request_id, EPROTO, "hello sent twice");
                 return -EPROTO;
         }
         if (hello->protocol_version != GM_PROTOCOL_VERSION) {
-                gm_conn_send_error(c, request_id, EPROTONOSUPPORT,
-                                   "protocol version %u not supported (daemon speaks %u)", hello->protocol_version,
-                                   GM_PROTOCOL_VERSION);
+                gm_request_error(c, request_id, EPROTONOSUPPORT, "protocol version %u not supported (daemon speaks %u)",
+                                 hello->protocol_version, GM_PROTOCOL_VERSION);
                 return -EPROTONOSUPPORT;
         }
         gm_session_describe(s, hello->client_name, hello->admin);
         int r = gm_session_start(s, c->tenant_name, hello->resume_token);
         if (r < 0) {
-                gm_conn_send_error(c, request_id, r, "cannot %s session: %s",
-                                   hello->resume_token && hello->resume_token[0] ? "re-attach" : "start",
-                                   r == -EBUSY    ? "it is attached to another connection"
-                                   : r == -EPERM  ? "it belongs to another user"
-                                   : r == -EINVAL ? "invalid token"
-                                   : r == -ENOENT ? "the ledger knows no such session"
-                                                  : strerror(-r));
+                gm_request_error(c, request_id, r, "cannot %s session: %s",
+                                 hello->resume_token && hello->resume_token[0] ? "re-attach" : "start",
+                                 r == -EBUSY    ? "it is attached to another connection"
+                                 : r == -EPERM  ? "it belongs to another user"
+                                 : r == -EINVAL ? "invalid token"
+                                 : r == -ENOENT ? "the ledger knows no such session"
+                                                : strerror(-r));
                 return r;
         }
         c->hello_done = true;
@@ -61,21 +104,21 @@ static int handle_hello(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelop
         Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
         reply.protocol_version = GM_PROTOCOL_VERSION;
         reply.session_id = s->id;
-        reply.backend = (char *) d->backend->ops->name;
-        reply.device = d->backend->device;
-        reply.capacity = d->backend->capacity;
-        reply.max_packet = d->opts.limits.max_packet;
-        reply.max_fds = d->opts.limits.max_fds;
+        reply.backend = (char *) c->rq->broker->backend->ops->name;
+        reply.device = c->rq->broker->backend->device;
+        reply.capacity = c->rq->broker->backend->capacity;
+        reply.max_packet = c->rq->config->max_packet;
+        reply.max_fds = c->rq->config->max_fds;
         reply.tenant = s->tenant->name;
-        reply.granularity = d->backend->granularity;
+        reply.granularity = c->rq->broker->backend->granularity;
         reply.session_token = s->token;
-        reply.device_uuid = d->backend->device_uuid;
+        reply.device_uuid = c->rq->broker->backend->device_uuid;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
         log_info("session %llu: pid %d uid %u tenant '%s' client '%s'", (unsigned long long) s->id, (int) s->pid,
                  (unsigned) s->uid, s->tenant->name, s->name);
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
 }
 
@@ -85,9 +128,9 @@ static int handle_hello(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelop
  * packet's worth of fds remains, the rest with the AllocReply). -ENOMEM when
  * the reply cannot be built (nothing sent), or the send's error (the
  * connection is closed). */
-static int send_alloc_reply(gm_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
+static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
         gm_session_t *s = c->session;
-        uint32_t max_fds = c->daemon->opts.limits.max_fds;
+        uint32_t max_fds = c->rq->config->max_fds;
         size_t n = 0;
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
@@ -119,7 +162,7 @@ static int send_alloc_reply(gm_conn_t *c, uint64_t request_id, const gm_alloc_re
                 Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
                 env.body_case = GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS;
                 env.map_segments = &ms;
-                r = gm_conn_send(c, request_id, &env, fds + sent, max_fds);
+                r = gm_request_send(c, request_id, &env, fds + sent, max_fds);
                 if (r < 0)
                         goto out;
                 sent += max_fds;
@@ -134,7 +177,7 @@ static int send_alloc_reply(gm_conn_t *c, uint64_t request_id, const gm_alloc_re
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &reply;
-        r = gm_conn_send(c, request_id, &env, fds + sent, n - sent);
+        r = gm_request_send(c, request_id, &env, fds + sent, n - sent);
 out:
         if (r == 0)
                 gm_session_pieces_sent(s);
@@ -144,22 +187,22 @@ out:
         return r;
 }
 
-void gm_requests_answer_alloc(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
-        if (c->closing)
+void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        if (c->closed)
                 return;
         if (out->kind == GM_OUTCOME_REFUSE) {
-                gm_conn_send_refusal(c, request_id, out);
+                gm_request_refusal(c, request_id, out);
                 return;
         }
         int r = send_alloc_reply(c, request_id, &out->alloc);
-        if (r == -ENOMEM && !c->closing) {
+        if (r == -ENOMEM && !c->closed) {
                 /* Nothing was sent: the block goes back, the client hears why. */
                 gm_session_alloc_undo(c->session, out->alloc.block_id);
-                gm_conn_send_error(c, request_id, ENOMEM, "out of memory building the allocation's reply");
+                gm_request_error(c, request_id, ENOMEM, "out of memory building the allocation's reply");
         }
 }
 
-static int handle_alloc(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Alloc *alloc = env->alloc;
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
@@ -176,25 +219,24 @@ static int handle_alloc(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelop
         return 0;
 }
 
-static int handle_free(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_free(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Free *f = env->free;
         if (gm_session_free_block(c->session, f->block_id, f->deferred) < 0)
-                gm_conn_send_error(c, request_id, EINVAL,
-                                   "free of block %" PRIu64
-                                   " refused: not a live block of this session (unknown id or double free)",
-                                   f->block_id);
+                gm_request_error(c, request_id, EINVAL,
+                                 "free of block %" PRIu64
+                                 " refused: not a live block of this session (unknown id or double free)",
+                                 f->block_id);
         return 0;
 }
 
-static int handle_free_completed(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_free_completed(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         uint64_t block_id = env->free_completed->block_id;
         if (gm_session_free_completed(c->session, block_id) < 0)
-                gm_conn_send_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion",
-                                   block_id);
+                gm_request_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion", block_id);
         return 0;
 }
 
-static int handle_release_ack(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__ReleaseAck *ack = env->release_ack;
         uint64_t release_id = ack->release_id;
         gm_release_range_t *kept = NULL;
@@ -206,38 +248,37 @@ static int handle_release_ack(gm_conn_t *c, uint64_t request_id, const Gpumem__E
         int r = gm_session_release_ack(c->session, release_id, kept, ack->n_not_released);
         free(kept);
         if (r == -EBUSY) {
-                gm_conn_send_error(c, request_id, EBUSY,
-                                   "release %" PRIu64 " acknowledged, but the memory is still mapped: it stays "
-                                   "charged, and this session ends",
-                                   release_id);
+                gm_request_error(c, request_id, EBUSY,
+                                 "release %" PRIu64 " acknowledged, but the memory is still mapped: it stays "
+                                 "charged, and this session ends",
+                                 release_id);
                 return -EBUSY; /* a lying acknowledger is closed; its memory stays charged while mapped */
         }
         if (r < 0)
-                gm_conn_send_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
+                gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
         return 0;
 }
 
 /* ---- trim ---- */
 
 /* A tenant named, or an admin's connection without memory: other sessions. */
-static bool trims_others(const gm_conn_t *c, const Gpumem__Trim *trim) {
+static bool trims_others(const gm_request_conn_t *c, const Gpumem__Trim *trim) {
         return (trim->tenant && trim->tenant[0]) || (!c->session->heap && c->session->admin);
 }
 
-static const char *admin_for_trim(const gm_conn_t *c, const Gpumem__Envelope *env) {
+static const char *admin_for_trim(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return trims_others(c, env->trim) ? "trimming other sessions" : NULL;
 }
 
-static int handle_trim(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Trim *trim = env->trim;
-        gm_broker_t *b = c->daemon->broker;
+        gm_broker_t *b = c->rq->broker;
         uint64_t released = 0;
         if (!trims_others(c, trim)) {
                 released = gm_session_trim(c->session);
         } else {
-                const char *tenant = trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0
-                                             ? trim->tenant
-                                             : NULL;
+                const char *tenant =
+                        trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
                 released = gm_broker_trim(b, tenant);
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
@@ -245,13 +286,13 @@ static int handle_trim(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_TRIM_REPLY;
         out.trim_reply = &reply;
-        gm_conn_send(c, request_id, &out, NULL, 0);
+        gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
 }
 
 /* ---- re-attach ---- */
 
-static int check_reattach(const gm_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+static int check_reattach(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         const Gpumem__Reattach *req = env->reattach;
         if (!c->session->reattaching)
                 return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
@@ -275,7 +316,7 @@ static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg)
         return r;
 }
 
-static int handle_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Reattach *req = env->reattach;
         gm_session_t *s = c->session;
         int r = 0;
@@ -291,7 +332,7 @@ static int handle_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Enve
         if (r < 0) {
                 /* A report that contradicts itself ends the session; its memory
                  * is released (the client starts over). */
-                gm_conn_send_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
+                gm_request_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
                 return r;
         }
         return req->last ? gm_reply_ok(c, request_id) : 0;
@@ -307,7 +348,8 @@ static const gm_request_kind_t kinds[] = {
         {BODY(FREE), .op = "free", .handle = handle_free},
         {BODY(FREE_COMPLETED), .op = "free_completed", .handle = handle_free_completed},
         {BODY(TRIM), .op = "trim", .handle = handle_trim, .admin_for = admin_for_trim},
-        {BODY(STATS), .op = "stats", .handle = gm_handle_stats, .admin_for = gm_admin_for_stats},
+        {BODY(STATS), .op = "stats", .handle = gm_handle_stats, .admin_for = gm_admin_for_stats,
+         .check = gm_check_stats},
         {BODY(RELEASE_ACK), .op = "release_ack", .handle = handle_release_ack},
         {BODY(RESET_STATS), .op = "reset_stats", .handle = gm_handle_reset_stats,
          .admin_for = gm_admin_for_reset_stats},
@@ -339,45 +381,46 @@ int gm_request_index(Gpumem__Envelope__BodyCase body) {
 }
 
 /* The order rules: Hello first, then (when resuming) Reattach until the last. */
-static int check_order(gm_conn_t *c, const Gpumem__Envelope *env) {
+static int check_order(gm_request_conn_t *c, const Gpumem__Envelope *env) {
         if (!c->hello_done && env->body_case != GPUMEM__ENVELOPE__BODY_HELLO) {
-                gm_conn_send_error(c, env->request_id, EPROTO, "the first request must be Hello");
+                gm_request_error(c, env->request_id, EPROTO, "the first request must be Hello");
                 return -EPROTO;
         }
         if (c->session->reattaching && env->body_case != GPUMEM__ENVELOPE__BODY_REATTACH) {
-                gm_conn_send_error(c, env->request_id, EPROTO, "finish re-attaching first");
+                gm_request_error(c, env->request_id, EPROTO, "finish re-attaching first");
                 return -EPROTO;
         }
         return 0;
 }
 
-static int dispatch(gm_conn_t *c, const gm_request_kind_t *k, const Gpumem__Envelope *env) {
+static int dispatch(gm_request_conn_t *c, const gm_request_kind_t *k, const Gpumem__Envelope *env) {
         uint64_t rid = env->request_id;
         const char *what = k->admin_for ? k->admin_for(c, env) : NULL;
         if (what && !c->session->admin)
-                return gm_conn_send_error(c, rid, EPERM, "%s needs admin rights (uid 0 or the admin group)", what), 0;
+                return gm_request_error(c, rid, EPERM, "%s needs admin rights (uid 0 or the admin group)", what), 0;
         if (k->check) {
                 char why[256] = "";
                 int r = k->check(c, env, why, sizeof(why));
                 if (r < 0) {
-                        gm_conn_send_error(c, rid, r, "%s", why);
+                        gm_request_error(c, rid, r, "%s", why);
                         return k->close_on_refusal ? r : 0;
                 }
         }
         return k->handle(c, rid, env);
 }
 
-int gm_requests_dispatch(gm_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+        const gm_requests_t *rq = c->rq;
         uint64_t rid = env->request_id;
         if (n_fds > 0) {
                 /* Clients never send fds in protocol 1. */
                 gm_close_fds(fds, n_fds);
-                gm_conn_send_error(c, rid, EBADMSG, "unexpected file descriptors in a request");
+                gm_request_error(c, rid, EBADMSG, "unexpected file descriptors in a request");
                 return -EBADMSG;
         }
         int i = gm_request_index(env->body_case);
         if (i < 0) {
-                gm_conn_send_error(c, rid, EPROTO, "message type %d is not a request", (int) env->body_case);
+                gm_request_error(c, rid, EPROTO, "message type %d is not a request", (int) env->body_case);
                 return -EPROTO;
         }
         int r = check_order(c, env);
@@ -386,6 +429,7 @@ int gm_requests_dispatch(gm_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n
         gm_session_touch(c->session, gm_now_ms());
         uint64_t t0 = gm_now_ns();
         r = dispatch(c, &kinds[i], env);
-        gm_metrics_observe_request(c->daemon->metrics, (unsigned) i, gm_now_ns() - t0);
+        if (rq->observe)
+                rq->observe(rq->userdata, (unsigned) i, gm_now_ns() - t0);
         return r;
 }

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
 enum fd_kind { KIND_CONTROL, KIND_METRICS, KIND_SEGMENT, KIND_UNKNOWN };
 
 bool gm_sd_notify_available(void) {
@@ -242,13 +244,9 @@ int gm_sd_notify_stopping(void) {
 }
 
 int gm_sd_notify_reloading(void) {
-        struct timespec ts;
         char state[64];
 
-        if (clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
-                return -errno;
-        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu",
-                 (unsigned long long) ts.tv_sec * 1000000ull + (unsigned long long) ts.tv_nsec / 1000ull);
+        snprintf(state, sizeof(state), "RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long) (gm_now_ns() / 1000u));
         return notify(state);
 }
 

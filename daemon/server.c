@@ -3,6 +3,7 @@
  * session) is freed only in its poll handle's close callback. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,11 @@
 #include "log.h"
 #include "metrics.h"
 #include "msg.h"
+#include "requests.h"
 #include "sd.h"
 
 /* Packets handled per readable event before yielding to other connections. */
 #define PACKETS_PER_WAKEUP 64
-/* Every error message the daemon writes starts so; the broker's are whole already. */
-#define MESSAGE_PREFIX "gpumemd: "
 
 /* Connections of uid, and a change of that count by delta (+1 or -1). */
 static uint32_t conns_of_uid(const gm_daemon_t *d, uid_t uid) {
@@ -38,16 +38,17 @@ static int count_conn_of_uid(gm_daemon_t *d, uid_t uid, int delta) {
 
 static void on_conn_closed(uv_handle_t *handle) {
         gm_conn_t *c = handle->data;
-        gm_session_free(c->session);
+        gm_session_free(c->req.session);
         free(c);
 }
 
-void gm_conn_close(gm_conn_t *c, const char *why) {
-        if (c->closing)
+/* Ends a connection: its session releases all its memory at once. */
+static void conn_close(gm_conn_t *c, const char *why) {
+        if (c->req.closed)
                 return;
         gm_daemon_t *d = c->daemon;
-        gm_session_t *s = c->session;
-        c->closing = true;
+        gm_session_t *s = c->req.session;
+        c->req.closed = true;
         log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
         gm_session_end(s);
@@ -65,8 +66,10 @@ void gm_conn_close(gm_conn_t *c, const char *why) {
         uv_close((uv_handle_t *) &c->poll, on_conn_closed);
 }
 
-int gm_conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
-        if (c->closing)
+/* Sends an envelope (with fds) carrying `request_id`; on failure the
+ * connection is closed and a negative errno returned. */
+static int conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+        if (c->req.closed)
                 return -ECONNRESET;
         env->request_id = request_id;
         int r = gm_msg_send(c->fd, env, fds, n_fds, c->daemon->opts.limits.max_packet);
@@ -75,46 +78,36 @@ int gm_conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const
                  * full) or is gone loses its session. */
                 char why[128];
                 snprintf(why, sizeof(why), "send failed: %s", strerror(-r));
-                gm_conn_close(c, why);
+                conn_close(c, why);
         }
         return r;
 }
 
-/* An Error envelope (err in either sign) in env, pointing at error and text. */
-static void error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text) {
-        gpumem__error__init(error);
-        error->code = err < 0 ? -err : err;
-        error->message = (char *) text;
-        gpumem__envelope__init(env);
-        env->body_case = GPUMEM__ENVELOPE__BODY_ERROR;
-        env->error = error;
+/* The request handlers' one sender. */
+static int request_send(void *userdata, gm_request_conn_t *rc, uint64_t request_id, Gpumem__Envelope *env,
+                        const int *fds, size_t n_fds) {
+        gm_conn_t *c = (gm_conn_t *) ((char *) rc - offsetof(gm_conn_t, req));
+        return conn_send(c, request_id, env, fds, n_fds);
 }
 
-/* MESSAGE_PREFIX and the formatted text into message (len > the prefix). */
-static void format_message(char *message, size_t len, const char *fmt, va_list ap) {
-        size_t prefix = strlen(MESSAGE_PREFIX);
-        memcpy(message, MESSAGE_PREFIX, prefix + 1);
-        vsnprintf(message + prefix, len - prefix, fmt, ap);
+static void request_observe(void *userdata, unsigned op, uint64_t ns) {
+        gm_daemon_t *d = userdata;
+        gm_metrics_observe_request(d->metrics, op, ns);
 }
 
-static int send_error_text(gm_conn_t *c, uint64_t request_id, int err, const char *text) {
-        Gpumem__Error error;
-        Gpumem__Envelope env;
-        error_envelope(&env, &error, err, text);
-        return gm_conn_send(c, request_id, &env, NULL, 0);
-}
-
-int gm_conn_send_error(gm_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
-        char message[2048];
-        va_list ap;
-        va_start(ap, fmt);
-        format_message(message, sizeof(message), fmt, ap);
-        va_end(ap);
-        return send_error_text(c, request_id, err, message);
-}
-
-int gm_conn_send_refusal(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
-        return send_error_text(c, request_id, out->error, out->message);
+void gm_server_sync_requests(gm_daemon_t *d) {
+        d->request_config = (gm_request_config_t){
+                .max_packet = d->opts.limits.max_packet,
+                .max_fds = d->opts.limits.max_fds,
+                .state_dir = d->opts.state_dir,
+        };
+        d->requests = (gm_requests_t){
+                .broker = d->broker,
+                .config = &d->request_config,
+                .send = request_send,
+                .observe = request_observe,
+                .userdata = d,
+        };
 }
 
 /* Reads and handles queued packets; returns after PACKETS_PER_WAKEUP so that one
@@ -123,42 +116,42 @@ static void on_conn_readable(uv_poll_t *handle, int status, int events) {
         gm_conn_t *c = handle->data;
         gm_daemon_t *d = c->daemon;
         if (status < 0) {
-                gm_conn_close(c, uv_strerror(status));
+                conn_close(c, uv_strerror(status));
                 return;
         }
         size_t max_packet = d->opts.limits.max_packet;
         uint8_t *buf = d->rx_buf; /* one loop thread: one receive buffer for every connection */
-        for (int i = 0; i < PACKETS_PER_WAKEUP && !c->closing; i++) {
+        for (int i = 0; i < PACKETS_PER_WAKEUP && !c->req.closed; i++) {
                 int fds[GM_IPC_MAX_FDS_LIMIT];
                 size_t len = 0, n_fds = 0;
                 int r = gm_ipc_recv(c->fd, buf, max_packet, fds, d->opts.limits.max_fds, &len, &n_fds);
                 if (r == -EAGAIN)
                         break;
                 if (r == -ECONNRESET) {
-                        gm_conn_close(c, "client disconnected");
+                        conn_close(c, "client disconnected");
                         break;
                 }
                 if (r < 0) {
-                        gm_conn_send_error(c, 0, r, "packet refused: %s (limits: %u bytes, %u fds)", strerror(-r),
-                                           d->opts.limits.max_packet, d->opts.limits.max_fds);
-                        gm_conn_close(c, "oversized or malformed packet");
+                        gm_request_error(&c->req, 0, r, "packet refused: %s (limits: %u bytes, %u fds)", strerror(-r),
+                                         d->opts.limits.max_packet, d->opts.limits.max_fds);
+                        conn_close(c, "oversized or malformed packet");
                         break;
                 }
                 Gpumem__Envelope *env = NULL;
                 r = gm_msg_unpack(buf, len, &env);
                 if (r < 0) {
                         gm_close_fds(fds, n_fds);
-                        gm_conn_send_error(c, 0, EBADMSG, "packet is not a gpumem envelope");
-                        gm_conn_close(c, "garbage packet");
+                        gm_request_error(&c->req, 0, EBADMSG, "packet is not a gpumem envelope");
+                        conn_close(c, "garbage packet");
                         break;
                 }
-                r = gm_requests_dispatch(c, env, fds, n_fds);
+                r = gm_requests_dispatch(&c->req, env, fds, n_fds);
                 gm_msg_free(env);
                 if (r < 0) {
-                        gm_conn_close(c, "protocol violation");
+                        conn_close(c, "protocol violation");
                         break;
                 }
-                gm_session_flush_releases(c->session);
+                gm_session_flush_releases(c->req.session);
                 gm_daemon_debug_check(d, "a request");
         }
 }
@@ -204,16 +197,17 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
                 .admin = is_admin(d, &id),
                 .userdata = c,
         };
-        r = gm_session_new(d->broker, &params, &c->session);
+        r = gm_session_new(d->broker, &params, &c->req.session);
         if (r < 0) {
                 free(c);
                 return r;
         }
         char fallback[64];
-        snprintf(c->tenant_name, sizeof(c->tenant_name), "%s",
+        snprintf(c->req.tenant_name, sizeof(c->req.tenant_name), "%s",
                  gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
         c->daemon = d;
         c->fd = fd;
+        c->req.rq = &d->requests;
         *ret_conn = c;
         return 0;
 }
@@ -232,11 +226,11 @@ static void refuse_conn(int fd, int err, const char *fmt, ...) {
         char message[256];
         va_list ap;
         va_start(ap, fmt);
-        format_message(message, sizeof(message), fmt, ap);
+        gm_request_format_message(message, sizeof(message), fmt, ap);
         va_end(ap);
         Gpumem__Error error;
         Gpumem__Envelope env;
-        error_envelope(&env, &error, err, message);
+        gm_request_error_envelope(&env, &error, err, message);
         gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         close(fd);
 }
@@ -287,14 +281,14 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         continue;
                 gm_conn_t *c = NULL;
                 r = conn_new(d, fd, &c);
-                if (r == 0 && count_conn_of_uid(d, c->session->uid, +1) < 0) {
-                        gm_session_free(c->session);
+                if (r == 0 && count_conn_of_uid(d, c->req.session->uid, +1) < 0) {
+                        gm_session_free(c->req.session);
                         free(c);
                         r = -ENOMEM;
                 }
                 if (r == 0 && uv_poll_init(d->loop, &c->poll, fd) < 0) {
-                        count_conn_of_uid(d, c->session->uid, -1);
-                        gm_session_free(c->session);
+                        count_conn_of_uid(d, c->req.session->uid, -1);
+                        gm_session_free(c->req.session);
                         free(c);
                         r = -EIO;
                 }
@@ -311,8 +305,8 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                 d->conns = c;
                 d->n_conns++;
                 uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_conn_readable);
-                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) c->session->id,
-                          (int) c->session->pid, (unsigned) c->session->uid);
+                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) c->req.session->id,
+                          (int) c->req.session->pid, (unsigned) c->req.session->uid);
         }
 }
 
@@ -323,10 +317,10 @@ static void expire_silent_conns(gm_daemon_t *d, uint64_t now_ms) {
         uint32_t timeout = d->opts.limits.hello_timeout_ms;
         for (gm_conn_t *c = d->conns, *next; c; c = next) {
                 next = c->next;
-                if (c->hello_done || c->closing || now_ms - c->accepted_ms < timeout)
+                if (c->req.hello_done || c->req.closed || now_ms - c->accepted_ms < timeout)
                         continue;
-                gm_conn_send_error(c, 0, ETIMEDOUT, "no Hello within %u ms", timeout);
-                gm_conn_close(c, "no hello in time");
+                gm_request_error(&c->req, 0, ETIMEDOUT, "no Hello within %u ms", timeout);
+                conn_close(c, "no hello in time");
         }
 }
 
@@ -374,7 +368,7 @@ void gm_server_stop(gm_daemon_t *d) {
         uv_timer_stop(&d->tick);
         uv_close((uv_handle_t *) &d->tick, NULL);
         while (d->conns)
-                gm_conn_close(d->conns, "daemon stopping");
+                conn_close(d->conns, "daemon stopping");
         gm_u64map_done(&d->conns_per_uid);
         free(d->rx_buf);
         d->rx_buf = NULL;
@@ -407,14 +401,15 @@ static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, co
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST;
         env.release_request = &req;
-        int r = gm_conn_send(c, 0, &env, NULL, 0);
+        int r = conn_send(c, 0, &env, NULL, 0);
         free(rs);
         free(ptrs);
         return r;
 }
 
 static void alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
-        gm_requests_answer_alloc(s->userdata, request_id, out);
+        gm_conn_t *c = s->userdata;
+        gm_requests_answer_alloc(&c->req, request_id, out);
 }
 
 static int store_add(void *userdata, int fd, const char *name) {
@@ -439,6 +434,11 @@ static void count_refusal(void *userdata, const char *tenant, gm_oom_reason_t re
         gm_metrics_count_refusal(d->metrics, tenant, reason);
 }
 
+static void parked_done(void *userdata, uint64_t waited_ms) {
+        gm_daemon_t *d = userdata;
+        gm_metrics_observe_reclaim_wait(d->metrics, waited_ms * 1000000u);
+}
+
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
@@ -448,6 +448,7 @@ gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
                 .log = broker_log,
                 .count_reclaim = count_reclaim,
                 .count_refusal = count_refusal,
+                .parked_done = parked_done,
                 .userdata = d,
         };
 }

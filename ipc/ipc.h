@@ -42,6 +42,11 @@ int gm_ipc_peer_groups(int sock, gid_t *groups, size_t max, size_t *ret_n);
  * directory is created (mode 0755) when missing. `mode` is applied to the
  * socket file. */
 int gm_ipc_listen(const char *path, mode_t mode, int backlog, int *ret_fd);
+/* Binds fd to the unix socket address `sa`, replacing a stale socket file
+ * (one nobody listening with a socket of `type` answers on). -EADDRINUSE
+ * when someone listens there or the path is not a socket. */
+struct sockaddr_un;
+int gm_ipc_bind_unix(int fd, const struct sockaddr_un *sa, int type);
 /* Creates every missing directory above the socket file `path` (mode 0755,
  * whatever the umask); existing ones are left as they are. */
 int gm_ipc_make_socket_dir(const char *path);

@@ -199,17 +199,18 @@ static int mkdir_parents(const char *path) {
         }
 }
 
-/* Whether a process listens on the socket file at `sa`: 1 live, 0 stale (a
- * socket file nobody listens on), negative errno when undecidable or when the
- * path holds something that is not a socket (never ours to remove). */
-static int probe_live(const struct sockaddr_un *sa) {
+/* Whether a process listens on the socket file at `sa` (probed with a
+ * socket of `type`): 1 live, 0 stale (a socket file nobody listens on),
+ * negative errno when undecidable or when the path holds something that is
+ * not a socket (never ours to remove). */
+static int probe_live(const struct sockaddr_un *sa, int type) {
         struct stat st;
         if (lstat(sa->sun_path, &st) < 0)
                 return errno == ENOENT ? 0 : -errno;
         if (!S_ISSOCK(st.st_mode))
                 return -EADDRINUSE;
 
-        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
         int r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
@@ -220,6 +221,19 @@ static int probe_live(const struct sockaddr_un *sa) {
         if (err == ECONNREFUSED || err == ENOENT)
                 return 0;
         return 1; /* EAGAIN (full backlog), EPROTOTYPE (another socket type): someone is there */
+}
+
+int gm_ipc_bind_unix(int fd, const struct sockaddr_un *sa, int type) {
+        if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+                return 0;
+        if (errno != EADDRINUSE)
+                return -errno;
+        int r = probe_live(sa, type);
+        if (r != 0)
+                return r > 0 ? -EADDRINUSE : r;
+        if (unlink(sa->sun_path) < 0 && errno != ENOENT)
+                return -errno;
+        return bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0 ? 0 : -errno;
 }
 
 int gm_ipc_listen(const char *path, mode_t mode, int backlog, int *ret_fd) {
@@ -235,25 +249,9 @@ int gm_ipc_listen(const char *path, mode_t mode, int backlog, int *ret_fd) {
         if (fd < 0)
                 return -errno;
 
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                if (errno != EADDRINUSE) {
-                        r = -errno;
-                        goto fail_close;
-                }
-                r = probe_live(&sa);
-                if (r != 0) {
-                        r = r > 0 ? -EADDRINUSE : r;
-                        goto fail_close;
-                }
-                if (unlink(path) < 0 && errno != ENOENT) {
-                        r = -errno;
-                        goto fail_close;
-                }
-                if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                        r = -errno;
-                        goto fail_close;
-                }
-        }
+        r = gm_ipc_bind_unix(fd, &sa, SOCK_SEQPACKET);
+        if (r < 0)
+                goto fail_close;
 
         /* Nobody can connect before listen(), so the mode is in place first. */
         if (chmod(path, mode) < 0 || listen(fd, backlog) < 0) {

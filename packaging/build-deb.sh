@@ -3,8 +3,9 @@
 # packaging/debian (debhelper, CMake build system), in a copy of the source
 # tree, so the working tree is never written.
 #   packaging/build-deb.sh SOURCE_DIR OUT_DIR
-# Leaves the .deb files (the -dbgsym ones hold the debug symbols), .buildinfo
-# and .changes in OUT_DIR. Needs dpkg-dev and debhelper (Debian packages).
+# Leaves the source package (.dsc, orig and debian tarballs), the .deb files
+# (the -dbgsym ones hold the debug symbols), .buildinfo and .changes in
+# OUT_DIR. Needs dpkg-dev and debhelper (Debian packages).
 set -eu
 
 src=$(cd "$1" && pwd) out=$2
@@ -23,10 +24,26 @@ if git -C "$src" rev-parse --show-toplevel >/dev/null 2>&1; then
 else
         (cd "$src" && tar --exclude='./build*' --exclude=./.git -cf - .) | (cd "$tree" && tar -xf -)
 fi
+# The upstream tarball of that tree, so the source package is built (and
+# checked by lintian) too.
+(cd "$out" && tar --sort=name -czf "gpumemd_$upstream.orig.tar.gz" "gpumemd-$upstream")
 cp -rL "$src/packaging/debian" "$tree/debian"
 cd "$tree"
-# A binary-only build needs no orig tarball; nocheck: see debian/rules.
+# nocheck: see debian/rules.
+# The cuda backend's cuda.h (debian/rules explains the profiles): Debian's
+# nvidia-cuda-dev, else NVIDIA's toolkit, else none. Say which.
+profiles=${DEB_BUILD_PROFILES:-}
+if [ -z "$profiles" ]; then
+        if dpkg-query -W -f='${Status}' nvidia-cuda-dev 2>/dev/null | grep -q "install ok installed"; then
+                :
+        elif [ -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
+                profiles=pkg.gpumemd.cudahome
+        else
+                profiles=pkg.gpumemd.nocuda
+        fi
+fi
+echo "build-deb: build profiles '${profiles}'"
 # Upstream is strict where Debian warns: a symbol added to libgpumem without
 # a line in debian/libgpumem0.symbols fails the build.
 DPKG_GENSYMBOLS_CHECK_LEVEL=4 DEB_BUILD_OPTIONS="nocheck parallel=${GM_DEB_JOBS:-2} ${DEB_BUILD_OPTIONS:-}" \
-        dpkg-buildpackage -b --no-sign
+        DEB_BUILD_PROFILES="$profiles" dpkg-buildpackage --no-sign

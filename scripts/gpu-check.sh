@@ -1,62 +1,122 @@
 #!/usr/bin/env bash
-# gpu-check.sh: end-to-end check of gpumemd's cuda backend on a real GPU.
+# gpu-check.sh: gpumemd's cuda backend end to end on a real GPU, in one
+# command of under 8 minutes, on a machine that cannot build or install.
 #
-# Needs the CUDA toolkit (nvcc, cuda.h) and driver, cmake and the build
-# dependencies of gpumemd; downloads nothing. Builds in a temporary directory,
-# starts `gpumemd --backend cuda`, runs two client processes whose kernels
-# write and verify patterns in their blocks (isolation: both write before
-# either verifies), checks the daemon's statistics while they hold memory and
-# after they leave, and times create+export+import+map of a segment, a cached
-# alloc+free through the daemon and cuMemAlloc+cuMemFree. Finishes within
-# ~5 minutes; results are printed last. Exit status 0 when every check passed.
+# Method. The binaries are built elsewhere and carried in a bundle made by
+# scripts/gpu-check-bundle.sh (bin/: gpumemd, gpumemctl, gpu_client; lib/:
+# libgpumem and the shared libraries they need, collected with ldd, put on
+# LD_LIBRARY_PATH; kernels.ptx: the check's kernels, JIT-compiled by the
+# driver, so no compiler is needed here). The host's glibc, driver and GPU are
+# printed first. Then each stage prints one PASS/FAIL/SKIP line with its
+# figures:
+#   daemon        gpumemd --backend cuda starts, holds no CUDA context, reads
+#                 memory figures through NVML; its own device memory
+#                 (nvidia-smi: used over the baseline, compute processes)
+#   clients       two exec'd client processes write and verify their blocks
+#                 with kernels while both hold memory; the daemon's stats agree
+#   expandable    expandable segments: 1500 MiB of pages, partial frees, trim
+#   streams       record_stream/free_async on real streams with kernels running
+#   reclaim       a trim reclaims an idle client's cache; a trim while a kernel
+#                 writes a live block leaves that block intact
+#   oom           a cuMemCreate out-of-memory (memory held outside gpumemd by
+#                 cuMemAlloc) and its diagnosis
+#   restart       SIGKILL and restart under an fd-store harness playing
+#                 systemd (gpu-check/restart_stage.py); the client keeps data
+#   bench         cached alloc+free through the daemon vs cuMemAlloc+cuMemFree
+#                 vs PyTorch's caching allocator (medians of interleaved rounds)
+#   torch         gpu-check/torch_train.py, when present: training steps with
+#                 the gpumemd allocator and PyTorch's own
+#   baseline      device memory back to its baseline once everything stopped
+#                 (what would show leaked pages, unacknowledged unmaps, a
+#                 wrong disconnect)
 #
-# Environment: GPUMEM_CHECK_DEVICE (ordinal, default 0), GPUMEM_CHECK_KEEP=1
-# keeps the work directory.
-set -euo pipefail
+# --emulator runs the same stages over the emulated driver (tests/fakecuda:
+# GPUMEM_LIBCUDA, GPUMEM_LIBNVML, a device pool file) with a stand-in
+# nvidia-smi (gpu-check/nvidia-smi) reading that pool, to know the check
+# works up to the hardware. The emulator runs no kernels: those stages then
+# write and verify through the CPU mapping of the emulated pointer and say so
+# in their line, and figures are the emulator's, not a GPU's.
+#
+# usage: scripts/gpu-check.sh [--emulator] [--bundle DIR | --build DIR]
+#   --bundle DIR  the bundle (default: gpu-check-bundle/ in the repository)
+#   --build DIR   a build tree instead (its daemon/, client/, tests/)
+# Environment: GPUMEM_CHECK_KEEP=1 keeps the work directory. Exit status 0
+# when no stage failed. The torch stage runs torch_train.py with
+# GPUMEM_SOCKET (the daemon's socket) and GPUMEM_LIBRARY_DIR (libgpumem and
+# its libraries, also on its LD_LIBRARY_PATH). Trimming other clients' caches
+# needs admin rights: run as root (or in the daemon's admin group).
+set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DEVICE=${GPUMEM_CHECK_DEVICE:-0}
+HERE=$REPO/scripts/gpu-check
+EMULATOR=0
+BUNDLE=$REPO/gpu-check-bundle
+BUILD=
+while [ $# -gt 0 ]; do
+        case $1 in
+        --emulator) EMULATOR=1 ;;
+        --bundle) BUNDLE=$2; shift ;;
+        --build) BUILD=$2; shift ;;
+        *) echo "usage: $0 [--emulator] [--bundle DIR | --build DIR]" >&2; exit 2 ;;
+        esac
+        shift
+done
+
 WORK=$(mktemp -d /tmp/gpumem-gpu-check.XXXXXX)
-BUILD=$WORK/build
-SOCK=$WORK/gpu$DEVICE.sock
 RESULTS=$WORK/results.txt
-TABLE=$WORK/table.txt
-DEADLINE=$((SECONDS + 280)) # every step's timeout comes out of this
+SOCK=$WORK/gpu0.sock
+DEADLINE=$((SECONDS + 450)) # 7.5 minutes for everything
 DAEMON_PID=
 : >"$RESULTS"
-: >"$TABLE"
 
 note() { printf '[gpu-check %3ds] %s\n' "$SECONDS" "$*"; }
-pass() { printf 'PASS  %s\n' "$*" >>"$RESULTS"; }
-fail() { printf 'FAIL  %s\n' "$*" >>"$RESULTS"; }
-left() { # seconds left before the deadline (at least 1)
-        local n=$((DEADLINE - SECONDS))
-        echo $((n > 0 ? n : 1))
-}
-json_number() { # json_number KEY JSON: the number after "KEY": in flat JSON
-        sed -n "s/.*\"$1\": *\(-\{0,1\}[0-9][0-9]*\).*/\1/p" <<<"$2"
-}
+result() { printf '%-5s %s\n' "$1" "$2" | tee -a "$RESULTS"; }
+pass() { result PASS "$*"; }
+fail() { result FAIL "$*"; }
+skip() { result SKIP "$*"; }
+left() { local n=$((DEADLINE - SECONDS)); echo $((n > 5 ? n : 5)); }
+json_number() { sed -n "s/.*\"$1\": *\(-\{0,1\}[0-9][0-9]*\).*/\1/p" <<<"$2" | head -1; }
+
+# ---- the binaries ----
+if [ -n "$BUILD" ]; then
+        GPUMEMD=$BUILD/daemon/gpumemd GPUMEMCTL=$BUILD/client/gpumemctl CLIENT=$BUILD/tests/gpu_check_client
+        LIBDIR=$BUILD/client FAKELIB=$BUILD/tests/fakecuda PTX=
+else # the bundle's bin/ wrappers put its lib/ on LD_LIBRARY_PATH for themselves only
+        GPUMEMD=$BUNDLE/bin/gpumemd GPUMEMCTL=$BUNDLE/bin/gpumemctl CLIENT=$BUNDLE/bin/gpu_client
+        LIBDIR=$BUNDLE/gpumem-lib FAKELIB=$BUNDLE/emulator PTX=$BUNDLE/kernels.ptx
+        [ -f "$BUNDLE/MANIFEST" ] && sed 's/^/[bundle] /' "$BUNDLE/MANIFEST"
+fi
+for f in "$GPUMEMD" "$GPUMEMCTL" "$CLIENT"; do
+        [ -x "$f" ] || { echo "FAIL  missing $f (make the bundle with scripts/gpu-check-bundle.sh)"; exit 1; }
+done
+export GM_CHECK_PTX=$PTX
+unset GPUMEM_HEAP
+if [ "$EMULATOR" = 1 ]; then
+        export GPUMEM_LIBCUDA=$FAKELIB/libcuda.so.1 GPUMEM_LIBNVML=$FAKELIB/libnvidia-ml.so.1
+        export FAKECUDA_POOL=$WORK/device-pool FAKECUDA_CAPACITY=8G FAKECUDA_CONTEXT_BYTES=256M GM_CHECK_SMALL=1
+        export PATH=$HERE:$PATH # the stand-in nvidia-smi
+        MODE="emulator (tests/fakecuda; no kernels run, figures are not a GPU's)"
+else
+        unset GPUMEM_LIBCUDA GPUMEM_LIBNVML FAKECUDA_POOL
+        MODE="hardware"
+fi
+
+smi() { timeout 20 nvidia-smi "$@" 2>/dev/null; }
+used_mib() { smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+free_mib() { smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+stats() { timeout 10 "$GPUMEMCTL" -s "$1" stats --json 2>/dev/null; }
 
 finish() {
         local status=0
         if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
                 kill -TERM "$DAEMON_PID"
-                if wait "$DAEMON_PID"; then pass "gpumemd exits cleanly on SIGTERM"; else fail "gpumemd exit status $? on SIGTERM (log: $WORK/gpumemd.log)"; fi
-        fi
-        if [ -s "$WORK/gpumemd.log" ] && grep -q '^<[0-3]>' "$WORK/gpumemd.log"; then
-                fail "gpumemd logged errors:"
-                grep '^<[0-3]>' "$WORK/gpumemd.log" | head -5 | sed 's/^/        /' >>"$RESULTS"
+                wait "$DAEMON_PID" || fail "gpumemd exit status $? on SIGTERM"
         fi
         grep -q '^FAIL' "$RESULTS" && status=1
-        [ -s "$RESULTS" ] || { echo "FAIL  no check ran" >>"$RESULTS"; status=1; }
+        [ -s "$RESULTS" ] || { echo "FAIL  no stage ran" >>"$RESULTS"; status=1; }
         echo
-        echo "================ gpumemd GPU check: $(nvidia-smi -i "$DEVICE" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "device $DEVICE") ================"
+        echo "================ gpumemd GPU check ($MODE) ================"
         cat "$RESULTS"
-        if [ -s "$TABLE" ]; then
-                echo
-                echo "median time per operation (us), device $DEVICE:"
-                cat "$TABLE"
-        fi
         echo
         if [ "$status" = 0 ]; then echo "RESULT: PASS"; else echo "RESULT: FAIL (work directory: $WORK)"; fi
         if [ "$status" = 0 ] && [ "${GPUMEM_CHECK_KEEP:-0}" != 1 ]; then rm -rf "$WORK"; fi
@@ -64,116 +124,189 @@ finish() {
 }
 trap finish EXIT
 
-# ---- prerequisites ----
-NVCC=$(command -v nvcc || true)
-[ -n "$NVCC" ] || { [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc; }
-for tool in cmake nvidia-smi "$NVCC"; do
-        if [ -z "$tool" ] || ! command -v "$tool" >/dev/null; then
-                fail "prerequisite missing: ${tool:-nvcc} (needs the CUDA toolkit, the driver and cmake)"
-                exit 1
-        fi
-done
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
-export CUDA_HOME
-note "device $DEVICE: $(nvidia-smi -i "$DEVICE" --query-gpu=name,uuid,memory.total --format=csv,noheader)"
+start_daemon() { # start_daemon SOCKET LOG [ARGS...]: the pid in STARTED_PID
+        local sock=$1 log=$2
+        shift 2
+        "$GPUMEMD" --backend cuda --socket "$sock" --metrics-listen none -v "$@" >"$log" 2>&1 &
+        STARTED_PID=$!
+        for _ in $(seq 300); do
+                [ -S "$sock" ] && stats "$sock" >/dev/null && return 0
+                kill -0 "$STARTED_PID" 2>/dev/null || break
+                sleep 0.1
+        done
+        return 1
+}
 
-# ---- build ----
-note "building gpumemd in $BUILD"
-if timeout "$(left)" cmake -S "$REPO" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEMD_WITH_CUDA=ON -DGPUMEMD_WERROR=OFF \
-        -DGPUMEMD_BUILD_TESTS=OFF >"$WORK/build.log" 2>&1 &&
-        timeout "$(left)" cmake --build "$BUILD" -j "$(nproc)" --target gpumemd gpumemctl gpumem >>"$WORK/build.log" 2>&1; then
-        pass "build with the cuda backend"
-else
-        fail "build (log: $WORK/build.log)"
-        tail -20 "$WORK/build.log"
+stop_daemon() { # stop_daemon PID: SIGTERM and a clean exit
+        kill -TERM "$1" 2>/dev/null && wait "$1"
+}
+
+# ---- the machine ----
+note "mode: $MODE"
+note "glibc: $(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -1)"
+note "driver: $(smi --query-gpu=driver_version --format=csv,noheader -i 0 || echo unknown)"
+note "GPU 0: $(smi --query-gpu=name,uuid,memory.total --format=csv,noheader -i 0 || echo unknown)"
+if ! command -v nvidia-smi >/dev/null; then
+        fail "nvidia-smi is missing: no device memory figures"
         exit 1
 fi
-for bin in "$BUILD/daemon/gpumemd" "$BUILD/client/gpumemctl" "$BUILD/client/libgpumem.so"; do
-        if ldd "$bin" | grep -q libcuda; then fail "$(basename "$bin") links libcuda"; else pass "$(basename "$bin") does not link libcuda"; fi
-done
-
-note "building the CUDA client with nvcc"
-CLIENT=$WORK/gpu_client
-NVCC_ARGS=(-O2 -std=c++17 -o "$CLIENT" "$REPO/scripts/gpu-check/gpu_client.cu" -I"$REPO/client/include"
-        -L"$BUILD/client" -lgpumem -L"$CUDA_HOME/lib64/stubs" -lcuda -Xlinker "-rpath=$BUILD/client")
-if timeout "$(left)" "$NVCC" -arch=native "${NVCC_ARGS[@]}" >"$WORK/nvcc.log" 2>&1 ||
-        timeout "$(left)" "$NVCC" "${NVCC_ARGS[@]}" >>"$WORK/nvcc.log" 2>&1; then
-        pass "nvcc build of the client"
-else
-        fail "nvcc build of the client (log: $WORK/nvcc.log)"
+if ! probe=$("$CLIENT" probe - 2>&1); then
+        fail "driver: $(tail -1 <<<"$probe")"
         exit 1
 fi
+note "$probe"
+BASELINE=$(used_mib)
+note "device memory used before the check: ${BASELINE} MiB"
 
 # ---- daemon ----
-note "starting gpumemd --backend cuda --device $DEVICE"
-"$BUILD/daemon/gpumemd" --backend cuda --device "$DEVICE" --socket "$SOCK" -v >"$WORK/gpumemd.log" 2>&1 &
-DAEMON_PID=$!
-for _ in $(seq 200); do
-        [ -S "$SOCK" ] && break
-        kill -0 "$DAEMON_PID" 2>/dev/null || break
-        sleep 0.1
-done
-if [ -S "$SOCK" ] && grep -q 'cuda backend' "$WORK/gpumemd.log"; then
-        pass "gpumemd serves device $DEVICE on the cuda backend"
-else
-        fail "gpumemd did not start on the cuda backend:"
-        tail -5 "$WORK/gpumemd.log" | sed 's/^/        /' >>"$RESULTS"
+if ! start_daemon "$SOCK" "$WORK/gpumemd.log"; then
+        fail "daemon: gpumemd --backend cuda did not start: $(tail -3 "$WORK/gpumemd.log" | tr '\n' ' ')"
         exit 1
 fi
-
-stats() { timeout 10 "$BUILD/client/gpumemctl" -s "$SOCK" stats --json; }
+DAEMON_PID=$STARTED_PID
+detail=$(sed -n 's/.*cuda backend: //p' "$WORK/gpumemd.log" | head -1)
+sleep 1
+daemon_used=$(( $(used_mib) - BASELINE ))
+apps=$(smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits)
+if grep -q "no CUDA context held" <<<"$detail" && ! grep -q "^$DAEMON_PID," <<<"$apps" && [ "$daemon_used" -lt 64 ]; then
+        pass "daemon: $detail; its own device memory +${daemon_used} MiB, not among compute processes"
+else
+        fail "daemon: '$detail'; +${daemon_used} MiB over the baseline; compute processes: $(tr '\n' ' ' <<<"$apps")"
+fi
 
 # ---- two clients ----
-note "two clients write and verify patterns"
-mkdir "$WORK/meet"
-timeout "$(left)" "$CLIENT" check "$SOCK" "$DEVICE" 1 "$WORK/meet" >"$WORK/client1.log" 2>&1 &
+note "two clients write and verify their blocks"
+mkdir -p "$WORK/meet"
+timeout "$(left)" "$CLIENT" pattern "$SOCK" 1 "$WORK/meet" >"$WORK/client1.log" 2>&1 &
 C1=$!
-timeout "$(left)" "$CLIENT" check "$SOCK" "$DEVICE" 2 "$WORK/meet" >"$WORK/client2.log" 2>&1 &
+timeout "$(left)" "$CLIENT" pattern "$SOCK" 2 "$WORK/meet" >"$WORK/client2.log" 2>&1 &
 C2=$!
 for _ in $(seq 600); do
         [ -f "$WORK/meet/held-1" ] && [ -f "$WORK/meet/held-2" ] && break
-        if ! kill -0 "$C1" 2>/dev/null || ! kill -0 "$C2" 2>/dev/null; then break; fi
+        kill -0 "$C1" 2>/dev/null && kill -0 "$C2" 2>/dev/null || break
         sleep 0.1
 done
 if [ -f "$WORK/meet/held-1" ] && [ -f "$WORK/meet/held-2" ]; then
         held=$(($(cat "$WORK/meet/held-1") + $(cat "$WORK/meet/held-2")))
-        json=$(stats || true)
+        json=$(stats "$SOCK")
         allocated=$(json_number 'allocated_bytes.all.current' "$json")
-        sessions=$(json_number sessions "$json")
-        if [ "${allocated:-x}" = "$held" ] && [ "${sessions:-0}" -ge 2 ]; then
-                pass "stats while both clients hold memory: $allocated bytes allocated, $sessions sessions"
+        if [ "${allocated:-x}" = "$held" ]; then
+                pass "clients: both hold memory at once, the daemon counts $allocated bytes allocated"
         else
-                fail "stats while clients hold $held bytes: allocated_bytes.all.current=${allocated:-missing} sessions=${sessions:-missing}"
+                fail "clients: they hold $held bytes, the daemon counts ${allocated:-nothing}"
         fi
-else
-        fail "clients did not reach the holding point"
 fi
 touch "$WORK/meet/go"
 for c in 1 2; do
         pid=$C1
         [ "$c" = 2 ] && pid=$C2
-        if wait "$pid"; then
-                pass "client $c: $(tail -1 "$WORK/client$c.log")"
-        else
-                fail "client $c (exit $?):"
-                tail -5 "$WORK/client$c.log" | sed 's/^/        /' >>"$RESULTS"
-        fi
+        if wait "$pid"; then pass "clients: $(tail -1 "$WORK/client$c.log")"; else fail "clients: $(tail -1 "$WORK/client$c.log")"; fi
 done
 
-allocated=
-for _ in $(seq 50); do
-        json=$(stats || true)
-        allocated=$(json_number 'allocated_bytes.all.current' "$json")
-        [ "$allocated" = 0 ] && break
+# ---- expandable segments (a second daemon) ----
+note "expandable segments"
+if start_daemon "$WORK/exp.sock" "$WORK/gpumemd-exp.log" --alloc-conf expandable_segments:True; then
+        EXP_PID=$STARTED_PID
+        if out=$(timeout "$(left)" "$CLIENT" expandable "$WORK/exp.sock" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "expandable: $(tail -1 <<<"$out")"; fi
+        stop_daemon "$EXP_PID" || fail "expandable: its gpumemd did not exit cleanly"
+else
+        fail "expandable: gpumemd with expandable segments did not start"
+fi
+
+# ---- streams ----
+note "stream-ordered frees"
+hold=$WORK/hold-events
+if [ "$EMULATOR" = 1 ]; then touch "$hold"; fi
+if out=$(FAKECUDA_HOLD_EVENTS=$hold GM_CHECK_HOLD_EVENTS=$([ "$EMULATOR" = 1 ] && echo "$hold") \
+        timeout "$(left)" "$CLIENT" streams "$SOCK" 2>&1); then
+        pass "$(tail -1 <<<"$out")"
+else
+        fail "streams: $(tail -1 <<<"$out")"
+fi
+
+# ---- reclaim and trim while kernels run ----
+note "reclaim and trim"
+rm -f "$WORK/meet/go" "$WORK/meet/cached"
+timeout "$(left)" "$CLIENT" cache "$SOCK" "$WORK/meet" >"$WORK/cache.log" 2>&1 &
+CC=$!
+for _ in $(seq 600); do [ -f "$WORK/meet/cached" ] || ! kill -0 "$CC" 2>/dev/null && break; sleep 0.1; done
+trim=$(timeout 30 "$GPUMEMCTL" -s "$SOCK" trim 2>&1)
+touch "$WORK/meet/go"
+if wait "$CC"; then pass "$(tail -1 "$WORK/cache.log") ($(tr '\n' ' ' <<<"$trim"))"; else fail "reclaim: $(tail -1 "$WORK/cache.log")"; fi
+if out=$(timeout "$(left)" "$CLIENT" trim-busy "$SOCK" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "reclaim: $(tail -1 <<<"$out")"; fi
+
+# ---- out of memory ----
+note "out of memory"
+free=$(free_mib)
+hog=$(( free > 4096 ? free - 3072 : 0 ))
+if [ "$hog" -gt 0 ]; then
+        rm -f "$WORK/meet/go" "$WORK/meet/hog"
+        timeout "$(left)" "$CLIENT" hog $((hog * 1048576)) "$WORK/meet" >"$WORK/hog.log" 2>&1 &
+        HOG=$!
+        for _ in $(seq 600); do [ -f "$WORK/meet/hog" ] || ! kill -0 "$HOG" 2>/dev/null && break; sleep 0.1; done
+        out=$(timeout "$(left)" "$CLIENT" oom "$SOCK" 2>&1)
+        rc=$?
+        touch "$WORK/meet/go"
+        wait "$HOG"
+        if [ $rc = 0 ] && grep -q "diagnosis: memory used outside gpumemd" <<<"$out"; then
+                pass "oom: ${hog} MiB held outside gpumemd; $(tail -1 <<<"$out")"
+        else
+                fail "oom: $(tail -1 <<<"$out") [$(grep 'oom message' <<<"$out" | cut -c1-300)]"
+        fi
+else
+        fail "oom: only ${free} MiB free on the device"
+fi
+
+# ---- restart ----
+note "SIGKILL restart under the fd-store harness"
+mkdir -p "$WORK/restart"
+out=$(timeout "$(left)" python3 "$HERE/restart_stage.py" "$GPUMEMD" "$CLIENT" "$WORK/restart" 2>&1)
+line=$(grep -E '^(PASS|FAIL) ' <<<"$out" | tail -1)
+if [ -n "$line" ]; then result "${line%% *}" "${line#* }"; else fail "restart: $(tail -1 <<<"$out")"; fi
+
+# ---- bench ----
+note "timing"
+if out=$(timeout "$(left)" "$CLIENT" bench "$SOCK" 2>&1); then
+        sed -n '1,4p' <<<"$out" | sed 's/^/        /' >>"$RESULTS"
+        torch_line=
+        if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+                torch_out=$(timeout "$(left)" python3 "$HERE/torch_bench.py" 2>&1) && torch_line="; PyTorch's caching allocator (torch.empty+del): $(tr '\n' ' ' <<<"$torch_out")"
+        else
+                torch_line="; PyTorch's caching allocator: not measured (no torch with CUDA here)"
+        fi
+        pass "$(tail -1 <<<"$out")$torch_line"
+else
+        fail "bench: $(tail -1 <<<"$out")"
+fi
+
+# ---- torch training ----
+note "torch training"
+if [ ! -f "$HERE/torch_train.py" ]; then
+        skip "torch: scripts/gpu-check/torch_train.py is not here (the PyTorch entry points' stage)"
+elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        skip "torch: no PyTorch with CUDA in this python3"
+elif out=$(GPUMEM_SOCKET=$SOCK GPUMEM_LIBRARY_DIR=$LIBDIR LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        timeout "$(left)" python3 "$HERE/torch_train.py" 2>&1); then
+        pass "torch: $(tail -1 <<<"$out")"
+else
+        fail "torch: $(tail -1 <<<"$out")"
+fi
+
+# ---- back to the baseline ----
+note "device memory back to its baseline"
+stop_daemon "$DAEMON_PID" || fail "gpumemd did not exit cleanly on SIGTERM"
+DAEMON_PID=
+if grep -q '^<[0-3]>' "$WORK/gpumemd.log"; then
+        fail "gpumemd logged errors: $(grep '^<[0-3]>' "$WORK/gpumemd.log" | head -3 | tr '\n' ' ')"
+fi
+end=
+for _ in $(seq 100); do
+        end=$(used_mib)
+        [ "$end" -le "$BASELINE" ] && break
         sleep 0.1
 done
-if [ "$allocated" = 0 ]; then pass "stats after the clients left: nothing allocated"; else fail "stats after the clients left: allocated_bytes.all.current=${allocated:-missing}"; fi
-
-# ---- timing ----
-note "timing"
-if timeout "$(left)" "$CLIENT" bench "$SOCK" "$DEVICE" >"$TABLE" 2>"$WORK/bench.log"; then
-        pass "timing run"
+if [ "$end" -le "$BASELINE" ]; then
+        pass "baseline: device memory used ${BASELINE} MiB before, ${end} MiB after everything stopped"
 else
-        fail "timing run:"
-        tail -5 "$WORK/bench.log" | sed 's/^/        /' >>"$RESULTS"
+        fail "baseline: device memory used ${BASELINE} MiB before, ${end} MiB after everything stopped ($((end - BASELINE)) MiB leaked)"
 fi

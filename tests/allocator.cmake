@@ -6,7 +6,7 @@ add_executable(test_allocator
   ${CMAKE_CURRENT_LIST_DIR}/fake_provider.c)
 target_link_libraries(test_allocator PRIVATE gm_allocator PkgConfig::CHECK)
 add_test(NAME allocator COMMAND test_allocator)
-set_tests_properties(allocator PROPERTIES TIMEOUT 300)
+set_tests_properties(allocator PROPERTIES TIMEOUT 600)
 
 # Rebuilding a heap from its client's ledger (daemon restart).
 add_executable(test_restore ${CMAKE_CURRENT_LIST_DIR}/test_restore.c ${CMAKE_CURRENT_LIST_DIR}/fake_provider.c)

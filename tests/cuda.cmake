@@ -50,4 +50,18 @@ if(GPUMEM_HAVE_CUDA)
   add_test(NAME cuda_e2e COMMAND test_cuda_e2e)
   set_tests_properties(cuda_e2e PROPERTIES TIMEOUT 600 ENVIRONMENT
     "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
+
+  # The client of scripts/gpu-check.sh (built here too, so the emulator run
+  # of the check below tests it).
+  add_executable(gpu_check_client ${CMAKE_SOURCE_DIR}/scripts/gpu-check/gpu_client.c)
+  target_include_directories(gpu_check_client PRIVATE ${CUDA_INCLUDE_DIR})
+  target_link_libraries(gpu_check_client PRIVATE gpumem ${CMAKE_DL_LIBS})
+endif()
+
+# scripts/gpu-check.sh end to end over the emulated driver and the stand-in
+# nvidia-smi, on this build tree (about 10 s).
+if(GPUMEM_HAVE_CUDA AND TARGET gpu_check_client)
+  add_test(NAME gpu_check_emulator COMMAND ${CMAKE_SOURCE_DIR}/scripts/gpu-check.sh --emulator --build ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_check_emulator PROPERTIES TIMEOUT 120)
+  add_dependencies(gpu_check_client gpumemd gpumemctl fakecuda fakenvml)
 endif()

@@ -122,11 +122,25 @@ static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, ui
         return 0;
 }
 
-static int fake_stream_idle(void *userdata, uint64_t stream) {
+static int fake_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
         fake_provider_t *f = userdata;
 
         f->stream_queries++;
-        return stream < FAKE_STREAMS && f->busy[stream] ? 0 : 1;
+        if (stream >= FAKE_STREAMS) {
+                *ret_done = fence;
+                return 0;
+        }
+        if (fence < f->fence_marked[stream])
+                f->errors++;
+        f->fence_marked[stream] = fence;
+        if (!f->busy[stream])
+                f->fence_done[stream] = fence;
+        *ret_done = f->fence_done[stream];
+        return 0;
+}
+
+void fake_progress(fake_provider_t *f, uint64_t stream) {
+        f->fence_done[stream] = f->fence_marked[stream];
 }
 
 static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
@@ -149,7 +163,7 @@ gm_provider_t fake_provider(fake_provider_t *f) {
                 .release = fake_release,
                 .trace = fake_trace,
                 .remap = fake_remap,
-                .stream_idle = fake_stream_idle,
+                .stream_fence = fake_stream_fence,
                 .userdata = f,
         };
 }

@@ -1,9 +1,10 @@
 /* A deterministic gm_provider_t for allocator tests: a capacity, injected
  * failures, and a ledger that catches protocol mistakes (unknown or double
  * released handles, a wrong whole_segment or from_segment_empty flag, a page
- * moved from where it is not or onto another live page). Streams 0..7 can be
- * marked busy (their device work not done) for page reuse; streams beyond
- * are always idle. No real memory is touched. */
+ * moved from where it is not or onto another live page, a fence number that
+ * goes backwards). Streams 0..7 can be marked busy (their fences stay pending
+ * until fake_progress()) for page reuse; streams beyond are always idle. No
+ * real memory is touched. */
 #pragma once
 
 #include <stdbool.h>
@@ -32,8 +33,10 @@ typedef struct fake_provider {
         bool no_overlap_check; /* skip remap's O(pieces) destination check (timed replays) */
         uint64_t remaps;       /* successful remap calls (page moves) */
         unsigned remap_fail_next; /* the next remap_fail_next remaps fail with -EIO */
-        bool busy[FAKE_STREAMS]; /* stream_idle() answers 0 for these streams (others: 1) */
-        uint64_t stream_queries;
+        bool busy[FAKE_STREAMS]; /* fences marked on these streams stay pending until
+                                  * fake_progress() (others complete at once) */
+        uint64_t fence_marked[FAKE_STREAMS], fence_done[FAKE_STREAMS];
+        uint64_t stream_queries; /* stream_fence calls */
         uint64_t traces[_GM_TRACE_ACTION_MAX];
         int last_action;
         uint64_t last_addr, last_size, last_stream;
@@ -41,5 +44,8 @@ typedef struct fake_provider {
 
 void fake_init(fake_provider_t *f, uint64_t capacity);
 void fake_done(fake_provider_t *f);
-/* The callback table; userdata is f. It has remap and stream_idle. */
+/* The callback table; userdata is f. It has remap and stream_fence. */
 gm_provider_t fake_provider(fake_provider_t *f);
+/* The device passes every fence marked on `stream` so far (the stream may
+ * stay busy with newer work). */
+void fake_progress(fake_provider_t *f, uint64_t stream);

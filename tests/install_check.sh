@@ -10,15 +10,20 @@ build="$1"
 src="$2"
 extra="${3:-}"
 work="$(mktemp -d)"
-trap 'kill "${daemon:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${work}"' EXIT
+trap 'for p in "${daemon:-}" "${EX_PID:-}"; do [ -z "${p}" ] || kill "${p}" 2>/dev/null || true; done
+      wait 2>/dev/null || true; rm -rf "${work}"' EXIT
 prefix="${work}/prefix"
 cmake --install "${build}" --prefix "${prefix}" >/dev/null
-for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h; do
+for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h include/gpumem/torch.h; do
         [ -e "${prefix}/${f}" ] || { echo "missing ${f} in the install" >&2; exit 1; }
 done
 pcdir="$(dirname "$(find "${prefix}" -name gpumem.pc | head -n1)")"
 libdir="$(PKG_CONFIG_PATH="${pcdir}" pkg-config --variable=libdir gpumem)"
-ls "${libdir}"/libgpumem.so* >/dev/null
+ls "${libdir}"/libgpumem.so* "${libdir}"/libgpumem_torch.so.0 >/dev/null
+# The Python package, where Debian's python3 looks under this prefix.
+pkg="$(find "${prefix}" -path '*/dist-packages/gpumem/__init__.py' | head -n1)"
+[ -n "${pkg}" ] || { echo "missing the gpumem Python package in the install" >&2; exit 1; }
+pydir="$(dirname "$(dirname "${pkg}")")"
 
 # 1. pkg-config
 # shellcheck disable=SC2046
@@ -43,7 +48,14 @@ for example in "${work}/example-pc" "${work}/consumer/example"; do
         stats="$("${prefix}/bin/gpumemctl" -s "${sock}" stats --json)"
         grep -q '"allocated_bytes.all.current": 8388608' <<<"${stats}" ||
                 { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
+        # The installed Python package loads the installed libraries and reads
+        # the same figure (device 0 of the socket template is this daemon).
+        py="$(env -u GPUMEM_LIBRARY_DIR PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
+import gpumem, gpumem.torch
+print(gpumem._lib.TORCH_LIBRARY_PATH, gpumem.memory_stats(0, scope="device")["allocated_bytes.all.current"])')"
+        [ "${py}" = "$(realpath "${libdir}")/libgpumem_torch.so.0 8388608" ] ||
+                { echo "${example}: the installed Python package says '${py}'" >&2; exit 1; }
         exec {EX[1]}>&-
         wait "${EX_PID}"
 done
-echo "install check passed: pkg-config and find_package consumers ran against ${prefix}"
+echo "install check passed: pkg-config and find_package consumers and the Python package ran against ${prefix}"

@@ -13,9 +13,16 @@ target_compile_definitions(test_metrics PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpu
 if(GM_PROMTOOL_EXECUTABLE)
   target_compile_definitions(test_metrics PRIVATE GM_PROMTOOL="${GM_PROMTOOL_EXECUTABLE}")
 endif()
-add_dependencies(test_metrics gpumemd gpumemctl)
+add_dependencies(test_metrics gpumemd gpumemctl gm-test-client)
 add_test(NAME metrics COMMAND test_metrics)
 set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+# The UUID label from the cuda backend (the emulated driver's device UUID).
+if(GPUMEM_HAVE_CUDA)
+  add_test(NAME metrics_cuda_uuid COMMAND test_metrics)
+  add_dependencies(test_metrics fakecuda fakenvml)
+  set_tests_properties(metrics_cuda_uuid PROPERTIES TIMEOUT 300 ENVIRONMENT
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_UUID_PREFIX=0123456789abcdef")
+endif()
 
 if(GM_PROMTOOL_EXECUTABLE)
   set(GM_PROM_DIR ${CMAKE_SOURCE_DIR}/packaging/prometheus)
@@ -41,15 +48,12 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} rules ${GM_PROM_RULES}
                    ${CMAKE_CURRENT_LIST_DIR}/metrics_alerts.test.yml ${CMAKE_SOURCE_DIR}/docs/runbook.md)
 endif()
-# A client that holds 8 MiB until its stdin closes (the install example).
-add_executable(gm_test_holder ${CMAKE_CURRENT_LIST_DIR}/install/example.c)
-target_link_libraries(gm_test_holder PRIVATE gpumem)
 if(Python3_Interpreter_FOUND AND GM_PROMETHEUS_EXECUTABLE)
   add_test(NAME metrics_dashboard
            COMMAND ${Python3_EXECUTABLE} ${GM_MONITORING_CHECK} dashboard
                    ${CMAKE_SOURCE_DIR}/packaging/grafana/gpumemd-dashboard.json ${GM_PROM_RULES}
                    ${GM_PROMETHEUS_EXECUTABLE} $<TARGET_FILE:gpumemd> $<TARGET_FILE:gpumemctl>
-                   $<TARGET_FILE:gm_test_holder>)
+                   $<TARGET_FILE:gm-test-client>)
   set_tests_properties(metrics_dashboard PROPERTIES TIMEOUT 120)
 else()
   message(WARNING "prometheus or python3 not found (Debian packages prometheus, python3-yaml): the dashboard is not checked")

@@ -6,12 +6,14 @@
       section of the runbook, and at least one promtool test case in which it
       fires.
 
-  monitoring_check.py dashboard DASHBOARD_JSON ALERTS_YML PROMETHEUS GPUMEMD GPUMEMCTL HOLDER
-      A real gpumemd (host backend) with real clients (HOLDER: a program that
-      allocates 8 MiB on the socket given, prints "ready" and frees at EOF),
-      scraped by a real Prometheus that also loads the alert rules. Every
-      query of the Grafana dashboard (panels and template variables) must
-      return data, and every rule must evaluate without error.
+  monitoring_check.py dashboard DASHBOARD_JSON ALERTS_YML PROMETHEUS GPUMEMD GPUMEMCTL CLIENT
+      A real gpumemd (host backend, a configured GPU UUID, this script playing
+      systemd's notification socket and fd store) with real clients (CLIENT:
+      gm-test-client, tests/test_client_tool.c), scraped by a real Prometheus that also loads
+      the alert rules. The clients cache memory, take it back through a
+      reclaim, and are refused by a quota. Every query of the Grafana
+      dashboard (panels and template variables) must return data, and every
+      rule must evaluate without error.
 """
 import json
 import os
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -110,12 +113,32 @@ def dashboard_queries(dash):
         yield f"variable {v['name']}", (m.group(1), m.group(2))
 
 
-def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, holder):
+def play_systemd(path):
+    """A notification socket like systemd's: reads every message and closes
+    the fds handed to the store (the daemon only needs them accepted)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+
+    def serve():
+        while True:
+            try:
+                _, fds, _, _ = socket.recv_fds(sock, 4096, 64)
+            except OSError:
+                return
+            for fd in fds:
+                os.close(fd)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, client):
     with open(dash_path) as f:
         dash = json.load(f)
     queries = list(dashboard_queries(dash))
     procs = []
     tmp = tempfile.mkdtemp(prefix="gpumem-dash-")
+    notify = None
 
     def spawn(*argv, **kw):
         p = subprocess.Popen(argv, **kw)
@@ -125,26 +148,19 @@ def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, hold
     try:
         sock = os.path.join(tmp, "gpu0.sock")
         mport, pport = free_port(), free_port()
-        spawn(gpumemd, "--backend", "host", "--capacity", "256M", "--socket", sock, "--config", "/dev/null",
-              "--metrics-listen", f"127.0.0.1:{mport}", stderr=open(os.path.join(tmp, "gpumemd.log"), "w"))
+        notify = play_systemd(os.path.join(tmp, "notify"))
+        env = dict(os.environ, NOTIFY_SOCKET=os.path.join(tmp, "notify"))
+        spawn(gpumemd, "--backend", "host", "--capacity", "64M", "--socket", sock, "--config", "/dev/null",
+              "--device", "GPU-8f6c2a3e-1b2c-4d5e-8f90-0123456789ab", "--metrics-listen", f"127.0.0.1:{mport}",
+              env=env, stderr=open(os.path.join(tmp, "gpumemd.log"), "w"))
         wait_for("the daemon's socket", lambda: os.path.exists(sock))
         tenant = f"uid:{os.getuid()}"
 
-        def hold():
-            p = spawn(holder, sock, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                      text=True)
-            return p, p.stdout.readline().strip()
-
-        # One client holds 8 MiB; a quota of 12 MiB then refuses a second's.
-        first, line = hold()
-        if line != "ready":
-            fail("the holding client did not allocate")
-        subprocess.run([gpumemctl, "-s", sock, "quota", "set", tenant, "12M", "--runtime"], check=True,
-                       stdout=subprocess.DEVNULL)
-        second, line = hold()
-        second.wait(timeout=10)
-        if line == "ready" or second.returncode == 0:
-            fail("the quota did not refuse the second client")
+        def run_client(mib, mode):
+            # hold SIZE SEED keeps a block; cache SIZE 1 frees it into the session's cache.
+            p = spawn(client, sock, mode, str(mib << 20), "1", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.DEVNULL, text=True)
+            return p, p.stdout.readline().strip() == "ready"
 
         config = os.path.join(tmp, "prometheus.yml")
         with open(config, "w") as f:
@@ -170,9 +186,23 @@ def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, hold
             return bool(res)
 
         wait_for("Prometheus to scrape gpumemd", scraped, timeout=30)
-        # Rates need two samples within their window: a few scrapes more.
-        window = "5s"
-        time.sleep(6)
+        # The workload runs while Prometheus scrapes, so rates see it.
+        # 40 MiB cached in one session; another's 40 MiB (of 64) needs it back
+        # through a reclaim; with a quota of 50 MiB a third's 20 are refused.
+        cacher, ok = run_client(40, "cache")
+        taker, ok2 = run_client(40, "hold")
+        if not ok or not ok2:
+            fail("the clients did not get their memory: " + open(os.path.join(tmp, "gpumemd.log")).read())
+        subprocess.run([gpumemctl, "-s", sock, "quota", "set", tenant, "50M", "--runtime"], check=True,
+                       stdout=subprocess.DEVNULL)
+        refused, ok = run_client(20, "hold")
+        refused.wait(timeout=10)
+        if ok or refused.returncode == 0:
+            fail("the quota did not refuse the third client")
+
+        # A few scrapes more; the window covers the workload.
+        window = "30s"
+        time.sleep(4)
         empty = []
         for where, expr in queries:
             if isinstance(expr, tuple):
@@ -182,8 +212,10 @@ def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, hold
                     empty.append(f"{where}: no {label} label on {metric}")
                 continue
             q = expr.replace("$__rate_interval", window).replace("$instance", ".+").replace("$device", ".+")
-            if not api("query", query=q)["result"]:
-                empty.append(f"{where}: {q}")
+            # At least one series with a number (not NaN: a quantile of nothing).
+            values = [float(r["value"][1]) for r in api("query", query=q)["result"]]
+            if not any(v == v for v in values):
+                empty.append(f"{where}: {q} -> {values}")
         if empty:
             fail("queries without data:\n  " + "\n  ".join(empty))
         groups = api("rules", type="alert")["groups"]
@@ -191,11 +223,14 @@ def check_dashboard(dash_path, alerts_path, prometheus, gpumemd, gpumemctl, hold
         bad = [f"{r['name']}: {r.get('lastError')}" for r in rules if r.get("health") != "ok"]
         if len(rules) != len(alert_rules(alerts_path)) or bad:
             fail(f"{len(rules)} rules loaded; not evaluating: {bad}")
-        first.stdin.close()
-        if first.wait(timeout=10) != 0:
-            fail("the holding client failed")
+        for p in (cacher, taker):
+            p.stdin.close()
+            if p.wait(timeout=10) != 0:
+                fail("a client failed")
         print(f"{len(queries)} dashboard queries return data; {len(rules)} alert rules evaluate")
     finally:
+        if notify:
+            notify.close()
         for p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

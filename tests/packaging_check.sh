@@ -117,7 +117,9 @@ deb)
                 fail "packaging/build-deb.sh"
         }
         changes=$(ls "$tmp"/out/gpumemd_*.changes)
-        # No error, no warning; every override carries its reason.
+        grep -q '\.dsc$' "$changes" || fail "no source package in $changes"
+        # Source and binary packages: no error, no warning; every override
+        # carries its reason.
         lintian --fail-on error,warning --tag-display-limit 0 "$changes" >"$tmp/lintian" 2>&1 ||
                 fail "lintian:
 $(cat "$tmp/lintian")"
@@ -191,6 +193,16 @@ libgpumem0 ii " ] || fail "not installed: $status"
         for dir in run/gpumem var/lib/gpumem; do
                 [ "$(stat -c %u "$root/$dir")" = "$uid" ] || fail "postinst did not create /$dir for gpumem"
         done
+
+        # The cuda backend is in the package exactly when the build profiles
+        # say so (packaging/debian/rules).
+        profiles=$(sed -n "s/^build-deb: build profiles '\(.*\)'\$/\1/p" "$tmp/build.log")
+        want_cuda=yes
+        case $profiles in *pkg.gpumemd.nocuda*) want_cuda=no ;; esac
+        has_cuda=yes
+        grep -q "built without the cuda backend" "$root/usr/bin/gpumemd" && has_cuda=no
+        [ $has_cuda = $want_cuda ] || fail "cuda backend in the package: $has_cuda, build profiles '$profiles'"
+        echo "cuda backend: $has_cuda (build profiles '$profiles')"
 
         # Consumers of the installed libgpumem-dev: pkg-config and
         # find_package(gpumem), run against the installed daemon.

@@ -8,7 +8,7 @@ add_test(NAME sd COMMAND test_sd)
 find_program(SYSTEMD_SOCKET_ACTIVATE systemd-socket-activate PATHS /usr/bin /lib/systemd /usr/lib/systemd)
 if(SYSTEMD_SOCKET_ACTIVATE)
   add_executable(test_sd_activation ${CMAKE_CURRENT_LIST_DIR}/test_sd_activation.c)
-  target_link_libraries(test_sd_activation PRIVATE gpumem PkgConfig::CHECK)
+  target_link_libraries(test_sd_activation PRIVATE gm_testutil gpumem PkgConfig::CHECK)
   target_compile_definitions(test_sd_activation PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>"
                              SOCKET_ACTIVATE_BIN="${SYSTEMD_SOCKET_ACTIVATE}")
   add_dependencies(test_sd_activation gpumemd)

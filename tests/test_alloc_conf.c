@@ -15,7 +15,7 @@ static gm_alloc_config_t parse_ok(const char *conf) {
         char err[256] = "";
         int r = gm_alloc_config_parse(conf, &c, err, sizeof(err));
 
-        ck_assert_msg(r == 0, "'%s' failed: %d %s", conf, r, err);
+        ck_assert_msg(r == 0, "'%s' failed: %d %s", conf ? conf : "(null)", r, err);
         return c;
 }
 

@@ -3,6 +3,9 @@
  * where the request needs them and only the shortfall is new memory. Every
  * expected figure is derived by hand in the comments; the fake provider's
  * ledger checks each move (from where, to where, from_segment_empty). */
+#include <stdlib.h>
+
+#include "snapshot.h"
 #include "test_allocator.h"
 
 static void open_reuse(bool reuse, uint64_t capacity) {
@@ -93,6 +96,49 @@ START_TEST(test_reuse_needs_remap) {
         ck_assert_int_eq(gm_heap_alloc(h, 16 * MiB, 0, &r), 0);
         ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_ALL].current, 20 * MiB);
         ck_assert_int_eq(gm_heap_check(h), 0);
+        gm_heap_destroy(h);
+        ck_assert_uint_eq(f.live_handles, 0);
+        ck_assert_uint_eq(f.errors, 0);
+        fake_done(&f);
+}
+END_TEST
+
+/* A daemon restart rebuilds a page-reuse heap from its client's ledger: a
+ * large-pool segment of three 2 MiB pages with a live 3 MiB block at 0 must
+ * be restored into the large pool (named, since the page size no longer
+ * tells); a 2 MiB request then takes [3,5) of it, and the moved-page checks
+ * (unique handles) hold. */
+START_TEST(test_reuse_restore_pool) {
+        gm_alloc_config_t c;
+        gm_provider_t p;
+        uint64_t cursor = 1ULL << 40;
+        gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &cursor};
+        gm_restore_piece_t pieces[3];
+        fake_provider_t f;
+        gm_heap_t *h;
+        gm_alloc_result_t r;
+
+        config_default(&c);
+        c.expandable_segments = c.page_reuse = true;
+        fake_init(&f, 1 * GiB);
+        p = fake_provider(&f);
+        for (int i = 0; i < 3; i++) {
+                pieces[i] = (gm_restore_piece_t){.offset = (uint64_t)i * 2 * MiB, .size = 2 * MiB};
+                ck_assert_int_eq(p.create(&f, 7, 64 * MiB, pieces[i].offset, 2 * MiB, &pieces[i].handle), 0);
+        }
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
+        ck_assert_int_eq(gm_heap_restore_segment_in_pool(h, 7, 64 * MiB, 0, false, pieces, 3), 0);
+        ck_assert_int_eq(gm_heap_restore_block(h, 100, 7, 0, 3 * MiB, 3 * MiB, false), 0);
+        ck_assert_int_eq(gm_heap_restore_finish(h), 0);
+        ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_LARGE_POOL].current, 6 * MiB);
+        ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_SMALL_POOL].current, 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 2 * MiB, 0, &r), 0);
+        ck_assert_uint_eq(r.segment_id, 7);
+        ck_assert_uint_eq(r.offset, 3 * MiB);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        /* a small-pool segment never has 20 MiB pages */
+        pieces[0].size = 20 * MiB;
+        ck_assert_int_eq(gm_heap_restore_segment_in_pool(h, 8, 80 * MiB, 0, true, pieces, 1), -EINVAL);
         gm_heap_destroy(h);
         ck_assert_uint_eq(f.live_handles, 0);
         ck_assert_uint_eq(f.errors, 0);
@@ -192,9 +238,11 @@ START_TEST(test_reuse_sawtooth) {
 END_TEST
 
 /* Moves wait for the device: a hole freed on a busy stream keeps its pages
- * (new memory instead), asked once per allocation; an idle answer frees
- * every earlier hole of that stream; a block whose free is still deferred
- * never gives pages; the same stream's own holes obey the same rule. */
+ * (new memory instead) while the fence marked after its free is pending,
+ * asked once per allocation; once the device passes that fence the pages
+ * move although the stream is still busy; a block whose free is still
+ * deferred never gives pages; the same stream's own holes obey the same
+ * rule. Free counts: x is free 1, z free 2, big free 3. */
 START_TEST(test_reuse_busy_stream) {
         gm_alloc_result_t x, y, z, z2, z3, d, big;
 
@@ -204,17 +252,18 @@ START_TEST(test_reuse_busy_stream) {
         ck_assert_uint_ne(x.segment_id, y.segment_id);
         free_ok(x.block_id, false);
         F.busy[1] = true;
-        z = alloc_ok(16 * MiB, 0); /* x's hole may still be in use: 8 new pages */
+        z = alloc_ok(16 * MiB, 0); /* fence 1 marked on stream 1, pending: 8 new pages */
         ck_assert_uint_eq(z.offset, 16 * MiB);
         ck_assert_uint_eq(F.remaps, 0);
         ck_assert_uint_eq(F.stream_queries, 1);
+        ck_assert_uint_eq(F.fence_marked[1], 1);
         ck_assert_uint_eq(reuse_info().refused_busy, 1);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 48 * MiB);
-        z2 = alloc_ok(16 * MiB, 0); /* a new allocation asks again */
+        z2 = alloc_ok(16 * MiB, 0); /* a new allocation asks again: still pending */
         ck_assert_uint_eq(F.stream_queries, 2);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 64 * MiB);
-        F.busy[1] = false;
-        z3 = alloc_ok(16 * MiB, 0); /* idle now: x's 8 pages move to [48,64) */
+        fake_progress(&F, 1); /* the device passes fence 1; stream 1 stays busy */
+        z3 = alloc_ok(16 * MiB, 0); /* x's 8 pages move to [48,64) */
         ck_assert_uint_eq(z3.offset, 48 * MiB);
         ck_assert_uint_eq(F.stream_queries, 3);
         ck_assert_uint_eq(F.remaps, 8);
@@ -231,17 +280,19 @@ START_TEST(test_reuse_busy_stream) {
         ck_assert_int_eq(gm_heap_free_completed(H, z.block_id), 0);
         CHECK_HEAP();
 
-        /* stream 0 busy: its own completed-on-the-host hole stays too */
+        /* stream 0 busy: its own hole [16,32) (free 2) stays too */
         F.busy[0] = true;
         big = alloc_ok(32 * MiB, 0); /* the 16 MiB hole fits no 32: 16 new pages at 80 */
         ck_assert_uint_eq(big.offset, 80 * MiB);
         ck_assert_uint_eq(F.remaps, 8);
+        ck_assert_uint_eq(F.fence_marked[0], 2);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 112 * MiB);
         F.busy[0] = false;
         free_ok(big.block_id, false);
-        big = alloc_ok(48 * MiB, 0); /* [80,112) grows by the 8 pages of [16,32): nothing new */
+        big = alloc_ok(48 * MiB, 0); /* fence 3 completes: [80,112) grows by the 8 pages of [16,32) */
         ck_assert_uint_eq(big.offset, 80 * MiB);
         ck_assert_uint_eq(F.remaps, 16);
+        ck_assert_uint_eq(F.fence_marked[0], 3);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 112 * MiB);
         (void)y;
         (void)z2;
@@ -314,6 +365,85 @@ START_TEST(test_reuse_limit) {
 }
 END_TEST
 
+/* Half moved, half new: after the pattern's frees an 80 MiB request takes
+ * the holes' 32 pages and needs 8 more, 144 MiB in all. At a 144 MiB quota it
+ * fits; at 136 MiB it is refused, and the pages it had moved go back to the
+ * provider (as the retry ladder's release would have done): 64 MiB left. */
+static void half_moved(uint64_t limit) {
+        gm_alloc_result_t r[8];
+
+        open_reuse(true, 1 * GiB);
+        gm_heap_set_limit(H, limit, NULL);
+        for (int i = 0; i < 8; i++)
+                r[i] = alloc_ok(16 * MiB, 0);
+        for (int i = 0; i < 8; i += 2)
+                free_ok(r[i].block_id, false);
+}
+
+START_TEST(test_reuse_limit_counts_moved) {
+        gm_alloc_result_t res;
+
+        half_moved(144 * MiB);
+        res = alloc_ok(80 * MiB, 0);
+        ck_assert_uint_eq(res.offset, 128 * MiB);
+        ck_assert_uint_eq(F.remaps, 32);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 144 * MiB);
+        half_moved(136 * MiB);
+        ck_assert_int_eq(gm_heap_alloc(H, 80 * MiB, 0, &res), -EDQUOT);
+        CHECK_HEAP();
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 64 * MiB);
+        ck_assert_uint_eq(F.live_bytes, 64 * MiB);
+        ck_assert_int_eq(STATS->num_ooms, 1);
+}
+END_TEST
+
+static char *snapshot_json(const gm_alloc_config_t *config) {
+        gm_snapshot_heap_t heap = {.heap = H, .pid = 1, .tenant = "t", .session_id = 1};
+        gm_snapshot_source_t src = {.heaps = &heap, .n_heaps = 1, .config = config};
+        char *buf, *json;
+        size_t len;
+
+        ck_assert_int_eq(gm_snapshot_write(&src, GM_SNAPSHOT_JSON, &buf, &len), 0);
+        json = strndup(buf, len);
+        free(buf);
+        return json;
+}
+
+static unsigned count_of(const char *haystack, const char *needle) {
+        unsigned n = 0;
+
+        for (const char *p = haystack; (p = strstr(p, needle)); p++)
+                n++;
+        return n;
+}
+
+/* After moves a snapshot shows one segment per contiguous mapped range, and
+ * allocator_settings name the extension only when it is set. */
+START_TEST(test_reuse_snapshot) {
+        gm_alloc_config_t c;
+        gm_alloc_result_t r[8];
+        char *json;
+
+        config_default(&c);
+        json = (open_reuse(false, 1 * GiB), snapshot_json(&c));
+        ck_assert_ptr_null(strstr(json, "gpumemd_page_reuse"));
+        free(json);
+        open_reuse(true, 1 * GiB);
+        c.expandable_segments = c.page_reuse = true;
+        for (int i = 0; i < 8; i++)
+                r[i] = alloc_ok(16 * MiB, 0);
+        for (int i = 0; i < 8; i += 2)
+                free_ok(r[i].block_id, false);
+        alloc_ok(32 * MiB, 0); /* takes the pages of [0,16) and [32,48) */
+        json = snapshot_json(&c);
+        ck_assert_ptr_nonnull(strstr(json, "\"gpumemd_page_reuse\":true"));
+        /* mapped: [16,32) and [48,160) (blocks 3, 5, 7, holes [64,80) [96,112), the new block) */
+        ck_assert_uint_eq(count_of(json, "\"is_expandable\":true"), 2);
+        ck_assert_uint_eq(count_of(json, "\"state\":\"active_allocated\""), 5);
+        free(json);
+}
+END_TEST
+
 static void setup(void) {
         H = NULL;
 }
@@ -337,6 +467,9 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_cross_pool);
         tcase_add_test(tc, test_reuse_remap_failure);
         tcase_add_test(tc, test_reuse_limit);
+        tcase_add_test(tc, test_reuse_limit_counts_moved);
+        tcase_add_test(tc, test_reuse_snapshot);
+        tcase_add_test(tc, test_reuse_restore_pool);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -13,6 +13,7 @@
 
 #include "broker.h"
 #include "clock.h"
+#include "testutil.h"
 
 #define MiB (1ull << 20)
 
@@ -149,11 +150,11 @@ static host_t host_;
 static gm_broker_t *b_;
 static char dir_[64], ledger_[128];
 
-#define CHECK(b)                                                                                    \
-        do {                                                                                        \
-                char why_[512];                                                                     \
-                int n_ = gm_broker_check((b), why_, sizeof(why_));                                 \
-                ck_assert_msg(n_ == 0, "%d broker invariants broken: %s", n_, why_);                \
+#define CHECK(b)                                                                     \
+        do {                                                                         \
+                char why_[512];                                                      \
+                int n_ = gm_broker_check((b), why_, sizeof(why_));                   \
+                ck_assert_msg(n_ == 0, "%d broker invariants broken: %s", n_, why_); \
         } while (0)
 
 static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
@@ -163,23 +164,25 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
         gm_broker_params_t params = {
                 .backend = &backend_,
                 .alloc_config = &conf,
-                .limits = {
-                        .max_blocks_per_session = 1000,
-                        .max_parked_per_session = 8,
-                        .park_timeout_ms = 60000,
-                        .release_timeout_ms = 60000,
-                        .reattach_grace_ms = 60000,
-                        .max_reattach_items = 1000,
-                        .max_ranges_per_release = 2,
-                },
-                .ops = {
-                        .send_release = host_send_release,
-                        .alloc_done = host_alloc_done,
-                        .store_add = host_store_add,
-                        .store_remove = host_store_remove,
-                        .log = host_log,
-                        .userdata = &host_,
-                },
+                .limits =
+                        {
+                                .max_blocks_per_session = 1000,
+                                .max_parked_per_session = 8,
+                                .park_timeout_ms = 60000,
+                                .release_timeout_ms = 60000,
+                                .reattach_grace_ms = 60000,
+                                .max_reattach_items = 1000,
+                                .max_ranges_per_release = 2,
+                        },
+                .ops =
+                        {
+                                .send_release = host_send_release,
+                                .alloc_done = host_alloc_done,
+                                .store_add = host_store_add,
+                                .store_remove = host_store_remove,
+                                .log = host_log,
+                                .userdata = &host_,
+                        },
                 .store_max = store_max,
         };
         gm_broker_t *b;
@@ -219,8 +222,8 @@ static gm_session_t *session(gm_broker_t *b, uid_t uid, const char *tenant) {
 static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
         gm_outcome_t out;
         gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
-        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size,
-                      out.kind, out.message);
+        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size, out.kind,
+                      out.message);
         gm_session_pieces_sent(s);
         CHECK(s->broker);
         return out.alloc.block_id;
@@ -719,6 +722,30 @@ START_TEST(test_tenant_views_and_persistent_quotas) {
 }
 END_TEST
 
+START_TEST(test_set_quota_saves_or_keeps_the_old) {
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        ck_assert_int_eq(gm_broker_set_quota(b_, "t", false, 9 * MiB, dir_), 0);
+        ck_assert_uint_eq(gm_tenant_find(b_, "t")->quota, 9 * MiB);
+        /* A save that fails keeps the old persistent quota. */
+        ck_assert_int_lt(gm_broker_set_quota(b_, "t", false, 1 * MiB, "/proc/gm-no-such-dir"), 0);
+        ck_assert_uint_eq(gm_tenant_find(b_, "t")->quota, 9 * MiB);
+        /* A runtime one wins, and comes back from the ledger. */
+        ck_assert_int_eq(gm_broker_set_quota(b_, "t", true, 3 * MiB, NULL), 0);
+        ck_assert_str_eq(gm_quota_source_name(gm_tenant_find(b_, "t")), "runtime");
+        CHECK(b_);
+        gm_broker_t *next = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(next, ledger_), 0);
+        ck_assert_int_eq(gm_quotas_load(next, dir_), 0);
+        gm_tenant_t *t = gm_tenant_find(next, "t");
+        ck_assert_uint_eq(t->quota, 3 * MiB);
+        ck_assert_uint_eq(t->quota_by_source[GM_QUOTA_PERSISTENT], 9 * MiB);
+        gm_broker_free(next);
+        char path[160];
+        snprintf(path, sizeof(path), "%s/quotas", dir_);
+        unlink(path);
+}
+END_TEST
+
 START_TEST(test_alloc_conf_reaches_stats_everywhere) {
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 1 * MiB);
@@ -748,15 +775,12 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
+        tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
         tcase_add_test(tc, test_alloc_conf_reaches_stats_everywhere);
         suite_add_tcase(s, tc);
         return s;
 }
 
 int main(void) {
-        SRunner *sr = srunner_create(broker_suite());
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return gm_test_run_suite(broker_suite());
 }

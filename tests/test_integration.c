@@ -62,6 +62,7 @@ START_TEST(test_alloc_write_free_stats) {
         int64_t v;
         ck_assert_int_eq(gpumem_stat(c, "requested_bytes.all.current", &v), 0);
         ck_assert_int_eq(v, requested);
+        ck_assert_str_eq(gpumem_last_error(c), ""); /* a success leaves no failure message */
         ck_assert_int_eq(gpumem_stat(c, "allocation.all.current", &v), 0);
         ck_assert_int_eq(v, 9);
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocation.all.current"), 9);
@@ -624,6 +625,11 @@ START_TEST(test_alloc_conf_at_run_time) {
         const char *get_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), get_argv), 0);
         ck_assert_str_eq(out, "max_split_size_mb:64,roundup_power2_divisions:4\n");
+        /* An empty conf, set, restores the defaults (as the protocol says). */
+        const char *reset_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", "", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), reset_argv), 0);
+        ck_assert_str_eq(out, "\n");
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "max_split_size"), -1);
 }
 END_TEST
 
@@ -888,6 +894,63 @@ START_TEST(test_expandable_segments) {
 }
 END_TEST
 
+/* Reads the daemon's log whole into buf. */
+static void read_log(char *buf, size_t len) {
+        FILE *f = fopen(daemon_.log_path, "re");
+        size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+        if (f)
+                fclose(f);
+        buf[n] = '\0';
+}
+
+static size_t count_in(const char *text, const char *what) {
+        size_t n = 0;
+        for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+                n++;
+        return n;
+}
+
+/* SIGHUP takes a new alloc_conf into every statistic (device, tenant,
+ * session), and reloading an unchanged file again and again stays quiet. */
+START_TEST(test_sighup_reload_is_complete_and_repeatable) {
+        gm_test_daemon_stop(&daemon_);
+        char conf[256];
+        snprintf(conf, sizeof(conf), "backend = %s\nalloc_conf = max_split_size_mb:32\n", gm_test_backend());
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, conf);
+        gpumem_client *c = connect_ok();
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat(c, "max_split_size", &v), 0);
+        ck_assert_int_eq(v, 32 * (int64_t) MiB);
+        FILE *f = fopen(daemon_.config_path, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[daemon]\nstate_dir = %s/state\nbackend = %s\nalloc_conf = max_split_size_mb:64\n", daemon_.dir,
+                gm_test_backend());
+        fclose(f);
+        static char log[1 << 16];
+        for (int round = 1; round <= 3; round++) {
+                ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
+                size_t reloads = 0;
+                for (int i = 0; i < 500 && reloads < (size_t) round; i++) {
+                        read_log(log, sizeof(log));
+                        reloads = count_in(log, "configuration reloaded");
+                        if (reloads < (size_t) round)
+                                usleep(10000);
+                }
+                ck_assert_uint_eq(reloads, (size_t) round);
+        }
+        ck_assert_msg(!strstr(log, "need a restart"), "log: %s", log);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "max_split_size"), 64 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_stat(c, "max_split_size", &v), 0);
+        ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        char out[8192], tenant[32];
+        snprintf(tenant, sizeof(tenant), "uid:%u", (unsigned) getuid());
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", "--tenant", tenant, NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        ck_assert_msg(strstr(out, "\"max_split_size\": 67108864"), "tenant stats: %s", out);
+        gpumem_disconnect(c);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -913,6 +976,7 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_reset_stats);
         tcase_add_test(tc, test_stream_ordered_free);
         tcase_add_test(tc, test_expandable_segments);
+        tcase_add_test(tc, test_sighup_reload_is_complete_and_repeatable);
         suite_add_tcase(s, tc);
 
         if (strcmp(gm_test_backend(), "cuda") == 0) {

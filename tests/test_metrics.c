@@ -27,6 +27,7 @@ static gm_test_daemon_t daemon_;
 static char dir_[64];
 static char metrics_path_[128]; /* the endpoint's unix socket */
 static char tenant_[32];
+static const char *device_arg_; /* --device for the next setup(), NULL = default */
 
 static void sleep_ms(unsigned ms) {
         struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long) (ms % 1000) * 1000000L};
@@ -34,7 +35,7 @@ static void sleep_ms(unsigned ms) {
 }
 
 static void start_daemon(const char *listen) {
-        const char *args[] = {"--metrics-listen", listen, NULL};
+        const char *args[] = {"--metrics-listen", listen, device_arg_ ? "--device" : NULL, device_arg_, NULL};
         gm_test_daemon_start(&daemon_, "64M", args);
 }
 
@@ -63,6 +64,24 @@ static void teardown(void) {
         gm_test_daemon_stop(&daemon_);
         ck_assert_int_ne(access(metrics_path_, F_OK), 0); /* the endpoint removed its socket */
         rmdir(dir_);
+}
+
+/* The UUID label the uuid cases expect: the one configured on host; on cuda
+ * the emulated driver's device 0 under FAKECUDA_UUID_PREFIX=0123456789abcdef
+ * (tests/metrics.cmake), the daemon selecting it by index. */
+#define TEST_UUID "GPU-8f6c2a3e-1b2c-4d5e-8f90-0123456789ab"
+#define FAKECUDA_UUID "GPU-01234567-89ab-cdef-0000-000000000000"
+static const char *expected_uuid_;
+
+static void setup_uuid(void) {
+        device_arg_ = expected_uuid_ = TEST_UUID;
+        setup();
+        device_arg_ = NULL;
+}
+
+static void setup_cuda_uuid(void) {
+        expected_uuid_ = FAKECUDA_UUID;
+        setup();
 }
 
 static void setup_tcp(void) {
@@ -210,7 +229,7 @@ static double tenant_metric(const char *body, const char *name, const char *pool
 
 /* One key of `gpumemctl stats --json` output. */
 static int64_t json_value(const char *json, const char *key) {
-        char pat[128];
+        char pat[160]; /* a key of up to 127 characters, quoted, and ": " */
         snprintf(pat, sizeof(pat), "\"%s\": ", key);
         const char *p = strstr(json, pat);
         ck_assert_msg(p != NULL, "key %s not in %s", key, json);
@@ -408,6 +427,17 @@ START_TEST(test_figures_equal_gpumemctl) {
         ck_assert(metric(body, "gpumem_device_in_use_bytes{device=\"0\"}") == 0);
         ck_assert_int_eq(promtool_check(body, msg, sizeof(msg)), 0);
         free(body);
+
+        /* Quota and clients requests are timed like every other kind. */
+        char out[4096];
+        const char *quota_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "quota", "list", NULL};
+        const char *clients_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), quota_argv), 0);
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), clients_argv), 0);
+        body = scrape();
+        ck_assert(metric(body, "gpumem_request_duration_seconds_count{device=\"0\",op=\"quota\"}") >= 1);
+        ck_assert(metric(body, "gpumem_request_duration_seconds_count{device=\"0\",op=\"clients\"}") >= 1);
+        free(body);
 }
 END_TEST
 
@@ -450,6 +480,125 @@ START_TEST(test_refusals_and_reclaims_counted) {
         ck_assert(metric(body, "gpumem_request_duration_seconds_count{device=\"0\",op=\"release_ack\"}") == requested);
         free(body);
         gpumem_disconnect(c);
+}
+END_TEST
+
+/* Runs gpumemctl with `args` (after -s SOCKET); asserts success; returns its output. */
+static char *ctl(const char *const *args) {
+        const char *argv[16] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path};
+        size_t n = 3;
+        for (; args[n - 3]; n++)
+                argv[n] = args[n - 3];
+        argv[n] = NULL;
+        static char out[64 * 1024];
+        int rc = gm_test_run(out, sizeof(out), argv);
+        ck_assert_msg(rc == 0, "%s %s: exit %d: %s", args[0], args[1] ? args[1] : "", rc, out);
+        return out;
+}
+
+static double allocations_total(const char *body) {
+        return tenant_metric(body, "gpumem_allocations_total", "small") +
+               tenant_metric(body, "gpumem_allocations_total", "large");
+}
+
+/* gpumemctl's resets start its figures again; what Prometheus scrapes goes on. */
+START_TEST(test_counters_survive_resets) {
+        gpumem_client *c = connect_client();
+        void *p;
+        for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(gpumem_alloc(c, 3 * MiB, 0, &p), 0);
+                ck_assert_int_eq(gpumem_free(c, p), 0);
+        }
+        char *body = scrape();
+        ck_assert(allocations_total(body) == 3);
+        ck_assert(tenant_metric(body, "gpumem_frees_total", "large") == 3);
+        free(body);
+        ck_assert_int_eq(json_value(ctl((const char *[]){"stats", "--json", "--tenant", tenant_, NULL}),
+                                    "allocation.all.allocated"),
+                         3);
+
+        ctl((const char *[]){"stats", "--reset-accumulated", "--tenant", tenant_, NULL});
+        ctl((const char *[]){"stats", "--reset-accumulated", NULL});
+        ck_assert_int_eq(json_value(ctl((const char *[]){"stats", "--json", "--tenant", tenant_, NULL}),
+                                    "allocation.all.allocated"),
+                         0);
+        ck_assert_int_eq(json_value(ctl((const char *[]){"stats", "--json", NULL}), "allocation.all.freed"), 0);
+        body = scrape();
+        ck_assert(allocations_total(body) == 3);
+        ck_assert(tenant_metric(body, "gpumem_frees_total", "large") == 3);
+        free(body);
+
+        ck_assert_int_eq(gpumem_alloc(c, 3 * MiB, 0, &p), 0);
+        body = scrape();
+        ck_assert(allocations_total(body) == 4);
+        free(body);
+        ck_assert_int_eq(json_value(ctl((const char *[]){"stats", "--json", "--tenant", tenant_, NULL}),
+                                    "allocation.all.allocated"),
+                         1);
+        ck_assert_int_eq(json_value(ctl((const char *[]){"stats", "--json", NULL}), "allocation.all.allocated"), 1);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
+/* A quota for a tenant nobody is creates no series; the quota is kept. */
+START_TEST(test_no_series_for_unused_tenants) {
+        assert_allocation_works();
+        ctl((const char *[]){"quota", "set", "tpyo", "1G", "--runtime", NULL});
+        ck_assert_ptr_nonnull(strstr(ctl((const char *[]){"quota", "list", NULL}), "tpyo"));
+        char *body = scrape();
+        ck_assert_ptr_null(strstr(body, "tenant=\"tpyo\""));
+        ck_assert(tenant_metric(body, "gpumem_sessions", NULL) == 0); /* ours stays after its session */
+        ck_assert(allocations_total(body) == 1);
+        free(body);
+}
+END_TEST
+
+/* An allocation that waits for another session's cache is timed until served. */
+START_TEST(test_reclaim_wait_observed) {
+        gpumem_client *holder = connect_client(), *taker = connect_client();
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(holder, 40 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(holder, p), 0); /* cached in the holder's session */
+        char *body = scrape();
+        ck_assert(metric(body, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 0);
+        free(body);
+        int r = gpumem_alloc(taker, 40 * MiB, 0, &q); /* capacity 64M: only with the holder's cache */
+        ck_assert_msg(r == 0, "alloc: %s", gpumem_last_error(taker));
+        body = scrape();
+        ck_assert(metric(body, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
+        ck_assert(metric(body, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"+Inf\"}") == 1);
+        ck_assert(metric(body, "gpumem_reclaim_wait_seconds_sum{device=\"0\"}") < 2.5);
+        ck_assert(metric(body, "gpumem_reclaim_requests_total{device=\"0\",outcome=\"acknowledged\"}") >= 1);
+        free(body);
+        ck_assert_int_eq(gpumem_free(taker, q), 0);
+        gpumem_disconnect(taker);
+        gpumem_disconnect(holder);
+}
+END_TEST
+
+/* Every gpumem_ series carries the GPU's UUID (dcgm-exporter's label name),
+ * next to the device index: the configured one on host, the driver's on cuda. */
+START_TEST(test_uuid_on_every_series) {
+        assert_allocation_works();
+        char *body = scrape();
+        char labels[128];
+        snprintf(labels, sizeof(labels), "{device=\"0\",UUID=\"%s\"", expected_uuid_);
+        size_t samples = 0;
+        for (const char *p = body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+                if (strncmp(p, "gpumem_", 7) != 0)
+                        continue;
+                const char *brace = strchr(p, '{'), *eol = strchr(p, '\n');
+                ck_assert_msg(brace && brace < eol && strncmp(brace, labels, strlen(labels)) == 0,
+                              "no UUID label: %.*s", (int) (eol - p), p);
+                samples++;
+        }
+        ck_assert_uint_gt(samples, 100);
+        char series[256];
+        snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels,
+                 tenant_);
+        ck_assert(metric(body, series) == 1);
+        free(body);
 }
 END_TEST
 
@@ -611,8 +760,12 @@ static void setup_fake(void) {
         gm_tenant_t *plain = gm_tenant_get(b, "plain"), *weird = gm_tenant_get(b, "we\"ird\\na\nme");
         ck_assert_ptr_nonnull(plain);
         ck_assert_ptr_nonnull(weird);
+        plain->stats.allocation[GM_STAT_ALL].allocated = 1; /* it has had a session */
         gm_tenant_set_quota(weird, GM_QUOTA_RUNTIME, true, 5000);
         weird->charged_bytes = 4096;
+        /* Quotas alone: from the configuration (shown), from `quota set` (not). */
+        gm_tenant_set_quota(gm_tenant_get(b, "configured"), GM_QUOTA_CONFIG, true, 1 << 20);
+        gm_tenant_set_quota(gm_tenant_get(b, "typo"), GM_QUOTA_RUNTIME, true, 1 << 20);
         weird->stats.reserved_bytes[GM_STAT_LARGE_POOL].current = 4096;
         snprintf(dir_, sizeof(dir_), "/tmp/gpumemd-metrics-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
@@ -654,7 +807,21 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert_ptr_nonnull(strstr(text, "gpumem_quota_bytes{device=\"0\",tenant=\"we\\\"ird\\\\na\\nme\"} 5000\n"));
         ck_assert_ptr_null(strstr(text, "gpumem_quota_bytes{device=\"0\",tenant=\"plain\"}"));
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"plain\",reason=\"quota\"}") == 0);
+        ck_assert(metric(text, "gpumem_quota_bytes{device=\"0\",tenant=\"configured\"}") == 1 << 20);
+        ck_assert_ptr_null(strstr(text, "tenant=\"typo\""));
+        ck_assert_ptr_null(strstr(text, "UUID="));        /* none configured */
+        ck_assert_ptr_null(strstr(text, "gpumem_fdstore")); /* no fd store */
         free(text);
+
+        /* Under systemd the fd store's fill and limit. */
+        gm_broker_t *b = (gm_broker_t *) fake_.broker;
+        b->store_max = 8192;
+        b->n_stored = 3;
+        text = render(m);
+        ck_assert(metric(text, "gpumem_fdstore_fds{device=\"0\"}") == 3);
+        ck_assert(metric(text, "gpumem_fdstore_max_fds{device=\"0\"}") == 8192);
+        free(text);
+        b->store_max = b->n_stored = 0;
 
         /* Histogram buckets are cumulative, sums in seconds. */
         gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_ALLOC), 7000);          /* 7 us */
@@ -662,6 +829,7 @@ START_TEST(test_render_labels_counters_and_overflow) {
         gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_SNAPSHOT), 1000000);
         gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_ERROR), 1000000); /* ignored */
         gm_metrics_count_reclaim(m, GM_RECLAIM_TIMED_OUT);
+        gm_metrics_observe_reclaim_wait(m, 3000000); /* 3 ms */
         /* 1100 names: the table keeps 1023 and counts the rest as "other". */
         for (int i = 0; i < 1100; i++) {
                 char name[32];
@@ -682,6 +850,20 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_request_duration_seconds_bucket{device=\"0\",op=\"snapshot\",le=\"0.001\"}") ==
                   1);
         ck_assert(metric(text, "gpumem_reclaim_requests_total{device=\"0\",outcome=\"timed_out\"}") == 1);
+        ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.0025\"}") == 0);
+        ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.005\"}") == 1);
+        ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
+        /* Every request kind of the table has its series, timed or not yet. */
+        static const char *const every_op[] = {"hello", "alloc", "free", "free_completed", "trim", "stats",
+                                               "release_ack", "reset_stats", "history", "snapshot", "alloc_conf",
+                                               "quota", "clients", "reattach"};
+        ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
+        for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
+                char series[128];
+                snprintf(series, sizeof(series), "gpumem_request_duration_seconds_count{device=\"0\",op=\"%s\"}",
+                         every_op[i]);
+                ck_assert_msg(has_series(text, series), "no series %s", series);
+        }
         ck_assert(metric(text, "gpumem_reclaim_requests_total{device=\"0\",outcome=\"requested\"}") == 0);
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"t0\",reason=\"device\"}") == 1);
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"t5\",reason=\"external\"}") == 1);
@@ -694,6 +876,7 @@ START_TEST(test_render_labels_counters_and_overflow) {
 
         /* Disabled: the state only, and every entry point accepts NULL. */
         gm_metrics_observe_request(NULL, op_of(GPUMEM__ENVELOPE__BODY_ALLOC), 1);
+        gm_metrics_observe_reclaim_wait(NULL, 1);
         gm_metrics_count_refusal(NULL, "plain", GM_OOM_QUOTA);
         gm_metrics_count_reclaim(NULL, GM_RECLAIM_REQUESTED);
         text = render(NULL);
@@ -759,7 +942,16 @@ END_TEST
 
 static Suite *metrics_suite(void) {
         Suite *s = suite_create("metrics");
-        TCase *tc = tcase_create("endpoint");
+        TCase *tc;
+        if (strcmp(gm_test_backend(), "cuda") == 0) { /* tests/metrics.cmake: metrics_cuda_uuid */
+                tc = tcase_create("cuda_uuid");
+                tcase_add_checked_fixture(tc, setup_cuda_uuid, teardown);
+                tcase_set_timeout(tc, 180);
+                tcase_add_test(tc, test_uuid_on_every_series);
+                suite_add_tcase(s, tc);
+                return s;
+        }
+        tc = tcase_create("endpoint");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 180);
         tcase_add_test(tc, test_figures_equal_gpumemctl);
@@ -767,6 +959,14 @@ static Suite *metrics_suite(void) {
         tcase_add_test(tc, test_http_errors);
         tcase_add_test(tc, test_idle_connections);
         tcase_add_test(tc, test_clients_disconnecting_mid_request);
+        tcase_add_test(tc, test_counters_survive_resets);
+        tcase_add_test(tc, test_no_series_for_unused_tenants);
+        tcase_add_test(tc, test_reclaim_wait_observed);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("uuid");
+        tcase_add_checked_fixture(tc, setup_uuid, teardown);
+        tcase_set_timeout(tc, 180);
+        tcase_add_test(tc, test_uuid_on_every_series);
         suite_add_tcase(s, tc);
         tc = tcase_create("tcp");
         tcase_add_checked_fixture(tc, setup_tcp, teardown_tcp);

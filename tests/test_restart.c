@@ -215,8 +215,7 @@ static void sd_start_daemon(const char *alloc_conf, bool notify) {
                 if (waitpid(pid, &status, WNOHANG) == pid) {
                         char cmd[400];
                         snprintf(cmd, sizeof(cmd), "tail -n 20 %s >&2", sd.log_path);
-                        if (system(cmd)) {
-                        }
+                        gm_test_shell(cmd);
                         ck_abort_msg("gpumemd exited during start (status %d)", status);
                 }
         }
@@ -238,12 +237,10 @@ static void sd_teardown(void) {
         char cmd[400];
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 snprintf(cmd, sizeof(cmd), "tail -n 20 %s >&2", sd.log_path);
-                if (system(cmd)) {
-                }
+                gm_test_shell(cmd);
         }
         snprintf(cmd, sizeof(cmd), "rm -rf %s", sd.dir);
-        if (system(cmd)) {
-        }
+        gm_test_shell(cmd);
         /* Every test is a leak test: the daemon exits 0 only with nothing held. */
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
 }
@@ -386,9 +383,5 @@ int main(void) {
         tcase_add_test(tc, test_sigkill_without_fd_store);
         tcase_add_test(tc, test_unclaimed_segments_released_after_grace);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return gm_test_run_suite(s);
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "testutil.h"
 
 static char dir[64], notify_path[96], socket_path[96], log_path[128];
 static int notify_fd = -1;
@@ -33,8 +34,7 @@ static void sleep_ms(unsigned ms) {
 static void dump_log(void) {
         char cmd[256];
         snprintf(cmd, sizeof(cmd), "tail -n 30 %s >&2", log_path);
-        if (system(cmd) < 0) {
-        }
+        gm_test_shell(cmd);
 }
 
 static void assert_daemon_running(void) {
@@ -58,8 +58,7 @@ static void dir_setup(void) {
 static void dir_teardown(void) {
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        if (system(cmd) < 0) {
-        }
+        gm_test_shell(cmd);
 }
 
 static void notify_setup(void) {
@@ -191,9 +190,5 @@ int main(void) {
         tcase_set_timeout(tc, 180);
         tcase_add_test(tc, test_socket_activation);
         suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return gm_test_run_suite(s);
 }

@@ -81,6 +81,18 @@ void gm_test_daemon_launch(gm_test_daemon_t *d, const char *capacity, const char
         ck_abort_msg("gpumemd did not start listening on %s", d->socket_path);
 }
 
+int gm_test_run_suite(Suite *s) {
+        SRunner *sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+void gm_test_shell(const char *cmd) {
+        ck_assert_msg(system(cmd) != -1, "cannot run '%s'", cmd);
+}
+
 void gm_test_daemon_stop(gm_test_daemon_t *d) {
         if (d->pid <= 0)
                 return;
@@ -91,8 +103,7 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 char cmd[400];
                 snprintf(cmd, sizeof(cmd), "tail -n 30 %s >&2", d->log_path);
-                if (system(cmd) < 0) {
-                }
+                gm_test_shell(cmd);
         }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
         ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
@@ -100,8 +111,7 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
                 return;
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
-        if (system(cmd) < 0) {
-        }
+        gm_test_shell(cmd);
 }
 
 int gm_test_count_fds(pid_t pid) {

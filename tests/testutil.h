@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <check.h>
+
 #include "gpumem.pb-c.h"
 
 typedef struct gm_test_daemon {
@@ -57,6 +59,10 @@ int64_t gm_test_device_stat(const char *socket_path, const char *name);
 /* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */
 int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int64_t want);
 
+/* Runs every test of `s`; the process's exit status (EXIT_FAILURE when one failed). */
+int gm_test_run_suite(Suite *s);
+/* Runs a shell command whose exit status does not matter (log dumps, cleanup). */
+void gm_test_shell(const char *cmd);
 /* Runs a command, captures stdout into buf; returns its exit status. */
 int gm_test_run(char *buf, size_t buf_len, const char *const *argv);
 

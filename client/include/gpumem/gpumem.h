@@ -12,6 +12,7 @@
 #ifndef GPUMEM_GPUMEM_H
 #define GPUMEM_GPUMEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,9 +63,157 @@ GPUMEM_EXPORT const char *gpumem_strerror(int err);
 
 /* The detailed message of the calling thread's last failure on this client
  * (e.g. the out-of-memory diagnosis); "" if none. Valid until the thread's next
- * call on the client. With c NULL: why the thread's last gpumem_connect()
- * failed (e.g. a refused socket directory, or the daemon's session limit). */
+ * call on the client. With NULL: why the thread's last gpumem_connect() or
+ * gpumem_connect_device() failed (e.g. a refused socket directory, or the
+ * daemon's session limit). */
 GPUMEM_EXPORT const char *gpumem_last_error(gpumem_client *c);
+
+/* ---- Frames, devices, statistics, snapshots, administration ----
+ * The calls below speak the same requests gpumemctl does, on this client's
+ * session, with the caller's kernel-verified rights: a session sees its own
+ * figures and its tenant's; other tenants, other processes, the whole device,
+ * history and quota changes need admin rights (uid 0 or the admin group). */
+
+/* One frame of the allocating code's stack, for memory history. */
+typedef struct gpumem_frame {
+        const char *filename;
+        uint32_t line;
+        const char *name;
+} gpumem_frame;
+
+/* Most frames one allocation carries; further ones are dropped. */
+#define GPUMEM_MAX_FRAMES 64
+
+/* gpumem_alloc() that also passes the allocating code's stack (innermost
+ * first). The daemon keeps it with the allocation's trace entry while memory
+ * history is on (gpumem_history()), so snapshots show where blocks came from. */
+GPUMEM_EXPORT int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames,
+                                      size_t n_frames, void **ret_ptr);
+
+/* Connects to the daemon of this process's CUDA device `ordinal` (the number
+ * cudaGetDevice() gives, after CUDA_VISIBLE_DEVICES). The socket is
+ * $GPUMEM_SOCKET_TEMPLATE with its one %d replaced by the ordinal; without a
+ * template, $GPUMEM_SOCKET for ordinal 0, else the default socket of GPU
+ * `ordinal`. Where the daemon reports its GPU's UUID and the CUDA driver is
+ * present, the UUID must name this process's device `ordinal`; otherwise the
+ * other sockets of the template (indices 0..63) are searched for the daemon
+ * that does. -ENODEV when no daemon serves the device. */
+GPUMEM_EXPORT int gpumem_connect_device(int ordinal, gpumem_client **ret);
+
+/* Whose figures a call is about. */
+typedef enum gpumem_scope {
+        GPUMEM_SCOPE_SESSION = 0, /* this client's session */
+        GPUMEM_SCOPE_DEVICE = 1,  /* every session on the GPU (admin) */
+        GPUMEM_SCOPE_TENANT = 2,  /* one tenant; NULL or "" is the caller's own */
+        GPUMEM_SCOPE_PID = 3,     /* every session of one process */
+} gpumem_scope;
+
+/* Every torch.cuda.memory_stats() statistic of one scope, taken at one moment. */
+typedef struct gpumem_stats gpumem_stats;
+
+/* Takes the statistics of `scope` (`tenant` for GPUMEM_SCOPE_TENANT, `pid`
+ * for GPUMEM_SCOPE_PID; ignored otherwise). Free *ret with gpumem_stats_free(). */
+GPUMEM_EXPORT int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, uint32_t pid,
+                                   gpumem_stats **ret);
+/* Accepts NULL. */
+GPUMEM_EXPORT void gpumem_stats_free(gpumem_stats *s);
+/* Number of statistics; they are sorted by name as memory_stats() sorts them. */
+GPUMEM_EXPORT size_t gpumem_stats_count(const gpumem_stats *s);
+/* Name and value of statistic i (< count); NULL and 0 past the end. */
+GPUMEM_EXPORT const char *gpumem_stats_name(const gpumem_stats *s, size_t i);
+GPUMEM_EXPORT int64_t gpumem_stats_value(const gpumem_stats *s, size_t i);
+/* One statistic by name; -ENOENT when the set has none of that name. */
+GPUMEM_EXPORT int gpumem_stats_find(const gpumem_stats *s, const char *name, int64_t *ret_value);
+/* The daemon's device index, its capacity in bytes and the sessions counted. */
+GPUMEM_EXPORT int gpumem_stats_device(const gpumem_stats *s);
+GPUMEM_EXPORT uint64_t gpumem_stats_capacity(const gpumem_stats *s);
+GPUMEM_EXPORT uint64_t gpumem_stats_sessions(const gpumem_stats *s);
+/* torch.cuda.memory_summary(device, abbreviated) of the set: the text
+ * `gpumemctl stats` prints. *ret_text is NUL-terminated; free it with
+ * gpumem_buffer_free(). */
+GPUMEM_EXPORT int gpumem_stats_summary(const gpumem_stats *s, bool abbreviated, char **ret_text);
+
+/* reset_peak_memory_stats() (peak) and reset_accumulated_memory_stats()
+ * (accumulated) for the session, or a tenant or the device (admin). */
+GPUMEM_EXPORT int gpumem_reset_stats(gpumem_client *c, gpumem_scope scope, const char *tenant, bool peak,
+                                     bool accumulated);
+
+/* Releases idle cached memory: `tenant` NULL is this session only (as
+ * gpumem_trim()); a tenant's name, or "*" for every tenant, needs admin rights.
+ * *ret_released_bytes (may be NULL) receives the bytes given back. */
+GPUMEM_EXPORT int gpumem_trim_tenant(gpumem_client *c, const char *tenant, uint64_t *ret_released_bytes);
+
+typedef enum gpumem_snapshot_format {
+        GPUMEM_SNAPSHOT_PICKLE = 0, /* what torch.cuda.memory._dump_snapshot() writes */
+        GPUMEM_SNAPSHOT_JSON = 1,
+} gpumem_snapshot_format;
+
+/* A torch.cuda.memory._snapshot() of the caller's tenant (of the whole device
+ * with admin rights), narrowed to process `pid` unless it is 0. *ret_data
+ * (*ret_len bytes) is the caller's; free it with gpumem_buffer_free(). */
+GPUMEM_EXPORT int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pid, void **ret_data,
+                                  size_t *ret_len);
+
+typedef struct gpumem_history_state {
+        bool enabled;
+        uint64_t max_entries; /* bound of the trace ring */
+        uint64_t entries;     /* entries recorded now */
+} gpumem_history_state;
+
+/* Turns the daemon's memory history (the trace ring of snapshots) on or off
+ * (admin; turning it off clears it, as in PyTorch). max_entries 0 keeps the
+ * current bound. *ret_state (may be NULL) receives the state after the call. */
+GPUMEM_EXPORT int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries,
+                                 gpumem_history_state *ret_state);
+
+/* One session on the daemon, as `gpumemctl clients` lists it. */
+typedef struct gpumem_client_info {
+        uint64_t session_id;
+        uint32_t pid;
+        uint32_t uid;
+        const char *tenant;
+        const char *unit; /* systemd unit; "" if none */
+        const char *name; /* what the client calls itself (not trusted) */
+        uint64_t reserved_bytes;
+        uint64_t allocated_bytes;
+        uint64_t cached_bytes;
+        uint64_t segments;
+        uint64_t releasing_bytes; /* asked back, not yet acknowledged (still charged) */
+        bool control;             /* a gpumemctl-style connection holding no memory */
+} gpumem_client_info;
+
+/* The sessions the caller may see (its tenant's; every one for an admin).
+ * *ret_list (*ret_n entries, strings inside) is one buffer: free it with
+ * gpumem_buffer_free(). */
+GPUMEM_EXPORT int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t *ret_n);
+
+/* One tenant's quota and use, as `gpumemctl quota list` shows it. */
+typedef struct gpumem_tenant_info {
+        const char *tenant;
+        uint64_t quota;           /* effective quota in bytes; 0 = none */
+        const char *quota_source; /* "runtime", "persistent", "config" or "none" */
+        uint64_t charged_bytes;   /* reserved by all its sessions, releases awaiting ack included */
+        uint64_t allocated_bytes;
+        uint64_t cached_bytes;
+        uint32_t sessions;
+} gpumem_tenant_info;
+
+/* Quotas: tenant NULL lists every tenant the caller may see, a name gives that
+ * one. One buffer, as gpumem_list_clients(). */
+GPUMEM_EXPORT int gpumem_quota_list(gpumem_client *c, const char *tenant, gpumem_tenant_info **ret_list,
+                                    size_t *ret_n);
+/* Sets a tenant's quota (admin); 0 removes it. Persistent (kept in the
+ * daemon's state directory) unless `runtime`. */
+GPUMEM_EXPORT int gpumem_quota_set(gpumem_client *c, const char *tenant, uint64_t bytes, bool runtime);
+
+/* torch.cuda.mem_get_info(): *ret_total is the daemon's capacity; *ret_free
+ * what this session could still be given: the capacity less the device's
+ * reserved bytes (as far as the caller may see them: else less its tenant's),
+ * and no more than the tenant's quota leaves. */
+GPUMEM_EXPORT int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint64_t *ret_total);
+
+/* Frees a buffer this library returned. Accepts NULL. */
+GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
 
 #ifdef __cplusplus
 }

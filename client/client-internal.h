@@ -1,0 +1,27 @@
+/* What the files of libgpumem share beyond the public header: gpumem.c owns
+ * the session (connection, service thread, blocks); gpumem_ext.c builds the
+ * observability and administration calls on its request path. Not installed. */
+#pragma once
+
+#include <stddef.h>
+
+#include "gpumem/gpumem.h"
+#include "msg.h"
+
+/* Records the calling thread's detailed message for gpumem_last_error(c) and
+ * returns err. */
+int gm_client_set_error(const gpumem_client *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Sends env on c's session (a fork()ed child gets its own first) and waits for
+ * a reply with body `want`. An Error reply becomes its negative code, with its
+ * text for gpumem_last_error(). With ret_fd, *ret_fd is the first fd the reply
+ * carried or -1, the caller's to close; without, fds are closed. */
+int gm_client_call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
+                   Gpumem__Envelope **ret_reply, int *ret_fd);
+
+/* The socket c is connected to. */
+const char *gm_client_socket_path(const gpumem_client *c);
+
+/* Points wire[0..n) and ptrs[0..n) at frames[0..n) for an Alloc request, n
+ * being at most GPUMEM_MAX_FRAMES; returns n. NULL strings become "". */
+size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs);

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The module arrows point one way: main -> server -> requests -> broker ->
+{allocator, backend}; client -> {allocator, ipc, common} (a local session's heap
+and memory_summary() formatting run in the client). Fails (exit 1) naming every
+project include of a header from a module above, or beside, the includer's.
+Usage: check-layers.py [SOURCE_DIR]"""
+import os
+import re
+import sys
+
+root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+
+# Layer of a file: the daemon's files by role, every other module by directory.
+DAEMON_LAYER = {
+    "main.c": "main",
+    "server.c": "server", "daemon.h": "server",
+    "requests.c": "requests", "requests.h": "requests", "admin.c": "requests",
+}
+# What each layer may include (besides itself).
+MAY_USE = {
+    "main": {"server", "requests", "daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
+    "server": {"requests", "daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
+    "requests": {"daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
+    "daemon-leaf": {"broker", "allocator", "backend", "ipc", "common", "proto"},
+    "broker": {"allocator", "backend", "common"},
+    "allocator": {"common"},
+    "backend": {"common"},
+    "ipc": {"common", "proto"},
+    "common": set(),
+    "client": {"allocator", "ipc", "common", "proto", "backend-loader"},
+}
+KNOWN = set()
+
+
+def layer_of(rel):
+    top, _, rest = rel.partition("/")
+    if top == "daemon":
+        return DAEMON_LAYER.get(rest, "daemon-leaf")
+    if top == "backend" and rest.startswith("cuda_loader"):
+        return "backend-loader"
+    return top
+
+
+headers = {}
+for top in ("common", "allocator", "backend", "ipc", "broker", "daemon", "client"):
+    for dirpath, _, files in os.walk(os.path.join(root, top)):
+        for f in files:
+            if f.endswith(".h"):
+                headers.setdefault(f, os.path.relpath(os.path.join(dirpath, f), root))
+headers["gpumem.pb-c.h"] = "proto/gpumem.pb-c.h"
+
+bad = []
+for dirpath, _, files in os.walk(root):
+    rel_dir = os.path.relpath(dirpath, root)
+    if rel_dir.split("/")[0] not in ("common", "allocator", "backend", "ipc", "broker", "daemon", "client"):
+        continue
+    for f in files:
+        if not f.endswith((".c", ".h")):
+            continue
+        rel = os.path.join(rel_dir, f)
+        mine = layer_of(rel)
+        if mine == "backend-loader":
+            mine = "backend"
+        allowed = MAY_USE.get(mine, set()) | {mine}
+        with open(os.path.join(root, rel), errors="replace") as src:
+            for n, line in enumerate(src, 1):
+                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                if not m:
+                    continue
+                name = os.path.basename(m.group(1))
+                target = headers.get(name)
+                if not target:
+                    continue
+                theirs = layer_of(target)
+                if theirs == "backend-loader" and mine != "client":
+                    theirs = "backend"
+                if theirs not in allowed and (rel, name) not in KNOWN:
+                    bad.append(f"{rel}:{n}: {mine} includes {target} ({theirs})")
+for b in bad:
+    print(b)
+sys.exit(1 if bad else 0)

@@ -1,0 +1,572 @@
+/* gpu_client: the client side of scripts/gpu-check.sh. A plain C program over
+ * libgpumem and the CUDA driver API, which it loads with dlopen
+ * ($GPUMEM_LIBCUDA, else libcuda.so.1) like libgpumem does.
+ *
+ * On a GPU it writes and checks memory with real kernels (kernels.cu as PTX,
+ * $GM_CHECK_PTX, JIT-compiled by the driver). Over the emulated driver
+ * (tests/fakecuda), which runs no kernels, it says so and writes and checks
+ * through the CPU mapping of the emulated device pointer instead: every
+ * result line names which of the two it did ("kernels" or "host writes").
+ *
+ *   gpu_client pattern SOCKET SEED DIR   allocate blocks of assorted sizes, fill
+ *        them, write DIR/held-SEED (bytes held), wait for DIR/go, verify, free
+ *   gpu_client expandable SOCKET          many pages, partial frees, trim, verify
+ *   gpu_client streams SOCKET             record_stream/free_async on real streams
+ *        with kernels still running; with $GM_CHECK_HOLD_EVENTS (emulator) the
+ *        events are held by that file until the pending state was seen
+ *   gpu_client trim-busy SOCKET           trim while a kernel writes a live block
+ *   gpu_client cache SOCKET DIR           cache memory, DIR/cached, wait for DIR/go,
+ *        report whether the daemon reclaimed it meanwhile
+ *   gpu_client hold SOCKET DIR            fill blocks, DIR/ready, wait for DIR/go
+ *        (a daemon restart happens meanwhile), verify, allocate more, free
+ *   gpu_client hog BYTES DIR              cuMemAlloc BYTES outside gpumemd, DIR/hog,
+ *        wait for DIR/go
+ *   gpu_client oom SOCKET                 allocate until cuMemCreate fails, print
+ *        the diagnosis
+ *   gpu_client bench SOCKET               median ns of a cached alloc+free through
+ *        the daemon and of cuMemAlloc+cuMemFree
+ *   gpu_client probe -                    load the driver (and the kernels) only
+ * Exit status 0 when the mode's checks held; the last line is the result. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpumem/gpumem.h"
+
+#define MiB (1024ull * 1024ull)
+
+/* ---- the driver ---- */
+
+static struct {
+        bool kernels; /* a real device: PTX loaded */
+        PFN_cuInit_v2000 Init;
+        PFN_cuGetErrorName_v6000 GetErrorName;
+        PFN_cuDevicePrimaryCtxRetain_v7000 PrimaryCtxRetain;
+        PFN_cuDevicePrimaryCtxRelease_v11000 PrimaryCtxRelease;
+        PFN_cuCtxPushCurrent_v4000 CtxPush;
+        PFN_cuCtxPopCurrent_v4000 CtxPop;
+        PFN_cuStreamCreate_v2000 StreamCreate;
+        PFN_cuStreamDestroy_v4000 StreamDestroy;
+        PFN_cuStreamSynchronize_v2000 StreamSynchronize;
+        PFN_cuMemAlloc_v3020 MemAlloc;
+        PFN_cuMemFree_v3020 MemFree;
+        PFN_cuModuleLoadData_v2000 ModuleLoadData;
+        PFN_cuModuleGetFunction_v2000 ModuleGetFunction;
+        PFN_cuLaunchKernel_v4000 LaunchKernel;
+        PFN_cuMemsetD32_v3020 MemsetD32;
+        PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+        CUfunction fill, check, spin_fill;
+        CUdeviceptr bad; /* mismatch counter of gm_check */
+} cu;
+
+static gpumem_client *client;
+
+__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        printf("\n");
+        va_end(ap);
+        exit(1);
+}
+
+static void ck(CUresult r, const char *what) {
+        if (r == CUDA_SUCCESS)
+                return;
+        const char *name = "?";
+        if (cu.GetErrorName)
+                cu.GetErrorName(r, &name);
+        die("%s: %s", what, name);
+}
+
+static void ck_gm(int r, const char *what) {
+        if (r < 0)
+                die("%s: %s (%s)", what, gpumem_strerror(r), gpumem_last_error(client));
+}
+
+static void *sym(void *lib, const char *name, bool required) {
+        void *p = dlsym(lib, name);
+        if (!p && required)
+                die("the driver lacks %s", name);
+        return p;
+}
+
+#define SYM(field, name, required)                                                                                     \
+        do {                                                                                                           \
+                void *p_ = sym(lib, name, required);                                                                   \
+                memcpy(&cu.field, &p_, sizeof(p_));                                                                    \
+        } while (0)
+
+static const char *method(void) {
+        return cu.kernels ? "kernels" : "host writes through the emulated mapping (the emulator runs no kernels)";
+}
+
+/* Loads the driver, makes device 0's primary context current (as an
+ * application would have it) and, on a GPU, the kernels. */
+static void driver_open(void) {
+        const char *path = getenv("GPUMEM_LIBCUDA");
+        void *lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib)
+                die("cannot load the CUDA driver: %s", dlerror());
+        SYM(Init, "cuInit", true);
+        SYM(GetErrorName, "cuGetErrorName", true);
+        SYM(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", true);
+        SYM(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", true);
+        SYM(CtxPush, "cuCtxPushCurrent_v2", true);
+        SYM(CtxPop, "cuCtxPopCurrent_v2", true);
+        SYM(StreamCreate, "cuStreamCreate", true);
+        SYM(StreamDestroy, "cuStreamDestroy_v2", true);
+        SYM(StreamSynchronize, "cuStreamSynchronize", true);
+        SYM(MemAlloc, "cuMemAlloc_v2", true);
+        SYM(MemFree, "cuMemFree_v2", true);
+        SYM(ModuleLoadData, "cuModuleLoadData", false);
+        SYM(ModuleGetFunction, "cuModuleGetFunction", false);
+        SYM(LaunchKernel, "cuLaunchKernel", false);
+        SYM(MemsetD32, "cuMemsetD32_v2", false);
+        SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", false);
+        ck(cu.Init(0), "cuInit");
+        CUcontext ctx;
+        ck(cu.PrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+        ck(cu.CtxPush(ctx), "cuCtxPushCurrent");
+        if (!cu.ModuleLoadData || !cu.LaunchKernel || !cu.MemsetD32 || !cu.MemcpyDtoH)
+                return; /* the emulator */
+        const char *ptx_path = getenv("GM_CHECK_PTX");
+        FILE *f = ptx_path ? fopen(ptx_path, "re") : NULL;
+        if (!f)
+                die("a GPU needs the kernels: GM_CHECK_PTX=%s cannot be read", ptx_path ? ptx_path : "(unset)");
+        static char ptx[1 << 20];
+        size_t n = fread(ptx, 1, sizeof(ptx) - 1, f);
+        fclose(f);
+        ptx[n] = '\0';
+        CUmodule mod;
+        ck(cu.ModuleLoadData(&mod, ptx), "cuModuleLoadData (JIT of kernels.ptx)");
+        ck(cu.ModuleGetFunction(&cu.fill, mod, "gm_fill"), "cuModuleGetFunction(gm_fill)");
+        ck(cu.ModuleGetFunction(&cu.check, mod, "gm_check"), "cuModuleGetFunction(gm_check)");
+        ck(cu.ModuleGetFunction(&cu.spin_fill, mod, "gm_spin_fill"), "cuModuleGetFunction(gm_spin_fill)");
+        ck(cu.MemAlloc(&cu.bad, sizeof(unsigned)), "cuMemAlloc");
+        cu.kernels = true;
+}
+
+static void driver_close(void) {
+        if (cu.kernels)
+                cu.MemFree(cu.bad);
+        CUcontext ctx;
+        cu.CtxPop(&ctx);
+        cu.PrimaryCtxRelease(0);
+}
+
+static uint32_t pattern(uint32_t seed, uint64_t i) {
+        return seed ^ (uint32_t)(i * 2654435761u);
+}
+
+static void launch(CUfunction f, CUstream stream, void **params) {
+        ck(cu.LaunchKernel(f, 264, 1, 1, 256, 1, 1, 0, stream, params, NULL), "cuLaunchKernel");
+}
+
+/* Fills [p, +bytes) with the seed's pattern on `stream`; `spin_ns` of work first. */
+static void fill_async(void *p, uint64_t bytes, uint32_t seed, CUstream stream, uint64_t spin_ns) {
+        unsigned long long n = bytes / 4, ns = spin_ns;
+        CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+        if (!cu.kernels) {
+                uint32_t *w = p;
+                for (uint64_t i = 0; i < n; i++)
+                        w[i] = pattern(seed, i);
+                return;
+        }
+        void *params[] = {&d, &n, &seed, &ns};
+        launch(spin_ns ? cu.spin_fill : cu.fill, stream, params);
+}
+
+static void fill(void *p, uint64_t bytes, uint32_t seed) {
+        fill_async(p, bytes, seed, NULL, 0);
+        if (cu.kernels)
+                ck(cu.StreamSynchronize(NULL), "cuStreamSynchronize");
+}
+
+static bool verify(const void *p, uint64_t bytes, uint32_t seed) {
+        unsigned long long n = bytes / 4;
+        if (!cu.kernels) {
+                const uint32_t *w = p;
+                for (uint64_t i = 0; i < n; i++)
+                        if (w[i] != pattern(seed, i))
+                                return false;
+                return true;
+        }
+        CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+        unsigned bad = 0;
+        ck(cu.MemsetD32(cu.bad, 0, 1), "cuMemsetD32");
+        void *params[] = {&d, &n, &seed, &cu.bad};
+        launch(cu.check, NULL, params);
+        ck(cu.StreamSynchronize(NULL), "cuStreamSynchronize");
+        ck(cu.MemcpyDtoH(&bad, cu.bad, sizeof(bad)), "cuMemcpyDtoH");
+        return bad == 0;
+}
+
+/* ---- helpers ---- */
+
+static void connect_to(const char *socket) {
+        ck_gm(gpumem_connect(socket, &client), "gpumem_connect");
+}
+
+static int64_t stat_of(const char *name) {
+        int64_t v = -1;
+        ck_gm(gpumem_stat(client, name, &v), name);
+        return v;
+}
+
+static void touch(const char *dir, const char *name, const char *content) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        char tmp[520];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE *f = fopen(tmp, "we");
+        if (!f || fprintf(f, "%s\n", content) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
+                die("cannot write %s", path);
+}
+
+static void wait_for(const char *dir, const char *name, int seconds) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        for (int i = 0; i < seconds * 100; i++) {
+                if (access(path, F_OK) == 0)
+                        return;
+                usleep(10000);
+        }
+        die("waited %d s for %s", seconds, path);
+}
+
+/* Sizes of the bigger blocks, a quarter with $GM_CHECK_SMALL (the emulator's
+ * memory is host memory). */
+static uint64_t big(uint64_t bytes) {
+        const char *small = getenv("GM_CHECK_SMALL");
+        return small && *small && strcmp(small, "0") != 0 ? bytes / 4 : bytes;
+}
+
+static uint64_t now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static const uint64_t block_sizes[] = {4096, 512 * 1024, 3 * MiB, 24 * MiB, 96 * MiB};
+#define N_BLOCKS 20
+
+typedef struct blocks {
+        void *p[N_BLOCKS];
+        uint64_t size[N_BLOCKS];
+        uint64_t bytes;
+} blocks_t;
+
+static void blocks_fill(blocks_t *b, uint32_t seed) {
+        b->bytes = 0;
+        for (int i = 0; i < N_BLOCKS; i++) {
+                b->size[i] = block_sizes[i % 5];
+                ck_gm(gpumem_alloc(client, b->size[i], 0, &b->p[i]), "gpumem_alloc");
+                fill(b->p[i], b->size[i], seed + (uint32_t)i);
+                b->bytes += b->size[i];
+        }
+}
+
+static int blocks_verify_free(blocks_t *b, uint32_t seed) {
+        int bad = 0;
+        for (int i = 0; i < N_BLOCKS; i++) {
+                bad += !verify(b->p[i], b->size[i], seed + (uint32_t)i);
+                ck_gm(gpumem_free(client, b->p[i]), "gpumem_free");
+        }
+        return bad;
+}
+
+/* ---- modes ---- */
+
+static int mode_pattern(const char *socket, uint32_t seed, const char *dir) {
+        connect_to(socket);
+        blocks_t b;
+        blocks_fill(&b, seed);
+        char held[32], name[32];
+        snprintf(held, sizeof(held), "%" PRIu64, b.bytes);
+        snprintf(name, sizeof(name), "held-%u", seed);
+        touch(dir, name, held);
+        wait_for(dir, "go", 120);
+        int bad = blocks_verify_free(&b, seed);
+        if (bad)
+                die("client %u: %d of %d blocks lost their pattern", seed, bad, N_BLOCKS);
+        gpumem_disconnect(client);
+        printf("client %u: %d blocks, %.1f MiB written and verified with %s\n", seed, N_BLOCKS,
+               (double)b.bytes / MiB, method());
+        return 0;
+}
+
+static int mode_expandable(const char *socket) {
+        connect_to(socket);
+        void *large, *small[64];
+        const uint64_t big_size = big(1500 * MiB);
+        ck_gm(gpumem_alloc(client, big_size, 0, &large), "gpumem_alloc(1500 MiB)");
+        for (int i = 0; i < 64; i++)
+                ck_gm(gpumem_alloc(client, 3 * MiB, 0, &small[i]), "gpumem_alloc(3 MiB)");
+        fill(large, big_size, 1);
+        for (int i = 0; i < 64; i++)
+                fill(small[i], 3 * MiB, 100 + (uint32_t)i);
+        int64_t reserved = stat_of("reserved_bytes.all.current");
+        ck_gm(gpumem_free(client, large), "gpumem_free");
+        for (int i = 0; i < 64; i += 2)
+                ck_gm(gpumem_free(client, small[i]), "gpumem_free");
+        uint64_t released = 0;
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        int64_t after = stat_of("reserved_bytes.all.current");
+        int bad = 0;
+        for (int i = 1; i < 64; i += 2) {
+                bad += !verify(small[i], 3 * MiB, 100 + (uint32_t)i);
+                ck_gm(gpumem_free(client, small[i]), "gpumem_free");
+        }
+        ck_gm(gpumem_trim(client, NULL), "gpumem_trim");
+        int64_t end = stat_of("reserved_bytes.all.current");
+        gpumem_disconnect(client);
+        /* Pages the remaining small blocks share with the freed ones stay mapped. */
+        if (bad || released == 0 || after >= reserved || end != 0)
+                die("%d blocks lost data, %" PRIu64 " bytes released (reserved %" PRId64 " -> %" PRId64 "), %" PRId64
+                    " reserved at the end",
+                    bad, released, reserved, after, end);
+        printf("expandable segments: reserved %.0f MiB, trim released %.0f MiB, %.0f MiB stayed for live blocks "
+               "(verified with %s), 0 at the end\n",
+               (double)reserved / MiB, (double)released / MiB, (double)after / MiB, method());
+        return 0;
+}
+
+static int mode_streams(const char *socket) {
+        connect_to(socket);
+        CUstream s1, s2;
+        ck(cu.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        ck(cu.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        void *a, *b;
+        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t)(uintptr_t)s1, &a), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t)(uintptr_t)s1, &b), "gpumem_alloc");
+        /* Kernels that take 300 ms on s2 use both blocks; the frees must wait for them. */
+        fill_async(a, 64 * MiB, 5, s2, 300000000);
+        fill_async(b, 64 * MiB, 6, s2, 300000000);
+        ck_gm(gpumem_record_stream(client, a, (uint64_t)(uintptr_t)s2), "gpumem_record_stream");
+        ck_gm(gpumem_free(client, a), "gpumem_free");
+        ck_gm(gpumem_free_async(client, b, (uint64_t)(uintptr_t)s2), "gpumem_free_async");
+        int64_t pending = stat_of("active_bytes.all.current");
+        int64_t allocated = stat_of("allocated_bytes.all.current");
+        const char *hold = getenv("GM_CHECK_HOLD_EVENTS");
+        if (hold)
+                unlink(hold); /* the emulator: the "kernels" end now */
+        uint64_t t0 = now_ns();
+        int64_t active = pending;
+        for (int i = 0; i < 1000 && active != 0; i++) {
+                usleep(5000);
+                active = stat_of("active_bytes.all.current");
+        }
+        uint64_t waited_ms = (now_ns() - t0) / 1000000;
+        ck(cu.StreamSynchronize(s2), "cuStreamSynchronize");
+        ck(cu.StreamDestroy(s1), "cuStreamDestroy");
+        ck(cu.StreamDestroy(s2), "cuStreamDestroy");
+        gpumem_disconnect(client);
+        if (pending != (int64_t)(128 * MiB) || allocated != 0 || active != 0)
+                die("streams: %" PRId64 " bytes pending after the frees (want %llu), allocated %" PRId64
+                    ", %" PRId64 " still active after %" PRIu64 " ms",
+                    pending, 128 * MiB, allocated, active, waited_ms);
+        printf("free_async/record_stream: %.0f MiB pending while the streams were busy (%s), released %" PRIu64
+               " ms after\n",
+               (double)pending / MiB, cu.kernels ? "300 ms kernels on a second stream" : "events held by the emulator",
+               waited_ms);
+        return 0;
+}
+
+static int mode_trim_busy(const char *socket) {
+        connect_to(socket);
+        void *cache, *live;
+        const uint64_t cache_size = big(512 * MiB), live_size = big(256 * MiB);
+        ck_gm(gpumem_alloc(client, cache_size, 0, &cache), "gpumem_alloc");
+        ck_gm(gpumem_free(client, cache), "gpumem_free");
+        CUstream s;
+        ck(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        ck_gm(gpumem_alloc(client, live_size, (uint64_t)(uintptr_t)s, &live), "gpumem_alloc");
+        fill_async(live, live_size, 9, s, 500000000); /* half a second of work on the live block */
+        uint64_t released = 0;
+        uint64_t t0 = now_ns();
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        uint64_t trim_ms = (now_ns() - t0) / 1000000;
+        ck(cu.StreamSynchronize(s), "cuStreamSynchronize");
+        bool ok = verify(live, live_size, 9);
+        ck_gm(gpumem_free(client, live), "gpumem_free");
+        ck(cu.StreamDestroy(s), "cuStreamDestroy");
+        gpumem_disconnect(client);
+        if (!ok || released < cache_size)
+                die("trim while busy: released %" PRIu64 " bytes, live block %s", released, ok ? "intact" : "damaged");
+        printf("trim while %s: %.0f MiB released in %" PRIu64 " ms, the live block intact (%s)\n",
+               cu.kernels ? "a 500 ms kernel writes a live block" : "a live block is in use", (double)released / MiB,
+               trim_ms, method());
+        return 0;
+}
+
+static int mode_cache(const char *socket, const char *dir) {
+        connect_to(socket);
+        void *p;
+        const uint64_t size = big(512 * MiB);
+        ck_gm(gpumem_alloc(client, size, 0, &p), "gpumem_alloc");
+        fill(p, size, 3);
+        ck_gm(gpumem_free(client, p), "gpumem_free");
+        int64_t cached = stat_of("reserved_bytes.all.current");
+        touch(dir, "cached", "1");
+        wait_for(dir, "go", 120);
+        int64_t left = stat_of("reserved_bytes.all.current");
+        gpumem_disconnect(client);
+        if (cached < (int64_t)size || left != 0)
+                die("reclaim: cached %" PRId64 " bytes, %" PRId64 " left after the trim", cached, left);
+        printf("reclaim: an admin trim (gpumemctl trim) took back this idle client's %.0f MiB cache\n",
+               (double)cached / MiB);
+        return 0;
+}
+
+static int mode_hold(const char *socket, const char *dir) {
+        connect_to(socket);
+        blocks_t b;
+        blocks_fill(&b, 40);
+        touch(dir, "ready", "1");
+        wait_for(dir, "go", 120);
+        void *more;
+        ck_gm(gpumem_alloc(client, 8 * MiB, 0, &more), "gpumem_alloc after the restart");
+        fill(more, 8 * MiB, 77);
+        bool ok = verify(more, 8 * MiB, 77);
+        ck_gm(gpumem_free(client, more), "gpumem_free");
+        int bad = blocks_verify_free(&b, 40);
+        gpumem_disconnect(client);
+        if (bad || !ok)
+                die("restart: %d of %d blocks lost data", bad, N_BLOCKS);
+        printf("client kept %.1f MiB in %d blocks across the restart and allocates again (%s)\n",
+               (double)b.bytes / MiB, N_BLOCKS, method());
+        return 0;
+}
+
+static int mode_hog(uint64_t bytes, const char *dir) {
+        CUdeviceptr p;
+        ck(cu.MemAlloc(&p, bytes), "cuMemAlloc (outside gpumemd)");
+        touch(dir, "hog", "1");
+        wait_for(dir, "go", 300);
+        cu.MemFree(p);
+        return 0;
+}
+
+static int mode_oom(const char *socket) {
+        connect_to(socket);
+        void *p[512];
+        int n = 0, r = 0;
+        while (n < 512 && (r = gpumem_alloc(client, 1024 * MiB, 0, &p[n])) == 0)
+                n++;
+        char msg[2048];
+        snprintf(msg, sizeof(msg), "%s", gpumem_last_error(client));
+        for (int i = 0; i < n; i++)
+                ck_gm(gpumem_free(client, p[i]), "gpumem_free");
+        ck_gm(gpumem_trim(client, NULL), "gpumem_trim");
+        gpumem_disconnect(client);
+        printf("oom message: %s\n", msg);
+        if (r != -ENOMEM || !strstr(msg, "CUDA out of memory"))
+                die("out of memory: %d GiB allocated, then %s", n, gpumem_strerror(r));
+        const char *reason = strstr(msg, "used outside gpumemd")          ? "memory used outside gpumemd"
+                             : strstr(msg, "full of live allocations")    ? "device full of live allocations"
+                             : strstr(msg, "other tenants' caches")       ? "other tenants' caches"
+                                                                          : "other";
+        printf("cuMemCreate out of memory after %d GiB: -ENOMEM, diagnosis: %s\n", n, reason);
+        return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, size_t n) {
+        qsort(v, n, sizeof(*v), cmp_u64);
+        return v[n / 2];
+}
+
+static int mode_bench(const char *socket) {
+        connect_to(socket);
+        static const uint64_t sizes[] = {4096, MiB, 64 * MiB};
+        enum { ROUNDS = 7, OPS = 200 };
+        printf("%-10s %16s %16s %8s\n", "size", "gpumem ns", "cuMemAlloc ns", "ratio");
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+                uint64_t gm[ROUNDS], raw[ROUNDS];
+                void *p;
+                ck_gm(gpumem_alloc(client, sizes[s], 0, &p), "gpumem_alloc"); /* warm: a cached block */
+                ck_gm(gpumem_free(client, p), "gpumem_free");
+                for (int round = 0; round < ROUNDS; round++) { /* interleaved rounds */
+                        uint64_t t[OPS];
+                        for (int i = 0; i < OPS; i++) {
+                                uint64_t t0 = now_ns();
+                                ck_gm(gpumem_alloc(client, sizes[s], 0, &p), "gpumem_alloc");
+                                ck_gm(gpumem_free(client, p), "gpumem_free");
+                                t[i] = now_ns() - t0;
+                        }
+                        gm[round] = median(t, OPS);
+                        for (int i = 0; i < OPS / 4; i++) {
+                                CUdeviceptr d;
+                                uint64_t t0 = now_ns();
+                                ck(cu.MemAlloc(&d, sizes[s]), "cuMemAlloc");
+                                ck(cu.MemFree(d), "cuMemFree");
+                                t[i] = now_ns() - t0;
+                        }
+                        raw[round] = median(t, OPS / 4);
+                }
+                uint64_t gm_lo = gm[0], gm_hi = gm[0];
+                for (int i = 1; i < ROUNDS; i++) {
+                        gm_lo = gm[i] < gm_lo ? gm[i] : gm_lo;
+                        gm_hi = gm[i] > gm_hi ? gm[i] : gm_hi;
+                }
+                uint64_t g = median(gm, ROUNDS), r = median(raw, ROUNDS);
+                printf("%-10" PRIu64 " %16" PRIu64 " %16" PRIu64 " %8.2f   (gpumem spread %" PRIu64 "-%" PRIu64 ")\n",
+                       sizes[s], g, r, (double)r / (double)(g ? g : 1), gm_lo, gm_hi);
+        }
+        gpumem_disconnect(client);
+        printf("bench: cached alloc+free through gpumemd vs cuMemAlloc+cuMemFree, medians of %d interleaved rounds%s\n",
+               ROUNDS, cu.kernels ? "" : " (emulated driver: not the GPU's figures)");
+        return 0;
+}
+
+int main(int argc, char **argv) {
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        if (argc < 3) {
+                fprintf(stderr, "usage: see the comment at the top of gpu_client.c\n");
+                return 2;
+        }
+        const char *mode = argv[1];
+        driver_open();
+        int r;
+        if (strcmp(mode, "pattern") == 0 && argc == 5)
+                r = mode_pattern(argv[2], (uint32_t)strtoul(argv[3], NULL, 10), argv[4]);
+        else if (strcmp(mode, "expandable") == 0)
+                r = mode_expandable(argv[2]);
+        else if (strcmp(mode, "streams") == 0)
+                r = mode_streams(argv[2]);
+        else if (strcmp(mode, "trim-busy") == 0)
+                r = mode_trim_busy(argv[2]);
+        else if (strcmp(mode, "cache") == 0 && argc == 4)
+                r = mode_cache(argv[2], argv[3]);
+        else if (strcmp(mode, "hold") == 0 && argc == 4)
+                r = mode_hold(argv[2], argv[3]);
+        else if (strcmp(mode, "hog") == 0 && argc == 4)
+                r = mode_hog(strtoull(argv[2], NULL, 10), argv[3]);
+        else if (strcmp(mode, "oom") == 0)
+                r = mode_oom(argv[2]);
+        else if (strcmp(mode, "bench") == 0)
+                r = mode_bench(argv[2]);
+        else if (strcmp(mode, "probe") == 0)
+                r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "no kernels (emulator)") < 0;
+        else
+                die("unknown mode or arguments: %s", mode);
+        driver_close();
+        return r;
+}
