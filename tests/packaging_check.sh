@@ -132,7 +132,7 @@ $(cat "$tmp/lintian")"
         done
 
         # Which file lives in which package.
-        for p in gpumemd libgpumem0 libgpumem-dev; do
+        for p in gpumemd libgpumem0 libgpumem-dev libgpumem-torch0 python3-gpumem; do
                 deb=$(ls "$tmp"/out/${p}_*.deb)
                 dpkg-deb -c "$deb" | awk '{ print $6 }' | sed 's#^\./#/#' >"$tmp/$p.contents"
                 dpkg-deb -e "$deb" "$tmp/$p.control"
@@ -153,7 +153,11 @@ $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share
         has libgpumem0 "/usr/lib/$multiarch/libgpumem.so.0"
         has libgpumem-dev "/usr/include/gpumem/gpumem.h /usr/lib/$multiarch/libgpumem.so
 /usr/lib/$multiarch/pkgconfig/gpumem.pc /usr/lib/$multiarch/cmake/gpumem/gpumemConfig.cmake
-/usr/share/man/man3/libgpumem.3.gz"
+/usr/share/man/man3/libgpumem.3.gz /usr/lib/$multiarch/libgpumem_torch.so /usr/share/man/man3/gpumem_torch.3.gz"
+        has libgpumem-torch0 "/usr/lib/$multiarch/libgpumem_torch.so.0"
+        has python3-gpumem "/usr/lib/python3/dist-packages/gpumem/__init__.py /usr/lib/python3/dist-packages/gpumem/torch.py"
+        grep -q '^libgpumem_torch\.so\.0 libgpumem-torch0' "$tmp/libgpumem-torch0.control/symbols" ||
+                fail "libgpumem-torch0 has no symbols file"
         ! grep -q 'libgpumem\.so\|\.h$' "$tmp/gpumemd.contents" || fail "gpumemd carries library files"
         ! grep -q '\.h$\|\.so$\|pkgconfig\|cmake' "$tmp/libgpumem0.contents" || fail "libgpumem0 carries development files"
         grep -q '^libgpumem\.so\.0 libgpumem0' "$tmp/libgpumem0.control/symbols" || fail "libgpumem0 has no symbols file"
@@ -182,12 +186,15 @@ $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share
                         fail "dpkg $*:
 $(cat "$tmp/dpkg.log")"
         }
-        dpkgr -i "$tmp"/out/gpumemd_*.deb "$tmp"/out/libgpumem0_*.deb "$tmp"/out/libgpumem-dev_*.deb
+        dpkgr -i "$tmp"/out/gpumemd_*.deb "$tmp"/out/libgpumem0_*.deb "$tmp"/out/libgpumem-dev_*.deb \
+                "$tmp"/out/libgpumem-torch0_*.deb "$tmp"/out/python3-gpumem_*.deb
         status=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package} ${db:Status-Abbrev}\n' \
-                gpumemd libgpumem0 libgpumem-dev | sort)
+                gpumemd libgpumem0 libgpumem-dev libgpumem-torch0 python3-gpumem | sort)
         [ "$status" = "gpumemd ii 
 libgpumem-dev ii 
-libgpumem0 ii " ] || fail "not installed: $status"
+libgpumem-torch0 ii 
+libgpumem0 ii 
+python3-gpumem ii " ] || fail "not installed: $status"
         uid=$(awk -F: '$1 == "gpumem" { print $3 }' "$root/etc/passwd")
         [ -n "$uid" ] || fail "postinst created no gpumem user"
         for dir in run/gpumem var/lib/gpumem; do
@@ -250,12 +257,12 @@ $(cat "$tmp/cmake.log")"
         wait $daemon 2>/dev/null
 
         # Removal keeps the configuration and state; purge takes them.
-        dpkgr -r gpumemd libgpumem-dev libgpumem0
+        dpkgr -r gpumemd libgpumem-dev python3-gpumem libgpumem-torch0 libgpumem0
         [ ! -e "$root/usr/bin/gpumemd" ] && [ ! -e "$libdir/libgpumem.so.0" ] || fail "dpkg -r left files"
         [ -f "$root/etc/gpumem/gpumemd.conf" ] && [ -d "$root/var/lib/gpumem" ] || fail "dpkg -r took the config"
         mkdir -p "$root/etc/systemd/system/sockets.target.wants"
         ln -s /usr/lib/systemd/system/gpumemd@.socket "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket"
-        dpkgr --purge gpumemd libgpumem-dev libgpumem0
+        dpkgr --purge gpumemd libgpumem-dev python3-gpumem libgpumem-torch0 libgpumem0
         [ ! -e "$root/etc/gpumem/gpumemd.conf" ] && [ ! -e "$root/var/lib/gpumem" ] || fail "purge left the config or state"
         [ ! -L "$root/etc/systemd/system/sockets.target.wants/gpumemd@0.socket" ] || fail "purge left an enabled instance"
         grep -q '^gpumem:' "$root/etc/passwd" || fail "purge removed the gpumem user"
