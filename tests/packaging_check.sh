@@ -159,6 +159,8 @@ $share/prometheus/gpumemd-alerts.yml $share/prometheus/gpumemd-scrape.yml $share
 /usr/share/man/man3/gpumem_torch.3.gz"
         has python3-gpumem "/usr/lib/python3/dist-packages/gpumem/__init__.py /usr/lib/python3/dist-packages/gpumem/torch.py"
         [ "$(dpkg-deb -f "$tmp"/out/python3-gpumem_*.deb Architecture)" = all ] || fail "python3-gpumem is not Architecture: all"
+        grep -q '^libgpumem_torch\.so\.0 libgpumem-torch0' "$tmp/libgpumem-torch0.control/symbols" ||
+                fail "libgpumem-torch0 has no symbols file"
         ! grep -q 'libgpumem\.so\|\.h$' "$tmp/gpumemd.contents" || fail "gpumemd carries library files"
         ! grep -q '\.h$\|\.so$\|pkgconfig\|cmake' "$tmp/libgpumem0.contents" || fail "libgpumem0 carries development files"
         grep -q '^libgpumem\.so\.0 libgpumem0' "$tmp/libgpumem0.control/symbols" || fail "libgpumem0 has no symbols file"
