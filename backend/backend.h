@@ -30,6 +30,10 @@ typedef struct gm_backend_ops {
          * counts it in in_use and re-imports the handle. The fd is consumed
          * even on failure. -EINVAL when it is not memory of `size` bytes. */
         int (*adopt)(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys);
+        /* Whether the memory is still mapped writable by some process (the
+         * daemon maps none): 1 yes, 0 no, or NULL when the backend cannot
+         * tell. Asked before a client's word that it unmapped is believed. */
+        int (*mapped)(gm_backend_t *b, const gm_phys_t *phys);
         /* Driver-reported free and total bytes. */
         int (*mem_info)(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total);
         void (*destroy)(gm_backend_t *b);

@@ -17,7 +17,9 @@
 #define HOST_DEFAULT_CAPACITY_MAX (8ull << 30) /* bytes */
 /* Sealed so that no holder of the fd can shrink it under another's mapping
  * (SIGBUS) or grow it past what was charged. */
-#define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+/* Not F_SEAL_SEAL: host_mapped() adds F_SEAL_WRITE to learn whether any
+ * writable mapping is left (the kernel refuses it with EBUSY while one is). */
+#define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
 static int host_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
         if (size == 0 || size % b->granularity != 0)
@@ -68,11 +70,20 @@ static void host_destroy(gm_backend_t *b) {
         free(b);
 }
 
+/* Sealing writes succeeds only once no shared writable mapping of the memfd
+ * is left anywhere (the memory is on its way out, so the seal costs nothing). */
+static int host_mapped(gm_backend_t *b, const gm_phys_t *phys) {
+        if (fcntl(phys->fd, F_ADD_SEALS, F_SEAL_WRITE) == 0)
+                return 0;
+        return errno == EBUSY ? 1 : 0;
+}
+
 static const gm_backend_ops_t host_ops = {
         .name = "host",
         .create = host_create,
         .release = host_release,
         .adopt = host_adopt,
+        .mapped = host_mapped,
         .mem_info = host_mem_info,
         .destroy = host_destroy,
 };

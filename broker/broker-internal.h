@@ -38,6 +38,21 @@ typedef struct gm_orphan {
         struct gm_orphan *next;
 } gm_orphan_t;
 
+/* Memory whose session is gone (or whose client acknowledged a release) while
+ * a process still maps it: it stays in the backend and charged to its tenant
+ * until the backend says the last mapping is gone (checked every tick). */
+typedef struct gm_lingering {
+        gm_phys_t phys;
+        gm_tenant_t *tenant;
+        struct gm_lingering *next;
+} gm_lingering_t;
+
+/* Checks the lingering memory, releasing what nobody maps any more; with
+ * `all`, releases all of it (the broker is going away). */
+void gm_lingering_sweep(gm_broker_t *b, bool all);
+/* Whether the backend says this piece's memory is still mapped somewhere. */
+bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p);
+
 /* A session the journal says the previous daemon had: only such tokens (or an
  * orphan's) may be re-attached, and only by the same uid. */
 typedef struct gm_known_token {

@@ -51,6 +51,7 @@ gm_broker_t *gm_broker_free(gm_broker_t *b) {
                 return NULL;
         while (b->sessions)
                 gm_session_free(b->sessions);
+        gm_lingering_sweep(b, true);
         gm_ledger_free_orphans(b);
         gm_ledger_close(b);
         while (b->tenants) {
@@ -287,6 +288,8 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                         violation(&c, "orphan %.8s counts %llu bytes of %llu", o->token, (unsigned long long) o->bytes,
                                   (unsigned long long) bytes);
         }
+        for (const gm_lingering_t *l = b->lingering; l; l = l->next)
+                backed += l->phys.size;
         if (backed != b->backend->in_use)
                 violation(&c, "backend in use %llu bytes, pieces with handles %llu",
                           (unsigned long long) b->backend->in_use, (unsigned long long) backed);
@@ -315,6 +318,9 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                         if (s->heap)
                                 reserved += gm_heap_stats(s->heap)->reserved_bytes[GM_STAT_ALL].current;
                 }
+                for (const gm_lingering_t *l = b->lingering; l; l = l->next)
+                        if (l->tenant == t)
+                                charged += l->phys.size;
                 if (charged != t->charged_bytes)
                         violation(&c, "tenant '%s' charged %llu bytes, its sessions' pieces %llu", t->name,
                                   (unsigned long long) t->charged_bytes, (unsigned long long) charged);

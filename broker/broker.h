@@ -207,6 +207,7 @@ struct gm_broker {
         int ledger_fd;             /* append-only journal, or -1 */
         uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
         bool stopping;             /* the daemon is stopping: ending sessions stay claimable by their clients */
+        struct gm_lingering *lingering; /* memory its session let go of that a process still maps: charged */
         struct gm_known_token *known_tokens; /* sessions of the previous daemon ("t" lines), until claimed or expired */
         size_t n_known_tokens;
         char ledger_path[160];
@@ -282,6 +283,7 @@ struct gm_session {
         gm_tenant_t *tenant; /* set at start */
         char token[GM_TOKEN_LEN + 1];
         bool reattaching; /* between a resuming start and the last re-attach report */
+        bool lied;        /* acknowledged a release it had not done: its memory is checked when it ends */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */
         gm_heap_t *heap; /* created at the first allocation */

@@ -4,6 +4,7 @@
  * backend's in_use counts every piece with a handle here, unbacked_bytes the
  * ones without (re-registered by their clients after a restart). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -127,8 +128,55 @@ void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment) {
         s->rel_tail = p;
 }
 
+bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {
+        return p->phys.fd >= 0 && p->sent && b->backend->ops->mapped &&
+               b->backend->ops->mapped(b->backend, &p->phys) == 1;
+}
+
+/* Keeps p's memory charged to tenant t (in the backend still) while mapped. */
+static bool linger(gm_broker_t *b, gm_tenant_t *t, gm_piece_t *p) {
+        gm_lingering_t *l = calloc(1, sizeof(*l));
+        if (!l)
+                return false;
+        l->phys = p->phys;
+        l->tenant = t;
+        l->next = b->lingering;
+        b->lingering = l;
+        t->charged_bytes += p->phys.size;
+        gm_broker_log(b, LOG_WARNING,
+                      "segment %" PRIu64 " (%" PRIu64 " bytes) of tenant '%s' is still mapped by a process after its "
+                      "session let go of it: it stays charged until it is unmapped",
+                      p->segment_id, p->phys.size, t->name);
+        return true;
+}
+
+void gm_lingering_sweep(gm_broker_t *b, bool all) {
+        for (gm_lingering_t **lp = &b->lingering; *lp;) {
+                gm_lingering_t *l = *lp;
+                if (!all && b->backend->ops->mapped(b->backend, &l->phys) == 1) {
+                        lp = &l->next;
+                        continue;
+                }
+                *lp = l->next;
+                gm_assert(l->tenant->charged_bytes >= l->phys.size);
+                l->tenant->charged_bytes -= l->phys.size;
+                gm_backend_release(b->backend, &l->phys);
+                free(l);
+        }
+}
+
 void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
+        /* Memory of a session that lied about unmapping is not gone because the
+         * session is: while a process maps it, it stays charged (an honest
+         * client unmaps just after its session ends, so it is not checked). */
+        gm_tenant_t *t = p->session && p->session->lied ? p->session->tenant : NULL;
+        bool keep = t && !b->stopping && !b->keep_stored && gm_piece_still_mapped(b, p);
         detach(p);
+        if (keep && linger(b, t, p)) {
+                gm_ledger_unstore(b, p);
+                free(p);
+                return;
+        }
         if (!b->keep_stored)
                 gm_ledger_unstore(b, p);
         else if (p->store_id)

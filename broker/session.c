@@ -306,6 +306,19 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                 gm_release_t *rel = *rp;
                 if (rel->id != release_id || rel->held)
                         continue;
+                /* The word of a client that still maps the memory is not taken:
+                 * it all stays charged (held), and the caller ends the session. */
+                for (const gm_piece_t *p = rel->pieces; p; p = p->queue)
+                        if (!range_named(p, not_released, n_not_released) && gm_piece_still_mapped(b, p)) {
+                                rel->held = true;
+                                s->lied = true;
+                                gm_broker_log(b, LOG_WARNING,
+                                              "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
+                                              " but still maps segment %" PRIu64 ": its %" PRIu64
+                                              " bytes stay charged",
+                                              s->id, (int) s->pid, rel->id, p->segment_id, rel->bytes);
+                                return -EBUSY;
+                        }
                 gm_release_t *kept = NULL;
                 if (n_not_released > 0 && !(kept = calloc(1, sizeof(*kept)))) {
                         rel->held = true; /* cannot split it: all of it stays charged */
@@ -595,6 +608,7 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
 }
 
 void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
+        gm_lingering_sweep(b, false);
         for (gm_session_t *s = b->sessions; s; s = s->next)
                 for (gm_release_t *rel = s->releases; rel && !s->ended; rel = rel->next) {
                         if (rel->held || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)

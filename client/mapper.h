@@ -19,8 +19,9 @@ typedef struct gm_mapper_ops {
         int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);
         /* Waits for the work queued so far on `stream` (a CUstream value; 0
          * is the device's default stream), so its memory can be unmapped.
-         * NULL on backends without device streams. Takes no lock of the
-         * caller's: call it with none held. */
+         * The stream must still exist (as PyTorch keeps its streams); one
+         * the driver no longer knows falls back to the default stream. NULL
+         * on backends without device streams. Call it with no lock held. */
         int (*sync)(gm_mapper_t *m, uint64_t stream);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);

@@ -156,7 +156,7 @@ void *gpumem_torch_alloc(size_t size, int device, struct CUstream_st *stream) {
         gpumem_frame frames[GPUMEM_MAX_FRAMES];
         size_t n_frames = take_frames(frames); /* before any lock: the hook may wait for Python's */
         for (int attempt = 0;; attempt++) {
-                gpumem_client *c;
+                gpumem_client *c = NULL; /* set by slot_client on success; gcc -O3 cannot tell */
                 int r = slot_client(device, &c);
                 if (r < 0) {
                         refuse(device, what, r, gpumem_last_error(NULL));

@@ -247,6 +247,13 @@ static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const G
                                                .offset = ack->not_released[i]->offset};
         int r = gm_session_release_ack(c->session, release_id, kept, ack->n_not_released);
         free(kept);
+        if (r == -EBUSY) {
+                gm_request_error(c, request_id, EBUSY,
+                                 "release %" PRIu64 " acknowledged, but the memory is still mapped: it stays "
+                                 "charged, and this session ends",
+                                 release_id);
+                return -EBUSY; /* a lying acknowledger is closed; its memory stays charged while mapped */
+        }
         if (r < 0)
                 gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
         return 0;

@@ -144,17 +144,18 @@ stop_daemon() { # stop_daemon PID: SIGTERM and a clean exit
 # ---- the machine ----
 note "mode: $MODE"
 note "glibc: $(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1 | head -1)"
-note "driver: $(smi --query-gpu=driver_version --format=csv,noheader -i 0 || echo unknown)"
-note "GPU 0: $(smi --query-gpu=name,uuid,memory.total --format=csv,noheader -i 0 || echo unknown)"
 if ! command -v nvidia-smi >/dev/null; then
         fail "nvidia-smi is missing: no device memory figures"
         exit 1
 fi
-if ! probe=$("$CLIENT" probe - 2>&1); then
+probe=$("$CLIENT" probe - 2>&1)
+probe_rc=$?
+note "driver: $(smi --query-gpu=driver_version --format=csv,noheader -i 0 || echo unknown); $probe"
+note "GPU 0: $(smi --query-gpu=name,uuid,memory.total --format=csv,noheader -i 0 || echo unknown)"
+if [ "$probe_rc" != 0 ]; then
         fail "driver: $(tail -1 <<<"$probe")"
         exit 1
 fi
-note "$probe"
 BASELINE=$(used_mib)
 note "device memory used before the check: ${BASELINE} MiB"
 

@@ -2,13 +2,15 @@
 # Installs the build into a temporary prefix, builds tests/install/example.c
 # against it twice (pkg-config, and CMake's find_package), runs both against
 # the installed gpumemd, and checks the figures in the installed gpumemctl.
-# Usage: install_check.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS]
+# Usage: install_check.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS [PYTHON_ENV]]
 # (EXTRA_CFLAGS: the sanitizer flags of an ASan build, which the installed
-# library needs in its programs too.)
+# library needs in its programs too; PYTHON_ENV: VAR=value words for the
+# python3 that loads it, e.g. the sanitizer runtimes to preload.)
 set -euo pipefail
 build="$1"
 src="$2"
 extra="${3:-}"
+pyenv="${4:-}"
 work="$(mktemp -d)"
 trap 'for p in "${daemon:-}" "${EX_PID:-}"; do [ -z "${p}" ] || kill "${p}" 2>/dev/null || true; done
       wait 2>/dev/null || true; rm -rf "${work}"' EXIT
@@ -50,7 +52,8 @@ for example in "${work}/example-pc" "${work}/consumer/example"; do
                 { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
         # The installed Python package loads the installed libraries and reads
         # the same figure (device 0 of the socket template is this daemon).
-        py="$(env -u GPUMEM_LIBRARY_DIR PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
+        # shellcheck disable=SC2086
+        py="$(env -u GPUMEM_LIBRARY_DIR ${pyenv} PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
 import gpumem, gpumem.torch
 print(gpumem._lib.TORCH_LIBRARY_PATH, gpumem.memory_stats(0, scope="device")["allocated_bytes.all.current"])')"
         [ "${py}" = "$(realpath "${libdir}")/libgpumem_torch.so.0 8388608" ] ||

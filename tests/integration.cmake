@@ -4,6 +4,15 @@ add_library(gm_testutil STATIC ${CMAKE_CURRENT_LIST_DIR}/testutil.c)
 target_include_directories(gm_testutil PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(gm_testutil PUBLIC gm_ipc gm_backend PkgConfig::CHECK)
 target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
+if(TARGET gm_fakecuda_check) # stopping a daemon asserts the emulated device drained
+  target_link_libraries(gm_testutil PUBLIC gm_fakecuda_check)
+  target_compile_definitions(gm_testutil PUBLIC GM_TEST_FAKECUDA=1)
+  # The cuda legs share one emulated device each (its pool file): a fresh one every run.
+  set(GM_FAKE_POOLS ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants
+      ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart)
+  add_test(NAME fakecuda_pools_reset COMMAND ${CMAKE_COMMAND} -E rm -f ${GM_FAKE_POOLS})
+  set_tests_properties(fakecuda_pools_reset PROPERTIES FIXTURES_SETUP fakecuda_pools)
+endif()
 
 add_executable(test_integration ${CMAKE_CURRENT_LIST_DIR}/test_integration.c)
 target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc gm_backend PkgConfig::CHECK Threads::Threads)
@@ -18,8 +27,8 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_integration fakecuda)
   add_test(NAME integration_cuda COMMAND test_integration)
   set_tests_properties(integration_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
-    TIMEOUT 900)
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration"
+    TIMEOUT 900 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 
 # A client program the tests run as other users (setpriv) or in the background.
@@ -40,17 +49,25 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_tenants fakecuda)
   add_test(NAME tenants_cuda COMMAND test_tenants)
   set_tests_properties(tenants_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
-    TIMEOUT 900 SKIP_RETURN_CODE 77)
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
+    TIMEOUT 900 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 
 # `cmake --install` into a temporary prefix, then programs built against it
 # with pkg-config and find_package(gpumem).
 if(GPUMEMD_ASAN)
   set(GM_INSTALL_CHECK_CFLAGS "-fsanitize=address,undefined")
+  # Debian's python3 is not instrumented: an instrumented libgpumem it loads
+  # needs the sanitizer runtimes preloaded, and the interpreter's own
+  # allocations are not leak-checked (the C suites keep leak checking).
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so OUTPUT_VARIABLE GM_ASAN_RUNTIME
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libubsan.so OUTPUT_VARIABLE GM_UBSAN_RUNTIME
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(GM_PYTHON_SANITIZER_ENV "LD_PRELOAD=${GM_ASAN_RUNTIME}:${GM_UBSAN_RUNTIME} ASAN_OPTIONS=detect_leaks=0")
 endif()
 add_test(NAME install_consumers COMMAND ${CMAKE_CURRENT_LIST_DIR}/install_check.sh ${CMAKE_BINARY_DIR}
-         ${CMAKE_SOURCE_DIR} "${GM_INSTALL_CHECK_CFLAGS}")
+         ${CMAKE_SOURCE_DIR} "${GM_INSTALL_CHECK_CFLAGS}" "${GM_PYTHON_SANITIZER_ENV}")
 set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)
 
 # Restarts that lose nothing: a harness playing systemd's fd store.
@@ -65,5 +82,6 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_restart fakecuda)
   add_test(NAME restart_cuda COMMAND test_restart)
   set_tests_properties(restart_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G" TIMEOUT 600)
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart" TIMEOUT 600
+    FIXTURES_REQUIRED fakecuda_pools)
 endif()

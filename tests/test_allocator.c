@@ -1,7 +1,7 @@
 /* The caching allocator against PyTorch's policy: sizes, best fit, split and
  * merge, oversize rules, release, the retry ladder, deferred frees, GC and
  * expandable segments. Expected figures are derived by hand from
- * shared/reference/pytorch-allocator.md sections 1-3. */
+ * PyTorch's CUDACachingAllocator policy (c10/cuda/CUDACachingAllocator.cpp). */
 #include <stdlib.h>
 
 #include "test_allocator.h"

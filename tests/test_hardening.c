@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -589,6 +590,151 @@ START_TEST(test_made_up_token_claims_nothing) {
 }
 END_TEST
 
+/* ---- charges end only when the memory is gone ---- */
+
+/* Receives one envelope, keeping the first fd it carries in *ret_fd (or -1). */
+static Gpumem__Envelope *recv_with_fd(int fd, int *ret_fd) {
+        static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
+        int fds[GM_IPC_MAX_FDS_LIMIT];
+        size_t len = 0, n_fds = 0;
+        *ret_fd = -1;
+        if (gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) < 0)
+                return NULL;
+        if (n_fds > 0) {
+                *ret_fd = fds[0];
+                fds[0] = -1;
+        }
+        gm_close_fds(fds, n_fds);
+        Gpumem__Envelope *env = NULL;
+        return gm_msg_unpack(buf, len, &env) == 0 ? env : NULL;
+}
+
+/* Sends one request: `body` is the message of the oneof member `body_case`
+ * names (the members share one pointer slot). */
+static void send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCase body_case, void *body) {
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = request_id;
+        env.body_case = body_case;
+        env.hello = body;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+}
+
+/* The next envelope with body `body_case` within 10 packets, each awaited
+ * at most 5 s. */
+static Gpumem__Envelope *await_body(int fd, Gpumem__Envelope__BodyCase body_case) {
+        for (int i = 0; i < 10; i++) {
+                struct pollfd pf = {.fd = fd, .events = POLLIN};
+                ck_assert_msg(poll(&pf, 1, 5000) == 1, "no envelope of kind %d came", (int) body_case);
+                int ignored;
+                Gpumem__Envelope *e = recv_with_fd(fd, &ignored);
+                ck_assert_ptr_nonnull(e);
+                if (ignored >= 0)
+                        close(ignored);
+                if (e->body_case == body_case)
+                        return e;
+                gm_msg_free(e);
+        }
+        ck_abort_msg("no envelope of kind %d in 10 packets", (int) body_case);
+        return NULL;
+}
+
+START_TEST(test_lying_release_ack_keeps_charge) {
+        /* A client that acknowledges a release while it keeps the mapping once
+         * held 480 MiB charged 0. Host backend: the daemon asks the kernel. */
+        if (strcmp(gm_test_backend(), "host") != 0)
+                return;
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int fd = gm_test_raw_connect(d.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 1 << 20;
+        send_body(fd, 2, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        int seg_fd;
+        Gpumem__Envelope *reply = recv_with_fd(fd, &seg_fd);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_int_ge(seg_fd, 0);
+        uint64_t block = reply->alloc_reply->block_id, length = reply->alloc_reply->new_mappings[0]->length;
+        gm_msg_free(reply);
+        char *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        close(seg_fd);
+        memset(p, 0x5a, length);
+        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), length);
+
+        /* Freed and trimmed: the daemon asks for the segment back. */
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = block;
+        send_body(fd, 3, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+        trim.tenant = "";
+        send_body(fd, 4, GPUMEM__ENVELOPE__BODY_TRIM, &trim);
+        Gpumem__Envelope *e = await_body(fd, GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST);
+        Gpumem__ReleaseAck ack = GPUMEM__RELEASE_ACK__INIT;
+        ack.release_id = e->release_request->release_id;
+        gm_msg_free(e);
+
+        /* "Unmapped", says the client, and keeps it. */
+        send_body(fd, 5, GPUMEM__ENVELOPE__BODY_RELEASE_ACK, &ack);
+        e = await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EBUSY);
+        ck_assert_ptr_nonnull(strstr(e->error->message, "still mapped"));
+        gm_msg_free(e);
+        int ignored;
+        ck_assert_ptr_null(recv_with_fd(fd, &ignored)); /* and closed */
+        close(fd);
+
+        /* Session gone, memory not: still charged (and the data still there). */
+        sleep_ms(500);
+        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), length);
+        ck_assert_int_eq(p[length - 1], 0x5a);
+        munmap(p, length);
+        uint64_t charged = length;
+        for (int i = 0; i < 500 && charged; i++) {
+                sleep_ms(20);
+                charged = gm_test_tenant_charged(d.socket_path, "uid:0");
+        }
+        ck_assert_uint_eq(charged, 0);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- what a non-admin learns ---- */
+
+START_TEST(test_stats_pid_hides_other_tenants) {
+        /* "stats --pid P" of another tenant's pid once answered "pid P belongs
+         * to another tenant": it now reads as a pid without a session. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
+        void *ptr;
+        ck_assert_int_eq(gpumem_alloc(c, 1 << 20, 0, &ptr), 0);
+        char mine[32], out_held[8192], out_free[8192];
+        snprintf(mine, sizeof(mine), "%d", (int) getpid());
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid %s 2>&1", GPUMEMCTL_BIN, d.socket_path, mine);
+        const char *held[] = {"/bin/sh", "-c", cmd, NULL};
+        int status_held = gm_test_run_as(out_held, sizeof(out_held), NOBODY, held);
+        char cmd2[512];
+        snprintf(cmd2, sizeof(cmd2), "exec '%s' -s '%s' stats --pid 1 2>&1", GPUMEMCTL_BIN, d.socket_path);
+        const char *none[] = {"/bin/sh", "-c", cmd2, NULL};
+        int status_free = gm_test_run_as(out_free, sizeof(out_free), NOBODY, none);
+        ck_assert_int_eq(status_held, status_free);
+        ck_assert_ptr_null(strstr(out_held, "another tenant"));
+        ck_assert_str_eq(out_held, out_free);
+        /* The admin still sees it. */
+        char admin_out[8192];
+        const char *admin[] = {GPUMEMCTL_BIN, "-s", d.socket_path, "stats", "--pid", mine, "--json", NULL};
+        ck_assert_int_eq(gm_test_run(admin_out, sizeof(admin_out), admin), 0);
+        ck_assert_msg(strstr(admin_out, "\"allocated_bytes.all.current\": 1048576"), "%s", admin_out);
+        gpumem_free(c, ptr);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 static Suite *hardening_suite(void) {
         Suite *s = suite_create("hardening");
         TCase *squat = tcase_create("squatting");
@@ -609,6 +755,8 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_slowloris_cannot_blind_metrics);
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
+        tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
+        tcase_add_test(daemon, test_stats_pid_hides_other_tenants);
         suite_add_tcase(s, daemon);
         return s;
 }

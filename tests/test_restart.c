@@ -25,6 +25,9 @@
 #include "ipc.h"
 #include "msg.h"
 #include "testutil.h"
+#ifdef GM_TEST_FAKECUDA
+#include "fakecuda_check.h"
+#endif
 
 #define MAX_STORED 4096
 
@@ -234,6 +237,9 @@ static void sd_teardown(void) {
                 close(sd.store[i].fd);
         close(sd.control_fd);
         close(sd.notify_fd);
+#ifdef GM_TEST_FAKECUDA
+        gm_fake_assert_device_drained(); /* emulated device: the daemons and clients left nothing */
+#endif
         char cmd[400];
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
                 snprintf(cmd, sizeof(cmd), "tail -n 20 %s >&2", sd.log_path);

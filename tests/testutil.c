@@ -1,4 +1,7 @@
 #include "testutil.h"
+#ifdef GM_TEST_FAKECUDA
+#include "fakecuda_check.h"
+#endif
 
 #include <check.h>
 #include <dirent.h>
@@ -107,6 +110,10 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
         }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
         ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
+#ifdef GM_TEST_FAKECUDA
+        if (!d->keep_dir) /* (a restart keeps what the fd store holds) */
+                gm_fake_assert_device_drained(); /* emulated device: nothing leaked by the daemon or clients */
+#endif
         if (d->keep_dir)
                 return;
         char cmd[300];
@@ -180,6 +187,26 @@ void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {
         Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, admin, client_name, NULL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         gm_msg_free(reply);
+}
+
+uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant) {
+        int fd = gm_test_raw_connect(socket_path);
+        gm_test_raw_hello(fd, true);
+        Gpumem__Quota q = GPUMEM__QUOTA__INIT;
+        q.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
+        q.tenant = (char *) tenant;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
+        env.quota = &q;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        uint64_t charged = 0;
+        if (reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1)
+                charged = reply->quota_reply->tenants[0]->charged;
+        gm_msg_free(reply);
+        close(fd);
+        return charged;
 }
 
 int64_t gm_test_device_stat(const char *socket_path, const char *name) {

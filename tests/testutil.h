@@ -52,6 +52,8 @@ Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
 /* Receives one envelope; NULL when the connection is closed. fds received are closed. */
 Gpumem__Envelope *gm_test_raw_recv(int fd);
 
+/* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
+uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);
 /* One device-wide statistic via an admin connection. */
 int64_t gm_test_device_stat(const char *socket_path, const char *name);
 /* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */

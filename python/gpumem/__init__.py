@@ -308,6 +308,17 @@ def _dump_snapshot(filename="dump_snapshot.pickle", device=None, *, pid=None):
 _MAX_HISTORY = 100_000_000
 
 _frames_local = threading.local()
+_code_names = {}  # code object -> (filename, name) encoded once
+_MAX_CODE_NAMES = 100_000
+
+
+def _code_bytes(code):
+    names = _code_names.get(code)
+    if names is None:
+        if len(_code_names) >= _MAX_CODE_NAMES:  # code made at run time without end
+            _code_names.clear()
+        names = _code_names[code] = (code.co_filename.encode(errors="replace"), code.co_name.encode(errors="replace"))
+    return names
 
 
 def _collect_frames(userdata, frames, max_frames):
@@ -321,9 +332,7 @@ def _collect_frames(userdata, frames, max_frames):
         keep = []
         n = 0
         while frame is not None and n < max_frames:
-            code = frame.f_code
-            filename = code.co_filename.encode(errors="replace")
-            name = code.co_name.encode(errors="replace")
+            filename, name = _code_bytes(frame.f_code)
             keep += (filename, name)
             frames[n].filename = filename
             frames[n].line = frame.f_lineno or 0

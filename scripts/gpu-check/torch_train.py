@@ -2,13 +2,15 @@
 """torch_train.py: a few training steps of a small model with gpumemd as
 PyTorch's CUDA allocator and with PyTorch's own, on a real GPU.
 
-    python3 scripts/gpu-check/torch_train.py --build BUILD [--socket SOCK] [--device N] [--steps N]
+    python3 scripts/gpu-check/torch_train.py [--build BUILD] [--socket SOCK] [--device N] [--steps N]
 
-BUILD is a gpumemd build directory (client/libgpumem*.so, daemon/gpumemd,
-client/gpumemctl). With --socket it uses that running gpumemd (the one of GPU
-N, as gpu-check.sh starts it); without, it starts `gpumemd --backend cuda` of
-BUILD on a temporary socket and stops it at the end. Each run is a subprocess
-of its own, since PyTorch takes its allocator before the first CUDA tensor.
+With --socket (or $GPUMEM_SOCKET, as scripts/gpu-check.sh passes it) it uses
+that running gpumemd, the one of GPU N (--device, else $GPUMEM_CHECK_DEVICE,
+else 0); without, it starts `gpumemd --backend cuda` of BUILD (a build
+directory: daemon/gpumemd, client/libgpumem*.so) on a temporary socket and
+stops it at the end. libgpumem comes from BUILD/client, else
+$GPUMEM_LIBRARY_DIR, else where it was installed. Each run is a subprocess of
+its own, since PyTorch takes its allocator before the first CUDA tensor.
 
 Prints one PASS/FAIL line per stage, the step times (median and spread of the
 timed steps, after warm-up) and the memory figures of both runs, and
@@ -170,8 +172,8 @@ def parent(args):
         skip(f"PyTorch {torch.__version__} has no pluggable CUDA allocator (2.0 or later needed)")
     if not torch.cuda.is_available():
         skip("CUDA is not available")
-    if not args.build:
-        print("FAIL  torch_train: --build DIR is needed (a gpumemd build directory)")
+    if not args.socket and not args.build:
+        print("FAIL  torch_train: give --socket (a running gpumemd) or --build DIR (to start one)")
         return 1
     report = Report()
     work = tempfile.mkdtemp(prefix="gpumem-torch-train-")
@@ -179,7 +181,9 @@ def parent(args):
     if not sock:
         proc, sock = start_daemon(args.build, args.device, work)
     report.stage(os.path.exists(sock), f"gpumemd for cuda:{args.device} at {sock}")
-    env = dict(os.environ, GPUMEM_LIBRARY_DIR=os.path.join(args.build, "client"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.build:
+        env["GPUMEM_LIBRARY_DIR"] = os.path.join(args.build, "client")
     name = os.path.basename(sock)
     if name == f"gpu{args.device}.sock":
         env["GPUMEM_SOCKET_TEMPLATE"] = os.path.join(os.path.dirname(sock), "gpu%d.sock")
@@ -241,7 +245,7 @@ def parent(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.environ.get("GPUMEM_BUILD"))
-    ap.add_argument("--socket")
+    ap.add_argument("--socket", default=os.environ.get("GPUMEM_SOCKET"))
     ap.add_argument("--device", type=int, default=int(os.environ.get("GPUMEM_CHECK_DEVICE", "0")))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--child", choices=("native", "gpumem"), help=argparse.SUPPRESS)

@@ -122,7 +122,6 @@ static struct {
         size_t uuid_prefix_len;
         /* the shared pool */
         fake_pool_t *pool;
-        int pool_fd; /* -1: private pool */
         /* state */
         long creates, imports, maps, unmaps, event_queries;
         uint64_t next_block_id;
@@ -131,7 +130,7 @@ static struct {
         range_t *reservations, *mappings, *blocks;
         struct CUstream_st *streams;
         struct CUevent_st *events;
-} fake = {.lock = PTHREAD_MUTEX_INITIALIZER, .pool_fd = -1};
+} fake = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local CUcontext stack[FAKE_STACK_MAX];
 static _Thread_local int depth;
@@ -281,6 +280,8 @@ static bool pool_open(uint64_t capacity, int physical_count, uint32_t compute_mo
                 if (fstat(fd, &st) < 0 || (st.st_size < (off_t)sizeof(fake_pool_t) &&
                                            ftruncate(fd, sizeof(fake_pool_t)) < 0))
                         goto fail;
+                if (st.st_uid == geteuid())
+                        fchmod(fd, 0666); /* one device for every user's processes */
         }
         void *p = mmap(NULL, sizeof(fake_pool_t), PROT_READ | PROT_WRITE,
                        fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS, fd, 0);
@@ -289,16 +290,23 @@ static bool pool_open(uint64_t capacity, int physical_count, uint32_t compute_mo
         fake_pool_t *pool = p;
         if (pool->magic != FAKE_POOL_MAGIC) {
                 memset(pool, 0, sizeof(*pool));
+                pthread_mutexattr_t attr;
+                pthread_mutexattr_init(&attr);
+                pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+                pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+                pthread_mutex_init(&pool->lock, &attr);
+                pthread_mutexattr_destroy(&attr);
                 pool->device_count = (uint32_t)physical_count;
                 pool->compute_mode = compute_mode;
                 for (int i = 0; i < FAKE_MAX_DEVICES; i++)
                         pool->capacity[i] = capacity;
                 pool->magic = FAKE_POOL_MAGIC;
         }
-        if (fd >= 0)
+        if (fd >= 0) { /* the creation lock (the mapping keeps the file open: unlock explicitly) */
                 flock(fd, LOCK_UN);
+                close(fd);
+        }
         fake.pool = pool;
-        fake.pool_fd = fd;
         return true;
 fail:
         if (fd >= 0)
@@ -345,33 +353,16 @@ static bool configure(void) {
 /* ---- the shared pool (callers hold fake.lock) ---- */
 
 static void pool_lock(void) {
-        if (fake.pool_fd >= 0)
-                flock(fake.pool_fd, LOCK_EX);
+        if (pthread_mutex_lock(&fake.pool->lock) == EOWNERDEAD) /* its holder died: the pool is consistent */
+                pthread_mutex_consistent(&fake.pool->lock);
 }
 
 static void pool_unlock(void) {
-        if (fake.pool_fd >= 0)
-                flock(fake.pool_fd, LOCK_UN);
+        pthread_mutex_unlock(&fake.pool->lock);
 }
 
-/* A process that exited (or is a zombie) holds no device memory. */
 static bool alive(int32_t pid) {
-        if (pid == getpid())
-                return true;
-        if (kill(pid, 0) < 0 && errno == ESRCH)
-                return false;
-        char path[64], buf[256];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return errno != ENOENT;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-                return true;
-        buf[n] = '\0';
-        const char *paren = strrchr(buf, ')');
-        return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+        return fake_pool_alive(pid);
 }
 
 static void slot_free(fake_pool_t *pool, fake_slot_t *s) {

@@ -1,7 +1,10 @@
 #include "fakecuda_check.h"
+#include "pool.h"
 
 #include <check.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,4 +57,29 @@ void gm_fake_new_pool(char *path, size_t len) {
         ck_assert_int_ge(fd, 0);
         close(fd);
         setenv("FAKECUDA_POOL", path, 1);
+}
+
+void gm_fake_assert_device_drained(void) {
+        const char *path = getenv("FAKECUDA_POOL");
+        if (!path || !*path)
+                return;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return; /* no process used the emulator */
+        void *p = mmap(NULL, sizeof(fake_pool_t), PROT_READ, MAP_SHARED, fd, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        const fake_pool_t *pool = p;
+        uint64_t bytes = 0;
+        for (int i = 0; i < 500; i++) {
+                bytes = 0; /* read without the lock: polled until it holds */
+                for (int d = 0; pool->magic == FAKE_POOL_MAGIC && d < FAKE_MAX_DEVICES; d++)
+                        bytes += fake_pool_live_bytes(pool, d, true);
+                if (bytes == 0)
+                        break;
+                usleep(10000);
+        }
+        munmap(p, sizeof(fake_pool_t));
+        close(fd);
+        ck_assert_msg(bytes == 0, "%llu bytes of device memory still held by other processes",
+                      (unsigned long long)bytes);
 }

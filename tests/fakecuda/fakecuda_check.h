@@ -20,3 +20,9 @@ void gm_fake_assert_no_objects(void);
 /* Makes a fresh pool file for this test (FAKECUDA_POOL, inherited by the
  * processes it starts) into path (at least 64 bytes). */
 void gm_fake_new_pool(char *path, size_t len);
+/* Asserts that, within a few seconds, no process but this one holds memory on
+ * the device (after a daemon stopped: its handles and its clients' mappings
+ * must be gone). Reads the pool file itself, so this process need not have
+ * loaded the driver (and stays free to fork clients that use it). Does
+ * nothing without FAKECUDA_POOL. */
+void gm_fake_assert_device_drained(void);

@@ -13,7 +13,15 @@
  * struct module: keep both in step). */
 #pragma once
 
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #define FAKE_POOL_MAGIC 0x316c6f6f70656b66ull /* "fkepool1" */
 #define FAKE_MAX_DEVICES 16
@@ -49,4 +57,46 @@ typedef struct fake_pool {
         uint64_t allocations[FAKE_MAX_DEVICES];
         fake_ctx_use_t contexts[FAKE_POOL_CONTEXTS];
         fake_slot_t slots[FAKE_POOL_SLOTS];
+        pthread_mutex_t lock; /* last, so readers' offsets do not depend on its size */
 } fake_pool_t;
+
+/* A process that exited (or is a zombie) holds no device memory. */
+static inline bool fake_pool_alive(int32_t pid) {
+        if (pid == getpid())
+                return true;
+        if (kill(pid, 0) < 0 && errno == ESRCH)
+                return false;
+        char path[64], buf[256];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno != ENOENT;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return true;
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')');
+        return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* Bytes live processes hold on `device`; those of the calling process are
+ * left out when `skip_self`. */
+static inline uint64_t fake_pool_live_bytes(const fake_pool_t *pool, int device, bool skip_self) {
+        uint64_t n = 0;
+        int32_t self = getpid();
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++) {
+                const fake_ctx_use_t *c = &pool->contexts[i];
+                if (c->pid && c->device == device && !(skip_self && c->pid == self) && fake_pool_alive(c->pid))
+                        n += c->bytes;
+        }
+        for (int i = 0; i < FAKE_POOL_SLOTS; i++) {
+                const fake_slot_t *s = &pool->slots[i];
+                bool held = false;
+                for (int h = 0; s->ino && s->device == device && h < FAKE_POOL_HOLDERS && !held; h++)
+                        held = s->holders[h].pid && !(skip_self && s->holders[h].pid == self) &&
+                               fake_pool_alive(s->holders[h].pid);
+                n += held ? s->size : 0;
+        }
+        return n;
+}

@@ -40,7 +40,8 @@ def standin(root, version, initialized=False, pluggable=True):
     (pkg / "cuda").mkdir(parents=True)
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\nfrom . import cuda\n")
     (pkg / "cuda" / "__init__.py").write_text(
-        f"from . import memory\ndef is_initialized():\n    return {initialized!r}\n")
+        f"from . import memory\ndef is_initialized():\n    return {initialized!r}\n"
+        "def is_available():\n    return False\n")
     (pkg / "cuda" / "memory.py").write_text(STANDIN_2X if pluggable else "def memory_stats(device=None):\n    return {}\n")
     return str(root)
 
@@ -118,3 +119,15 @@ def test_real_pytorch_if_installed(daemons):
             gpumem.torch.use()
     elif not torch.cuda.is_available():
         pytest.skip("PyTorch 2.x without CUDA: scripts/gpu-check/torch_train.py covers a GPU machine")
+
+
+@pytest.mark.parametrize("version, reason", [("1.13.1", "PyTorch 1.13.1 has no pluggable CUDA allocator"),
+                                             ("2.4.0", "CUDA is not available")])
+def test_train_script_skips(tmp_path, version, reason):
+    script = os.environ.get("GM_TORCH_TRAIN")
+    if not script or not os.path.exists(script):
+        pytest.skip("scripts/gpu-check/torch_train.py not present")
+    out = subprocess.run([sys.executable, script, "--build", "/nonexistent"], capture_output=True, text=True,
+                         timeout=60, env=pytorch_env(standin(tmp_path, version, pluggable=version != "1.13.1")))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].startswith("SKIP") and reason in out.stdout, out.stdout
