@@ -167,7 +167,8 @@ static int frames_index_build(frames_index_t *x, const gm_history_t *h) {
                 gm_history_foreach(h, index_alloc_frames, x);
         if (x->error)
                 return x->error;
-        qsort(x->items, x->n, sizeof(*x->items), cmp_alloc_frames);
+        if (x->n > 0) /* items is NULL when empty: qsort wants an array */
+                qsort(x->items, x->n, sizeof(*x->items), cmp_alloc_frames);
         size_t k = 0;
         for (size_t i = 0; i < x->n; i++) {
                 if (k > 0 && x->items[k - 1].addr == x->items[i].addr)
