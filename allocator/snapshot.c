@@ -167,7 +167,7 @@ static int frames_index_build(frames_index_t *x, const gm_history_t *h) {
                 gm_history_foreach(h, index_alloc_frames, x);
         if (x->error)
                 return x->error;
-        if (x->n > 1)
+        if (x->n > 1) /* items is NULL when empty, and one item is sorted */
                 qsort(x->items, x->n, sizeof(*x->items), cmp_alloc_frames);
         size_t k = 0;
         for (size_t i = 0; i < x->n; i++) {
