@@ -58,10 +58,11 @@ int gm_admin_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stats *re
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
         uint64_t sessions = 0;
+        gm_local_refresh(d);
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (s->heap) {
-                        st = gm_heap_stats(s->heap);
+                if (gm_session_stats(s)) {
+                        st = gm_session_stats(s);
                 } else {
                         gm_stats_init(&scratch);
                         scratch.max_split_size = d->device_stats.max_split_size;
@@ -95,13 +96,13 @@ int gm_admin_stats(gm_session_t *s, uint64_t request_id, const Gpumem__Stats *re
                 gm_stats_init(&scratch);
                 scratch.max_split_size = d->device_stats.max_split_size;
                 for (gm_session_t *o = d->sessions; o; o = o->next) {
-                        if ((uint32_t) o->cred.pid != req->pid || !o->heap)
+                        if ((uint32_t) o->cred.pid != req->pid || !gm_session_stats(o))
                                 continue;
                         if (!s->admin && o->tenant != s->tenant)
                                 return gm_session_send_error(s, request_id, EPERM,
                                                              "gpumemd: pid %u belongs to another tenant", req->pid),
                                        0;
-                        stats_add(&scratch, gm_heap_stats(o->heap));
+                        stats_add(&scratch, gm_session_stats(o));
                         sessions++;
                 }
                 st = &scratch;
@@ -396,6 +397,7 @@ int gm_admin_quota(gm_session_t *s, uint64_t request_id, const Gpumem__Quota *re
                            (unsigned long long) req->bytes, req->runtime ? "runtime" : "persistent",
                            (int) s->cred.pid);
         }
+        gm_local_refresh(d);
         size_t n = 0;
         for (gm_tenant_t *t = d->tenants; t; t = t->next)
                 n++;
@@ -448,6 +450,7 @@ int gm_admin_clients(gm_session_t *s, uint64_t request_id, const Gpumem__Clients
                 return gm_session_send_error(s, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
+        gm_local_refresh(d);
         for (gm_session_t *o = d->sessions; o && k <= d->n_sessions; o = o->next) {
                 if (o->closing || !o->hello_done || (!s->admin && o->tenant != s->tenant))
                         continue;
@@ -461,8 +464,11 @@ int gm_admin_clients(gm_session_t *s, uint64_t request_id, const Gpumem__Clients
                 ci->name = o->name;
                 ci->admin = o->admin_conn;
                 ci->releasing = o->releasing_bytes;
-                if (o->heap) {
-                        const gm_stats_t *st = gm_heap_stats(o->heap);
+                ci->heap_mode = o->local ? "local" : "central";
+                ci->requests = o->requests;
+                ci->stats_page_invalid = gm_local_page_invalid(o);
+                const gm_stats_t *st = gm_session_stats(o);
+                if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
                         ci->allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                         ci->cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current -

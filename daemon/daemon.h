@@ -102,6 +102,7 @@ typedef struct gm_parked {
 } gm_parked_t;
 
 typedef struct gm_daemon gm_daemon_t;
+typedef struct gm_local_session gm_local_session_t;
 
 typedef struct gm_session {
         gm_daemon_t *daemon;
@@ -122,7 +123,9 @@ typedef struct gm_session {
         bool admin;         /* kernel-verified right to administer the daemon */
         bool closing;       /* no more input is processed; memory is being released */
         gm_heap_t *heap;    /* created at the first allocation */
+        gm_local_session_t *local; /* a local session's ledger and statistics page (grant.c); NULL: central */
         uint64_t last_active_ms;
+        uint64_t requests;  /* packets received */
         const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
         size_t n_cur_frames;
         gm_piece_t *new_pieces;     /* created while serving the current request; sent with its reply */
@@ -210,6 +213,46 @@ void gm_session_flush_releases(gm_session_t *s);
 void gm_session_release_all(gm_session_t *s);
 /* Periodic work: re-asks unacknowledged releases, times parked allocations out. */
 void gm_daemon_tick(gm_daemon_t *d);
+/* Gives one piece back to the backend and uncharges it (the client unmapped it or is gone). */
+void gm_piece_release(gm_session_t *s, gm_piece_t *p);
+/* Retries parked allocations of every session (memory came back). */
+void gm_session_retry_parked(gm_daemon_t *d);
+/* Asks sessions other than `requester` (of `tenant` only, when not NULL),
+ * least recently active first, for their cached memory until `need` bytes are
+ * on their way back; returns the bytes asked for. */
+uint64_t gm_daemon_reclaim(gm_daemon_t *d, gm_session_t *requester, gm_tenant_t *tenant, uint64_t need);
+
+/* grant.c: local sessions, whose heap runs in the client. The daemon grants
+ * and takes back pieces, reads the statistics page, asks for reclaim. */
+/* At Hello: picks the session's heap mode and, for a local one, creates its
+ * statistics page (*ret_page_fd, to send with the reply and close). A
+ * refusal is sent and returned as a negative errno. */
+int gm_local_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hello *hello, Gpumem__HelloReply *reply,
+                   int *ret_page_fd);
+int gm_local_grant(gm_session_t *s, uint64_t request_id, const Gpumem__Grant *grant);
+int gm_local_return(gm_session_t *s, uint64_t request_id, const Gpumem__ReturnPieces *ret);
+int gm_local_reclaim_ack(gm_session_t *s, uint64_t request_id, const Gpumem__ReclaimAck *ack);
+/* Sends a local session a Reclaim for its cached bytes (none while one is
+ * outstanding); returns the bytes expected back. */
+uint64_t gm_local_reclaim(gm_session_t *s);
+/* Reads every local session's statistics page into its figures and folds
+ * them into tenant and device statistics. */
+void gm_local_refresh(gm_daemon_t *d);
+void gm_local_retry_parked(gm_daemon_t *d, bool timed_out_only);
+void gm_local_tick(gm_daemon_t *d);
+void gm_local_release_all(gm_session_t *s);
+/* Re-attach after a restart: a stored piece the local session's client still
+ * maps becomes one of its pieces again (charged). 0, or -EINVAL when it does
+ * not fit what the session already holds (the caller keeps the piece). */
+int gm_local_adopt(gm_session_t *s, gm_piece_t *p);
+/* A session's statistics (central: its heap's; local: the page's last valid
+ * figures with the daemon's exact ones); NULL for a central session without a heap. */
+const gm_stats_t *gm_session_stats(const gm_session_t *s);
+bool gm_local_page_invalid(const gm_session_t *s);
+/* Reserved minus active bytes of a session. */
+uint64_t gm_session_cached_bytes(const gm_session_t *s);
+/* Bytes cached by every session but `s`, or on their way back. */
+uint64_t gm_daemon_others_cached(const gm_daemon_t *d, const gm_session_t *s);
 
 /* restart.c: surviving restarts. Segments are kept in systemd's fd store
  * under names that say whose they are; after a restart they wait for their

@@ -325,6 +325,8 @@ typedef struct tenant_row {
         char labels[192]; /* {device="N",tenant="<escaped name: at most 2 * 63 characters>" */
         uint64_t releasing_bytes;
         uint64_t largest_free;
+        uint64_t local_sessions;
+        uint64_t invalid_pages; /* local sessions whose statistics page fails the bounds */
 } tenant_row_t;
 
 static int row_by_name(const void *a, const void *b) {
@@ -357,6 +359,8 @@ static int sum_sessions(gm_daemon_t *d, tenant_row_t *rows, size_t n) {
                 if (!r)
                         continue;
                 (*r)->releasing_bytes += s->releasing_bytes;
+                (*r)->local_sessions += s->local != NULL;
+                (*r)->invalid_pages += gm_local_page_invalid(s);
                 if (s->heap) {
                         uint64_t lf = gm_heap_largest_free(s->heap);
                         if (lf > (*r)->largest_free)
@@ -459,6 +463,13 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         family(o, "gpumem_largest_free_block_bytes", "gauge", "Largest free cached block over the tenant's sessions.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_largest_free_block_bytes", rows[i].labels, "", (int64_t) rows[i].largest_free);
+        family(o, "gpumem_local_sessions", "gauge", "Sessions whose heap runs in the client (local mode).");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_local_sessions", rows[i].labels, "", (int64_t) rows[i].local_sessions);
+        family(o, "gpumem_stats_page_invalid_sessions", "gauge",
+               "Local sessions whose statistics page fails the daemon's bounds (their block figures count as zero).");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "", (int64_t) rows[i].invalid_pages);
 
         if (!m)
                 return;
@@ -615,6 +626,7 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
 }
 
 int gm_metrics_render(gm_daemon_t *d, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
+        gm_local_refresh(d);
         out_t o = {.cap = 64 * 1024};
         o.p = malloc(o.cap);
         size_t n = 0;

@@ -423,16 +423,28 @@ int gm_restart_reattach(gm_session_t *s, uint64_t request_id, const Gpumem__Reat
                 gm_session_send_error(s, request_id, E2BIG, "gpumemd: re-attach reports too much");
                 return -E2BIG;
         }
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        for (size_t i = 0; i < req->n_segments && r == 0; i++)
+        gm_heap_t *heap = NULL;
+        int r = s->local ? (req->n_blocks ? -EINVAL : 0) : gm_session_heap(s, &heap);
+        for (size_t i = 0; i < req->n_segments && r == 0 && s->local; i++) /* its heap stayed in the client */
+                for (size_t k = 0; k < req->segments[i]->n_mapped && r == 0; k++) {
+                        const Gpumem__ReattachSegment *seg = req->segments[i];
+                        const Gpumem__Range *m = seg->mapped[k];
+                        gm_piece_t *p = m->length && m->offset + m->length >= m->offset &&
+                                                        m->offset + m->length <= seg->va_size
+                                                ? claim_piece(s, seg->segment_id, seg->va_size, m->offset, m->length)
+                                                : NULL;
+                        r = p ? gm_local_adopt(s, p) : -EINVAL;
+                        if (r < 0 && p)
+                                unclaim_piece(s, p);
+                }
+        for (size_t i = 0; i < req->n_segments && r == 0 && !s->local; i++)
                 r = reattach_segment(s, heap, req->segments[i]);
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
                 r = gm_heap_restore_block(heap, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
                                           b->pending_free);
         }
-        if (r == 0 && req->last)
+        if (r == 0 && req->last && heap)
                 r = gm_heap_restore_finish(heap);
         if (r < 0) {
                 /* A report that contradicts itself ends the session; its memory
@@ -450,7 +462,9 @@ int gm_restart_reattach(gm_session_t *s, uint64_t request_id, const Gpumem__Reat
                 dropped += p->phys.size;
                 piece_drop(d, p);
         }
-        const gm_stats_t *st = gm_heap_stats(heap);
+        const gm_stats_t *st = gm_session_stats(s);
+        if (!st)
+                return gm_session_reply_ok(s, request_id);
         log_notice("session %llu (pid %d) re-attached: %" PRId64 " bytes reserved, %" PRId64 " allocated in %" PRId64
                    " blocks%s",
                    (unsigned long long) s->id, (int) s->cred.pid, st->reserved_bytes[GM_STAT_ALL].current,

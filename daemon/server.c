@@ -117,6 +117,7 @@ static void on_session_readable(uv_poll_t *handle, int status, int events) {
                         break;
                 }
                 s->last_active_ms = gm_now_ms();
+                s->requests++;
                 uint64_t t0 = gm_metrics_now_ns();
                 r = gm_session_handle(s, env, fds, n_fds);
                 gm_metrics_observe_request(d->metrics, gm_metrics_request_op(env->body_case), gm_metrics_now_ns() - t0);

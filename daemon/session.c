@@ -18,7 +18,7 @@
 
 /* ---- pieces: the allocator's provider ---- */
 
-static void piece_free_to_backend(gm_session_t *s, gm_piece_t *p) {
+void gm_piece_release(gm_session_t *s, gm_piece_t *p) {
         gm_daemon_t *d = s->daemon;
         if (s->tenant)
                 s->tenant->charged_bytes -= p->phys.size;
@@ -68,7 +68,7 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
                         break;
                 }
         if (s->closing || !p->client_mapped) {
-                piece_free_to_backend(s, p);
+                gm_piece_release(s, p);
                 return;
         }
         p->whole_segment = whole_segment;
@@ -199,24 +199,25 @@ static void release_complete(gm_session_t *s, gm_release_t *rel) {
         while (rel->pieces) {
                 gm_piece_t *p = rel->pieces;
                 rel->pieces = p->next;
-                piece_free_to_backend(s, p);
+                gm_piece_release(s, p);
         }
         free(rel);
 }
 
 void gm_session_release_all(gm_session_t *s) {
+        gm_local_release_all(s);
         s->heap = gm_heap_destroy(s->heap); /* releases every piece at once: s->closing is set */
         while (s->to_release) {
                 gm_piece_t *p = s->to_release;
                 s->to_release = p->next;
-                piece_free_to_backend(s, p);
+                gm_piece_release(s, p);
         }
         while (s->adopting) { /* stored pieces of a re-attach that did not finish */
                 gm_piece_t *p = s->adopting;
                 s->adopting = p->next;
                 if (s->tenant)
                         s->tenant->charged_bytes += p->phys.size; /* never charged: keep the books even */
-                piece_free_to_backend(s, p);
+                gm_piece_release(s, p);
         }
         while (s->releases) {
                 gm_release_t *rel = s->releases;
@@ -313,25 +314,21 @@ out:
 
 /* ---- reclaim across sessions ---- */
 
-/* Asks idle sessions (least recently active first) other than `requester` for
- * their cached segments until `need` bytes are on their way back. Only sessions
- * of `tenant` when it is not NULL (quota pressure). Returns the bytes asked for. */
-static uint64_t reclaim_from_others(gm_daemon_t *d, gm_session_t *requester, gm_tenant_t *tenant, uint64_t need) {
+uint64_t gm_daemon_reclaim(gm_daemon_t *d, gm_session_t *requester, gm_tenant_t *tenant, uint64_t need) {
         uint64_t asked = 0;
         while (asked < need) {
                 gm_session_t *victim = NULL;
                 for (gm_session_t *o = d->sessions; o; o = o->next) {
-                        if (o == requester || o->closing || !o->heap || (tenant && o->tenant != tenant))
+                        if (o == requester || o->closing || (!o->heap && !o->local) || (tenant && o->tenant != tenant))
                                 continue;
-                        const gm_stats_t *st = gm_heap_stats(o->heap);
-                        if (st->reserved_bytes[GM_STAT_ALL].current <= st->active_bytes[GM_STAT_ALL].current)
-                                continue; /* nothing cached */
+                        if (gm_session_cached_bytes(o) == 0 || (o->local && o->releasing_bytes))
+                                continue; /* nothing cached, or already asked */
                         if (!victim || o->last_active_ms < victim->last_active_ms)
                                 victim = o;
                 }
                 if (!victim)
                         break;
-                uint64_t got = gm_heap_release_cached(victim->heap);
+                uint64_t got = victim->local ? gm_local_reclaim(victim) : gm_heap_release_cached(victim->heap);
                 victim->last_active_ms = gm_now_ms(); /* do not pick it again in this round */
                 gm_session_flush_releases(victim);
                 if (got == 0)
@@ -374,10 +371,14 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
                 gm_session_send_error(s, request_id, ENOMEM, "out of memory");
                 return -ENOMEM;
         }
+        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
+        int page_fd = -1;
+        int r = gm_local_hello(s, request_id, hello, &reply, &page_fd);
+        if (r < 0)
+                return r;
         s->tenant->sessions++;
         s->hello_done = true;
 
-        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
         reply.protocol_version = GM_PROTOCOL_VERSION;
         reply.session_id = s->id;
         reply.backend = (char *) d->backend->ops->name;
@@ -393,7 +394,10 @@ static int handle_hello(gm_session_t *s, uint64_t request_id, const Gpumem__Hell
         env.hello_reply = &reply;
         log_info("session %llu: pid %d uid %u tenant '%s' client '%s'", (unsigned long long) s->id, (int) s->cred.pid,
                  (unsigned) s->cred.uid, s->tenant->name, s->name);
-        return gm_session_reply(s, request_id, &env, NULL, 0) < 0 ? 0 : 0;
+        gm_session_reply(s, request_id, &env, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
+        if (page_fd >= 0)
+                close(page_fd);
+        return 0;
 }
 
 /* Explains a refused allocation: PyTorch's out-of-memory text with the
@@ -404,13 +408,8 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, uint64_t size, int err,
         uint64_t device_free = 0, device_total = 0;
         if (d->backend->ops->mem_info(d->backend, &device_free, &device_total) < 0)
                 device_free = d->backend->capacity - d->backend->in_use;
-        uint64_t others_cached = d->releasing_bytes - s->releasing_bytes;
-        for (gm_session_t *o = d->sessions; o; o = o->next)
-                if (o != s && o->heap) {
-                        const gm_stats_t *os = gm_heap_stats(o->heap);
-                        others_cached += (uint64_t) (os->reserved_bytes[GM_STAT_ALL].current -
-                                                     os->active_bytes[GM_STAT_ALL].current);
-                }
+        gm_local_refresh(d);
+        uint64_t others_cached = gm_daemon_others_cached(d, s);
         double fraction = d->alloc_config.per_process_memory_fraction;
         gm_oom_report_t r = {
                 .device = d->backend->device,
@@ -479,7 +478,7 @@ static int try_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
 
         /* The allocator already gave back this session's own cache. Memory
          * reclaimed from other sessions arrives once their clients acknowledge. */
-        uint64_t asked = reclaim_from_others(d, s, r == -EDQUOT ? s->tenant : NULL, size);
+        uint64_t asked = gm_daemon_reclaim(d, s, r == -EDQUOT ? s->tenant : NULL, size);
         bool help_coming = asked > 0 || (r == -EDQUOT ? s->releasing_bytes > 0 : d->releasing_bytes > 0);
         if (may_park && help_coming && s->n_parked < d->opts.limits.max_parked_per_session)
                 return -EAGAIN;
@@ -533,6 +532,10 @@ static void retry_parked(gm_daemon_t *d, bool timed_out_only) {
         }
 }
 
+void gm_session_retry_parked(gm_daemon_t *d) {
+        retry_parked(d, false);
+}
+
 /* Client-supplied frames kept with an allocation's trace event, at most. */
 #define MAX_FRAMES 64
 
@@ -583,6 +586,7 @@ static int handle_release_ack(gm_session_t *s, uint64_t request_id, const Gpumem
                 gm_metrics_count_reclaim(s->daemon->metrics, GM_RECLAIM_ACKNOWLEDGED);
                 release_complete(s, rel);
                 retry_parked(s->daemon, false);
+                gm_local_retry_parked(s->daemon, false);
                 return 0;
         }
         gm_session_send_error(s, request_id, EINVAL, "gpumemd: no release %" PRIu64 " is pending", ack->release_id);
@@ -593,6 +597,7 @@ static int handle_trim(gm_session_t *s, uint64_t request_id, const Gpumem__Trim 
         gm_daemon_t *d = s->daemon;
         uint64_t released = 0;
         bool everyone = trim->tenant && trim->tenant[0];
+        gm_local_refresh(d); /* local sessions' cached bytes, as of now */
         if (!everyone && s->heap) {
                 released = gm_heap_release_cached(s->heap);
                 gm_session_flush_releases(s);
@@ -606,7 +611,11 @@ static int handle_trim(gm_session_t *s, uint64_t request_id, const Gpumem__Trim 
                 if (tenant && strcmp(tenant, "*") == 0)
                         tenant = NULL;
                 for (gm_session_t *o = d->sessions; o; o = o->next) {
-                        if (o->closing || !o->heap || (tenant && strcmp(o->tenant->name, tenant) != 0))
+                        if (o->closing || (tenant && strcmp(o->tenant->name, tenant) != 0))
+                                continue;
+                        if (o->local)
+                                released += gm_local_reclaim(o); /* expected: they come back with its ack */
+                        if (!o->heap)
                                 continue;
                         released += gm_heap_release_cached(o->heap);
                         gm_session_flush_releases(o);
@@ -666,6 +675,12 @@ int gm_session_handle(gm_session_t *s, Gpumem__Envelope *env, int *fds, size_t n
                 return gm_restart_reattach(s, rid, env->reattach);
         case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
                 return handle_release_ack(s, rid, env->release_ack);
+        case GPUMEM__ENVELOPE__BODY_GRANT:
+                return gm_local_grant(s, rid, env->grant);
+        case GPUMEM__ENVELOPE__BODY_RETURN_PIECES:
+                return gm_local_return(s, rid, env->return_pieces);
+        case GPUMEM__ENVELOPE__BODY_RECLAIM_ACK:
+                return gm_local_reclaim_ack(s, rid, env->reclaim_ack);
         default:
                 gm_session_send_error(s, rid, EPROTO, "gpumemd: message type %d is not a request",
                                       (int) env->body_case);
@@ -690,5 +705,6 @@ void gm_daemon_tick(gm_daemon_t *d) {
                                         break;
                         }
         retry_parked(d, true);
+        gm_local_tick(d);
         gm_restart_expire(d, false);
 }

@@ -8,7 +8,7 @@ endif()
 
 # The renderer and listener are also tested in process, on a synthetic daemon.
 add_executable(test_metrics ${CMAKE_CURRENT_LIST_DIR}/test_metrics.c
-  ${CMAKE_SOURCE_DIR}/daemon/metrics.c ${CMAKE_SOURCE_DIR}/daemon/log.c)
+  ${CMAKE_SOURCE_DIR}/daemon/metrics.c ${CMAKE_SOURCE_DIR}/daemon/localstats.c ${CMAKE_SOURCE_DIR}/daemon/log.c)
 target_include_directories(test_metrics PRIVATE ${CMAKE_SOURCE_DIR}/daemon)
 target_link_libraries(test_metrics PRIVATE gm_testutil gpumem gm_allocator gm_ipc gm_backend PkgConfig::MHD PkgConfig::LIBUV
                       PkgConfig::CHECK)
@@ -18,7 +18,7 @@ if(GM_PROMTOOL_EXECUTABLE)
 endif()
 add_dependencies(test_metrics gpumemd gpumemctl)
 add_test(NAME metrics COMMAND test_metrics)
-set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 600)
 
 if(GM_PROMTOOL_EXECUTABLE)
   set(GM_PROM_DIR ${CMAKE_SOURCE_DIR}/packaging/prometheus)
