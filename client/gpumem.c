@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -88,6 +89,7 @@ typedef struct pending_free {
 struct gpumem_client {
         int fd;
         pid_t pid; /* the process that owns this session */
+        unsigned fork_generation; /* fork_generation when pid was last confirmed */
         char socket_path[108];
         uint32_t max_packet;
         uint32_t max_fds;
@@ -1138,12 +1140,29 @@ static void session_close(gpumem_client *c, bool owner) {
         c->mapper = NULL;
 }
 
+/* Bumped in every fork()ed child: a session whose generation differs may
+ * belong to the parent, without a getpid() on every call. */
+static _Atomic unsigned fork_generation;
+static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) {
+        atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+}
+
+static void install_fork_hook(void) {
+        pthread_atfork(NULL, NULL, on_fork_child);
+}
+
 /* A fork()ed child must not speak on its parent's session: its first call
  * starts a session of its own. The parent's mappings were not inherited
  * (MADV_DONTFORK; CUDA mappings never are), so nothing is unmapped. */
 static int ensure_own_session(gpumem_client *c) {
-        if (c->pid == getpid())
+        unsigned generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+        if (__builtin_expect(generation == c->fork_generation, 1) || c->pid == getpid()) {
+                c->fork_generation = generation;
                 return 0;
+        }
+        c->fork_generation = generation;
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->read_lock, NULL);
         pthread_mutex_init(&c->heap_lock, NULL);
@@ -1180,6 +1199,8 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
         c->fd = -1;
         c->wake_fd = -1;
         c->pid = getpid();
+        pthread_once(&fork_hook_once, install_fork_hook);
+        c->fork_generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
         c->heap_choice = mode;
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->heap_lock, NULL);
