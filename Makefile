@@ -43,9 +43,10 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
-# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer, with
+# the debug checks (gm_heap_check, gm_broker_check after every operation).
 test-asan: deps
-	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON -DGPUMEMD_DEBUG=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2
 

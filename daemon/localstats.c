@@ -1,10 +1,13 @@
 /* Local sessions' statistics pages: bounded reads, the session's figures,
- * and their fold into the tenant's and the device's statistics. What a
- * client writes there is untrusted: a read that fails the bounds of what the
- * daemon granted counts as zeros and flags the session; nothing read here
- * reaches charged bytes or quotas, and folded counters never go backwards. */
+ * and their part of the tenant's and the device's statistics. What a client
+ * writes there is untrusted: a read that fails the bounds of what the daemon
+ * granted counts as zeros and flags the session; nothing read here reaches
+ * charged bytes or quotas (the broker's), and folded counters never go back. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "local.h"
 #include "log.h"
@@ -27,8 +30,16 @@ static gm_stat_t *stat_at(gm_stats_t *s, size_t i) {
         return &((gm_stat_t *) s)[i];
 }
 
+static const gm_stat_t *cstat_at(const gm_stats_t *s, size_t i) {
+        return &((const gm_stat_t *) s)[i];
+}
+
 static int64_t *counter_at(gm_stats_t *s, size_t i) {
         return &(&s->num_alloc_retries)[i];
+}
+
+static int64_t ccounter_at(const gm_stats_t *s, size_t i) {
+        return (&s->num_alloc_retries)[i];
 }
 
 static int64_t max64(int64_t a, int64_t b) {
@@ -38,14 +49,54 @@ static int64_t max64(int64_t a, int64_t b) {
 void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied) {
         for (size_t i = 0; i < N_STATS; i++) {
                 gm_stat_t *d = stat_at(sink, i);
-                const gm_stat_t *w = stat_at((gm_stats_t *) want, i), *a = stat_at((gm_stats_t *) applied, i);
+                const gm_stat_t *w = cstat_at(want, i), *a = cstat_at(applied, i);
                 d->current += w->current - a->current;
                 d->peak = max64(d->peak, d->current);
                 d->allocated += max64(0, w->allocated - a->allocated);
                 d->freed += max64(0, w->freed - a->freed);
         }
         for (size_t i = 0; i < N_COUNTERS; i++)
-                *counter_at(sink, i) += max64(0, *counter_at((gm_stats_t *) want, i) - *counter_at((gm_stats_t *) applied, i));
+                *counter_at(sink, i) += max64(0, ccounter_at(want, i) - ccounter_at(applied, i));
+}
+
+void gm_local_stats_add(gm_stats_t *sum, const gm_stats_t *add) {
+        for (size_t i = 0; i < N_STATS; i++) {
+                gm_stat_t *d = stat_at(sum, i);
+                const gm_stat_t *a = cstat_at(add, i);
+                d->current += a->current;
+                d->peak += a->peak;
+                d->allocated += a->allocated;
+                d->freed += a->freed;
+        }
+        for (size_t i = 0; i < N_COUNTERS; i++)
+                *counter_at(sum, i) += ccounter_at(add, i);
+}
+
+void gm_local_zero_currents(gm_stats_t *stats) {
+        for (size_t i = 0; i < N_STATS; i++)
+                stat_at(stats, i)->current = 0;
+}
+
+gm_local_tenant_t *gm_local_tenant(gm_daemon_t *d, const char *name) {
+        for (gm_local_tenant_t *lt = d->local_tenants; lt; lt = lt->next)
+                if (strcmp(lt->name, name) == 0)
+                        return lt;
+        gm_local_tenant_t *lt = calloc(1, sizeof(*lt));
+        if (!lt)
+                return NULL;
+        snprintf(lt->name, sizeof(lt->name), "%s", name);
+        gm_stats_init(&lt->stats);
+        lt->stats.max_split_size = 0;
+        lt->next = d->local_tenants;
+        d->local_tenants = lt;
+        return lt;
+}
+
+static const gm_local_tenant_t *find_local_tenant(const gm_daemon_t *d, const char *name) {
+        for (const gm_local_tenant_t *lt = d->local_tenants; lt; lt = lt->next)
+                if (strcmp(lt->name, name) == 0)
+                        return lt;
+        return NULL;
 }
 
 static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max) {
@@ -54,7 +105,7 @@ static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max)
 }
 
 /* Whether a page's figures fit what this session was granted. */
-static bool page_plausible(const gm_local_session_t *l, const gm_stats_t *p) {
+static bool page_plausible(const gm_local_t *l, const gm_stats_t *p) {
         int64_t granted = (int64_t) l->granted;
         int64_t granted_peak = l->exact.reserved_bytes[GM_STAT_ALL].peak;
         const gm_stat_t *bytes[] = {p->allocated_bytes, p->reserved_bytes, p->active_bytes, p->inactive_split_bytes,
@@ -69,28 +120,33 @@ static bool page_plausible(const gm_local_session_t *l, const gm_stats_t *p) {
                         if (!in_range(&counts[k][t], granted / MIN_BLOCK, granted_peak / MIN_BLOCK))
                                 return false;
         for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
-                if (!in_range(&p->segment[t], (int64_t) l->segments.len, (int64_t) l->segments_ever))
+                if (!in_range(&p->segment[t], (int64_t) l->segments, (int64_t) l->segments_ever))
                         return false;
         if (!in_range(&p->oversize_allocations, granted / MIN_BLOCK, granted_peak / MIN_BLOCK) ||
-            !in_range(&p->oversize_segments, (int64_t) l->segments.len, (int64_t) l->segments_ever))
+            !in_range(&p->oversize_segments, (int64_t) l->segments, (int64_t) l->segments_ever))
                 return false;
         /* The heap keeps every pool split exact. */
-        for (size_t i = 0; i < 9; i++) {
-                const gm_stat_t *st = stat_at((gm_stats_t *) p, 3 * i);
+        for (size_t i = 0; i + 3 <= 27; i += 3) {
+                const gm_stat_t *st = cstat_at(p, i);
                 if (st[GM_STAT_SMALL_POOL].current + st[GM_STAT_LARGE_POOL].current != st[GM_STAT_ALL].current)
                         return false;
         }
         for (size_t i = 0; i < N_COUNTERS; i++)
-                if (*counter_at((gm_stats_t *) p, i) < 0)
+                if (ccounter_at(p, i) < 0)
                         return false;
         return true;
 }
 
-/* Reads the page; a valid read becomes the session's figures, with the
- * exact ones laid over. Folds the change into tenant and device. */
-void gm_local_refresh_session(gm_session_t *s) {
-        gm_local_session_t *l = s->local;
-        gm_daemon_t *d = s->daemon;
+static void overlay_exact(gm_local_t *l) {
+        l->figures.reserved_bytes[GM_STAT_ALL] = l->exact.reserved_bytes[GM_STAT_ALL];
+        l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
+        l->figures.num_device_alloc = l->exact.num_device_alloc;
+        l->figures.num_device_free = l->exact.num_device_free;
+}
+
+void gm_local_refresh_conn(gm_conn_t *c) {
+        gm_local_t *l = c->local;
+        gm_daemon_t *d = c->daemon;
         gm_stats_t page;
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
         if (r == -EAGAIN)
@@ -100,62 +156,88 @@ void gm_local_refresh_session(gm_session_t *s) {
                 if (!l->page_invalid)
                         log_warning("session %llu (pid %d): its statistics page fails the daemon's bounds; "
                                     "its block figures count as zero",
-                                    (unsigned long long) s->id, (int) s->cred.pid);
-                l->invalid_reads++;
+                                    (unsigned long long) c->session->id, (int) c->session->pid);
                 gm_stats_init(&page);
         }
         l->page_invalid = !valid;
         /* What the daemon knows exactly is not the page's to say. */
-        for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
-                if (t == GM_STAT_ALL) {
-                        page.reserved_bytes[t] = (gm_stat_t){0};
-                        page.segment[t] = (gm_stat_t){0};
-                }
+        page.reserved_bytes[GM_STAT_ALL] = (gm_stat_t){0};
+        page.segment[GM_STAT_ALL] = (gm_stat_t){0};
         page.num_device_alloc = page.num_device_free = 0;
-        page.max_split_size = d->device_stats.max_split_size;
-        gm_local_fold(&s->tenant->stats, &page, &l->applied);
-        gm_local_fold(&d->device_stats, &page, &l->applied);
+        page.max_split_size = d->broker->device_stats.max_split_size;
+        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        if (lt)
+                gm_local_fold(&lt->stats, &page, &l->applied);
+        gm_local_fold(&d->local_device_stats, &page, &l->applied);
         l->applied = page;
         l->figures = page;
-        l->figures.reserved_bytes[GM_STAT_ALL] = l->exact.reserved_bytes[GM_STAT_ALL];
-        l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
-        l->figures.num_device_alloc = l->exact.num_device_alloc;
-        l->figures.num_device_free = l->exact.num_device_free;
+        overlay_exact(l);
+}
+
+void gm_local_exact_update(gm_conn_t *c, int64_t bytes, int64_t segments) {
+        gm_daemon_t *d = c->daemon;
+        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        gm_stats_t *sinks[] = {&c->local->exact, &d->local_device_stats, lt ? &lt->stats : NULL};
+        for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
+                gm_stat_update(&sinks[i]->reserved_bytes[GM_STAT_ALL], bytes);
+                if (segments)
+                        gm_stat_update(&sinks[i]->segment[GM_STAT_ALL], segments);
+                if (bytes > 0)
+                        sinks[i]->num_device_alloc++;
+                else if (bytes < 0)
+                        sinks[i]->num_device_free++;
+        }
+        overlay_exact(c->local);
 }
 
 void gm_local_refresh(gm_daemon_t *d) {
-        for (gm_session_t *s = d->sessions; s; s = s->next)
-                if (s->local && !s->closing)
-                        gm_local_refresh_session(s);
+        for (gm_conn_t *c = d->conns; c; c = c->next)
+                if (c->local && !c->closing)
+                        gm_local_refresh_conn(c);
 }
 
-const gm_stats_t *gm_session_stats(const gm_session_t *s) {
-        if (s->local)
-                return &s->local->figures;
+const gm_stats_t *gm_conn_stats(const gm_session_t *s) {
+        const gm_conn_t *c = s->userdata;
+        if (c && c->local)
+                return &c->local->figures;
         return s->heap ? gm_heap_stats(s->heap) : NULL;
 }
 
-bool gm_local_page_invalid(const gm_session_t *s) {
-        return s->local && s->local->page_invalid;
+bool gm_conn_page_invalid(const gm_session_t *s) {
+        const gm_conn_t *c = s->userdata;
+        return c && c->local && c->local->page_invalid;
 }
 
-uint64_t gm_session_cached_bytes(const gm_session_t *s) {
-        const gm_stats_t *st = gm_session_stats(s);
-        if (!st)
-                return 0;
-        int64_t cached = st->reserved_bytes[GM_STAT_ALL].current - st->active_bytes[GM_STAT_ALL].current;
-        return cached > 0 ? (uint64_t) cached : 0;
+void gm_local_tenant_stats(const gm_daemon_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
+        *ret = t->stats;
+        const gm_local_tenant_t *lt = find_local_tenant(d, t->name);
+        if (lt)
+                gm_local_stats_add(ret, &lt->stats);
 }
 
-uint64_t gm_daemon_others_cached(const gm_daemon_t *d, const gm_session_t *s) {
-        uint64_t cached = d->releasing_bytes - s->releasing_bytes;
-        for (const gm_session_t *o = d->sessions; o; o = o->next)
-                if (o != s)
-                        cached += gm_session_cached_bytes(o);
-        return cached;
+void gm_local_device_stats(const gm_daemon_t *d, gm_stats_t *ret) {
+        *ret = d->broker->device_stats;
+        gm_local_stats_add(ret, &d->local_device_stats);
 }
 
-void gm_local_zero_currents(gm_stats_t *stats) {
-        for (size_t i = 0; i < N_STATS; i++)
-                stat_at(stats, i)->current = 0;
+void gm_local_free_all(gm_daemon_t *d) {
+        while (d->local_tenants) {
+                gm_local_tenant_t *lt = d->local_tenants;
+                d->local_tenants = lt->next;
+                free(lt);
+        }
+}
+
+void gm_local_metrics_refresh(void *userdata) {
+        gm_local_refresh(userdata);
+}
+
+void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret) {
+        const gm_daemon_t *d = userdata;
+        gm_local_tenant_stats(d, t, &ret->stats);
+        for (const gm_conn_t *c = d->conns; c; c = c->next)
+                if (c->local && !c->closing && c->session->tenant == t) {
+                        ret->local_sessions++;
+                        ret->invalid_pages += c->local->page_invalid;
+                }
 }

@@ -11,9 +11,12 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "local.h"
 #include "log.h"
 #include "sd.h"
 #include "metrics.h"
+#include "requests.h"
+#include "clock.h"
 #include "size.h"
 
 static void usage(FILE *f) {
@@ -36,6 +39,9 @@ static void usage(FILE *f) {
 }
 
 enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS };
+
+/* A ReleaseRequest must fit one packet: ranges are sent in batches of this many. */
+#define RANGES_PER_RELEASE 512
 
 static int parse_args(int argc, char **argv, gm_options_t *o) {
         static const struct option long_options[] = {
@@ -203,14 +209,27 @@ static void default_state_dir(gm_options_t *o) {
         o->state_dir = o->state_dir_buf;
 }
 
+gm_broker_limits_t gm_daemon_broker_limits(const gm_daemon_t *d) {
+        const gm_limits_t *l = &d->opts.limits;
+        return (gm_broker_limits_t){
+                .max_blocks_per_session = l->max_blocks_per_session,
+                .max_parked_per_session = l->max_parked_per_session,
+                .park_timeout_ms = l->park_timeout_ms,
+                .release_timeout_ms = l->release_timeout_ms,
+                .reattach_grace_ms = l->reattach_grace_ms,
+                .max_reattach_items = l->max_reattach_items,
+                .max_ranges_per_release = RANGES_PER_RELEASE,
+        };
+}
+
 void gm_daemon_apply_config_quotas(gm_daemon_t *d) {
         for (size_t i = 0; i < d->config->n_tenants; i++) {
                 const gm_config_tenant_t *ct = &d->config->tenants[i];
-                gm_tenant_t *t = gm_tenant_get(d, ct->name); /* listed even before a session comes */
+                gm_tenant_t *t = gm_tenant_get(d->broker, ct->name); /* listed even before a session comes */
                 if (t)
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
         }
-        for (gm_tenant_t *t = d->tenants; t; t = t->next)
+        for (gm_tenant_t *t = d->broker->tenants; t; t = t->next)
                 if (!gm_config_tenant_find(d->config, t->name))
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
 }
@@ -228,12 +247,8 @@ static void reload_config(gm_daemon_t *d) {
         }
         gm_alloc_config_t alloc;
         if (c->has_alloc_conf && gm_alloc_config_parse(c->alloc_conf, &alloc, err, sizeof(err)) == 0 &&
-            strcmp(alloc.raw, d->alloc_config.raw) != 0) {
-                d->alloc_config = alloc;
-                for (gm_session_t *s = d->sessions; s; s = s->next)
-                        if (s->heap)
-                                gm_heap_set_config(s->heap, &alloc);
-        }
+            strcmp(alloc.raw, d->broker->alloc_config.raw) != 0)
+                gm_broker_set_alloc_config(d->broker, &alloc); /* max_split_size of the statistics too */
         gm_options_t o = d->opts;
         options_from_config(&o, c);
         if (strcmp(o.socket_path, d->opts.socket_path) != 0 || o.socket_mode != d->opts.socket_mode ||
@@ -250,8 +265,8 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
-        /* Strings of the old configuration are used only at startup. */
-        d->opts.backend = d->opts.metrics_listen = d->opts.alloc_conf = d->opts.device_uuid = NULL;
+        gm_broker_limits_t limits = gm_daemon_broker_limits(d);
+        gm_broker_set_limits(d->broker, &limits);
         if (d->opts.state_dir != d->opts.state_dir_buf)
                 d->opts.state_dir = o.state_dir == o.state_dir_buf ? d->opts.state_dir : o.state_dir;
         gm_config_free(d->config);
@@ -288,10 +303,10 @@ static void on_signal(uv_signal_t *handle, int signum) {
         d->shutting_down = true;
         /* Under systemd the fd store keeps every segment for the next daemon,
          * whose clients re-attach; otherwise everything is released now. */
-        d->keep_stored = gm_sd_notify_available();
+        d->broker->keep_stored = gm_sd_notify_available();
         gm_sd_notify_stopping();
         gm_server_stop(d);
-        gm_restart_expire(d, true);
+        gm_ledger_expire(d->broker, gm_now_ms(), true);
         if (d->watchdog_running) {
                 uv_timer_stop(&d->watchdog);
                 uv_close((uv_handle_t *) &d->watchdog, NULL);
@@ -314,9 +329,34 @@ static void on_watchdog(uv_timer_t *t) {
         uint64_t usec;
         if (gm_sd_watchdog_interval_usec(&usec) > 0)
                 gm_sd_watchdog_ping();
-        gm_sd_notify_status("%u sessions, %s of %s in use", d->n_sessions,
-                            gm_format_size(d->backend->in_use, used, sizeof(used)),
+        gm_sd_notify_status("%u sessions, %s of %s in use", d->n_conns,
+                            gm_format_size(gm_broker_reserved(d->broker), used, sizeof(used)),
                             gm_format_size(d->backend->capacity, cap, sizeof(cap)));
+}
+
+/* Copies of the option strings that point into the configuration, which a
+ * reload frees: a reload compares against what the daemon started with. */
+typedef struct startup_strings {
+        char *backend, *metrics_listen, *alloc_conf, *device_uuid;
+} startup_strings_t;
+
+static void own_startup_strings(gm_options_t *o, startup_strings_t *own) {
+        own->backend = o->backend ? strdup(o->backend) : NULL;
+        own->metrics_listen = o->metrics_listen ? strdup(o->metrics_listen) : NULL;
+        own->alloc_conf = o->alloc_conf ? strdup(o->alloc_conf) : NULL;
+        own->device_uuid = o->device_uuid ? strdup(o->device_uuid) : NULL;
+        o->backend = own->backend;
+        o->metrics_listen = own->metrics_listen;
+        o->alloc_conf = own->alloc_conf;
+        o->device_uuid = own->device_uuid;
+}
+
+static void free_startup_strings(startup_strings_t *own) {
+        free(own->backend);
+        free(own->metrics_listen);
+        free(own->alloc_conf);
+        free(own->device_uuid);
+        *own = (startup_strings_t){0};
 }
 
 static void walk_close(uv_handle_t *h, void *arg) {
@@ -326,13 +366,13 @@ static void walk_close(uv_handle_t *h, void *arg) {
 
 int main(int argc, char **argv) {
         static gm_daemon_t daemon;
+        static startup_strings_t startup;
         gm_daemon_t *d = &daemon;
         char err[512] = "";
         int r;
 
         options_default(&d->opts);
         d->listen_fd = -1;
-        d->ledger_fd = -1;
         /* Flags override the configuration file: a first pass finds the file. */
         gm_options_t first = d->opts;
         if (parse_args(argc, argv, &first) < 0)
@@ -347,6 +387,7 @@ int main(int argc, char **argv) {
         optind = 0;
         if (parse_args(argc, argv, &d->opts) < 0)
                 return EXIT_FAILURE;
+        own_startup_strings(&d->opts, &startup);
         default_state_dir(&d->opts);
         gm_log_max_level = d->opts.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
         if (!d->opts.socket_path[0]) {
@@ -386,16 +427,32 @@ int main(int argc, char **argv) {
         }
         if (err[0])
                 log_notice("%s", err);
-        r = gm_ledger_open(d);
+        gm_broker_params_t bparams = {
+                .backend = d->backend,
+                .alloc_config = &d->alloc_config,
+                .limits = gm_daemon_broker_limits(d),
+                .ops = gm_server_broker_ops(d),
+                .store_max = gm_sd_notify_available() ? GM_SD_FDSTORE_MAX : 0,
+        };
+        r = gm_broker_new(&bparams, &d->broker);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up the broker");
+                d->backend = gm_backend_close(d->backend);
+                return EXIT_FAILURE;
+        }
+        char ledger_path[sizeof(d->opts.socket_path) + sizeof(".ledger")];
+        size_t socket_len = strnlen(d->opts.socket_path, sizeof(d->opts.socket_path) - 1);
+        memcpy(ledger_path, d->opts.socket_path, socket_len);
+        memcpy(ledger_path + socket_len, ".ledger", sizeof(".ledger"));
+        r = gm_ledger_open(d->broker, ledger_path);
         if (r < 0)
-                log_warning_errno(r, "No ledger journal at '%s.ledger': restarts will rely on clients alone",
-                                  d->opts.socket_path);
-        gm_restart_adopt(d, sdfds.segments, sdfds.n_segments);
-        gm_stats_init(&d->device_stats);
-        d->device_stats.max_split_size =
-                d->alloc_config.max_split_size == UINT64_MAX ? -1 : (int64_t) d->alloc_config.max_split_size;
-        d->va_cursor = 1ull << 40; /* synthetic addresses: away from 0, far below 2^53 */
-        r = gm_quotas_load(d);
+                log_warning_errno(r, "No ledger journal at '%s': restarts will rely on clients alone", ledger_path);
+        for (size_t i = 0; i < sdfds.n_segments; i++) {
+                gm_ledger_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
+                sdfds.segments[i].fd = -1; /* consumed */
+        }
+        gm_ledger_adopt_done(d->broker, gm_now_ms());
+        r = gm_quotas_load(d->broker, d->opts.state_dir);
         if (r < 0)
                 log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
         gm_daemon_apply_config_quotas(d);
@@ -412,21 +469,31 @@ int main(int argc, char **argv) {
         uv_signal_start(&d->sighup, on_signal, SIGHUP);
         r = gm_server_start(d);
         if (r < 0) {
+                d->broker = gm_broker_free(d->broker);
                 d->backend = gm_backend_close(d->backend);
                 return EXIT_FAILURE;
         }
         err[0] = '\0';
+        const char *const *op_names;
+        gm_metrics_source_t msrc = {.loop = d->loop,
+                                    .broker = d->broker,
+                                    .refresh = gm_local_metrics_refresh,
+                                    .tenant_extra = gm_local_metrics_tenant,
+                                    .userdata = d};
+        msrc.n_ops = gm_request_op_names(&op_names);
+        msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {
-                r = gm_metrics_start_fd(d, sdfds.metrics_fd, &d->metrics, err, sizeof(err));
+                r = gm_metrics_start_fd(&msrc, sdfds.metrics_fd, &d->metrics, err, sizeof(err));
                 sdfds.metrics_fd = -1;
         } else
-                r = gm_metrics_start(d, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
+                r = gm_metrics_start(&msrc, d->opts.metrics_listen, &d->metrics, err, sizeof(err));
         gm_sd_fds_done(&sdfds);
         if (r < 0 && d->opts.metrics_listen) {
                 log_error("Failed to start the metrics endpoint: %s", err);
                 gm_server_stop(d);
                 uv_walk(d->loop, walk_close, NULL);
                 uv_run(d->loop, UV_RUN_DEFAULT);
+                d->broker = gm_broker_free(d->broker);
                 d->backend = gm_backend_close(d->backend);
                 return EXIT_FAILURE;
         }
@@ -454,16 +521,26 @@ int main(int argc, char **argv) {
 
         uv_walk(d->loop, walk_close, NULL);
         uv_run(d->loop, UV_RUN_DEFAULT);
+        /* Every integration test is a leak test: what is still held here is a bug. */
+        int status = EXIT_SUCCESS;
         r = uv_loop_close(d->loop);
-        if (r < 0)
-                log_warning("event loop not empty at exit: %s", uv_strerror(r));
-        if (d->backend->in_use != 0)
+        if (r < 0) {
+                log_error("BUG: event loop not empty at exit: %s", uv_strerror(r));
+                status = EXIT_FAILURE;
+        }
+        char why[256];
+        if (gm_broker_check(d->broker, why, sizeof(why)) != 0) {
+                log_error("BUG: broker inconsistent at exit: %s", why);
+                status = EXIT_FAILURE;
+        }
+        d->broker = gm_broker_free(d->broker);
+        if (d->backend->in_use != 0) {
                 log_error("BUG: %llu bytes still in use at exit", (unsigned long long) d->backend->in_use);
+                status = EXIT_FAILURE;
+        }
         d->backend = gm_backend_close(d->backend);
-        d->history = gm_history_free(d->history);
-        gm_tenants_free(d);
         d->config = gm_config_free(d->config);
-        gm_ledger_close(d);
+        free_startup_strings(&startup);
         log_notice("stopped");
-        return EXIT_SUCCESS;
+        return status;
 }

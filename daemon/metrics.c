@@ -58,20 +58,6 @@ static const struct {
 };
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
-static const char *const op_names[_GM_REQUEST_OP_MAX] = {
-        [GM_REQUEST_HELLO] = "hello",
-        [GM_REQUEST_ALLOC] = "alloc",
-        [GM_REQUEST_FREE] = "free",
-        [GM_REQUEST_FREE_COMPLETED] = "free_completed",
-        [GM_REQUEST_TRIM] = "trim",
-        [GM_REQUEST_STATS] = "stats",
-        [GM_REQUEST_RELEASE_ACK] = "release_ack",
-        [GM_REQUEST_RESET_STATS] = "reset_stats",
-        [GM_REQUEST_HISTORY] = "history",
-        [GM_REQUEST_SNAPSHOT] = "snapshot",
-        [GM_REQUEST_ALLOC_CONF] = "alloc_conf",
-};
-
 static const char *const reason_names[_GM_OOM_REASON_MAX] = {
         [GM_OOM_QUOTA] = "quota",
         [GM_OOM_FRAGMENTATION] = "fragmentation",
@@ -100,7 +86,7 @@ typedef struct histogram {
 enum { HANDLE_LISTENER = 1, HANDLE_EVENTS = 2, HANDLE_TIMER = 4 };
 
 struct gm_metrics {
-        gm_daemon_t *daemon;
+        gm_metrics_source_t src;
         struct MHD_Daemon *mhd;
         int listen_fd;
         uv_poll_t listener; /* our listening socket */
@@ -111,7 +97,7 @@ struct gm_metrics {
         char unix_path[sizeof(((struct sockaddr_un *) 0)->sun_path)]; /* removed at stop; "" for TCP */
         double start_time;  /* process start, seconds since the epoch */
 
-        histogram_t requests[_GM_REQUEST_OP_MAX];
+        histogram_t requests[GM_METRICS_MAX_OPS];
         uint64_t reclaims[_GM_RECLAIM_OUTCOME_MAX];
         refusal_entry_t *refusals; /* REFUSAL_TENANTS_MAX entries, n_refusals used */
         uint32_t n_refusals;
@@ -120,43 +106,8 @@ struct gm_metrics {
 
 /* ---- counters ---- */
 
-uint64_t gm_metrics_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-gm_request_op_t gm_metrics_request_op(Gpumem__Envelope__BodyCase body) {
-        switch (body) {
-        case GPUMEM__ENVELOPE__BODY_HELLO:
-                return GM_REQUEST_HELLO;
-        case GPUMEM__ENVELOPE__BODY_ALLOC:
-                return GM_REQUEST_ALLOC;
-        case GPUMEM__ENVELOPE__BODY_FREE:
-                return GM_REQUEST_FREE;
-        case GPUMEM__ENVELOPE__BODY_FREE_COMPLETED:
-                return GM_REQUEST_FREE_COMPLETED;
-        case GPUMEM__ENVELOPE__BODY_TRIM:
-                return GM_REQUEST_TRIM;
-        case GPUMEM__ENVELOPE__BODY_STATS:
-                return GM_REQUEST_STATS;
-        case GPUMEM__ENVELOPE__BODY_RELEASE_ACK:
-                return GM_REQUEST_RELEASE_ACK;
-        case GPUMEM__ENVELOPE__BODY_RESET_STATS:
-                return GM_REQUEST_RESET_STATS;
-        case GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL:
-                return GM_REQUEST_HISTORY;
-        case GPUMEM__ENVELOPE__BODY_SNAPSHOT:
-                return GM_REQUEST_SNAPSHOT;
-        case GPUMEM__ENVELOPE__BODY_ALLOC_CONF:
-                return GM_REQUEST_ALLOC_CONF;
-        default:
-                return _GM_REQUEST_OP_MAX;
-        }
-}
-
-void gm_metrics_observe_request(gm_metrics_t *m, gm_request_op_t op, uint64_t ns) {
-        if (!m || op < 0 || op >= _GM_REQUEST_OP_MAX)
+void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
+        if (!m || op >= m->src.n_ops)
                 return;
         histogram_t *h = &m->requests[op];
         size_t i = 0;
@@ -319,57 +270,14 @@ static void escape_label(const char *in, char *out, size_t len) {
         out[j] = '\0';
 }
 
-/* What one scrape knows about a tenant beyond gm_tenant_t. */
+/* One tenant's row of a scrape: the broker's view and its label set. */
 typedef struct tenant_row {
         const gm_tenant_t *tenant;
         char labels[192]; /* {device="N",tenant="<escaped name: at most 2 * 63 characters>" */
         uint64_t releasing_bytes;
         uint64_t largest_free;
-        uint64_t local_sessions;
-        uint64_t invalid_pages; /* local sessions whose statistics page fails the bounds */
+        gm_metrics_tenant_extra_t extra; /* the tenant's stats (the broker's plus its local sessions') */
 } tenant_row_t;
-
-static int row_by_name(const void *a, const void *b) {
-        return strcmp(((const tenant_row_t *) a)->tenant->name, ((const tenant_row_t *) b)->tenant->name);
-}
-
-static int row_by_tenant(const void *key, const void *elem) {
-        const gm_tenant_t *t = key, *u = (*(const tenant_row_t *const *) elem)->tenant;
-        return t < u ? -1 : t > u;
-}
-
-static int row_ptr_by_tenant(const void *a, const void *b) {
-        const gm_tenant_t *t = (*(const tenant_row_t *const *) a)->tenant;
-        return row_by_tenant(t, b);
-}
-
-/* Per-tenant figures that live in the sessions: one pass over them, each
- * finding its tenant's row by binary search. */
-static int sum_sessions(gm_daemon_t *d, tenant_row_t *rows, size_t n) {
-        tenant_row_t **index = malloc((n ? n : 1) * sizeof(*index));
-        if (!index)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++)
-                index[i] = &rows[i];
-        qsort(index, n, sizeof(*index), row_ptr_by_tenant);
-        for (const gm_session_t *s = d->sessions; s; s = s->next) {
-                if (!s->tenant)
-                        continue;
-                tenant_row_t **r = bsearch(s->tenant, index, n, sizeof(*index), row_by_tenant);
-                if (!r)
-                        continue;
-                (*r)->releasing_bytes += s->releasing_bytes;
-                (*r)->local_sessions += s->local != NULL;
-                (*r)->invalid_pages += gm_local_page_invalid(s);
-                if (s->heap) {
-                        uint64_t lf = gm_heap_largest_free(s->heap);
-                        if (lf > (*r)->largest_free)
-                                (*r)->largest_free = lf;
-                }
-        }
-        free(index);
-        return 0;
-}
 
 typedef enum { V_CURRENT, V_PEAK, V_ALLOCATED, V_FREED, V_PENDING_FREE } value_kind_t;
 
@@ -438,13 +346,13 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
                 for (size_t i = 0; i < n; i++)
                         for (size_t p = 0; p < 2; p++)
                                 sample(o, pf->name, rows[i].labels, pools[p].label,
-                                       stat_value(&rows[i].tenant->stats, pf, pools[p].type));
+                                       stat_value(&rows[i].extra.stats, pf, pools[p].type));
         }
 
         family(o, "gpumem_alloc_retries_total", "counter",
                "Allocations that succeeded only after freeing the session's cache.");
         for (size_t i = 0; i < n; i++)
-                sample(o, "gpumem_alloc_retries_total", rows[i].labels, "", rows[i].tenant->stats.num_alloc_retries);
+                sample(o, "gpumem_alloc_retries_total", rows[i].labels, "", rows[i].extra.stats.num_alloc_retries);
         family(o, "gpumem_quota_bytes", "gauge", "The tenant's quota on charged bytes; absent when unlimited.");
         for (size_t i = 0; i < n; i++)
                 if (rows[i].tenant->quota)
@@ -465,11 +373,12 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
                 sample(o, "gpumem_largest_free_block_bytes", rows[i].labels, "", (int64_t) rows[i].largest_free);
         family(o, "gpumem_local_sessions", "gauge", "Sessions whose heap runs in the client (local mode).");
         for (size_t i = 0; i < n; i++)
-                sample(o, "gpumem_local_sessions", rows[i].labels, "", (int64_t) rows[i].local_sessions);
+                sample(o, "gpumem_local_sessions", rows[i].labels, "", (int64_t) rows[i].extra.local_sessions);
         family(o, "gpumem_stats_page_invalid_sessions", "gauge",
                "Local sessions whose statistics page fails the daemon's bounds (their block figures count as zero).");
         for (size_t i = 0; i < n; i++)
-                sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "", (int64_t) rows[i].invalid_pages);
+                sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "",
+                       (int64_t) rows[i].extra.invalid_pages);
 
         if (!m)
                 return;
@@ -508,10 +417,10 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         }
         family(o, "gpumem_request_duration_seconds", "histogram",
                "Time the daemon spent serving a request, by operation.");
-        for (int op = 0; op < _GM_REQUEST_OP_MAX; op++) {
+        for (size_t op = 0; op < m->src.n_ops; op++) {
                 const histogram_t *h = &m->requests[op];
                 char labels[64];
-                snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, op_names[op]);
+                snprintf(labels, sizeof(labels), "%s,op=\"%s\"", dev, m->src.op_names[op]);
                 uint64_t cumulative = 0;
                 for (size_t b = 0; b < N_BUCKETS; b++) {
                         cumulative += h->bucket[b];
@@ -625,48 +534,55 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
         out_printf(o, "process_max_fds %llu\n", (unsigned long long) rl.rlim_cur);
 }
 
-int gm_metrics_render(gm_daemon_t *d, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
-        gm_local_refresh(d);
+int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
         out_t o = {.cap = 64 * 1024};
         o.p = malloc(o.cap);
+        gm_tenant_view_t *views = NULL;
         size_t n = 0;
-        for (const gm_tenant_t *t = d->tenants; t; t = t->next)
-                n++;
-        tenant_row_t *rows = calloc(n ? n : 1, sizeof(*rows));
+        if (m && m->src.refresh)
+                m->src.refresh(m->src.userdata);
+        int r = gm_broker_tenant_views(b, &views, &n);
+        tenant_row_t *rows = r == 0 ? calloc(n ? n : 1, sizeof(*rows)) : NULL;
         if (!o.p || !rows) {
                 free(o.p);
-                free(rows);
+                free(views);
                 return -ENOMEM;
         }
+        const gm_backend_t *backend_ = b->backend;
         char dev[32];
-        snprintf(dev, sizeof(dev), "{device=\"%d\"", d->backend->device);
-        size_t i = 0;
-        for (const gm_tenant_t *t = d->tenants; t; t = t->next, i++) {
+        snprintf(dev, sizeof(dev), "{device=\"%d\"", backend_->device);
+        for (size_t i = 0; i < n; i++) {
                 char label[144];
-                escape_label(t->name, label, sizeof(label));
-                rows[i].tenant = t;
+                escape_label(views[i].tenant->name, label, sizeof(label));
+                rows[i] = (tenant_row_t){
+                        .tenant = views[i].tenant,
+                        .releasing_bytes = views[i].releasing_bytes,
+                        .largest_free = views[i].largest_free,
+                };
+                if (m && m->src.tenant_extra)
+                        m->src.tenant_extra(m->src.userdata, views[i].tenant, &rows[i].extra);
+                else
+                        rows[i].extra.stats = views[i].tenant->stats;
                 snprintf(rows[i].labels, sizeof(rows[i].labels), "%s,tenant=\"%s\"", dev, label);
         }
-        qsort(rows, n, sizeof(*rows), row_by_name);
-        if (sum_sessions(d, rows, n) < 0)
-                o.failed = true;
+        free(views);
 
         char backend[64], more[128];
-        escape_label(d->backend->ops->name, backend, sizeof(backend));
+        escape_label(backend_->ops->name, backend, sizeof(backend));
         family(&o, "gpumem_build_info", "gauge", "Build of the running gpumemd; the value is always 1.");
         snprintf(more, sizeof(more), ",version=\"%s\",backend=\"%s\"", GPUMEMD_VERSION, backend);
         sample(&o, "gpumem_build_info", dev, more, 1);
         family(&o, "gpumem_device_capacity_bytes", "gauge", "Bytes the broker may hand out on the device.");
-        sample(&o, "gpumem_device_capacity_bytes", dev, "", (int64_t) d->backend->capacity);
+        sample(&o, "gpumem_device_capacity_bytes", dev, "", (int64_t) backend_->capacity);
         uint64_t dev_free, dev_total;
-        if (d->backend->ops->mem_info(d->backend, &dev_free, &dev_total) == 0) {
+        if (backend_->ops->mem_info((gm_backend_t *) backend_, &dev_free, &dev_total) == 0) {
                 family(&o, "gpumem_device_total_bytes", "gauge", "Device memory as reported by the driver.");
                 sample(&o, "gpumem_device_total_bytes", dev, "", (int64_t) dev_total);
                 family(&o, "gpumem_device_free_bytes", "gauge", "Free device memory as reported by the driver.");
                 sample(&o, "gpumem_device_free_bytes", dev, "", (int64_t) dev_free);
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
-        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) d->backend->in_use);
+        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_broker_reserved(b));
 
         render_tenants(&o, dev, m, rows, n);
         if (m)
@@ -707,7 +623,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return reply_static(c, MHD_HTTP_NOT_FOUND, "Not found: the metrics are at /metrics.\n", false);
         char *text;
         size_t len;
-        if (gm_metrics_render(m->daemon, m, &text, &len) < 0)
+        if (gm_metrics_render(m->src.broker, m, &text, &len) < 0)
                 return reply_static(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "Out of memory.\n", false);
         struct MHD_Response *r = MHD_create_response_from_buffer_with_free_callback(len, text, free);
         if (!r) {
@@ -820,7 +736,7 @@ static void describe_socket(int fd, char *buf, size_t len) {
         }
 }
 
-int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
+int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         gm_metrics_t *m = calloc(1, sizeof(*m));
         if (m)
                 m->refusals = calloc(REFUSAL_TENANTS_MAX, sizeof(*m->refusals));
@@ -830,7 +746,9 @@ int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr
                 snprintf(reterr, reterr_len, "out of memory");
                 return -ENOMEM;
         }
-        m->daemon = d;
+        m->src = *src;
+        if (m->src.n_ops > GM_METRICS_MAX_OPS)
+                m->src.n_ops = GM_METRICS_MAX_OPS;
         m->listen_fd = fd;
         m->start_time = process_start_time();
 
@@ -855,15 +773,15 @@ int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr
                 gm_metrics_stop(m);
                 return -EIO;
         }
-        uv_timer_init(d->loop, &m->timer);
+        uv_timer_init(src->loop, &m->timer);
         m->timer.data = m;
         m->handles |= HANDLE_TIMER;
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-        int r = info ? uv_poll_init(d->loop, &m->events, info->epoll_fd) : UV_EINVAL;
+        int r = info ? uv_poll_init(src->loop, &m->events, info->epoll_fd) : UV_EINVAL;
         if (r == 0) {
                 m->events.data = m;
                 m->handles |= HANDLE_EVENTS;
-                r = uv_poll_init(d->loop, &m->listener, fd);
+                r = uv_poll_init(src->loop, &m->listener, fd);
         }
         if (r < 0) {
                 snprintf(reterr, reterr_len, "cannot watch the HTTP sockets: %s", uv_strerror(r));
@@ -937,10 +855,10 @@ static int bind_unix(int fd, const struct sockaddr_un *a) {
         return bind(fd, (const struct sockaddr *) a, sizeof(*a)) == 0 ? 0 : -errno;
 }
 
-int gm_metrics_start(gm_daemon_t *d, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
+int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
         char def[32];
         if (!listen_addr) {
-                snprintf(def, sizeof(def), "127.0.0.1:%d", METRICS_PORT_BASE + d->opts.device);
+                snprintf(def, sizeof(def), "127.0.0.1:%d", METRICS_PORT_BASE + src->broker->backend->device);
                 listen_addr = def;
         }
         if (!listen_addr[0] || strcmp(listen_addr, "none") == 0) {
@@ -988,7 +906,7 @@ int gm_metrics_start(gm_daemon_t *d, const char *listen_addr, gm_metrics_t **ret
                 return r;
         }
         gm_metrics_t *m;
-        r = gm_metrics_start_fd(d, fd, &m, reterr, reterr_len);
+        r = gm_metrics_start_fd(src, fd, &m, reterr, reterr_len);
         if (r < 0) {
                 if (is_unix)
                         unlink(((const struct sockaddr_un *) &ss)->sun_path);

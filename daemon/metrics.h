@@ -9,59 +9,58 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon.h"
+#include <uv.h>
+
+#include "broker.h"
 #include "oom.h"
 
 typedef struct gm_metrics gm_metrics_t;
 
-typedef enum gm_request_op {
-        GM_REQUEST_HELLO,
-        GM_REQUEST_ALLOC,
-        GM_REQUEST_FREE,
-        GM_REQUEST_FREE_COMPLETED,
-        GM_REQUEST_TRIM,
-        GM_REQUEST_STATS,
-        GM_REQUEST_RELEASE_ACK,
-        GM_REQUEST_RESET_STATS,
-        GM_REQUEST_HISTORY,
-        GM_REQUEST_SNAPSHOT,
-        GM_REQUEST_ALLOC_CONF,
-        _GM_REQUEST_OP_MAX, /* also: not a request */
-} gm_request_op_t;
+typedef struct gm_metrics_tenant_extra {
+        gm_stats_t stats;        /* added to the tenant's statistics */
+        uint64_t local_sessions; /* sessions whose heap runs in the client */
+        uint64_t invalid_pages;  /* of those, whose statistics page fails the daemon's bounds */
+} gm_metrics_tenant_extra_t;
 
-typedef enum gm_reclaim_outcome {
-        GM_RECLAIM_REQUESTED,    /* a ReleaseRequest was sent (first attempt) */
-        GM_RECLAIM_ACKNOWLEDGED, /* the client acknowledged it */
-        GM_RECLAIM_TIMED_OUT,    /* it was not acknowledged within release_timeout_ms */
-        _GM_RECLAIM_OUTCOME_MAX,
-} gm_reclaim_outcome_t;
+/* What the endpoint reads and where it runs. */
+typedef struct gm_metrics_source {
+        uv_loop_t *loop;
+        const gm_broker_t *broker;
+        const char *const *op_names; /* request kinds by index: the op label; outlive the endpoint */
+        size_t n_ops;
+        /* Optional: figures of a tenant that live outside the broker (its
+         * local sessions'), added to the broker's; called after `refresh`. */
+        void (*refresh)(void *userdata);
+        void (*tenant_extra)(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
+        void *userdata;
+} gm_metrics_source_t;
+
+/* Request kinds an endpoint can time, at most. */
+#define GM_METRICS_MAX_OPS 32
 
 /* Starts serving on `listen`: "HOST:PORT" (IPv4 dotted quad, or "[IPv6]:PORT"),
  * "unix:PATH" (a stale socket file is replaced and removed again at stop), NULL
  * for the default "127.0.0.1:<9470 + device>", or "none" / "" to disable: then
  * *ret = NULL and 0 is returned. Port 0 picks a free port (logged). On failure
  * returns a negative errno with the reason in reterr; *ret is untouched. */
-int gm_metrics_start(gm_daemon_t *d, const char *listen, gm_metrics_t **ret, char *reterr, size_t reterr_len);
+int gm_metrics_start(const gm_metrics_source_t *src, const char *listen, gm_metrics_t **ret, char *reterr,
+                     size_t reterr_len);
 /* The same on an already listening stream socket (socket activation); it is
  * owned by the endpoint from then on, also on failure. */
-int gm_metrics_start_fd(gm_daemon_t *d, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len);
+int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **ret, char *reterr, size_t reterr_len);
 /* Closes every HTTP connection and the listening socket at once; the memory goes
  * when the loop runs the handles' close callbacks. Returns NULL. */
 gm_metrics_t *gm_metrics_stop(gm_metrics_t *m);
 
-/* Monotonic clock in nanoseconds, for timing requests. */
-uint64_t gm_metrics_now_ns(void);
-/* The operation of a request envelope's body; _GM_REQUEST_OP_MAX for what is
- * not a request (those are not observed). */
-gm_request_op_t gm_metrics_request_op(Gpumem__Envelope__BodyCase body);
-/* Records that serving one request of kind `op` took `ns` nanoseconds. */
-void gm_metrics_observe_request(gm_metrics_t *m, gm_request_op_t op, uint64_t ns);
+/* Records that serving one request of kind `op` (an index of the source's
+ * op_names; others are ignored) took `ns` nanoseconds. */
+void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns);
 /* Counts one refused allocation of `tenant`. */
 void gm_metrics_count_refusal(gm_metrics_t *m, const char *tenant, gm_oom_reason_t reason);
 /* Counts one reclaim event. */
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome);
 
-/* Builds the whole exposition text from d's current state and m's counters
+/* Builds the whole exposition text from b's current state and m's counters
  * (m == NULL: the state only, no counters or histograms). *ret_buf is
  * malloc'd, NUL-terminated, *ret_len excludes the NUL. -ENOMEM on failure. */
-int gm_metrics_render(gm_daemon_t *d, const gm_metrics_t *m, char **ret_buf, size_t *ret_len);
+int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len);

@@ -1,132 +1,149 @@
-/* The listener and the sessions' transport: accept, read packets, dispatch,
- * send, close. A session is freed only in its poll handle's close callback. */
+/* The listener and the connections: accept, read packets, dispatch, send,
+ * close. The only file that does socket I/O. A connection (and its broker
+ * session) is freed only in its poll handle's close callback. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
+#include "debug.h"
 #include "daemon.h"
 #include "log.h"
 #include "metrics.h"
 #include "msg.h"
+#include "sd.h"
 
-/* Packets handled per readable event before yielding to other sessions. */
+/* Packets handled per readable event before yielding to other connections. */
 #define PACKETS_PER_WAKEUP 64
+/* Every error message the daemon writes starts so; the broker's are whole already. */
+#define MESSAGE_PREFIX "gpumemd: "
 
-uint64_t gm_now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+static void on_conn_closed(uv_handle_t *handle) {
+        gm_conn_t *c = handle->data;
+        gm_session_free(c->session);
+        free(c);
 }
 
-static void on_session_closed(uv_handle_t *handle) {
-        gm_session_t *s = handle->data;
-        free(s);
-}
-
-void gm_session_close(gm_session_t *s, const char *why) {
-        if (s->closing)
+void gm_conn_close(gm_conn_t *c, const char *why) {
+        if (c->closing)
                 return;
-        gm_daemon_t *d = s->daemon;
-        s->closing = true;
-        log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->cred.pid,
+        gm_daemon_t *d = c->daemon;
+        gm_session_t *s = c->session;
+        c->closing = true;
+        log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
-        gm_session_release_all(s);
-        if (s->tenant)
-                s->tenant->sessions--;
-        if (s->prev)
-                s->prev->next = s->next;
+        gm_local_end(c);
+        gm_session_end(s);
+        if (c->prev)
+                c->prev->next = c->next;
         else
-                d->sessions = s->next;
-        if (s->next)
-                s->next->prev = s->prev;
-        d->n_sessions--;
-        uv_poll_stop(&s->poll);
-        close(s->fd);
-        s->fd = -1;
-        uv_close((uv_handle_t *) &s->poll, on_session_closed);
+                d->conns = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        d->n_conns--;
+        uv_poll_stop(&c->poll);
+        close(c->fd);
+        c->fd = -1;
+        uv_close((uv_handle_t *) &c->poll, on_conn_closed);
 }
 
-int gm_session_send(gm_session_t *s, const Gpumem__Envelope *env, const int *fds, size_t n_fds) {
-        if (s->closing)
+int gm_conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+        if (c->closing)
                 return -ECONNRESET;
-        int r = gm_msg_send(s->fd, env, fds, n_fds, s->daemon->opts.limits.max_packet);
+        env->request_id = request_id;
+        int r = gm_msg_send(c->fd, env, fds, n_fds, c->daemon->opts.limits.max_packet);
         if (r < 0) {
                 /* A client that does not read its replies (-EAGAIN: socket buffer
                  * full) or is gone loses its session. */
                 char why[128];
                 snprintf(why, sizeof(why), "send failed: %s", strerror(-r));
-                gm_session_close(s, why);
+                gm_conn_close(c, why);
         }
         return r;
 }
 
-int gm_session_send_error(gm_session_t *s, uint64_t request_id, int err, const char *fmt, ...) {
-        char message[2048];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(message, sizeof(message), fmt, ap);
-        va_end(ap);
+static int send_error_text(gm_conn_t *c, uint64_t request_id, int err, const char *text) {
         Gpumem__Error error = GPUMEM__ERROR__INIT;
         error.code = err < 0 ? -err : err;
-        error.message = message;
+        error.message = (char *) text;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.request_id = request_id;
         env.body_case = GPUMEM__ENVELOPE__BODY_ERROR;
         env.error = &error;
-        return gm_session_send(s, &env, NULL, 0);
+        return gm_conn_send(c, request_id, &env, NULL, 0);
+}
+
+int gm_conn_send_error(gm_conn_t *c, uint64_t request_id, int err, const char *fmt, ...) {
+        char message[2048] = MESSAGE_PREFIX;
+        size_t prefix = strlen(MESSAGE_PREFIX);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(message + prefix, sizeof(message) - prefix, fmt, ap);
+        va_end(ap);
+        return send_error_text(c, request_id, err, message);
+}
+
+int gm_conn_send_refusal(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        return send_error_text(c, request_id, out->error, out->message);
 }
 
 /* Reads and handles queued packets; returns after PACKETS_PER_WAKEUP so that one
  * busy client cannot starve the others. */
-static void on_session_readable(uv_poll_t *handle, int status, int events) {
-        gm_session_t *s = handle->data;
-        gm_daemon_t *d = s->daemon;
+static void on_conn_readable(uv_poll_t *handle, int status, int events) {
+        gm_conn_t *c = handle->data;
+        gm_daemon_t *d = c->daemon;
         if (status < 0) {
-                gm_session_close(s, uv_strerror(status));
+                gm_conn_close(c, uv_strerror(status));
                 return;
         }
         size_t max_packet = d->opts.limits.max_packet;
-        uint8_t *buf = d->rx_buf; /* one loop thread: one receive buffer for every session */
-        for (int i = 0; i < PACKETS_PER_WAKEUP && !s->closing; i++) {
+        uint8_t *buf = d->rx_buf; /* one loop thread: one receive buffer for every connection */
+        for (int i = 0; i < PACKETS_PER_WAKEUP && !c->closing; i++) {
                 int fds[GM_IPC_MAX_FDS_LIMIT];
                 size_t len = 0, n_fds = 0;
-                int r = gm_ipc_recv(s->fd, buf, max_packet, fds, d->opts.limits.max_fds, &len, &n_fds);
+                int r = gm_ipc_recv(c->fd, buf, max_packet, fds, d->opts.limits.max_fds, &len, &n_fds);
                 if (r == -EAGAIN)
                         break;
                 if (r == -ECONNRESET) {
-                        gm_session_close(s, "client disconnected");
+                        gm_conn_close(c, "client disconnected");
                         break;
                 }
                 if (r < 0) {
-                        gm_session_send_error(s, 0, r, "packet refused: %s (limits: %u bytes, %u fds)", strerror(-r),
-                                              d->opts.limits.max_packet, d->opts.limits.max_fds);
-                        gm_session_close(s, "oversized or malformed packet");
+                        gm_conn_send_error(c, 0, r, "packet refused: %s (limits: %u bytes, %u fds)", strerror(-r),
+                                           d->opts.limits.max_packet, d->opts.limits.max_fds);
+                        gm_conn_close(c, "oversized or malformed packet");
                         break;
                 }
                 Gpumem__Envelope *env = NULL;
                 r = gm_msg_unpack(buf, len, &env);
                 if (r < 0) {
                         gm_close_fds(fds, n_fds);
-                        gm_session_send_error(s, 0, EBADMSG, "packet is not a gpumem envelope");
-                        gm_session_close(s, "garbage packet");
+                        gm_conn_send_error(c, 0, EBADMSG, "packet is not a gpumem envelope");
+                        gm_conn_close(c, "garbage packet");
                         break;
                 }
-                s->last_active_ms = gm_now_ms();
-                s->requests++;
-                uint64_t t0 = gm_metrics_now_ns();
-                r = gm_session_handle(s, env, fds, n_fds);
-                gm_metrics_observe_request(d->metrics, gm_metrics_request_op(env->body_case), gm_metrics_now_ns() - t0);
+                c->requests++;
+                r = gm_requests_dispatch(c, env, fds, n_fds);
                 gm_msg_free(env);
                 if (r < 0) {
-                        gm_session_close(s, "protocol violation");
+                        gm_conn_close(c, "protocol violation");
                         break;
                 }
-                gm_session_flush_releases(s);
+                gm_session_flush_releases(c->session);
+                gm_daemon_debug_check(d, "a request");
+        }
+}
+
+void gm_daemon_debug_check(const gm_daemon_t *d, const char *after) {
+        if (!GM_DEBUG)
+                return;
+        char why[512];
+        int n = gm_broker_check(d->broker, why, sizeof(why));
+        if (n) {
+                log_error("BUG: %d broker invariants broken after %s: %s", n, after, why);
+                abort();
         }
 }
 
@@ -144,6 +161,36 @@ static bool is_admin(const gm_daemon_t *d, const gm_identity_t *id) {
         return false;
 }
 
+/* A new connection's session from the peer's kernel-verified identity. */
+static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
+        gm_identity_t id;
+        int r = gm_identity_read(fd, 0, &id);
+        if (r < 0)
+                return r;
+        gm_conn_t *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        gm_session_params_t params = {
+                .pid = id.pid,
+                .uid = id.uid,
+                .unit = id.user_unit ? "" : id.unit,
+                .admin = is_admin(d, &id),
+                .userdata = c,
+        };
+        r = gm_session_new(d->broker, &params, &c->session);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
+        char fallback[64];
+        snprintf(c->tenant_name, sizeof(c->tenant_name), "%s",
+                 gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
+        c->daemon = d;
+        c->fd = fd;
+        *ret_conn = c;
+        return 0;
+}
+
 static void on_listener_readable(uv_poll_t *handle, int status, int events) {
         gm_daemon_t *d = handle->data;
         for (;;) {
@@ -156,54 +203,42 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         log_warning_errno(r, "accept failed, ignoring");
                         return;
                 }
-                if (d->n_sessions >= d->opts.limits.max_sessions || d->shutting_down) {
+                if (d->n_conns >= d->opts.limits.max_sessions || d->shutting_down) {
                         log_warning("refusing connection: %s (limit %u sessions)",
                                     d->shutting_down ? "shutting down" : "too many sessions",
                                     d->opts.limits.max_sessions);
                         close(fd);
                         continue;
                 }
-                gm_session_t *s = calloc(1, sizeof(*s));
-                if (!s) {
+                gm_conn_t *c = NULL;
+                r = conn_new(d, fd, &c);
+                if (r == 0 && uv_poll_init(d->loop, &c->poll, fd) < 0) {
+                        gm_session_free(c->session);
+                        free(c);
+                        r = -EIO;
+                }
+                if (r < 0) {
+                        log_warning_errno(r, "cannot set up a new session, dropping it");
                         close(fd);
                         continue;
                 }
-                s->daemon = d;
-                s->fd = fd;
-                s->id = ++d->next_session_id;
-                s->next_release_id = 1;
-                s->last_active_ms = gm_now_ms();
-                gm_identity_t id;
-                r = gm_identity_read(fd, 0, &id);
-                if (r == 0) {
-                        s->cred = (gm_peer_cred_t){.pid = id.pid, .uid = id.uid, .gid = id.gid};
-                        if (!id.user_unit)
-                                snprintf(s->unit, sizeof(s->unit), "%s", id.unit);
-                        char fallback[64];
-                        snprintf(s->tenant_name, sizeof(s->tenant_name), "%s",
-                                 gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
-                        s->admin = is_admin(d, &id);
-                }
-                if (r < 0 || uv_poll_init(d->loop, &s->poll, fd) < 0) {
-                        log_warning_errno(r < 0 ? r : -EIO, "cannot set up a new session, dropping it");
-                        close(fd);
-                        free(s);
-                        continue;
-                }
-                s->poll.data = s;
-                s->next = d->sessions;
-                if (d->sessions)
-                        d->sessions->prev = s;
-                d->sessions = s;
-                d->n_sessions++;
-                uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, on_session_readable);
-                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) s->id,
-                          (int) s->cred.pid, (unsigned) s->cred.uid);
+                c->poll.data = c;
+                c->next = d->conns;
+                if (d->conns)
+                        d->conns->prev = c;
+                d->conns = c;
+                d->n_conns++;
+                uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_conn_readable);
+                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) c->session->id,
+                          (int) c->session->pid, (unsigned) c->session->uid);
         }
 }
 
 static void on_tick(uv_timer_t *t) {
-        gm_daemon_tick(t->data);
+        gm_daemon_t *d = t->data;
+        gm_broker_tick(d->broker, gm_now_ms());
+        gm_local_tick(d);
+        gm_daemon_debug_check(d, "a tick");
 }
 
 int gm_server_start(gm_daemon_t *d) {
@@ -241,8 +276,81 @@ void gm_server_stop(gm_daemon_t *d) {
         }
         uv_timer_stop(&d->tick);
         uv_close((uv_handle_t *) &d->tick, NULL);
-        while (d->sessions)
-                gm_session_close(d->sessions, "daemon stopping");
+        while (d->conns)
+                gm_conn_close(d->conns, "daemon stopping");
+        gm_local_free_all(d);
         free(d->rx_buf);
         d->rx_buf = NULL;
+}
+
+/* ---- the broker's host ---- */
+
+static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
+                        size_t n) {
+        gm_conn_t *c = s->userdata;
+        Gpumem__Range *rs = calloc(n ? n : 1, sizeof(*rs));
+        Gpumem__Range **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+        if (!rs || !ptrs) {
+                free(rs);
+                free(ptrs);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                gpumem__range__init(&rs[i]);
+                rs[i].segment_id = ranges[i].segment_id;
+                rs[i].offset = ranges[i].offset;
+                rs[i].length = ranges[i].length;
+                rs[i].whole_segment = ranges[i].whole_segment;
+                ptrs[i] = &rs[i];
+        }
+        Gpumem__ReleaseRequest req = GPUMEM__RELEASE_REQUEST__INIT;
+        req.release_id = release_id;
+        req.n_ranges = n;
+        req.ranges = ptrs;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST;
+        env.release_request = &req;
+        int r = gm_conn_send(c, 0, &env, NULL, 0);
+        free(rs);
+        free(ptrs);
+        return r;
+}
+
+static void alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
+        gm_requests_answer_alloc(s->userdata, request_id, out);
+}
+
+static int store_add(void *userdata, int fd, const char *name) {
+        return gm_sd_fdstore_add(fd, name);
+}
+
+static void store_remove(void *userdata, const char *name) {
+        gm_sd_fdstore_remove(name);
+}
+
+static void broker_log(void *userdata, int priority, const char *message) {
+        gm_log(priority, "%s", message);
+}
+
+static void count_reclaim(void *userdata, gm_reclaim_outcome_t outcome) {
+        gm_daemon_t *d = userdata;
+        gm_metrics_count_reclaim(d->metrics, outcome);
+}
+
+static void count_refusal(void *userdata, const char *tenant, gm_oom_reason_t reason) {
+        gm_daemon_t *d = userdata;
+        gm_metrics_count_refusal(d->metrics, tenant, reason);
+}
+
+gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
+        return (gm_broker_ops_t){
+                .send_release = send_release,
+                .alloc_done = alloc_done,
+                .store_add = store_add,
+                .store_remove = store_remove,
+                .log = broker_log,
+                .count_reclaim = count_reclaim,
+                .count_refusal = count_refusal,
+                .userdata = d,
+        };
 }

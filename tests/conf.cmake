@@ -1,6 +1,5 @@
 # daemon/config.c: the configuration file, tenant rules and peer identities.
-add_executable(test_conffile ${CMAKE_CURRENT_LIST_DIR}/test_conffile.c ${PROJECT_SOURCE_DIR}/daemon/config.c)
-target_include_directories(test_conffile PRIVATE ${PROJECT_SOURCE_DIR}/daemon)
-target_link_libraries(test_conffile PRIVATE gm_allocator gm_ipc gm_backend PkgConfig::INIH PkgConfig::CHECK)
+add_executable(test_conffile ${CMAKE_CURRENT_LIST_DIR}/test_conffile.c)
+target_link_libraries(test_conffile PRIVATE gm_daemon PkgConfig::CHECK)
 target_compile_definitions(test_conffile PRIVATE GM_EXAMPLE_CONF="${PROJECT_SOURCE_DIR}/etc/gpumemd.conf")
 add_test(NAME conffile COMMAND test_conffile)

@@ -7,11 +7,8 @@ if(NOT GM_PROMTOOL_EXECUTABLE)
 endif()
 
 # The renderer and listener are also tested in process, on a synthetic daemon.
-add_executable(test_metrics ${CMAKE_CURRENT_LIST_DIR}/test_metrics.c
-  ${CMAKE_SOURCE_DIR}/daemon/metrics.c ${CMAKE_SOURCE_DIR}/daemon/localstats.c ${CMAKE_SOURCE_DIR}/daemon/log.c)
-target_include_directories(test_metrics PRIVATE ${CMAKE_SOURCE_DIR}/daemon)
-target_link_libraries(test_metrics PRIVATE gm_testutil gpumem gm_allocator gm_ipc gm_backend PkgConfig::MHD PkgConfig::LIBUV
-                      PkgConfig::CHECK)
+add_executable(test_metrics ${CMAKE_CURRENT_LIST_DIR}/test_metrics.c)
+target_link_libraries(test_metrics PRIVATE gm_testutil gpumem gm_daemon PkgConfig::CHECK)
 target_compile_definitions(test_metrics PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
 if(GM_PROMTOOL_EXECUTABLE)
   target_compile_definitions(test_metrics PRIVATE GM_PROMTOOL="${GM_PROMTOOL_EXECUTABLE}")

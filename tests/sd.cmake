@@ -1,8 +1,7 @@
 # daemon/sd.c (sd-daemon glue), socket activation of the real gpumemd, and the
 # packaging checks (units, man pages, .deb).
-add_executable(test_sd ${CMAKE_CURRENT_LIST_DIR}/test_sd.c ${PROJECT_SOURCE_DIR}/daemon/sd.c)
-target_include_directories(test_sd PRIVATE ${PROJECT_SOURCE_DIR}/daemon)
-target_link_libraries(test_sd PRIVATE PkgConfig::LIBSYSTEMD PkgConfig::CHECK)
+add_executable(test_sd ${CMAKE_CURRENT_LIST_DIR}/test_sd.c)
+target_link_libraries(test_sd PRIVATE gm_daemon PkgConfig::CHECK)
 add_test(NAME sd COMMAND test_sd)
 
 # Needs gpumemd to take its control socket from LISTEN_FDS (daemon/main.c).

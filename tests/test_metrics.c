@@ -18,6 +18,7 @@
 
 #include "gpumem/gpumem.h"
 #include "metrics.h"
+#include "requests.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024ull)
@@ -585,25 +586,34 @@ END_TEST
 
 /* ---- in process: the renderer and the listener setup on a synthetic daemon ---- */
 
-static gm_daemon_t fake_;
-static gm_tenant_t fake_tenants_[2];
+static gm_metrics_source_t fake_;
+static gm_backend_t *fake_backend_;
+
+/* The op index of a request body, as the daemon's request table numbers it. */
+static unsigned op_of(Gpumem__Envelope__BodyCase body) {
+        return (unsigned) gm_request_index(body);
+}
 
 static void setup_fake(void) {
         memset(&fake_, 0, sizeof(fake_));
-        memset(fake_tenants_, 0, sizeof(fake_tenants_));
         char err[256];
         gm_backend_options_t bopts = {.kind = "host", .capacity = 1ull << 30};
-        ck_assert_int_eq(gm_backend_host_open(&bopts, &fake_.backend, err, sizeof(err)), 0);
+        ck_assert_int_eq(gm_backend_host_open(&bopts, &fake_backend_, err, sizeof(err)), 0);
+        gm_alloc_config_t conf;
+        ck_assert_int_eq(gm_alloc_config_parse(NULL, &conf, err, sizeof(err)), 0);
+        gm_broker_params_t params = {.backend = fake_backend_, .alloc_config = &conf};
+        gm_broker_t *b;
+        ck_assert_int_eq(gm_broker_new(&params, &b), 0);
         fake_.loop = uv_default_loop();
-        snprintf(fake_tenants_[0].name, sizeof(fake_tenants_[0].name), "plain");
-        snprintf(fake_tenants_[1].name, sizeof(fake_tenants_[1].name), "we\"ird\\na\nme");
-        for (int i = 0; i < 2; i++)
-                gm_stats_init(&fake_tenants_[i].stats);
-        fake_tenants_[0].next = &fake_tenants_[1];
-        fake_tenants_[1].quota = 5000;
-        fake_tenants_[1].charged_bytes = 4096;
-        fake_tenants_[1].stats.reserved_bytes[GM_STAT_LARGE_POOL].current = 4096;
-        fake_.tenants = &fake_tenants_[0];
+        fake_.broker = b;
+        fake_.n_ops = gm_request_op_names(&fake_.op_names);
+        /* Synthetic figures: written straight into the broker's tenants. */
+        gm_tenant_t *plain = gm_tenant_get(b, "plain"), *weird = gm_tenant_get(b, "we\"ird\\na\nme");
+        ck_assert_ptr_nonnull(plain);
+        ck_assert_ptr_nonnull(weird);
+        gm_tenant_set_quota(weird, GM_QUOTA_RUNTIME, true, 5000);
+        weird->charged_bytes = 4096;
+        weird->stats.reserved_bytes[GM_STAT_LARGE_POOL].current = 4096;
         snprintf(dir_, sizeof(dir_), "/tmp/gpumemd-metrics-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
         snprintf(metrics_path_, sizeof(metrics_path_), "%s/metrics.sock", dir_);
@@ -611,7 +621,10 @@ static void setup_fake(void) {
 
 static void teardown_fake(void) {
         uv_run(fake_.loop, UV_RUN_DEFAULT); /* close callbacks of stopped endpoints */
-        fake_.backend = gm_backend_close(fake_.backend);
+        gm_broker_t *b = (gm_broker_t *) fake_.broker;
+        gm_tenant_find(b, "we\"ird\\na\nme")->charged_bytes = 0;
+        gm_broker_free(b);
+        fake_backend_ = gm_backend_close(fake_backend_);
         unlink(metrics_path_);
         rmdir(dir_);
 }
@@ -619,7 +632,7 @@ static void teardown_fake(void) {
 static char *render(const gm_metrics_t *m) {
         char *text;
         size_t len;
-        ck_assert_int_eq(gm_metrics_render(&fake_, m, &text, &len), 0);
+        ck_assert_int_eq(gm_metrics_render(fake_.broker, m, &text, &len), 0);
         ck_assert_uint_eq(strlen(text), len);
         char msg[4096];
         int rc = promtool_check(text, msg, sizeof(msg));
@@ -644,10 +657,10 @@ START_TEST(test_render_labels_counters_and_overflow) {
         free(text);
 
         /* Histogram buckets are cumulative, sums in seconds. */
-        gm_metrics_observe_request(m, GM_REQUEST_ALLOC, 7000);          /* 7 us */
-        gm_metrics_observe_request(m, GM_REQUEST_ALLOC, 3000000000ull); /* 3 s: above every bound */
-        gm_metrics_observe_request(m, gm_metrics_request_op(GPUMEM__ENVELOPE__BODY_SNAPSHOT), 1000000);
-        gm_metrics_observe_request(m, gm_metrics_request_op(GPUMEM__ENVELOPE__BODY_ERROR), 1000000); /* ignored */
+        gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_ALLOC), 7000);          /* 7 us */
+        gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_ALLOC), 3000000000ull); /* 3 s: above every bound */
+        gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_SNAPSHOT), 1000000);
+        gm_metrics_observe_request(m, op_of(GPUMEM__ENVELOPE__BODY_ERROR), 1000000); /* ignored */
         gm_metrics_count_reclaim(m, GM_RECLAIM_TIMED_OUT);
         /* 1100 names: the table keeps 1023 and counts the rest as "other". */
         for (int i = 0; i < 1100; i++) {
@@ -680,7 +693,7 @@ START_TEST(test_render_labels_counters_and_overflow) {
         free(text);
 
         /* Disabled: the state only, and every entry point accepts NULL. */
-        gm_metrics_observe_request(NULL, GM_REQUEST_ALLOC, 1);
+        gm_metrics_observe_request(NULL, op_of(GPUMEM__ENVELOPE__BODY_ALLOC), 1);
         gm_metrics_count_refusal(NULL, "plain", GM_OOM_QUOTA);
         gm_metrics_count_reclaim(NULL, GM_RECLAIM_REQUESTED);
         text = render(NULL);

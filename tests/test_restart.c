@@ -224,9 +224,10 @@ static void sd_start_daemon(const char *alloc_conf, bool notify) {
 }
 
 static void sd_teardown(void) {
+        int status = 0;
         if (sd.daemon > 0) {
                 kill(sd.daemon, SIGTERM);
-                waitpid(sd.daemon, NULL, 0);
+                waitpid(sd.daemon, &status, 0);
         }
         pump_stop = true;
         pthread_join(pump_thread, NULL);
@@ -234,10 +235,17 @@ static void sd_teardown(void) {
                 close(sd.store[i].fd);
         close(sd.control_fd);
         close(sd.notify_fd);
-        char cmd[300];
+        char cmd[400];
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                snprintf(cmd, sizeof(cmd), "tail -n 20 %s >&2", sd.log_path);
+                if (system(cmd)) {
+                }
+        }
         snprintf(cmd, sizeof(cmd), "rm -rf %s", sd.dir);
         if (system(cmd)) {
         }
+        /* Every test is a leak test: the daemon exits 0 only with nothing held. */
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
 }
 
 static int64_t device_stat(const char *name) {

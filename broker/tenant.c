@@ -11,17 +11,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "broker-internal.h"
 
-gm_tenant_t *gm_tenant_find(gm_daemon_t *d, const char *name) {
-        for (gm_tenant_t *t = d->tenants; t; t = t->next)
+gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name) {
+        for (gm_tenant_t *t = b->tenants; t; t = t->next)
                 if (strcmp(t->name, name) == 0)
                         return t;
         return NULL;
 }
 
-gm_tenant_t *gm_tenant_get(gm_daemon_t *d, const char *name) {
-        gm_tenant_t *t = gm_tenant_find(d, name);
+gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name) {
+        gm_tenant_t *t = gm_tenant_find(b, name);
         if (t)
                 return t;
         t = calloc(1, sizeof(*t));
@@ -29,18 +29,11 @@ gm_tenant_t *gm_tenant_get(gm_daemon_t *d, const char *name) {
                 return NULL;
         snprintf(t->name, sizeof(t->name), "%s", name);
         gm_stats_init(&t->stats);
-        t->stats.max_split_size = d->device_stats.max_split_size;
-        t->next = d->tenants;
-        d->tenants = t;
+        t->stats.max_split_size = b->device_stats.max_split_size;
+        t->next = b->tenants;
+        b->tenants = t;
+        b->n_tenants++;
         return t;
-}
-
-void gm_tenants_free(gm_daemon_t *d) {
-        while (d->tenants) {
-                gm_tenant_t *t = d->tenants;
-                d->tenants = t->next;
-                free(t);
-        }
 }
 
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes) {
@@ -65,11 +58,11 @@ const char *gm_quota_source_name(const gm_tenant_t *t) {
 /* Longest line of the quotas file we accept. */
 #define QUOTA_LINE_MAX 256
 
-int gm_quotas_load(gm_daemon_t *d) {
-        if (!d->opts.state_dir)
+int gm_quotas_load(gm_broker_t *b, const char *state_dir) {
+        if (!state_dir)
                 return 0;
         char path[512];
-        snprintf(path, sizeof(path), "%s/quotas", d->opts.state_dir);
+        snprintf(path, sizeof(path), "%s/quotas", state_dir);
         FILE *f = fopen(path, "re");
         if (!f)
                 return errno == ENOENT ? 0 : -errno;
@@ -84,7 +77,7 @@ int gm_quotas_load(gm_daemon_t *d) {
                         r = -EBADMSG;
                         continue;
                 }
-                gm_tenant_t *t = gm_tenant_get(d, name);
+                gm_tenant_t *t = gm_tenant_get(b, name);
                 if (!t) {
                         r = -ENOMEM;
                         break;
@@ -95,13 +88,13 @@ int gm_quotas_load(gm_daemon_t *d) {
         return r;
 }
 
-int gm_quotas_save(const gm_daemon_t *d) {
-        if (!d->opts.state_dir)
+int gm_quotas_save(const gm_broker_t *b, const char *state_dir) {
+        if (!state_dir)
                 return -ENOENT;
         char path[512], tmp[520];
-        snprintf(path, sizeof(path), "%s/quotas", d->opts.state_dir);
+        snprintf(path, sizeof(path), "%s/quotas", state_dir);
         snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-        if (mkdir(d->opts.state_dir, 0750) < 0 && errno != EEXIST)
+        if (mkdir(state_dir, 0750) < 0 && errno != EEXIST)
                 return -errno;
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
         if (fd < 0)
@@ -112,7 +105,7 @@ int gm_quotas_save(const gm_daemon_t *d) {
                 return -ENOMEM;
         }
         fprintf(f, "# gpumemd persistent quotas: TENANT BYTES (written by gpumemctl quota set)\n");
-        for (const gm_tenant_t *t = d->tenants; t; t = t->next)
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
                 if (t->quota_set[GM_QUOTA_PERSISTENT])
                         fprintf(f, "%s %" PRIu64 "\n", t->name, t->quota_by_source[GM_QUOTA_PERSISTENT]);
         int r = 0;

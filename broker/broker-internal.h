@@ -1,0 +1,74 @@
+/* The broker's private structures and the calls its files make to each other. */
+#pragma once
+
+#include <syslog.h>
+
+#include "broker.h"
+#include "clock.h"
+#include "debug.h"
+
+/* A ReleaseRequest sent to a client and not yet acknowledged: its pieces stay
+ * charged to the tenant and held in the backend until the ack. */
+typedef struct gm_release {
+        uint64_t id;
+        gm_piece_t *pieces; /* RELEASING, linked by ->queue, in release order */
+        uint64_t bytes;
+        uint64_t sent_at_ms;
+        uint32_t attempts;
+        struct gm_release *next;
+} gm_release_t;
+
+/* An allocation that failed while reclaimed memory was on its way back; it is
+ * retried when releases are acknowledged, and refused after park_timeout_ms. */
+typedef struct gm_parked {
+        uint64_t request_id;
+        uint64_t size;
+        uint64_t stream;
+        uint64_t parked_at_ms;
+        struct gm_parked *next;
+} gm_parked_t;
+
+/* Stored pieces of one session of the previous daemon, awaiting its client. */
+typedef struct gm_orphan {
+        char token[GM_TOKEN_LEN + 1];
+        uid_t uid;
+        gm_piece_t *pieces; /* ORPHAN, linked by ->next */
+        uint64_t bytes;
+        struct gm_orphan *next;
+} gm_orphan_t;
+
+typedef struct gm_ledger_entry {
+        uint64_t store_id;
+        char token[GM_TOKEN_LEN + 1];
+        unsigned uid;
+        uint64_t segment_id, offset, size, va_size;
+} gm_ledger_entry_t;
+
+void gm_broker_log(const gm_broker_t *b, int priority, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+uint64_t gm_broker_now_ms(void);
+
+/* piece.c */
+bool gm_piece_charged(const gm_piece_t *p);
+/* Links a piece into s's list (state and charge as given). */
+void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
+/* Returns a piece's memory to the backend, uncharges and unstores it (keeps
+ * it stored when the broker keeps stored pieces), unlinks and frees it. */
+void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p);
+/* An orphan from the fd store, adopted through the backend. */
+int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_t **ret_piece);
+/* A piece a re-attaching client reports with no stored handle: accounted,
+ * unbacked (the client's mapping is its only reference). NULL when it does
+ * not fit the device or on -ENOMEM. */
+gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec);
+/* Moves an ADOPTING piece to LIVE in the heap (charges it). */
+void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
+
+/* ledger.c */
+void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
+void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
+void gm_ledger_free_orphans(gm_broker_t *b);
+/* A resuming start: the orphan with that token becomes s's adopting pieces. */
+int gm_ledger_claim(gm_session_t *s, const char *token);
+
+/* session.c */
+void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only);

@@ -1,0 +1,332 @@
+/* The broker's lifetime, settings, memory history, tenant views and the
+ * integrity checker. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker-internal.h"
+
+/* Interned frame text of the memory history, all entries together. */
+#define HISTORY_FRAME_BYTES (64u << 20)
+#define HISTORY_DEFAULT_ENTRIES 100000
+
+void gm_broker_log(const gm_broker_t *b, int priority, const char *fmt, ...) {
+        if (!b->ops.log)
+                return;
+        char message[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(message, sizeof(message), fmt, ap);
+        va_end(ap);
+        b->ops.log(b->ops.userdata, priority, message);
+}
+
+static int64_t max_split_stat(const gm_alloc_config_t *c) {
+        return c->max_split_size == UINT64_MAX ? -1 : (int64_t) c->max_split_size;
+}
+
+int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker) {
+        if (!params->backend || !params->alloc_config)
+                return -EINVAL;
+        gm_broker_t *b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        b->backend = params->backend;
+        b->ops = params->ops;
+        b->limits = params->limits;
+        b->alloc_config = *params->alloc_config;
+        b->store_max = params->store_max;
+        b->ledger_fd = -1;
+        gm_stats_init(&b->device_stats);
+        b->device_stats.max_split_size = max_split_stat(&b->alloc_config);
+        b->va_cursor = 1ull << 40; /* synthetic addresses: away from 0, far below 2^53 */
+        *ret_broker = b;
+        return 0;
+}
+
+gm_broker_t *gm_broker_free(gm_broker_t *b) {
+        if (!b)
+                return NULL;
+        while (b->sessions)
+                gm_session_free(b->sessions);
+        gm_ledger_free_orphans(b);
+        gm_ledger_close(b);
+        while (b->tenants) {
+                gm_tenant_t *t = b->tenants;
+                b->tenants = t->next;
+                free(t);
+        }
+        gm_history_free(b->history);
+        free(b);
+        return NULL;
+}
+
+void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits) {
+        b->limits = *limits;
+}
+
+void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config) {
+        b->alloc_config = *config;
+        int64_t mss = max_split_stat(config);
+        b->device_stats.max_split_size = mss;
+        for (gm_tenant_t *t = b->tenants; t; t = t->next)
+                t->stats.max_split_size = mss;
+        for (gm_session_t *s = b->sessions; s; s = s->next)
+                if (s->heap)
+                        gm_heap_set_config(s->heap, config);
+}
+
+uint64_t gm_broker_reserved(const gm_broker_t *b) {
+        return b->backend->in_use + b->unbacked_bytes;
+}
+
+int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries) {
+        if (max_entries)
+                b->history_max_entries = max_entries;
+        if (!b->history_max_entries)
+                b->history_max_entries = HISTORY_DEFAULT_ENTRIES;
+        if (!enabled) {
+                b->history = gm_history_free(b->history); /* as PyTorch: disabling clears it */
+                return 0;
+        }
+        if (!b->history)
+                return gm_history_new(b->history_max_entries, HISTORY_FRAME_BYTES, &b->history);
+        return gm_history_set_max(b->history, b->history_max_entries);
+}
+
+/* ---- views ---- */
+
+static int view_by_name(const void *x, const void *y) {
+        return strcmp(((const gm_tenant_view_t *) x)->tenant->name, ((const gm_tenant_view_t *) y)->tenant->name);
+}
+
+int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, size_t *ret_n) {
+        size_t n = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                n++;
+        gm_tenant_view_t *v = calloc(n ? n : 1, sizeof(*v));
+        if (!v)
+                return -ENOMEM;
+        size_t i = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                v[i++].tenant = t;
+        qsort(v, n, sizeof(*v), view_by_name);
+        /* Per-tenant figures that live in the sessions: one pass over them, each
+         * finding its tenant's row by binary search on the name. */
+        for (const gm_session_t *s = b->sessions; s; s = s->next) {
+                if (!s->tenant)
+                        continue;
+                gm_tenant_view_t key = {.tenant = s->tenant};
+                gm_tenant_view_t *row = bsearch(&key, v, n, sizeof(*v), view_by_name);
+                if (!row)
+                        continue;
+                row->releasing_bytes += s->releasing_bytes;
+                if (s->heap) {
+                        uint64_t lf = gm_heap_largest_free(s->heap);
+                        if (lf > row->largest_free)
+                                row->largest_free = lf;
+                }
+        }
+        *ret_views = v;
+        *ret_n = n;
+        return 0;
+}
+
+/* ---- the integrity checker ---- */
+
+typedef struct checker {
+        int violations;
+        char *why;
+        size_t why_len;
+} checker_t;
+
+static void violation(checker_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void violation(checker_t *c, const char *fmt, ...) {
+        if (c->violations++ == 0 && c->why && c->why_len) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(c->why, c->why_len, fmt, ap);
+                va_end(ap);
+        }
+}
+
+static bool in_queue(const gm_piece_t *head, const gm_piece_t *p) {
+        for (; head; head = head->queue)
+                if (head == p)
+                        return true;
+        return false;
+}
+
+static size_t queue_len(const gm_piece_t *head) {
+        size_t n = 0;
+        for (; head; head = head->queue)
+                n++;
+        return n;
+}
+
+static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked,
+                          uint32_t *stored) {
+        uint64_t in_heap = 0, releasing = 0;
+        size_t n_new = 0, n_rel = 0, n_adopting = 0;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                if (p->session != s)
+                        violation(c, "session %llu: a piece names another owner", (unsigned long long) s->id);
+                if (p->next && p->next->prev != p)
+                        violation(c, "session %llu: piece list broken", (unsigned long long) s->id);
+                if (p->phys.fd < 0)
+                        *unbacked += p->phys.size;
+                else
+                        *backed += p->phys.size;
+                if (p->store_id)
+                        (*stored)++;
+                if (p->state == GM_PIECE_ORPHAN)
+                        violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
+                if (p->in_heap && p->state != GM_PIECE_LIVE)
+                        violation(c, "session %llu: a released piece is still in the heap",
+                                  (unsigned long long) s->id);
+                if (p->in_heap)
+                        in_heap += p->phys.size;
+                if (p->state == GM_PIECE_RELEASING)
+                        releasing += p->phys.size;
+                if (p->state == GM_PIECE_LIVE && !p->sent && !s->ended) {
+                        n_new++;
+                        if (!in_queue(s->new_head, p))
+                                violation(c, "session %llu: an unsent piece is not listed for the reply",
+                                          (unsigned long long) s->id);
+                }
+                if (p->state == GM_PIECE_TO_RELEASE) {
+                        n_rel++;
+                        if (!in_queue(s->rel_head, p))
+                                violation(c, "session %llu: a released piece is not queued",
+                                          (unsigned long long) s->id);
+                }
+                if (p->state == GM_PIECE_ADOPTING && p->phys.fd >= 0)
+                        n_adopting++;
+        }
+        size_t q = queue_len(s->new_head);
+        if (q != n_new)
+                violation(c, "session %llu: %zu pieces listed for the reply, %zu unsent", (unsigned long long) s->id,
+                          q, n_new);
+        q = queue_len(s->rel_head);
+        if (q != n_rel)
+                violation(c, "session %llu: %zu pieces queued for release, %zu released", (unsigned long long) s->id,
+                          q, n_rel);
+        q = queue_len(s->adopting);
+        if (q != n_adopting)
+                violation(c, "session %llu: %zu pieces adopting, %zu listed", (unsigned long long) s->id, n_adopting,
+                          q);
+        uint64_t rel_bytes = 0;
+        for (const gm_release_t *rel = s->releases; rel; rel = rel->next) {
+                uint64_t bytes = 0;
+                for (const gm_piece_t *p = rel->pieces; p; p = p->queue) {
+                        bytes += p->phys.size;
+                        if (p->state != GM_PIECE_RELEASING || p->session != s)
+                                violation(c, "session %llu: release %llu holds a piece not releasing",
+                                          (unsigned long long) s->id, (unsigned long long) rel->id);
+                }
+                if (bytes != rel->bytes)
+                        violation(c, "session %llu: release %llu counts %llu bytes of %llu",
+                                  (unsigned long long) s->id, (unsigned long long) rel->id,
+                                  (unsigned long long) rel->bytes, (unsigned long long) bytes);
+                rel_bytes += bytes;
+        }
+        if (rel_bytes != releasing || s->releasing_bytes != releasing)
+                violation(c, "session %llu: releasing %llu bytes, its pieces %llu, its releases %llu",
+                          (unsigned long long) s->id, (unsigned long long) s->releasing_bytes,
+                          (unsigned long long) releasing, (unsigned long long) rel_bytes);
+        uint32_t parked = 0;
+        const gm_parked_t *last = NULL;
+        for (const gm_parked_t *p = s->parked; p; p = p->next) {
+                parked++;
+                last = p;
+        }
+        if (parked != s->n_parked || last != s->parked_tail)
+                violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
+                          parked);
+        if (s->ended && (s->pieces || s->heap || s->parked || s->releases))
+                violation(c, "session %llu ended but still holds memory or requests", (unsigned long long) s->id);
+        if (s->heap) {
+                int hv = gm_heap_check(s->heap);
+                if (hv)
+                        violation(c, "session %llu: heap check found %d violations", (unsigned long long) s->id, hv);
+                int64_t reserved = gm_heap_stats(s->heap)->reserved_bytes[GM_STAT_ALL].current;
+                if (reserved < 0 || (uint64_t) reserved != in_heap)
+                        violation(c, "session %llu: heap reserves %lld bytes, its pieces hold %llu",
+                                  (unsigned long long) s->id, (long long) reserved, (unsigned long long) in_heap);
+        } else if (in_heap) {
+                violation(c, "session %llu: pieces in a heap it does not have", (unsigned long long) s->id);
+        }
+}
+
+int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
+        checker_t c = {.why = why, .why_len = why_len};
+        if (why && why_len)
+                why[0] = '\0';
+        uint64_t backed = 0, unbacked = 0, releasing = 0;
+        uint32_t stored = 0, n_sessions = 0;
+        for (const gm_session_t *s = b->sessions; s; s = s->next) {
+                n_sessions++;
+                if (s->next && s->next->prev != s)
+                        violation(&c, "session list broken at %llu", (unsigned long long) s->id);
+                check_session(&c, s, &backed, &unbacked, &stored);
+                releasing += s->releasing_bytes;
+        }
+        if (n_sessions != b->n_sessions)
+                violation(&c, "%u sessions listed, %u counted", n_sessions, b->n_sessions);
+        for (const gm_orphan_t *o = b->orphans; o; o = o->next) {
+                uint64_t bytes = 0;
+                for (const gm_piece_t *p = o->pieces; p; p = p->next) {
+                        if (p->state != GM_PIECE_ORPHAN || p->session || p->orphan != o)
+                                violation(&c, "orphan %.8s holds a piece that is not its orphan", o->token);
+                        bytes += p->phys.size;
+                        backed += p->phys.size;
+                        if (p->store_id)
+                                stored++;
+                }
+                if (bytes != o->bytes)
+                        violation(&c, "orphan %.8s counts %llu bytes of %llu", o->token, (unsigned long long) o->bytes,
+                                  (unsigned long long) bytes);
+        }
+        if (backed != b->backend->in_use)
+                violation(&c, "backend in use %llu bytes, pieces with handles %llu",
+                          (unsigned long long) b->backend->in_use, (unsigned long long) backed);
+        if (unbacked != b->unbacked_bytes)
+                violation(&c, "unbacked %llu bytes counted, %llu held", (unsigned long long) b->unbacked_bytes,
+                          (unsigned long long) unbacked);
+        if (!b->keep_stored && stored != b->n_stored)
+                violation(&c, "%u pieces stored, %u counted", stored, b->n_stored);
+        if (releasing != b->releasing_bytes)
+                violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
+                          (unsigned long long) releasing);
+        uint32_t n_tenants = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next) {
+                n_tenants++;
+                uint64_t charged = 0;
+                int64_t reserved = 0;
+                uint32_t sessions = 0;
+                for (const gm_session_t *s = b->sessions; s; s = s->next) {
+                        if (s->tenant != t)
+                                continue;
+                        if (!s->ended)
+                                sessions++;
+                        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                                if (gm_piece_charged(p))
+                                        charged += p->phys.size;
+                        if (s->heap)
+                                reserved += gm_heap_stats(s->heap)->reserved_bytes[GM_STAT_ALL].current;
+                }
+                if (charged != t->charged_bytes)
+                        violation(&c, "tenant '%s' charged %llu bytes, its sessions' pieces %llu", t->name,
+                                  (unsigned long long) t->charged_bytes, (unsigned long long) charged);
+                if (sessions != t->sessions)
+                        violation(&c, "tenant '%s' counts %u sessions, %u are live", t->name, t->sessions, sessions);
+                if (reserved != t->stats.reserved_bytes[GM_STAT_ALL].current)
+                        violation(&c, "tenant '%s' reserves %lld bytes, its heaps %lld", t->name,
+                                  (long long) t->stats.reserved_bytes[GM_STAT_ALL].current, (long long) reserved);
+        }
+        if (n_tenants != b->n_tenants)
+                violation(&c, "%u tenants listed, %u counted", n_tenants, b->n_tenants);
+        return c.violations;
+}

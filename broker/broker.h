@@ -1,0 +1,378 @@
+/* The broker: gpumemd's state without its loop. It owns sessions, tenants
+ * and quotas, every piece of physical memory and its accounting, reclaim and
+ * parked allocations, and the restart ledger. No libuv, no sockets, no
+ * systemd: what must leave the process (a ReleaseRequest to a client, a
+ * parked allocation's answer, an fd for systemd's store, a log line) goes
+ * through the gm_broker_ops_t the daemon provides. Calls return outcomes
+ * instead of sending. Single-threaded (the daemon's loop). Errors are
+ * negative errno. gm_broker_check() verifies every invariant below. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "allocator.h"
+#include "backend.h"
+#include "history.h"
+#include "oom.h"
+
+typedef struct gm_broker gm_broker_t;
+typedef struct gm_session gm_session_t;
+typedef struct gm_tenant gm_tenant_t;
+typedef struct gm_piece gm_piece_t;
+
+/* A session token: 32 hex digits. It names a session's stored segments and
+ * lets its client re-attach after a restart. */
+#define GM_TOKEN_LEN 32
+/* Stored pieces are named GM_STORE_PREFIX + 10 hex digits (the daemon's fd
+ * store sorts what it gets back by this prefix). */
+#define GM_STORE_PREFIX "seg-"
+#define GM_STORE_NAME_MAX 32
+/* Most tenants the broker creates on request (a quota for a tenant with no
+ * session yet); tenants of sessions and of the config are not limited. */
+#define GM_BROKER_MAX_TENANTS 4096
+
+/* ---- tenants and quotas ---- */
+
+/* Where a tenant's quota comes from; the first set one wins. */
+typedef enum gm_quota_source {
+        GM_QUOTA_RUNTIME,    /* `gpumemctl quota set --runtime`: until restart (kept in the ledger) */
+        GM_QUOTA_PERSISTENT, /* `gpumemctl quota set`: kept in the state directory */
+        GM_QUOTA_CONFIG,     /* the config file's quota= */
+        _GM_QUOTA_SOURCE_MAX,
+} gm_quota_source_t;
+
+/* Read-only outside the broker. */
+struct gm_tenant {
+        char name[64];
+        gm_stats_t stats;       /* allocator statistics of all its sessions */
+        uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
+        uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
+        bool quota_set[_GM_QUOTA_SOURCE_MAX];
+        uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
+        uint32_t sessions;
+        struct gm_tenant *next;
+};
+
+/* ---- pieces ---- */
+
+/* Where a piece is in its life. Charged (to its session's tenant): LIVE,
+ * TO_RELEASE and RELEASING. */
+typedef enum gm_piece_state {
+        GM_PIECE_ORPHAN,     /* stored by a previous daemon, no session yet, not charged */
+        GM_PIECE_ADOPTING,   /* claimed by a resuming session, awaiting its client's report */
+        GM_PIECE_LIVE,       /* the session's: held by its heap, or granted to its client */
+        GM_PIECE_TO_RELEASE, /* given back by its holder, to be asked back from the client */
+        GM_PIECE_RELEASING,  /* asked back, awaiting the client's ReleaseAck */
+} gm_piece_state_t;
+
+/* One backend allocation: a whole segment, or one page of an expandable
+ * segment. Read-only outside the broker. */
+struct gm_piece {
+        uint64_t segment_id;
+        uint64_t segment_va_size;
+        uint64_t offset;
+        gm_phys_t phys;     /* fd -1: re-registered by its client with no handle here */
+        gm_piece_state_t state;
+        bool in_heap;       /* its handle is held by the session's heap */
+        bool sent;          /* its fd reached the client, so its release needs an ack */
+        bool whole_segment; /* set at release: the client drops the reservation too */
+        uint64_t store_id;  /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
+        gm_session_t *session; /* NULL for orphans */
+        struct gm_orphan *orphan;
+        struct gm_piece *prev, *next; /* in its owner's list of pieces */
+        struct gm_piece *queue;       /* in new, to-release, release or adopting queues */
+};
+
+typedef struct gm_piece_spec {
+        uint64_t segment_id;
+        uint64_t segment_va_size;
+        uint64_t offset;
+        uint64_t size;
+} gm_piece_spec_t;
+
+/* Creates `spec->size` bytes of fresh memory for session `s` (no heap
+ * needed: this is also how a client-side heap is granted memory), charges
+ * them to its tenant and keeps the fd in the store. -EDQUOT when the tenant's
+ * quota would be exceeded, -ENOMEM when the device is full. The piece is
+ * LIVE, not yet sent; it is listed by gm_session_new_pieces() until
+ * gm_session_pieces_sent() or gm_piece_release(). */
+int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+/* The one release path. A piece the client may have mapped (sent, session
+ * alive) is queued for a ReleaseRequest (see gm_session_flush_releases());
+ * anything else returns to the backend at once. `whole_segment`: this is the
+ * segment's last piece (its reservation goes too). */
+void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment);
+/* A LIVE piece of `s` at (segment_id, offset), or NULL. */
+gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
+
+/* ---- the broker ---- */
+
+typedef struct gm_broker_limits {
+        uint64_t max_blocks_per_session; /* live blocks (allocated or pending free) */
+        uint32_t max_parked_per_session; /* allocations waiting for reclaim */
+        uint32_t park_timeout_ms;        /* how long an allocation waits for reclaim */
+        uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
+        uint32_t reattach_grace_ms;      /* after a restart: how long stored pieces wait for their client */
+        uint32_t max_reattach_items;     /* segments + blocks one re-attaching session may report */
+        uint32_t max_ranges_per_release; /* ranges in one ReleaseRequest (one packet) */
+} gm_broker_limits_t;
+
+typedef enum gm_reclaim_outcome {
+        GM_RECLAIM_REQUESTED,    /* a ReleaseRequest was sent (first attempt) */
+        GM_RECLAIM_ACKNOWLEDGED, /* the client acknowledged it */
+        GM_RECLAIM_TIMED_OUT,    /* it was not acknowledged within release_timeout_ms */
+        _GM_RECLAIM_OUTCOME_MAX,
+} gm_reclaim_outcome_t;
+
+/* One range of a ReleaseRequest. */
+typedef struct gm_release_range {
+        uint64_t segment_id;
+        uint64_t offset;
+        uint64_t length;
+        bool whole_segment;
+} gm_release_range_t;
+
+/* What a request comes to. */
+typedef enum gm_outcome_kind {
+        GM_OUTCOME_REPLY,  /* done: answer it (an allocation: with its new pieces) */
+        GM_OUTCOME_PARK,   /* waits for reclaimed memory; answered later through ops->alloc_done */
+        GM_OUTCOME_REFUSE, /* answer with `error` and `message` */
+} gm_outcome_kind_t;
+
+typedef struct gm_outcome {
+        gm_outcome_kind_t kind;
+        int error;                /* REFUSE: negative errno */
+        char message[1024];       /* REFUSE: the client's text */
+        gm_alloc_result_t alloc;  /* REPLY to an allocation */
+} gm_outcome_t;
+
+/* Everything the broker needs from its host (the daemon). userdata is the
+ * ops' first argument. Every callback is optional. */
+typedef struct gm_broker_ops {
+        /* Sends a ReleaseRequest. A negative errno means the client is gone;
+         * the callback may have ended the session (gm_session_end()). */
+        int (*send_release)(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
+                            size_t n);
+        /* A parked allocation is decided (REPLY or REFUSE): answer it. */
+        void (*alloc_done)(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *outcome);
+        /* Keeps a duplicate of fd under `name` across restarts; 0 or a negative errno. */
+        int (*store_add)(void *userdata, int fd, const char *name);
+        void (*store_remove)(void *userdata, const char *name);
+        /* One log line (syslog priority). */
+        void (*log)(void *userdata, int priority, const char *message);
+        void (*count_reclaim)(void *userdata, gm_reclaim_outcome_t outcome);
+        void (*count_refusal)(void *userdata, const char *tenant, gm_oom_reason_t reason);
+        void *userdata;
+} gm_broker_ops_t;
+
+typedef struct gm_broker_params {
+        gm_backend_t *backend;       /* borrowed; outlives the broker */
+        const gm_alloc_config_t *alloc_config;
+        gm_broker_limits_t limits;
+        gm_broker_ops_t ops;
+        uint32_t store_max;          /* pieces the fd store may hold; 0 = no store */
+} gm_broker_params_t;
+
+/* Read-only outside the broker except where a setter says otherwise. */
+struct gm_broker {
+        gm_backend_t *backend;
+        gm_broker_ops_t ops;
+        gm_broker_limits_t limits;
+        gm_alloc_config_t alloc_config;
+        gm_stats_t device_stats;
+        uint64_t va_cursor;        /* next synthetic segment address (shared by all heaps) */
+        gm_session_t *sessions;    /* newest first */
+        uint32_t n_sessions;
+        uint64_t next_session_id;
+        gm_tenant_t *tenants;
+        uint32_t n_tenants;
+        uint64_t releasing_bytes;  /* = sum of the sessions' releasing_bytes */
+        uint64_t unbacked_bytes;   /* pieces with no handle here (re-registered by their clients) */
+        gm_history_t *history;     /* NULL while memory history is off */
+        size_t history_max_entries;
+        /* restart ledger */
+        struct gm_orphan *orphans; /* stored pieces of sessions not yet re-attached */
+        uint64_t orphans_deadline_ms;
+        bool keep_stored;          /* stopping with a store: stored pieces outlive this process */
+        uint32_t store_max;
+        uint32_t n_stored;
+        uint64_t next_store_id;
+        int ledger_fd;             /* append-only journal, or -1 */
+        char ledger_path[160];
+        struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
+        size_t n_ledger;
+};
+
+int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
+/* Ends every session, drops orphans (keeping stored ones when keep_stored),
+ * frees tenants and history. Accepts NULL; returns NULL. */
+gm_broker_t *gm_broker_free(gm_broker_t *b);
+void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits);
+/* A new allocator configuration for every heap; the statistics'
+ * max_split_size follows it. */
+void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config);
+/* Physical bytes the broker accounts for: the backend's plus unbacked ones. */
+uint64_t gm_broker_reserved(const gm_broker_t *b);
+/* Periodic work: re-asks unacknowledged releases, times parked allocations
+ * out, releases orphans whose grace ran out. `now_ms`: a monotonic clock. */
+void gm_broker_tick(gm_broker_t *b, uint64_t now_ms);
+/* Memory history: on (with max_entries, 0 = keep the last bound) or off (clears it). */
+int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
+
+/* Verifies every invariant: per session its heap (gm_heap_check), its heap's
+ * reserved bytes = its in-heap pieces, its releasing bytes = its RELEASING
+ * pieces; per tenant charged bytes = its sessions' charged pieces and session
+ * count; the backend's in-use = every piece with a handle, unbacked bytes =
+ * those without, the store count, the broker's releasing bytes, parked
+ * counts. Returns the number of violations (0 = consistent); never modifies
+ * anything. With `why`, the first violation is described there. */
+int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len);
+
+/* ---- tenants ---- */
+
+gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name);
+/* Finds or creates; NULL on -ENOMEM. */
+gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
+/* Sets (has = true) or clears one source of a tenant's quota. */
+void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
+/* "runtime", "persistent", "config" or "none". */
+const char *gm_quota_source_name(const gm_tenant_t *t);
+/* Persistent quotas: <state_dir>/quotas ("TENANT BYTES" lines), written
+ * atomically. Load applies them (creating tenants). */
+int gm_quotas_load(gm_broker_t *b, const char *state_dir);
+int gm_quotas_save(const gm_broker_t *b, const char *state_dir);
+
+/* ---- sessions ---- */
+
+typedef struct gm_session_params {
+        pid_t pid;
+        uid_t uid;
+        const char *unit;   /* the peer's systemd unit, "" if none */
+        bool admin;         /* kernel-verified right to administer */
+        void *userdata;     /* the daemon's connection */
+} gm_session_params_t;
+
+/* Read-only outside the broker. */
+struct gm_session {
+        gm_broker_t *broker;
+        uint64_t id;
+        pid_t pid;
+        uid_t uid;
+        char name[64];
+        char unit[256];
+        bool admin;
+        bool admin_conn;
+        void *userdata;
+        gm_tenant_t *tenant;   /* set at start */
+        char token[GM_TOKEN_LEN + 1];
+        bool reattaching;      /* between a resuming start and the last re-attach report */
+        uint64_t reattach_items;
+        bool ended;            /* memory released; no request is served any more */
+        gm_heap_t *heap;       /* created at the first allocation */
+        uint64_t last_active_ms;
+        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
+        size_t n_cur_frames;
+        gm_piece_t *pieces;    /* every piece it owns (any state) */
+        gm_piece_t *new_head, *new_tail;  /* LIVE, not yet sent, in creation order */
+        gm_piece_t *rel_head, *rel_tail;  /* TO_RELEASE, in release order */
+        gm_piece_t *adopting;  /* ADOPTING */
+        struct gm_release *releases; /* sent, awaiting ReleaseAck */
+        uint64_t releasing_bytes;
+        uint64_t next_release_id;
+        struct gm_parked *parked, *parked_tail;
+        uint32_t n_parked;
+        struct gm_session *prev, *next;
+};
+
+/* A session for a new connection (no tenant yet). */
+int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session_t **ret_session);
+/* Starts it in `tenant_name` with a fresh token, or, with `resume_token`,
+ * claims the previous daemon's stored pieces of that session: -EBUSY (a live
+ * session has it), -EPERM (another uid's), -EINVAL (bad token), -ENOMEM. */
+int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resume_token);
+/* Releases everything it holds at once (the client is gone). Idempotent. */
+void gm_session_end(gm_session_t *s);
+/* What the client says of itself (Hello): for display only. */
+void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn);
+/* The client was heard from: reclaim picks the least recently active first. */
+void gm_session_touch(gm_session_t *s, uint64_t now_ms);
+/* Ends it if needed and frees it. Accepts NULL. */
+void gm_session_free(gm_session_t *s);
+/* The session's heap, created on first use. */
+int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
+
+/* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
+void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream,
+                      const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
+/* The first piece to send with the current reply (creation order: ->queue). */
+const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
+/* The reply carrying them was sent: their releases need acks from now on. */
+void gm_session_pieces_sent(gm_session_t *s);
+/* The reply for `block_id` could not be built: the block goes back to the
+ * heap; its new pieces stay listed for the next reply. */
+void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);
+/* 0, or -ENOENT: not an allocated block of this session. */
+int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
+int gm_session_free_completed(gm_session_t *s, uint64_t block_id);
+/* A ReleaseAck: the pieces return to the backend and parked allocations are
+ * retried. -ENOENT: no such release pending. */
+int gm_session_release_ack(gm_session_t *s, uint64_t release_id);
+/* Releases the session's cached memory; the bytes. */
+uint64_t gm_session_trim(gm_session_t *s);
+/* Releases cached memory of every session of `tenant` (NULL: all); the bytes. */
+uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant);
+/* Sends ReleaseRequests for everything queued (ops->send_release). */
+void gm_session_flush_releases(gm_session_t *s);
+/* Explains why `size` bytes were refused with `err` (PyTorch's text plus the
+ * diagnosis) into buf; returns the reason. */
+gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len);
+
+/* ---- restarts: the ledger ---- */
+
+/* A random session token. */
+void gm_token_new(char token[GM_TOKEN_LEN + 1]);
+/* Reads and compacts the journal at `path` and opens it for appending;
+ * applies the runtime quotas it holds. */
+int gm_ledger_open(gm_broker_t *b, const char *path);
+void gm_ledger_close(gm_broker_t *b);
+/* Journals a runtime quota (bytes 0: removed). */
+void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes);
+/* Takes one stored fd systemd handed back (consumed in any case); after the
+ * last, gm_ledger_adopt_done() forgets journal entries whose fd did not come
+ * back and starts the re-attach grace. */
+void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd);
+void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms);
+/* Releases orphans whose grace ran out (all of them when `all`). */
+void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all);
+
+/* What a re-attaching client reports, piece by piece. */
+typedef struct gm_reattach_range {
+        uint64_t offset;
+        uint64_t length;
+} gm_reattach_range_t;
+int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                const gm_reattach_range_t *mapped, size_t n_mapped);
+/* A re-attaching session whose heap runs in its client reports a piece it
+ * maps: it is LIVE again, charged, outside any daemon-side heap, and released
+ * at once by gm_piece_release() (its client gives pieces back unmapped). */
+int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t requested_size, bool pending_free);
+/* The last report: the heap is checked, unclaimed stored pieces released. */
+int gm_session_reattach_finish(gm_session_t *s);
+/* Counts `n` more reported items: -E2BIG past the limit. */
+int gm_session_reattach_count(gm_session_t *s, uint64_t n);
+
+/* ---- snapshots for metrics and listings ---- */
+
+typedef struct gm_tenant_view {
+        const gm_tenant_t *tenant;
+        uint64_t releasing_bytes; /* over its sessions */
+        uint64_t largest_free;    /* largest free cached block over its sessions */
+} gm_tenant_view_t;
+
+/* One row per tenant, sorted by name (malloc'd). -ENOMEM. */
+int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, size_t *ret_n);

@@ -1,0 +1,475 @@
+/* Restarts that lose nothing.
+ *
+ * Clients' data never depends on this process: their mappings hold the
+ * memory. What must survive is the ledger. Every piece of physical memory is
+ * handed to the host's fd store (systemd's, through ops->store_add) as
+ * "seg-<store id>" (short: every name of the store comes back in one
+ * LISTEN_FDNAMES variable), and an append-only journal (<socket>.ledger) says
+ * whose each one is ("+ id token uid segment offset size va_size", "- id");
+ * it also keeps runtime quotas ("q tenant bytes"). After a restart (crash or
+ * upgrade) the pieces come back as orphans, and each client that reconnects
+ * with its session token re-attaches: it reports the segments and blocks it
+ * holds, the pieces it names are adopted, the heap is rebuilt, and pointers,
+ * data and accounting carry on. Without a store a client's report alone
+ * re-registers its memory (accounted, with no handle here: the client's
+ * mapping is the only reference). Orphans no client claims within
+ * reattach_grace_ms are released. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "broker-internal.h"
+
+void gm_token_new(char token[GM_TOKEN_LEN + 1]) {
+        uint8_t raw[GM_TOKEN_LEN / 2];
+        size_t got = 0;
+        while (got < sizeof(raw)) {
+                ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+                if (n > 0)
+                        got += (size_t) n;
+                else if (errno != EINTR)
+                        abort(); /* no kernel randomness: nothing safe to hand out */
+        }
+        for (size_t i = 0; i < sizeof(raw); i++)
+                snprintf(token + 2 * i, 3, "%02x", raw[i]);
+}
+
+static bool token_valid(const char *t) {
+        if (!t || strlen(t) != GM_TOKEN_LEN)
+                return false;
+        for (size_t i = 0; i < GM_TOKEN_LEN; i++)
+                if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+                        return false;
+        return true;
+}
+
+static void store_name(uint64_t store_id, char *buf, size_t len) {
+        snprintf(buf, len, "%s%010" PRIx64, GM_STORE_PREFIX, store_id);
+}
+
+/* One journal line; a short write (disk full) only weakens what a restart can
+ * restore, so it is logged, not fatal. */
+static void ledger_append(gm_broker_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ledger_append(gm_broker_t *b, const char *fmt, ...) {
+        if (b->ledger_fd < 0)
+                return;
+        char line[256];
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(line, sizeof(line), fmt, ap);
+        va_end(ap);
+        if (n <= 0 || (size_t) n >= sizeof(line) || write(b->ledger_fd, line, (size_t) n) != n)
+                gm_broker_log(b, LOG_WARNING,
+                              "Failed to write the ledger journal '%s', a restart may lose track of memory",
+                              b->ledger_path);
+}
+
+static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
+        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", e->store_id,
+                      e->token, e->uid, e->segment_id, e->offset, e->size, e->va_size);
+}
+
+void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes) {
+        ledger_append(b, "q %s %" PRIu64 "\n", tenant, bytes);
+}
+
+void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
+        if (!b->ops.store_add || !b->store_max || p->phys.fd < 0 || b->ledger_fd < 0)
+                return;
+        if (b->n_stored >= b->store_max) {
+                gm_broker_log(b, LOG_DEBUG,
+                              "fd store full (%u): segment %" PRIu64 " of session %" PRIu64
+                              " is kept by its client only",
+                              b->n_stored, p->segment_id, s->id);
+                return;
+        }
+        gm_ledger_entry_t e = {
+                .store_id = ++b->next_store_id,
+                .uid = (unsigned) s->uid,
+                .segment_id = p->segment_id,
+                .offset = p->offset,
+                .size = p->phys.size,
+                .va_size = p->segment_va_size,
+        };
+        snprintf(e.token, sizeof(e.token), "%s", s->token);
+        char name[GM_STORE_NAME_MAX];
+        store_name(e.store_id, name, sizeof(name));
+        append_piece(b, &e);
+        int r = b->ops.store_add(b->ops.userdata, p->phys.fd, name);
+        if (r < 0) {
+                gm_broker_log(b, LOG_WARNING,
+                              "Failed to keep segment '%s' in the fd store, it will not survive a restart: %s", name,
+                              strerror(-r));
+                ledger_append(b, "- %" PRIu64 "\n", e.store_id);
+                return;
+        }
+        p->store_id = e.store_id;
+        b->n_stored++;
+}
+
+void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
+        if (!p->store_id)
+                return;
+        char name[GM_STORE_NAME_MAX];
+        store_name(p->store_id, name, sizeof(name));
+        if (b->ops.store_remove)
+                b->ops.store_remove(b->ops.userdata, name);
+        ledger_append(b, "- %" PRIu64 "\n", p->store_id);
+        p->store_id = 0;
+        gm_assert(b->n_stored > 0);
+        b->n_stored--;
+}
+
+/* Reads the journal into b->ledger (the live "+" entries), applies runtime
+ * quotas, and rewrites it compactly. */
+int gm_ledger_open(gm_broker_t *b, const char *path) {
+        if (strlen(path) >= sizeof(b->ledger_path))
+                return -ENAMETOOLONG;
+        snprintf(b->ledger_path, sizeof(b->ledger_path), "%s", path);
+        FILE *f = fopen(b->ledger_path, "re");
+        size_t cap = 0;
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) {
+                gm_ledger_entry_t e = {0};
+                char tenant[64];
+                uint64_t v;
+                if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &e.store_id,
+                           e.token, &e.uid, &e.segment_id, &e.offset, &e.size, &e.va_size) == 7) {
+                        if (b->n_ledger == cap) {
+                                cap = cap ? 2 * cap : 64;
+                                gm_ledger_entry_t *n = realloc(b->ledger, cap * sizeof(*n));
+                                if (!n)
+                                        break;
+                                b->ledger = n;
+                        }
+                        b->ledger[b->n_ledger++] = e;
+                        if (e.store_id > b->next_store_id)
+                                b->next_store_id = e.store_id;
+                } else if (sscanf(line, "- %" SCNu64, &v) == 1) {
+                        for (size_t i = 0; i < b->n_ledger; i++)
+                                if (b->ledger[i].store_id == v) {
+                                        b->ledger[i] = b->ledger[--b->n_ledger];
+                                        break;
+                                }
+                } else if (sscanf(line, "q %63s %" SCNu64, tenant, &v) == 2) {
+                        gm_tenant_t *t = gm_tenant_get(b, tenant);
+                        if (t)
+                                gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, v != 0, v);
+                } /* anything else (a torn last line after a crash) is skipped */
+        }
+        if (f)
+                fclose(f);
+        /* Compact: what is live now, written to a new file that replaces the old. */
+        char tmp[sizeof(b->ledger_path) + 8];
+        snprintf(tmp, sizeof(tmp), "%s.new", b->ledger_path);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        b->ledger_fd = fd;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                if (t->quota_set[GM_QUOTA_RUNTIME])
+                        gm_ledger_runtime_quota(b, t->name, t->quota_by_source[GM_QUOTA_RUNTIME]);
+        for (size_t i = 0; i < b->n_ledger; i++)
+                append_piece(b, &b->ledger[i]);
+        close(fd);
+        b->ledger_fd = -1;
+        if (rename(tmp, b->ledger_path) < 0) {
+                int r = -errno;
+                unlink(tmp);
+                return r;
+        }
+        b->ledger_fd = open(b->ledger_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        return b->ledger_fd < 0 ? -errno : 0;
+}
+
+void gm_ledger_close(gm_broker_t *b) {
+        if (b->ledger_fd >= 0)
+                close(b->ledger_fd);
+        b->ledger_fd = -1;
+        free(b->ledger);
+        b->ledger = NULL;
+        b->n_ledger = 0;
+}
+
+static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *name) {
+        uint64_t id;
+        int end = 0;
+        size_t prefix = strlen(GM_STORE_PREFIX);
+        if (strncmp(name, GM_STORE_PREFIX, prefix) != 0 ||
+            sscanf(name + prefix, "%" SCNx64 "%n", &id, &end) != 1 || name[prefix + (size_t) end] != '\0')
+                return NULL;
+        for (size_t i = 0; i < b->n_ledger; i++)
+                if (b->ledger[i].store_id == id)
+                        return &b->ledger[i];
+        return NULL;
+}
+
+static gm_orphan_t *orphan_find(gm_broker_t *b, const char *token) {
+        for (gm_orphan_t *o = b->orphans; o; o = o->next)
+                if (strcmp(o->token, token) == 0)
+                        return o;
+        return NULL;
+}
+
+void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd) {
+        const gm_ledger_entry_t *e = ledger_find(b, name);
+        if (!e || e->size == 0 || e->offset + e->size > e->va_size) {
+                gm_broker_log(b, LOG_WARNING, "Dropping fd '%s' from the fd store: the ledger does not know it", name);
+                if (b->ops.store_remove)
+                        b->ops.store_remove(b->ops.userdata, name);
+                close(fd);
+                return;
+        }
+        gm_orphan_t *o = orphan_find(b, e->token);
+        if (!o && (o = calloc(1, sizeof(*o)))) {
+                snprintf(o->token, sizeof(o->token), "%s", e->token);
+                o->uid = (uid_t) e->uid;
+                o->next = b->orphans;
+                b->orphans = o;
+        }
+        gm_piece_t *p = NULL;
+        int r = -ENOMEM;
+        if (o)
+                r = gm_piece_adopt(b, fd, e, &p);
+        else
+                close(fd);
+        if (r < 0) {
+                gm_broker_log(b, LOG_WARNING, "Cannot adopt stored segment '%s': %s, dropping it", name,
+                              strerror(-r));
+                if (b->ops.store_remove)
+                        b->ops.store_remove(b->ops.userdata, name);
+                ledger_append(b, "- %" PRIu64 "\n", e->store_id);
+                return;
+        }
+        p->orphan = o;
+        p->next = o->pieces;
+        o->pieces = p;
+        o->bytes += p->phys.size;
+}
+
+void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms) {
+        uint64_t adopted = 0, bytes = 0;
+        for (gm_orphan_t *o = b->orphans; o; o = o->next)
+                for (gm_piece_t *p = o->pieces; p; p = p->next) {
+                        adopted++;
+                        bytes += p->phys.size;
+                }
+        /* Journal entries whose fd did not come back are gone. */
+        for (size_t i = 0; i < b->n_ledger; i++) {
+                bool found = false;
+                for (gm_orphan_t *o = b->orphans; o && !found; o = o->next)
+                        for (gm_piece_t *p = o->pieces; p && !found; p = p->next)
+                                found = p->store_id == b->ledger[i].store_id;
+                if (!found)
+                        ledger_append(b, "- %" PRIu64 "\n", b->ledger[i].store_id);
+        }
+        free(b->ledger);
+        b->ledger = NULL;
+        b->n_ledger = 0;
+        b->orphans_deadline_ms = now_ms + b->limits.reattach_grace_ms;
+        if (adopted)
+                gm_broker_log(b, LOG_NOTICE,
+                              "adopted %" PRIu64 " stored segments (%" PRIu64 " bytes) of the previous daemon; their "
+                              "clients have %u ms to re-attach",
+                              adopted, bytes, b->limits.reattach_grace_ms);
+}
+
+static void orphan_free(gm_broker_t *b, gm_orphan_t *o) {
+        while (o->pieces) {
+                gm_piece_t *p = o->pieces;
+                o->pieces = p->next;
+                p->next = NULL;
+                gm_piece_destroy(b, p);
+        }
+        free(o);
+}
+
+void gm_ledger_free_orphans(gm_broker_t *b) {
+        while (b->orphans) {
+                gm_orphan_t *o = b->orphans;
+                b->orphans = o->next;
+                orphan_free(b, o);
+        }
+}
+
+void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all) {
+        if (!b->orphans || (!all && now_ms < b->orphans_deadline_ms))
+                return;
+        while (b->orphans) {
+                gm_orphan_t *o = b->orphans;
+                b->orphans = o->next;
+                if (!all)
+                        gm_broker_log(b, LOG_NOTICE,
+                                      "no client re-attached session %.8s... in time: releasing %" PRIu64 " bytes",
+                                      o->token, o->bytes);
+                orphan_free(b, o);
+        }
+}
+
+/* A resuming start: the orphan with that token becomes s's adopting pieces. */
+int gm_ledger_claim(gm_session_t *s, const char *token) {
+        gm_broker_t *b = s->broker;
+        if (!token_valid(token))
+                return -EINVAL;
+        for (gm_session_t *o = b->sessions; o; o = o->next)
+                if (o != s && !o->ended && strcmp(o->token, token) == 0)
+                        return -EBUSY;
+        gm_orphan_t **op = &b->orphans;
+        while (*op && strcmp((*op)->token, token) != 0)
+                op = &(*op)->next;
+        if (*op) {
+                gm_orphan_t *o = *op;
+                if (o->uid != s->uid)
+                        return -EPERM;
+                *op = o->next;
+                while (o->pieces) {
+                        gm_piece_t *p = o->pieces;
+                        o->pieces = p->next;
+                        p->orphan = NULL;
+                        gm_piece_attach(s, p, GM_PIECE_ADOPTING);
+                        p->queue = s->adopting;
+                        s->adopting = p;
+                }
+                free(o);
+        }
+        snprintf(s->token, sizeof(s->token), "%s", token);
+        s->reattaching = true;
+        s->reattach_items = 0;
+        return 0;
+}
+
+/* The piece behind one mapped range a client reports: the adopted one with
+ * the same coordinates, or (no fd store) an unbacked piece. */
+static gm_piece_t *claim_piece(gm_session_t *s, const gm_piece_spec_t *spec) {
+        for (gm_piece_t **pp = &s->adopting; *pp; pp = &(*pp)->queue) {
+                gm_piece_t *p = *pp;
+                if (p->segment_id == spec->segment_id && p->offset == spec->offset && p->phys.size == spec->size &&
+                    p->segment_va_size == spec->segment_va_size) {
+                        *pp = p->queue;
+                        p->queue = NULL;
+                        return p;
+                }
+        }
+        return gm_piece_new_unbacked(s, spec);
+}
+
+/* Puts a claimed piece back where it came from after a refused claim. */
+static void unclaim_piece(gm_session_t *s, gm_piece_t *p) {
+        if (p->phys.fd < 0) {
+                gm_piece_destroy(s->broker, p);
+                return;
+        }
+        p->queue = s->adopting;
+        s->adopting = p;
+}
+
+int gm_session_reattach_count(gm_session_t *s, uint64_t n) {
+        if (!s->reattaching)
+                return -EPROTO;
+        s->reattach_items += n;
+        return s->reattach_items > s->broker->limits.max_reattach_items ? -E2BIG : 0;
+}
+
+int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                                const gm_reattach_range_t *mapped, size_t n_mapped) {
+        enum { MAX_PIECES = 1 << 16 };
+        if (!s->reattaching)
+                return -EPROTO;
+        if (n_mapped == 0 || n_mapped > MAX_PIECES)
+                return -EINVAL;
+        gm_heap_t *heap;
+        int r = gm_session_heap(s, &heap);
+        if (r < 0)
+                return r;
+        gm_restore_piece_t *rp = calloc(n_mapped, sizeof(*rp));
+        gm_piece_t **claimed = calloc(n_mapped, sizeof(*claimed));
+        r = rp && claimed ? 0 : -ENOMEM;
+        for (size_t i = 0; i < n_mapped && r == 0; i++) {
+                const gm_reattach_range_t *m = &mapped[i];
+                if (m->length == 0 || m->offset + m->length < m->offset || m->offset + m->length > va_size) {
+                        r = -EINVAL;
+                        break;
+                }
+                gm_piece_spec_t spec = {
+                        .segment_id = segment_id, .segment_va_size = va_size, .offset = m->offset, .size = m->length};
+                claimed[i] = claim_piece(s, &spec);
+                if (!claimed[i]) {
+                        r = -ENOMEM;
+                        break;
+                }
+                rp[i] = (gm_restore_piece_t){
+                        .offset = m->offset, .size = m->length, .handle = (uint64_t) (uintptr_t) claimed[i]};
+        }
+        if (r == 0)
+                r = gm_heap_restore_segment(heap, segment_id, va_size, stream, rp, n_mapped);
+        for (size_t i = 0; claimed && i < n_mapped && claimed[i]; i++) {
+                if (r < 0)
+                        unclaim_piece(s, claimed[i]);
+                else
+                        gm_piece_claimed(s, claimed[i]);
+        }
+        free(rp);
+        free(claimed);
+        return r;
+}
+
+int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
+        if (!s->reattaching)
+                return -EPROTO;
+        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
+            spec->offset + spec->size > spec->segment_va_size)
+                return -EINVAL;
+        gm_piece_t *p = claim_piece(s, spec);
+        if (!p)
+                return -ENOMEM;
+        gm_piece_claimed(s, p);
+        p->in_heap = false; /* the client's heap holds it */
+        p->sent = false;    /* released only once its client unmapped it (or is gone) */
+        *ret_piece = p;
+        return 0;
+}
+
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t requested_size, bool pending_free) {
+        if (!s->reattaching)
+                return -EPROTO;
+        gm_heap_t *heap;
+        int r = gm_session_heap(s, &heap);
+        if (r < 0)
+                return r;
+        return gm_heap_restore_block(heap, block_id, segment_id, offset, size, requested_size, pending_free);
+}
+
+int gm_session_reattach_finish(gm_session_t *s) {
+        if (!s->reattaching)
+                return -EPROTO;
+        gm_heap_t *heap;
+        int r = gm_session_heap(s, &heap);
+        if (r == 0)
+                r = gm_heap_restore_finish(heap);
+        if (r < 0)
+                return r;
+        s->reattaching = false;
+        uint64_t dropped = 0;
+        while (s->adopting) { /* stored pieces the client does not hold (e.g. a reply it never got) */
+                gm_piece_t *p = s->adopting;
+                s->adopting = p->queue;
+                p->queue = NULL;
+                dropped += p->phys.size;
+                gm_piece_destroy(s->broker, p);
+        }
+        const gm_stats_t *st = gm_heap_stats(heap);
+        gm_broker_log(s->broker, LOG_NOTICE,
+                      "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes reserved, %" PRId64
+                      " allocated in %" PRId64 " blocks%s",
+                      s->id, (int) s->pid, st->reserved_bytes[GM_STAT_ALL].current,
+                      st->allocated_bytes[GM_STAT_ALL].current, st->active[GM_STAT_ALL].current,
+                      dropped ? "; unclaimed stored memory released" : "");
+        return 0;
+}

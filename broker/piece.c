@@ -1,0 +1,197 @@
+/* Pieces of physical memory: the only place that creates, charges, stores,
+ * adopts and releases them. A piece is charged to its session's tenant from
+ * the moment it is LIVE until its memory went back to the backend; the
+ * backend's in_use counts every piece with a handle here, unbacked_bytes the
+ * ones without (re-registered by their clients after a restart). */
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "broker-internal.h"
+
+bool gm_piece_charged(const gm_piece_t *p) {
+        return p->state == GM_PIECE_LIVE || p->state == GM_PIECE_TO_RELEASE || p->state == GM_PIECE_RELEASING;
+}
+
+static void charge(gm_piece_t *p, bool on) {
+        gm_tenant_t *t = p->session ? p->session->tenant : NULL;
+        if (!t)
+                return;
+        if (on) {
+                t->charged_bytes += p->phys.size;
+        } else {
+                gm_assert(t->charged_bytes >= p->phys.size);
+                t->charged_bytes -= p->phys.size;
+        }
+}
+
+void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state) {
+        p->session = s;
+        p->state = state;
+        p->prev = NULL;
+        p->next = s->pieces;
+        if (s->pieces)
+                s->pieces->prev = p;
+        s->pieces = p;
+        if (gm_piece_charged(p))
+                charge(p, true);
+}
+
+static void detach(gm_piece_t *p) {
+        gm_session_t *s = p->session;
+        if (!s)
+                return;
+        if (gm_piece_charged(p))
+                charge(p, false);
+        if (p->prev)
+                p->prev->next = p->next;
+        else
+                s->pieces = p->next;
+        if (p->next)
+                p->next->prev = p->prev;
+        p->prev = p->next = NULL;
+        p->session = NULL;
+}
+
+int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
+        gm_broker_t *b = s->broker;
+        gm_tenant_t *t = s->tenant;
+        if (!t || s->ended)
+                return -ESHUTDOWN;
+        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
+            spec->offset + spec->size > spec->segment_va_size)
+                return -EINVAL;
+        if (t->quota && t->charged_bytes + spec->size > t->quota)
+                return -EDQUOT;
+        if (b->unbacked_bytes > b->backend->capacity - b->backend->in_use ||
+            spec->size > b->backend->capacity - b->backend->in_use - b->unbacked_bytes)
+                return -ENOMEM; /* the unbacked pieces' memory is the device's too */
+        gm_piece_t *p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        int r = gm_backend_create(b->backend, spec->size, &p->phys);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        p->segment_id = spec->segment_id;
+        p->segment_va_size = spec->segment_va_size;
+        p->offset = spec->offset;
+        gm_piece_attach(s, p, GM_PIECE_LIVE);
+        gm_ledger_store(b, s, p);
+        /* Listed for the reply that hands it to the client. */
+        if (s->new_tail)
+                s->new_tail->queue = p;
+        else
+                s->new_head = p;
+        s->new_tail = p;
+        *ret_piece = p;
+        return 0;
+}
+
+/* Unlinks p from the session's unsent list, if it is there. */
+static void unlist_new(gm_session_t *s, gm_piece_t *p) {
+        gm_piece_t *prev = NULL;
+        for (gm_piece_t *q = s->new_head; q; prev = q, q = q->queue) {
+                if (q != p)
+                        continue;
+                if (prev)
+                        prev->queue = q->queue;
+                else
+                        s->new_head = q->queue;
+                if (s->new_tail == q)
+                        s->new_tail = prev;
+                q->queue = NULL;
+                return;
+        }
+}
+
+void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment) {
+        if (!p->sent)
+                unlist_new(s, p);
+        p->in_heap = false;
+        if (s->ended || !p->sent) {
+                /* Not mapped anywhere (never sent, or the client is gone). */
+                gm_piece_destroy(s->broker, p);
+                return;
+        }
+        /* Kept in release order, so that a segment's last piece (whole_segment)
+         * is asked back with or after every other piece of it. */
+        p->state = GM_PIECE_TO_RELEASE;
+        p->whole_segment = whole_segment;
+        p->queue = NULL;
+        if (s->rel_tail)
+                s->rel_tail->queue = p;
+        else
+                s->rel_head = p;
+        s->rel_tail = p;
+}
+
+void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
+        detach(p);
+        if (!b->keep_stored)
+                gm_ledger_unstore(b, p);
+        else if (p->store_id)
+                b->n_stored--; /* the next daemon's now */
+        if (p->phys.fd < 0) {
+                gm_assert(b->unbacked_bytes >= p->phys.size);
+                b->unbacked_bytes -= p->phys.size;
+        } else {
+                gm_assert(b->backend->in_use >= p->phys.size);
+                gm_backend_release(b->backend, &p->phys);
+        }
+        free(p);
+}
+
+int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_t **ret_piece) {
+        gm_piece_t *p = calloc(1, sizeof(*p));
+        if (!p) {
+                close(fd);
+                return -ENOMEM;
+        }
+        int r = b->backend->ops->adopt(b->backend, fd, e->size, &p->phys); /* consumes fd */
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        p->segment_id = e->segment_id;
+        p->offset = e->offset;
+        p->segment_va_size = e->va_size;
+        p->store_id = e->store_id;
+        p->state = GM_PIECE_ORPHAN;
+        b->n_stored++;
+        *ret_piece = p;
+        return 0;
+}
+
+gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec) {
+        gm_broker_t *b = s->broker;
+        /* Memory nobody can vouch for is believed only while it fits the device. */
+        uint64_t used = gm_broker_reserved(b);
+        if (spec->size > b->backend->capacity || used > b->backend->capacity - spec->size)
+                return NULL;
+        gm_piece_t *p = calloc(1, sizeof(*p));
+        if (!p)
+                return NULL;
+        p->segment_id = spec->segment_id;
+        p->segment_va_size = spec->segment_va_size;
+        p->offset = spec->offset;
+        p->phys = (gm_phys_t){.fd = -1, .size = spec->size, .handle = 0};
+        b->unbacked_bytes += spec->size;
+        gm_piece_attach(s, p, GM_PIECE_ADOPTING);
+        return p;
+}
+
+void gm_piece_claimed(gm_session_t *s, gm_piece_t *p) {
+        p->state = GM_PIECE_LIVE;
+        p->in_heap = true;
+        p->sent = true; /* the client holds it mapped */
+        charge(p, true);
+}
+
+gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {
+        for (gm_piece_t *p = s->pieces; p; p = p->next)
+                if (p->state == GM_PIECE_LIVE && p->segment_id == segment_id && p->offset == offset)
+                        return p;
+        return NULL;
+}

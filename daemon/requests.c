@@ -1,0 +1,391 @@
+/* The request table and the handlers of a session's own requests: hello,
+ * allocations, frees, releases, trim and re-attach. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "log.h"
+#include "metrics.h"
+#include "msg.h"
+#include "requests.h"
+
+/* ---- field limits (checked before a handler runs, or applied by it) ---- */
+
+/* Client-supplied frames kept with an allocation's trace event, at most. */
+#define MAX_FRAMES 64
+/* Mapped pieces one re-attached segment may report. */
+#define MAX_REATTACH_PIECES (1u << 16)
+
+int gm_reply_ok(gm_conn_t *c, uint64_t request_id) {
+        Gpumem__Ok ok = GPUMEM__OK__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_OK;
+        env.ok = &ok;
+        gm_conn_send(c, request_id, &env, NULL, 0);
+        return 0;
+}
+
+/* ---- hello ---- */
+
+static int handle_hello(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__Hello *hello = env->hello;
+        gm_daemon_t *d = c->daemon;
+        gm_session_t *s = c->session;
+        if (c->hello_done) {
+                gm_conn_send_error(c, request_id, EPROTO, "hello sent twice");
+                return -EPROTO;
+        }
+        if (hello->protocol_version != GM_PROTOCOL_VERSION) {
+                gm_conn_send_error(c, request_id, EPROTONOSUPPORT,
+                                   "protocol version %u not supported (daemon speaks %u)", hello->protocol_version,
+                                   GM_PROTOCOL_VERSION);
+                return -EPROTONOSUPPORT;
+        }
+        gm_session_describe(s, hello->client_name, hello->admin);
+        int r = gm_session_start(s, c->tenant_name, hello->resume_token);
+        if (r < 0) {
+                gm_conn_send_error(c, request_id, r, "cannot %s session: %s",
+                                   hello->resume_token && hello->resume_token[0] ? "re-attach" : "start",
+                                   r == -EBUSY    ? "it is attached to another connection"
+                                   : r == -EPERM  ? "it belongs to another user"
+                                   : r == -EINVAL ? "invalid token"
+                                                  : strerror(-r));
+                return r;
+        }
+        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
+        int page_fd = -1;
+        r = gm_local_hello(c, request_id, hello, &reply, &page_fd);
+        if (r < 0)
+                return r;
+        c->hello_done = true;
+
+        reply.protocol_version = GM_PROTOCOL_VERSION;
+        reply.session_id = s->id;
+        reply.backend = (char *) d->backend->ops->name;
+        reply.device = d->backend->device;
+        reply.capacity = d->backend->capacity;
+        reply.max_packet = d->opts.limits.max_packet;
+        reply.max_fds = d->opts.limits.max_fds;
+        reply.tenant = s->tenant->name;
+        reply.granularity = d->backend->granularity;
+        reply.session_token = s->token;
+        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
+        out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
+        out.hello_reply = &reply;
+        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) s->id, (int) s->pid,
+                 (unsigned) s->uid, s->tenant->name, s->name, c->local ? ", local heap" : "");
+        gm_conn_send(c, request_id, &out, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
+        if (page_fd >= 0)
+                close(page_fd);
+        return 0;
+}
+
+/* ---- allocations ---- */
+
+/* Sends the new pieces' mappings (MapSegments packets while more than one
+ * packet's worth of fds remains, the rest with the AllocReply). -ENOMEM when
+ * the reply cannot be built (nothing sent), or the send's error (the
+ * connection is closed). */
+static int send_alloc_reply(gm_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
+        gm_session_t *s = c->session;
+        uint32_t max_fds = c->daemon->opts.limits.max_fds;
+        size_t n = 0;
+        for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
+                n++;
+        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
+        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
+        int *fds = calloc(n ? n : 1, sizeof(int));
+        if (!maps || !map_ptrs || !fds) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+                return -ENOMEM;
+        }
+        size_t i = 0; /* creation order: the client maps them so */
+        for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue, i++) {
+                gpumem__mapping__init(&maps[i]);
+                maps[i].segment_id = p->segment_id;
+                maps[i].segment_va_size = p->segment_va_size;
+                maps[i].offset = p->offset;
+                maps[i].length = p->phys.size;
+                map_ptrs[i] = &maps[i];
+                fds[i] = p->phys.fd;
+        }
+        int r = 0;
+        size_t sent = 0;
+        while (n - sent > max_fds) {
+                Gpumem__MapSegments ms = GPUMEM__MAP_SEGMENTS__INIT;
+                ms.n_mappings = max_fds;
+                ms.mappings = map_ptrs + sent;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.body_case = GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS;
+                env.map_segments = &ms;
+                r = gm_conn_send(c, request_id, &env, fds + sent, max_fds);
+                if (r < 0)
+                        goto out;
+                sent += max_fds;
+        }
+        Gpumem__AllocReply reply = GPUMEM__ALLOC_REPLY__INIT;
+        reply.block_id = res->block_id;
+        reply.segment_id = res->segment_id;
+        reply.offset = res->offset;
+        reply.block_size = res->size;
+        reply.n_new_mappings = n - sent;
+        reply.new_mappings = map_ptrs + sent;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
+        env.alloc_reply = &reply;
+        r = gm_conn_send(c, request_id, &env, fds + sent, n - sent);
+out:
+        if (r == 0)
+                gm_session_pieces_sent(s);
+        free(maps);
+        free(map_ptrs);
+        free(fds);
+        return r;
+}
+
+void gm_requests_answer_alloc(gm_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        if (c->closing)
+                return;
+        if (out->kind == GM_OUTCOME_REFUSE) {
+                gm_conn_send_refusal(c, request_id, out);
+                return;
+        }
+        int r = send_alloc_reply(c, request_id, &out->alloc);
+        if (r == -ENOMEM && !c->closing) {
+                /* Nothing was sent: the block goes back, the client hears why. */
+                gm_session_alloc_undo(c->session, out->alloc.block_id);
+                gm_conn_send_error(c, request_id, ENOMEM, "out of memory building the allocation's reply");
+        }
+}
+
+static int handle_alloc(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__Alloc *alloc = env->alloc;
+        if (c->local)
+                return gm_conn_send_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
+        gm_frame_t frames[MAX_FRAMES];
+        size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
+        for (size_t i = 0; i < n_frames; i++)
+                frames[i] = (gm_frame_t){
+                        .filename = alloc->frames[i]->filename,
+                        .line = alloc->frames[i]->line,
+                        .name = alloc->frames[i]->name,
+                };
+        gm_outcome_t out;
+        gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
+        if (out.kind != GM_OUTCOME_PARK)
+                gm_requests_answer_alloc(c, request_id, &out);
+        return 0;
+}
+
+static int handle_free(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__Free *f = env->free;
+        if (gm_session_free_block(c->session, f->block_id, f->deferred) < 0)
+                gm_conn_send_error(c, request_id, EINVAL,
+                                   "free of block %" PRIu64
+                                   " refused: not a live block of this session (unknown id or double free)",
+                                   f->block_id);
+        return 0;
+}
+
+static int handle_free_completed(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        uint64_t block_id = env->free_completed->block_id;
+        if (gm_session_free_completed(c->session, block_id) < 0)
+                gm_conn_send_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion",
+                                   block_id);
+        return 0;
+}
+
+static int handle_release_ack(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        uint64_t release_id = env->release_ack->release_id;
+        if (gm_session_release_ack(c->session, release_id) < 0)
+                gm_conn_send_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
+        gm_local_retry_parked(c->daemon);
+        return 0;
+}
+
+/* ---- trim ---- */
+
+/* A tenant named, or an admin's connection without memory: other sessions. */
+static bool trims_others(const gm_conn_t *c, const Gpumem__Trim *trim) {
+        return (trim->tenant && trim->tenant[0]) || (!c->session->heap && c->session->admin);
+}
+
+static const char *admin_for_trim(const gm_conn_t *c, const Gpumem__Envelope *env) {
+        return trims_others(c, env->trim) ? "trimming other sessions" : NULL;
+}
+
+static int handle_trim(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__Trim *trim = env->trim;
+        gm_broker_t *b = c->daemon->broker;
+        uint64_t released = 0;
+        if (!trims_others(c, trim)) {
+                released = gm_session_trim(c->session);
+        } else {
+                const char *tenant = trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0
+                                             ? trim->tenant
+                                             : NULL;
+                released = gm_broker_trim(b, tenant);
+                const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
+                if (!tenant || t) /* local sessions give theirs back with their acks */
+                        released += gm_local_reclaim(c->daemon, NULL, t);
+        }
+        Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
+        reply.released_bytes = released;
+        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
+        out.body_case = GPUMEM__ENVELOPE__BODY_TRIM_REPLY;
+        out.trim_reply = &reply;
+        gm_conn_send(c, request_id, &out, NULL, 0);
+        return 0;
+}
+
+/* ---- re-attach ---- */
+
+static int check_reattach(const gm_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        const Gpumem__Reattach *req = env->reattach;
+        if (!c->session->reattaching)
+                return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
+        int r = gm_session_reattach_count(c->session, req->n_segments + req->n_blocks);
+        if (r < 0)
+                return snprintf(why, why_len, "re-attach reports too much"), r;
+        for (size_t i = 0; i < req->n_segments; i++)
+                if (req->segments[i]->n_mapped == 0 || req->segments[i]->n_mapped > MAX_REATTACH_PIECES)
+                        return snprintf(why, why_len, "re-attach refused: %s", strerror(EINVAL)), -EINVAL;
+        return 0;
+}
+
+static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg) {
+        gm_reattach_range_t *ranges = calloc(seg->n_mapped, sizeof(*ranges));
+        if (!ranges)
+                return -ENOMEM;
+        for (size_t i = 0; i < seg->n_mapped; i++)
+                ranges[i] = (gm_reattach_range_t){.offset = seg->mapped[i]->offset, .length = seg->mapped[i]->length};
+        int r = gm_session_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped);
+        free(ranges);
+        return r;
+}
+
+static int handle_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__Reattach *req = env->reattach;
+        gm_session_t *s = c->session;
+        if (c->local)
+                return gm_local_reattach(c, request_id, req);
+        int r = 0;
+        for (size_t i = 0; i < req->n_segments && r == 0; i++)
+                r = reattach_segment(s, req->segments[i]);
+        for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
+                const Gpumem__ReattachBlock *b = req->blocks[i];
+                r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
+                                              b->pending_free);
+        }
+        if (r == 0 && req->last)
+                r = gm_session_reattach_finish(s);
+        if (r < 0) {
+                /* A report that contradicts itself ends the session; its memory
+                 * is released (the client starts over). */
+                gm_conn_send_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
+                return r;
+        }
+        return req->last ? gm_reply_ok(c, request_id) : 0;
+}
+
+/* ---- the table ---- */
+
+#define BODY(x) .body = GPUMEM__ENVELOPE__BODY_##x
+
+static const gm_request_kind_t kinds[] = {
+        {BODY(HELLO), .op = "hello", .handle = handle_hello},
+        {BODY(ALLOC), .op = "alloc", .handle = handle_alloc},
+        {BODY(FREE), .op = "free", .handle = handle_free},
+        {BODY(FREE_COMPLETED), .op = "free_completed", .handle = handle_free_completed},
+        {BODY(TRIM), .op = "trim", .handle = handle_trim, .admin_for = admin_for_trim},
+        {BODY(STATS), .op = "stats", .handle = gm_handle_stats, .admin_for = gm_admin_for_stats},
+        {BODY(RELEASE_ACK), .op = "release_ack", .handle = handle_release_ack},
+        {BODY(RESET_STATS), .op = "reset_stats", .handle = gm_handle_reset_stats,
+         .admin_for = gm_admin_for_reset_stats},
+        {BODY(HISTORY_CONTROL), .op = "history", .handle = gm_handle_history, .admin_for = gm_admin_for_history,
+         .check = gm_check_history},
+        {BODY(SNAPSHOT), .op = "snapshot", .handle = gm_handle_snapshot},
+        {BODY(ALLOC_CONF), .op = "alloc_conf", .handle = gm_handle_alloc_conf, .admin_for = gm_admin_for_alloc_conf},
+        {BODY(QUOTA), .op = "quota", .handle = gm_handle_quota, .admin_for = gm_admin_for_quota,
+         .check = gm_check_quota},
+        {BODY(CLIENTS), .op = "clients", .handle = gm_handle_clients},
+        {BODY(REATTACH), .op = "reattach", .handle = handle_reattach, .check = check_reattach,
+         .close_on_refusal = true},
+        {BODY(GRANT), .op = "grant", .handle = gm_handle_grant},
+        {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
+        {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
+};
+#define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
+
+size_t gm_request_op_names(const char *const **ret_names) {
+        static const char *names[N_KINDS];
+        for (size_t i = 0; i < N_KINDS; i++)
+                names[i] = kinds[i].op;
+        *ret_names = names;
+        return N_KINDS;
+}
+
+int gm_request_index(Gpumem__Envelope__BodyCase body) {
+        for (size_t i = 0; i < N_KINDS; i++)
+                if (kinds[i].body == body)
+                        return (int) i;
+        return -1;
+}
+
+/* The order rules: Hello first, then (when resuming) Reattach until the last. */
+static int check_order(gm_conn_t *c, const Gpumem__Envelope *env) {
+        if (!c->hello_done && env->body_case != GPUMEM__ENVELOPE__BODY_HELLO) {
+                gm_conn_send_error(c, env->request_id, EPROTO, "the first request must be Hello");
+                return -EPROTO;
+        }
+        if (c->session->reattaching && env->body_case != GPUMEM__ENVELOPE__BODY_REATTACH) {
+                gm_conn_send_error(c, env->request_id, EPROTO, "finish re-attaching first");
+                return -EPROTO;
+        }
+        return 0;
+}
+
+static int dispatch(gm_conn_t *c, const gm_request_kind_t *k, const Gpumem__Envelope *env) {
+        uint64_t rid = env->request_id;
+        const char *what = k->admin_for ? k->admin_for(c, env) : NULL;
+        if (what && !c->session->admin)
+                return gm_conn_send_error(c, rid, EPERM, "%s needs admin rights (uid 0 or the admin group)", what), 0;
+        if (k->check) {
+                char why[256] = "";
+                int r = k->check(c, env, why, sizeof(why));
+                if (r < 0) {
+                        gm_conn_send_error(c, rid, r, "%s", why);
+                        return k->close_on_refusal ? r : 0;
+                }
+        }
+        return k->handle(c, rid, env);
+}
+
+int gm_requests_dispatch(gm_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+        uint64_t rid = env->request_id;
+        if (n_fds > 0) {
+                /* Clients never send fds in protocol 1. */
+                gm_close_fds(fds, n_fds);
+                gm_conn_send_error(c, rid, EBADMSG, "unexpected file descriptors in a request");
+                return -EBADMSG;
+        }
+        int i = gm_request_index(env->body_case);
+        if (i < 0) {
+                gm_conn_send_error(c, rid, EPROTO, "message type %d is not a request", (int) env->body_case);
+                return -EPROTO;
+        }
+        int r = check_order(c, env);
+        if (r < 0)
+                return r;
+        gm_session_touch(c->session, gm_now_ms());
+        uint64_t t0 = gm_now_ns();
+        r = dispatch(c, &kinds[i], env);
+        gm_metrics_observe_request(c->daemon->metrics, (unsigned) i, gm_now_ns() - t0);
+        return r;
+}

@@ -1,0 +1,677 @@
+/* The broker in process, on a fake backend and a fake host: quotas, reclaim
+ * and parking, release batches, grants without a heap, a reply that could not
+ * be built, re-attach and ledger replay. gm_broker_check() runs after every
+ * step (CHECK), and a deliberately broken invariant must be caught. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "clock.h"
+
+#define MiB (1ull << 20)
+
+/* ---- a fake backend: real fds (of /dev/null), counted bytes ---- */
+
+static int fake_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret) {
+        if (size > b->capacity - b->in_use)
+                return -ENOMEM;
+        int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        b->in_use += size;
+        *ret = (gm_phys_t){.fd = fd, .size = size, .handle = 0};
+        return 0;
+}
+
+static void fake_release(gm_backend_t *b, gm_phys_t *phys) {
+        ck_assert_uint_ge(b->in_use, phys->size);
+        b->in_use -= phys->size;
+        ck_assert_int_eq(close(phys->fd), 0);
+        phys->fd = -1;
+}
+
+static int fake_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret) {
+        b->in_use += size;
+        *ret = (gm_phys_t){.fd = fd, .size = size, .handle = 0};
+        return 0;
+}
+
+static int fake_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
+        *ret_free = b->capacity - b->in_use;
+        *ret_total = b->capacity;
+        return 0;
+}
+
+static void fake_destroy(gm_backend_t *b) {
+}
+
+static const gm_backend_ops_t fake_backend_ops = {
+        .name = "fake",
+        .create = fake_create,
+        .release = fake_release,
+        .adopt = fake_adopt,
+        .mem_info = fake_mem_info,
+        .destroy = fake_destroy,
+};
+
+/* ---- a fake host: what the daemon would send, store and log ---- */
+
+#define MAX_RELEASES 64
+#define MAX_RANGES 64
+#define MAX_DONE 16
+#define MAX_STORED 64
+
+typedef struct sent_release {
+        gm_session_t *session;
+        uint64_t id;
+        size_t n;
+        gm_release_range_t ranges[MAX_RANGES];
+} sent_release_t;
+
+typedef struct host {
+        sent_release_t releases[MAX_RELEASES];
+        size_t n_releases;
+        struct {
+                gm_session_t *session;
+                uint64_t request_id;
+                gm_outcome_t outcome;
+        } done[MAX_DONE];
+        size_t n_done;
+        struct {
+                char name[GM_STORE_NAME_MAX];
+                int fd; /* a duplicate: the store's own reference */
+        } stored[MAX_STORED];
+        size_t n_stored;
+        unsigned removed_unknown; /* store removals of names never stored */
+        char last_log[1024];
+} host_t;
+
+static int host_send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
+                             size_t n) {
+        host_t *h = userdata;
+        ck_assert_uint_lt(h->n_releases, MAX_RELEASES);
+        ck_assert_uint_le(n, MAX_RANGES);
+        sent_release_t *r = &h->releases[h->n_releases++];
+        r->session = s;
+        r->id = release_id;
+        r->n = n;
+        memcpy(r->ranges, ranges, n * sizeof(*ranges));
+        return 0;
+}
+
+static void host_alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
+        host_t *h = userdata;
+        ck_assert_uint_lt(h->n_done, MAX_DONE);
+        h->done[h->n_done].session = s;
+        h->done[h->n_done].request_id = request_id;
+        h->done[h->n_done].outcome = *out;
+        h->n_done++;
+        if (out->kind == GM_OUTCOME_REPLY)
+                gm_session_pieces_sent(s); /* as the daemon does once the reply is out */
+}
+
+static int host_store_add(void *userdata, int fd, const char *name) {
+        host_t *h = userdata;
+        ck_assert_uint_lt(h->n_stored, MAX_STORED);
+        snprintf(h->stored[h->n_stored].name, sizeof(h->stored[0].name), "%s", name);
+        h->stored[h->n_stored].fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        ck_assert_int_ge(h->stored[h->n_stored].fd, 0);
+        h->n_stored++;
+        return 0;
+}
+
+static void host_store_remove(void *userdata, const char *name) {
+        host_t *h = userdata;
+        for (size_t i = 0; i < h->n_stored; i++)
+                if (strcmp(h->stored[i].name, name) == 0) {
+                        close(h->stored[i].fd);
+                        h->stored[i] = h->stored[--h->n_stored];
+                        return;
+                }
+        h->removed_unknown++;
+}
+
+static void host_log(void *userdata, int priority, const char *message) {
+        host_t *h = userdata;
+        snprintf(h->last_log, sizeof(h->last_log), "%s", message);
+}
+
+/* ---- fixture ---- */
+
+static gm_backend_t backend_;
+static host_t host_;
+static gm_broker_t *b_;
+static char dir_[64], ledger_[128];
+
+#define CHECK(b)                                                                                    \
+        do {                                                                                        \
+                char why_[512];                                                                     \
+                int n_ = gm_broker_check((b), why_, sizeof(why_));                                 \
+                ck_assert_msg(n_ == 0, "%d broker invariants broken: %s", n_, why_);                \
+        } while (0)
+
+static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
+        gm_alloc_config_t conf;
+        char err[256];
+        ck_assert_int_eq(gm_alloc_config_parse(alloc_conf, &conf, err, sizeof(err)), 0);
+        gm_broker_params_t params = {
+                .backend = &backend_,
+                .alloc_config = &conf,
+                .limits = {
+                        .max_blocks_per_session = 1000,
+                        .max_parked_per_session = 8,
+                        .park_timeout_ms = 60000,
+                        .release_timeout_ms = 60000,
+                        .reattach_grace_ms = 60000,
+                        .max_reattach_items = 1000,
+                        .max_ranges_per_release = 2,
+                },
+                .ops = {
+                        .send_release = host_send_release,
+                        .alloc_done = host_alloc_done,
+                        .store_add = host_store_add,
+                        .store_remove = host_store_remove,
+                        .log = host_log,
+                        .userdata = &host_,
+                },
+                .store_max = store_max,
+        };
+        gm_broker_t *b;
+        ck_assert_int_eq(gm_broker_new(&params, &b), 0);
+        CHECK(b);
+        return b;
+}
+
+static void setup(void) {
+        backend_ = (gm_backend_t){.ops = &fake_backend_ops, .capacity = 256 * MiB, .granularity = 2 * MiB};
+        memset(&host_, 0, sizeof(host_));
+        snprintf(dir_, sizeof(dir_), "/tmp/gm-broker-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir_));
+        snprintf(ledger_, sizeof(ledger_), "%s/ledger", dir_);
+        b_ = broker_new(NULL, 0);
+}
+
+static void teardown(void) {
+        b_ = gm_broker_free(b_);
+        ck_assert_uint_eq(backend_.in_use, 0); /* nothing leaked */
+        for (size_t i = 0; i < host_.n_stored; i++)
+                close(host_.stored[i].fd);
+        unlink(ledger_);
+        rmdir(dir_);
+}
+
+static gm_session_t *session(gm_broker_t *b, uid_t uid, const char *tenant) {
+        gm_session_params_t params = {.pid = 100 + (pid_t) uid, .uid = uid};
+        gm_session_t *s;
+        ck_assert_int_eq(gm_session_new(b, &params, &s), 0);
+        ck_assert_int_eq(gm_session_start(s, tenant, NULL), 0);
+        CHECK(b);
+        return s;
+}
+
+/* An allocation that must be answered at once; returns the block id. */
+static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
+        gm_outcome_t out;
+        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size,
+                      out.kind, out.message);
+        gm_session_pieces_sent(s);
+        CHECK(s->broker);
+        return out.alloc.block_id;
+}
+
+static void ack_all(gm_session_t *s) {
+        for (size_t i = 0; i < host_.n_releases; i++)
+                if (host_.releases[i].session == s && host_.releases[i].id) {
+                        ck_assert_int_eq(gm_session_release_ack(s, host_.releases[i].id), 0);
+                        host_.releases[i].id = 0;
+                        CHECK(s->broker);
+                }
+}
+
+/* ---- tests ---- */
+
+START_TEST(test_quota_refuses_and_charges_exactly) {
+        gm_tenant_t *t = gm_tenant_get(b_, "team");
+        ck_assert_ptr_nonnull(t);
+        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, true, 40 * MiB);
+        ck_assert_str_eq(gm_quota_source_name(t), "config");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 0); /* explicitly unlimited wins */
+        ck_assert_uint_eq(t->quota, 0);
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, false, 0);
+        ck_assert_uint_eq(t->quota, 40 * MiB);
+
+        gm_session_t *a = session(b_, 1000, "team"), *c = session(b_, 1001, "team");
+        alloc_ok(a, 20 * MiB); /* a 20 MiB segment */
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        alloc_ok(c, 20 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        ck_assert_uint_eq(t->sessions, 2);
+
+        gm_outcome_t out;
+        gm_session_alloc(c, 7, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "team") && strstr(out.message, "quota"), "message: %s", out.message);
+        CHECK(b_);
+
+        /* A size beyond the device, and size 0, are refused with their own errors. */
+        gm_session_alloc(c, 8, 1ull << 40, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.error, -ENOMEM);
+        ck_assert_ptr_nonnull(strstr(out.message, "capacity"));
+        gm_session_alloc(c, 9, 0, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.error, -EINVAL);
+        CHECK(b_);
+
+        gm_session_free(a);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->sessions, 1);
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+}
+END_TEST
+
+START_TEST(test_reclaim_parks_until_the_ack) {
+        backend_.capacity = 40 * MiB;
+        gm_session_t *idle = session(b_, 1000, "a"), *busy = session(b_, 1001, "b");
+        uint64_t blk = alloc_ok(idle, 20 * MiB);
+        alloc_ok(idle, 20 * MiB);
+        ck_assert_int_eq(gm_session_free_block(idle, blk, false), 0); /* cached in idle's heap */
+        CHECK(b_);
+
+        /* The device is full: idle is asked for its cache, busy waits. */
+        gm_outcome_t out;
+        gm_session_alloc(busy, 42, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_ptr_eq(host_.releases[0].session, idle);
+        ck_assert_uint_eq(host_.releases[0].n, 1);
+        ck_assert(host_.releases[0].ranges[0].whole_segment);
+        ck_assert_uint_eq(b_->releasing_bytes, 20 * MiB);
+        ck_assert_uint_eq(idle->tenant->charged_bytes, 40 * MiB); /* still charged until the ack */
+        ck_assert_uint_eq(busy->n_parked, 1);
+
+        /* A later request of the same session queues behind it. */
+        gm_session_alloc(busy, 43, 1 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(busy->n_parked, 2);
+        CHECK(b_);
+
+        ack_all(idle);
+        ck_assert_uint_eq(idle->tenant->charged_bytes, 20 * MiB);
+        /* 42 fits now; 43 then finds the device full with no help coming. */
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_uint_eq(host_.done[0].request_id, 42);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(host_.done[1].request_id, 43);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[1].outcome.error, -ENOMEM);
+        ck_assert_uint_eq(busy->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(busy->n_parked, 0);
+
+        /* An unknown ack is refused. */
+        ck_assert_int_eq(gm_session_release_ack(idle, 999), -ENOENT);
+
+        /* Past the park timeout, the tick refuses what still waits. */
+        for (const gm_piece_t *p = idle->pieces; p; p = p->next)
+                ck_assert_int_eq(p->state, GM_PIECE_LIVE);
+        ck_assert_uint_eq(gm_heap_live_blocks(idle->heap), 1);
+        gm_session_trim(idle); /* nothing cached: the live block stays */
+        gm_session_alloc(busy, 44, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE); /* nobody can help */
+        uint64_t second = host_.done[0].outcome.alloc.block_id;
+        ck_assert_int_eq(gm_session_free_block(busy, second, false), 0);
+        gm_session_t *third = session(b_, 1002, "c");
+        gm_session_alloc(third, 45, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK); /* busy's cache is on its way */
+        CHECK(b_);
+        gm_broker_limits_t limits = b_->limits;
+        limits.park_timeout_ms = 0;
+        gm_broker_set_limits(b_, &limits);
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_done, 3);
+        ck_assert_uint_eq(host_.done[2].request_id, 45);
+        ck_assert_int_eq(host_.done[2].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[2].outcome.error, -ENOMEM);
+        ck_assert_uint_eq(third->n_parked, 0);
+        ack_all(busy);
+        ck_assert_uint_eq(busy->tenant->charged_bytes, 0);
+}
+END_TEST
+
+START_TEST(test_unacknowledged_release_is_asked_again) {
+        gm_session_t *s = session(b_, 1000, "a");
+        uint64_t blk = alloc_ok(s, 20 * MiB);
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        gm_broker_limits_t limits = b_->limits;
+        limits.release_timeout_ms = 0;
+        gm_broker_set_limits(b_, &limits);
+        gm_broker_tick(b_, gm_now_ms() + 1);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 2); /* the same release again */
+        ck_assert_uint_eq(host_.releases[1].id, host_.releases[0].id);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "has not acknowledged"));
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        host_.releases[1].id = 0;
+        ack_all(s);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* A release covering more pieces of an expandable segment than one request
+ * carries: the piece flagged whole_segment travels in the last batch only. */
+START_TEST(test_whole_segment_travels_last) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new("expandable_segments:True", 0);
+        gm_session_t *s = session(b_, 1000, "a");
+        uint64_t blk = alloc_ok(s, 100 * MiB); /* five 20 MiB pages */
+        ck_assert_uint_eq(backend_.in_use, 100 * MiB);
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 100 * MiB);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 3); /* 2 + 2 + 1 ranges */
+        size_t pieces = 0;
+        for (size_t i = 0; i < host_.n_releases; i++)
+                for (size_t j = 0; j < host_.releases[i].n; j++) {
+                        pieces++;
+                        bool last = i + 1 == host_.n_releases && j + 1 == host_.releases[i].n;
+                        ck_assert_msg(host_.releases[i].ranges[j].whole_segment == last,
+                                      "release %zu range %zu: whole_segment %d", i, j,
+                                      host_.releases[i].ranges[j].whole_segment);
+                }
+        ck_assert_uint_eq(pieces, 5);
+        ack_all(s);
+        ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* What a client-side heap is granted: pieces without a daemon-side heap. */
+START_TEST(test_grant_without_a_heap) {
+        gm_tenant_t *t = gm_tenant_get(b_, "local");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 6 * MiB);
+        gm_session_t *s = session(b_, 1000, "local");
+        gm_piece_t *p, *q;
+        gm_piece_spec_t spec = {.segment_id = 1, .segment_va_size = 8 * MiB, .offset = 0, .size = 2 * MiB};
+        ck_assert_int_eq(gm_piece_create(s, &spec, &p), 0);
+        CHECK(b_);
+        spec.offset = 2 * MiB;
+        ck_assert_int_eq(gm_piece_create(s, &spec, &q), 0);
+        CHECK(b_);
+        ck_assert_ptr_eq(gm_session_new_pieces(s), p); /* creation order */
+        ck_assert_ptr_eq(gm_session_new_pieces(s)->queue, q);
+        ck_assert_uint_eq(t->charged_bytes, 4 * MiB);
+        spec.offset = 4 * MiB;
+        spec.size = 4 * MiB;
+        gm_piece_t *r;
+        ck_assert_int_eq(gm_piece_create(s, &spec, &r), -EDQUOT);
+        spec.offset = 6 * MiB; /* beyond the segment */
+        ck_assert_int_eq(gm_piece_create(s, &spec, &r), -EINVAL);
+        CHECK(b_);
+        gm_session_pieces_sent(s);
+        ck_assert_ptr_eq(gm_session_find_piece(s, 1, 2 * MiB), q);
+        ck_assert_ptr_null(gm_session_find_piece(s, 1, 4 * MiB));
+
+        /* Sent: released only through the client's ack. */
+        gm_piece_release(s, p, false);
+        gm_piece_release(s, q, true);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 4 * MiB);
+        gm_session_flush_releases(s);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_uint_eq(host_.releases[0].n, 2);
+        ck_assert(!host_.releases[0].ranges[0].whole_segment && host_.releases[0].ranges[1].whole_segment);
+        ack_all(s);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+
+        /* Never sent: released at once. */
+        spec = (gm_piece_spec_t){.segment_id = 2, .segment_va_size = 2 * MiB, .offset = 0, .size = 2 * MiB};
+        ck_assert_int_eq(gm_piece_create(s, &spec, &p), 0);
+        gm_piece_release(s, p, true);
+        CHECK(b_);
+        ck_assert_ptr_null(gm_session_new_pieces(s));
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        /* A grant held when the session ends goes back with it. */
+        ck_assert_int_eq(gm_piece_create(s, &spec, &p), 0);
+        gm_session_pieces_sent(s);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+}
+END_TEST
+
+/* The daemon could not build a reply: the block goes back, and the segment
+ * created for it still reaches the client with the next reply. */
+START_TEST(test_alloc_undo_keeps_new_pieces_for_the_next_reply) {
+        gm_session_t *s = session(b_, 1000, "a");
+        gm_outcome_t out;
+        gm_session_alloc(s, 1, 1 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        const gm_piece_t *p = gm_session_new_pieces(s);
+        ck_assert_ptr_nonnull(p);
+        uint64_t seg = p->segment_id;
+        gm_session_alloc_undo(s, out.alloc.block_id);
+        CHECK(b_);
+        ck_assert_int_eq(gm_session_free_block(s, out.alloc.block_id, false), -ENOENT); /* already back */
+        ck_assert_int_eq(gm_heap_stats(s->heap)->allocated_bytes[GM_STAT_ALL].current, 0);
+        gm_session_alloc(s, 2, 1 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(out.alloc.segment_id, seg);
+        ck_assert_ptr_eq(gm_session_new_pieces(s), p); /* still to be sent */
+        gm_session_pieces_sent(s);
+        CHECK(b_);
+}
+END_TEST
+
+/* A restart: pieces stored by one broker come back to the next through the
+ * ledger; the client re-attaches with its token; an unclaimed one expires. */
+START_TEST(test_ledger_replay_and_reattach) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(NULL, 16);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_ledger_runtime_quota(b_, "a", 100 * MiB);
+        gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_RUNTIME, true, 100 * MiB);
+        gm_session_t *s = session(b_, 1000, "a"), *gone = session(b_, 1001, "b");
+        uint64_t blk = alloc_ok(s, 20 * MiB), live = alloc_ok(s, 1 * MiB); /* a 20 and a 2 MiB segment */
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        alloc_ok(gone, 1 * MiB);
+        ck_assert_uint_eq(host_.n_stored, 3);
+        ck_assert_uint_eq(b_->n_stored, 3);
+        char token[GM_TOKEN_LEN + 1];
+        snprintf(token, sizeof(token), "%s", s->token);
+        uint64_t seg_small = 0, seg_large = 0;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                *(p->phys.size == 2 * MiB ? &seg_small : &seg_large) = p->segment_id;
+
+        /* Stopping with a store: the pieces outlive the broker. */
+        b_->keep_stored = true;
+        b_ = gm_broker_free(b_);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_uint_eq(host_.n_stored, 3);
+
+        /* The next broker: the ledger names the stored fds, the quota is back. */
+        b_ = broker_new(NULL, 16);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->quota, 100 * MiB);
+        for (size_t i = 0; i < host_.n_stored; i++) {
+                gm_ledger_adopt(b_, host_.stored[i].name, fcntl(host_.stored[i].fd, F_DUPFD_CLOEXEC, 3));
+                CHECK(b_);
+        }
+        gm_ledger_adopt(b_, "seg-00000000ff", open("/dev/null", O_RDONLY | O_CLOEXEC)); /* unknown: dropped */
+        ck_assert_uint_eq(host_.removed_unknown, 1);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(backend_.in_use, 24 * MiB);
+        ck_assert_uint_eq(b_->n_stored, 3);
+
+        /* Another uid cannot claim it; a bad token is refused. */
+        gm_session_params_t params = {.pid = 7, .uid = 1001};
+        gm_session_t *thief;
+        ck_assert_int_eq(gm_session_new(b_, &params, &thief), 0);
+        ck_assert_int_eq(gm_session_start(thief, "b", token), -EPERM);
+        ck_assert_int_eq(gm_session_start(thief, "b", "not-a-token"), -EINVAL);
+        gm_session_free(thief);
+        CHECK(b_);
+
+        params.uid = 1000;
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", token), 0);
+        ck_assert(r->reattaching);
+        CHECK(b_);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 0); /* charged as the client vouches for it */
+        ck_assert_int_eq(gm_session_reattach_count(r, 2), 0);
+        gm_reattach_range_t small = {.offset = 0, .length = 2 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 2 * MiB, 0, &small, 1), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
+        ck_assert_int_eq(gm_session_reattach_block(r, live, seg_small, 0, 1 * MiB, 1 * MiB, false), 0);
+        /* The client no longer holds the large segment: it is released at the end. */
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        ck_assert(!r->reattaching);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 4 * MiB); /* the other session's orphan waits */
+        ck_assert_int_eq(gm_session_free_block(r, live, false), 0);
+        CHECK(b_);
+        (void) seg_large;
+
+        /* The other session's client never comes back. */
+        gm_ledger_expire(b_, gm_now_ms() + 60001, false);
+        CHECK(b_);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "no client re-attached"));
+        ck_assert_uint_eq(backend_.in_use, 2 * MiB);
+        gm_session_free(r);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_stored, 0);
+        ck_assert_uint_eq(b_->n_stored, 0);
+}
+END_TEST
+
+/* Without a store, a client's report alone re-registers its memory, while it fits. */
+START_TEST(test_reattach_without_store_is_unbacked) {
+        gm_session_params_t params = {.pid = 7, .uid = 1000};
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        char token[GM_TOKEN_LEN + 1];
+        gm_token_new(token);
+        ck_assert_int_eq(gm_session_start(r, "a", token), 0);
+        gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
+        ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
+        gm_reattach_range_t huge = {.offset = 0, .length = 512 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 512 * MiB, 0, &huge, 1), -ENOMEM);
+        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), -EEXIST);
+        CHECK(b_);
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 20 * MiB);
+        gm_session_end(r);
+        CHECK(b_);
+        ck_assert_uint_eq(b_->unbacked_bytes, 0);
+}
+END_TEST
+
+START_TEST(test_checker_catches_broken_books) {
+        gm_session_t *s = session(b_, 1000, "a");
+        alloc_ok(s, 2 * MiB);
+        char why[256];
+        s->tenant->charged_bytes += 1;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "tenant 'a' charged"), "why: %s", why);
+        s->tenant->charged_bytes -= 1;
+        backend_.in_use += 4096;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "backend in use"), "why: %s", why);
+        backend_.in_use -= 4096;
+        s->releasing_bytes = 1;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        s->releasing_bytes = 0;
+        CHECK(b_);
+}
+END_TEST
+
+START_TEST(test_tenant_views_and_persistent_quotas) {
+        gm_tenant_set_quota(gm_tenant_get(b_, "zeta"), GM_QUOTA_PERSISTENT, true, 5 * MiB);
+        gm_tenant_set_quota(gm_tenant_get(b_, "alpha"), GM_QUOTA_PERSISTENT, true, 7 * MiB);
+        ck_assert_int_eq(gm_quotas_save(b_, dir_), 0);
+        gm_session_t *s = session(b_, 1000, "alpha");
+        uint64_t blk = alloc_ok(s, 1 * MiB);
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        gm_tenant_view_t *v;
+        size_t n;
+        ck_assert_int_eq(gm_broker_tenant_views(b_, &v, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_str_eq(v[0].tenant->name, "alpha");
+        ck_assert_uint_eq(v[0].largest_free, 2 * MiB);
+        ck_assert_str_eq(v[1].tenant->name, "zeta");
+        free(v);
+        gm_session_free(s);
+
+        gm_broker_t *other = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_quotas_load(other, dir_), 0);
+        ck_assert_uint_eq(gm_tenant_find(other, "alpha")->quota, 7 * MiB);
+        ck_assert_str_eq(gm_quota_source_name(gm_tenant_find(other, "zeta")), "persistent");
+        gm_broker_free(other);
+        char path[160];
+        snprintf(path, sizeof(path), "%s/quotas", dir_);
+        unlink(path);
+}
+END_TEST
+
+START_TEST(test_alloc_conf_reaches_stats_everywhere) {
+        gm_session_t *s = session(b_, 1000, "a");
+        alloc_ok(s, 1 * MiB);
+        gm_alloc_config_t conf;
+        char err[128];
+        ck_assert_int_eq(gm_alloc_config_parse("max_split_size_mb:64", &conf, err, sizeof(err)), 0);
+        gm_broker_set_alloc_config(b_, &conf);
+        ck_assert_int_eq(b_->device_stats.max_split_size, 64 * MiB);
+        ck_assert_int_eq(s->tenant->stats.max_split_size, 64 * MiB);
+        ck_assert_int_eq(gm_tenant_get(b_, "new")->stats.max_split_size, 64 * MiB);
+        CHECK(b_);
+}
+END_TEST
+
+static Suite *broker_suite(void) {
+        Suite *s = suite_create("broker");
+        TCase *tc = tcase_create("core");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_quota_refuses_and_charges_exactly);
+        tcase_add_test(tc, test_reclaim_parks_until_the_ack);
+        tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
+        tcase_add_test(tc, test_whole_segment_travels_last);
+        tcase_add_test(tc, test_grant_without_a_heap);
+        tcase_add_test(tc, test_alloc_undo_keeps_new_pieces_for_the_next_reply);
+        tcase_add_test(tc, test_ledger_replay_and_reattach);
+        tcase_add_test(tc, test_reattach_without_store_is_unbacked);
+        tcase_add_test(tc, test_checker_catches_broken_books);
+        tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
+        tcase_add_test(tc, test_alloc_conf_reaches_stats_everywhere);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+int main(void) {
+        SRunner *sr = srunner_create(broker_suite());
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
