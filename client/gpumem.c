@@ -83,6 +83,9 @@ typedef struct pending_free {
         struct pending_free *next;
 } pending_free_t;
 
+/* Block records a local session keeps for reuse. */
+#define SPARE_BLOCKS 64
+
 /* Most distinct streams one block may be recorded on. */
 #define MAX_STREAM_USES 64
 
@@ -118,6 +121,10 @@ struct gpumem_client {
         gm_u64map_t blocks;   /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;
+        uint64_t reader_generation; /* bumped whenever a reader lets read_lock go */
+        bool reader_lost;      /* a caller's read failed: the service thread reads until it knows why */
+        _Atomic int callers;   /* call()s in flight */
+        _Atomic uint64_t last_call_ms; /* CLOCK_MONOTONIC_COARSE when the last one ended */
         uint64_t reclaim_id;   /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;
 
@@ -132,6 +139,8 @@ struct gpumem_client {
         pthread_mutex_t heap_lock;
         gm_local_t *heap;
         gm_statpage_t *stats_page;
+        struct block *spare_blocks[SPARE_BLOCKS]; /* freed block records, reused (under heap_lock) */
+        size_t n_spare_blocks;
 };
 
 /* The lock of the blocks table: the heap's in local mode. */
@@ -480,13 +489,42 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
         return 0;
 }
 
+/* How long calling threads have the socket to themselves: while calls are
+ * in flight (and for CALLER_GRACE_MS after the last) they read their own
+ * replies and whatever comes before them; the service thread, off the
+ * socket, is not woken by every reply. 0: the socket is the service
+ * thread's (no recent calls, or a caller's read failed). */
+#define CALLER_GRACE_MS 10
+
+static void reader_done(gpumem_client *c);
+
+static int socket_left_to_callers(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        bool lost = c->reader_lost || c->dead;
+        pthread_mutex_unlock(&c->lock);
+        if (lost)
+                return 0;
+        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
+                return CALLER_GRACE_MS;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        uint64_t now = (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+        uint64_t last = atomic_load_explicit(&c->last_call_ms, memory_order_relaxed);
+        return last && now - last < CALLER_GRACE_MS ? (int) (CALLER_GRACE_MS - (now - last)) : 0;
+}
+
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
         bool pending = false;
         for (;;) {
                 bool reclaiming = c->local && serve_reclaim(c);
-                struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
-                int n = poll(pfd, 2, pending || reclaiming ? EVENT_POLL_MS : -1);
+                int timeout = pending || reclaiming ? EVENT_POLL_MS : -1;
+                int off_ms = socket_left_to_callers(c);
+                if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
+                        timeout = off_ms;
+                struct pollfd pfd[2] = {{.fd = off_ms > 0 ? -1 : c->fd, .events = POLLIN},
+                                        {.fd = c->wake_fd, .events = POLLIN}};
+                int n = poll(pfd, 2, timeout);
                 if (n < 0 && errno != EINTR)
                         break;
                 if (pfd[1].revents & POLLIN) {
@@ -506,6 +544,7 @@ static void *service_main(void *arg) {
                 struct pollfd again = {.fd = c->fd, .events = POLLIN};
                 int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending) : 0;
                 pthread_mutex_unlock(&c->read_lock);
+                reader_done(c);
                 if (r == 0 || r == -EINTR || r == -EAGAIN)
                         continue;
                 if (r == -ECONNRESET && reconnect(c)) {
@@ -513,6 +552,10 @@ static void *service_main(void *arg) {
                         pthread_mutex_lock(&c->read_lock);
                         r = rx_buf_fit(c);
                         pthread_mutex_unlock(&c->read_lock);
+                        pthread_mutex_lock(&c->lock);
+                        c->reader_lost = false;
+                        pthread_mutex_unlock(&c->lock);
+                        reader_done(c);
                         if (r == 0)
                                 continue;
                 }
@@ -545,9 +588,65 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         return r < 0 ? set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
+/* The thread that read the socket (holding read_lock) lets it go: every
+ * waiter still without its reply tries to read next. */
+static void reader_done(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        c->reader_generation++;
+        for (waiter_t *w = c->waiters; w; w = w->next)
+                if (!w->done)
+                        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Holding read_lock (released here): reads until w's reply is in,
+ * dispatching whatever comes first: no thread wake-up between the reply and
+ * its caller. A failed read is the service thread's to judge. */
+static void read_own_reply(gpumem_client *c, waiter_t *w) {
+        int r = 0;
+        for (;;) {
+                pthread_mutex_lock(&c->lock);
+                bool done = w->done;
+                pthread_mutex_unlock(&c->lock);
+                if (done || (r = read_packet(c, NULL)) < 0)
+                        break;
+        }
+        pthread_mutex_unlock(&c->read_lock);
+        if (r < 0) {
+                pthread_mutex_lock(&c->lock);
+                c->reader_lost = true;
+                pthread_mutex_unlock(&c->lock);
+                wake_service(c);
+        }
+        reader_done(c);
+}
+
+/* Calls in flight, and when the last one ended: while callers read their own
+ * replies the service thread keeps off the socket. */
+static void calls_begin(gpumem_client *c) {
+        atomic_fetch_add_explicit(&c->callers, 1, memory_order_relaxed);
+}
+
+static void calls_end(gpumem_client *c) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        atomic_store_explicit(&c->last_call_ms, (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u,
+                              memory_order_relaxed);
+        atomic_fetch_sub_explicit(&c->callers, 1, memory_order_relaxed);
+}
+
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
  * (an Error body is turned into its negative code and message). */
+static int call_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply);
+
 static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
+        calls_begin(c);
+        int r = call_inner(c, env, ret_reply);
+        calls_end(c);
+        return r;
+}
+
+static int call_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
         waiter_t w = {.cond = PTHREAD_COND_INITIALIZER};
         pthread_mutex_lock(&c->lock);
         if (c->dead) {
@@ -565,18 +664,22 @@ static int call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_
                 r = send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
-                if (r == 0 && pthread_mutex_trylock(&c->read_lock) == 0) {
-                        /* Nobody is reading: read until our reply is in (dispatching
-                         * whatever comes first), one thread wake-up less than
-                         * waiting for the service thread to hand it over. */
-                        for (;;) {
-                                pthread_mutex_lock(&c->lock);
-                                bool done = w.done;
-                                pthread_mutex_unlock(&c->lock);
-                                if (done || read_packet(c, NULL) < 0)
-                                        break; /* a lost connection is the service thread's */
+                while (r == 0) {
+                        pthread_mutex_lock(&c->lock);
+                        uint64_t generation = c->reader_generation;
+                        bool wait_only = w.done || c->reader_lost;
+                        pthread_mutex_unlock(&c->lock);
+                        if (wait_only)
+                                break;
+                        if (pthread_mutex_trylock(&c->read_lock) == 0) {
+                                read_own_reply(c, &w);
+                                continue;
                         }
-                        pthread_mutex_unlock(&c->read_lock);
+                        /* Another thread reads: it hands over when it is done. */
+                        pthread_mutex_lock(&c->lock);
+                        if (!w.done && c->reader_generation == generation)
+                                pthread_cond_wait(&w.cond, &c->lock);
+                        pthread_mutex_unlock(&c->lock);
                 }
                 pthread_mutex_lock(&c->lock);
                 while (r == 0 && !w.done)
@@ -1116,6 +1219,8 @@ static void session_close(gpumem_client *c, bool owner) {
         }
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
+        while (c->n_spare_blocks)
+                free(c->spare_blocks[--c->n_spare_blocks]);
         if (owner)
                 gm_statpage_unmap(c->stats_page);
         c->stats_page = NULL;
@@ -1251,11 +1356,13 @@ void gpumem_disconnect(gpumem_client *c) {
 
 /* A local session's allocation: no message unless the heap needs memory. */
 static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
-        block_t *b = malloc(sizeof(*b));
-        if (!b)
-                return set_error(c, -ENOMEM, "gpumem: out of host memory");
         gm_alloc_result_t res;
         pthread_mutex_lock(&c->heap_lock);
+        block_t *b = c->n_spare_blocks ? c->spare_blocks[--c->n_spare_blocks] : malloc(sizeof(*b));
+        if (!b) {
+                pthread_mutex_unlock(&c->heap_lock);
+                return set_error(c, -ENOMEM, "gpumem: out of host memory");
+        }
         int r = gm_local_alloc(c->heap, size, stream, &res);
         if (r < 0) {
                 bool told = gm_local_refused_by_daemon(c->heap);
@@ -1445,6 +1552,11 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
  * Called with heap_lock held; releases it. */
 static int local_free(gpumem_client *c, block_t *b, pending_free_t *p) {
         int r = gm_local_free(c->heap, b->id, p != NULL);
+        if (c->n_spare_blocks < SPARE_BLOCKS) {
+                free(b->stream_uses);
+                c->spare_blocks[c->n_spare_blocks++] = b;
+                b = NULL;
+        }
         pthread_mutex_unlock(&c->heap_lock);
         block_free(b);
         if (r < 0) {

@@ -22,6 +22,8 @@
 #include "metrics.h"
 #include "size.h"
 
+/* A session whose reclaim brought nothing back is not asked again for this long. */
+#define DRY_MS 1000
 /* The largest virtual range a segment may claim (2^48 bytes). */
 #define MAX_SEGMENT_VA (UINT64_C(1) << 48)
 
@@ -341,7 +343,7 @@ static void reclaim_done(gm_conn_t *c) {
 
 static uint64_t reclaim_one(gm_conn_t *c) {
         gm_local_t *l = c->local;
-        if (l->reclaim_id || c->closing)
+        if (l->reclaim_id || c->closing || gm_now_ms() < l->dry_until_ms)
                 return 0;
         uint64_t cached = cached_bytes(c->session);
         if (cached == 0)
@@ -379,6 +381,8 @@ int gm_handle_reclaim_ack(gm_conn_t *c, uint64_t request_id, const Gpumem__Envel
                 return gm_conn_send_error(c, request_id, EINVAL, "no reclaim %" PRIu64 " is pending", ack->reclaim_id),
                        0;
         reclaim_done(c);
+        if (ack->released_bytes == 0) /* its cache is split under live blocks */
+                l->dry_until_ms = gm_now_ms() + DRY_MS;
         gm_metrics_count_reclaim(c->daemon->metrics, GM_RECLAIM_ACKNOWLEDGED);
         gm_local_refresh_conn(c);
         gm_local_retry_parked(c->daemon);

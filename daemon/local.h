@@ -31,6 +31,7 @@ struct gm_local {
         uint64_t reclaim_bytes; /* what it should bring back */
         uint64_t reclaim_sent_ms;
         uint64_t next_reclaim_id;
+        uint64_t dry_until_ms;  /* its last reclaim brought nothing back: not asked again before */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant
