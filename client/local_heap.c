@@ -15,6 +15,22 @@ struct gm_local {
         bool destroying;          /* pieces are forgotten, not given back */
 };
 
+/* Every change of the heap is one page update: the page reads as busy from
+ * before the change (a grant or give-back in it included) until all of the
+ * heap's statistics are copied after it (a copy costs fewer instructions
+ * than a second set of stat updates inside the heap). */
+static void begin(gm_local_t *l) {
+        if (l->page)
+                gm_statpage_write_begin(l->page);
+}
+
+static void end(gm_local_t *l) {
+        if (!l->page)
+                return;
+        memcpy(gm_statpage_payload(l->page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
+        gm_statpage_write_end(l->page);
+}
+
 static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                            uint64_t size, uint64_t *ret_handle) {
         gm_local_t *l = userdata;
@@ -58,18 +74,13 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, gm_statpage_t *page,
         l->page = page;
         gm_provider_t provider = {.create = provider_create, .release = provider_release, .userdata = l};
         gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor};
-        if (page)
-                params.extra_sinks[0] = gm_statpage_payload(page);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
         if (r < 0) {
                 free(l);
                 return r;
         }
-        if (page) {
-                gm_statpage_write_begin(page);
-                memcpy(gm_statpage_payload(page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
-                gm_statpage_write_end(page);
-        }
+        begin(l);
+        end(l);
         *ret_local = l;
         return 0;
 }
@@ -78,24 +89,9 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
         if (!l)
                 return NULL;
         l->destroying = true;
-        if (l->page)
-                gm_statpage_write_begin(l->page);
         gm_heap_destroy(l->heap);
-        if (l->page)
-                gm_statpage_write_end(l->page);
         free(l);
         return NULL;
-}
-
-/* Every change of the heap happens inside one page update. */
-static void begin(gm_local_t *l) {
-        if (l->page)
-                gm_statpage_write_begin(l->page);
-}
-
-static void end(gm_local_t *l) {
-        if (l->page)
-                gm_statpage_write_end(l->page);
 }
 
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
@@ -138,13 +134,10 @@ const gm_stats_t *gm_local_stats(const gm_local_t *l) {
 
 void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated) {
         begin(l);
-        gm_stats_t *targets[2] = {gm_heap_stats_mut(l->heap), l->page ? gm_statpage_payload(l->page) : NULL};
-        for (size_t i = 0; i < 2 && targets[i]; i++) {
-                if (peak)
-                        gm_stats_reset_peak(targets[i]);
-                if (accumulated)
-                        gm_stats_reset_accumulated(targets[i]);
-        }
+        if (peak)
+                gm_stats_reset_peak(gm_heap_stats_mut(l->heap));
+        if (accumulated)
+                gm_stats_reset_accumulated(gm_heap_stats_mut(l->heap));
         end(l);
 }
 
