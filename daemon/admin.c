@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "local.h"
 #include "log.h"
 #include "requests.h"
 #include "snapshot.h"
@@ -71,10 +72,11 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
         uint64_t sessions = 0;
+        gm_local_refresh(c->rq);
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (s->heap) {
-                        st = gm_heap_stats(s->heap);
+                if (gm_conn_stats(s)) {
+                        st = gm_conn_stats(s);
                 } else {
                         gm_stats_init(&scratch);
                         scratch.max_split_size = b->device_stats.max_split_size;
@@ -83,7 +85,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                scratch = b->device_stats;
+                gm_local_device_stats(c->rq, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
                 st = &scratch;
                 sessions = b->n_sessions;
@@ -93,7 +95,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                scratch = t->stats;
+                gm_local_tenant_stats(c->rq, t, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &t->shown_base);
                 st = &scratch;
                 sessions = t->sessions;
@@ -103,13 +105,13 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_stats_init(&scratch);
                 scratch.max_split_size = b->device_stats.max_split_size;
                 for (gm_session_t *o = b->sessions; o; o = o->next) {
-                        if ((uint32_t) o->pid != req->pid || !o->heap)
+                        if ((uint32_t) o->pid != req->pid || !gm_conn_stats(o))
                                 continue;
                         if (!s->admin && o->tenant != s->tenant)
                                 return gm_request_error(c, request_id, EPERM, "pid %u belongs to another tenant",
                                                         req->pid),
                                        0;
-                        stats_add(&scratch, gm_heap_stats(o->heap));
+                        stats_add(&scratch, gm_conn_stats(o));
                         sessions++;
                 }
                 st = &scratch;
@@ -366,14 +368,16 @@ int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 
 /* ---- quotas and clients ---- */
 
-static void tenant_info(const gm_tenant_t *t, Gpumem__TenantInfo *info) {
+static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__TenantInfo *info) {
+        gm_stats_t st;
+        gm_local_tenant_stats(d, t, &st);
         gpumem__tenant_info__init(info);
         info->tenant = (char *) t->name;
         info->quota = t->quota;
         info->quota_source = (char *) gm_quota_source_name(t);
         info->charged = t->charged_bytes;
-        info->allocated = (uint64_t) t->stats.allocated_bytes[GM_STAT_ALL].current;
-        int64_t cached = t->stats.reserved_bytes[GM_STAT_ALL].current - t->stats.active_bytes[GM_STAT_ALL].current;
+        info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
+        int64_t cached = st.reserved_bytes[GM_STAT_ALL].current - st.active_bytes[GM_STAT_ALL].current;
         info->cached = cached > 0 ? (uint64_t) cached : 0;
         info->sessions = t->sessions;
 }
@@ -413,6 +417,7 @@ int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         const char *name = tenant_named(c, req->tenant);
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && set_quota(c, request_id, req, name) < 0)
                 return 0;
+        gm_local_refresh(c->rq);
         size_t n = b->n_tenants;
         Gpumem__TenantInfo *infos = calloc(n ? n : 1, sizeof(*infos));
         Gpumem__TenantInfo **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
@@ -428,7 +433,7 @@ int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                         continue;
                 if (!s->admin && t != s->tenant)
                         continue; /* a tenant sees its own figures only */
-                tenant_info(t, &infos[k]);
+                tenant_info(c->rq, t, &infos[k]);
                 ptrs[k] = &infos[k];
                 k++;
         }
@@ -462,6 +467,7 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
+        gm_local_refresh(c->rq);
         for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = o->next) {
                 if (o->ended || !o->tenant || (!s->admin && o->tenant != s->tenant))
                         continue;
@@ -475,8 +481,12 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->name = o->name;
                 ci->admin = o->admin_conn;
                 ci->releasing = o->releasing_bytes;
-                if (o->heap) {
-                        const gm_stats_t *st = gm_heap_stats(o->heap);
+                const gm_request_conn_t *oc = o->userdata;
+                ci->heap_mode = oc && oc->local ? "local" : "central";
+                ci->stats_page_invalid = gm_conn_page_invalid(o);
+                ci->requests = oc ? oc->requests : 0;
+                const gm_stats_t *st = gm_conn_stats(o);
+                if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
                         ci->allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                         ci->cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current -

@@ -13,12 +13,12 @@ target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE
   GPUMEM_LIB_PATH="$<TARGET_FILE:gpumem>" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
 add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
-set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)
+set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_integration fakecuda)
   add_test(NAME integration_cuda COMMAND test_integration)
   set_tests_properties(integration_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
     TIMEOUT 900)
 endif()
 
@@ -35,14 +35,19 @@ target_compile_definitions(test_tenants PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpu
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_tenants gpumemd gpumemctl gm-test-client)
 add_test(NAME tenants_host COMMAND test_tenants)
-set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900 SKIP_RETURN_CODE 77)
+set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900 SKIP_RETURN_CODE 77)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_tenants fakecuda)
   add_test(NAME tenants_cuda COMMAND test_tenants)
   set_tests_properties(tenants_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
     TIMEOUT 900 SKIP_RETURN_CODE 77)
 endif()
+
+# The same tenants and restart suites with local heaps (the library's default).
+add_test(NAME tenants_host_local COMMAND test_tenants)
+set_tests_properties(tenants_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
+                     TIMEOUT 900 SKIP_RETURN_CODE 77)
 
 # `cmake --install` into a temporary prefix, then programs built against it
 # with pkg-config and find_package(gpumem).
@@ -60,10 +65,12 @@ target_compile_definitions(test_restart PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpume
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_restart gpumemd gm-test-client)
 add_test(NAME restart_host COMMAND test_restart)
-set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 600)
+add_test(NAME restart_host_local COMMAND test_restart)
+set_tests_properties(restart_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local" TIMEOUT 600)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_restart fakecuda)
   add_test(NAME restart_cuda COMMAND test_restart)
   set_tests_properties(restart_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G" TIMEOUT 600)
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G" TIMEOUT 600)
 endif()

@@ -334,3 +334,23 @@ int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv
         buf[len] = '\0';
         return gm_test_proc_finish(&p);
 }
+
+uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant) {
+        int fd = gm_test_raw_connect(socket_path);
+        gm_test_raw_hello(fd, true);
+        Gpumem__Quota q = GPUMEM__QUOTA__INIT;
+        q.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
+        q.tenant = (char *) tenant;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
+        env.quota = &q;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        uint64_t charged = 0;
+        if (reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1)
+                charged = reply->quota_reply->tenants[0]->charged;
+        gm_msg_free(reply);
+        close(fd);
+        return charged;
+}

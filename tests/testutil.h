@@ -52,6 +52,8 @@ Gpumem__Envelope *gm_test_raw_recv(int fd);
 
 /* One device-wide statistic via an admin connection. */
 int64_t gm_test_device_stat(const char *socket_path, const char *name);
+/* Charged bytes of one tenant (0 if unknown), via an admin connection. */
+uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);
 /* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */
 int64_t gm_test_wait_device_stat(const char *socket_path, const char *name, int64_t want);
 
