@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "local.h"
 #include "log.h"
@@ -133,9 +134,14 @@ static gm_oom_reason_t describe_refusal(gm_request_conn_t *c, const Gpumem__Gran
         gm_session_t *s = c->session;
         gm_local_refresh(d);
         const gm_stats_t *st = &c->local->figures;
-        uint64_t device_free = 0, device_total = 0;
-        if (d->broker->backend->ops->mem_info(d->backend, &device_free, &device_total) < 0)
-                device_free = d->broker->backend->capacity - d->broker->backend->in_use;
+        /* One view of the device, as the broker's refusals take it: its capacity
+         * within the driver's total, and what is free of that. */
+        gm_backend_t *be = d->broker->backend;
+        uint64_t device_free = 0, device_total = 0, capacity_free = be->capacity - be->in_use;
+        if (be->ops->mem_info(be, &device_free, &device_total) < 0)
+                device_free = device_total = be->capacity;
+        device_total = device_total < be->capacity ? device_total : be->capacity;
+        device_free = device_free < capacity_free ? device_free : capacity_free;
         uint64_t others_cached = d->broker->releasing_bytes - s->releasing_bytes;
         for (const gm_session_t *o = d->broker->sessions; o; o = o->next)
                 if (o != s && !o->ended)
@@ -147,7 +153,7 @@ static gm_oom_reason_t describe_refusal(gm_request_conn_t *c, const Gpumem__Gran
         gm_oom_report_t r = {
                 .device = d->broker->backend->device,
                 .alloc_size = g->size,
-                .device_total = d->broker->backend->capacity,
+                .device_total = device_total,
                 .device_free = device_free,
                 .session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current,
                 .session_reserved = reserved,
