@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "local.h"
 #include "log.h"
 #include "requests.h"
 #include "snapshot.h"
@@ -187,7 +188,7 @@ int gm_handle_reset_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envel
         const Gpumem__ResetStats *req = env->reset_stats;
         gm_broker_t *b = c->daemon->broker;
         gm_session_t *s = c->session;
-        gm_stats_t *st = NULL;
+        gm_stats_t *st = NULL, *local = NULL; /* the broker's figures, and the local sessions' part */
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
                 if (s->heap)
@@ -195,21 +196,27 @@ int gm_handle_reset_stats(gm_conn_t *c, uint64_t request_id, const Gpumem__Envel
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 st = &b->device_stats;
+                local = &c->daemon->local_device_stats;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_conn_send_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
                 st = &t->stats;
+                gm_local_tenant_t *lt = gm_local_tenant(c->daemon, t->name);
+                local = lt ? &lt->stats : NULL;
                 break;
         }
         default:
                 return gm_conn_send_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;
         }
-        if (st && req->peak)
-                gm_stats_reset_peak(st);
-        if (st && req->accumulated)
-                gm_stats_reset_accumulated(st);
+        gm_stats_t *targets[] = {st, local};
+        for (size_t i = 0; i < 2; i++) {
+                if (targets[i] && req->peak)
+                        gm_stats_reset_peak(targets[i]);
+                if (targets[i] && req->accumulated)
+                        gm_stats_reset_accumulated(targets[i]);
+        }
         return gm_reply_ok(c, request_id);
 }
 

@@ -145,6 +145,8 @@ void gm_local_stats_add(gm_stats_t *sum, const gm_stats_t *add);
 /* A tenant's figures: the broker's (central heaps) plus its local sessions'. */
 void gm_local_tenant_stats(const gm_daemon_t *d, const gm_tenant_t *t, gm_stats_t *ret);
 void gm_local_device_stats(const gm_daemon_t *d, gm_stats_t *ret);
+/* A tenant's local totals, created on first use (NULL: out of memory). */
+gm_local_tenant_t *gm_local_tenant(gm_daemon_t *d, const char *name);
 
 /* main.c: applies the config file's tenant quotas to every tenant. */
 void gm_daemon_apply_config_quotas(gm_daemon_t *d);

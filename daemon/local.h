@@ -43,8 +43,6 @@ struct gm_local_tenant {
 };
 
 /* localstats.c */
-/* The tenant's local totals, created on first use (NULL: out of memory). */
-gm_local_tenant_t *gm_local_tenant(gm_daemon_t *d, const char *name);
 /* Adds want - applied to `sink`: currents move by the difference (peaks
  * follow), accumulated figures and counters only ever grow. */
 void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied);
