@@ -89,11 +89,11 @@ static double client_pairs(gpumem_client *c, size_t size, long n) {
 }
 
 /* Separate functions, so that an instruction profile (callgrind) tells them apart. */
-static __attribute__((noinline)) double local_pairs(gpumem_client *c, size_t size, long n) {
+static __attribute__((noipa)) double local_pairs(gpumem_client *c, size_t size, long n) {
         return client_pairs(c, size, n);
 }
 
-static __attribute__((noinline)) double central_pairs(gpumem_client *c, size_t size, long n) {
+static __attribute__((noipa)) double central_pairs(gpumem_client *c, size_t size, long n) {
         return client_pairs(c, size, n);
 }
 

@@ -16,9 +16,9 @@ struct gm_local {
 };
 
 /* Every change of the heap is one page update: the page reads as busy from
- * before the change (a grant or give-back in it included) until all of the
- * heap's statistics are copied after it (a copy costs fewer instructions
- * than a second set of stat updates inside the heap). */
+ * before the change until all of the heap's statistics are copied after it
+ * (a copy costs fewer instructions than a second set of stat updates inside
+ * the heap). Around a grant or a give-back it is published as it stands. */
 static void begin(gm_local_t *l) {
         if (l->page)
                 gm_statpage_write_begin(l->page);
@@ -43,7 +43,9 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
+        end(l); /* the daemon reads the figures as of now while it decides */
         int r = l->ops.grant(l->ops.ctx, &g);
+        begin(l);
         if (r == -ENOMEM || r == -EDQUOT)
                 l->refused_by_daemon = true;
         if (r < 0)
@@ -55,8 +57,11 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
 static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
                              bool whole_segment) {
         gm_local_t *l = userdata;
-        if (!l->destroying)
-                l->ops.give_back(l->ops.ctx, segment_id, offset, size, whole_segment);
+        if (l->destroying)
+                return;
+        end(l); /* the page never claims more than what is still granted */
+        l->ops.give_back(l->ops.ctx, segment_id, offset, size, whole_segment);
+        begin(l);
 }
 
 int gm_local_new(const char *alloc_conf, uint64_t capacity, gm_statpage_t *page, const gm_local_ops_t *ops,

@@ -191,6 +191,7 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t *st = NULL;
+        gm_local_refresh(c->rq); /* the local sessions' part as of now */
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
                 if (s->heap)
@@ -198,20 +199,28 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 /* Counters Prometheus may scrape never go back: resetting the
-                 * device's or a tenant's is a view offset that replies subtract. */
-                if (req->peak)
+                 * device's or a tenant's accumulated figures is a view offset
+                 * (central heaps' and local sessions' together) that replies
+                 * subtract; peaks restart from the current values. */
+                if (req->peak) {
                         gm_stats_reset_peak(&b->device_stats);
+                        gm_stats_reset_peak(&c->rq->local->device);
+                }
                 if (req->accumulated)
-                        b->device_shown_base = b->device_stats;
+                        gm_local_device_stats(c->rq, &b->device_shown_base);
                 return gm_reply_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                if (req->peak)
+                gm_local_tenant_t *lt = gm_local_tenant(c->rq, t->name);
+                if (req->peak) {
                         gm_stats_reset_peak(&t->stats);
+                        if (lt)
+                                gm_stats_reset_peak(&lt->stats);
+                }
                 if (req->accumulated)
-                        t->shown_base = t->stats;
+                        gm_local_tenant_stats(c->rq, t, &t->shown_base);
                 return gm_reply_ok(c, request_id);
         }
         default:

@@ -52,6 +52,8 @@ void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *a
                 const gm_stat_t *w = cstat_at(want, i), *a = cstat_at(applied, i);
                 d->current += w->current - a->current;
                 d->peak = max64(d->peak, d->current);
+                if (w->peak > a->peak) /* the session peaked since the last read: the others as they are now */
+                        d->peak = max64(d->peak, d->current - w->current + w->peak);
                 d->allocated += max64(0, w->allocated - a->allocated);
                 d->freed += max64(0, w->freed - a->freed);
         }

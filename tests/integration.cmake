@@ -22,6 +22,10 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
     TIMEOUT 900)
 endif()
 
+add_test(NAME integration_host_local COMMAND test_integration)
+set_tests_properties(integration_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
+                     TIMEOUT 900)
+
 # A client program the tests run as other users (setpriv) or in the background.
 add_executable(gm-test-client ${CMAKE_CURRENT_LIST_DIR}/test_client_tool.c)
 target_link_libraries(gm-test-client PRIVATE gm_testutil gpumem)
