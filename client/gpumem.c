@@ -450,8 +450,10 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
  * every pending free whose stream work is done. Caller holds lock. Returns
  * true while some remain pending. */
 static bool complete_pending_frees(gpumem_client *c) {
+        if (!c->pending_frees)
+                return false; /* (the heap lock is not ours to touch: another thread may hold it) */
         /* lock is taken after heap_lock: only try; a busy heap waits for the next poll. */
-        if (c->local && c->pending_frees && pthread_mutex_trylock(&c->heap_lock) != 0)
+        if (c->local && pthread_mutex_trylock(&c->heap_lock) != 0)
                 return true;
         for (pending_free_t **pp = &c->pending_frees; *pp;) {
                 pending_free_t *p = *pp;
