@@ -145,6 +145,11 @@ struct gpumem_client {
         gm_statpage_t *stats_page;
         struct block *spare_blocks[SPARE_BLOCKS]; /* freed block records, reused (under heap_lock) */
         size_t n_spare_blocks;
+        /* Bytes of pieces the heap gave back whose unmap the driver refused:
+         * they stay mapped here and granted (charged) by the daemon until the
+         * session ends, or until the heap asks for the same piece again
+         * (under heap_lock). */
+        uint64_t kept_bytes;
 };
 
 /* The lock of the blocks table: the heap's in local mode. */
@@ -483,6 +488,15 @@ static bool complete_pending_frees(gpumem_client *c) {
         return c->pending_frees != NULL;
 }
 
+/* empty_cache(): what the heap gave back and the daemon got (pieces whose
+ * unmap failed stay here: not released). Caller holds heap_lock. */
+static uint64_t local_release_cached(gpumem_client *c) {
+        uint64_t kept = c->kept_bytes;
+        uint64_t released = gm_local_release_cached(c->heap);
+        uint64_t newly_kept = c->kept_bytes - kept;
+        return released > newly_kept ? released - newly_kept : 0;
+}
+
 /* Serves the daemon's Reclaim: the heap gives its idle cached memory back
  * (ReturnPieces), then the acknowledgement follows. Service thread only,
  * holding neither lock; a busy heap is tried again at the next poll.
@@ -495,7 +509,7 @@ static bool serve_reclaim(gpumem_client *c) {
                 return false;
         if (pthread_mutex_trylock(&c->heap_lock) != 0)
                 return true;
-        uint64_t released = gm_local_release_cached(c->heap);
+        uint64_t released = local_release_cached(c);
         pthread_mutex_unlock(&c->heap_lock);
         Gpumem__ReclaimAck ack = GPUMEM__RECLAIM_ACK__INIT;
         ack.reclaim_id = id;
@@ -854,6 +868,13 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
  * thread reads it, before this returns. Caller holds heap_lock. */
 static int local_grant(void *ctx, const gm_local_grant_t *g) {
         gpumem_client *c = ctx;
+        const segment_t *kept = gm_u64map_get(&c->segments, g->segment_id);
+        for (size_t i = 0; kept && kept->piece_size == g->size && i < kept->n_pieces; i++)
+                if (kept->pieces[i] == g->offset) {
+                        /* A piece that failed to unmap: still mapped, still granted. */
+                        c->kept_bytes -= g->size;
+                        return 0;
+                }
         Gpumem__Grant grant = GPUMEM__GRANT__INIT;
         grant.segment_id = g->segment_id;
         grant.segment_va_size = g->segment_va_size;
@@ -896,8 +917,13 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
         env.return_pieces = &ret;
         pthread_mutex_lock(&c->lock);
-        unmap_range(c, &range);
-        post_locked(c, &env);
+        /* Never acknowledged unmapped when it is not: the daemon would hand
+         * the memory to the driver (and another process) under a mapping. A
+         * segment unknown here never mapped. */
+        if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, &range))
+                post_locked(c, &env);
+        else
+                c->kept_bytes += size;
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -910,7 +936,7 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         madvise(c->stats_page, GM_STATPAGE_SIZE, MADV_DONTFORK); /* a forked child never writes the parent's */
         gm_local_ops_t ops = {.grant = local_grant, .give_back = local_give_back, .ctx = c};
         char err[256] = "";
-        r = gm_local_new(hr->alloc_conf, hr->capacity, c->stats_page, &ops, &c->heap, err, sizeof(err));
+        r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err, sizeof(err));
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
         c->local = true;
@@ -1724,7 +1750,7 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
                 return r;
         if (c->local) {
                 pthread_mutex_lock(&c->heap_lock);
-                uint64_t released = gm_local_release_cached(c->heap);
+                uint64_t released = local_release_cached(c);
                 pthread_mutex_unlock(&c->heap_lock);
                 if (ret_released_bytes)
                         *ret_released_bytes = released;

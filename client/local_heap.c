@@ -64,8 +64,8 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         begin(l);
 }
 
-int gm_local_new(const char *alloc_conf, uint64_t capacity, gm_statpage_t *page, const gm_local_ops_t *ops,
-                 gm_local_t **ret_local, char *err, size_t err_len) {
+int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
+                 const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len) {
         gm_alloc_config_t cfg;
         int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
         if (r < 0)
@@ -78,7 +78,7 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, gm_statpage_t *page,
         l->ops = *ops;
         l->page = page;
         gm_provider_t provider = {.create = provider_create, .release = provider_release, .userdata = l};
-        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor};
+        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
         if (r < 0) {
                 free(l);

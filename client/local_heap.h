@@ -40,11 +40,12 @@ typedef struct gm_local_ops {
 } gm_local_ops_t;
 
 /* A heap with the daemon's allocator settings `alloc_conf` (PyTorch syntax)
- * for a device of `capacity` bytes, mirroring its statistics into `page`
- * (may be NULL), which must outlive it. -EINVAL with a reason in err for
- * settings this library cannot parse. */
-int gm_local_new(const char *alloc_conf, uint64_t capacity, gm_statpage_t *page, const gm_local_ops_t *ops,
-                 gm_local_t **ret_local, char *err, size_t err_len);
+ * for a device of `capacity` bytes whose backend maps in multiples of
+ * `granularity` (0: 2 MiB), mirroring its statistics into `page` (may be
+ * NULL), which must outlive it. -EINVAL with a reason in err for settings
+ * this library cannot parse. */
+int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
+                 const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len);
 /* Forgets every block and piece without calling the ops (the session is
  * ending: its mappings and the daemon's ledger go with it). Accepts NULL. */
 gm_local_t *gm_local_destroy(gm_local_t *l);
