@@ -300,6 +300,7 @@ static void retry_conn(gm_request_conn_t *c, uint64_t now, bool timed_out_only) 
                         l->n_parked++;
                         break;
                 }
+                gm_requests_parked_done(d, now - pg->parked_at_ms);
                 free(pg);
         }
 }

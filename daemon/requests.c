@@ -71,6 +71,11 @@ void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t out
                 rq->broker->ops.count_reclaim(rq->broker->ops.userdata, outcome);
 }
 
+void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms) {
+        if (rq->broker->ops.parked_done)
+                rq->broker->ops.parked_done(rq->broker->ops.userdata, waited_ms);
+}
+
 void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason) {
         if (rq->broker->ops.count_refusal)
                 rq->broker->ops.count_refusal(rq->broker->ops.userdata, tenant, reason);

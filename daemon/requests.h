@@ -79,6 +79,9 @@ int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id);
 /* Counts a reclaim outcome and a refusal (by its class) through the broker's host. */
 void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome);
 void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason);
+/* A request parked outside the broker (a local session's grant) was decided
+ * after waiting `waited_ms` for reclaimed memory (the reclaim-wait histogram). */
+void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms);
 
 /* ---- the table's rows ---- */
 
