@@ -3,6 +3,7 @@
  * observability and administration calls on its request path. Not installed. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "gpumem/gpumem.h"
@@ -18,6 +19,10 @@ int gm_client_set_error(const gpumem_client *c, int err, const char *fmt, ...) _
  * carried or -1, the caller's to close; without, fds are closed. */
 int gm_client_call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
                    Gpumem__Envelope **ret_reply, int *ret_fd);
+
+/* A local session: resets its heap's peaks and/or accumulated figures (the
+ * daemon's own figures of the session follow its ResetStats). Central: nothing. */
+void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated);
 
 /* The socket c is connected to. */
 const char *gm_client_socket_path(const gpumem_client *c);

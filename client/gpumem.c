@@ -1769,6 +1769,14 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         return 0;
 }
 
+void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated) {
+        if (ensure_own_session(c) < 0 || !c->local)
+                return;
+        pthread_mutex_lock(&c->heap_lock);
+        gm_local_reset_stats(c->heap, peak, accumulated);
+        pthread_mutex_unlock(&c->heap_lock);
+}
+
 int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value) {
         if (!c || !pytorch_stat_name || !ret_value)
                 return -EINVAL;

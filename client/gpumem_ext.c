@@ -290,6 +290,8 @@ int gpumem_stats_summary(const gpumem_stats *s, bool abbreviated, char **ret_tex
 int gpumem_reset_stats(gpumem_client *c, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
         if (!c || scope == GPUMEM_SCOPE_PID || scope > GPUMEM_SCOPE_PID)
                 return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION)
+                gm_client_reset_local_stats(c, peak, accumulated); /* a local heap's figures are here */
         Gpumem__ResetStats req = GPUMEM__RESET_STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (tenant ? tenant : "");

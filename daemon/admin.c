@@ -196,6 +196,8 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
                 if (s->heap)
                         st = gm_heap_stats_mut(s->heap);
+                else if (c->local) /* its heap (in the client) reset its own; these are the daemon's */
+                        st = &c->local->exact;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 /* Counters Prometheus may scrape never go back: resetting the
@@ -230,6 +232,8 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                 gm_stats_reset_peak(st);
         if (st && req->accumulated)
                 gm_stats_reset_accumulated(st);
+        if (c->local)
+                gm_local_refresh_conn(c); /* the figures shown: the page's with the exact ones laid over */
         return gm_reply_ok(c, request_id);
 }
 
