@@ -60,6 +60,7 @@ typedef struct gm_conn {
         bool closing; /* no more input is processed; memory is being released */
         uint64_t requests; /* packets received */
         gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
+        struct gm_parked_alloc *parked_allocs; /* central allocations waiting for local sessions' caches */
         struct gm_conn *prev, *next;
 } gm_conn_t;
 
@@ -127,7 +128,11 @@ int gm_local_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Reattach 
 /* Asks local sessions (of `tenant` only, when not NULL) other than `except`
  * for their cached memory; returns the bytes expected back. */
 uint64_t gm_local_reclaim(gm_daemon_t *d, const gm_conn_t *except, const gm_tenant_t *tenant);
-/* Retries grants waiting for reclaimed memory (timed-out ones are refused). */
+/* A central allocation the broker refused for lack of memory: when local
+ * sessions hold cached memory they are asked for it and the request waits
+ * (true: parked, answered later); false: answer `out` now. */
+bool gm_local_park_alloc(gm_conn_t *c, uint64_t request_id, uint64_t size, uint64_t stream, const gm_outcome_t *out);
+/* Retries grants (and central allocations) waiting for reclaimed memory. */
 void gm_local_retry_parked(gm_daemon_t *d);
 /* Periodic: reclaim timeouts, page reads, parked grants. */
 void gm_local_tick(gm_daemon_t *d);

@@ -27,6 +27,14 @@
 /* The largest virtual range a segment may claim (2^48 bytes). */
 #define MAX_SEGMENT_VA (UINT64_C(1) << 48)
 
+/* A central session's allocation waiting for local sessions' caches. */
+typedef struct gm_parked_alloc {
+        uint64_t request_id;
+        uint64_t size, stream;
+        uint64_t parked_at_ms;
+        struct gm_parked_alloc *next;
+} gm_parked_alloc_t;
+
 struct gm_parked_grant {
         uint64_t request_id;
         Gpumem__Grant grant; /* scalars only */
@@ -212,8 +220,12 @@ static int try_grant(gm_conn_t *c, uint64_t request_id, const Gpumem__Grant *g, 
                 snprintf(out.message, sizeof(out.message), "%s", message);
                 return gm_conn_send_refusal(c, request_id, &out), 0;
         }
-        if (r < 0)
-                return gm_conn_send_error(c, request_id, r, "grant failed: %s", strerror(-r)), 0;
+        if (r < 0) {
+                const char *detail = gm_backend_last_error(d->backend);
+                return gm_conn_send_error(c, request_id, r, "grant failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
+                                          detail),
+                       0;
+        }
         l->granted += g->size;
         if (v.n == 0) {
                 l->segments++;
@@ -296,11 +308,60 @@ static void retry_conn(gm_conn_t *c, uint64_t now, bool timed_out_only) {
         }
 }
 
+static bool local_reclaim_pending(const gm_daemon_t *d) {
+        for (const gm_conn_t *o = d->conns; o; o = o->next)
+                if (o->local && o->local->reclaim_id)
+                        return true;
+        return false;
+}
+
+bool gm_local_park_alloc(gm_conn_t *c, uint64_t request_id, uint64_t size, uint64_t stream, const gm_outcome_t *out) {
+        gm_daemon_t *d = c->daemon;
+        if (out->error != -ENOMEM && out->error != -EDQUOT)
+                return false;
+        uint32_t n = 0;
+        for (const gm_parked_alloc_t *pa = c->parked_allocs; pa; pa = pa->next)
+                n++;
+        const gm_tenant_t *scope = out->error == -EDQUOT ? c->session->tenant : NULL;
+        if (n >= d->opts.limits.max_parked_per_session || gm_local_reclaim(d, c, scope) == 0)
+                return false;
+        gm_parked_alloc_t *pa = calloc(1, sizeof(*pa));
+        if (!pa)
+                return false;
+        *pa = (gm_parked_alloc_t){.request_id = request_id, .size = size, .stream = stream,
+                                  .parked_at_ms = gm_now_ms()};
+        gm_parked_alloc_t **pp = &c->parked_allocs;
+        while (*pp)
+                pp = &(*pp)->next;
+        *pp = pa;
+        return true;
+}
+
+/* Central allocations parked here, in order, while local reclaims are out. */
+static void retry_allocs(gm_conn_t *c, uint64_t now, bool timed_out_only) {
+        gm_daemon_t *d = c->daemon;
+        while (c->parked_allocs && !c->closing) {
+                gm_parked_alloc_t *pa = c->parked_allocs;
+                bool expired = now - pa->parked_at_ms >= d->opts.limits.park_timeout_ms;
+                if (timed_out_only && !expired)
+                        break;
+                gm_outcome_t out;
+                gm_session_alloc(c->session, pa->request_id, pa->size, pa->stream, NULL, 0, &out);
+                if (out.kind == GM_OUTCOME_REFUSE && !expired && local_reclaim_pending(d))
+                        break; /* more may come back */
+                c->parked_allocs = pa->next;
+                if (out.kind != GM_OUTCOME_PARK)
+                        gm_requests_answer_alloc(c, pa->request_id, &out);
+                free(pa);
+        }
+}
+
 static void retry_all(gm_daemon_t *d, bool timed_out_only) {
         uint64_t now = gm_now_ms();
         for (gm_conn_t *c = d->conns, *next; c; c = next) {
                 next = c->next; /* a failed send closes c (it stays allocated until the loop runs) */
                 retry_conn(c, now, timed_out_only);
+                retry_allocs(c, now, timed_out_only);
         }
 }
 
@@ -448,6 +509,11 @@ int gm_local_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Reattach 
 /* ---- the end of a session ---- */
 
 void gm_local_end(gm_conn_t *c) {
+        while (c->parked_allocs) {
+                gm_parked_alloc_t *pa = c->parked_allocs;
+                c->parked_allocs = pa->next;
+                free(pa);
+        }
         gm_local_t *l = c->local;
         if (!l)
                 return;
