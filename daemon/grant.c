@@ -24,6 +24,8 @@
 
 /* A session whose reclaim brought nothing back is not asked again for this long. */
 #define DRY_MS 1000
+/* Ranges one ReturnPieces may name. */
+#define MAX_RETURN_RANGES 512u
 /* The largest virtual range a segment may claim (2^48 bytes). */
 #define MAX_SEGMENT_VA (UINT64_C(1) << 48)
 
@@ -200,6 +202,10 @@ static int try_grant(gm_conn_t *c, uint64_t request_id, const Gpumem__Grant *g, 
                                           gm_format_size(d->backend->capacity, cap, sizeof(cap))),
                        0;
         }
+        if (l->n_pieces >= GM_LOCAL_MAX_PIECES)
+                return gm_conn_send_error(c, request_id, ENOBUFS, "session limit of %u pieces reached",
+                                          GM_LOCAL_MAX_PIECES),
+                       0;
         segment_view_t v = segment_view(s, g->segment_id);
         gm_piece_spec_t spec = {.segment_id = g->segment_id,
                                 .segment_va_size = g->segment_va_size,
@@ -227,6 +233,7 @@ static int try_grant(gm_conn_t *c, uint64_t request_id, const Gpumem__Grant *g, 
                        0;
         }
         l->granted += g->size;
+        l->n_pieces++;
         if (v.n == 0) {
                 l->segments++;
                 l->segments_ever++;
@@ -374,6 +381,10 @@ int gm_handle_return_pieces(gm_conn_t *c, uint64_t request_id, const Gpumem__Env
         if (!l)
                 return refuse_central(c, request_id, "ReturnPieces");
         const Gpumem__ReturnPieces *ret = env->return_pieces;
+        if (ret->n_ranges > MAX_RETURN_RANGES) { /* each is a walk over the session's pieces */
+                gm_conn_send_error(c, request_id, E2BIG, "at most %u pieces in one ReturnPieces", MAX_RETURN_RANGES);
+                return -E2BIG;
+        }
         for (size_t i = 0; i < ret->n_ranges; i++) {
                 const Gpumem__Range *range = ret->ranges[i];
                 gm_piece_t *p = gm_session_find_piece(c->session, range->segment_id, range->offset);
@@ -388,6 +399,7 @@ int gm_handle_return_pieces(gm_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_piece_release(c->session, p, false); /* never sent: back to the backend at once */
                 bool last = segment_view(c->session, segment_id).n == 0;
                 l->granted -= size;
+                l->n_pieces--;
                 l->segments -= last;
                 gm_local_exact_update(c, -(int64_t) size, last ? -1 : 0);
         }
@@ -478,7 +490,7 @@ int gm_local_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Reattach 
                         g.segment_va_size = seg->va_size;
                         g.offset = seg->mapped[k]->offset;
                         g.size = seg->mapped[k]->length;
-                        if (grant_invalid(c, &g)) {
+                        if (grant_invalid(c, &g) || c->local->n_pieces >= GM_LOCAL_MAX_PIECES) {
                                 r = -EINVAL;
                                 break;
                         }
@@ -492,6 +504,7 @@ int gm_local_reattach(gm_conn_t *c, uint64_t request_id, const Gpumem__Reattach 
                         if (r < 0)
                                 break;
                         c->local->granted += g.size;
+                        c->local->n_pieces++;
                         c->local->segments += new_segment;
                         c->local->segments_ever += new_segment;
                         gm_local_exact_update(c, (int64_t) g.size, new_segment ? 1 : 0);

@@ -16,10 +16,14 @@
 
 typedef struct gm_parked_grant gm_parked_grant_t;
 
+/* Pieces one local session may hold (each is an fd here; grants walk them). */
+#define GM_LOCAL_MAX_PIECES 65536u
+
 struct gm_local {
         gm_statpage_t *page;
         gm_stats_t exact;       /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
         uint64_t granted;       /* bytes of its LIVE pieces */
+        uint64_t n_pieces;      /* its LIVE pieces (at most GM_LOCAL_MAX_PIECES) */
         uint64_t segments;      /* segments with a LIVE piece */
         uint64_t segments_ever;
         gm_stats_t figures;     /* the page's last valid read, the exact figures laid over */

@@ -271,11 +271,11 @@ START_TEST(test_sigkilled_local_client_leaks_nothing) {
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocated_bytes.all.current"), 0);
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "segment.all.current"), 0);
         int fds = gm_test_count_fds(daemon_.pid);
-        for (int i = 0; i < 1000 && fds != daemon_fds; i++) { /* the stat queries' connections close behind us */
+        for (int i = 0; i < 1000 && fds > daemon_fds; i++) { /* the stat queries' connections close behind us */
                 usleep(10000);
                 fds = gm_test_count_fds(daemon_.pid);
         }
-        ck_assert_int_eq(fds, daemon_fds);
+        ck_assert_int_le(fds, daemon_fds); /* (the baseline may still count a closing connection) */
 }
 END_TEST
 
