@@ -1,11 +1,18 @@
 /* libgpumem: a session with gpumemd.
  *
+ * Heap modes: in a local session (local_heap.c) the session's allocator runs
+ * here and only Grant/ReturnPieces/ReclaimAck go to the daemon; in a central
+ * one every allocation is an Alloc round trip.
+ *
  * Threads: application threads send requests (each sendmsg is one atomic
- * packet) and wait on a condition variable for the reply with their request
- * id; one service thread owns every read of the socket: it maps the segments
- * replies bring, answers the daemon's release requests (also while all
- * application threads are busy or idle) and hands replies to their waiters.
- * `lock` guards every field below it. */
+ * packet) and wait for the reply with their request id. Whoever holds
+ * read_lock reads the socket and dispatches every packet in order (mapping
+ * the segments replies bring, answering release requests): a calling thread
+ * reads until its own reply is in, then hands over to the next waiting
+ * caller; the service thread reads only when no call was in flight for
+ * CALLER_GRACE_MS (so it is not woken by every reply), and serves the
+ * daemon's Reclaim, deferred frees and re-attach. `lock` guards every field
+ * below it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
