@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -272,6 +273,32 @@ static int64_t daemon_requests(const char *socket_path) {
         return total;
 }
 
+/* Context switches of every thread of this process so far (voluntary and
+ * not): a round trip's wake-ups, whatever the load. */
+static uint64_t context_switches(void) {
+        uint64_t total = 0;
+        DIR *dir = opendir("/proc/self/task");
+        struct dirent *e;
+        while (dir && (e = readdir(dir))) {
+                if (e->d_name[0] == '.')
+                        continue;
+                char path[300], line[128];
+                snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+                FILE *f = fopen(path, "re");
+                while (f && fgets(line, sizeof(line), f)) {
+                        unsigned long long v;
+                        if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+                            sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+                                total += v;
+                }
+                if (f)
+                        fclose(f);
+        }
+        if (dir)
+                closedir(dir);
+        return total;
+}
+
 static void summary(const char *what, double *v, int n) {
         qsort(v, (size_t) n, sizeof(*v), cmp_double);
         printf("%-28s median %.3f  range %.3f .. %.3f  (%d rounds)\n", what, v[n / 2], v[0], v[n - 1], n);
@@ -330,12 +357,17 @@ int main(int argc, char **argv) {
         }
         int64_t requests_before = t.n ? daemon_requests(socket_path) : 0;
         double r_local[MAX_ROUNDS], r_central[MAX_ROUNDS], r_step[MAX_ROUNDS];
+        uint64_t cs_central = 0, cs_pingpong = 0;
         printf("# round  core_ns  local_ns  central_ns  pingpong_ns%s\n", t.n ? "  step_core_us  step_local_us" : "");
         for (int k = 0; k < rounds; k++) {
                 double core = core_pairs(heap, size, pairs);
                 double loc = local_pairs(local, size, pairs);
+                uint64_t cs0 = context_switches();
                 double cen = central_pairs(central, size, rt_pairs);
+                uint64_t cs1 = context_switches();
                 double pp = pingpong(rt_pairs);
+                cs_central += cs1 - cs0;
+                cs_pingpong += context_switches() - cs1;
                 double sc = t.n ? step_core(step_heap, &t, core_slots) : 0;
                 double sl = t.n ? step_client(local, &t, client_slots) : 0;
                 if (core < 0 || loc < 0 || cen < 0 || pp < 0 || sc < 0 || sl < 0) {
@@ -353,6 +385,8 @@ int main(int argc, char **argv) {
         int64_t requests_after = t.n ? daemon_requests(socket_path) : 0;
         summary("local / core (pair)", r_local, rounds);
         summary("central / pingpong (pair)", r_central, rounds);
+        printf("context switches in this process per central pair %.2f, per ping-pong %.2f\n",
+               (double) cs_central / ((double) rt_pairs * rounds), (double) cs_pingpong / ((double) rt_pairs * rounds));
         if (t.n) {
                 printf("# trace: %zu events, %zu allocations per step\n", t.n, t.n_allocs);
                 summary("step local / in process", r_step, rounds);

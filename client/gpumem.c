@@ -1,11 +1,18 @@
 /* libgpumem: a session with gpumemd.
  *
+ * Heap modes: in a local session (local_heap.c) the session's allocator runs
+ * here and only Grant/ReturnPieces/ReclaimAck go to the daemon; in a central
+ * one every allocation is an Alloc round trip.
+ *
  * Threads: application threads send requests (each sendmsg is one atomic
- * packet) and wait on a condition variable for the reply with their request
- * id; one service thread owns every read of the socket: it maps the segments
- * replies bring, answers the daemon's release requests (also while all
- * application threads are busy or idle) and hands replies to their waiters.
- * `lock` guards every field below it. */
+ * packet) and wait for the reply with their request id. Whoever holds
+ * read_lock reads the socket and dispatches every packet in order (mapping
+ * the segments replies bring, answering release requests): a calling thread
+ * reads until its own reply is in, then hands over to the next waiting
+ * caller; the service thread reads only when no call was in flight for
+ * CALLER_GRACE_MS (so it is not woken by every reply), and serves the
+ * daemon's Reclaim, deferred frees and re-attach. `lock` guards every field
+ * below it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -125,6 +132,7 @@ struct gpumem_client {
         gm_u64map_t blocks;   /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;
+        pending_free_t *completed_frees; /* local mode: stream work done, the heap not yet told */
         uint64_t reader_generation; /* bumped whenever a reader lets read_lock go */
         bool reader_lost;      /* a caller's read failed: the service thread reads until it knows why */
         _Atomic int callers;   /* call()s in flight */
@@ -140,6 +148,7 @@ struct gpumem_client {
          * without lock. */
         gpumem_heap_mode heap_choice; /* what the application asked for */
         bool local;
+        bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
         pthread_mutex_t heap_lock;
         gm_local_t *heap;
         gm_statpage_t *stats_page;
@@ -455,11 +464,6 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
  * every pending free whose stream work is done. Caller holds lock. Returns
  * true while some remain pending. */
 static bool complete_pending_frees(gpumem_client *c) {
-        if (!c->pending_frees)
-                return false; /* (the heap lock is not ours to touch: another thread may hold it) */
-        /* lock is taken after heap_lock: only try; a busy heap waits for the next poll. */
-        if (c->local && pthread_mutex_trylock(&c->heap_lock) != 0)
-                return true;
         for (pending_free_t **pp = &c->pending_frees; *pp;) {
                 pending_free_t *p = *pp;
                 bool done = true;
@@ -469,8 +473,12 @@ static bool complete_pending_frees(gpumem_client *c) {
                         pp = &p->next;
                         continue;
                 }
+                *pp = p->next;
                 if (c->local) {
-                        gm_local_free_completed(c->heap, p->block_id);
+                        /* The heap is taken before lock: the service thread finishes it. */
+                        p->next = c->completed_frees;
+                        c->completed_frees = p;
+                        continue;
                 } else {
                         Gpumem__FreeCompleted fc = GPUMEM__FREE_COMPLETED__INIT;
                         fc.block_id = p->block_id;
@@ -480,12 +488,39 @@ static bool complete_pending_frees(gpumem_client *c) {
                         env.free_completed = &fc;
                         send_env(c, &env);
                 }
-                *pp = p->next;
                 pending_free_destroy(c, p, true);
         }
-        if (c->local)
-                pthread_mutex_unlock(&c->heap_lock);
-        return c->pending_frees != NULL;
+        return c->pending_frees != NULL || c->completed_frees != NULL;
+}
+
+/* Local mode: frees whose stream work is done return their blocks to the
+ * heap. Service thread only, holding neither lock; a busy heap is tried
+ * again at the next poll. Returns true while some wait. */
+static bool finish_completed_frees(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        pending_free_t *done = c->completed_frees;
+        c->completed_frees = NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!done)
+                return false;
+        if (pthread_mutex_trylock(&c->heap_lock) != 0) {
+                pthread_mutex_lock(&c->lock);
+                pending_free_t **tail = &done;
+                while (*tail)
+                        tail = &(*tail)->next;
+                *tail = c->completed_frees;
+                c->completed_frees = done;
+                pthread_mutex_unlock(&c->lock);
+                return true;
+        }
+        while (done) {
+                pending_free_t *p = done;
+                done = p->next;
+                gm_local_free_completed(c->heap, p->block_id);
+                pending_free_destroy(c, p, true);
+        }
+        pthread_mutex_unlock(&c->heap_lock);
+        return false;
 }
 
 /* empty_cache(): what the heap gave back and the daemon got (pieces whose
@@ -603,7 +638,7 @@ static void *service_main(void *arg) {
         bool pending = false;
         int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
-                bool reclaiming = c->local && serve_reclaim(c);
+                bool reclaiming = c->local && (serve_reclaim(c) | finish_completed_frees(c));
                 int timeout = pending || reclaiming ? poll_ms : -1;
                 int off_ms = socket_left_to_callers(c);
                 if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
@@ -804,6 +839,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 gm_msg_free(reply);
                 return err ? err : -EPROTO;
         }
+        if (w.error < 0 && reply && reply->body_case == GPUMEM__ENVELOPE__BODY_GRANT_REPLY)
+                c->grant_unmapped = true; /* under heap_lock: the granting thread gives it back */
         if (w.error < 0 && reply && reply->body_case == GPUMEM__ENVELOPE__BODY_ALLOC_REPLY) {
                 /* The block's memory could not be mapped here: give the block
                  * back and ask for the session's idle segments, the unmapped
@@ -887,6 +924,11 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
         env.grant = &grant;
         Gpumem__Envelope *reply = NULL;
         int r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_GRANT_REPLY, &reply);
+        if (r < 0 && c->grant_unmapped) {
+                /* Granted but not mappable here: the daemon takes it back. */
+                c->grant_unmapped = false;
+                local_give_back(c, g->segment_id, g->offset, g->size, !gm_u64map_get(&c->segments, g->segment_id));
+        }
         if (r < 0)
                 return r;
         const Gpumem__Mapping *m = reply->grant_reply->mapping;
@@ -1332,6 +1374,11 @@ static void session_close(gpumem_client *c, bool owner) {
         while (c->pending_frees) {
                 pending_free_t *p = c->pending_frees;
                 c->pending_frees = p->next;
+                pending_free_destroy(c, p, owner);
+        }
+        while (c->completed_frees) {
+                pending_free_t *p = c->completed_frees;
+                c->completed_frees = p->next;
                 pending_free_destroy(c, p, owner);
         }
         /* The daemon releases the session's pieces; the heap only forgets them. */

@@ -25,8 +25,18 @@
 
 /* A session whose reclaim brought nothing back is not asked again for this long. */
 #define DRY_MS 1000
+/* Ranges one ReturnPieces may name. */
+#define MAX_RETURN_RANGES 512u
 /* The largest virtual range a segment may claim (2^48 bytes). */
 #define MAX_SEGMENT_VA (UINT64_C(1) << 48)
+
+/* A central session's allocation waiting for local sessions' caches. */
+typedef struct gm_parked_alloc {
+        uint64_t request_id;
+        uint64_t size, stream;
+        uint64_t parked_at_ms;
+        struct gm_parked_alloc *next;
+} gm_parked_alloc_t;
 
 struct gm_parked_grant {
         uint64_t request_id;
@@ -200,6 +210,10 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
                                           gm_format_size(d->broker->backend->capacity, cap, sizeof(cap))),
                        0;
         }
+        if (l->n_pieces >= GM_LOCAL_MAX_PIECES)
+                return gm_request_error(c, request_id, ENOBUFS, "session limit of %u pieces reached",
+                                        GM_LOCAL_MAX_PIECES),
+                       0;
         segment_view_t v = segment_view(s, g->segment_id);
         gm_piece_spec_t spec = {.segment_id = g->segment_id,
                                 .segment_va_size = g->segment_va_size,
@@ -220,9 +234,14 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
                 snprintf(out.message, sizeof(out.message), "%s", message);
                 return gm_request_refusal(c, request_id, &out), 0;
         }
-        if (r < 0)
-                return gm_request_error(c, request_id, r, "grant failed: %s", strerror(-r)), 0;
+        if (r < 0) {
+                const char *detail = gm_backend_last_error(d->broker->backend);
+                return gm_request_error(c, request_id, r, "grant failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
+                                        detail),
+                       0;
+        }
         l->granted += g->size;
+        l->n_pieces++;
         if (v.n == 0) {
                 l->segments++;
                 l->segments_ever++;
@@ -305,12 +324,67 @@ static void retry_conn(gm_request_conn_t *c, uint64_t now, bool timed_out_only) 
         }
 }
 
+static bool local_reclaim_pending(const gm_requests_t *d) {
+        for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
+                const gm_request_conn_t *o = os->userdata;
+                if (o && o->local && o->local->reclaim_id)
+                        return true;
+        }
+        return false;
+}
+
+bool gm_local_park_alloc(gm_request_conn_t *c, uint64_t request_id, uint64_t size, uint64_t stream,
+                         const gm_outcome_t *out) {
+        const gm_requests_t *d = c->rq;
+        if (out->error != -ENOMEM && out->error != -EDQUOT)
+                return false;
+        uint32_t n = 0;
+        for (const gm_parked_alloc_t *pa = c->parked_allocs; pa; pa = pa->next)
+                n++;
+        const gm_tenant_t *scope = out->error == -EDQUOT ? c->session->tenant : NULL;
+        if (n >= d->broker->limits.max_parked_per_session || gm_local_reclaim(d, c, scope) == 0)
+                return false;
+        gm_parked_alloc_t *pa = calloc(1, sizeof(*pa));
+        if (!pa)
+                return false;
+        *pa = (gm_parked_alloc_t){.request_id = request_id, .size = size, .stream = stream,
+                                  .parked_at_ms = gm_now_ms()};
+        gm_parked_alloc_t **pp = &c->parked_allocs;
+        while (*pp)
+                pp = &(*pp)->next;
+        *pp = pa;
+        return true;
+}
+
+/* Central allocations parked here, in order, while local reclaims are out. */
+static void retry_allocs(gm_request_conn_t *c, uint64_t now, bool timed_out_only) {
+        const gm_requests_t *d = c->rq;
+        while (c->parked_allocs && !c->closed) {
+                gm_parked_alloc_t *pa = c->parked_allocs;
+                bool expired = now - pa->parked_at_ms >= d->broker->limits.park_timeout_ms;
+                if (timed_out_only && !expired)
+                        break;
+                gm_outcome_t out;
+                gm_session_alloc(c->session, pa->request_id, pa->size, pa->stream, NULL, 0, &out);
+                if (out.kind == GM_OUTCOME_REFUSE && !expired && local_reclaim_pending(d))
+                        break; /* more may come back */
+                c->parked_allocs = pa->next;
+                if (out.kind != GM_OUTCOME_PARK) {
+                        gm_requests_parked_done(d, now - pa->parked_at_ms);
+                        gm_requests_answer_alloc(c, pa->request_id, &out);
+                }
+                free(pa);
+        }
+}
+
 static void retry_all(const gm_requests_t *d, bool timed_out_only) {
         uint64_t now = gm_now_ms();
         for (gm_session_t *s = d->broker->sessions, *next; s; s = next) {
                 next = s->next; /* a failed send closes the connection (its session stays listed until the loop runs) */
-                if (s->userdata)
+                if (s->userdata) {
                         retry_conn(s->userdata, now, timed_out_only);
+                        retry_allocs(s->userdata, now, timed_out_only);
+                }
         }
 }
 
@@ -323,6 +397,10 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
         if (!l)
                 return refuse_central(c, request_id, "ReturnPieces");
         const Gpumem__ReturnPieces *ret = env->return_pieces;
+        if (ret->n_ranges > MAX_RETURN_RANGES) { /* each is a walk over the session's pieces */
+                gm_request_error(c, request_id, E2BIG, "at most %u pieces in one ReturnPieces", MAX_RETURN_RANGES);
+                return -E2BIG;
+        }
         for (size_t i = 0; i < ret->n_ranges; i++) {
                 const Gpumem__Range *range = ret->ranges[i];
                 gm_piece_t *p = gm_session_find_piece(c->session, range->segment_id, range->offset);
@@ -337,6 +415,7 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
                 gm_piece_release(c->session, p, false); /* never sent: back to the backend at once */
                 bool last = segment_view(c->session, segment_id).n == 0;
                 l->granted -= size;
+                l->n_pieces--;
                 l->segments -= last;
                 gm_local_exact_update(c, -(int64_t) size, last ? -1 : 0);
         }
@@ -430,7 +509,7 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
                         g.segment_va_size = seg->va_size;
                         g.offset = seg->mapped[k]->offset;
                         g.size = seg->mapped[k]->length;
-                        if (grant_invalid(c, &g)) {
+                        if (grant_invalid(c, &g) || c->local->n_pieces >= GM_LOCAL_MAX_PIECES) {
                                 r = -EINVAL;
                                 break;
                         }
@@ -444,6 +523,7 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
                         if (r < 0)
                                 break;
                         c->local->granted += g.size;
+                        c->local->n_pieces++;
                         c->local->segments += new_segment;
                         c->local->segments_ever += new_segment;
                         gm_local_exact_update(c, (int64_t) g.size, new_segment ? 1 : 0);
@@ -461,6 +541,11 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
 /* ---- the end of a session ---- */
 
 void gm_local_end(gm_request_conn_t *c) {
+        while (c->parked_allocs) {
+                gm_parked_alloc_t *pa = c->parked_allocs;
+                c->parked_allocs = pa->next;
+                free(pa);
+        }
         gm_local_t *l = c->local;
         if (!l)
                 return;

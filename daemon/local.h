@@ -16,10 +16,14 @@
 
 typedef struct gm_parked_grant gm_parked_grant_t;
 
+/* Pieces one local session may hold (each is an fd here; grants walk them). */
+#define GM_LOCAL_MAX_PIECES 65536u
+
 struct gm_local {
         gm_statpage_t *page;
         gm_stats_t exact;       /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
         uint64_t granted;       /* bytes of its LIVE pieces */
+        uint64_t n_pieces;      /* its LIVE pieces (at most GM_LOCAL_MAX_PIECES) */
         uint64_t segments;      /* segments with a LIVE piece */
         uint64_t segments_ever;
         gm_stats_t figures;     /* the page's last valid read, the exact figures laid over */
@@ -80,7 +84,12 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
 /* Asks local sessions (of `tenant` only, when not NULL) other than `except`
  * for their cached memory; returns the bytes expected back. */
 uint64_t gm_local_reclaim(const gm_requests_t *d, const gm_request_conn_t *except, const gm_tenant_t *tenant);
-/* Retries grants waiting for reclaimed memory (timed-out ones are refused). */
+/* A central allocation the broker refused for lack of memory: when local
+ * sessions hold cached memory they are asked for it and the request waits
+ * (true: parked, answered later); false: answer `out` now. */
+bool gm_local_park_alloc(gm_request_conn_t *c, uint64_t request_id, uint64_t size, uint64_t stream,
+                         const gm_outcome_t *out);
+/* Retries grants (and central allocations) waiting for reclaimed memory. */
 void gm_local_retry_parked(const gm_requests_t *d);
 /* Periodic: reclaim timeouts, page reads, parked grants. */
 void gm_local_tick(const gm_requests_t *d);

@@ -238,6 +238,8 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 };
         gm_outcome_t out;
         gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
+        if (out.kind == GM_OUTCOME_REFUSE && gm_local_park_alloc(c, request_id, alloc->size, alloc->stream, &out))
+                return 0;
         if (out.kind != GM_OUTCOME_PARK)
                 gm_requests_answer_alloc(c, request_id, &out);
         return 0;

@@ -50,6 +50,7 @@ struct gm_request_conn {
         bool closed;      /* the server closed it: nothing more is sent */
         uint64_t requests; /* packets received */
         gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
+        struct gm_parked_alloc *parked_allocs; /* central allocations waiting for local sessions' caches */
 };
 
 /* One request. Returns 0, or a negative errno when the connection must be

@@ -25,6 +25,12 @@ endif()
 add_test(NAME integration_host_local COMMAND test_integration)
 set_tests_properties(integration_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
                      TIMEOUT 900)
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_test(NAME integration_cuda_local COMMAND test_integration)
+  set_tests_properties(integration_cuda_local PROPERTIES
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=local;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G"
+    TIMEOUT 900)
+endif()
 
 # A client program the tests run as other users (setpriv) or in the background.
 add_executable(gm-test-client ${CMAKE_CURRENT_LIST_DIR}/test_client_tool.c)

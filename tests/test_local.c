@@ -148,6 +148,60 @@ static void *own_stats_page(void) {
         return page;
 }
 
+/* A child process with a local session of its own holding one block of
+ * `size` (freed into its cache when `cache`). It runs `before` (may be NULL),
+ * says it is ready, waits for the go, and exits with `after`'s status (0
+ * when NULL); a failed step exits 10..12. */
+typedef struct local_child {
+        pid_t pid;
+        int go;
+} local_child_t;
+
+static local_child_t local_child_start(size_t size, bool cache, int (*before)(gpumem_client *),
+                                       int (*after)(gpumem_client *)) {
+        int ready[2], go[2];
+        ck_assert_int_eq(pipe(ready), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                gpumem_client *cc = NULL;
+                void *p;
+                if (gpumem_connect_heap(daemon_.socket_path, GPUMEM_HEAP_LOCAL, &cc) < 0 ||
+                    gpumem_alloc(cc, size, 0, &p) < 0 || (cache && gpumem_free(cc, p) < 0))
+                        _exit(10);
+                if (before && before(cc) != 0)
+                        _exit(11);
+                char b = 1;
+                if (write(ready[1], &b, 1) != 1 || read(go[0], &b, 1) != 1)
+                        _exit(12);
+                _exit(after ? after(cc) : 0);
+        }
+        close(ready[1]);
+        close(go[0]);
+        char b;
+        ck_assert_int_eq(read(ready[0], &b, 1), 1);
+        close(ready[0]);
+        return (local_child_t){.pid = pid, .go = go[1]};
+}
+
+static int local_child_finish(local_child_t *ch) {
+        char b = 1;
+        ck_assert_int_eq(write(ch->go, &b, 1), 1);
+        close(ch->go);
+        return wait_child(ch->pid);
+}
+
+/* Overwrites the calling process's statistics page with huge figures whose
+ * pools do not add up. */
+static int scribble_stats_page(gpumem_client *c) {
+        uint8_t *page = own_stats_page();
+        if (!page)
+                return 1;
+        memset(page + 64, 0x7f, 4096 - 64);
+        return 0;
+}
+
 /* A client scribbling over its statistics page changes no other session's
  * figures, no quota and no charge; the daemon flags it. */
 START_TEST(test_garbage_stats_page_is_contained) {
@@ -156,28 +210,8 @@ START_TEST(test_garbage_stats_page_is_contained) {
         ck_assert_int_eq(gpumem_alloc(c, 3 * MiB, 0, &mine), 0);
         int64_t my_reserved;
         ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &my_reserved), 0);
-        int go[2], ready[2];
-        ck_assert_int_eq(pipe(go), 0);
-        ck_assert_int_eq(pipe(ready), 0);
-        pid_t pid = fork();
-        ck_assert_int_ge(pid, 0);
-        if (pid == 0) {
-                gpumem_client *cc = NULL;
-                void *p;
-                if (gpumem_connect_heap(daemon_.socket_path, GPUMEM_HEAP_LOCAL, &cc) < 0 ||
-                    gpumem_alloc(cc, 1 * MiB, 0, &p) < 0)
-                        _exit(10);
-                uint8_t *page = own_stats_page();
-                if (!page)
-                        _exit(11);
-                memset(page + 64, 0x7f, 4096 - 64); /* every figure huge, pools inconsistent */
-                char b = 1;
-                if (write(ready[1], &b, 1) != 1 || read(go[0], &b, 1) != 1)
-                        _exit(12);
-                _exit(0);
-        }
-        char b;
-        ck_assert_int_eq(read(ready[0], &b, 1), 1);
+        local_child_t child = local_child_start(1 * MiB, false, scribble_stats_page, NULL);
+        pid_t pid = child.pid;
         char out[16384];
         const char *e = client_entry(out, sizeof(out), pid);
         ck_assert_ptr_nonnull(e);
@@ -195,8 +229,7 @@ START_TEST(test_garbage_stats_page_is_contained) {
         char tenant[32];
         snprintf(tenant, sizeof(tenant), "uid:%u", (unsigned) getuid());
         ck_assert_int_eq((int64_t) gm_test_tenant_charged(daemon_.socket_path, tenant), my_reserved + 2 * (int64_t) MiB);
-        ck_assert_int_eq(write(go[1], &b, 1), 1);
-        ck_assert_int_eq(wait_child(pid), 0);
+        ck_assert_int_eq(local_child_finish(&child), 0);
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", my_reserved),
                          my_reserved);
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocated_bytes.all.current"), 3 * (int64_t) MiB);
@@ -206,6 +239,8 @@ END_TEST
 
 /* A SIGKILLed local client leaks nothing: its pieces go back to the device. */
 START_TEST(test_sigkilled_local_client_leaks_nothing) {
+        /* The baseline after one connection came and went (whatever the daemon opens once). */
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), 0);
         int daemon_fds = gm_test_count_fds(daemon_.pid);
         int ready[2];
         ck_assert_int_eq(pipe(ready), 0);
@@ -236,11 +271,11 @@ START_TEST(test_sigkilled_local_client_leaks_nothing) {
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "allocated_bytes.all.current"), 0);
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "segment.all.current"), 0);
         int fds = gm_test_count_fds(daemon_.pid);
-        for (int i = 0; i < 500 && fds != daemon_fds; i++) { /* the stat queries' connections close behind us */
+        for (int i = 0; i < 1000 && fds > daemon_fds; i++) { /* the stat queries' connections close behind us */
                 usleep(10000);
                 fds = gm_test_count_fds(daemon_.pid);
         }
-        ck_assert_int_eq(fds, daemon_fds);
+        ck_assert_int_le(fds, daemon_fds); /* (the baseline may still count a closing connection) */
 }
 END_TEST
 
@@ -282,6 +317,38 @@ START_TEST(test_local_refusal_explained) {
 }
 END_TEST
 
+/* Cached memory of a local session is reclaimed for another session's
+ * allocation, local or central: the client's heap gives idle segments back. */
+/* Whether the heap gave its cached segment back. */
+static int reserved_nothing(gpumem_client *c) {
+        int64_t reserved = -1;
+        gpumem_stat(c, "reserved_bytes.all.current", &reserved);
+        return reserved == 0 ? 0 : 13;
+}
+
+static void reclaim_for(gpumem_heap_mode requester) {
+        local_child_t child = local_child_start(200 * MiB, true, NULL, reserved_nothing);
+        gpumem_client *c = connect_mode(requester);
+        void *p;
+        int r = gpumem_alloc(c, 200 * MiB, 0, &p);
+        ck_assert_msg(r == 0, "alloc after reclaim: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(p, 200 * MiB, 5);
+        ck_assert(gm_test_verify(p, 200 * MiB, 5));
+        ck_assert_int_eq(local_child_finish(&child), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+}
+
+START_TEST(test_local_cache_reclaimed_for_local) {
+        reclaim_for(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_local_cache_reclaimed_for_central) {
+        reclaim_for(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+
 static Suite *local_suite(void) {
         Suite *s = suite_create("local");
         TCase *tc = tcase_create("local");
@@ -293,6 +360,8 @@ static Suite *local_suite(void) {
         tcase_add_test(tc, test_sigkilled_local_client_leaks_nothing);
         tcase_add_test(tc, test_tenant_required_central);
         tcase_add_test(tc, test_local_refusal_explained);
+        tcase_add_test(tc, test_local_cache_reclaimed_for_local);
+        tcase_add_test(tc, test_local_cache_reclaimed_for_central);
         suite_add_tcase(s, tc);
         return s;
 }
