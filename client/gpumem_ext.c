@@ -407,6 +407,11 @@ static size_t str_size(const char *s) {
         return strlen(s ? s : "") + 1;
 }
 
+/* A session's heap mode as gpumemctl names it (a daemon that names none has central heaps only). */
+static const char *heap_name(const Gpumem__ClientInfo *ci) {
+        return ci->heap_mode && ci->heap_mode[0] ? ci->heap_mode : "central";
+}
+
 int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t *ret_n) {
         if (!c || !ret_list || !ret_n)
                 return -EINVAL;
@@ -418,7 +423,8 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
         const Gpumem__ClientsReply *cr = reply->clients_reply;
         size_t text = 0;
         for (size_t i = 0; i < cr->n_clients; i++)
-                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) + str_size(cr->clients[i]->name);
+                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) + str_size(cr->clients[i]->name) +
+                        str_size(heap_name(cr->clients[i]));
         gpumem_client_info *list = malloc(cr->n_clients * sizeof(*list) + text + 1);
         if (!list) {
                 gm_msg_free(reply);
@@ -440,6 +446,9 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
                         .segments = ci->segments,
                         .releasing_bytes = ci->releasing,
                         .control = ci->admin,
+                        .heap = put_str(&area, heap_name(ci)),
+                        .stats_page_invalid = ci->stats_page_invalid,
+                        .requests = ci->requests,
                 };
         }
         *ret_n = cr->n_clients;

@@ -196,6 +196,9 @@ typedef struct gpumem_client_info {
         uint64_t segments;
         uint64_t releasing_bytes; /* asked back, not yet acknowledged (still charged) */
         bool control;             /* a gpumemctl-style connection holding no memory */
+        const char *heap;         /* "local" (its heap runs in the client) or "central" */
+        bool stats_page_invalid;  /* local: its statistics page failed the daemon's bounds (figures as zero) */
+        uint64_t requests;        /* packets the daemon received from it */
 } gpumem_client_info;
 
 /* The sessions the caller may see (its tenant's; every one for an admin).
