@@ -24,6 +24,13 @@ int gm_client_call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__Bo
  * daemon's own figures of the session follow its ResetStats). Central: nothing. */
 void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated);
 
+/* A local session's snapshot of its own heap (its segments, blocks and trace
+ * ring), JSON or pickle, freed with free(); -EOPNOTSUPP for a central one. */
+int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t *ret_len);
+/* A local session's heap records its trace (at most max_entries) or stops
+ * (clearing it); a central one: nothing. */
+int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries);
+
 /* The socket c is connected to. */
 const char *gm_client_socket_path(const gpumem_client *c);
 

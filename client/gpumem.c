@@ -108,6 +108,9 @@ struct gpumem_client {
         uint32_t max_packet;
         uint32_t max_fds;
         uint64_t capacity; /* of the device, from the daemon */
+        int device;        /* the daemon's device index */
+        uint64_t session_id;
+        char tenant[64];
         char backend[16];
         gm_mapper_t *mapper;
         pthread_t service;
@@ -1101,6 +1104,9 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
         snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
+        snprintf(c->tenant, sizeof(c->tenant), "%s", hr->tenant ? hr->tenant : "");
+        c->device = hr->device;
+        c->session_id = hr->session_id;
         *ret_reply = reply;
         *ret_page_fd = page_fd;
         return 0;
@@ -1522,15 +1528,21 @@ void gpumem_disconnect(gpumem_client *c) {
 /* ---- allocation ---- */
 
 /* A local session's allocation: no message unless the heap needs memory. */
-static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
+static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+                       void **ret_ptr) {
         gm_alloc_result_t res;
+        gm_frame_t trace_frames[GPUMEM_MAX_FRAMES];
+        size_t n_trace = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
+        for (size_t i = 0; i < n_trace; i++)
+                trace_frames[i] = (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line,
+                                               .name = frames[i].name};
         pthread_mutex_lock(&c->heap_lock);
         block_t *b = c->n_spare_blocks ? c->spare_blocks[--c->n_spare_blocks] : malloc(sizeof(*b));
         if (!b) {
                 pthread_mutex_unlock(&c->heap_lock);
                 return set_error(c, -ENOMEM, "gpumem: out of host memory");
         }
-        int r = gm_local_alloc(c->heap, size, stream, &res);
+        int r = gm_local_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
         if (r < 0) {
                 bool told = gm_local_refused_by_daemon(c->heap);
                 pthread_mutex_unlock(&c->heap_lock);
@@ -1577,7 +1589,7 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         if (r < 0)
                 return r;
         if (c->local)
-                return local_alloc(c, size, stream, ret_ptr);
+                return local_alloc(c, size, stream, frames, n_frames, ret_ptr);
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
         alloc.stream = stream;
@@ -1814,6 +1826,29 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
                 *ret_released_bytes = reply->trim_reply->released_bytes;
         gm_msg_free(reply);
         return 0;
+}
+
+int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t *ret_len) {
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        if (!c->local)
+                return -EOPNOTSUPP;
+        gm_local_owner_t owner = {
+                .device = c->device, .pid = (uint32_t) getpid(), .tenant = c->tenant, .session_id = c->session_id};
+        pthread_mutex_lock(&c->heap_lock);
+        r = gm_local_snapshot(c->heap, &owner, json, ret_buf, ret_len);
+        pthread_mutex_unlock(&c->heap_lock);
+        return r < 0 ? set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
+}
+
+int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries) {
+        if (ensure_own_session(c) < 0 || !c->local)
+                return 0;
+        pthread_mutex_lock(&c->heap_lock);
+        int r = gm_local_history(c->heap, enabled, max_entries, (uint32_t) getpid());
+        pthread_mutex_unlock(&c->heap_lock);
+        return r < 0 ? set_error(c, r, "gpumem: cannot set up the local heap's memory history: %s", strerror(-r)) : 0;
 }
 
 void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated) {

@@ -348,6 +348,25 @@ int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pi
         req.format = format == GPUMEM_SNAPSHOT_JSON ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON
                                                     : GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
         req.pid = pid;
+        if (pid == (uint32_t) getpid()) {
+                /* This process's memory: a local heap is here, not in the daemon. */
+                char *buf;
+                size_t len;
+                int r = gm_client_local_snapshot(c, format == GPUMEM_SNAPSHOT_JSON, &buf, &len);
+                if (r == 0) {
+                        char *data = realloc(buf, len + 1);
+                        if (!data) {
+                                free(buf);
+                                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+                        }
+                        data[len] = '\0'; /* a JSON snapshot reads as a C string too */
+                        *ret_data = data;
+                        *ret_len = len;
+                        return 0;
+                }
+                if (r != -EOPNOTSUPP)
+                        return r;
+        }
         Gpumem__Envelope *reply;
         int fd = -1;
         int r = request(c, GPUMEM__ENVELOPE__BODY_SNAPSHOT, &req, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, &reply, &fd);
@@ -385,6 +404,12 @@ int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_
         int r = request(c, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply, NULL);
         if (r < 0)
                 return r;
+        /* The daemon's ring holds central heaps' events; a local heap keeps its own. */
+        r = gm_client_local_history(c, reply->history_reply->enabled, reply->history_reply->max_entries);
+        if (r < 0) {
+                gm_msg_free(reply);
+                return r;
+        }
         if (ret_state)
                 *ret_state = (gpumem_history_state){.enabled = reply->history_reply->enabled,
                                                     .max_entries = reply->history_reply->max_entries,

@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "local_heap.h"
+#include "snapshot.h"
 
 struct gm_local {
         gm_heap_t *heap;
@@ -13,6 +15,11 @@ struct gm_local {
         uint64_t cur_size;        /* the request being served (for the diagnosis) */
         bool refused_by_daemon;
         bool destroying;          /* pieces are forgotten, not given back */
+        gm_alloc_config_t config; /* the settings it runs with (a snapshot's allocator_settings) */
+        gm_history_t *history;    /* this process's trace ring while memory history is on */
+        const gm_frame_t *cur_frames; /* frames of the allocation being served */
+        size_t n_cur_frames;
+        uint32_t pid;             /* the process the trace entries name */
 };
 
 /* Every change of the heap is one page update: the page reads as busy from
@@ -64,6 +71,19 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         begin(l);
 }
 
+/* Records the heap's events in its trace ring while history is on. */
+static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+        gm_local_t *l = userdata;
+        if (!l->history)
+                return;
+        gm_history_entry_t e = {
+                .action = action, .addr = addr, .size = size, .stream = stream, .time_us = gm_realtime_us(),
+                .pid = l->pid};
+        bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
+        /* A failed record only loses this entry; allocation goes on. */
+        gm_history_record(l->history, &e, with_frames ? l->cur_frames : NULL, with_frames ? l->n_cur_frames : 0);
+}
+
 int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
                  const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len) {
         gm_alloc_config_t cfg;
@@ -77,7 +97,9 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 return -ENOMEM;
         l->ops = *ops;
         l->page = page;
-        gm_provider_t provider = {.create = provider_create, .release = provider_release, .userdata = l};
+        l->config = cfg;
+        gm_provider_t provider = {
+                .create = provider_create, .release = provider_release, .trace = provider_trace, .userdata = l};
         gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
         if (r < 0) {
@@ -95,16 +117,22 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
                 return NULL;
         l->destroying = true;
         gm_heap_destroy(l->heap);
+        gm_history_free(l->history);
         free(l);
         return NULL;
 }
 
-int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
+int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
+                   gm_alloc_result_t *ret_result) {
         l->cur_size = size;
         l->refused_by_daemon = false;
+        l->cur_frames = frames;
+        l->n_cur_frames = n_frames;
         begin(l);
         int r = gm_heap_alloc(l->heap, size, stream, ret_result);
         end(l);
+        l->cur_frames = NULL;
+        l->n_cur_frames = 0;
         return r;
 }
 
@@ -152,4 +180,29 @@ bool gm_local_refused_by_daemon(const gm_local_t *l) {
 
 const gm_heap_t *gm_local_heap(const gm_local_t *l) {
         return l->heap;
+}
+
+int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid) {
+        l->pid = pid;
+        if (!enabled) {
+                l->history = gm_history_free(l->history); /* off clears the ring, as in PyTorch */
+                return 0;
+        }
+        if (l->history)
+                return gm_history_set_max(l->history, max_entries);
+        return gm_history_new(max_entries, GM_LOCAL_HISTORY_FRAME_BYTES, &l->history);
+}
+
+int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len) {
+        gm_snapshot_heap_t heap = {
+                .heap = l->heap, .pid = owner->pid, .tenant = owner->tenant, .session_id = owner->session_id};
+        gm_snapshot_source_t src = {
+                .device = owner->device,
+                .heaps = &heap,
+                .n_heaps = 1,
+                .history = l->history,
+                .only_heap_pids = true,
+                .config = &l->config,
+        };
+        return gm_snapshot_write(&src, json ? GM_SNAPSHOT_JSON : GM_SNAPSHOT_PICKLE, ret_buf, ret_len);
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "allocator.h"
+#include "history.h"
 #include "statpage.h"
 
 typedef struct gm_local gm_local_t;
@@ -50,7 +51,9 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
  * ending: its mappings and the daemon's ledger go with it). Accepts NULL. */
 gm_local_t *gm_local_destroy(gm_local_t *l);
 
-int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result);
+/* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
+int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
+                   gm_alloc_result_t *ret_result);
 int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred);
 int gm_local_free_completed(gm_local_t *l, uint64_t block_id);
 /* empty_cache(): gives every idle cached segment (and free page) back. */
@@ -63,3 +66,23 @@ void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated);
 bool gm_local_refused_by_daemon(const gm_local_t *l);
 /* The read-only walk of the heap (snapshots). */
 const gm_heap_t *gm_local_heap(const gm_local_t *l);
+
+/* Bytes of interned frame data a local trace ring keeps, at most. */
+#define GM_LOCAL_HISTORY_FRAME_BYTES (64u << 20)
+
+/* Memory history of this heap (the session's part of the device's trace,
+ * entries naming `pid`): on with at most max_entries entries, or off (the
+ * ring is cleared). -ENOMEM. */
+int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid);
+
+/* Who a snapshot names as the heap's owner. */
+typedef struct gm_local_owner {
+        int device;
+        uint32_t pid;
+        const char *tenant;
+        uint64_t session_id;
+} gm_local_owner_t;
+
+/* The heap's memory snapshot (PyTorch's schema: its segments and blocks, its
+ * trace ring), as JSON or a pickle; *ret_buf is freed with free(). */
+int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len);
