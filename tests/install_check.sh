@@ -24,6 +24,11 @@ ls "${libdir}"/libgpumem.so* "${libdir}"/libgpumem_torch.so.0 >/dev/null
 pkg="$(find "${prefix}" -path '*/dist-packages/gpumem/__init__.py' | head -n1)"
 [ -n "${pkg}" ] || { echo "missing the gpumem Python package in the install" >&2; exit 1; }
 pydir="$(dirname "$(dirname "${pkg}")")"
+# An ASan build's library needs the ASan runtime first in a Python process.
+preload=""
+case "${extra}" in *sanitize=address*)
+        preload="LD_PRELOAD=$(cc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0" ;;
+esac
 
 # 1. pkg-config
 # shellcheck disable=SC2046
@@ -50,7 +55,8 @@ for example in "${work}/example-pc" "${work}/consumer/example"; do
                 { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
         # The installed Python package loads the installed libraries and reads
         # the same figure (device 0 of the socket template is this daemon).
-        py="$(env -u GPUMEM_LIBRARY_DIR PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
+        # shellcheck disable=SC2086
+        py="$(env -u GPUMEM_LIBRARY_DIR ${preload} PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
 import gpumem, gpumem.torch
 print(gpumem._lib.TORCH_LIBRARY_PATH, gpumem.memory_stats(0, scope="device")["allocated_bytes.all.current"])')"
         [ "${py}" = "$(realpath "${libdir}")/libgpumem_torch.so.0 8388608" ] ||
