@@ -8,6 +8,7 @@
 
 #include "gpumem/gpumem.h"
 #include "msg.h"
+#include "stats.h"
 
 /* Records the calling thread's detailed message for gpumem_last_error(c) and
  * returns err. */
@@ -24,6 +25,9 @@ int gm_client_call(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope__Bo
  * daemon's own figures of the session follow its ResetStats). Central: nothing. */
 void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated);
 
+/* A local session's heap statistics (a copy), its daemon's device index and
+ * capacity; -EOPNOTSUPP for a central session. */
+int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_device, uint64_t *ret_capacity);
 /* A local session's snapshot of its own heap (its segments, blocks and trace
  * ring), JSON or pickle, freed with free(); -EOPNOTSUPP for a central one. */
 int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t *ret_len);

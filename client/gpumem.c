@@ -1828,6 +1828,20 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         return 0;
 }
 
+int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_device, uint64_t *ret_capacity) {
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        if (!c->local)
+                return -EOPNOTSUPP;
+        pthread_mutex_lock(&c->heap_lock);
+        *ret_stats = *gm_local_stats(c->heap);
+        pthread_mutex_unlock(&c->heap_lock);
+        *ret_device = c->device;
+        *ret_capacity = c->capacity;
+        return 0;
+}
+
 int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t *ret_len) {
         int r = ensure_own_session(c);
         if (r < 0)

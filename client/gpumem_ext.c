@@ -189,9 +189,53 @@ struct gpumem_stats {
         } entries[];
 };
 
+/* Builds a gpumem_stats from one gm_stats_t in two passes (sizes, then copies). */
+typedef struct stats_build {
+        gpumem_stats *s; /* NULL: first pass */
+        size_t n, text;
+        char *names;
+} stats_build_t;
+
+static void stats_build_visit(const char *name, int64_t value, void *userdata) {
+        stats_build_t *b = userdata;
+        size_t len = strlen(name) + 1;
+        if (b->s) {
+                b->s->entries[b->n].name = memcpy(b->names, name, len);
+                b->s->entries[b->n].value = value;
+                b->names += len;
+        }
+        b->n++;
+        b->text += len;
+}
+
+/* A local session's own statistics: its heap's, here. */
+static int local_session_stats(gpumem_client *c, gpumem_stats **ret) {
+        gm_stats_t st;
+        int device;
+        uint64_t capacity;
+        int r = gm_client_local_stats(c, &st, &device, &capacity);
+        if (r < 0)
+                return r;
+        stats_build_t b = {0};
+        gm_stats_foreach(&st, stats_build_visit, &b);
+        gpumem_stats *s = malloc(sizeof(*s) + b.n * sizeof(s->entries[0]) + b.text);
+        if (!s)
+                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+        *s = (gpumem_stats){.device = device, .capacity = capacity, .sessions = 1, .n = b.n};
+        b = (stats_build_t){.s = s, .names = (char *) &s->entries[s->n]};
+        gm_stats_foreach(&st, stats_build_visit, &b);
+        *ret = s;
+        return 0;
+}
+
 int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
         if (!c || !ret || scope > GPUMEM_SCOPE_PID)
                 return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION) {
+                int r = local_session_stats(c, ret);
+                if (r != -EOPNOTSUPP)
+                        return r;
+        }
         Gpumem__Stats req = GPUMEM__STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (scope == GPUMEM_SCOPE_TENANT && tenant ? tenant : "");
