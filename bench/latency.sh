@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The latency table of BENCHMARKS.md: alloc+free round trip through a fresh
 # gpumemd (host backend) against a bare SOCK_SEQPACKET ping-pong, the
-# fresh-segment-per-allocation analogue of cudaMalloc, and 1..256 clients.
+# fresh-segment-per-allocation analogue of cudaMalloc, and 1..256 clients, central and
+# local heaps.
 # Usage: bench/latency.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 build="${1:-build}"
@@ -24,3 +25,10 @@ done
 for clients in 1 4 16 64 256; do
         "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size 4096 --iters 1000 --clients "${clients}"
 done
+# Local heaps: the same loops with the heap in the client (no message once cached).
+for clients in 1 4 16 64 256; do
+        "${build}/bench/gpumem-bench-roundtrip" --socket "${dir}/gpu0.sock" --size 4096 --iters 100000 \
+                --clients "${clients}" --heap local
+done
+# Ratios within one run, interleaved: local / allocator core, central / ping-pong, a trace step.
+"${build}/bench/gpumem-bench-local" --socket "${dir}/gpu0.sock" --rounds 9 --trace bench/traces/train_loop.csv

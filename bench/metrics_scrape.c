@@ -3,16 +3,17 @@
  *   gpumem-bench-metrics [--sessions N] [--scrapes N]
  *           [--socket SOCK --metrics unix:PATH]
  *
- * Always: the in-process render cost (gm_metrics_render over N synthetic
- * sessions, each with a heap holding a few blocks, spread over 4 tenants).
  * With --socket and --metrics (a running gpumemd started with
  * --metrics-listen unix:PATH): a child process opens N sessions holding a few
- * blocks each, then the end-to-end latency of scrapes over the unix socket.
+ * blocks each (local or central heaps: $GPUMEM_HEAP), then the end-to-end
+ * latency of scrapes over the unix socket (with local sessions every scrape
+ * reads their statistics pages).
  * Prints median and p99 in microseconds. Starts no daemon itself. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,12 +23,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
 #include "gpumem/gpumem.h"
-#include "metrics.h"
 
 #define BLOCKS_PER_SESSION 3
 static const size_t block_sizes[BLOCKS_PER_SESSION] = {512, 4096, 100000}; /* small pool: one 2 MiB segment */
+
+static uint64_t now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
 
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
@@ -38,101 +43,6 @@ static void report(const char *what, uint64_t *ns, size_t n) {
         qsort(ns, n, sizeof(*ns), cmp_u64);
         printf("%-34s median %8.1f us   p99 %8.1f us   (%zu runs)\n", what, (double) ns[n / 2] / 1e3,
                (double) ns[(n * 99) / 100] / 1e3, n);
-}
-
-/* ---- in-process: gm_metrics_render over a synthetic daemon ---- */
-
-static int fake_create(void *userdata, uint64_t segment_id, uint64_t va_size, uint64_t offset, uint64_t size,
-                       uint64_t *ret_handle) {
-        *ret_handle = segment_id;
-        return 0;
-}
-
-static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
-                         bool whole_segment) {
-}
-
-static int bench_render(unsigned n_sessions, unsigned runs) {
-        static gm_daemon_t d;
-        char err[256] = "";
-        gm_backend_options_t bopts = {.kind = "host", .capacity = 1ull << 40};
-        if (gm_backend_host_open(&bopts, &d.backend, err, sizeof(err)) < 0 ||
-            gm_alloc_config_parse(NULL, &d.alloc_config, err, sizeof(err)) < 0) {
-                fprintf(stderr, "setup failed: %s\n", err);
-                return -1;
-        }
-        d.loop = uv_default_loop();
-        gm_stats_init(&d.device_stats);
-        d.va_cursor = 1ull << 40;
-        enum { TENANTS = 4 };
-        gm_tenant_t tenants[TENANTS] = {0};
-        for (int t = 0; t < TENANTS; t++) {
-                snprintf(tenants[t].name, sizeof(tenants[t].name), "bench-%d", t);
-                gm_stats_init(&tenants[t].stats);
-                tenants[t].next = t + 1 < TENANTS ? &tenants[t + 1] : NULL;
-        }
-        d.tenants = &tenants[0];
-        gm_session_t *sessions = calloc(n_sessions, sizeof(*sessions));
-        if (!sessions)
-                return -1;
-        gm_provider_t provider = {.create = fake_create, .release = fake_release};
-        for (unsigned i = 0; i < n_sessions; i++) {
-                gm_session_t *s = &sessions[i];
-                s->tenant = &tenants[i % TENANTS];
-                s->tenant->sessions++;
-                gm_heap_params_t params = {
-                        .capacity = d.backend->capacity,
-                        .va_cursor = &d.va_cursor,
-                        .extra_sinks = {&s->tenant->stats, &d.device_stats, NULL},
-                };
-                gm_alloc_result_t res;
-                if (gm_heap_new(&d.alloc_config, &provider, &params, &s->heap) < 0)
-                        return -1;
-                for (int b = 0; b < BLOCKS_PER_SESSION; b++)
-                        if (gm_heap_alloc(s->heap, block_sizes[b], 0, &res) < 0)
-                                return -1;
-                s->next = d.sessions;
-                d.sessions = s;
-                d.n_sessions++;
-        }
-        /* A real endpoint (on a throw-away socket) so that counters and histograms are rendered too. */
-        char path[] = "/tmp/gpumem-bench-metrics-XXXXXX";
-        if (!mkdtemp(path))
-                return -1;
-        char listen[64];
-        snprintf(listen, sizeof(listen), "unix:%s/m.sock", path);
-        gm_metrics_t *m = NULL;
-        if (gm_metrics_start(&d, listen, &m, err, sizeof(err)) < 0) {
-                fprintf(stderr, "gm_metrics_start: %s\n", err);
-                return -1;
-        }
-        for (int op = 0; op < _GM_REQUEST_OP_MAX; op++)
-                gm_metrics_observe_request(m, op, 1000u * (uint64_t) (op + 1));
-        gm_metrics_count_refusal(m, "bench-0", GM_OOM_DEVICE_FULL);
-
-        uint64_t *ns = calloc(runs, sizeof(*ns));
-        size_t len = 0;
-        for (unsigned r = 0; r < runs; r++) {
-                char *text;
-                uint64_t t0 = gm_now_ns();
-                if (gm_metrics_render(&d, m, &text, &len) < 0)
-                        return -1;
-                ns[r] = gm_now_ns() - t0;
-                free(text);
-        }
-        char what[64];
-        snprintf(what, sizeof(what), "render, %u sessions (%zu bytes)", n_sessions, len);
-        report(what, ns, runs);
-        free(ns);
-
-        m = gm_metrics_stop(m);
-        uv_run(d.loop, UV_RUN_DEFAULT);
-        rmdir(path);
-        for (unsigned i = 0; i < n_sessions; i++)
-                gm_heap_destroy(sessions[i].heap);
-        free(sessions);
-        d.backend = gm_backend_close(d.backend);
-        return 0;
 }
 
 /* ---- end to end: scrapes of a running daemon ---- */
@@ -206,9 +116,9 @@ static int bench_scrapes(const char *socket_path, const char *metrics_path, unsi
         uint64_t *ns = calloc(runs, sizeof(*ns));
         ssize_t size = 0;
         for (unsigned r = 0; ok && r < runs; r++) {
-                uint64_t t0 = gm_now_ns();
+                uint64_t t0 = now_ns();
                 size = scrape_once(metrics_path);
-                ns[r] = gm_now_ns() - t0;
+                ns[r] = now_ns() - t0;
                 ok = size > 0;
         }
         close(hold[1]);
@@ -255,14 +165,12 @@ int main(int argc, char **argv) {
                         return 2;
                 }
         }
-        if (n_sessions == 0 || runs == 0 || !socket_path != !metrics ||
+        if (n_sessions == 0 || runs == 0 || !socket_path || !metrics ||
             (metrics && strncmp(metrics, "unix:", 5) != 0)) {
                 fprintf(stderr, "%s: --socket and --metrics unix:PATH go together; counts must be > 0\n", argv[0]);
                 return 2;
         }
         signal(SIGPIPE, SIG_IGN);
-        if (bench_render(n_sessions, runs) < 0)
-                return 1;
         if (socket_path && bench_scrapes(socket_path, metrics + 5, n_sessions, runs) < 0)
                 return 1;
         return 0;

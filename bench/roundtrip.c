@@ -6,8 +6,11 @@
  *            creates, passes and maps a new segment and every trim asks for
  *            it back (the cudaMalloc-per-tensor analogue)
  *
+ * --heap central (the default here: the round trip is what is measured) or
+ * local (the session's heap in the client: no message once cached).
  * Prints median and p99 in microseconds. Usage:
- *   gpumem-bench-roundtrip --socket PATH [--size BYTES] [--iters N] [--mode cached|fresh] [--clients N] */
+ *   gpumem-bench-roundtrip --socket PATH [--size BYTES] [--iters N] [--mode cached|fresh] [--clients N]
+ *                          [--heap central|local] */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,9 +31,10 @@ static int cmp_u64(const void *a, const void *b) {
 /* Runs the loop in this process; writes median and p99 (ns) to out[0..1].
  * After warming up it says so on `ready` and waits until `go` closes, so that
  * all clients measure at the same time. */
-static int run(const char *socket_path, size_t size, int iters, bool fresh, int ready, int go, uint64_t out[2]) {
+static int run(const char *socket_path, gpumem_heap_mode heap, size_t size, int iters, bool fresh, int ready, int go,
+               uint64_t out[2]) {
         gpumem_client *c;
-        int r = gpumem_connect(socket_path, &c);
+        int r = gpumem_connect_heap(socket_path, heap, &c);
         if (r < 0) {
                 fprintf(stderr, "connect: %s\n", gpumem_strerror(r));
                 return 1;
@@ -70,6 +74,7 @@ int main(int argc, char **argv) {
         size_t size = 4096;
         int iters = 20000, clients = 1;
         bool fresh = false;
+        gpumem_heap_mode heap = GPUMEM_HEAP_CENTRAL;
         for (int i = 1; i < argc; i++) {
                 if (!strcmp(argv[i], "--socket") && i + 1 < argc)
                         socket_path = argv[++i];
@@ -81,9 +86,11 @@ int main(int argc, char **argv) {
                         clients = atoi(argv[++i]);
                 else if (!strcmp(argv[i], "--mode") && i + 1 < argc)
                         fresh = !strcmp(argv[++i], "fresh");
+                else if (!strcmp(argv[i], "--heap") && i + 1 < argc)
+                        heap = !strcmp(argv[++i], "local") ? GPUMEM_HEAP_LOCAL : GPUMEM_HEAP_CENTRAL;
                 else {
                         fprintf(stderr, "usage: %s --socket PATH [--size B] [--iters N] [--mode cached|fresh] "
-                                        "[--clients N]\n", argv[0]);
+                                        "[--clients N] [--heap central|local]\n", argv[0]);
                         return 2;
                 }
         }
@@ -98,7 +105,7 @@ int main(int argc, char **argv) {
                 if (fork() == 0) {
                         close(go[1]);
                         uint64_t out[2];
-                        int r = run(socket_path, size, iters, fresh, ready[1], go[0], out);
+                        int r = run(socket_path, heap, size, iters, fresh, ready[1], go[0], out);
                         if (r == 0 && write(fds[1], out, sizeof(out)) != sizeof(out))
                                 r = 1;
                         _exit(r);
@@ -129,8 +136,8 @@ int main(int argc, char **argv) {
         if (failed || got != clients)
                 return 1;
         qsort(med, (size_t) clients, sizeof(*med), cmp_u64);
-        printf("%-8s size=%-9zu clients=%-4d median_us=%.2f p99_us=%.2f pairs_per_s=%.0f\n", fresh ? "fresh" : "cached",
-               size, clients, (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0,
+        printf("%-8s heap=%-7s size=%-9zu clients=%-4d median_us=%.2f p99_us=%.2f pairs_per_s=%.0f\n",
+               fresh ? "fresh" : "cached", heap == GPUMEM_HEAP_LOCAL ? "local" : "central", size, clients, (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0,
                (double) clients * iters / seconds);
         free(med);
         return 0;

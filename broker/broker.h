@@ -374,8 +374,12 @@ typedef struct gm_reattach_range {
 } gm_reattach_range_t;
 int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                 const gm_reattach_range_t *mapped, size_t n_mapped);
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
-                              uint64_t requested_size, bool pending_free);
+/* A re-attaching session whose heap runs in its client reports a piece it
+ * maps: it is LIVE again, charged, outside any daemon-side heap, and released
+ * at once by gm_piece_release() (its client gives pieces back unmapped). */
+int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t requested_size, bool pending_free);
 /* The last report: the heap is checked, unclaimed stored pieces released. */
 int gm_session_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */

@@ -554,8 +554,30 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
         return r;
 }
 
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
-                              uint64_t requested_size, bool pending_free) {
+int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
+        if (!s->reattaching)
+                return -EPROTO;
+        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
+            spec->offset + spec->size > spec->segment_va_size)
+                return -EINVAL;
+        gm_piece_t *p = claim_piece(s, spec);
+        if (!p)
+                return -ENOMEM;
+        gm_piece_claimed(s, p);
+        p->in_heap = false; /* the client's heap holds it */
+        p->sent = false;    /* released at once: its client gives it back unmapped (or is gone) */
+        p->queue = NULL;    /* unsent pieces are listed, as gm_piece_create() lists them */
+        if (s->new_tail)
+                s->new_tail->queue = p;
+        else
+                s->new_head = p;
+        s->new_tail = p;
+        *ret_piece = p;
+        return 0;
+}
+
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t requested_size, bool pending_free) {
         if (!s->reattaching)
                 return -EPROTO;
         gm_heap_t *heap;

@@ -1,11 +1,18 @@
 /* libgpumem: a session with gpumemd.
  *
+ * Heap modes: in a local session (local_heap.c) the session's allocator runs
+ * here and only Grant/ReturnPieces/ReclaimAck go to the daemon; in a central
+ * one every allocation is an Alloc round trip.
+ *
  * Threads: application threads send requests (each sendmsg is one atomic
- * packet) and wait on a condition variable for the reply with their request
- * id; one service thread owns every read of the socket: it maps the segments
- * replies bring, answers the daemon's release requests (also while all
- * application threads are busy or idle) and hands replies to their waiters.
- * `lock` guards every field below it. */
+ * packet) and wait for the reply with their request id. Whoever holds
+ * read_lock reads the socket and dispatches every packet in order (mapping
+ * the segments replies bring, answering release requests): a calling thread
+ * reads until its own reply is in, then hands over to the next waiting
+ * caller; the service thread reads only when no call was in flight for
+ * CALLER_GRACE_MS (so it is not woken by every reply), and serves the
+ * daemon's Reclaim, deferred frees and re-attach. `lock` guards every field
+ * below it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -15,17 +22,23 @@
 #include <string.h>
 #include <time.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client-internal.h"
 #include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
+#include "local_heap.h"
 #include "mapper.h"
 #include "msg.h"
 #include "peer_check.h"
+#include "statpage.h"
 #include "u64map.h"
 
 typedef struct waiter {
@@ -81,15 +94,23 @@ typedef struct pending_free {
         struct pending_free *next;
 } pending_free_t;
 
+/* Block records a local session keeps for reuse. */
+#define SPARE_BLOCKS 64
+
 /* Most distinct streams one block may be recorded on. */
 #define MAX_STREAM_USES 64
 
 struct gpumem_client {
         int fd;
         pid_t pid; /* the process that owns this session */
+        unsigned fork_generation; /* fork_generation when pid was last confirmed */
         char socket_path[108];
         uint32_t max_packet;
         uint32_t max_fds;
+        uint64_t capacity; /* of the device, from the daemon */
+        int device;        /* the daemon's device index */
+        uint64_t session_id;
+        char tenant[64];
         char backend[16];
         gm_mapper_t *mapper;
         pthread_t service;
@@ -114,7 +135,39 @@ struct gpumem_client {
         gm_u64map_t blocks;   /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;
+        pending_free_t *completed_frees; /* local mode: stream work done, the heap not yet told */
+        uint64_t reader_generation; /* bumped whenever a reader lets read_lock go */
+        bool reader_lost;      /* a caller's read failed: the service thread reads until it knows why */
+        _Atomic int callers;   /* call()s in flight */
+        _Atomic uint64_t last_call_ms; /* CLOCK_MONOTONIC_COARSE when the last one ended */
+        uint64_t reclaim_id;   /* a Reclaim the service thread has yet to serve (0: none) */
+        uint64_t reclaim_bytes;
+
+        /* Local heap mode (local_heap.c): the session's allocator runs here.
+         * heap_lock serialises it and, in this mode, the blocks table; it is
+         * taken before lock. In this mode `segments` changes only on behalf of
+         * a heap_lock holder (a grant's reply is mapped while it waits, a give
+         * back unmaps under it) or at close, so heap_lock holders read it
+         * without lock. */
+        gpumem_heap_mode heap_choice; /* what the application asked for */
+        bool local;
+        bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
+        pthread_mutex_t heap_lock;
+        gm_local_t *heap;
+        gm_statpage_t *stats_page;
+        struct block *spare_blocks[SPARE_BLOCKS]; /* freed block records, reused (under heap_lock) */
+        size_t n_spare_blocks;
+        /* Bytes of pieces the heap gave back whose unmap the driver refused:
+         * they stay mapped here and granted (charged) by the daemon until the
+         * session ends, or until the heap asks for the same piece again
+         * (under heap_lock). */
+        uint64_t kept_bytes;
 };
+
+/* The lock of the blocks table: the heap's in local mode. */
+static pthread_mutex_t *blocks_lock(gpumem_client *c) {
+        return c->local ? &c->heap_lock : &c->lock;
+}
 
 static void block_free(block_t *b) {
         if (b) {
@@ -314,6 +367,13 @@ static void sync_release_streams(gpumem_client *c, const Gpumem__ReleaseRequest 
 
 /* ---- the service thread ---- */
 
+static void wake_service(gpumem_client *c) {
+        uint64_t one = 1;
+        if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+                /* The counter is full: the service thread is awake anyway. */
+        }
+}
+
 static waiter_t *waiter_find(gpumem_client *c, uint64_t request_id) {
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (w->request_id == request_id)
@@ -370,6 +430,19 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY:
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
                 break;
+        case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
+                map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
+                break;
+        case GPUMEM__ENVELOPE__BODY_RECLAIM:
+                /* Served by the service thread once it holds the heap. */
+                gm_close_fds(fds, n_fds);
+                if (c->local && env->reclaim->reclaim_id) {
+                        c->reclaim_id = env->reclaim->reclaim_id;
+                        c->reclaim_bytes = env->reclaim->bytes;
+                        wake_service(c);
+                }
+                gm_msg_free(env);
+                return;
         default:
                 if (w && w->fd < 0 && n_fds > 0) {
                         w->fd = fds[0];
@@ -390,8 +463,9 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         pthread_cond_signal(&w->cond);
 }
 
-/* Sends FreeCompleted for every pending free whose stream work is done.
- * Caller holds lock. Returns true while some remain pending. */
+/* Sends FreeCompleted (local mode: completes the free in the heap) for
+ * every pending free whose stream work is done. Caller holds lock. Returns
+ * true while some remain pending. */
 static bool complete_pending_frees(gpumem_client *c) {
         for (pending_free_t **pp = &c->pending_frees; *pp;) {
                 pending_free_t *p = *pp;
@@ -402,17 +476,92 @@ static bool complete_pending_frees(gpumem_client *c) {
                         pp = &p->next;
                         continue;
                 }
-                Gpumem__FreeCompleted fc = GPUMEM__FREE_COMPLETED__INIT;
-                fc.block_id = p->block_id;
-                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-                env.request_id = ++c->next_request_id;
-                env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
-                env.free_completed = &fc;
-                send_env(c, &env);
                 *pp = p->next;
+                if (c->local) {
+                        /* The heap is taken before lock: the service thread finishes it. */
+                        p->next = c->completed_frees;
+                        c->completed_frees = p;
+                        continue;
+                } else {
+                        Gpumem__FreeCompleted fc = GPUMEM__FREE_COMPLETED__INIT;
+                        fc.block_id = p->block_id;
+                        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                        env.request_id = ++c->next_request_id;
+                        env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
+                        env.free_completed = &fc;
+                        send_env(c, &env);
+                }
                 pending_free_destroy(c, p, true);
         }
-        return c->pending_frees != NULL;
+        return c->pending_frees != NULL || c->completed_frees != NULL;
+}
+
+/* Local mode: frees whose stream work is done return their blocks to the
+ * heap. Service thread only, holding neither lock; a busy heap is tried
+ * again at the next poll. Returns true while some wait. */
+static bool finish_completed_frees(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        pending_free_t *done = c->completed_frees;
+        c->completed_frees = NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!done)
+                return false;
+        if (pthread_mutex_trylock(&c->heap_lock) != 0) {
+                pthread_mutex_lock(&c->lock);
+                pending_free_t **tail = &done;
+                while (*tail)
+                        tail = &(*tail)->next;
+                *tail = c->completed_frees;
+                c->completed_frees = done;
+                pthread_mutex_unlock(&c->lock);
+                return true;
+        }
+        while (done) {
+                pending_free_t *p = done;
+                done = p->next;
+                gm_local_free_completed(c->heap, p->block_id);
+                pending_free_destroy(c, p, true);
+        }
+        pthread_mutex_unlock(&c->heap_lock);
+        return false;
+}
+
+/* empty_cache(): what the heap gave back and the daemon got (pieces whose
+ * unmap failed stay here: not released). Caller holds heap_lock. */
+static uint64_t local_release_cached(gpumem_client *c) {
+        uint64_t kept = c->kept_bytes;
+        uint64_t released = gm_local_release_cached(c->heap);
+        uint64_t newly_kept = c->kept_bytes - kept;
+        return released > newly_kept ? released - newly_kept : 0;
+}
+
+/* Serves the daemon's Reclaim: the heap gives its idle cached memory back
+ * (ReturnPieces), then the acknowledgement follows. Service thread only,
+ * holding neither lock; a busy heap is tried again at the next poll.
+ * Returns true while a reclaim waits. */
+static bool serve_reclaim(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        uint64_t id = c->reclaim_id;
+        pthread_mutex_unlock(&c->lock);
+        if (!id)
+                return false;
+        if (pthread_mutex_trylock(&c->heap_lock) != 0)
+                return true;
+        uint64_t released = local_release_cached(c);
+        pthread_mutex_unlock(&c->heap_lock);
+        Gpumem__ReclaimAck ack = GPUMEM__RECLAIM_ACK__INIT;
+        ack.reclaim_id = id;
+        ack.released_bytes = released;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RECLAIM_ACK;
+        env.reclaim_ack = &ack;
+        pthread_mutex_lock(&c->lock);
+        if (c->reclaim_id == id)
+                c->reclaim_id = 0;
+        env.request_id = ++c->next_request_id;
+        pthread_mutex_unlock(&c->lock);
+        send_env(c, &env);
+        return false;
 }
 
 /* Pending stream events are polled after EVENT_POLL_MIN_MS, backing off to
@@ -463,13 +612,43 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
         return 0;
 }
 
+/* How long calling threads have the socket to themselves: while calls are
+ * in flight (and for CALLER_GRACE_MS after the last) they read their own
+ * replies and whatever comes before them; the service thread, off the
+ * socket, is not woken by every reply. 0: the socket is the service
+ * thread's (no recent calls, or a caller's read failed). */
+#define CALLER_GRACE_MS 10
+
+static void reader_done(gpumem_client *c);
+
+static int socket_left_to_callers(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        bool lost = c->reader_lost || c->dead;
+        pthread_mutex_unlock(&c->lock);
+        if (lost)
+                return 0;
+        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
+                return CALLER_GRACE_MS;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        uint64_t now = (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+        uint64_t last = atomic_load_explicit(&c->last_call_ms, memory_order_relaxed);
+        return last && now - last < CALLER_GRACE_MS ? (int) (CALLER_GRACE_MS - (now - last)) : 0;
+}
+
 static void *service_main(void *arg) {
         gpumem_client *c = arg;
         bool pending = false;
         int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
-                struct pollfd pfd[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
-                int n = poll(pfd, 2, pending ? poll_ms : -1);
+                bool reclaiming = c->local && (serve_reclaim(c) | finish_completed_frees(c));
+                int timeout = pending || reclaiming ? poll_ms : -1;
+                int off_ms = socket_left_to_callers(c);
+                if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
+                        timeout = off_ms;
+                struct pollfd pfd[2] = {{.fd = off_ms > 0 ? -1 : c->fd, .events = POLLIN},
+                                        {.fd = c->wake_fd, .events = POLLIN}};
+                int n = poll(pfd, 2, timeout);
                 if (n < 0 && errno != EINTR)
                         break;
                 if (n == 0 && poll_ms < EVENT_POLL_MAX_MS)
@@ -492,6 +671,7 @@ static void *service_main(void *arg) {
                 struct pollfd again = {.fd = c->fd, .events = POLLIN};
                 int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending) : 0;
                 pthread_mutex_unlock(&c->read_lock);
+                reader_done(c);
                 if (r == 0 || r == -EINTR || r == -EAGAIN)
                         continue;
                 if (r == -ECONNRESET && reconnect(c)) {
@@ -499,6 +679,10 @@ static void *service_main(void *arg) {
                         pthread_mutex_lock(&c->read_lock);
                         r = rx_buf_fit(c);
                         pthread_mutex_unlock(&c->read_lock);
+                        pthread_mutex_lock(&c->lock);
+                        c->reader_lost = false;
+                        pthread_mutex_unlock(&c->lock);
+                        reader_done(c);
                         if (r == 0)
                                 continue;
                 }
@@ -531,11 +715,67 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         return r < 0 ? set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
+/* The thread that read the socket (holding read_lock) lets it go: every
+ * waiter still without its reply tries to read next. */
+static void reader_done(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        c->reader_generation++;
+        for (waiter_t *w = c->waiters; w; w = w->next)
+                if (!w->done)
+                        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Holding read_lock (released here): reads until w's reply is in,
+ * dispatching whatever comes first: no thread wake-up between the reply and
+ * its caller. A failed read is the service thread's to judge. */
+static void read_own_reply(gpumem_client *c, waiter_t *w) {
+        int r = 0;
+        for (;;) {
+                pthread_mutex_lock(&c->lock);
+                bool done = w->done;
+                pthread_mutex_unlock(&c->lock);
+                if (done || (r = read_packet(c, NULL)) < 0)
+                        break;
+        }
+        pthread_mutex_unlock(&c->read_lock);
+        if (r < 0) {
+                pthread_mutex_lock(&c->lock);
+                c->reader_lost = true;
+                pthread_mutex_unlock(&c->lock);
+                wake_service(c);
+        }
+        reader_done(c);
+}
+
+/* Calls in flight, and when the last one ended: while callers read their own
+ * replies the service thread keeps off the socket. */
+static void calls_begin(gpumem_client *c) {
+        atomic_fetch_add_explicit(&c->callers, 1, memory_order_relaxed);
+}
+
+static void calls_end(gpumem_client *c) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        atomic_store_explicit(&c->last_call_ms, (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u,
+                              memory_order_relaxed);
+        atomic_fetch_sub_explicit(&c->callers, 1, memory_order_relaxed);
+}
+
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
  * (an Error body is turned into its negative code and message) and, when
  * ret_fd is not NULL, *ret_fd the first fd it carried or -1 (the caller's to
  * close); fds nobody asked for are closed. */
+static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd);
+
 static int call_fd(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
+        calls_begin(c);
+        int r = call_fd_inner(c, env, ret_reply, ret_fd);
+        calls_end(c);
+        return r;
+}
+
+static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
         waiter_t w = {.cond = PTHREAD_COND_INITIALIZER, .fd = -1};
         pthread_mutex_lock(&c->lock);
         if (c->dead) {
@@ -553,18 +793,22 @@ static int call_fd(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **r
                 r = send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
-                if (r == 0 && pthread_mutex_trylock(&c->read_lock) == 0) {
-                        /* Nobody is reading: read until our reply is in (dispatching
-                         * whatever comes first), one thread wake-up less than
-                         * waiting for the service thread to hand it over. */
-                        for (;;) {
-                                pthread_mutex_lock(&c->lock);
-                                bool done = w.done;
-                                pthread_mutex_unlock(&c->lock);
-                                if (done || read_packet(c, NULL) < 0)
-                                        break; /* a lost connection is the service thread's */
+                while (r == 0) {
+                        pthread_mutex_lock(&c->lock);
+                        uint64_t generation = c->reader_generation;
+                        bool wait_only = w.done || c->reader_lost;
+                        pthread_mutex_unlock(&c->lock);
+                        if (wait_only)
+                                break;
+                        if (pthread_mutex_trylock(&c->read_lock) == 0) {
+                                read_own_reply(c, &w);
+                                continue;
                         }
-                        pthread_mutex_unlock(&c->read_lock);
+                        /* Another thread reads: it hands over when it is done. */
+                        pthread_mutex_lock(&c->lock);
+                        if (!w.done && c->reader_generation == generation)
+                                pthread_cond_wait(&w.cond, &c->lock);
+                        pthread_mutex_unlock(&c->lock);
                 }
                 pthread_mutex_lock(&c->lock);
                 while (r == 0 && !w.done)
@@ -598,6 +842,8 @@ static int call_fd(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelope **r
                 gm_msg_free(reply);
                 return err ? err : -EPROTO;
         }
+        if (w.error < 0 && reply && reply->body_case == GPUMEM__ENVELOPE__BODY_GRANT_REPLY)
+                c->grant_unmapped = true; /* under heap_lock: the granting thread gives it back */
         if (w.error < 0 && reply && reply->body_case == GPUMEM__ENVELOPE__BODY_ALLOC_REPLY) {
                 /* The block's memory could not be mapped here: give the block
                  * back and ask for the session's idle segments, the unmapped
@@ -654,29 +900,172 @@ static int post(gpumem_client *c, Gpumem__Envelope *env) {
         return r;
 }
 
+/* ---- the local heap's side of the wire ---- */
+
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
+
+/* Asks the daemon for one piece; its reply's mapping is made by whichever
+ * thread reads it, before this returns. Caller holds heap_lock. */
+static int local_grant(void *ctx, const gm_local_grant_t *g) {
+        gpumem_client *c = ctx;
+        const segment_t *kept = gm_u64map_get(&c->segments, g->segment_id);
+        for (size_t i = 0; kept && kept->piece_size == g->size && i < kept->n_pieces; i++)
+                if (kept->pieces[i] == g->offset) {
+                        /* A piece that failed to unmap: still mapped, still granted. */
+                        c->kept_bytes -= g->size;
+                        return 0;
+                }
+        Gpumem__Grant grant = GPUMEM__GRANT__INIT;
+        grant.segment_id = g->segment_id;
+        grant.segment_va_size = g->segment_va_size;
+        grant.offset = g->offset;
+        grant.size = g->size;
+        grant.block_size = g->block_size;
+        grant.largest_free = g->largest_free;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_GRANT;
+        env.grant = &grant;
+        Gpumem__Envelope *reply = NULL;
+        int r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_GRANT_REPLY, &reply);
+        if (r < 0 && c->grant_unmapped) {
+                /* Granted but not mappable here: the daemon takes it back. */
+                c->grant_unmapped = false;
+                local_give_back(c, g->segment_id, g->offset, g->size, !gm_u64map_get(&c->segments, g->segment_id));
+        }
+        if (r < 0)
+                return r;
+        const Gpumem__Mapping *m = reply->grant_reply->mapping;
+        const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
+        bool mapped = m && m->segment_id == g->segment_id && m->offset == g->offset && m->length == g->size &&
+                      seg && seg->va_size == g->segment_va_size;
+        gm_msg_free(reply);
+        if (!mapped) {
+                local_give_back(c, g->segment_id, g->offset, g->size, seg && seg->n_pieces <= 1);
+                return set_error(c, -EPROTO, "gpumem: the daemon granted another piece than asked for");
+        }
+        return 0;
+}
+
+/* Unmaps a piece and tells the daemon it is free. Caller holds heap_lock. */
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment) {
+        gpumem_client *c = ctx;
+        Gpumem__Range range = GPUMEM__RANGE__INIT;
+        range.segment_id = segment_id;
+        range.offset = offset;
+        range.length = size;
+        range.whole_segment = whole_segment;
+        Gpumem__Range *ranges[1] = {&range};
+        Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
+        ret.n_ranges = 1;
+        ret.ranges = ranges;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
+        env.return_pieces = &ret;
+        pthread_mutex_lock(&c->lock);
+        /* Never acknowledged unmapped when it is not: the daemon would hand
+         * the memory to the driver (and another process) under a mapping. A
+         * segment unknown here never mapped. */
+        if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, &range))
+                post_locked(c, &env);
+        else
+                c->kept_bytes += size;
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* Maps the statistics page (fd stays the caller's) and starts the heap with
+ * the daemon's allocator settings. */
+static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int page_fd) {
+        int r = gm_statpage_map(page_fd, true, &c->stats_page);
+        if (r < 0)
+                return set_error(c, -EPROTO, "gpumem: the daemon's statistics page is unusable: %s", strerror(-r));
+        madvise(c->stats_page, GM_STATPAGE_SIZE, MADV_DONTFORK); /* a forked child never writes the parent's */
+        gm_local_ops_t ops = {.grant = local_grant, .give_back = local_give_back, .ctx = c};
+        char err[256] = "";
+        r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err, sizeof(err));
+        if (r < 0)
+                return set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
+        c->local = true;
+        return 0;
+}
+
+/* After a re-attach: the new daemon's statistics page takes the old one's
+ * place at the same address (the heap writes there), with its figures.
+ * Consumes page_fd. Caller holds lock; the heap is taken only if free, else
+ * the new daemon reads the figures from the next update on (zeros until). */
+static int local_page_replace(gpumem_client *c, int page_fd) {
+        struct stat st;
+        int seals = fcntl(page_fd, F_GET_SEALS);
+        bool usable = c->stats_page && fstat(page_fd, &st) == 0 && st.st_size == GM_STATPAGE_SIZE && seals >= 0 &&
+                      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW);
+        if (usable && pthread_mutex_trylock(&c->heap_lock) == 0) {
+                gm_stats_t figures;
+                memcpy(&figures, gm_statpage_payload(c->stats_page), sizeof(figures));
+                void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                               page_fd, 0);
+                if (p != MAP_FAILED) {
+                        madvise(p, GM_STATPAGE_SIZE, MADV_DONTFORK);
+                        gm_statpage_write_begin(c->stats_page);
+                        memcpy(gm_statpage_payload(c->stats_page), &figures, sizeof(figures));
+                        gm_statpage_write_end(c->stats_page);
+                }
+                pthread_mutex_unlock(&c->heap_lock);
+        }
+        close(page_fd);
+        return 0;
+}
+
 /* ---- session lifetime ---- */
 
 /* Receives one envelope on a blocking socket (the service thread is not
- * reading it yet). */
-static int recv_env(gpumem_client *c, int fd, Gpumem__Envelope **ret_env) {
+ * reading it yet). The packet's first fd goes to *ret_fd (-1 if none) when
+ * ret_fd is not NULL; every other fd is closed. */
+static int recv_env(gpumem_client *c, int fd, Gpumem__Envelope **ret_env, int *ret_fd) {
         size_t cap = c->max_packet ? c->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         uint8_t *buf = malloc(cap);
         int fds[GM_IPC_MAX_FDS_LIMIT];
-        size_t len = 0, n_fds = 0;
+        size_t len = 0, n_fds = 0, kept = 0;
         int r = buf ? gm_ipc_recv(fd, buf, cap, fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) : -ENOMEM;
         if (r == 0) {
-                gm_close_fds(fds, n_fds);
+                kept = ret_fd && n_fds > 0 ? 1 : 0;
+                gm_close_fds(fds + kept, n_fds - kept);
                 r = gm_msg_unpack(buf, len, ret_env);
+                if (r < 0 && kept)
+                        close(fds[0]);
+                else if (ret_fd)
+                        *ret_fd = kept ? fds[0] : -1;
         }
         free(buf);
         return r;
 }
 
+/* The Hello heap mode for the application's choice (and $GPUMEM_HEAP). */
+static int hello_heap_mode(const gpumem_client *c, Gpumem__HeapMode *ret_mode) {
+        gpumem_heap_mode choice = c->heap_choice;
+        const char *env = getenv("GPUMEM_HEAP");
+        if (choice == GPUMEM_HEAP_DEFAULT && env && *env) {
+                if (strcmp(env, "local") == 0)
+                        choice = GPUMEM_HEAP_LOCAL;
+                else if (strcmp(env, "central") == 0)
+                        choice = GPUMEM_HEAP_CENTRAL;
+                else
+                        return set_error(c, -EINVAL, "gpumem: GPUMEM_HEAP='%s': expected 'local' or 'central'", env);
+        }
+        *ret_mode = choice == GPUMEM_HEAP_LOCAL     ? GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL
+                    : choice == GPUMEM_HEAP_CENTRAL ? GPUMEM__HEAP_MODE__HEAP_MODE_CENTRAL
+                                                    : GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL_PREFERRED;
+        return 0;
+}
+
 /* Hello (fresh, or resuming the session `resume_token` names) on `fd`;
- * takes the daemon's limits and the session token from the reply. */
-static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gpumem__Envelope **ret_reply) {
+ * takes the daemon's limits and the session token from the reply. A local
+ * session's statistics page comes back in *ret_page_fd (-1 otherwise). */
+static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gpumem__Envelope **ret_reply,
+                          int *ret_page_fd) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
+        int r = hello_heap_mode(c, &hello.heap_mode);
+        if (r < 0)
+                return r;
         char name[64];
         snprintf(name, sizeof(name), "libgpumem pid %d", (int) getpid());
         hello.client_name = name;
@@ -685,20 +1074,29 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         env.request_id = ++c->next_request_id;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
-        int r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
+        r = gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT);
         Gpumem__Envelope *reply = NULL;
+        int page_fd = -1;
         if (r == 0 || r == -EPIPE) /* a daemon that refused us at once left its reason to read */
-                r = recv_env(c, fd, &reply);
+                r = recv_env(c, fd, &reply, &page_fd);
         if (r < 0)
                 return set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: no hello from gpumemd at '%s': %s",
                                  c->socket_path, strerror(-r));
+        bool local = reply->body_case == GPUMEM__ENVELOPE__BODY_HELLO_REPLY &&
+                     reply->hello_reply->heap_mode == GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL;
+        if (page_fd >= 0 && !local) {
+                close(page_fd);
+                page_fd = -1;
+        }
         if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
                 r = -(int) reply->error->code;
                 set_error(c, r ? r : -EPROTO, "%s", reply->error->message);
                 gm_msg_free(reply);
                 return r ? r : -EPROTO;
         }
-        if (reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
+        if (reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY || (local && page_fd < 0)) {
+                if (page_fd >= 0)
+                        close(page_fd);
                 gm_msg_free(reply);
                 return set_error(c, -EPROTO, "gpumem: unexpected hello reply");
         }
@@ -706,7 +1104,11 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
         snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
+        snprintf(c->tenant, sizeof(c->tenant), "%s", hr->tenant ? hr->tenant : "");
+        c->device = hr->device;
+        c->session_id = hr->session_id;
         *ret_reply = reply;
+        *ret_page_fd = page_fd;
         return 0;
 }
 
@@ -716,20 +1118,32 @@ static int session_open(gpumem_client *c) {
         if (r < 0)
                 return set_error(c, r, "gpumem: %s", why);
         Gpumem__Envelope *reply = NULL;
-        r = hello_exchange(c, c->fd, NULL, &reply);
+        int page_fd = -1;
+        r = hello_exchange(c, c->fd, NULL, &reply, &page_fd);
         if (r < 0)
                 return r;
         const Gpumem__HelloReply *hr = reply->hello_reply;
         snprintf(c->backend, sizeof(c->backend), "%s", hr->backend);
+        c->capacity = hr->capacity;
         if (strcmp(hr->backend, "cuda") == 0)
                 r = gm_mapper_cuda_new(hr->device, hr->device_uuid, hr->granularity, &c->mapper);
         else
                 r = gm_mapper_host_new(hr->granularity, &c->mapper);
-        gm_msg_free(reply);
-        if (r < 0)
+        if (r < 0) {
+                gm_msg_free(reply);
+                if (page_fd >= 0)
+                        close(page_fd);
                 return set_error(c, r, "gpumem: cannot map %s memory in this process: %s%s%s%s", c->backend,
                                  strerror(-r), gm_cuda_last_error()[0] ? " (" : "", gm_cuda_last_error(),
                                  gm_cuda_last_error()[0] ? ")" : "");
+        }
+        if (page_fd >= 0) {
+                r = local_heap_open(c, hr, page_fd);
+                close(page_fd);
+        }
+        gm_msg_free(reply);
+        if (r < 0)
+                return r;
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0)
                 return set_error(c, -errno, "gpumem: eventfd: %s", strerror(errno));
@@ -836,10 +1250,11 @@ static int reattach_send(gpumem_client *c, int fd) {
                 rb.seg_ptrs[rb.n_segs++] = rs;
                 rb.bytes += need;
         }
-        for (size_t i = 0; i < c->blocks.cap && r == 0; i++)
+        /* A local heap keeps its blocks to itself: segments and pieces only. */
+        for (size_t i = 0; i < c->blocks.cap && r == 0 && !c->local; i++)
                 if (c->blocks.values[i])
                         r = reattach_block(c, fd, &rb, c->blocks.values[i], false);
-        for (pending_free_t *p = c->pending_frees; p && r == 0; p = p->next)
+        for (pending_free_t *p = c->pending_frees; p && r == 0 && !c->local; p = p->next)
                 r = reattach_block(c, fd, &rb, &p->block, true);
         if (r == 0)
                 r = reattach_flush(c, fd, &rb, true);
@@ -863,14 +1278,17 @@ static int reattach_once(gpumem_client *c) {
                 return -EAGAIN;
         Gpumem__Envelope *reply = NULL;
         pthread_mutex_lock(&c->lock); /* no free may slip between the report and the switch */
-        r = hello_exchange(c, fd, c->token, &reply);
+        int page_fd = -1;
+        r = hello_exchange(c, fd, c->token, &reply, &page_fd);
+        if (r == 0 && page_fd >= 0)
+                r = local_page_replace(c, page_fd);
         if (r == 0) {
                 gm_msg_free(reply);
                 reply = NULL;
                 r = reattach_send(c, fd);
         }
         if (r == 0)
-                r = recv_env(c, fd, &reply);
+                r = recv_env(c, fd, &reply, NULL);
         if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_OK)
                 r = reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR && reply->error->code
                             ? -(int) reply->error->code
@@ -964,6 +1382,20 @@ static void session_close(gpumem_client *c, bool owner) {
                 c->pending_frees = p->next;
                 pending_free_destroy(c, p, owner);
         }
+        while (c->completed_frees) {
+                pending_free_t *p = c->completed_frees;
+                c->completed_frees = p->next;
+                pending_free_destroy(c, p, owner);
+        }
+        /* The daemon releases the session's pieces; the heap only forgets them. */
+        c->heap = gm_local_destroy(c->heap);
+        while (c->n_spare_blocks)
+                free(c->spare_blocks[--c->n_spare_blocks]);
+        if (owner)
+                gm_statpage_unmap(c->stats_page);
+        c->stats_page = NULL;
+        c->local = false;
+        c->reclaim_id = 0;
         for (size_t i = 0; i < c->segments.cap; i++) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)
@@ -986,14 +1418,32 @@ static void session_close(gpumem_client *c, bool owner) {
         c->mapper = NULL;
 }
 
+/* Bumped in every fork()ed child: a session whose generation differs may
+ * belong to the parent, without a getpid() on every call. */
+static _Atomic unsigned fork_generation;
+static pthread_once_t fork_hook_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) {
+        atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+}
+
+static void install_fork_hook(void) {
+        pthread_atfork(NULL, NULL, on_fork_child);
+}
+
 /* A fork()ed child must not speak on its parent's session: its first call
  * starts a session of its own. The parent's mappings were not inherited
  * (MADV_DONTFORK; CUDA mappings never are), so nothing is unmapped. */
 static int ensure_own_session(gpumem_client *c) {
-        if (c->pid == getpid())
+        unsigned generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+        if (__builtin_expect(generation == c->fork_generation, 1) || c->pid == getpid()) {
+                c->fork_generation = generation;
                 return 0;
+        }
+        c->fork_generation = generation;
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->read_lock, NULL);
+        pthread_mutex_init(&c->heap_lock, NULL);
         pthread_rwlock_init(&c->fd_lock, NULL);
         session_close(c, false);
         c->waiters = NULL;
@@ -1011,7 +1461,15 @@ static int ensure_own_session(gpumem_client *c) {
 }
 
 int gpumem_connect(const char *socket_path, gpumem_client **ret) {
-        if (!ret)
+        return gpumem_connect_heap(socket_path, GPUMEM_HEAP_DEFAULT, ret);
+}
+
+gpumem_heap_mode gpumem_heap(gpumem_client *c) {
+        return c && c->local ? GPUMEM_HEAP_LOCAL : GPUMEM_HEAP_CENTRAL;
+}
+
+int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_client **ret) {
+        if (!ret || (mode != GPUMEM_HEAP_DEFAULT && mode != GPUMEM_HEAP_LOCAL && mode != GPUMEM_HEAP_CENTRAL))
                 return -EINVAL;
         gpumem_client *c = calloc(1, sizeof(*c));
         if (!c)
@@ -1019,7 +1477,11 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
         c->fd = -1;
         c->wake_fd = -1;
         c->pid = getpid();
+        pthread_once(&fork_hook_once, install_fork_hook);
+        c->fork_generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+        c->heap_choice = mode;
         pthread_mutex_init(&c->lock, NULL);
+        pthread_mutex_init(&c->heap_lock, NULL);
         pthread_mutex_init(&c->read_lock, NULL);
         pthread_rwlock_init(&c->fd_lock, NULL);
         const char *timeout = getenv("GPUMEM_RECONNECT_TIMEOUT_MS");
@@ -1039,6 +1501,7 @@ int gpumem_connect(const char *socket_path, gpumem_client **ret) {
                 /* Keep the message readable on this thread after c is gone. */
                 session_close(c, true);
                 pthread_mutex_destroy(&c->lock);
+                pthread_mutex_destroy(&c->heap_lock);
                 pthread_mutex_destroy(&c->read_lock);
                 pthread_rwlock_destroy(&c->fd_lock);
                 free(c->rx_buf);
@@ -1055,6 +1518,7 @@ void gpumem_disconnect(gpumem_client *c) {
                 return;
         session_close(c, c->pid == getpid());
         pthread_mutex_destroy(&c->lock);
+        pthread_mutex_destroy(&c->heap_lock);
         pthread_mutex_destroy(&c->read_lock);
         pthread_rwlock_destroy(&c->fd_lock);
         free(c->rx_buf);
@@ -1062,6 +1526,54 @@ void gpumem_disconnect(gpumem_client *c) {
 }
 
 /* ---- allocation ---- */
+
+/* A local session's allocation: no message unless the heap needs memory. */
+static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+                       void **ret_ptr) {
+        gm_alloc_result_t res;
+        gm_frame_t trace_frames[GPUMEM_MAX_FRAMES];
+        size_t n_trace = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
+        for (size_t i = 0; i < n_trace; i++)
+                trace_frames[i] = (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line,
+                                               .name = frames[i].name};
+        pthread_mutex_lock(&c->heap_lock);
+        block_t *b = c->n_spare_blocks ? c->spare_blocks[--c->n_spare_blocks] : malloc(sizeof(*b));
+        if (!b) {
+                pthread_mutex_unlock(&c->heap_lock);
+                return set_error(c, -ENOMEM, "gpumem: out of host memory");
+        }
+        int r = gm_local_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
+        if (r < 0) {
+                bool told = gm_local_refused_by_daemon(c->heap);
+                pthread_mutex_unlock(&c->heap_lock);
+                free(b);
+                if (told || (r != -ENOMEM && r != -EDQUOT && tls_error_client == c))
+                        return r; /* the daemon's diagnosis (or the grant's failure) is the thread's error */
+                return set_error(c, r, "gpumem: out of memory allocating %zu bytes: %s", size,
+                                 size > c->capacity ? "more than the device's capacity"
+                                 : r == -EDQUOT     ? "over the tenant's quota"
+                                                    : "over this process's memory fraction "
+                                                      "(per_process_memory_fraction)");
+        }
+        segment_t *seg = gm_u64map_get(&c->segments, res.segment_id);
+        uint64_t ptr = seg ? seg->base + res.offset : 0;
+        *b = (block_t){.id = res.block_id, .size = res.size, .requested = size, .offset = res.offset,
+                       .segment_id = res.segment_id, .stream = stream};
+        if (seg && !seg->has_stream) {
+                seg->stream = stream;
+                seg->has_stream = true;
+        }
+        r = seg ? gm_u64map_put(&c->blocks, ptr, b) : -EPROTO;
+        if (r < 0) {
+                gm_local_free(c->heap, res.block_id, false);
+                pthread_mutex_unlock(&c->heap_lock);
+                free(b);
+                return set_error(c, r, "gpumem: cannot track the block: %s", strerror(-r));
+        }
+        pthread_mutex_unlock(&c->heap_lock);
+        *ret_ptr = (void *) (uintptr_t) ptr;
+        return 0;
+}
 
 int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
         return gpumem_alloc_frames(c, size, stream, NULL, 0, ret_ptr);
@@ -1076,6 +1588,8 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
+        if (c->local)
+                return local_alloc(c, size, stream, frames, n_frames, ret_ptr);
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
         alloc.stream = stream;
@@ -1142,6 +1656,8 @@ static int record_events(gpumem_client *c, const uint64_t *streams, size_t n, ui
         return 0;
 }
 
+static int local_free(gpumem_client *c, block_t *b, pending_free_t *p);
+
 /* Frees the block at ptr once the work on `stream` (if it is not the
  * allocation stream, whose order already protects reuse) and on every
  * recorded stream is done. */
@@ -1151,9 +1667,10 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(blocks_lock(c));
         block_t *b = ptr ? gm_u64map_remove(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
-        pthread_mutex_unlock(&c->lock);
+        if (!b || !c->local)
+                pthread_mutex_unlock(blocks_lock(c));
         if (!b)
                 return set_error(c, -EINVAL, "gpumem: free of %p: not a live allocation of this client "
                                  "(unknown pointer or double free)", ptr);
@@ -1174,9 +1691,10 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                 r = p ? record_events(c, streams, n, &p->events) : -ENOMEM;
                 if (r < 0) {
                         free(p);
-                        pthread_mutex_lock(&c->lock);
+                        if (!c->local)
+                                pthread_mutex_lock(&c->lock);
                         gm_u64map_put(&c->blocks, (uint64_t) (uintptr_t) ptr, b); /* still live */
-                        pthread_mutex_unlock(&c->lock);
+                        pthread_mutex_unlock(blocks_lock(c));
                         return set_error(c, r, "gpumem: free of %p: cannot record stream events: %s", ptr,
                                          strerror(-r));
                 }
@@ -1186,6 +1704,8 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                 p->block.n_stream_uses = 0;
                 p->n_events = n;
         }
+        if (c->local)
+                return local_free(c, b, p);
         Gpumem__Free f = GPUMEM__FREE__INIT;
         f.block_id = b->id;
         f.deferred = p != NULL;
@@ -1215,6 +1735,33 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
         return 0;
 }
 
+/* A local session's free, the block already out of the table: at once, or
+ * once `p`'s stream events completed (the service thread finishes it).
+ * Called with heap_lock held; releases it. */
+static int local_free(gpumem_client *c, block_t *b, pending_free_t *p) {
+        int r = gm_local_free(c->heap, b->id, p != NULL);
+        if (c->n_spare_blocks < SPARE_BLOCKS) {
+                free(b->stream_uses);
+                c->spare_blocks[c->n_spare_blocks++] = b;
+                b = NULL;
+        }
+        pthread_mutex_unlock(&c->heap_lock);
+        block_free(b);
+        if (r < 0) {
+                if (p)
+                        pending_free_destroy(c, p, true);
+                return set_error(c, -EINVAL, "gpumem: the local heap refused the free: %s", strerror(-r));
+        }
+        if (p) {
+                pthread_mutex_lock(&c->lock);
+                p->next = c->pending_frees;
+                c->pending_frees = p;
+                pthread_mutex_unlock(&c->lock);
+                wake_service(c);
+        }
+        return 0;
+}
+
 int gpumem_free(gpumem_client *c, void *ptr) {
         return free_block(c, ptr, false, 0);
 }
@@ -1229,7 +1776,7 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(blocks_lock(c));
         block_t *b = ptr ? gm_u64map_get(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
         r = b ? 0 : -EINVAL;
         bool known = !b || stream == b->stream;
@@ -1246,7 +1793,7 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
                         r = -ENOSPC;
                 }
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(blocks_lock(c));
         if (r == -EINVAL)
                 return set_error(c, r, "gpumem: record_stream on %p: not a live allocation", ptr);
         if (r == -ENOSPC)
@@ -1260,6 +1807,14 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
+        if (c->local) {
+                pthread_mutex_lock(&c->heap_lock);
+                uint64_t released = local_release_cached(c);
+                pthread_mutex_unlock(&c->heap_lock);
+                if (ret_released_bytes)
+                        *ret_released_bytes = released;
+                return 0;
+        }
         Gpumem__Trim trim = GPUMEM__TRIM__INIT;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
@@ -1273,12 +1828,67 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         return 0;
 }
 
+int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_device, uint64_t *ret_capacity) {
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        if (!c->local)
+                return -EOPNOTSUPP;
+        pthread_mutex_lock(&c->heap_lock);
+        *ret_stats = *gm_local_stats(c->heap);
+        pthread_mutex_unlock(&c->heap_lock);
+        *ret_device = c->device;
+        *ret_capacity = c->capacity;
+        return 0;
+}
+
+int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t *ret_len) {
+        int r = ensure_own_session(c);
+        if (r < 0)
+                return r;
+        if (!c->local)
+                return -EOPNOTSUPP;
+        gm_local_owner_t owner = {
+                .device = c->device, .pid = (uint32_t) getpid(), .tenant = c->tenant, .session_id = c->session_id};
+        pthread_mutex_lock(&c->heap_lock);
+        r = gm_local_snapshot(c->heap, &owner, json, ret_buf, ret_len);
+        pthread_mutex_unlock(&c->heap_lock);
+        return r < 0 ? set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
+}
+
+int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries) {
+        if (ensure_own_session(c) < 0 || !c->local)
+                return 0;
+        pthread_mutex_lock(&c->heap_lock);
+        int r = gm_local_history(c->heap, enabled, max_entries, (uint32_t) getpid());
+        pthread_mutex_unlock(&c->heap_lock);
+        return r < 0 ? set_error(c, r, "gpumem: cannot set up the local heap's memory history: %s", strerror(-r)) : 0;
+}
+
+void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated) {
+        if (ensure_own_session(c) < 0 || !c->local)
+                return;
+        pthread_mutex_lock(&c->heap_lock);
+        gm_local_reset_stats(c->heap, peak, accumulated);
+        pthread_mutex_unlock(&c->heap_lock);
+}
+
 int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value) {
         if (!c || !pytorch_stat_name || !ret_value)
                 return -EINVAL;
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
+        if (c->local) {
+                int64_t v = 0;
+                pthread_mutex_lock(&c->heap_lock);
+                r = gm_local_stat(c->heap, pytorch_stat_name, &v);
+                pthread_mutex_unlock(&c->heap_lock);
+                if (r < 0)
+                        return set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+                *ret_value = v;
+                return 0;
+        }
         Gpumem__Stats stats = GPUMEM__STATS__INIT;
         stats.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION;
         char *names[1] = {(char *) pytorch_stat_name};

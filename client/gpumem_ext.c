@@ -189,9 +189,53 @@ struct gpumem_stats {
         } entries[];
 };
 
+/* Builds a gpumem_stats from one gm_stats_t in two passes (sizes, then copies). */
+typedef struct stats_build {
+        gpumem_stats *s; /* NULL: first pass */
+        size_t n, text;
+        char *names;
+} stats_build_t;
+
+static void stats_build_visit(const char *name, int64_t value, void *userdata) {
+        stats_build_t *b = userdata;
+        size_t len = strlen(name) + 1;
+        if (b->s) {
+                b->s->entries[b->n].name = memcpy(b->names, name, len);
+                b->s->entries[b->n].value = value;
+                b->names += len;
+        }
+        b->n++;
+        b->text += len;
+}
+
+/* A local session's own statistics: its heap's, here. */
+static int local_session_stats(gpumem_client *c, gpumem_stats **ret) {
+        gm_stats_t st;
+        int device;
+        uint64_t capacity;
+        int r = gm_client_local_stats(c, &st, &device, &capacity);
+        if (r < 0)
+                return r;
+        stats_build_t b = {0};
+        gm_stats_foreach(&st, stats_build_visit, &b);
+        gpumem_stats *s = malloc(sizeof(*s) + b.n * sizeof(s->entries[0]) + b.text);
+        if (!s)
+                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+        *s = (gpumem_stats){.device = device, .capacity = capacity, .sessions = 1, .n = b.n};
+        b = (stats_build_t){.s = s, .names = (char *) &s->entries[s->n]};
+        gm_stats_foreach(&st, stats_build_visit, &b);
+        *ret = s;
+        return 0;
+}
+
 int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
         if (!c || !ret || scope > GPUMEM_SCOPE_PID)
                 return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION) {
+                int r = local_session_stats(c, ret);
+                if (r != -EOPNOTSUPP)
+                        return r;
+        }
         Gpumem__Stats req = GPUMEM__STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (scope == GPUMEM_SCOPE_TENANT && tenant ? tenant : "");
@@ -290,6 +334,8 @@ int gpumem_stats_summary(const gpumem_stats *s, bool abbreviated, char **ret_tex
 int gpumem_reset_stats(gpumem_client *c, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
         if (!c || scope == GPUMEM_SCOPE_PID || scope > GPUMEM_SCOPE_PID)
                 return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION)
+                gm_client_reset_local_stats(c, peak, accumulated); /* a local heap's figures are here */
         Gpumem__ResetStats req = GPUMEM__RESET_STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (tenant ? tenant : "");
@@ -346,6 +392,25 @@ int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pi
         req.format = format == GPUMEM_SNAPSHOT_JSON ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON
                                                     : GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
         req.pid = pid;
+        if (pid == (uint32_t) getpid()) {
+                /* This process's memory: a local heap is here, not in the daemon. */
+                char *buf;
+                size_t len;
+                int r = gm_client_local_snapshot(c, format == GPUMEM_SNAPSHOT_JSON, &buf, &len);
+                if (r == 0) {
+                        char *data = realloc(buf, len + 1);
+                        if (!data) {
+                                free(buf);
+                                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+                        }
+                        data[len] = '\0'; /* a JSON snapshot reads as a C string too */
+                        *ret_data = data;
+                        *ret_len = len;
+                        return 0;
+                }
+                if (r != -EOPNOTSUPP)
+                        return r;
+        }
         Gpumem__Envelope *reply;
         int fd = -1;
         int r = request(c, GPUMEM__ENVELOPE__BODY_SNAPSHOT, &req, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, &reply, &fd);
@@ -383,6 +448,12 @@ int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_
         int r = request(c, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply, NULL);
         if (r < 0)
                 return r;
+        /* The daemon's ring holds central heaps' events; a local heap keeps its own. */
+        r = gm_client_local_history(c, reply->history_reply->enabled, reply->history_reply->max_entries);
+        if (r < 0) {
+                gm_msg_free(reply);
+                return r;
+        }
         if (ret_state)
                 *ret_state = (gpumem_history_state){.enabled = reply->history_reply->enabled,
                                                     .max_entries = reply->history_reply->max_entries,
@@ -405,6 +476,11 @@ static size_t str_size(const char *s) {
         return strlen(s ? s : "") + 1;
 }
 
+/* A session's heap mode as gpumemctl names it (a daemon that names none has central heaps only). */
+static const char *heap_name(const Gpumem__ClientInfo *ci) {
+        return ci->heap_mode && ci->heap_mode[0] ? ci->heap_mode : "central";
+}
+
 int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t *ret_n) {
         if (!c || !ret_list || !ret_n)
                 return -EINVAL;
@@ -416,7 +492,8 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
         const Gpumem__ClientsReply *cr = reply->clients_reply;
         size_t text = 0;
         for (size_t i = 0; i < cr->n_clients; i++)
-                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) + str_size(cr->clients[i]->name);
+                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) + str_size(cr->clients[i]->name) +
+                        str_size(heap_name(cr->clients[i]));
         gpumem_client_info *list = malloc(cr->n_clients * sizeof(*list) + text + 1);
         if (!list) {
                 gm_msg_free(reply);
@@ -438,6 +515,9 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
                         .segments = ci->segments,
                         .releasing_bytes = ci->releasing,
                         .control = ci->admin,
+                        .heap = put_str(&area, heap_name(ci)),
+                        .stats_page_invalid = ci->stats_page_invalid,
+                        .requests = ci->requests,
                 };
         }
         *ret_n = cr->n_clients;

@@ -481,6 +481,10 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
         return 0;
 }
 
+static const char *heap_mode_name(const Gpumem__ClientInfo *ci) {
+        return ci->heap_mode && ci->heap_mode[0] ? ci->heap_mode : "central";
+}
+
 static int cmd_clients(ctl_t *c, int argc, char **argv) {
         bool json = argc == 2 && strcmp(argv[1], "--json") == 0;
         if (argc > 2 || (argc == 2 && !json)) {
@@ -499,8 +503,8 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
         if (json)
                 printf("[");
         else
-                printf("%7s %-16s %-18s %8s %9s %8s %5s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
-                       "CACHED", "SEGS");
+                printf("%7s %-16s %-18s %8s %9s %8s %5s %s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
+                       "CACHED", "SEGS", "HEAP");
         for (size_t i = 0; i < cr->n_clients; i++) {
                 const Gpumem__ClientInfo *ci = cr->clients[i];
                 if (json) {
@@ -513,15 +517,18 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         print_json_string(ci->name);
                         printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
                                ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64 ", \"releasing_bytes\": %" PRIu64
-                               ", \"control\": %s}",
+                               ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
+                               "}",
                                ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
-                               ci->admin ? "true" : "false");
+                               ci->admin ? "true" : "false", heap_mode_name(ci), ci->stats_page_invalid ? "true" : "false",
+                               ci->requests);
                         continue;
                 }
                 char rs[32], a[32], ca[32];
-                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 "\n", ci->pid, ci->tenant,
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %s%s\n", ci->pid, ci->tenant,
                        ci->unit[0] ? ci->unit : (ci->admin ? "(control)" : "-"), fmt_size(ci->reserved, rs, sizeof(rs)),
-                       fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments);
+                       fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments,
+                       heap_mode_name(ci), ci->stats_page_invalid ? " (stats page invalid)" : "");
         }
         if (json)
                 printf("]\n");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "local.h"
 #include "log.h"
 #include "requests.h"
 #include "snapshot.h"
@@ -80,10 +81,11 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
         uint64_t sessions = 0;
+        gm_local_refresh(c->rq);
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (s->heap) {
-                        st = gm_heap_stats(s->heap);
+                if (gm_conn_stats(s)) {
+                        st = gm_conn_stats(s);
                 } else {
                         gm_stats_init(&scratch);
                         scratch.max_split_size = b->device_stats.max_split_size;
@@ -92,7 +94,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                scratch = b->device_stats;
+                gm_local_device_stats(c->rq, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
                 st = &scratch;
                 sessions = b->n_sessions;
@@ -102,7 +104,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                scratch = t->stats;
+                gm_local_tenant_stats(c->rq, t, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &t->shown_base);
                 st = &scratch;
                 sessions = t->sessions;
@@ -114,9 +116,9 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 for (gm_session_t *o = b->sessions; o; o = o->next) {
                         /* Another tenant's pid reads as a pid without a session:
                          * a non-admin learns nothing of who holds sessions. */
-                        if ((uint32_t) o->pid != req->pid || !o->heap || (!s->admin && o->tenant != s->tenant))
+                        if ((uint32_t) o->pid != req->pid || !gm_conn_stats(o) || (!s->admin && o->tenant != s->tenant))
                                 continue;
-                        stats_add(&scratch, gm_heap_stats(o->heap));
+                        stats_add(&scratch, gm_conn_stats(o));
                         sessions++;
                 }
                 st = &scratch;
@@ -196,27 +198,38 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t *st = NULL;
+        gm_local_refresh(c->rq); /* the local sessions' part as of now */
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
                 if (s->heap)
                         st = gm_heap_stats_mut(s->heap);
+                else if (c->local) /* its heap (in the client) reset its own; these are the daemon's */
+                        st = &c->local->exact;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 /* Counters Prometheus may scrape never go back: resetting the
-                 * device's or a tenant's is a view offset that replies subtract. */
-                if (req->peak)
+                 * device's or a tenant's accumulated figures is a view offset
+                 * (central heaps' and local sessions' together) that replies
+                 * subtract; peaks restart from the current values. */
+                if (req->peak) {
                         gm_stats_reset_peak(&b->device_stats);
+                        gm_stats_reset_peak(&c->rq->local->device);
+                }
                 if (req->accumulated)
-                        b->device_shown_base = b->device_stats;
+                        gm_local_device_stats(c->rq, &b->device_shown_base);
                 return gm_reply_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                if (req->peak)
+                gm_local_tenant_t *lt = gm_local_tenant(c->rq, t->name);
+                if (req->peak) {
                         gm_stats_reset_peak(&t->stats);
+                        if (lt)
+                                gm_stats_reset_peak(&lt->stats);
+                }
                 if (req->accumulated)
-                        t->shown_base = t->stats;
+                        gm_local_tenant_stats(c->rq, t, &t->shown_base);
                 return gm_reply_ok(c, request_id);
         }
         default:
@@ -226,6 +239,8 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                 gm_stats_reset_peak(st);
         if (st && req->accumulated)
                 gm_stats_reset_accumulated(st);
+        if (c->local)
+                gm_local_refresh_conn(c); /* the figures shown: the page's with the exact ones laid over */
         return gm_reply_ok(c, request_id);
 }
 
@@ -373,14 +388,16 @@ int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 
 /* ---- quotas and clients ---- */
 
-static void tenant_info(const gm_tenant_t *t, Gpumem__TenantInfo *info) {
+static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__TenantInfo *info) {
+        gm_stats_t st;
+        gm_local_tenant_stats(d, t, &st);
         gpumem__tenant_info__init(info);
         info->tenant = (char *) t->name;
         info->quota = t->quota;
         info->quota_source = (char *) gm_quota_source_name(t);
         info->charged = t->charged_bytes;
-        info->allocated = (uint64_t) t->stats.allocated_bytes[GM_STAT_ALL].current;
-        int64_t cached = t->stats.reserved_bytes[GM_STAT_ALL].current - t->stats.active_bytes[GM_STAT_ALL].current;
+        info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
+        int64_t cached = st.reserved_bytes[GM_STAT_ALL].current - st.active_bytes[GM_STAT_ALL].current;
         info->cached = cached > 0 ? (uint64_t) cached : 0;
         info->sessions = t->sessions;
 }
@@ -420,6 +437,7 @@ int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         const char *name = tenant_named(c, req->tenant);
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && set_quota(c, request_id, req, name) < 0)
                 return 0;
+        gm_local_refresh(c->rq);
         size_t n = b->n_tenants;
         Gpumem__TenantInfo *infos = calloc(n ? n : 1, sizeof(*infos));
         Gpumem__TenantInfo **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
@@ -435,7 +453,7 @@ int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                         continue;
                 if (!s->admin && t != s->tenant)
                         continue; /* a tenant sees its own figures only */
-                tenant_info(t, &infos[k]);
+                tenant_info(c->rq, t, &infos[k]);
                 ptrs[k] = &infos[k];
                 k++;
         }
@@ -469,6 +487,7 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
+        gm_local_refresh(c->rq);
         for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = o->next) {
                 if (o->ended || !o->tenant || (!s->admin && o->tenant != s->tenant))
                         continue;
@@ -482,8 +501,12 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->name = o->name;
                 ci->admin = o->admin_conn;
                 ci->releasing = o->releasing_bytes;
-                if (o->heap) {
-                        const gm_stats_t *st = gm_heap_stats(o->heap);
+                const gm_request_conn_t *oc = o->userdata;
+                ci->heap_mode = oc && oc->local ? "local" : "central";
+                ci->stats_page_invalid = gm_conn_page_invalid(o);
+                ci->requests = oc ? oc->requests : 0;
+                const gm_stats_t *st = gm_conn_stats(o);
+                if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
                         ci->allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                         ci->cached = (uint64_t) (st->reserved_bytes[GM_STAT_ALL].current -

@@ -446,6 +446,15 @@ static int tenant_key(parse_state_t *st, const char *name, const char *value, un
         for (gm_rule_kind_t k = 0; k < _GM_RULE_KIND_MAX; k++)
                 if (strcmp(name, rule_key[k]) == 0)
                         return add_rule(st, k, value, line);
+        if (strcmp(name, "heap") == 0) {
+                if (t->has_heap)
+                        return fail(st, -EINVAL, line, "'heap' already set in [tenant %s]", t->name);
+                if (strcmp(value, "central") != 0 && strcmp(value, "any") != 0)
+                        return fail(st, -EINVAL, line, "invalid heap '%s': 'central' or 'any'", value);
+                t->has_heap = true;
+                t->heap_central = strcmp(value, "central") == 0;
+                return 1;
+        }
         if (strcmp(name, "quota") != 0)
                 return fail(st, -EINVAL, line, "unknown key '%s' in [tenant %s]", name, t->name);
         if (st->quota_line[st->tenant])

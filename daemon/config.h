@@ -39,6 +39,8 @@ typedef struct gm_config_tenant {
         char name[GM_TENANT_NAME_MAX + 1];
         bool has_quota;
         uint64_t quota; /* bytes; 0 = "none" (no limit), as in gm_tenant_t */
+        bool has_heap;
+        bool heap_central; /* heap = central: its sessions' heaps must run in the daemon (else "any") */
         unsigned line;  /* of its [tenant NAME] header */
 } gm_config_tenant_t;
 

@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
+#include "local.h"
 #include "requests.h"
 #include "u64map.h"
 
@@ -86,6 +87,7 @@ struct gm_daemon {
         uint32_t n_conns;
         gm_u64map_t conns_per_uid; /* uid + 1 -> number of its connections (as uintptr_t) */
         struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
+        gm_local_totals_t local_totals; /* local sessions' part of tenant and device statistics */
         bool shutting_down;
 };
 

@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "local.h"
 #include "log.h"
 #include "sd.h"
 #include "metrics.h"
@@ -528,7 +529,10 @@ int main(int argc, char **argv) {
         gm_metrics_source_t msrc = {.loop = d->loop,
                                     .broker = d->broker,
                                     .hide_tenants = !d->opts.metrics_tenants,
-                                    .device_uuid = d->opts.device_uuid};
+                                    .device_uuid = d->opts.device_uuid,
+                                    .refresh = gm_local_metrics_refresh,
+                                    .tenant_extra = gm_local_metrics_tenant,
+                                    .userdata = &d->requests};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

@@ -292,6 +292,7 @@ typedef struct tenant_row {
         char labels[TENANT_LABELS_MAX];
         uint64_t releasing_bytes;
         uint64_t largest_free;
+        gm_metrics_tenant_extra_t extra; /* the tenant's stats (the broker's plus its local sessions') */
 } tenant_row_t;
 
 typedef enum { V_CURRENT, V_PEAK, V_ALLOCATED, V_FREED, V_PENDING_FREE } value_kind_t;
@@ -361,13 +362,13 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
                 for (size_t i = 0; i < n; i++)
                         for (size_t p = 0; p < 2; p++)
                                 sample(o, pf->name, rows[i].labels, pools[p].label,
-                                       stat_value(&rows[i].tenant->stats, pf, pools[p].type));
+                                       stat_value(&rows[i].extra.stats, pf, pools[p].type));
         }
 
         family(o, "gpumem_alloc_retries_total", "counter",
                "Allocations that succeeded only after freeing the session's cache.");
         for (size_t i = 0; i < n; i++)
-                sample(o, "gpumem_alloc_retries_total", rows[i].labels, "", rows[i].tenant->stats.num_alloc_retries);
+                sample(o, "gpumem_alloc_retries_total", rows[i].labels, "", rows[i].extra.stats.num_alloc_retries);
         family(o, "gpumem_quota_bytes", "gauge", "The tenant's quota on charged bytes; absent when unlimited.");
         for (size_t i = 0; i < n; i++)
                 if (rows[i].tenant->quota)
@@ -386,6 +387,14 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         family(o, "gpumem_largest_free_block_bytes", "gauge", "Largest free cached block over the tenant's sessions.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_largest_free_block_bytes", rows[i].labels, "", (int64_t) rows[i].largest_free);
+        family(o, "gpumem_local_sessions", "gauge", "Sessions whose heap runs in the client (local mode).");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_local_sessions", rows[i].labels, "", (int64_t) rows[i].extra.local_sessions);
+        family(o, "gpumem_stats_page_invalid_sessions", "gauge",
+               "Local sessions whose statistics page fails the daemon's bounds (their block figures count as zero).");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "",
+                       (int64_t) rows[i].extra.invalid_pages);
 
         if (!m)
                 return;
@@ -575,6 +584,8 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         o.p = malloc(o.cap);
         gm_tenant_view_t *views = NULL;
         size_t n = 0;
+        if (m && m->src.refresh)
+                m->src.refresh(m->src.userdata);
         int r = gm_broker_tenant_views(b, &views, &n);
         tenant_row_t *rows = r == 0 ? calloc(n ? n : 1, sizeof(*rows)) : NULL;
         if (!o.p || !rows) {
@@ -601,6 +612,10 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                         .releasing_bytes = views[i].releasing_bytes,
                         .largest_free = views[i].largest_free,
                 };
+                if (m && m->src.tenant_extra)
+                        m->src.tenant_extra(m->src.userdata, views[i].tenant, &rows[shown].extra);
+                else
+                        rows[shown].extra.stats = views[i].tenant->stats;
                 snprintf(rows[shown].labels, sizeof(rows[shown].labels), "%s,tenant=\"%s\"", dev, label);
                 shown++;
         }

@@ -17,6 +17,12 @@
 
 typedef struct gm_metrics gm_metrics_t;
 
+typedef struct gm_metrics_tenant_extra {
+        gm_stats_t stats;        /* added to the tenant's statistics */
+        uint64_t local_sessions; /* sessions whose heap runs in the client */
+        uint64_t invalid_pages;  /* of those, whose statistics page fails the daemon's bounds */
+} gm_metrics_tenant_extra_t;
+
 /* What the endpoint reads and where it runs. */
 typedef struct gm_metrics_source {
         uv_loop_t *loop;
@@ -29,6 +35,11 @@ typedef struct gm_metrics_source {
          * dcgm-exporter's; the backend's wins; NULL or "" and none there
          * leaves it out. Outlives the endpoint. */
         const char *device_uuid;
+        /* Optional: figures of a tenant that live outside the broker (its
+         * local sessions'), added to the broker's; called after `refresh`. */
+        void (*refresh)(void *userdata);
+        void (*tenant_extra)(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
+        void *userdata;
 } gm_metrics_source_t;
 
 /* Request kinds an endpoint can time, at most. */

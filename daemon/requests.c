@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "ipc.h"
+#include "local.h"
 #include "log.h"
 #include "msg.h"
 #include "requests.h"
@@ -64,6 +66,21 @@ int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outco
         return send_error_text(c, request_id, out->error, out->message);
 }
 
+void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome) {
+        if (rq->broker->ops.count_reclaim)
+                rq->broker->ops.count_reclaim(rq->broker->ops.userdata, outcome);
+}
+
+void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms) {
+        if (rq->broker->ops.parked_done)
+                rq->broker->ops.parked_done(rq->broker->ops.userdata, waited_ms);
+}
+
+void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason) {
+        if (rq->broker->ops.count_refusal)
+                rq->broker->ops.count_refusal(rq->broker->ops.userdata, tenant, reason);
+}
+
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id) {
         Gpumem__Ok ok = GPUMEM__OK__INIT;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
@@ -99,9 +116,13 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                                                 : strerror(-r));
                 return r;
         }
+        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
+        int page_fd = -1;
+        r = gm_local_hello(c, request_id, hello, &reply, &page_fd);
+        if (r < 0)
+                return r;
         c->hello_done = true;
 
-        Gpumem__HelloReply reply = GPUMEM__HELLO_REPLY__INIT;
         reply.protocol_version = GM_PROTOCOL_VERSION;
         reply.session_id = s->id;
         reply.backend = (char *) c->rq->broker->backend->ops->name;
@@ -116,9 +137,11 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
-        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'", (unsigned long long) s->id, (int) s->pid,
-                 (unsigned) s->uid, s->tenant->name, s->name);
-        gm_request_send(c, request_id, &out, NULL, 0);
+        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) s->id, (int) s->pid,
+                 (unsigned) s->uid, s->tenant->name, s->name, c->local ? ", local heap" : "");
+        gm_request_send(c, request_id, &out, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
+        if (page_fd >= 0)
+                close(page_fd);
         return 0;
 }
 
@@ -204,6 +227,8 @@ void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const g
 
 static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Alloc *alloc = env->alloc;
+        if (c->local)
+                return gm_request_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
         for (size_t i = 0; i < n_frames; i++)
@@ -214,6 +239,8 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 };
         gm_outcome_t out;
         gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
+        if (out.kind == GM_OUTCOME_REFUSE && gm_local_park_alloc(c, request_id, alloc->size, alloc->stream, &out))
+                return 0;
         if (out.kind != GM_OUTCOME_PARK)
                 gm_requests_answer_alloc(c, request_id, &out);
         return 0;
@@ -256,6 +283,7 @@ static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const G
         }
         if (r < 0)
                 gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
+        gm_local_retry_parked(c->rq);
         return 0;
 }
 
@@ -280,6 +308,9 @@ static int handle_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 const char *tenant =
                         trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
                 released = gm_broker_trim(b, tenant);
+                const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
+                if (!tenant || t) /* local sessions give theirs back with their acks */
+                        released += gm_local_reclaim(c->rq, NULL, t);
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
         reply.released_bytes = released;
@@ -319,6 +350,8 @@ static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg)
 static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Reattach *req = env->reattach;
         gm_session_t *s = c->session;
+        if (c->local)
+                return gm_local_reattach(c, request_id, req);
         int r = 0;
         for (size_t i = 0; i < req->n_segments && r == 0; i++)
                 r = reattach_segment(s, req->segments[i]);
@@ -362,6 +395,9 @@ static const gm_request_kind_t kinds[] = {
         {BODY(CLIENTS), .op = "clients", .handle = gm_handle_clients},
         {BODY(REATTACH), .op = "reattach", .handle = handle_reattach, .check = check_reattach,
          .close_on_refusal = true},
+        {BODY(GRANT), .op = "grant", .handle = gm_handle_grant},
+        {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
+        {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 

@@ -14,18 +14,24 @@
 #include "gpumem.pb-c.h"
 
 typedef struct gm_request_conn gm_request_conn_t;
+typedef struct gm_local gm_local_t;               /* local.h: a session whose heap runs in its client */
+typedef struct gm_local_tenant gm_local_tenant_t;
+typedef struct gm_local_totals gm_local_totals_t;
+struct gm_config;
 
 /* The daemon settings the handlers read (kept current by the daemon). */
 typedef struct gm_request_config {
         uint32_t max_packet;   /* told to clients in HelloReply */
         uint32_t max_fds;      /* fds in one packet: mappings beyond go in MapSegments packets */
         const char *state_dir; /* persistent quotas; NULL = none kept */
+        const struct gm_config *file; /* the configuration file's contents (tenant rules) */
 } gm_request_config_t;
 
 /* What the server gives the handlers. */
 typedef struct gm_requests {
         gm_broker_t *broker;
         const gm_request_config_t *config;
+        gm_local_totals_t *local; /* the local sessions' part of the statistics */
         /* The one way out: sends env (request_id set here) with fds. A negative
          * errno means the connection is gone (closed by the server). */
         int (*send)(void *userdata, gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds,
@@ -41,7 +47,10 @@ struct gm_request_conn {
         gm_session_t *session;
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         bool hello_done;
-        bool closed; /* the server closed it: nothing more is sent */
+        bool closed;      /* the server closed it: nothing more is sent */
+        uint64_t requests; /* packets received */
+        gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
+        struct gm_parked_alloc *parked_allocs; /* central allocations waiting for local sessions' caches */
 };
 
 /* One request. Returns 0, or a negative errno when the connection must be
@@ -68,6 +77,12 @@ void gm_request_format_message(char *message, size_t len, const char *fmt, va_li
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* Replies Ok; 0 (a failed send closes the connection). */
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id);
+/* Counts a reclaim outcome and a refusal (by its class) through the broker's host. */
+void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome);
+void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason);
+/* A request parked outside the broker (a local session's grant) was decided
+ * after waiting `waited_ms` for reclaimed memory (the reclaim-wait histogram). */
+void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms);
 
 /* ---- the table's rows ---- */
 

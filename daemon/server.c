@@ -51,6 +51,7 @@ static void conn_close(gm_conn_t *c, const char *why) {
         c->req.closed = true;
         log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
+        gm_local_end(&c->req);
         gm_session_end(s);
         if (c->prev)
                 c->prev->next = c->next;
@@ -83,11 +84,15 @@ static int conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, c
         return r;
 }
 
+/* The connection that embeds a request conn (every session's userdata). */
+static gm_conn_t *conn_of(gm_request_conn_t *rc) {
+        return (gm_conn_t *) ((char *) rc - offsetof(gm_conn_t, req));
+}
+
 /* The request handlers' one sender. */
 static int request_send(void *userdata, gm_request_conn_t *rc, uint64_t request_id, Gpumem__Envelope *env,
                         const int *fds, size_t n_fds) {
-        gm_conn_t *c = (gm_conn_t *) ((char *) rc - offsetof(gm_conn_t, req));
-        return conn_send(c, request_id, env, fds, n_fds);
+        return conn_send(conn_of(rc), request_id, env, fds, n_fds);
 }
 
 static void request_observe(void *userdata, unsigned op, uint64_t ns) {
@@ -100,10 +105,12 @@ void gm_server_sync_requests(gm_daemon_t *d) {
                 .max_packet = d->opts.limits.max_packet,
                 .max_fds = d->opts.limits.max_fds,
                 .state_dir = d->opts.state_dir,
+                .file = d->config,
         };
         d->requests = (gm_requests_t){
                 .broker = d->broker,
                 .config = &d->request_config,
+                .local = &d->local_totals,
                 .send = request_send,
                 .observe = request_observe,
                 .userdata = d,
@@ -145,6 +152,7 @@ static void on_conn_readable(uv_poll_t *handle, int status, int events) {
                         conn_close(c, "garbage packet");
                         break;
                 }
+                c->req.requests++;
                 r = gm_requests_dispatch(&c->req, env, fds, n_fds);
                 gm_msg_free(env);
                 if (r < 0) {
@@ -195,7 +203,7 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
                 .uid = id.uid,
                 .unit = id.user_unit ? "" : id.unit,
                 .admin = is_admin(d, &id),
-                .userdata = c,
+                .userdata = &c->req,
         };
         r = gm_session_new(d->broker, &params, &c->req.session);
         if (r < 0) {
@@ -329,6 +337,7 @@ static void on_tick(uv_timer_t *t) {
         uint64_t now = gm_now_ms();
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
+        gm_local_tick(&d->requests);
         gm_daemon_debug_check(d, "a tick");
 }
 
@@ -370,6 +379,7 @@ void gm_server_stop(gm_daemon_t *d) {
         while (d->conns)
                 conn_close(d->conns, "daemon stopping");
         gm_u64map_done(&d->conns_per_uid);
+        gm_local_free_all(&d->requests);
         free(d->rx_buf);
         d->rx_buf = NULL;
 }
@@ -378,7 +388,7 @@ void gm_server_stop(gm_daemon_t *d) {
 
 static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
                         size_t n) {
-        gm_conn_t *c = s->userdata;
+        gm_conn_t *c = conn_of(s->userdata);
         Gpumem__Range *rs = calloc(n ? n : 1, sizeof(*rs));
         Gpumem__Range **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
         if (!rs || !ptrs) {
@@ -408,8 +418,7 @@ static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, co
 }
 
 static void alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
-        gm_conn_t *c = s->userdata;
-        gm_requests_answer_alloc(&c->req, request_id, out);
+        gm_requests_answer_alloc(s->userdata, request_id, out);
 }
 
 static int store_add(void *userdata, int fd, const char *name) {

@@ -15,6 +15,7 @@ DAEMON_LAYER = {
     "main.c": "main",
     "server.c": "server", "daemon.h": "server",
     "requests.c": "requests", "requests.h": "requests", "admin.c": "requests",
+    "local.h": "requests", "grant.c": "requests", "localstats.c": "requests",
 }
 # What each layer may include (besides itself).
 MAY_USE = {

@@ -50,6 +50,11 @@ if(GPUMEM_HAVE_CUDA)
   add_test(NAME cuda_e2e COMMAND test_cuda_e2e)
   set_tests_properties(cuda_e2e PROPERTIES TIMEOUT 600 ENVIRONMENT
     "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
+  # The same defects in central sessions (release requests and their batches,
+  # the daemon's heap): connections without an explicit mode get a central one.
+  add_test(NAME cuda_e2e_central COMMAND test_cuda_e2e)
+  set_tests_properties(cuda_e2e_central PROPERTIES TIMEOUT 600 ENVIRONMENT
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
 
   # The client of scripts/gpu-check.sh (built here too, so the emulator run
   # of the check below tests it).

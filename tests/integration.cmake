@@ -9,7 +9,7 @@ if(TARGET gm_fakecuda_check) # stopping a daemon asserts the emulated device dra
   target_compile_definitions(gm_testutil PUBLIC GM_TEST_FAKECUDA=1)
   # The cuda legs share one emulated device each (its pool file): a fresh one every run.
   set(GM_FAKE_POOLS ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants
-      ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart)
+      ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration-local)
   add_test(NAME fakecuda_pools_reset COMMAND ${CMAKE_COMMAND} -E rm -f ${GM_FAKE_POOLS})
   set_tests_properties(fakecuda_pools_reset PROPERTIES FIXTURES_SETUP fakecuda_pools)
 endif()
@@ -22,12 +22,22 @@ target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE
   GPUMEM_LIB_PATH="$<TARGET_FILE:gpumem>" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
 add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
-set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900)
+set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_integration fakecuda)
   add_test(NAME integration_cuda COMMAND test_integration)
   set_tests_properties(integration_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration"
+    TIMEOUT 900 FIXTURES_REQUIRED fakecuda_pools)
+endif()
+
+add_test(NAME integration_host_local COMMAND test_integration)
+set_tests_properties(integration_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
+                     TIMEOUT 900)
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_test(NAME integration_cuda_local COMMAND test_integration)
+  set_tests_properties(integration_cuda_local PROPERTIES
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=local;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration-local"
     TIMEOUT 900 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 
@@ -44,14 +54,19 @@ target_compile_definitions(test_tenants PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpu
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_tenants gpumemd gpumemctl gm-test-client)
 add_test(NAME tenants_host COMMAND test_tenants)
-set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 900 SKIP_RETURN_CODE 77)
+set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900 SKIP_RETURN_CODE 77)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_tenants fakecuda)
   add_test(NAME tenants_cuda COMMAND test_tenants)
   set_tests_properties(tenants_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
     TIMEOUT 900 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fakecuda_pools)
 endif()
+
+# The same tenants and restart suites with local heaps (the library's default).
+add_test(NAME tenants_host_local COMMAND test_tenants)
+set_tests_properties(tenants_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
+                     TIMEOUT 900 SKIP_RETURN_CODE 77)
 
 # `cmake --install` into a temporary prefix, then programs built against it
 # with pkg-config and find_package(gpumem).
@@ -77,11 +92,13 @@ target_compile_definitions(test_restart PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpume
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")
 add_dependencies(test_restart gpumemd gm-test-client)
 add_test(NAME restart_host COMMAND test_restart)
-set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 600)
+add_test(NAME restart_host_local COMMAND test_restart)
+set_tests_properties(restart_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local" TIMEOUT 600)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_restart fakecuda)
   add_test(NAME restart_cuda COMMAND test_restart)
   set_tests_properties(restart_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart" TIMEOUT 600
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart" TIMEOUT 600
     FIXTURES_REQUIRED fakecuda_pools)
 endif()

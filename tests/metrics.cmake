@@ -15,13 +15,13 @@ if(GM_PROMTOOL_EXECUTABLE)
 endif()
 add_dependencies(test_metrics gpumemd gpumemctl gm-test-client)
 add_test(NAME metrics COMMAND test_metrics)
-set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 600)
+set_tests_properties(metrics PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 600)
 # The UUID label from the cuda backend (the emulated driver's device UUID).
 if(GPUMEM_HAVE_CUDA)
   add_test(NAME metrics_cuda_uuid COMMAND test_metrics)
   add_dependencies(test_metrics fakecuda fakenvml)
   set_tests_properties(metrics_cuda_uuid PROPERTIES TIMEOUT 300 ENVIRONMENT
-    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_UUID_PREFIX=0123456789abcdef")
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_UUID_PREFIX=0123456789abcdef")
 endif()
 
 if(GM_PROMTOOL_EXECUTABLE)

@@ -88,13 +88,35 @@ START_TEST(test_release_of_many_pages) {
 }
 END_TEST
 
+static gpumem_client *connect_heap(gpumem_heap_mode heap) {
+        gpumem_client *c = NULL;
+        int r = gpumem_connect_heap(daemon_.socket_path, heap, &c);
+        ck_assert_msg(r == 0, "gpumem_connect_heap: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_heap(c), heap);
+        return c;
+}
+
+/* The libgpumem session's field `name` in `gpumemctl clients --json`. */
+static long long client_field(const char *name) {
+        char out[8192], key[64];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        const char *at = strstr(out, "\"name\": \"libgpumem");
+        ck_assert_ptr_nonnull(at);
+        snprintf(key, sizeof(key), "\"%s\": ", name);
+        at = strstr(at, key);
+        ck_assert_msg(at != NULL, "no %s: %s", name, out);
+        return strtoll(at + strlen(key), NULL, 10);
+}
+
 /* Defect 4: an unmap the driver refuses is not acknowledged as done: the
  * daemon keeps the memory (and its handle) until the session ends, and the
- * client's data stays intact. */
-START_TEST(test_failed_unmap_keeps_memory) {
+ * client's data stays intact. A central session's trim: the daemon asks for
+ * both segments and keeps the refused one charged as releasing. */
+START_TEST(test_failed_unmap_keeps_memory_central) {
         start_daemon("256M", NULL, NULL, NULL);
         setenv("FAKECUDA_FAIL_UNMAP_AT", "1", 1); /* this process's first cuMemUnmap fails */
-        gpumem_client *c = connect_ok();
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_CENTRAL);
         void *p, *q;
         ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
         ck_assert_int_eq(gpumem_alloc(c, 30 * MiB, 0, &q), 0);
@@ -108,21 +130,47 @@ START_TEST(test_failed_unmap_keeps_memory) {
          * charged, as releasing, instead of giving it back to the driver. */
         fakecuda_usage_t u = usage();
         ck_assert_int_eq(u.mappings, 1);
-        char out[8192];
-        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
         long long releasing = 0;
         for (int i = 0; i < 500 && releasing == 0; i++) {
-                ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
-                const char *at = strstr(out, "\"name\": \"libgpumem");
-                ck_assert_ptr_nonnull(at);
-                at = strstr(at, "\"releasing_bytes\": ");
-                ck_assert_ptr_nonnull(at);
-                releasing = strtoll(at + strlen("\"releasing_bytes\": "), NULL, 10);
+                releasing = client_field("releasing_bytes");
                 if (releasing == 0)
                         usleep(10000);
         }
-        ck_assert_msg(releasing == 12 * (long long) MiB || releasing == 30 * (long long) MiB, "releasing %lld: %s",
-                      releasing, out);
+        ck_assert_msg(releasing == 12 * (long long) MiB || releasing == 30 * (long long) MiB, "releasing %lld",
+                      releasing);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), (uint64_t) releasing); /* the driver did not get it back */
+        finish(c); /* the disconnect unmaps it; the session's end releases it */
+}
+END_TEST
+
+/* The same in a local session: its heap gives both segments back, the one
+ * whose unmap failed is not returned: it stays mapped here and granted (in
+ * the session's reserved bytes and its tenant's charge), the driver never
+ * gets it back under the mapping, and trim does not count it as released. */
+START_TEST(test_failed_unmap_keeps_memory_local) {
+        start_daemon("256M", NULL, NULL, NULL);
+        setenv("FAKECUDA_FAIL_UNMAP_AT", "1", 1);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 30 * MiB, 0, &q), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(gpumem_free(c, q), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_msg(released == 12 * MiB || released == 30 * MiB, "released %llu", (unsigned long long) released);
+        uint64_t kept = 42 * MiB - released;
+        ck_assert_int_eq(usage().mappings, 1);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", (int64_t) kept),
+                         (int64_t) kept);
+        ck_assert_int_eq(client_field("reserved_bytes"), (long long) kept);
+        for (int i = 0; i < 500 && gm_fake_device_bytes(0) != kept; i++)
+                usleep(10000);
+        ck_assert_uint_eq(gm_fake_device_bytes(0), kept); /* the returned one went back, the kept one did not */
+        /* A second trim finds nothing more to give. */
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_eq(released, 0);
+        ck_assert_int_eq(usage().mappings, 1);
         finish(c); /* the disconnect unmaps it; the session's end releases it */
 }
 END_TEST
@@ -340,7 +388,8 @@ static Suite *e2e_suite(void) {
         tcase_add_checked_fixture(tc, setup, NULL);
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_release_of_many_pages);
-        tcase_add_test(tc, test_failed_unmap_keeps_memory);
+        tcase_add_test(tc, test_failed_unmap_keeps_memory_central);
+        tcase_add_test(tc, test_failed_unmap_keeps_memory_local);
         tcase_add_test(tc, test_disconnect_with_holes);
         tcase_add_test(tc, test_release_waits_outside_the_lock);
         tcase_add_test(tc, test_pending_events_back_off);

@@ -357,6 +357,12 @@ START_TEST(test_unclaimed_segments_released_after_grace) {
         sd_pump();
         size_t stored = stored_count();
         ck_assert_uint_gt(stored, 0);
+        /* The client is stopped first, so it cannot reconnect (its queued
+         * Hello would re-attach it) between the two deaths. */
+        ck_assert_int_eq(kill(client.pid, SIGSTOP), 0);
+        int status;
+        ck_assert_int_eq(waitpid(client.pid, &status, WUNTRACED), client.pid);
+        ck_assert(WIFSTOPPED(status));
         ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
         waitpid(sd.daemon, NULL, 0);
         ck_assert_int_eq(kill(client.pid, SIGKILL), 0); /* the client dies too */

@@ -306,18 +306,36 @@ END_TEST
 
 /* ---- the daemon goes away and comes back ---- */
 
-START_TEST(test_daemon_gone_then_back) {
+/* The daemon stops and starts again under a session of heap mode `heap`
+ * ("central" or "local"). */
+static void daemon_gone_then_back(const char *heap) {
+        ck_assert_int_eq(setenv("GPUMEM_HEAP", heap, 1), 0);
         ck_assert_int_eq(setenv("GPUMEM_RECONNECT_TIMEOUT_MS", "300", 1), 0);
-        void *p = gpumem_torch_alloc(1 * MiB, 0, NULL);
+        bool local = strcmp(heap, "local") == 0;
+        void *p = gpumem_torch_alloc(1 * MiB, 0, NULL); /* one 2 MiB segment of the small pool */
         ck_assert_ptr_nonnull(p);
         dev[0].keep_dir = true;
         gm_test_daemon_stop(&dev[0]);
-        /* No daemon: memory it would have to give is refused within the
-         * re-attach window, never a hang. */
-        ck_assert_ptr_null(gpumem_torch_alloc(100 * MiB, 0, NULL));
         char why[2048];
-        int err = gpumem_torch_last_refusal(0, why, sizeof(why), NULL);
+        uint64_t refusals = 0;
+        if (local) {
+                /* The heap is in this process: its cache still serves without the daemon. */
+                void *cached = gpumem_torch_alloc(1 * MiB, 0, NULL);
+                ck_assert_msg(cached != NULL, "cached allocation: %s",
+                              (gpumem_torch_last_refusal(0, why, sizeof(why), NULL), why));
+                gm_test_fill(cached, 1 * MiB, 3);
+                ck_assert(gm_test_verify(cached, 1 * MiB, 3));
+                gpumem_torch_free(cached, 1 * MiB, 0, NULL);
+                gpumem_torch_last_refusal(0, NULL, 0, &refusals);
+        }
+        /* No daemon: memory the heap must ask for is refused within the
+         * re-attach window, never a hang, and the refusal says why. */
+        ck_assert_ptr_null(gpumem_torch_alloc(local ? 5 * MiB : 1 * MiB, 0, NULL));
+        uint64_t count = 0;
+        int err = gpumem_torch_last_refusal(0, why, sizeof(why), &count);
         ck_assert_msg(err == -ENODEV || err == -ECONNRESET, "refusal %d: %s", err, why);
+        ck_assert_msg(strstr(why, "gpumemd"), "refusal without a diagnosis: %s", why);
+        ck_assert_uint_eq(count, refusals + 1);
         /* The daemon is back: the next allocation is a new session. */
         gm_test_daemon_launch(&dev[0], "256M", NULL);
         dev[0].keep_dir = false;
@@ -332,6 +350,15 @@ START_TEST(test_daemon_gone_then_back) {
         ck_assert_uint_eq(before, after);
         gpumem_torch_free(q, 5 * MiB, 0, NULL);
         ck_assert_int_eq(gm_test_wait_device_stat(dev[0].socket_path, "allocated_bytes.all.current", 0), 0);
+}
+
+START_TEST(test_daemon_gone_then_back_central) {
+        daemon_gone_then_back("central");
+}
+END_TEST
+
+START_TEST(test_daemon_gone_then_back_local) {
+        daemon_gone_then_back("local");
 }
 END_TEST
 
@@ -415,7 +442,8 @@ static Suite *torch_suite(void) {
         tcase_add_test(tc, test_refusal_null_diagnosis_logged_once);
         tcase_add_test(tc, test_no_daemon_is_null_not_hang);
         tcase_add_test(tc, test_fork_child_gets_its_own_session);
-        tcase_add_test(tc, test_daemon_gone_then_back);
+        tcase_add_test(tc, test_daemon_gone_then_back_central);
+        tcase_add_test(tc, test_daemon_gone_then_back_local);
         tcase_add_test(tc, test_record_stream_and_empty_cache);
         tcase_add_test(tc, test_visible_devices_find_the_daemon_by_uuid);
         suite_add_tcase(s, tc);

@@ -398,7 +398,8 @@ def list_clients(device=None):
     """The sessions on the device that the caller may see (its tenant's; every
     one for an admin), with the keys of `gpumemctl clients --json`:
     session_id, pid, uid, tenant, unit, name, reserved_bytes, allocated_bytes,
-    cached_bytes, segments, releasing_bytes, control."""
+    cached_bytes, segments, releasing_bytes, control, heap ("local" or
+    "central"), stats_page_invalid, requests."""
     client = _session(device)
 
     def fill(ptr, n):

@@ -33,6 +33,9 @@ class ClientInfo(ctypes.Structure):
         ("segments", ctypes.c_uint64),
         ("releasing_bytes", ctypes.c_uint64),
         ("control", ctypes.c_bool),
+        ("heap", ctypes.c_char_p),
+        ("stats_page_invalid", ctypes.c_bool),
+        ("requests", ctypes.c_uint64),
     ]
 
 

@@ -244,11 +244,49 @@ def test_snapshot_with_python_frames(gpumem, daemons, blocks, tmp_path):
         gpumem._record_memory_history("sometimes")
 
 
+# A process with a session of heap mode `heap` holding 2 MiB: it prints the
+# segment counts of its own snapshot and of the device-wide one, then waits
+# for a line on stdin before it lets go.
+SNAPSHOT_CHILD = (
+    "import os, sys, gpumem\n"
+    "p = gpumem._lib.torch_lib.gpumem_torch_alloc(2 * 1024 * 1024, 0, None)\n"
+    "assert p\n"
+    "mine = gpumem._snapshot()['segments']\n"
+    "everything = gpumem._snapshot(pid=0)['segments']\n"
+    "assert all(s['pid'] == os.getpid() for s in mine)\n"
+    "print(len(mine), len(everything), sum(s['pid'] == os.getpid() for s in everything), flush=True)\n"
+    "sys.stdin.readline()\n")
+
+
+def snapshot_child(heap):
+    env = dict(os.environ, GPUMEM_HEAP=heap)
+    child = subprocess.Popen([sys.executable, "-c", SNAPSHOT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    line = child.stdout.readline().split()
+    return child, [int(v) for v in line]
+
+
+def test_snapshot_of_everything_as_admin_central(daemons):
+    # Central sessions: the device-wide snapshot holds each one's own.
+    child, (mine, everything, of_child) = snapshot_child("central")
+    child.communicate("go\n", timeout=60)
+    assert child.returncode == 0
+    assert everything >= mine > 0 and of_child == mine
+
+
 def test_snapshot_of_everything_as_admin(gpumem, daemons, blocks):
+    # A local session's own snapshot comes from its heap; the device-wide one
+    # holds the central sessions' segments (a central process's among them).
     blocks().alloc(2 * MiB)
     mine = gpumem._snapshot()
-    everything = gpumem._snapshot(pid=0)
-    assert len(everything["segments"]) >= len(mine["segments"]) > 0
+    assert mine["segments"] and all(s["pid"] == os.getpid() for s in mine["segments"])
+    child, (theirs, _, _) = snapshot_child("central")
+    try:
+        everything = gpumem._snapshot(pid=0)
+    finally:
+        child.communicate("go\n", timeout=60)
+    assert child.returncode == 0
+    assert sum(s["pid"] == child.pid for s in everything["segments"]) == theirs > 0
 
 
 def run_as_nobody(code):

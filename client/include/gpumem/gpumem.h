@@ -32,6 +32,22 @@ typedef struct gpumem_client gpumem_client;
  * default path of GPU 0. On success *ret is a new client. */
 GPUMEM_EXPORT int gpumem_connect(const char *socket_path, gpumem_client **ret);
 
+/* Where a session's caching allocator runs. The daemon owns the physical
+ * memory, the quotas and the segment ledger in both modes. */
+typedef enum gpumem_heap_mode {
+        GPUMEM_HEAP_DEFAULT = 0, /* $GPUMEM_HEAP ("local" or "central") if set, else local
+                                  * unless the tenant is required to be central */
+        GPUMEM_HEAP_LOCAL = 1,   /* in this process: cached allocations and frees send no
+                                  * message; -EPERM where the operator requires central */
+        GPUMEM_HEAP_CENTRAL = 2, /* in the daemon: one round trip per allocation */
+} gpumem_heap_mode;
+
+/* gpumem_connect() with an explicit heap mode (GPUMEM_HEAP_DEFAULT: as gpumem_connect). */
+GPUMEM_EXPORT int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_client **ret);
+
+/* The mode the session got: GPUMEM_HEAP_LOCAL or GPUMEM_HEAP_CENTRAL. */
+GPUMEM_EXPORT gpumem_heap_mode gpumem_heap(gpumem_client *c);
+
 /* Unmaps everything, ends the session (the daemon releases all of its memory)
  * and frees the client. Pointers from it become invalid. Accepts NULL. */
 GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
@@ -180,6 +196,9 @@ typedef struct gpumem_client_info {
         uint64_t segments;
         uint64_t releasing_bytes; /* asked back, not yet acknowledged (still charged) */
         bool control;             /* a gpumemctl-style connection holding no memory */
+        const char *heap;         /* "local" (its heap runs in the client) or "central" */
+        bool stats_page_invalid;  /* local: its statistics page failed the daemon's bounds (figures as zero) */
+        uint64_t requests;        /* packets the daemon received from it */
 } gpumem_client_info;
 
 /* The sessions the caller may see (its tenant's; every one for an admin).

@@ -1,0 +1,208 @@
+/* The local heap: gm_heap_t behind a provider that asks the daemon. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "local_heap.h"
+#include "snapshot.h"
+
+struct gm_local {
+        gm_heap_t *heap;
+        gm_statpage_t *page;
+        gm_local_ops_t ops;
+        uint64_t va_cursor;       /* the heap's synthetic addresses */
+        uint64_t cur_size;        /* the request being served (for the diagnosis) */
+        bool refused_by_daemon;
+        bool destroying;          /* pieces are forgotten, not given back */
+        gm_alloc_config_t config; /* the settings it runs with (a snapshot's allocator_settings) */
+        gm_history_t *history;    /* this process's trace ring while memory history is on */
+        const gm_frame_t *cur_frames; /* frames of the allocation being served */
+        size_t n_cur_frames;
+        uint32_t pid;             /* the process the trace entries name */
+};
+
+/* Every change of the heap is one page update: the page reads as busy from
+ * before the change until all of the heap's statistics are copied after it
+ * (a copy costs fewer instructions than a second set of stat updates inside
+ * the heap). Around a grant or a give-back it is published as it stands. */
+static void begin(gm_local_t *l) {
+        if (l->page)
+                gm_statpage_write_begin(l->page);
+}
+
+static void end(gm_local_t *l) {
+        if (!l->page)
+                return;
+        memcpy(gm_statpage_payload(l->page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
+        gm_statpage_write_end(l->page);
+}
+
+static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                           uint64_t size, uint64_t *ret_handle) {
+        gm_local_t *l = userdata;
+        gm_local_grant_t g = {
+                .segment_id = segment_id,
+                .segment_va_size = segment_va_size,
+                .offset = offset,
+                .size = size,
+                .largest_free = gm_heap_largest_free(l->heap),
+        };
+        uint64_t segment_size;
+        gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
+        end(l); /* the daemon reads the figures as of now while it decides */
+        int r = l->ops.grant(l->ops.ctx, &g);
+        begin(l);
+        if (r == -ENOMEM || r == -EDQUOT)
+                l->refused_by_daemon = true;
+        if (r < 0)
+                return r;
+        *ret_handle = segment_id;
+        return 0;
+}
+
+static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                             bool whole_segment) {
+        gm_local_t *l = userdata;
+        if (l->destroying)
+                return;
+        end(l); /* the page never claims more than what is still granted */
+        l->ops.give_back(l->ops.ctx, segment_id, offset, size, whole_segment);
+        begin(l);
+}
+
+/* Records the heap's events in its trace ring while history is on. */
+static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+        gm_local_t *l = userdata;
+        if (!l->history)
+                return;
+        gm_history_entry_t e = {
+                .action = action, .addr = addr, .size = size, .stream = stream, .time_us = gm_realtime_us(),
+                .pid = l->pid};
+        bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
+        /* A failed record only loses this entry; allocation goes on. */
+        gm_history_record(l->history, &e, with_frames ? l->cur_frames : NULL, with_frames ? l->n_cur_frames : 0);
+}
+
+int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
+                 const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len) {
+        gm_alloc_config_t cfg;
+        int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
+        if (r < 0)
+                return r;
+        if (page && page->payload_size != sizeof(gm_stats_t))
+                return -EPROTO;
+        gm_local_t *l = calloc(1, sizeof(*l));
+        if (!l)
+                return -ENOMEM;
+        l->ops = *ops;
+        l->page = page;
+        l->config = cfg;
+        gm_provider_t provider = {
+                .create = provider_create, .release = provider_release, .trace = provider_trace, .userdata = l};
+        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
+        r = gm_heap_new(&cfg, &provider, &params, &l->heap);
+        if (r < 0) {
+                free(l);
+                return r;
+        }
+        begin(l);
+        end(l);
+        *ret_local = l;
+        return 0;
+}
+
+gm_local_t *gm_local_destroy(gm_local_t *l) {
+        if (!l)
+                return NULL;
+        l->destroying = true;
+        gm_heap_destroy(l->heap);
+        gm_history_free(l->history);
+        free(l);
+        return NULL;
+}
+
+int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
+                   gm_alloc_result_t *ret_result) {
+        l->cur_size = size;
+        l->refused_by_daemon = false;
+        l->cur_frames = frames;
+        l->n_cur_frames = n_frames;
+        begin(l);
+        int r = gm_heap_alloc(l->heap, size, stream, ret_result);
+        end(l);
+        l->cur_frames = NULL;
+        l->n_cur_frames = 0;
+        return r;
+}
+
+int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred) {
+        begin(l);
+        int r = gm_heap_free(l->heap, block_id, deferred);
+        end(l);
+        return r;
+}
+
+int gm_local_free_completed(gm_local_t *l, uint64_t block_id) {
+        begin(l);
+        int r = gm_heap_free_completed(l->heap, block_id);
+        end(l);
+        return r;
+}
+
+uint64_t gm_local_release_cached(gm_local_t *l) {
+        begin(l);
+        uint64_t released = gm_heap_release_cached(l->heap);
+        end(l);
+        return released;
+}
+
+int gm_local_stat(const gm_local_t *l, const char *name, int64_t *ret_value) {
+        return gm_stats_get(gm_heap_stats(l->heap), name, ret_value);
+}
+
+const gm_stats_t *gm_local_stats(const gm_local_t *l) {
+        return gm_heap_stats(l->heap);
+}
+
+void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated) {
+        begin(l);
+        if (peak)
+                gm_stats_reset_peak(gm_heap_stats_mut(l->heap));
+        if (accumulated)
+                gm_stats_reset_accumulated(gm_heap_stats_mut(l->heap));
+        end(l);
+}
+
+bool gm_local_refused_by_daemon(const gm_local_t *l) {
+        return l->refused_by_daemon;
+}
+
+const gm_heap_t *gm_local_heap(const gm_local_t *l) {
+        return l->heap;
+}
+
+int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid) {
+        l->pid = pid;
+        if (!enabled) {
+                l->history = gm_history_free(l->history); /* off clears the ring, as in PyTorch */
+                return 0;
+        }
+        if (l->history)
+                return gm_history_set_max(l->history, max_entries);
+        return gm_history_new(max_entries, GM_LOCAL_HISTORY_FRAME_BYTES, &l->history);
+}
+
+int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len) {
+        gm_snapshot_heap_t heap = {
+                .heap = l->heap, .pid = owner->pid, .tenant = owner->tenant, .session_id = owner->session_id};
+        gm_snapshot_source_t src = {
+                .device = owner->device,
+                .heaps = &heap,
+                .n_heaps = 1,
+                .history = l->history,
+                .only_heap_pids = true,
+                .config = &l->config,
+        };
+        return gm_snapshot_write(&src, json ? GM_SNAPSHOT_JSON : GM_SNAPSHOT_PICKLE, ret_buf, ret_len);
+}

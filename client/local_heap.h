@@ -1,0 +1,88 @@
+/* A local heap: the session's caching allocator (allocator/, PyTorch's
+ * policy, knobs and statistics) running inside libgpumem. Cached allocations
+ * and frees never leave the process; physical memory is asked of the daemon
+ * (a whole segment, or one page of an expandable segment) and given back to
+ * it through the ops the session supplies. Every change of the heap's
+ * statistics is mirrored into the session's statistics page under its
+ * sequence lock, so the daemon reads block figures without a message.
+ *
+ * Not thread-safe: the caller serialises every call (the session's heap lock).
+ * The ops are called from inside these calls, with that lock held. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "allocator.h"
+#include "history.h"
+#include "statpage.h"
+
+typedef struct gm_local gm_local_t;
+
+/* One piece of physical memory the heap needs. block_size and largest_free
+ * only inform the daemon's out-of-memory diagnosis. */
+typedef struct gm_local_grant {
+        uint64_t segment_id;
+        uint64_t segment_va_size;
+        uint64_t offset;
+        uint64_t size;
+        uint64_t block_size;
+        uint64_t largest_free;
+} gm_local_grant_t;
+
+typedef struct gm_local_ops {
+        /* Gets the piece from the daemon and maps it: 0, or -ENOMEM / -EDQUOT
+         * (refused; enters the heap's retry ladder), or another -errno. */
+        int (*grant)(void *ctx, const gm_local_grant_t *grant);
+        /* Unmaps the piece and gives it back to the daemon. Cannot fail. */
+        void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
+        void *ctx;
+} gm_local_ops_t;
+
+/* A heap with the daemon's allocator settings `alloc_conf` (PyTorch syntax)
+ * for a device of `capacity` bytes whose backend maps in multiples of
+ * `granularity` (0: 2 MiB), mirroring its statistics into `page` (may be
+ * NULL), which must outlive it. -EINVAL with a reason in err for settings
+ * this library cannot parse. */
+int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
+                 const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len);
+/* Forgets every block and piece without calling the ops (the session is
+ * ending: its mappings and the daemon's ledger go with it). Accepts NULL. */
+gm_local_t *gm_local_destroy(gm_local_t *l);
+
+/* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
+int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
+                   gm_alloc_result_t *ret_result);
+int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred);
+int gm_local_free_completed(gm_local_t *l, uint64_t block_id);
+/* empty_cache(): gives every idle cached segment (and free page) back. */
+uint64_t gm_local_release_cached(gm_local_t *l);
+int gm_local_stat(const gm_local_t *l, const char *name, int64_t *ret_value);
+const gm_stats_t *gm_local_stats(const gm_local_t *l);
+void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated);
+/* Whether the last failed gm_local_alloc() was refused by the daemon (its
+ * message is then the caller's thread error) rather than by the heap itself. */
+bool gm_local_refused_by_daemon(const gm_local_t *l);
+/* The read-only walk of the heap (snapshots). */
+const gm_heap_t *gm_local_heap(const gm_local_t *l);
+
+/* Bytes of interned frame data a local trace ring keeps, at most. */
+#define GM_LOCAL_HISTORY_FRAME_BYTES (64u << 20)
+
+/* Memory history of this heap (the session's part of the device's trace,
+ * entries naming `pid`): on with at most max_entries entries, or off (the
+ * ring is cleared). -ENOMEM. */
+int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid);
+
+/* Who a snapshot names as the heap's owner. */
+typedef struct gm_local_owner {
+        int device;
+        uint32_t pid;
+        const char *tenant;
+        uint64_t session_id;
+} gm_local_owner_t;
+
+/* The heap's memory snapshot (PyTorch's schema: its segments and blocks, its
+ * trace ring), as JSON or a pickle; *ret_buf is freed with free(). */
+int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len);

@@ -1,0 +1,249 @@
+/* Local sessions' statistics pages: bounded reads, the session's figures,
+ * and their part of the tenant's and the device's statistics. What a client
+ * writes there is untrusted: a read that fails the bounds of what the daemon
+ * granted counts as zeros and flags the session; nothing read here reaches
+ * charged bytes or quotas (the broker's), and folded counters never go back. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "local.h"
+#include "log.h"
+
+/* The statistics page is read at most this many times per refresh. */
+#define PAGE_READ_TRIES 64
+/* The smallest block a heap hands out: bounds the block counts a page may claim. */
+#define MIN_BLOCK 512
+
+/* ---- gm_stats_t as arrays (every gm_stat_t, then every int64 counter) ---- */
+
+#define N_STATS ((offsetof(gm_stats_t, num_alloc_retries)) / sizeof(gm_stat_t))
+#define N_COUNTERS 5 /* num_alloc_retries .. num_device_free; max_split_size is a setting */
+_Static_assert(offsetof(gm_stats_t, num_alloc_retries) % sizeof(gm_stat_t) == 0, "gm_stat_t array");
+_Static_assert(offsetof(gm_stats_t, max_split_size) ==
+                       offsetof(gm_stats_t, num_alloc_retries) + N_COUNTERS * sizeof(int64_t),
+               "counters before max_split_size");
+
+static gm_stat_t *stat_at(gm_stats_t *s, size_t i) {
+        return &((gm_stat_t *) s)[i];
+}
+
+static const gm_stat_t *cstat_at(const gm_stats_t *s, size_t i) {
+        return &((const gm_stat_t *) s)[i];
+}
+
+static int64_t *counter_at(gm_stats_t *s, size_t i) {
+        return &(&s->num_alloc_retries)[i];
+}
+
+static int64_t ccounter_at(const gm_stats_t *s, size_t i) {
+        return (&s->num_alloc_retries)[i];
+}
+
+static int64_t max64(int64_t a, int64_t b) {
+        return a > b ? a : b;
+}
+
+void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied) {
+        for (size_t i = 0; i < N_STATS; i++) {
+                gm_stat_t *d = stat_at(sink, i);
+                const gm_stat_t *w = cstat_at(want, i), *a = cstat_at(applied, i);
+                d->current += w->current - a->current;
+                d->peak = max64(d->peak, d->current);
+                if (w->peak > a->peak) /* the session peaked since the last read: the others as they are now */
+                        d->peak = max64(d->peak, d->current - w->current + w->peak);
+                d->allocated += max64(0, w->allocated - a->allocated);
+                d->freed += max64(0, w->freed - a->freed);
+        }
+        for (size_t i = 0; i < N_COUNTERS; i++)
+                *counter_at(sink, i) += max64(0, ccounter_at(want, i) - ccounter_at(applied, i));
+}
+
+void gm_local_stats_add(gm_stats_t *sum, const gm_stats_t *add) {
+        for (size_t i = 0; i < N_STATS; i++) {
+                gm_stat_t *d = stat_at(sum, i);
+                const gm_stat_t *a = cstat_at(add, i);
+                d->current += a->current;
+                d->peak += a->peak;
+                d->allocated += a->allocated;
+                d->freed += a->freed;
+        }
+        for (size_t i = 0; i < N_COUNTERS; i++)
+                *counter_at(sum, i) += ccounter_at(add, i);
+}
+
+void gm_local_zero_currents(gm_stats_t *stats) {
+        for (size_t i = 0; i < N_STATS; i++)
+                stat_at(stats, i)->current = 0;
+}
+
+gm_local_tenant_t *gm_local_tenant(const gm_requests_t *d, const char *name) {
+        for (gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+                if (strcmp(lt->name, name) == 0)
+                        return lt;
+        gm_local_tenant_t *lt = calloc(1, sizeof(*lt));
+        if (!lt)
+                return NULL;
+        snprintf(lt->name, sizeof(lt->name), "%s", name);
+        gm_stats_init(&lt->stats);
+        lt->stats.max_split_size = 0;
+        lt->next = d->local->tenants;
+        d->local->tenants = lt;
+        return lt;
+}
+
+static const gm_local_tenant_t *find_local_tenant(const gm_requests_t *d, const char *name) {
+        for (const gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+                if (strcmp(lt->name, name) == 0)
+                        return lt;
+        return NULL;
+}
+
+static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max) {
+        return st->current >= 0 && st->current <= current_max && st->peak >= st->current && st->peak <= peak_max &&
+               st->allocated >= 0 && st->freed >= 0;
+}
+
+/* Whether a page's figures fit what this session was granted. */
+static bool page_plausible(const gm_local_t *l, const gm_stats_t *p) {
+        int64_t granted = (int64_t) l->granted;
+        int64_t granted_peak = l->exact.reserved_bytes[GM_STAT_ALL].peak;
+        const gm_stat_t *bytes[] = {p->allocated_bytes, p->reserved_bytes, p->active_bytes, p->inactive_split_bytes,
+                                    p->requested_bytes};
+        const gm_stat_t *counts[] = {p->allocation, p->active, p->inactive_split};
+        for (size_t k = 0; k < sizeof(bytes) / sizeof(bytes[0]); k++)
+                for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
+                        if (!in_range(&bytes[k][t], granted, granted_peak))
+                                return false;
+        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+                for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
+                        if (!in_range(&counts[k][t], granted / MIN_BLOCK, granted_peak / MIN_BLOCK))
+                                return false;
+        for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
+                if (!in_range(&p->segment[t], (int64_t) l->segments, (int64_t) l->segments_ever))
+                        return false;
+        if (!in_range(&p->oversize_allocations, granted / MIN_BLOCK, granted_peak / MIN_BLOCK) ||
+            !in_range(&p->oversize_segments, (int64_t) l->segments, (int64_t) l->segments_ever))
+                return false;
+        /* The heap keeps every pool split exact. */
+        for (size_t i = 0; i + 3 <= 27; i += 3) {
+                const gm_stat_t *st = cstat_at(p, i);
+                if (st[GM_STAT_SMALL_POOL].current + st[GM_STAT_LARGE_POOL].current != st[GM_STAT_ALL].current)
+                        return false;
+        }
+        for (size_t i = 0; i < N_COUNTERS; i++)
+                if (ccounter_at(p, i) < 0)
+                        return false;
+        return true;
+}
+
+static void overlay_exact(gm_local_t *l) {
+        l->figures.reserved_bytes[GM_STAT_ALL] = l->exact.reserved_bytes[GM_STAT_ALL];
+        l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
+        l->figures.num_device_alloc = l->exact.num_device_alloc;
+        l->figures.num_device_free = l->exact.num_device_free;
+}
+
+void gm_local_refresh_conn(gm_request_conn_t *c) {
+        gm_local_t *l = c->local;
+        const gm_requests_t *d = c->rq;
+        gm_stats_t page;
+        int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
+        if (r == -EAGAIN)
+                return; /* the heap is in the middle of a change: keep the last figures */
+        bool valid = r == 0 && page_plausible(l, &page);
+        if (!valid) {
+                if (!l->page_invalid)
+                        log_warning("session %llu (pid %d): its statistics page fails the daemon's bounds; "
+                                    "its block figures count as zero",
+                                    (unsigned long long) c->session->id, (int) c->session->pid);
+                gm_stats_init(&page);
+        }
+        l->page_invalid = !valid;
+        /* What the daemon knows exactly is not the page's to say. */
+        page.reserved_bytes[GM_STAT_ALL] = (gm_stat_t){0};
+        page.segment[GM_STAT_ALL] = (gm_stat_t){0};
+        page.num_device_alloc = page.num_device_free = 0;
+        page.max_split_size = d->broker->device_stats.max_split_size;
+        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        if (lt)
+                gm_local_fold(&lt->stats, &page, &l->applied);
+        gm_local_fold(&d->local->device, &page, &l->applied);
+        l->applied = page;
+        l->figures = page;
+        overlay_exact(l);
+}
+
+void gm_local_exact_update(gm_request_conn_t *c, int64_t bytes, int64_t segments) {
+        const gm_requests_t *d = c->rq;
+        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        gm_stats_t *sinks[] = {&c->local->exact, &d->local->device, lt ? &lt->stats : NULL};
+        for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
+                gm_stat_update(&sinks[i]->reserved_bytes[GM_STAT_ALL], bytes);
+                if (segments)
+                        gm_stat_update(&sinks[i]->segment[GM_STAT_ALL], segments);
+                if (bytes > 0)
+                        sinks[i]->num_device_alloc++;
+                else if (bytes < 0)
+                        sinks[i]->num_device_free++;
+        }
+        overlay_exact(c->local);
+}
+
+void gm_local_refresh(const gm_requests_t *d) {
+        for (gm_session_t *s = d->broker->sessions; s; s = s->next) {
+                gm_request_conn_t *c = s->userdata;
+                if (c && c->local && !c->closed)
+                        gm_local_refresh_conn(c);
+        }
+}
+
+const gm_stats_t *gm_conn_stats(const gm_session_t *s) {
+        const gm_request_conn_t *c = s->userdata;
+        if (c && c->local)
+                return &c->local->figures;
+        return s->heap ? gm_heap_stats(s->heap) : NULL;
+}
+
+bool gm_conn_page_invalid(const gm_session_t *s) {
+        const gm_request_conn_t *c = s->userdata;
+        return c && c->local && c->local->page_invalid;
+}
+
+void gm_local_tenant_stats(const gm_requests_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
+        *ret = t->stats;
+        const gm_local_tenant_t *lt = find_local_tenant(d, t->name);
+        if (lt)
+                gm_local_stats_add(ret, &lt->stats);
+}
+
+void gm_local_device_stats(const gm_requests_t *d, gm_stats_t *ret) {
+        *ret = d->broker->device_stats;
+        gm_local_stats_add(ret, &d->local->device);
+}
+
+void gm_local_free_all(const gm_requests_t *d) {
+        while (d->local->tenants) {
+                gm_local_tenant_t *lt = d->local->tenants;
+                d->local->tenants = lt->next;
+                free(lt);
+        }
+}
+
+void gm_local_metrics_refresh(void *userdata) {
+        gm_local_refresh(userdata);
+}
+
+void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret) {
+        const gm_requests_t *d = userdata;
+        gm_local_tenant_stats(d, t, &ret->stats);
+        for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
+                const gm_request_conn_t *c = os->userdata;
+                if (c && c->local && !c->closed && os->tenant == t) {
+                        ret->local_sessions++;
+                        ret->invalid_pages += c->local->page_invalid;
+                }
+        }
+}
