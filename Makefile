@@ -11,10 +11,12 @@ CMAKE_FLAGS ?=
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
 # (util-linux), groff/man for the man pages, python3 (+yaml) for checkers,
 # dpkg-dev, debhelper, dh-python, lintian and fakeroot (when not root) for the Debian
-# package check, python3-pytest for the gpumem Python package.
+# package check, python3-pytest for the gpumem Python package, clang-format for
+# the style check.
 DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev check libinih-dev libmicrohttpd-dev python3 python3-yaml util-linux \
-	prometheus systemd groff-base man-db dpkg-dev debhelper dh-python lintian fakeroot python3-pytest
+	prometheus systemd groff-base man-db dpkg-dev debhelper dh-python lintian fakeroot python3-pytest \
+	clang-format
 
 # The fuzz harnesses (tests/fuzz, docs/fuzzing.md) need clang's libFuzzer;
 # only `make fuzz` installs it.

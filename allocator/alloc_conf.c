@@ -18,13 +18,13 @@
 #define MAX_TOKENS sizeof(((gm_alloc_config_t *) NULL)->raw) /* conf is shorter than raw */
 
 typedef enum option_kind {
-        OPT_SIZE_MB,    /* uint64_t bytes, given in MB, >= 20 */
-        OPT_BOOL,       /* bool, True|False */
-        OPT_GC,         /* double in (0, 1) */
-        OPT_FRACTION,   /* double in [0, 1] */
-        OPT_THREADS,    /* uint32_t, power of 2 <= 128 */
-        OPT_DIVISIONS,  /* roundup_power2_divisions */
-        OPT_BACKEND,    /* native only */
+        OPT_SIZE_MB,   /* uint64_t bytes, given in MB, >= 20 */
+        OPT_BOOL,      /* bool, True|False */
+        OPT_GC,        /* double in (0, 1) */
+        OPT_FRACTION,  /* double in [0, 1] */
+        OPT_THREADS,   /* uint32_t, power of 2 <= 128 */
+        OPT_DIVISIONS, /* roundup_power2_divisions */
+        OPT_BACKEND,   /* native only */
 } option_kind_t;
 
 #define NO_FIELD SIZE_MAX /* accepted and validated, but has no effect here */
@@ -34,21 +34,21 @@ static const struct option {
         option_kind_t kind;
         size_t offset; /* in gm_alloc_config_t, or NO_FIELD */
 } options[] = {
-        { "backend", OPT_BACKEND, NO_FIELD },
-        { "max_split_size_mb", OPT_SIZE_MB, offsetof(gm_alloc_config_t, max_split_size) },
-        { "max_non_split_rounding_mb", OPT_SIZE_MB, offsetof(gm_alloc_config_t, max_non_split_rounding) },
-        { "roundup_power2_divisions", OPT_DIVISIONS, offsetof(gm_alloc_config_t, roundup_power2_divisions) },
-        { "garbage_collection_threshold", OPT_GC, offsetof(gm_alloc_config_t, garbage_collection_threshold) },
-        { "per_process_memory_fraction", OPT_FRACTION, offsetof(gm_alloc_config_t, per_process_memory_fraction) },
-        { "expandable_segments", OPT_BOOL, offsetof(gm_alloc_config_t, expandable_segments) },
-        { "release_lock_on_cudamalloc", OPT_BOOL, offsetof(gm_alloc_config_t, release_lock_on_cudamalloc) },
-        { "release_lock_on_hipmalloc", OPT_BOOL, offsetof(gm_alloc_config_t, release_lock_on_cudamalloc) },
-        { "pinned_use_cuda_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register) },
-        { "pinned_use_hip_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register) },
-        { "pinned_num_register_threads", OPT_THREADS, offsetof(gm_alloc_config_t, pinned_num_register_threads) },
-        { "pinned_use_background_threads", OPT_BOOL, NO_FIELD },
+        {"backend", OPT_BACKEND, NO_FIELD},
+        {"max_split_size_mb", OPT_SIZE_MB, offsetof(gm_alloc_config_t, max_split_size)},
+        {"max_non_split_rounding_mb", OPT_SIZE_MB, offsetof(gm_alloc_config_t, max_non_split_rounding)},
+        {"roundup_power2_divisions", OPT_DIVISIONS, offsetof(gm_alloc_config_t, roundup_power2_divisions)},
+        {"garbage_collection_threshold", OPT_GC, offsetof(gm_alloc_config_t, garbage_collection_threshold)},
+        {"per_process_memory_fraction", OPT_FRACTION, offsetof(gm_alloc_config_t, per_process_memory_fraction)},
+        {"expandable_segments", OPT_BOOL, offsetof(gm_alloc_config_t, expandable_segments)},
+        {"release_lock_on_cudamalloc", OPT_BOOL, offsetof(gm_alloc_config_t, release_lock_on_cudamalloc)},
+        {"release_lock_on_hipmalloc", OPT_BOOL, offsetof(gm_alloc_config_t, release_lock_on_cudamalloc)},
+        {"pinned_use_cuda_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register)},
+        {"pinned_use_hip_host_register", OPT_BOOL, offsetof(gm_alloc_config_t, pinned_use_cuda_host_register)},
+        {"pinned_num_register_threads", OPT_THREADS, offsetof(gm_alloc_config_t, pinned_num_register_threads)},
+        {"pinned_use_background_threads", OPT_BOOL, NO_FIELD},
         /* gpumemd extensions (PyTorch has no such keys) */
-        { "gpumemd_page_reuse", OPT_BOOL, offsetof(gm_alloc_config_t, page_reuse) },
+        {"gpumemd_page_reuse", OPT_BOOL, offsetof(gm_alloc_config_t, page_reuse)},
 };
 
 typedef struct parser {
@@ -281,7 +281,7 @@ static int parse_value(parser_t *p, const struct option *o, size_t i, size_t *re
 }
 
 void gm_alloc_config_default(gm_alloc_config_t *ret_config) {
-        *ret_config = (gm_alloc_config_t) {
+        *ret_config = (gm_alloc_config_t){
                 .max_split_size = UINT64_MAX,
                 .max_non_split_rounding = MIN_SPLIT_MB * MIB,
                 .pinned_num_register_threads = 1,
@@ -290,7 +290,7 @@ void gm_alloc_config_default(gm_alloc_config_t *ret_config) {
 
 int gm_alloc_config_parse(const char *conf, gm_alloc_config_t *ret_config, char *reterr, size_t reterr_len) {
         gm_alloc_config_t config;
-        parser_t p = { .config = &config, .reterr = reterr, .reterr_len = reterr_len };
+        parser_t p = {.config = &config, .reterr = reterr, .reterr_len = reterr_len};
         int r;
 
         gm_alloc_config_default(&config);

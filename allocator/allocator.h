@@ -64,9 +64,8 @@ typedef struct gm_provider {
          * their mapper at once). Returns 0, or a negative errno with nothing
          * changed: the page is still at its old place and the heap creates
          * new memory for the rest of the request. */
-        int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
-                     uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
-                     bool from_segment_empty);
+        int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
+                     uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty);
         /* Optional, for page reuse: device-work fences, never waiting
          * (cuEventRecord + cuEventQuery, not a synchronize). Marks fence
          * number `fence` on `stream` after all work queued there so far (the
@@ -102,11 +101,11 @@ typedef enum gm_trace_action {
 const char *gm_trace_action_name(int action);
 
 typedef struct gm_heap_params {
-        uint64_t capacity;       /* device capacity: expandable VA size and memory fraction base */
-        uint64_t *va_cursor;     /* shared by all heaps of a device: next synthetic address
+        uint64_t capacity;          /* device capacity: expandable VA size and memory fraction base */
+        uint64_t *va_cursor;        /* shared by all heaps of a device: next synthetic address
                                   * (segments get unique, never reused addresses) */
         gm_stats_t *extra_sinks[3]; /* NULL-terminated: stats also updated (tenant, device) */
-        uint64_t granularity;    /* the backend's: segment and page sizes are multiples of it (0: 2 MiB) */
+        uint64_t granularity;       /* the backend's: segment and page sizes are multiples of it (0: 2 MiB) */
 } gm_heap_params_t;
 
 /* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */
@@ -166,15 +165,15 @@ void gm_heap_sizes_for(const gm_heap_t *h, uint64_t size, uint64_t *ret_block_si
  * memory_stats() (PyTorch's key set stays exact); they are here. */
 
 typedef struct gm_page_reuse_info {
-        bool configured;        /* alloc_conf asks for it */
-        bool active;            /* configured, expandable segments on, provider has remap() */
+        bool configured;             /* alloc_conf asks for it */
+        bool active;                 /* configured, expandable segments on, provider has remap() */
         const char *inactive_reason; /* NULL when active */
-        uint64_t pages_moved;   /* remap() calls that succeeded */
-        uint64_t ranges_moved;  /* contiguous source ranges unmapped for moves */
-        uint64_t allocs_with_moves; /* allocations that moved at least one page */
-        uint64_t stream_queries;    /* stream_fence() calls */
-        uint64_t refused_busy;  /* free blocks passed over: no complete fence after their free */
-        uint64_t remap_failures;    /* remap() errors (the page stayed, new memory was made) */
+        uint64_t pages_moved;        /* remap() calls that succeeded */
+        uint64_t ranges_moved;       /* contiguous source ranges unmapped for moves */
+        uint64_t allocs_with_moves;  /* allocations that moved at least one page */
+        uint64_t stream_queries;     /* stream_fence() calls */
+        uint64_t refused_busy;       /* free blocks passed over: no complete fence after their free */
+        uint64_t remap_failures;     /* remap() errors (the page stayed, new memory was made) */
 } gm_page_reuse_info_t;
 void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);
 

@@ -45,19 +45,19 @@ typedef enum gm_bstate {
 typedef struct gm_segment gm_segment_t;
 
 typedef struct gm_block {
-        gm_tnode_t node;             /* free set or unmapped set (free blocks only) */
+        gm_tnode_t node;              /* free set or unmapped set (free blocks only) */
         struct gm_block *prev, *next; /* neighbours by address in the segment */
         gm_segment_t *seg;
-        uint64_t id;                 /* 0 while free */
-        uint64_t offset;             /* in the segment */
+        uint64_t id;     /* 0 while free */
+        uint64_t offset; /* in the segment */
         uint64_t size;
-        uint64_t requested_size;     /* original request of the last handout */
-        uint64_t gc_stamp;           /* pool's get_free_block count at insertion */
-        uint64_t free_seq;           /* free blocks: the heap's free count at the newest
+        uint64_t requested_size; /* original request of the last handout */
+        uint64_t gc_stamp;       /* pool's get_free_block count at insertion */
+        uint64_t free_seq;       /* free blocks: the heap's free count at the newest
                                       * free inside it (0 = never handed out since mapped) */
-        uint8_t state;               /* gm_bstate_t */
-        bool mapped;                 /* always true outside expandable segments */
-        bool oversize;               /* counted in oversize_allocations */
+        uint8_t state;           /* gm_bstate_t */
+        bool mapped;             /* always true outside expandable segments */
+        bool oversize;           /* counted in oversize_allocations */
 } gm_block_t;
 
 struct gm_segment {
@@ -65,18 +65,18 @@ struct gm_segment {
         gm_block_t *first;         /* block at offset 0 */
         uint64_t id;
         uint64_t addr;
-        uint64_t size;             /* virtual size (the whole segment) */
+        uint64_t size; /* virtual size (the whole segment) */
         uint64_t stream;
-        uint64_t handle;           /* ordinary segment: the provider handle */
+        uint64_t handle; /* ordinary segment: the provider handle */
         bool small;
         bool expandable;
-        bool oversize;             /* counted in oversize_segments */
+        bool oversize; /* counted in oversize_segments */
         /* expandable only: */
         uint64_t page_size;
         uint64_t n_pages, mapped_pages;
-        uint64_t cap_pages;        /* length of the two page arrays, grown on demand; pages
+        uint64_t cap_pages;    /* length of the two page arrays, grown on demand; pages
                                     * from here to n_pages are unmapped */
-        uint64_t *page_handle;     /* per page; valid where page_mapped */
+        uint64_t *page_handle; /* per page; valid where page_mapped */
         uint8_t *page_mapped;
 };
 

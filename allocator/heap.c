@@ -16,16 +16,16 @@
 #include "allocator.h"
 #include "heap-internal.h"
 
-#define MIN_BLOCK_SIZE  512ULL         /* every block is a multiple of this */
-#define SMALL_SIZE      (1ULL << 20)   /* largest request served by the small pool */
-#define SMALL_BUFFER    (2ULL << 20)   /* small-pool segment and expandable page size */
-#define LARGE_BUFFER    (20ULL << 20)  /* segment for 1-10 MiB requests, large expandable page */
-#define MIN_LARGE_ALLOC (10ULL << 20)  /* from here segments are the request rounded to 2 MiB */
-#define ROUND_LARGE     (2ULL << 20)   /* that rounding; also synthetic address alignment */
-#define MAX_REQUEST     (1ULL << 60)   /* PyTorch refuses "more than 1EB" */
-#define SPARE_BLOCKS    64             /* block structs kept for reuse */
-#define ALLOC_BLOCKS    4              /* most block structs one alloc_block + split needs */
-#define REUSE_STREAMS   64             /* streams whose completed work page reuse tracks */
+#define MIN_BLOCK_SIZE 512ULL         /* every block is a multiple of this */
+#define SMALL_SIZE (1ULL << 20)       /* largest request served by the small pool */
+#define SMALL_BUFFER (2ULL << 20)     /* small-pool segment and expandable page size */
+#define LARGE_BUFFER (20ULL << 20)    /* segment for 1-10 MiB requests, large expandable page */
+#define MIN_LARGE_ALLOC (10ULL << 20) /* from here segments are the request rounded to 2 MiB */
+#define ROUND_LARGE (2ULL << 20)      /* that rounding; also synthetic address alignment */
+#define MAX_REQUEST (1ULL << 60)      /* PyTorch refuses "more than 1EB" */
+#define SPARE_BLOCKS 64               /* block structs kept for reuse */
+#define ALLOC_BLOCKS 4                /* most block structs one alloc_block + split needs */
+#define REUSE_STREAMS 64              /* streams whose completed work page reuse tracks */
 
 typedef struct pool {
         gm_tnode_t *free_set; /* free mapped blocks by (stream, size, addr) */
@@ -37,8 +37,8 @@ typedef struct pool {
 /* Page reuse: what is known of a stream's device work. */
 typedef struct reuse_stream {
         uint64_t stream;
-        uint64_t done_seq;     /* every free up to this free count has its work done */
-        uint64_t asked_alloc;  /* the allocation (h->n_allocs) that last asked the provider */
+        uint64_t done_seq;    /* every free up to this free count has its work done */
+        uint64_t asked_alloc; /* the allocation (h->n_allocs) that last asked the provider */
 } reuse_stream_t;
 
 struct gm_heap {
@@ -52,14 +52,14 @@ struct gm_heap {
         gm_block_t *spare; /* spare block structs, linked through next */
         uint64_t n_spare;
         uint64_t next_block_id, next_segment_id;
-        uint64_t limit;               /* gm_heap_set_limit(); 0 = none */
+        uint64_t limit; /* gm_heap_set_limit(); 0 = none */
         const gm_stats_t *limit_measured;
         /* page reuse */
-        uint64_t free_seq;            /* free_block() calls so far */
-        uint64_t n_allocs;            /* gm_heap_alloc() calls so far */
-        reuse_stream_t *streams;      /* REUSE_STREAMS at most */
+        uint64_t free_seq;       /* free_block() calls so far */
+        uint64_t n_allocs;       /* gm_heap_alloc() calls so far */
+        reuse_stream_t *streams; /* REUSE_STREAMS at most */
         uint64_t n_streams;
-        gm_page_reuse_info_t reuse;   /* counters (flags are computed on demand) */
+        gm_page_reuse_info_t reuse; /* counters (flags are computed on demand) */
 };
 
 static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
@@ -94,7 +94,7 @@ static void stat_pool(gm_heap_t *h, size_t off, bool small, int64_t delta) {
         if (!delta)
                 return;
         for (size_t i = 0; (s = sink(h, i)); i++) {
-                gm_stat_t *a = (gm_stat_t *)((char *)s + off);
+                gm_stat_t *a = (gm_stat_t *) ((char *) s + off);
 
                 gm_stat_update(&a[GM_STAT_ALL], delta);
                 gm_stat_update(&a[small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL], delta);
@@ -105,18 +105,18 @@ static void stat_single(gm_heap_t *h, size_t off, int64_t delta) {
         gm_stats_t *s;
 
         for (size_t i = 0; (s = sink(h, i)); i++)
-                gm_stat_update((gm_stat_t *)((char *)s + off), delta);
+                gm_stat_update((gm_stat_t *) ((char *) s + off), delta);
 }
 
 static void count_event(gm_heap_t *h, size_t off) {
         gm_stats_t *s;
 
         for (size_t i = 0; (s = sink(h, i)); i++)
-                (*(int64_t *)((char *)s + off))++;
+                (*(int64_t *) ((char *) s + off))++;
 }
 
-#define STAT(h, field, small, delta) stat_pool(h, offsetof(gm_stats_t, field), small, (int64_t)(delta))
-#define STAT1(h, field, delta) stat_single(h, offsetof(gm_stats_t, field), (int64_t)(delta))
+#define STAT(h, field, small, delta) stat_pool(h, offsetof(gm_stats_t, field), small, (int64_t) (delta))
+#define STAT1(h, field, delta) stat_single(h, offsetof(gm_stats_t, field), (int64_t) (delta))
 #define COUNT(h, field) count_event(h, offsetof(gm_stats_t, field))
 
 static void trace(gm_heap_t *h, int action, uint64_t addr, uint64_t size, uint64_t stream) {
@@ -127,7 +127,7 @@ static void trace(gm_heap_t *h, int action, uint64_t addr, uint64_t size, uint64
 /* ---- sizes ---- */
 
 static unsigned log2_floor(uint64_t v) {
-        return 63 - (unsigned)__builtin_clzll(v);
+        return 63 - (unsigned) __builtin_clzll(v);
 }
 
 static uint64_t round_up(uint64_t v, uint64_t to) {
@@ -232,7 +232,7 @@ static void link_after(gm_block_t *b, gm_block_t *n) {
 }
 
 static gm_block_t *block_of(gm_tnode_t *n) {
-        return n ? (gm_block_t *)((char *)n - offsetof(gm_block_t, node)) : NULL;
+        return n ? (gm_block_t *) ((char *) n - offsetof(gm_block_t, node)) : NULL;
 }
 
 static uint64_t block_addr(const gm_block_t *b) {
@@ -288,7 +288,7 @@ static gm_tnode_t *tree_first(gm_tnode_t *root) {
 /* ---- limits: memory fraction and gm_heap_set_limit() ---- */
 
 static uint64_t reserved_total(const gm_stats_t *s) {
-        return (uint64_t)s->reserved_bytes[GM_STAT_ALL].current;
+        return (uint64_t) s->reserved_bytes[GM_STAT_ALL].current;
 }
 
 static bool fraction_set(const gm_heap_t *h) {
@@ -298,7 +298,7 @@ static bool fraction_set(const gm_heap_t *h) {
 }
 
 static uint64_t fraction_allowed(const gm_heap_t *h) {
-        return (uint64_t)(h->cfg.per_process_memory_fraction * (double)h->params.capacity);
+        return (uint64_t) (h->cfg.per_process_memory_fraction * (double) h->params.capacity);
 }
 
 static const gm_stats_t *limit_measured(const gm_heap_t *h) {
@@ -401,7 +401,7 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         COUNT(h, num_device_free);
         trace(h, GM_TRACE_SEGMENT_FREE, s->addr, size, s->stream);
         STAT(h, segment, s->small, -1);
-        STAT(h, reserved_bytes, s->small, -(int64_t)size);
+        STAT(h, reserved_bytes, s->small, -(int64_t) size);
         if (s->oversize)
                 STAT1(h, oversize_segments, -1);
         segment_forget(h, s);
@@ -486,7 +486,7 @@ static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
  * pages, all unmapped (one block in the unmapped set). */
 static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min_size, gm_block_t **ret_block) {
         uint64_t page = p->small || reuse_active(h) ? small_buffer(h) : large_buffer(h);
-        uint64_t n = (uint64_t)(((unsigned __int128)h->params.capacity * 9 + 8 * page - 1) / (8 * page));
+        uint64_t n = (uint64_t) (((unsigned __int128) h->params.capacity * 9 + 8 * page - 1) / (8 * page));
         gm_segment_t *s;
 
         if (n == 0 || n * page < min_size)
@@ -542,7 +542,7 @@ static void unmap_range(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t en
         b->offset = begin * page;
         b->size = (end - begin) * page;
         b->mapped = false;
-        STAT(h, reserved_bytes, s->small, -(int64_t)b->size);
+        STAT(h, reserved_bytes, s->small, -(int64_t) b->size);
         COUNT(h, num_device_free);
         trace(h, GM_TRACE_SEGMENT_UNMAP, block_addr(b), b->size, s->stream);
         set_insert(h, b);
@@ -862,8 +862,8 @@ static gm_block_t *get_free_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint
                 p->gc_calls++;
         b = block_of(gm_tree_lower_bound(p->free_set, key));
         if (b && b->seg->stream == stream && b->seg->expandable && h->cfg.expandable_segments)
-                for (n = free_set_next(p, b); b->seg->expandable && n && n->seg->stream == stream &&
-                                              expandable_size(n) < expandable_size(b);
+                for (n = free_set_next(p, b);
+                     b->seg->expandable && n && n->seg->stream == stream && expandable_size(n) < expandable_size(b);
                      n = free_set_next(p, n))
                         b = n;
         /* expandable segments switched off at run time: skip their blocks */
@@ -901,7 +901,7 @@ static uint64_t gc_age(const gm_heap_t *h, const gm_block_t *b) {
 static void garbage_collect(gm_heap_t *h) {
         uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
         uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(&h->stats);
-        uint64_t threshold = (uint64_t)(h->cfg.garbage_collection_threshold * (double)allowed);
+        uint64_t threshold = (uint64_t) (h->cfg.garbage_collection_threshold * (double) allowed);
         uint64_t target, reclaimed = 0, total_age = 0, count = 0, key[3];
         bool freed = true;
         gm_block_t *b;
@@ -915,13 +915,13 @@ static void garbage_collect(gm_heap_t *h) {
                         count++;
                 }
         while (reclaimed < target && freed && count > 0) {
-                double age_threshold = (double)total_age / (double)count;
+                double age_threshold = (double) total_age / (double) count;
 
                 freed = false;
                 for (b = block_of(tree_first(h->large.free_set)); b;
                      b = block_of(gm_tree_next(h->large.free_set, key))) {
                         memcpy(key, b->node.key, sizeof(key));
-                        if (!gc_candidate(b) || (double)gc_age(h, b) < age_threshold)
+                        if (!gc_candidate(b) || (double) gc_age(h, b) < age_threshold)
                                 continue;
                         freed = true;
                         total_age -= gc_age(h, b);
@@ -1017,13 +1017,13 @@ static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig,
                 b->size = rsize;
                 set_insert(h, b->next);
                 if (counted && already_split)
-                        STAT(h, inactive_split_bytes, s->small, -(int64_t)rsize);
+                        STAT(h, inactive_split_bytes, s->small, -(int64_t) rsize);
                 else if (counted) {
                         STAT(h, inactive_split_bytes, s->small, b->next->size);
                         STAT(h, inactive_split, s->small, 1);
                 }
         } else if (counted && already_split) {
-                STAT(h, inactive_split_bytes, s->small, -(int64_t)b->size);
+                STAT(h, inactive_split_bytes, s->small, -(int64_t) b->size);
                 STAT(h, inactive_split, s->small, -1);
         }
         b->state = GM_BSTATE_ALLOCATED;
@@ -1107,24 +1107,24 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
         b->free_seq = ++h->free_seq;
         if ((m = try_merge(h, b, b->prev))) {
                 d_count--;
-                d_bytes -= (int64_t)m;
+                d_bytes -= (int64_t) m;
         }
         if ((m = try_merge(h, b, b->next))) {
                 d_count--;
-                d_bytes -= (int64_t)m;
+                d_bytes -= (int64_t) m;
         }
         set_insert(h, b);
         if (is_split(b)) {
                 d_count++;
-                d_bytes += (int64_t)b->size;
+                d_bytes += (int64_t) b->size;
         }
         if (!s->expandable) {
                 STAT(h, inactive_split, s->small, d_count);
                 STAT(h, inactive_split_bytes, s->small, d_bytes);
         }
         STAT(h, active, s->small, -1);
-        STAT(h, active_bytes, s->small, -(int64_t)size);
-        STAT(h, requested_bytes, s->small, -(int64_t)req);
+        STAT(h, active_bytes, s->small, -(int64_t) size);
+        STAT(h, requested_bytes, s->small, -(int64_t) req);
 }
 
 /* PyTorch's free(): allocation counts drop now, the block stays active until free_block. */
@@ -1133,7 +1133,7 @@ static void free_request(gm_heap_t *h, gm_block_t *b) {
 
         b->state = GM_BSTATE_PENDING;
         STAT(h, allocation, s->small, -1);
-        STAT(h, allocated_bytes, s->small, -(int64_t)b->size);
+        STAT(h, allocated_bytes, s->small, -(int64_t) b->size);
         trace(h, GM_TRACE_FREE_REQUESTED, block_addr(b), b->requested_size, s->stream);
         if (b->oversize) {
                 b->oversize = false;
@@ -1165,7 +1165,7 @@ int gm_heap_free_completed(gm_heap_t *h, uint64_t block_id) {
 
 static void apply_config(gm_heap_t *h, const gm_alloc_config_t *config) {
         h->cfg = *config;
-        h->stats.max_split_size = config->max_split_size == UINT64_MAX ? -1 : (int64_t)config->max_split_size;
+        h->stats.max_split_size = config->max_split_size == UINT64_MAX ? -1 : (int64_t) config->max_split_size;
 }
 
 int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, const gm_heap_params_t *params,
@@ -1246,7 +1246,7 @@ void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info) {
 
         info.configured = h->cfg.page_reuse;
         info.active = reuse_active(h);
-        info.inactive_reason = info.active                    ? NULL
+        info.inactive_reason = info.active                   ? NULL
                                : !h->cfg.page_reuse          ? "not configured (alloc_conf gpumemd_page_reuse:True)"
                                : !h->cfg.expandable_segments ? "expandable segments are off"
                                                              : "the memory provider cannot move pages (no remap)";
@@ -1396,17 +1396,17 @@ static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, chec
                 r->free_blocks++;
                 if (split && !s->expandable) {
                         r->inactive_split++;
-                        r->inactive_split_bytes += (int64_t)b->size;
+                        r->inactive_split_bytes += (int64_t) b->size;
                 }
                 break;
         case GM_BSTATE_ALLOCATED:
                 r->allocation++;
-                r->allocated_bytes += (int64_t)b->size;
+                r->allocated_bytes += (int64_t) b->size;
                 /* fall through */
         case GM_BSTATE_PENDING:
                 r->active++;
-                r->active_bytes += (int64_t)b->size;
-                r->requested_bytes += (int64_t)b->requested_size;
+                r->active_bytes += (int64_t) b->size;
+                r->requested_bytes += (int64_t) b->requested_size;
                 c->live++;
                 bad += !b->mapped || b->id == 0 || gm_idmap_get(&h->live, b->id) != b;
                 break;
@@ -1438,10 +1438,10 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
                         pages += s->page_mapped[i];
                 bad += pages != s->mapped_pages || pages == 0 || s->n_pages * s->page_size != s->size ||
                        s->cap_pages > s->n_pages;
-                r->reserved_bytes += (int64_t)(pages * s->page_size);
+                r->reserved_bytes += (int64_t) (pages * s->page_size);
         } else {
                 r->segment++;
-                r->reserved_bytes += (int64_t)s->size;
+                r->reserved_bytes += (int64_t) s->size;
                 if (s->oversize)
                         c->oversize_segments++;
         }
@@ -1449,7 +1449,7 @@ static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t 
 }
 
 static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
 
         return (x > y) - (x < y);
 }
@@ -1514,8 +1514,8 @@ int gm_heap_check(const gm_heap_t *h) {
         bad += CHECK_STAT(&c, segment);
         bad += CHECK_STAT(&c, inactive_split);
         bad += CHECK_STAT(&c, inactive_split_bytes);
-        bad += h->stats.oversize_allocations.current != (int64_t)c.oversize_allocations;
-        bad += h->stats.oversize_segments.current != (int64_t)c.oversize_segments;
+        bad += h->stats.oversize_allocations.current != (int64_t) c.oversize_allocations;
+        bad += h->stats.oversize_segments.current != (int64_t) c.oversize_segments;
         if (h->cfg.page_reuse)
                 bad += check_reuse(h);
         return bad;
@@ -1589,8 +1589,7 @@ static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, 
                 int r = pages_reserve(s, s->n_pages);
                 for (size_t i = 0; i < n_pieces && r == 0; i++) {
                         uint64_t k = pieces[i].offset / page;
-                        if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages ||
-                            s->page_mapped[k])
+                        if (pieces[i].size != page || pieces[i].offset % page || k >= s->n_pages || s->page_mapped[k])
                                 r = -EINVAL;
                         else {
                                 s->page_mapped[k] = 1;

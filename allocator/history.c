@@ -84,7 +84,7 @@ static int table_add(table_t *t, node_t *n) {
         if (t->count >= t->n_buckets) {
                 size_t nb = t->n_buckets ? 2 * t->n_buckets : 16;
                 node_t **b = calloc(nb, sizeof(*b));
-                table_t grown = { .buckets = b, .n_buckets = nb, .count = t->count };
+                table_t grown = {.buckets = b, .n_buckets = nb, .count = t->count};
 
                 if (!b)
                         return -ENOMEM;
@@ -134,7 +134,7 @@ static const char *string_ref(gm_history_t *h, const char *s) {
         is = malloc(string_bytes(len));
         if (!is)
                 return NULL;
-        *is = (istring_t) { .node.hash = hash, .refs = 1, .len = len };
+        *is = (istring_t){.node.hash = hash, .refs = 1, .len = len};
         memcpy(is->s, s, len + 1);
         if (table_add(&h->strings, &is->node) < 0) {
                 free(is);
@@ -213,7 +213,7 @@ static int stack_ref(gm_history_t *h, const gm_frame_t *frames, size_t n, frame_
         st = malloc(stack_bytes(n));
         if (!st)
                 return -ENOMEM;
-        *st = (frame_stack_t) { .node.hash = hash, .refs = 1 };
+        *st = (frame_stack_t){.node.hash = hash, .refs = 1};
         h->frame_bytes += stack_bytes(0);
         /* Intern frame by frame; st->n counts the frames holding references,
          * so stack_unref() undoes a partial build. */

@@ -24,12 +24,12 @@ typedef struct gm_frame {
 } gm_frame_t;
 
 typedef struct gm_history_entry {
-        int action;       /* gm_trace_action_t (allocator.h) */
-        uint64_t addr;    /* for GM_TRACE_OOM: the device's free bytes (device_free) */
+        int action;    /* gm_trace_action_t (allocator.h) */
+        uint64_t addr; /* for GM_TRACE_OOM: the device's free bytes (device_free) */
         uint64_t size;
         uint64_t stream;
-        uint64_t time_us; /* epoch microseconds */
-        uint32_t pid;     /* the client process the event belongs to */
+        uint64_t time_us;   /* epoch microseconds */
+        uint32_t pid;       /* the client process the event belongs to */
         uint64_t frames_id; /* output only (ignored by record): 0 = no frames; entries
                              * with equal ids share one stack; ids are never reused */
 } gm_history_entry_t;

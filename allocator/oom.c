@@ -115,7 +115,7 @@ static void format_diagnosis(out_t *o, const gm_oom_report_t *r) {
 
 int gm_oom_format(const gm_oom_report_t *r, char *buf, size_t len) {
         char s1[SIZE_BUF], s2[SIZE_BUF], s3[SIZE_BUF], s4[SIZE_BUF], s5[SIZE_BUF];
-        out_t o = { .buf = buf, .len = len };
+        out_t o = {.buf = buf, .len = len};
 
         if ((unsigned) r->reason >= _GM_OOM_REASON_MAX)
                 return -EINVAL;

@@ -21,7 +21,7 @@ typedef enum gm_oom_reason {
 /* Every size is in bytes. */
 typedef struct gm_oom_report {
         gm_oom_reason_t reason;
-        int device;                 /* device index */
+        int device; /* device index */
         /* PyTorch's part of the message. */
         uint64_t alloc_size;        /* physical memory that was needed: the new segment's size
                                      * (or the pages to map), PyTorch's "Tried to allocate" */
@@ -31,19 +31,19 @@ typedef struct gm_oom_report {
         uint64_t session_allocated; /* the session's allocated_bytes (live blocks, pending frees excluded) */
         uint64_t session_reserved;  /* the session's reserved_bytes */
         /* Fragmentation. */
-        uint64_t block_size;        /* the rounded block the request needed */
-        uint64_t session_cached;    /* free (inactive) bytes in the session's cache */
-        uint64_t largest_free;      /* the session's largest free block */
+        uint64_t block_size;     /* the rounded block the request needed */
+        uint64_t session_cached; /* free (inactive) bytes in the session's cache */
+        uint64_t largest_free;   /* the session's largest free block */
         /* Quota. */
-        const char *tenant;         /* tenant name; NULL = unknown */
-        uint64_t tenant_quota;      /* limit on the tenant's reserved bytes; 0 = none */
-        uint64_t tenant_reserved;   /* reserved by all of the tenant's sessions */
-        uint64_t tenant_live;       /* active (allocated or pending free) in the tenant's sessions;
+        const char *tenant;       /* tenant name; NULL = unknown */
+        uint64_t tenant_quota;    /* limit on the tenant's reserved bytes; 0 = none */
+        uint64_t tenant_reserved; /* reserved by all of the tenant's sessions */
+        uint64_t tenant_live;     /* active (allocated or pending free) in the tenant's sessions;
                                      * the rest of tenant_reserved is cached */
         /* The device as a whole. */
-        uint64_t broker_reserved;   /* reserved by all sessions on the device */
-        uint64_t broker_live;       /* active in all sessions on the device */
-        uint64_t others_cached;     /* free bytes cached by other tenants that could not be
+        uint64_t broker_reserved; /* reserved by all sessions on the device */
+        uint64_t broker_live;     /* active in all sessions on the device */
+        uint64_t others_cached;   /* free bytes cached by other tenants that could not be
                                      * reclaimed in time */
 } gm_oom_report_t;
 

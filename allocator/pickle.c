@@ -186,8 +186,7 @@ static void put_pickle_int(gm_pickler_t *w, int64_t v) {
                 size_t n = 8;
                 for (size_t i = 0; i < 8; i++)
                         b[i] = (uint8_t) ((uint64_t) v >> (8 * i));
-                while (n > 1 && ((b[n - 1] == 0x00 && !(b[n - 2] & 0x80)) ||
-                                 (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
+                while (n > 1 && ((b[n - 1] == 0x00 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
                         n--;
                 put_byte(w, OP_LONG1);
                 put_byte(w, (uint8_t) n);
@@ -265,7 +264,7 @@ static void end_container(gm_pickler_t *w, uint8_t kind) {
 int gm_pickler_init(gm_pickler_t *w, gm_pickle_format_t format) {
         if ((unsigned) format >= _GM_PICKLE_FORMAT_MAX)
                 return -EINVAL;
-        *w = (gm_pickler_t) { .format = format };
+        *w = (gm_pickler_t){.format = format};
         return 0;
 }
 
@@ -273,7 +272,7 @@ void gm_pickler_done(gm_pickler_t *w) {
         if (!w)
                 return;
         free(w->buf);
-        *w = (gm_pickler_t) { .format = w->format };
+        *w = (gm_pickler_t){.format = w->format};
 }
 
 int gm_pickler_finish(gm_pickler_t *w, char **ret_buf, size_t *ret_len) {
@@ -287,7 +286,7 @@ int gm_pickler_finish(gm_pickler_t *w, char **ret_buf, size_t *ret_len) {
         }
         *ret_buf = w->buf;
         *ret_len = w->len;
-        *w = (gm_pickler_t) { .format = w->format };
+        *w = (gm_pickler_t){.format = w->format};
         return 0;
 }
 

@@ -31,12 +31,12 @@ typedef struct gm_pickler {
         gm_pickle_format_t format;
         char *buf;
         size_t len, cap;
-        int error;                              /* first failure, 0 = none */
-        unsigned depth;                         /* open containers */
-        bool root_written;                      /* the single top-level value is done */
-        bool key_pending;                       /* in a dict: a key was written, its value is due */
-        uint8_t kind[GM_PICKLER_MAX_DEPTH];     /* per open container: dict or list */
-        uint32_t items[GM_PICKLER_MAX_DEPTH];   /* per open container: values written so far */
+        int error;                            /* first failure, 0 = none */
+        unsigned depth;                       /* open containers */
+        bool root_written;                    /* the single top-level value is done */
+        bool key_pending;                     /* in a dict: a key was written, its value is due */
+        uint8_t kind[GM_PICKLER_MAX_DEPTH];   /* per open container: dict or list */
+        uint32_t items[GM_PICKLER_MAX_DEPTH]; /* per open container: values written so far */
 } gm_pickler_t;
 
 /* Starts an empty writer (nothing allocated yet). -EINVAL for an unknown format. */

@@ -73,7 +73,7 @@ static void collect_segment(const gm_segment_info_t *seg, void *userdata) {
                 c->error = -ENOMEM;
                 return;
         }
-        c->segs[c->n_segs++] = (seg_rec_t) { .info = *seg, .owner = c->owner, .first_block = c->n_blocks };
+        c->segs[c->n_segs++] = (seg_rec_t){.info = *seg, .owner = c->owner, .first_block = c->n_blocks};
 }
 
 static void collect_block(const gm_segment_info_t *seg, const gm_block_info_t *block, void *userdata) {
@@ -88,8 +88,8 @@ static void collect_block(const gm_segment_info_t *seg, const gm_block_info_t *b
         seg_rec_t *s = &c->segs[c->n_segs - 1];
         assert(s->info.id == seg->id);
         /* The walk's contract: blocks tile their segment in address order. */
-        assert(block->addr == (s->n_blocks == 0 ? s->info.addr :
-                               c->blocks[c->n_blocks - 1].addr + c->blocks[c->n_blocks - 1].size));
+        assert(block->addr ==
+               (s->n_blocks == 0 ? s->info.addr : c->blocks[c->n_blocks - 1].addr + c->blocks[c->n_blocks - 1].size));
         c->blocks[c->n_blocks++] = *block;
         s->n_blocks++;
 }
@@ -141,8 +141,7 @@ static void key_frames(gm_pickler_t *w, const gm_frame_t *frames, size_t n_frame
         gm_pickler_end_list(w);
 }
 
-static void index_alloc_frames(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames,
-                               void *userdata) {
+static void index_alloc_frames(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames, void *userdata) {
         frames_index_t *x = userdata;
         if (x->error || e->action != GM_TRACE_ALLOC)
                 return;
@@ -150,7 +149,7 @@ static void index_alloc_frames(const gm_history_entry_t *e, const gm_frame_t *fr
                 x->error = -ENOMEM;
                 return;
         }
-        x->items[x->n] = (alloc_frames_t) { .addr = e->addr, .seq = x->n, .frames = frames, .n_frames = n_frames };
+        x->items[x->n] = (alloc_frames_t){.addr = e->addr, .seq = x->n, .frames = frames, .n_frames = n_frames};
         x->n++;
 }
 
@@ -193,7 +192,7 @@ static const alloc_frames_t *frames_find(const frames_index_t *x, uint64_t addr)
 
 static void write_segment(gm_pickler_t *w, int device, const seg_rec_t *s, const gm_block_info_t *blocks,
                           const frames_index_t *frames) {
-        static const int64_t default_pool[2] = { 0, 0 };
+        static const int64_t default_pool[2] = {0, 0};
         uint64_t total = 0, allocated = 0, active = 0, requested = 0;
 
         for (size_t i = 0; i < s->n_blocks; i++) {
@@ -246,8 +245,7 @@ static void write_segment(gm_pickler_t *w, int device, const seg_rec_t *s, const
         gm_pickler_end_dict(w);
 }
 
-static void write_trace_entry(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames,
-                              void *userdata) {
+static void write_trace_entry(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames, void *userdata) {
         const trace_ctx_t *t = userdata;
         gm_pickler_t *w = t->w;
         const char *action = gm_trace_action_name(e->action);
@@ -268,7 +266,7 @@ static void write_trace_entry(const gm_history_entry_t *e, const gm_frame_t *fra
 }
 
 static void write_traces(gm_pickler_t *w, const gm_snapshot_source_t *src, const uint32_t *pids) {
-        trace_ctx_t t = { .w = w, .pids = pids, .n_pids = src->n_heaps };
+        trace_ctx_t t = {.w = w, .pids = pids, .n_pids = src->n_heaps};
 
         gm_pickler_begin_list(w);
         for (int d = 0; d < src->device; d++) {
@@ -316,8 +314,8 @@ static void write_settings(gm_pickler_t *w, const gm_alloc_config_t *c) {
 }
 
 int gm_snapshot_write(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt, char **ret_buf, size_t *ret_len) {
-        collector_t c = { 0 };
-        frames_index_t frames = { 0 };
+        collector_t c = {0};
+        frames_index_t frames = {0};
         uint32_t *pids = NULL;
         gm_pickler_t w;
         int r;

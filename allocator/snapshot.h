@@ -33,11 +33,11 @@ typedef struct gm_snapshot_heap {
 } gm_snapshot_heap_t;
 
 typedef struct gm_snapshot_source {
-        int device;                     /* device index, >= 0 */
+        int device; /* device index, >= 0 */
         const gm_snapshot_heap_t *heaps;
         size_t n_heaps;
-        const gm_history_t *history;    /* the device's trace ring; NULL = no traces */
-        bool only_heap_pids;            /* keep only trace entries whose pid owns one of
+        const gm_history_t *history;     /* the device's trace ring; NULL = no traces */
+        bool only_heap_pids;             /* keep only trace entries whose pid owns one of
                                          * `heaps`: set it whenever `heaps` is not every
                                          * session of the device (a tenant's own view), or
                                          * the viewers' replay of the trace will not match */

@@ -28,9 +28,12 @@ typedef struct group {
         bool bytes;        /* summary cells in B/KiB/MiB..., else counts */
 } group_t;
 
-#define POOLED(n, row, lbl, b) { #n, GROUP_POOLED, offsetof(gm_stats_t, n), row, lbl, b }
-#define SINGLE(n, row, lbl) { #n, GROUP_SINGLE, offsetof(gm_stats_t, n), row, lbl, false }
-#define SCALAR(n, kind) { #n, kind, offsetof(gm_stats_t, n), 0, NULL, false }
+#define POOLED(n, row, lbl, b) \
+        { #n, GROUP_POOLED, offsetof(gm_stats_t, n), row, lbl, b }
+#define SINGLE(n, row, lbl) \
+        { #n, GROUP_SINGLE, offsetof(gm_stats_t, n), row, lbl, false }
+#define SCALAR(n, kind) \
+        { #n, kind, offsetof(gm_stats_t, n), 0, NULL, false }
 
 static const group_t groups[] = {
         POOLED(active, 7, "Active allocs", false),
@@ -59,9 +62,9 @@ static const struct {
         const char *name;
         gm_stat_type_t type;
 } pools[] = {
-        { "all", GM_STAT_ALL },
-        { "large_pool", GM_STAT_LARGE_POOL },
-        { "small_pool", GM_STAT_SMALL_POOL },
+        {"all", GM_STAT_ALL},
+        {"large_pool", GM_STAT_LARGE_POOL},
+        {"small_pool", GM_STAT_SMALL_POOL},
 };
 
 /* Sorted by name. */
@@ -69,10 +72,10 @@ static const struct {
         const char *name;
         size_t offset;
 } fields[] = {
-        { "allocated", offsetof(gm_stat_t, allocated) },
-        { "current", offsetof(gm_stat_t, current) },
-        { "freed", offsetof(gm_stat_t, freed) },
-        { "peak", offsetof(gm_stat_t, peak) },
+        {"allocated", offsetof(gm_stat_t, allocated)},
+        {"current", offsetof(gm_stat_t, current)},
+        {"freed", offsetof(gm_stat_t, freed)},
+        {"peak", offsetof(gm_stat_t, peak)},
 };
 
 static int64_t value_at(const gm_stats_t *s, size_t offset) {
@@ -181,7 +184,8 @@ void gm_stats_subtract_accumulated(gm_stats_t *s, const gm_stats_t *base) {
                         continue;
                 size_t n = grp->kind == GROUP_POOLED ? _GM_STAT_TYPE_MAX : 1;
                 for (size_t t = 0; t < n; t++) {
-                        stat_at(s, grp, (gm_stat_type_t) t)->allocated -= cstat_at(base, grp, (gm_stat_type_t) t)->allocated;
+                        stat_at(s, grp, (gm_stat_type_t) t)->allocated -=
+                                cstat_at(base, grp, (gm_stat_type_t) t)->allocated;
                         stat_at(s, grp, (gm_stat_type_t) t)->freed -= cstat_at(base, grp, (gm_stat_type_t) t)->freed;
                 }
         }
@@ -201,7 +205,7 @@ static bool visit_key(const char *name, size_t offset, void *ctx) {
 }
 
 void gm_stats_foreach(const gm_stats_t *s, gm_stats_visit_fn fn, void *userdata) {
-        visit_ctx_t v = { .stats = s, .fn = fn, .userdata = userdata };
+        visit_ctx_t v = {.stats = s, .fn = fn, .userdata = userdata};
 
         for_each_key(visit_key, &v);
 }
@@ -222,7 +226,7 @@ static bool match_key(const char *name, size_t offset, void *ctx) {
 
 /* The offset of key `name`'s int64_t in gm_stats_t, or -ENOENT. */
 static int find_key(const char *name, size_t *ret_offset) {
-        find_ctx_t f = { .name = name };
+        find_ctx_t f = {.name = name};
 
         if (!name || !for_each_key(match_key, &f))
                 return -ENOENT;
@@ -262,8 +266,8 @@ static int64_t floor_div(int64_t a, int64_t b) {
  * is at least 768 KiB (bytes) or 750 K (counts). The reference is tracked as
  * a double after the first division, as Python's `/=` does. */
 static void format_cell(char *out, size_t out_len, int64_t value, int64_t ref, bool bytes) {
-        static const char *const byte_units[] = { "B  ", "KiB", "MiB", "GiB", "TiB", "PiB" };
-        static const char *const count_units[] = { " ", "K", "M" };
+        static const char *const byte_units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+        static const char *const count_units[] = {" ", "K", "M"};
         const char *const *units = bytes ? byte_units : count_units;
         size_t n_units = bytes ? 6 : 3, u = 0;
         int64_t base = bytes ? 1024 : 1000;
@@ -317,7 +321,7 @@ static void put_row(out_t *o, const char *label, const gm_stat_t *st, const gm_s
 int gm_stats_summary(const gm_stats_t *s, int device, bool abbreviated, char *buf, size_t buf_len) {
         static const char eq[] = "===========================================================================";
         static const char dash[] = "---------------------------------------------------------------------------";
-        out_t o = { .buf = buf, .cap = buf_len };
+        out_t o = {.buf = buf, .cap = buf_len};
 
         _Static_assert(sizeof(eq) == 76 && sizeof(dash) == 76, "summary rows are 75 characters");
         put_line(&o, "%s", eq);

@@ -65,8 +65,10 @@ uint64_t gm_round_up(uint64_t size, uint64_t granularity) {
 }
 
 #ifndef GPUMEM_HAVE_CUDA
-int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len) {
-        set_err(reterr, reterr_len, "this gpumemd was built without the cuda backend: cuda.h was not found at build time");
+int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr,
+                         size_t reterr_len) {
+        set_err(reterr, reterr_len,
+                "this gpumemd was built without the cuda backend: cuda.h was not found at build time");
         return -ENOSYS;
 }
 #endif

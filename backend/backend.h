@@ -50,10 +50,10 @@ struct gm_backend {
 };
 
 typedef struct gm_backend_options {
-        const char *kind;   /* "auto", "cuda" or "host" */
-        int device;         /* ordinal */
+        const char *kind;        /* "auto", "cuda" or "host" */
+        int device;              /* ordinal */
         const char *device_uuid; /* cuda: select by UUID instead (NULL = by ordinal) */
-        uint64_t capacity;  /* 0 = default (host: min(8 GiB, RAM/4); cuda: device total) */
+        uint64_t capacity;       /* 0 = default (host: min(8 GiB, RAM/4); cuda: device total) */
 } gm_backend_options_t;
 
 /* Opens the backend `opts->kind` names. For "auto", cuda when a device is

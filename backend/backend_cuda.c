@@ -90,12 +90,13 @@ static int set_cloexec(int fd) {
 }
 
 static int cuda_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
+        cuda_backend_t *cb = (cuda_backend_t *) b;
         const gm_cuda_t *cu = cb->cu;
         int r;
 
         if (size == 0 || size % b->granularity != 0)
-                return gm_cuda_fail_errno(-EINVAL, "segment size %" PRIu64 " is not a multiple of the granularity %" PRIu64,
+                return gm_cuda_fail_errno(-EINVAL,
+                                          "segment size %" PRIu64 " is not a multiple of the granularity %" PRIu64,
                                           size, b->granularity);
         if (size > b->capacity - b->in_use)
                 return gm_cuda_fail_errno(-ENOMEM,
@@ -130,31 +131,31 @@ fail_release:
 }
 
 static void cuda_release(gm_backend_t *b, gm_phys_t *phys) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
+        cuda_backend_t *cb = (cuda_backend_t *) b;
         assert(phys->size <= b->in_use);
         close(phys->fd);
         phys->fd = -1;
-        CUresult cr = cb->cu->MemRelease((CUmemGenericAllocationHandle)phys->handle);
+        CUresult cr = cb->cu->MemRelease((CUmemGenericAllocationHandle) phys->handle);
         if (cr != CUDA_SUCCESS)
                 gm_cuda_fail(cb->cu, cr, "cuMemRelease");
         b->in_use -= phys->size;
 }
 
 static int cuda_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
+        cuda_backend_t *cb = (cuda_backend_t *) b;
         if (size == 0 || size % b->granularity != 0) {
                 close(fd);
                 return gm_cuda_fail_errno(-EINVAL, "stored segment of %" PRIu64 " bytes", size);
         }
         CUmemGenericAllocationHandle handle;
-        CUresult cr = cb->cu->MemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
+        CUresult cr = cb->cu->MemImportFromShareableHandle(&handle, (void *) (uintptr_t) fd,
                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (cr != CUDA_SUCCESS) {
                 close(fd);
                 return gm_cuda_fail(cb->cu, cr, "cuMemImportFromShareableHandle");
         }
         b->in_use += size; /* it exists: counted even beyond the capacity */
-        *ret_phys = (gm_phys_t){.fd = fd, .size = size, .handle = (uint64_t)handle};
+        *ret_phys = (gm_phys_t){.fd = fd, .size = size, .handle = (uint64_t) handle};
         return 0;
 }
 
@@ -183,7 +184,7 @@ static int mem_info_by_context(cuda_backend_t *cb, uint64_t *ret_free, uint64_t 
 }
 
 static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
+        cuda_backend_t *cb = (cuda_backend_t *) b;
         if (!cb->nvml.lib)
                 return mem_info_by_context(cb, ret_free, ret_total);
         nvml_memory_t m;
@@ -196,7 +197,7 @@ static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_tota
 }
 
 static void cuda_destroy(gm_backend_t *b) {
-        cuda_backend_t *cb = (cuda_backend_t *)b;
+        cuda_backend_t *cb = (cuda_backend_t *) b;
         nvml_close(&cb->nvml);
         free(cb);
 }
@@ -210,7 +211,8 @@ static const gm_backend_ops_t cuda_ops = {
         .destroy = cuda_destroy,
 };
 
-int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len) {
+int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr,
+                         size_t reterr_len) {
         const gm_cuda_t *cu;
         cuda_backend_t *cb = NULL;
         int ordinal;
@@ -263,9 +265,8 @@ int gm_backend_cuda_open(const gm_backend_options_t *opts, gm_backend_t **ret_ba
         };
         snprintf(cb->base.device_uuid, sizeof(cb->base.device_uuid), "%s", uuid);
         bool nvml = nvml_open(&cb->nvml, uuid);
-        snprintf(cb->base.detail, sizeof(cb->base.detail),
-                 "%.48s, no CUDA context held, memory figures from %s%s", uuid,
-                 nvml ? "NVML" : "a short-lived primary context (NVML unavailable)",
+        snprintf(cb->base.detail, sizeof(cb->base.detail), "%.48s, no CUDA context held, memory figures from %s%s",
+                 uuid, nvml ? "NVML" : "a short-lived primary context (NVML unavailable)",
                  rdma ? ", GPUDirect RDMA capable allocations" : "");
         *ret_backend = &cb->base;
         return 0;

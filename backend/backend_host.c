@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define HOST_GRANULARITY (2ull << 20)       /* bytes: a huge page, so a segment can use THP */
+#define HOST_GRANULARITY (2ull << 20)          /* bytes: a huge page, so a segment can use THP */
 #define HOST_DEFAULT_CAPACITY_MAX (8ull << 30) /* bytes */
 /* Sealed so that no holder of the fd can shrink it under another's mapping
  * (SIGBUS) or grow it past what was charged. */
@@ -30,7 +30,7 @@ static int host_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
         int fd = memfd_create("gpumem-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
                 return -errno;
-        if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, HOST_SEALS) < 0) {
+        if (ftruncate(fd, (off_t) size) < 0 || fcntl(fd, F_ADD_SEALS, HOST_SEALS) < 0) {
                 int r = -errno;
                 close(fd);
                 return r;
@@ -50,7 +50,7 @@ static void host_release(gm_backend_t *b, gm_phys_t *phys) {
 static int host_adopt(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys) {
         struct stat st;
         int seals = fcntl(fd, F_GET_SEALS);
-        if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != size || seals < 0 || (seals & HOST_SEALS) != HOST_SEALS ||
+        if (fstat(fd, &st) < 0 || (uint64_t) st.st_size != size || seals < 0 || (seals & HOST_SEALS) != HOST_SEALS ||
             size == 0 || size % b->granularity != 0) {
                 close(fd);
                 return -EINVAL;
@@ -94,18 +94,19 @@ static uint64_t default_capacity(void) {
         long page_size = sysconf(_SC_PAGESIZE);
         if (pages <= 0 || page_size <= 0)
                 return 0;
-        uint64_t quarter = (uint64_t)pages / 4 * (uint64_t)page_size;
+        uint64_t quarter = (uint64_t) pages / 4 * (uint64_t) page_size;
         return quarter < HOST_DEFAULT_CAPACITY_MAX ? quarter : HOST_DEFAULT_CAPACITY_MAX;
 }
 
-int gm_backend_host_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len) {
+int gm_backend_host_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr,
+                         size_t reterr_len) {
         uint64_t capacity = opts->capacity ? opts->capacity : default_capacity();
         /* Only whole granules can be handed out. */
         capacity -= capacity % HOST_GRANULARITY;
         if (capacity == 0) {
                 if (opts->capacity)
                         snprintf(reterr, reterr_len, "host capacity %llu bytes is below the 2 MiB granularity",
-                                 (unsigned long long)opts->capacity);
+                                 (unsigned long long) opts->capacity);
                 else
                         snprintf(reterr, reterr_len, "cannot determine the physical memory size; set a capacity");
                 return -EINVAL;

@@ -38,8 +38,10 @@ typedef struct sym {
         bool optional;        /* only tests and tools use it: NULL when missing */
 } sym_t;
 
-#define SYM(field, version, exported) {"cu" #field, version, exported, offsetof(gm_cuda_t, field), false}
-#define OPTIONAL(field, version, exported) {"cu" #field, version, exported, offsetof(gm_cuda_t, field), true}
+#define SYM(field, version, exported) \
+        { "cu" #field, version, exported, offsetof(gm_cuda_t, field), false }
+#define OPTIONAL(field, version, exported) \
+        { "cu" #field, version, exported, offsetof(gm_cuda_t, field), true }
 
 static const sym_t syms[] = {
         SYM(Init, 2000, "cuInit"),
@@ -79,11 +81,10 @@ static const sym_t syms[] = {
         OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
 };
 
-
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static gm_cuda_t cuda;    /* filled by load(), read-only afterwards */
-static int load_result;   /* 0 or the negative errno of the one load */
-static pid_t load_pid;    /* the process that loaded it (a fork child inherits all of this) */
+static gm_cuda_t cuda;  /* filled by load(), read-only afterwards */
+static int load_result; /* 0 or the negative errno of the one load */
+static pid_t load_pid;  /* the process that loaded it (a fork child inherits all of this) */
 static char load_error[LAST_ERROR_MAX];
 
 int gm_cuda_fail_errno(int err, const char *fmt, ...) {
@@ -127,7 +128,7 @@ int gm_cuda_fail(const gm_cuda_t *cu, CUresult r, const char *what) {
                 desc = NULL;
         if (name)
                 return gm_cuda_fail_errno(gm_cuda_errno(r), "%s: %s (%s)", what, name, desc ? desc : "no description");
-        return gm_cuda_fail_errno(gm_cuda_errno(r), "%s: CUDA error %d", what, (int)r);
+        return gm_cuda_fail_errno(gm_cuda_errno(r), "%s: CUDA error %d", what, (int) r);
 }
 
 /* One entry point of `lib`, or NULL when the library lacks it. A driver with
@@ -170,7 +171,7 @@ static int load(void) {
                         return gm_cuda_fail_errno(-ENOSYS, "%s lacks %s (driver older than CUDA 11.4?)", path,
                                                   syms[i].name);
                 }
-                memcpy((char *)&cuda + syms[i].offset, &fn, sizeof(fn));
+                memcpy((char *) &cuda + syms[i].offset, &fn, sizeof(fn));
         }
 
         CUresult r = cuda.Init(0);
@@ -191,7 +192,7 @@ int gm_cuda_check_process(void) {
                                   "CUDA cannot be used in this process: it was fork()ed from process %d, which had "
                                   "initialised CUDA (the driver does not support use after fork without exec); "
                                   "exec a new program, or start the child before using gpumemd",
-                                  (int)load_pid);
+                                  (int) load_pid);
 }
 
 int gm_cuda_load(const gm_cuda_t **ret_cuda) {
@@ -208,7 +209,7 @@ int gm_cuda_load(const gm_cuda_t **ret_cuda) {
 static int hex_value(char c) {
         if (c >= '0' && c <= '9')
                 return c - '0';
-        c = (char)tolower((unsigned char)c);
+        c = (char) tolower((unsigned char) c);
         return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
@@ -225,9 +226,9 @@ static bool parse_uuid(const char *s, unsigned char ret_bytes[16]) {
                 if (v < 0 || digits == 32)
                         return false;
                 if (digits % 2 == 0)
-                        bytes[digits / 2] = (unsigned char)(v << 4);
+                        bytes[digits / 2] = (unsigned char) (v << 4);
                 else
-                        bytes[digits / 2] |= (unsigned char)v;
+                        bytes[digits / 2] |= (unsigned char) v;
                 digits++;
         }
         if (digits != 32)
@@ -256,8 +257,9 @@ int gm_cuda_find_device(const gm_cuda_t *cu, int ordinal, const char *uuid, CUde
 
         unsigned char want[16];
         if (!parse_uuid(uuid, want))
-                return gm_cuda_fail_errno(-EINVAL, "malformed device UUID '%s' (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
-                                          uuid);
+                return gm_cuda_fail_errno(
+                        -EINVAL, "malformed device UUID '%s' (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                        uuid);
         for (int i = 0; i < count; i++) {
                 CUdevice dev;
                 CUuuid have;
@@ -299,15 +301,13 @@ int gm_cuda_device_uuid(const gm_cuda_t *cu, CUdevice dev, char ret_uuid[GM_CUDA
         CUresult r = cu->DeviceGetUuid(&u, dev);
         if (r != CUDA_SUCCESS)
                 return gm_cuda_fail(cu, r, "cuDeviceGetUuid");
-        const unsigned char *b = (const unsigned char *)u.bytes;
-        snprintf(ret_uuid, GM_CUDA_UUID_LEN,
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                 b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        const unsigned char *b = (const unsigned char *) u.bytes;
+        snprintf(ret_uuid, GM_CUDA_UUID_LEN, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         return 0;
 }
 
-static int device_attribute(const gm_cuda_t *cu, CUdevice dev, CUdevice_attribute attr, const char *name,
-                            int *ret) {
+static int device_attribute(const gm_cuda_t *cu, CUdevice dev, CUdevice_attribute attr, const char *name, int *ret) {
         CUresult r = cu->DeviceGetAttribute(ret, attr, dev);
         return r == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, r, name);
 }
@@ -325,11 +325,15 @@ int gm_cuda_check_device(const gm_cuda_t *cu, CUdevice dev, int ordinal, bool *r
         if (r < 0)
                 return r;
         if (!vmm)
-                return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d does not support virtual memory management "
-                                                       "(cuMemCreate/cuMemMap)", ordinal);
+                return gm_cuda_fail_errno(-EOPNOTSUPP,
+                                          "cuda device %d does not support virtual memory management "
+                                          "(cuMemCreate/cuMemMap)",
+                                          ordinal);
         if (!posix_fd)
-                return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d cannot export memory as POSIX file "
-                                                       "descriptors", ordinal);
+                return gm_cuda_fail_errno(-EOPNOTSUPP,
+                                          "cuda device %d cannot export memory as POSIX file "
+                                          "descriptors",
+                                          ordinal);
         if (mode == CU_COMPUTEMODE_PROHIBITED)
                 return gm_cuda_fail_errno(-EOPNOTSUPP, "cuda device %d is in compute-prohibited mode", ordinal);
         /* An old driver may not know the attribute: then no RDMA flag. */

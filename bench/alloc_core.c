@@ -68,8 +68,8 @@ static void run(uint64_t n_live, uint64_t pairs, heap_mode_t mode) {
                         exit(1);
                 ids[k] = r.block_id;
         }
-        printf("%-10s live=%-8llu %7.1f ns per alloc+free\n", mode_names[mode], (unsigned long long)n_live,
-               ((double)gm_now_ns() - t0) / (double)pairs);
+        printf("%-10s live=%-8llu %7.1f ns per alloc+free\n", mode_names[mode], (unsigned long long) n_live,
+               ((double) gm_now_ns() - t0) / (double) pairs);
         gm_heap_destroy(h);
         free(ids);
 }
@@ -82,6 +82,6 @@ int main(int argc, char **argv) {
         for (uint64_t n = 1000; n <= max; n *= 10)
                 for (int m = 0; m < _MODE_MAX; m++)
                         if (!strcmp(only, "all") || !strcmp(only, mode_names[m]))
-                                run(n, pairs, (heap_mode_t)m);
+                                run(n, pairs, (heap_mode_t) m);
         return 0;
 }

@@ -252,8 +252,7 @@ static int64_t daemon_requests(const char *socket_path) {
         uint8_t *buf = malloc(1 << 20);
         size_t len, n_fds;
         Gpumem__Envelope *reply = NULL;
-        if (gm_msg_send(fd, &env, NULL, 0, 1 << 16) == 0 &&
-            gm_ipc_recv(fd, buf, 1 << 20, NULL, 0, &len, &n_fds) == 0) {
+        if (gm_msg_send(fd, &env, NULL, 0, 1 << 16) == 0 && gm_ipc_recv(fd, buf, 1 << 20, NULL, 0, &len, &n_fds) == 0) {
                 env.request_id = 2;
                 env.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS;
                 env.clients = &cl;
@@ -309,19 +308,28 @@ int main(int argc, char **argv) {
         size_t size = 4096;
         long pairs = 200000, rt_pairs = 20000;
         int rounds = 7;
-        static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                             {"size", required_argument, NULL, 'z'},
-                                             {"pairs", required_argument, NULL, 'n'},
-                                             {"rounds", required_argument, NULL, 'r'},
-                                             {"trace", required_argument, NULL, 't'},
-                                             {0}};
+        static const struct option opts[] = {
+                {"socket", required_argument, NULL, 's'}, {"size", required_argument, NULL, 'z'},
+                {"pairs", required_argument, NULL, 'n'},  {"rounds", required_argument, NULL, 'r'},
+                {"trace", required_argument, NULL, 't'},  {0}};
         for (int ch; (ch = getopt_long(argc, argv, "s:z:n:r:t:", opts, NULL)) != -1;) {
                 switch (ch) {
-                case 's': socket_path = optarg; break;
-                case 'z': size = strtoull(optarg, NULL, 10); break;
-                case 'n': pairs = atol(optarg); rt_pairs = pairs / 10 > 0 ? pairs / 10 : 1; break;
-                case 'r': rounds = atoi(optarg); break;
-                case 't': trace_path = optarg; break;
+                case 's':
+                        socket_path = optarg;
+                        break;
+                case 'z':
+                        size = strtoull(optarg, NULL, 10);
+                        break;
+                case 'n':
+                        pairs = atol(optarg);
+                        rt_pairs = pairs / 10 > 0 ? pairs / 10 : 1;
+                        break;
+                case 'r':
+                        rounds = atoi(optarg);
+                        break;
+                case 't':
+                        trace_path = optarg;
+                        break;
                 default:
                         fprintf(stderr, "usage: gpumem-bench-local --socket PATH [--size B] [--pairs N] [--rounds R] "
                                         "[--trace CSV]\n");

@@ -138,8 +138,10 @@ static int bench_scrapes(const char *socket_path, const char *metrics_path, unsi
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                {"socket", required_argument, NULL, 's'},   {"metrics", required_argument, NULL, 'm'},
-                {"sessions", required_argument, NULL, 'n'}, {"scrapes", required_argument, NULL, 'r'},
+                {"socket", required_argument, NULL, 's'},
+                {"metrics", required_argument, NULL, 'm'},
+                {"sessions", required_argument, NULL, 'n'},
+                {"scrapes", required_argument, NULL, 'r'},
                 {},
         };
         const char *socket_path = NULL, *metrics = NULL;

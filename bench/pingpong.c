@@ -18,7 +18,7 @@
 #define WARMUP_ITERS 1000
 
 static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
+        double x = *(const double *) a, y = *(const double *) b;
         return (x > y) - (x < y);
 }
 
@@ -45,9 +45,10 @@ static int bounce(int sock, char *buf, size_t size) {
 }
 
 static void usage(FILE *f) {
-        fprintf(f, "usage: gpumem-bench-pingpong [--size BYTES] [--iters N]\n"
-                   "  --size   packet size, 1..%u (default 64)\n"
-                   "  --iters  measured round trips (default 100000)\n",
+        fprintf(f,
+                "usage: gpumem-bench-pingpong [--size BYTES] [--iters N]\n"
+                "  --size   packet size, 1..%u (default 64)\n"
+                "  --iters  measured round trips (default 100000)\n",
                 GM_IPC_MAX_PACKET_DEFAULT);
 }
 
@@ -119,7 +120,7 @@ int main(int argc, char **argv) {
         }
 
         qsort(rtt, iters, sizeof(double), cmp_double);
-        size_t p99 = (size_t)((iters * 99 + 99) / 100) - 1; /* nearest rank */
+        size_t p99 = (size_t) ((iters * 99 + 99) / 100) - 1; /* nearest rank */
         printf("pingpong size=%lu iters=%lu median_us=%.2f p99_us=%.2f\n", size, iters, rtt[iters / 2], rtt[p99]);
         free(rtt);
         free(buf);

@@ -48,7 +48,7 @@ typedef struct trace {
         event_t *events;
         size_t n_events, cap_events;
         uint32_t n_slots;
-        uint64_t skipped;   /* rows not replayed: RMM allocate failures, size-0 allocations and their frees */
+        uint64_t skipped; /* rows not replayed: RMM allocate failures, size-0 allocations and their frees */
 } trace_t;
 
 typedef struct options {
@@ -68,12 +68,12 @@ typedef struct move_timing {
 typedef struct result {
         int64_t peak_requested, peak_allocated, peak_reserved;
         int64_t num_alloc_retries, num_ooms;
-        uint64_t allocs;        /* allocation events replayed */
+        uint64_t allocs; /* allocation events replayed */
         uint64_t failed_allocs;
         gm_page_reuse_info_t reuse; /* in process only */
-        move_timing_t moves;    /* the timing run's, with page reuse */
-        double ns;      /* median over the runs of the replay loop's wall time */
-        int violations; /* summed over the runs */
+        move_timing_t moves;        /* the timing run's, with page reuse */
+        double ns;                  /* median over the runs of the replay loop's wall time */
+        int violations;             /* summed over the runs */
 } result_t;
 
 /* A trace's uint64 ids (pointers, stream values) to a uint32, over the
@@ -199,12 +199,12 @@ static int add_row(parser_t *p, size_t lineno, bool alloc, uint64_t id, uint64_t
                 return idmap_put(&p->live, id, SKIPPED);
         }
         if (!idmap_get(&p->streams, stream, &renamed)) {
-                renamed = stream == 0 ? 0 : (uint32_t)p->streams.len + 1;
+                renamed = stream == 0 ? 0 : (uint32_t) p->streams.len + 1;
                 r = idmap_put(&p->streams, stream, renamed);
                 if (r < 0)
                         return r;
         }
-        r = idmap_put(&p->live, id, (uint32_t)t->n_events);
+        r = idmap_put(&p->live, id, (uint32_t) t->n_events);
         if (r < 0)
                 return r;
         return push_event(t, (event_t){.size = size, .slot = t->n_slots++, .stream = renamed, .alloc = true});
@@ -387,7 +387,7 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                         e = gm_heap_free(h, ids[ev->slot], false);
                         if (e < 0)
                                 break;
-                        live_requested -= (int64_t)ev->size;
+                        live_requested -= (int64_t) ev->size;
                         live_blocks--;
                         continue;
                 }
@@ -416,7 +416,7 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                 if (e < 0)
                         break;
                 ids[ev->slot] = res.block_id;
-                live_requested += (int64_t)ev->size;
+                live_requested += (int64_t) ev->size;
                 live_blocks++;
         }
         ns += gm_now_ns() - t0;
@@ -428,8 +428,8 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
         r->num_ooms = st->num_ooms;
         gm_heap_page_reuse(h, &r->reuse);
         if (e == 0 && r->reuse.pages_moved != fake.remaps)
-                r->violations += violation(t, "pages moved != provider's remaps", (long long)r->reuse.pages_moved,
-                                           (long long)fake.remaps);
+                r->violations += violation(t, "pages moved != provider's remaps", (long long) r->reuse.pages_moved,
+                                           (long long) fake.remaps);
         if (e == 0) {
                 int bad = gm_heap_check(h);
 
@@ -439,18 +439,18 @@ static int replay_heap(const trace_t *t, const options_t *o, bool timing, result
                         r->violations += violation(t, "requested_bytes.all.current != live requested bytes",
                                                    st->requested_bytes[GM_STAT_ALL].current, live_requested);
                 if (st->allocation[GM_STAT_ALL].current != live_blocks ||
-                    gm_heap_live_blocks(h) != (uint64_t)live_blocks)
+                    gm_heap_live_blocks(h) != (uint64_t) live_blocks)
                         r->violations += violation(t, "allocation.all.current != live blocks",
                                                    st->allocation[GM_STAT_ALL].current, live_blocks);
-                if (st->reserved_bytes[GM_STAT_ALL].current != (int64_t)fake.live_bytes)
-                        r->violations += violation(t, "reserved_bytes.all.current != provider's live bytes",
-                                                   st->reserved_bytes[GM_STAT_ALL].current,
-                                                   (long long)fake.live_bytes);
+                if (st->reserved_bytes[GM_STAT_ALL].current != (int64_t) fake.live_bytes)
+                        r->violations +=
+                                violation(t, "reserved_bytes.all.current != provider's live bytes",
+                                          st->reserved_bytes[GM_STAT_ALL].current, (long long) fake.live_bytes);
         }
         gm_heap_destroy(h);
         if (e == 0 && (fake.errors || fake.live_handles))
                 r->violations += violation(t, "provider ledger after destroy: errors, live handles",
-                                           (long long)fake.errors, (long long)fake.live_handles);
+                                           (long long) fake.errors, (long long) fake.live_handles);
         fake_done(&fake);
         free(ids);
         if (e == 0)
@@ -490,14 +490,14 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
                         if (ptrs[ev->slot]) {
                                 e = gpumem_free(c, ptrs[ev->slot]);
                                 ptrs[ev->slot] = NULL;
-                                live_requested -= (int64_t)ev->size;
+                                live_requested -= (int64_t) ev->size;
                         }
                         continue;
                 }
                 r->allocs++;
                 e = gpumem_alloc(c, ev->size, ev->stream, &ptrs[ev->slot]);
                 if (e == 0)
-                        live_requested += (int64_t)ev->size;
+                        live_requested += (int64_t) ev->size;
                 if (e == -ENOMEM || e == -EDQUOT) {
                         r->failed_allocs++;
                         e = 0;
@@ -519,8 +519,8 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
         if (e == 0)
                 e = client_stat(c, "requested_bytes.all.current", &current);
         if (e == 0 && current != live_requested)
-                r->violations += violation(t, "session requested_bytes.all.current != live requested bytes",
-                                           current, live_requested);
+                r->violations += violation(t, "session requested_bytes.all.current != live requested bytes", current,
+                                           live_requested);
         gpumem_disconnect(c);
         free(ptrs);
         if (e == 0)
@@ -529,7 +529,7 @@ static int replay_socket(const trace_t *t, const options_t *o, result_t *r, doub
 }
 
 static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
+        double x = *(const double *) a, y = *(const double *) b;
 
         return (x > y) - (x < y);
 }
@@ -570,7 +570,7 @@ static void print_json_string(const char *s) {
 }
 
 static double per(double total, uint64_t n) {
-        return n ? total / (double)n : 0.0;
+        return n ? total / (double) n : 0.0;
 }
 
 /* null unless page reuse is configured (in process); else the heap's move
@@ -583,11 +583,11 @@ static void print_page_reuse(const options_t *o, const result_t *r) {
                 return;
         }
         printf("{\"active\":%s,\"pages_moved\":%llu,\"ranges_moved\":%llu,\"allocs_with_moves\":%llu",
-               u->active ? "true" : "false", (unsigned long long)u->pages_moved, (unsigned long long)u->ranges_moved,
-               (unsigned long long)u->allocs_with_moves);
+               u->active ? "true" : "false", (unsigned long long) u->pages_moved, (unsigned long long) u->ranges_moved,
+               (unsigned long long) u->allocs_with_moves);
         printf(",\"moves_per_1k_allocs\":%.2f,\"refused_busy\":%llu,\"remap_failures\":%llu",
-               1000.0 * per((double)u->pages_moved, r->allocs), (unsigned long long)u->refused_busy,
-               (unsigned long long)u->remap_failures);
+               1000.0 * per((double) u->pages_moved, r->allocs), (unsigned long long) u->refused_busy,
+               (unsigned long long) u->remap_failures);
         printf(",\"moving_alloc_ns\":%.1f,\"other_alloc_ns\":%.1f,\"moving_allocs_ns_total\":%.0f}",
                per(r->moves.moving_ns, r->moves.moving_allocs), per(r->moves.other_ns, r->moves.other_allocs),
                r->moves.moving_ns);
@@ -603,38 +603,37 @@ static void print_result(const trace_t *t, const options_t *o, const result_t *r
                 printf("null,\"capacity_bytes\":null");
         else {
                 print_json_string(o->alloc_conf);
-                printf(",\"capacity_bytes\":%llu", (unsigned long long)o->capacity);
+                printf(",\"capacity_bytes\":%llu", (unsigned long long) o->capacity);
         }
-        printf(",\"events\":%zu,\"skipped\":%llu,\"failed_allocs\":%llu", t->n_events,
-               (unsigned long long)t->skipped, (unsigned long long)r->failed_allocs);
+        printf(",\"events\":%zu,\"skipped\":%llu,\"failed_allocs\":%llu", t->n_events, (unsigned long long) t->skipped,
+               (unsigned long long) r->failed_allocs);
         printf(",\"peak_requested_bytes\":%lld,\"peak_allocated_bytes\":%lld,\"peak_reserved_bytes\":%lld",
-               (long long)r->peak_requested, (long long)r->peak_allocated, (long long)r->peak_reserved);
+               (long long) r->peak_requested, (long long) r->peak_allocated, (long long) r->peak_reserved);
         if (r->peak_requested > 0)
-                printf(",\"fragmentation\":%.4f", (double)r->peak_reserved / (double)r->peak_requested);
+                printf(",\"fragmentation\":%.4f", (double) r->peak_reserved / (double) r->peak_requested);
         else
                 printf(",\"fragmentation\":null");
-        printf(",\"allocs\":%llu,\"page_reuse\":", (unsigned long long)r->allocs);
+        printf(",\"allocs\":%llu,\"page_reuse\":", (unsigned long long) r->allocs);
         print_page_reuse(o, r);
         printf(",\"num_alloc_retries\":%lld,\"num_ooms\":%lld,\"runs\":%u,\"ns_per_op\":%.1f,\"violations\":%d}\n",
-               (long long)r->num_alloc_retries, (long long)r->num_ooms, o->runs,
-               t->n_events ? r->ns / (double)t->n_events : 0.0, r->violations);
+               (long long) r->num_alloc_retries, (long long) r->num_ooms, o->runs,
+               t->n_events ? r->ns / (double) t->n_events : 0.0, r->violations);
         fflush(stdout);
 }
 
 static void usage(FILE *out) {
-        fprintf(out,
-                "Usage: gpumem-replay [OPTIONS] TRACE...\n"
-                "Replays allocation traces through gpumemd's allocator; one JSON line per trace.\n"
-                "Traces: CSV 'seq,action,id,size[,stream]' (alloc|free) or RMM's replay log\n"
-                "'Thread,Time,Action,Pointer,Size,Stream', told apart by the header line.\n"
-                "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process); with\n"
-                "                         gpumemd_page_reuse:True the JSON's page_reuse has the moves\n"
-                "  -C, --capacity BYTES   provider capacity in process (8G, 512M; default 80G)\n"
-                "  -s, --socket PATH      replay through the gpumemd listening on PATH\n"
-                "  -c, --check N          also run gm_heap_check() every N events (in process)\n"
-                "  -r, --runs N           replay each trace N times; ns_per_op is the median (default 1)\n"
-                "  -h, --help             this text\n"
-                "Exit status: 0 ok, 1 integrity violation or replay failure, 2 usage or trace error.\n");
+        fprintf(out, "Usage: gpumem-replay [OPTIONS] TRACE...\n"
+                     "Replays allocation traces through gpumemd's allocator; one JSON line per trace.\n"
+                     "Traces: CSV 'seq,action,id,size[,stream]' (alloc|free) or RMM's replay log\n"
+                     "'Thread,Time,Action,Pointer,Size,Stream', told apart by the header line.\n"
+                     "  -a, --alloc-conf STR   PYTORCH_CUDA_ALLOC_CONF-style settings (in process); with\n"
+                     "                         gpumemd_page_reuse:True the JSON's page_reuse has the moves\n"
+                     "  -C, --capacity BYTES   provider capacity in process (8G, 512M; default 80G)\n"
+                     "  -s, --socket PATH      replay through the gpumemd listening on PATH\n"
+                     "  -c, --check N          also run gm_heap_check() every N events (in process)\n"
+                     "  -r, --runs N           replay each trace N times; ns_per_op is the median (default 1)\n"
+                     "  -h, --help             this text\n"
+                     "Exit status: 0 ok, 1 integrity violation or replay failure, 2 usage or trace error.\n");
 }
 
 static int parse_options(int argc, char **argv, options_t *o) {
@@ -676,7 +675,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
                         if (ch == 'c')
                                 o->check_every = v;
                         else
-                                o->runs = (unsigned)v;
+                                o->runs = (unsigned) v;
                         break;
                 case 'h':
                         usage(stdout);

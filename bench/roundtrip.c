@@ -89,8 +89,10 @@ int main(int argc, char **argv) {
                 else if (!strcmp(argv[i], "--heap") && i + 1 < argc)
                         heap = !strcmp(argv[++i], "local") ? GPUMEM_HEAP_LOCAL : GPUMEM_HEAP_CENTRAL;
                 else {
-                        fprintf(stderr, "usage: %s --socket PATH [--size B] [--iters N] [--mode cached|fresh] "
-                                        "[--clients N] [--heap central|local]\n", argv[0]);
+                        fprintf(stderr,
+                                "usage: %s --socket PATH [--size B] [--iters N] [--mode cached|fresh] "
+                                "[--clients N] [--heap central|local]\n",
+                                argv[0]);
                         return 2;
                 }
         }
@@ -137,8 +139,8 @@ int main(int argc, char **argv) {
                 return 1;
         qsort(med, (size_t) clients, sizeof(*med), cmp_u64);
         printf("%-8s heap=%-7s size=%-9zu clients=%-4d median_us=%.2f p99_us=%.2f pairs_per_s=%.0f\n",
-               fresh ? "fresh" : "cached", heap == GPUMEM_HEAP_LOCAL ? "local" : "central", size, clients, (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0,
-               (double) clients * iters / seconds);
+               fresh ? "fresh" : "cached", heap == GPUMEM_HEAP_LOCAL ? "local" : "central", size, clients,
+               (double) med[clients / 2] / 1000.0, (double) worst_p99 / 1000.0, (double) clients * iters / seconds);
         free(med);
         return 0;
 }

@@ -185,10 +185,10 @@ struct gm_broker {
         gm_broker_ops_t ops;
         gm_broker_limits_t limits;
         gm_alloc_config_t alloc_config;
-        gm_stats_t device_stats;        /* accumulated figures never reset */
-        gm_stats_t device_shown_base;   /* device_stats at the last reset_accumulated (a view offset) */
-        uint64_t va_cursor;     /* next synthetic segment address (shared by all heaps) */
-        gm_session_t *sessions; /* newest first */
+        gm_stats_t device_stats;      /* accumulated figures never reset */
+        gm_stats_t device_shown_base; /* device_stats at the last reset_accumulated (a view offset) */
+        uint64_t va_cursor;           /* next synthetic segment address (shared by all heaps) */
+        gm_session_t *sessions;       /* newest first */
         uint32_t n_sessions;
         uint64_t next_session_id;
         gm_tenant_t *tenants;
@@ -204,9 +204,9 @@ struct gm_broker {
         uint32_t store_max;
         uint32_t n_stored;
         uint64_t next_store_id;
-        int ledger_fd;             /* append-only journal, or -1 */
-        uint64_t ledger_lines;     /* lines in it; compacted when they outnumber the live ones (ledger.c) */
-        bool stopping;             /* the daemon is stopping: ending sessions stay claimable by their clients */
+        int ledger_fd;                  /* append-only journal, or -1 */
+        uint64_t ledger_lines;          /* lines in it; compacted when they outnumber the live ones (ledger.c) */
+        bool stopping;                  /* the daemon is stopping: ending sessions stay claimable by their clients */
         struct gm_lingering *lingering; /* memory its session let go of that a process still maps: charged */
         struct gm_known_token *known_tokens; /* sessions of the previous daemon ("t" lines), until claimed or expired */
         size_t n_known_tokens;
@@ -378,8 +378,8 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
  * maps: it is LIVE again, charged, outside any daemon-side heap, and released
  * at once by gm_piece_release() (its client gives pieces back unmapped). */
 int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t requested_size, bool pending_free);
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                              uint64_t requested_size, bool pending_free);
 /* The last report: the heap is checked, unclaimed stored pieces released. */
 int gm_session_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */

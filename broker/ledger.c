@@ -576,8 +576,8 @@ int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_p
         return 0;
 }
 
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t requested_size, bool pending_free) {
+int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                              uint64_t requested_size, bool pending_free) {
         if (!s->reattaching)
                 return -EPROTO;
         gm_heap_t *heap;

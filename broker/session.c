@@ -314,8 +314,7 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                                 s->lied = true;
                                 gm_broker_log(b, LOG_WARNING,
                                               "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
-                                              " but still maps segment %" PRIu64 ": its %" PRIu64
-                                              " bytes stay charged",
+                                              " but still maps segment %" PRIu64 ": its %" PRIu64 " bytes stay charged",
                                               s->id, (int) s->pid, rel->id, p->segment_id, rel->bytes);
                                 return -EBUSY;
                         }

@@ -44,11 +44,11 @@
 typedef struct waiter {
         uint64_t request_id;
         bool done;
-        int error;                /* set instead of reply when mapping it failed or the daemon went away */
-        Gpumem__Envelope *reply;  /* owned by the waiter once done */
-        bool resend;              /* the daemon restarted before answering: send the request again */
-        char detail[256];         /* the driver's text when mapping failed (service thread) */
-        int fd;                   /* the first fd a non-mapping reply brought (a snapshot), or -1 */
+        int error;               /* set instead of reply when mapping it failed or the daemon went away */
+        Gpumem__Envelope *reply; /* owned by the waiter once done */
+        bool resend;             /* the daemon restarted before answering: send the request again */
+        char detail[256];        /* the driver's text when mapping failed (service thread) */
+        int fd;                  /* the first fd a non-mapping reply brought (a snapshot), or -1 */
         pthread_cond_t cond;
         struct waiter *next;
 } waiter_t;
@@ -58,12 +58,12 @@ typedef struct segment {
         uint64_t base;
         uint64_t va_size;
         uint64_t mapped_bytes;
-        uint64_t stream;      /* of the allocation that brought it (for re-attach) */
+        uint64_t stream; /* of the allocation that brought it (for re-attach) */
         bool has_stream;
-        uint64_t piece_size;  /* every piece of a segment has one size (the page, or the whole) */
-        uint64_t *pieces;     /* offsets of the mapped pieces */
+        uint64_t piece_size; /* every piece of a segment has one size (the page, or the whole) */
+        uint64_t *pieces;    /* offsets of the mapped pieces */
         size_t n_pieces, cap_pieces;
-        bool released;        /* the daemon asked for the whole segment: it goes once no piece is mapped */
+        bool released; /* the daemon asked for the whole segment: it goes once no piece is mapped */
 } segment_t;
 
 static void segment_free(segment_t *seg) {
@@ -76,8 +76,8 @@ static void segment_free(segment_t *seg) {
 typedef struct block {
         uint64_t id;
         uint64_t size;
-        uint64_t requested;    /* what the application asked for */
-        uint64_t offset;       /* in its segment */
+        uint64_t requested; /* what the application asked for */
+        uint64_t offset;    /* in its segment */
         uint64_t segment_id;
         uint64_t stream;       /* the allocation stream */
         uint64_t *stream_uses; /* other streams given to gpumem_record_stream */
@@ -102,7 +102,7 @@ typedef struct pending_free {
 
 struct gpumem_client {
         int fd;
-        pid_t pid; /* the process that owns this session */
+        pid_t pid;                /* the process that owns this session */
         unsigned fork_generation; /* fork_generation when pid was last confirmed */
         char socket_path[108];
         uint32_t max_packet;
@@ -117,30 +117,30 @@ struct gpumem_client {
         bool service_started;
         int wake_fd; /* eventfd: tells the service thread a pending free was added */
 
-        pthread_rwlock_t fd_lock; /* senders hold it shared; the service thread swaps fd under it exclusively */
+        pthread_rwlock_t fd_lock;  /* senders hold it shared; the service thread swaps fd under it exclusively */
         pthread_mutex_t read_lock; /* held by the one thread reading the socket (service or a caller):
                                     * packets are read and dispatched in order */
-        uint8_t *rx_buf;          /* the reader's buffer (under read_lock) */
+        uint8_t *rx_buf;           /* the reader's buffer (under read_lock) */
         size_t rx_cap;
-        char token[64];           /* session token: re-attaches after a daemon restart */
+        char token[64]; /* session token: re-attaches after a daemon restart */
         uint32_t reconnect_timeout_ms;
 
-        pthread_mutex_t lock;     /* taken before fd_lock when both are held */
-        bool dead;        /* the connection is gone; every request fails with -ECONNRESET */
-        bool closing;     /* gpumem_disconnect() is under way: no reconnecting */
-        bool reconnecting; /* the daemon went away; the service thread is re-attaching */
+        pthread_mutex_t lock; /* taken before fd_lock when both are held */
+        bool dead;            /* the connection is gone; every request fails with -ECONNRESET */
+        bool closing;         /* gpumem_disconnect() is under way: no reconnecting */
+        bool reconnecting;    /* the daemon went away; the service thread is re-attaching */
         uint64_t next_request_id;
         waiter_t *waiters;
-        gm_u64map_t segments; /* segment id -> segment_t */
-        gm_u64map_t blocks;   /* pointer -> block_t */
+        gm_u64map_t segments;  /* segment id -> segment_t */
+        gm_u64map_t blocks;    /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;
         pending_free_t *completed_frees; /* local mode: stream work done, the heap not yet told */
-        uint64_t reader_generation; /* bumped whenever a reader lets read_lock go */
-        bool reader_lost;      /* a caller's read failed: the service thread reads until it knows why */
-        _Atomic int callers;   /* call()s in flight */
-        _Atomic uint64_t last_call_ms; /* CLOCK_MONOTONIC_COARSE when the last one ended */
-        uint64_t reclaim_id;   /* a Reclaim the service thread has yet to serve (0: none) */
+        uint64_t reader_generation;      /* bumped whenever a reader lets read_lock go */
+        bool reader_lost;                /* a caller's read failed: the service thread reads until it knows why */
+        _Atomic int callers;             /* call()s in flight */
+        _Atomic uint64_t last_call_ms;   /* CLOCK_MONOTONIC_COARSE when the last one ended */
+        uint64_t reclaim_id;             /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
@@ -826,15 +826,14 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 }
         pthread_mutex_unlock(&c->lock);
         pthread_cond_destroy(&w.cond);
-        if (w.fd >= 0 && (!ret_fd || r < 0 || w.error < 0 || !w.reply ||
-                          w.reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR)) {
+        if (w.fd >= 0 &&
+            (!ret_fd || r < 0 || w.error < 0 || !w.reply || w.reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR)) {
                 close(w.fd);
                 w.fd = -1;
         }
 
         if (r < 0)
-                return set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd: %s",
-                                 strerror(-r));
+                return set_error(c, r == -EPIPE ? -ECONNRESET : r, "gpumem: cannot send to gpumemd: %s", strerror(-r));
         Gpumem__Envelope *reply = w.reply;
         if (reply && reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
                 int err = -(int) reply->error->code;
@@ -864,9 +863,10 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
         }
         if (w.error < 0) {
                 gm_msg_free(reply);
-                return w.error == -ECONNRESET ? set_error(c, -ECONNRESET, "gpumem: gpumemd closed the connection")
-                                              : set_error(c, w.error, "gpumem: mapping memory from gpumemd failed: %s%s%s",
-                                                          strerror(-w.error), w.detail[0] ? ": " : "", w.detail);
+                return w.error == -ECONNRESET
+                               ? set_error(c, -ECONNRESET, "gpumem: gpumemd closed the connection")
+                               : set_error(c, w.error, "gpumem: mapping memory from gpumemd failed: %s%s%s",
+                                           strerror(-w.error), w.detail[0] ? ": " : "", w.detail);
         }
         *ret_reply = reply;
         if (ret_fd)
@@ -936,8 +936,8 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
                 return r;
         const Gpumem__Mapping *m = reply->grant_reply->mapping;
         const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
-        bool mapped = m && m->segment_id == g->segment_id && m->offset == g->offset && m->length == g->size &&
-                      seg && seg->va_size == g->segment_va_size;
+        bool mapped = m && m->segment_id == g->segment_id && m->offset == g->offset && m->length == g->size && seg &&
+                      seg->va_size == g->segment_va_size;
         gm_msg_free(reply);
         if (!mapped) {
                 local_give_back(c, g->segment_id, g->offset, g->size, seg && seg->n_pieces <= 1);
@@ -981,7 +981,8 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         madvise(c->stats_page, GM_STATPAGE_SIZE, MADV_DONTFORK); /* a forked child never writes the parent's */
         gm_local_ops_t ops = {.grant = local_grant, .give_back = local_give_back, .ctx = c};
         char err[256] = "";
-        r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err, sizeof(err));
+        r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err,
+                         sizeof(err));
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
         c->local = true;
@@ -1000,8 +1001,8 @@ static int local_page_replace(gpumem_client *c, int page_fd) {
         if (usable && pthread_mutex_trylock(&c->heap_lock) == 0) {
                 gm_stats_t figures;
                 memcpy(&figures, gm_statpage_payload(c->stats_page), sizeof(figures));
-                void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                               page_fd, 0);
+                void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, page_fd,
+                               0);
                 if (p != MAP_FAILED) {
                         madvise(p, GM_STATPAGE_SIZE, MADV_DONTFORK);
                         gm_statpage_write_begin(c->stats_page);
@@ -1290,9 +1291,8 @@ static int reattach_once(gpumem_client *c) {
         if (r == 0)
                 r = recv_env(c, fd, &reply, NULL);
         if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_OK)
-                r = reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR && reply->error->code
-                            ? -(int) reply->error->code
-                            : -EPROTO;
+                r = reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR && reply->error->code ? -(int) reply->error->code
+                                                                                           : -EPROTO;
         gm_msg_free(reply);
         if (r < 0) {
                 pthread_mutex_unlock(&c->lock);
@@ -1534,8 +1534,8 @@ static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpu
         gm_frame_t trace_frames[GPUMEM_MAX_FRAMES];
         size_t n_trace = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
         for (size_t i = 0; i < n_trace; i++)
-                trace_frames[i] = (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line,
-                                               .name = frames[i].name};
+                trace_frames[i] =
+                        (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line, .name = frames[i].name};
         pthread_mutex_lock(&c->heap_lock);
         block_t *b = c->n_spare_blocks ? c->spare_blocks[--c->n_spare_blocks] : malloc(sizeof(*b));
         if (!b) {
@@ -1557,8 +1557,12 @@ static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpu
         }
         segment_t *seg = gm_u64map_get(&c->segments, res.segment_id);
         uint64_t ptr = seg ? seg->base + res.offset : 0;
-        *b = (block_t){.id = res.block_id, .size = res.size, .requested = size, .offset = res.offset,
-                       .segment_id = res.segment_id, .stream = stream};
+        *b = (block_t){.id = res.block_id,
+                       .size = res.size,
+                       .requested = size,
+                       .offset = res.offset,
+                       .segment_id = res.segment_id,
+                       .stream = stream};
         if (seg && !seg->has_stream) {
                 seg->stream = stream;
                 seg->has_stream = true;
@@ -1611,8 +1615,12 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         if (!b || !seg || ar->offset + ar->block_size > seg->va_size) {
                 r = !b ? -ENOMEM : -EPROTO;
         } else {
-                *b = (block_t){.id = ar->block_id, .size = ar->block_size, .requested = size,
-                               .offset = ar->offset, .segment_id = ar->segment_id, .stream = stream};
+                *b = (block_t){.id = ar->block_id,
+                               .size = ar->block_size,
+                               .requested = size,
+                               .offset = ar->offset,
+                               .segment_id = ar->segment_id,
+                               .stream = stream};
                 if (!seg->has_stream) {
                         seg->stream = stream;
                         seg->has_stream = true;
@@ -1672,8 +1680,10 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
         if (!b || !c->local)
                 pthread_mutex_unlock(blocks_lock(c));
         if (!b)
-                return set_error(c, -EINVAL, "gpumem: free of %p: not a live allocation of this client "
-                                 "(unknown pointer or double free)", ptr);
+                return set_error(c, -EINVAL,
+                                 "gpumem: free of %p: not a live allocation of this client "
+                                 "(unknown pointer or double free)",
+                                 ptr);
         uint64_t streams[MAX_STREAM_USES + 1];
         size_t n = 0;
         for (size_t i = 0; i < b->n_stream_uses; i++)

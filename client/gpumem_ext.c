@@ -37,8 +37,8 @@ void gpumem_buffer_free(void *buf) {
 /* One request on c's session: `body` is the message of oneof case
  * `body_case` (every body of the envelope is a pointer in one union), and the
  * reply must be of case `want`; see gm_client_call(). */
-static int request(gpumem_client *c, Gpumem__Envelope__BodyCase body_case, void *body,
-                   Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply, int *ret_fd) {
+static int request(gpumem_client *c, Gpumem__Envelope__BodyCase body_case, void *body, Gpumem__Envelope__BodyCase want,
+                   Gpumem__Envelope **ret_reply, int *ret_fd) {
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = body_case;
         env.hello = body;
@@ -88,7 +88,8 @@ static int daemon_uuid(const char *path, char *buf, size_t len) {
         size_t n = 0, n_fds = 0;
         Gpumem__Envelope *reply = NULL;
         r = pkt ? gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT) : -ENOMEM;
-        if (r == 0 && (r = gm_ipc_recv(fd, pkt, GM_IPC_MAX_PACKET_DEFAULT, fds, GM_IPC_MAX_FDS_LIMIT, &n, &n_fds)) == 0) {
+        if (r == 0 &&
+            (r = gm_ipc_recv(fd, pkt, GM_IPC_MAX_PACKET_DEFAULT, fds, GM_IPC_MAX_FDS_LIMIT, &n, &n_fds)) == 0) {
                 gm_close_fds(fds, n_fds);
                 r = gm_msg_unpack(pkt, n, &reply);
         }
@@ -164,8 +165,9 @@ int gpumem_connect_device(int ordinal, gpumem_client **ret) {
         char path[108];
         int r = find_device_socket(ordinal, path, sizeof(path));
         if (r == -EINVAL)
-                return gm_client_set_error(NULL, r, "gpumem: GPUMEM_SOCKET_TEMPLATE must hold one %%d and no other "
-                                                    "%% (e.g. /run/gpumem/gpu%%d.sock)");
+                return gm_client_set_error(NULL, r,
+                                           "gpumem: GPUMEM_SOCKET_TEMPLATE must hold one %%d and no other "
+                                           "%% (e.g. /run/gpumem/gpu%%d.sock)");
         if (r < 0)
                 return r == -ENODEV ? r
                                     : gm_client_set_error(NULL, r, "gpumem: no socket for device %d: %s", ordinal,
@@ -445,7 +447,8 @@ int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_
         req.enabled = enabled;
         req.max_entries = max_entries;
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply, NULL);
+        int r = request(c, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply,
+                        NULL);
         if (r < 0)
                 return r;
         /* The daemon's ring holds central heaps' events; a local heap keeps its own. */
@@ -492,8 +495,8 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
         const Gpumem__ClientsReply *cr = reply->clients_reply;
         size_t text = 0;
         for (size_t i = 0; i < cr->n_clients; i++)
-                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) + str_size(cr->clients[i]->name) +
-                        str_size(heap_name(cr->clients[i]));
+                text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) +
+                        str_size(cr->clients[i]->name) + str_size(heap_name(cr->clients[i]));
         gpumem_client_info *list = malloc(cr->n_clients * sizeof(*list) + text + 1);
         if (!list) {
                 gm_msg_free(reply);

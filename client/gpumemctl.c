@@ -290,7 +290,8 @@ static int cmd_trim(ctl_t *c, int argc, char **argv) {
         if (r)
                 return r;
         char buf[32];
-        uint64_t released = reply->body_case == GPUMEM__ENVELOPE__BODY_TRIM_REPLY ? reply->trim_reply->released_bytes : 0;
+        uint64_t released =
+                reply->body_case == GPUMEM__ENVELOPE__BODY_TRIM_REPLY ? reply->trim_reply->released_bytes : 0;
         printf("released %s (%" PRIu64 " bytes)\n", gm_format_size(released, buf, sizeof(buf)), released);
         gm_msg_free(reply);
         return 0;
@@ -404,8 +405,9 @@ static int cmd_history(ctl_t *c, int argc, char **argv) {
         int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply);
         if (r)
                 return r;
-        printf("history %s (max %" PRIu64 " entries, %" PRIu64 " recorded)\n", reply->history_reply->enabled ? "on" : "off",
-               reply->history_reply->max_entries, reply->history_reply->entries);
+        printf("history %s (max %" PRIu64 " entries, %" PRIu64 " recorded)\n",
+               reply->history_reply->enabled ? "on" : "off", reply->history_reply->max_entries,
+               reply->history_reply->entries);
         gm_msg_free(reply);
         return 0;
 }
@@ -473,8 +475,9 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
         for (size_t i = 0; i < qr->n_tenants; i++) {
                 const Gpumem__TenantInfo *t = qr->tenants[i];
                 char q[32], ch[32], a[32], ca[32];
-                printf("%-20.20s %8s %-10s %8s %9s %8s %4u\n", t->tenant, t->quota ? fmt_size(t->quota, q, sizeof(q)) : "-",
-                       t->quota_source, fmt_size(t->charged, ch, sizeof(ch)), fmt_size(t->allocated, a, sizeof(a)),
+                printf("%-20.20s %8s %-10s %8s %9s %8s %4u\n", t->tenant,
+                       t->quota ? fmt_size(t->quota, q, sizeof(q)) : "-", t->quota_source,
+                       fmt_size(t->charged, ch, sizeof(ch)), fmt_size(t->allocated, a, sizeof(a)),
                        fmt_size(t->cached, ca, sizeof(ca)), t->sessions);
         }
         gm_msg_free(reply);
@@ -516,12 +519,13 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         printf(", \"name\": ");
                         print_json_string(ci->name);
                         printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
-                               ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64 ", \"releasing_bytes\": %" PRIu64
+                               ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64
+                               ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
                                "}",
                                ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
-                               ci->admin ? "true" : "false", heap_mode_name(ci), ci->stats_page_invalid ? "true" : "false",
-                               ci->requests);
+                               ci->admin ? "true" : "false", heap_mode_name(ci),
+                               ci->stats_page_invalid ? "true" : "false", ci->requests);
                         continue;
                 }
                 char rs[32], a[32], ca[32];

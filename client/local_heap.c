@@ -11,15 +11,15 @@ struct gm_local {
         gm_heap_t *heap;
         gm_statpage_t *page;
         gm_local_ops_t ops;
-        uint64_t va_cursor;       /* the heap's synthetic addresses */
-        uint64_t cur_size;        /* the request being served (for the diagnosis) */
+        uint64_t va_cursor; /* the heap's synthetic addresses */
+        uint64_t cur_size;  /* the request being served (for the diagnosis) */
         bool refused_by_daemon;
-        bool destroying;          /* pieces are forgotten, not given back */
-        gm_alloc_config_t config; /* the settings it runs with (a snapshot's allocator_settings) */
-        gm_history_t *history;    /* this process's trace ring while memory history is on */
+        bool destroying;              /* pieces are forgotten, not given back */
+        gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
+        gm_history_t *history;        /* this process's trace ring while memory history is on */
         const gm_frame_t *cur_frames; /* frames of the allocation being served */
         size_t n_cur_frames;
-        uint32_t pid;             /* the process the trace entries name */
+        uint32_t pid; /* the process the trace entries name */
 };
 
 /* Every change of the heap is one page update: the page reads as busy from
@@ -76,9 +76,12 @@ static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t s
         gm_local_t *l = userdata;
         if (!l->history)
                 return;
-        gm_history_entry_t e = {
-                .action = action, .addr = addr, .size = size, .stream = stream, .time_us = gm_realtime_us(),
-                .pid = l->pid};
+        gm_history_entry_t e = {.action = action,
+                                .addr = addr,
+                                .size = size,
+                                .stream = stream,
+                                .time_us = gm_realtime_us(),
+                                .pid = l->pid};
         bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
         /* A failed record only loses this entry; allocation goes on. */
         gm_history_record(l->history, &e, with_frames ? l->cur_frames : NULL, with_frames ? l->n_cur_frames : 0);

@@ -31,15 +31,15 @@ typedef struct cuda_mapper {
 } cuda_mapper_t;
 
 static bool special_stream(uint64_t stream) {
-        return stream == 0 || stream == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
-               stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
+        return stream == 0 || stream == (uint64_t) (uintptr_t) CU_STREAM_LEGACY ||
+               stream == (uint64_t) (uintptr_t) CU_STREAM_PER_THREAD;
 }
 
 static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         if (va_size == 0 || va_size % m->granularity != 0)
                 return gm_cuda_fail_errno(-EINVAL, "reservation of %llu bytes is not a multiple of the granularity",
-                                          (unsigned long long)va_size);
+                                          (unsigned long long) va_size);
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
@@ -52,7 +52,7 @@ static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
 }
 
 static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0) {
@@ -60,7 +60,7 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
                 return r;
         }
         CUmemGenericAllocationHandle handle;
-        CUresult cr = cu->MemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
+        CUresult cr = cu->MemImportFromShareableHandle(&handle, (void *) (uintptr_t) fd,
                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
         if (cr != CUDA_SUCCESS)
@@ -83,7 +83,7 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
 }
 
 static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
@@ -92,7 +92,7 @@ static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t l
 }
 
 static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0)
@@ -100,7 +100,7 @@ static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
         /* A stream runs in its own context; the default stream (or one the
          * application destroyed since) is the device's primary context's. */
         CUcontext ctx = cm->ctx;
-        CUstream s = (CUstream)(uintptr_t)stream;
+        CUstream s = (CUstream) (uintptr_t) stream;
         if (special_stream(stream) || cu->StreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
                 ctx = cm->ctx;
                 s = NULL;
@@ -114,7 +114,7 @@ static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
 }
 
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
@@ -123,7 +123,7 @@ static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
 }
 
 static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0)
@@ -140,7 +140,7 @@ static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_even
                 if (!ctx)
                         ctx = cm->ctx;
         } else {
-                cr = cu->StreamGetCtx((CUstream)(uintptr_t)stream, &ctx);
+                cr = cu->StreamGetCtx((CUstream) (uintptr_t) stream, &ctx);
                 if (cr != CUDA_SUCCESS)
                         return gm_cuda_fail(cu, cr, "cuStreamGetCtx");
         }
@@ -151,23 +151,23 @@ static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_even
         cr = cu->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
         if (cr != CUDA_SUCCESS) {
                 r = gm_cuda_fail(cu, cr, "cuEventCreate");
-        } else if ((cr = cu->EventRecord(ev, (CUstream)(uintptr_t)stream)) != CUDA_SUCCESS) {
+        } else if ((cr = cu->EventRecord(ev, (CUstream) (uintptr_t) stream)) != CUDA_SUCCESS) {
                 r = gm_cuda_fail(cu, cr, "cuEventRecord");
                 cu->EventDestroy(ev);
         }
         gm_cuda_pop(cu);
         if (r < 0)
                 return r;
-        *ret_event = (uint64_t)(uintptr_t)ev;
+        *ret_event = (uint64_t) (uintptr_t) ev;
         return 0;
 }
 
 static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
-        CUresult cr = cm->cu->EventQuery((CUevent)(uintptr_t)event);
+        CUresult cr = cm->cu->EventQuery((CUevent) (uintptr_t) event);
         if (cr == CUDA_SUCCESS)
                 return 1;
         if (cr == CUDA_ERROR_NOT_READY)
@@ -176,13 +176,13 @@ static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
 }
 
 static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         if (gm_cuda_check_process() == 0)
-                cm->cu->EventDestroy((CUevent)(uintptr_t)event);
+                cm->cu->EventDestroy((CUevent) (uintptr_t) event);
 }
 
 static void cuda_destroy(gm_mapper_t *m) {
-        cuda_mapper_t *cm = (cuda_mapper_t *)m;
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
         if (!cm)
                 return;
         if (gm_cuda_check_process() == 0) /* a fork child's driver state is not its own */
@@ -242,7 +242,7 @@ int gm_mapper_cuda_new(int device, const char *device_uuid, uint64_t granularity
         }
         if (minimum == 0 || granularity % minimum != 0) {
                 r = gm_cuda_fail_errno(-EINVAL, "granularity %llu is not a multiple of device %d's %zu",
-                                       (unsigned long long)granularity, ordinal, minimum);
+                                       (unsigned long long) granularity, ordinal, minimum);
                 goto fail_ctx;
         }
 

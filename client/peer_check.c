@@ -28,7 +28,7 @@ static long resolve_user(const char *name) {
 }
 
 static void trusted_set(gm_trust_t *t) {
-        *t = (gm_trust_t) {0};
+        *t = (gm_trust_t){0};
         gm_trust_add(t, geteuid());
         long uid = resolve_user(SERVICE_USER);
         if (uid >= 0)

@@ -28,15 +28,15 @@ typedef struct slot {
         gpumem_client *client; /* NULL until first use, or after it was retired */
         gpumem_client *retired[MAX_RETIRED];
         size_t n_retired;
-        int last_err;          /* of the last refusal; 0: none */
+        int last_err; /* of the last refusal; 0: none */
         char last_refusal[2048];
         uint64_t refusals;
         int logged[MAX_LOGGED_KINDS];
         size_t n_logged;
 } slot_t;
 
-static slot_t slots[GPUMEM_TORCH_MAX_DEVICES] = {[0 ... GPUMEM_TORCH_MAX_DEVICES - 1] = {
-                                                         .lock = PTHREAD_MUTEX_INITIALIZER}};
+static slot_t slots[GPUMEM_TORCH_MAX_DEVICES] = {
+        [0 ... GPUMEM_TORCH_MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 static pthread_mutex_t hook_lock = PTHREAD_MUTEX_INITIALIZER;
 static gpumem_frame_hook hook_fn;

@@ -23,7 +23,7 @@ typedef struct gm_statpage {
         uint64_t magic;        /* GM_STATPAGE_MAGIC, written by the creator */
         uint32_t payload_size; /* bytes of payload the creator expects */
         uint32_t reserved0;
-        uint64_t seq;          /* even: stable; odd: the writer is updating */
+        uint64_t seq; /* even: stable; odd: the writer is updating */
 } gm_statpage_t;
 
 /* Creates a page of GM_STATPAGE_SIZE bytes whose header announces

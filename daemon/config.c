@@ -112,33 +112,30 @@ typedef struct header {
 } header_t;
 
 typedef enum {
-        K_PATH,       /* absolute path */
-        K_SOCKET,     /* absolute path that fits sun_path */
+        K_PATH,   /* absolute path */
+        K_SOCKET, /* absolute path that fits sun_path */
         K_STRING,
         K_BACKEND,
         K_DEVICE,
         K_MODE,
         K_GROUP,
-        K_SIZE,       /* gm_parse_size, min..max */
-        K_UINT,       /* decimal, min..max */
+        K_SIZE, /* gm_parse_size, min..max */
+        K_UINT, /* decimal, min..max */
         K_ALLOC_CONF,
-        K_BOOL,       /* true/false, yes/no, 1/0 */
+        K_BOOL, /* true/false, yes/no, 1/0 */
 } key_type_t;
 
 typedef struct daemon_key {
         const char *name;
         key_type_t type;
-        size_t value; /* offsetof in gm_config_t */
-        size_t has;   /* offsetof of its has_* flag */
+        size_t value;   /* offsetof in gm_config_t */
+        size_t has;     /* offsetof of its has_* flag */
         unsigned width; /* bytes of a K_SIZE/K_UINT value */
         uint64_t min, max;
 } daemon_key_t;
 
-#define KEY(n, t, mn, mx)                                                                                          \
-        {                                                                                                          \
-                #n, t, offsetof(gm_config_t, n), offsetof(gm_config_t, has_##n), sizeof(((gm_config_t *) 0)->n), mn, \
-                        mx                                                                                         \
-        }
+#define KEY(n, t, mn, mx) \
+        { #n, t, offsetof(gm_config_t, n), offsetof(gm_config_t, has_##n), sizeof(((gm_config_t *) 0)->n), mn, mx }
 
 static const daemon_key_t daemon_keys[] = {
         KEY(socket, K_SOCKET, 0, 0),
@@ -174,7 +171,7 @@ typedef struct parse_state {
         header_t *headers;
         size_t n_headers, next_header;
         section_kind_t section;
-        size_t tenant;  /* with SECTION_TENANT */
+        size_t tenant; /* with SECTION_TENANT */
         unsigned daemon_line;
         unsigned key_line[N_DAEMON_KEYS];
         unsigned *quota_line; /* per tenant */
@@ -235,9 +232,8 @@ static int open_section(parse_state_t *st, const header_t *h) {
         char buf[GM_TENANT_NAME_MAX + 1];
         snprintf(buf, sizeof(buf), "%.*s", (int) n, name);
         if (n > GM_TENANT_NAME_MAX || !gm_tenant_name_valid(buf))
-                return fail(st, -EINVAL, h->line,
-                            "invalid tenant name '%.*s': 1 to %u of A-Z a-z 0-9 _ . : -", (int) n, name,
-                            GM_TENANT_NAME_MAX);
+                return fail(st, -EINVAL, h->line, "invalid tenant name '%.*s': 1 to %u of A-Z a-z 0-9 _ . : -", (int) n,
+                            name, GM_TENANT_NAME_MAX);
         const gm_config_tenant_t *old = gm_config_tenant_find(c, buf);
         if (old)
                 return fail(st, -EINVAL, h->line, "tenant '%s' already defined on line %u", buf, old->line);

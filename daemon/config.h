@@ -14,10 +14,10 @@
 #define GM_CONFIG_DEFAULT_PATH "/etc/gpumem/gpumemd.conf"
 #define GM_CONFIG_DEFAULT_STATE_DIR "/var/lib/gpumem"
 #define GM_CONFIG_MAX_TENANTS 1024u
-#define GM_CONFIG_MAX_RULES 16384u      /* unit=, user= and group= lines of all tenants */
-#define GM_CONFIG_MAX_LINE 4096u        /* bytes in one line, newline excluded */
-#define GM_CONFIG_MAX_FILE (1u << 20)   /* bytes in the whole file */
-#define GM_TENANT_NAME_MAX 63u          /* characters; [A-Za-z0-9_.:-] */
+#define GM_CONFIG_MAX_RULES 16384u    /* unit=, user= and group= lines of all tenants */
+#define GM_CONFIG_MAX_LINE 4096u      /* bytes in one line, newline excluded */
+#define GM_CONFIG_MAX_FILE (1u << 20) /* bytes in the whole file */
+#define GM_TENANT_NAME_MAX 63u        /* characters; [A-Za-z0-9_.:-] */
 
 typedef enum gm_rule_kind {
         GM_RULE_UNIT,
@@ -41,16 +41,16 @@ typedef struct gm_config_tenant {
         uint64_t quota; /* bytes; 0 = "none" (no limit), as in gm_tenant_t */
         bool has_heap;
         bool heap_central; /* heap = central: its sessions' heaps must run in the daemon (else "any") */
-        unsigned line;  /* of its [tenant NAME] header */
+        unsigned line;     /* of its [tenant NAME] header */
 } gm_config_tenant_t;
 
 /* A loaded file. Every [daemon] key has a has_* flag that is true only when
  * the file sets it, so that the caller can layer defaults < file < flags. */
 typedef struct gm_config {
-        char *path;     /* the file read; NULL when the default file was missing */
+        char *path; /* the file read; NULL when the default file was missing */
 
         bool has_socket;
-        char *socket;   /* absolute, shorter than sun_path */
+        char *socket; /* absolute, shorter than sun_path */
         bool has_socket_mode;
         mode_t socket_mode; /* permission bits, at most 0777 */
         bool has_socket_group;
@@ -58,18 +58,18 @@ typedef struct gm_config {
         bool has_metrics_listen;
         char *metrics_listen; /* as gm_metrics_start takes it; not validated here */
         bool has_backend;
-        char *backend;  /* "auto", "cuda" or "host" */
+        char *backend; /* "auto", "cuda" or "host" */
         bool has_device;
-        int device;          /* index; -1 when device_uuid is set */
-        char *device_uuid;   /* "GPU-..." or NULL */
+        int device;        /* index; -1 when device_uuid is set */
+        char *device_uuid; /* "GPU-..." or NULL */
         bool has_capacity;
-        uint64_t capacity;   /* bytes, > 0 */
+        uint64_t capacity; /* bytes, > 0 */
         bool has_alloc_conf;
-        char *alloc_conf;    /* validated with gm_alloc_config_parse */
+        char *alloc_conf; /* validated with gm_alloc_config_parse */
         bool has_admin_group;
         gid_t admin_group;
         bool has_state_dir;
-        char *state_dir;     /* absolute; GM_CONFIG_DEFAULT_STATE_DIR when absent */
+        char *state_dir; /* absolute; GM_CONFIG_DEFAULT_STATE_DIR when absent */
 
         /* Limits, with gm_limits_t's types and meanings. */
         bool has_max_sessions;
@@ -77,9 +77,9 @@ typedef struct gm_config {
         bool has_max_blocks_per_session;
         uint64_t max_blocks_per_session;
         bool has_max_packet;
-        uint32_t max_packet;         /* bytes, 4 KiB .. 1 MiB */
+        uint32_t max_packet; /* bytes, 4 KiB .. 1 MiB */
         bool has_max_fds;
-        uint32_t max_fds;            /* 1 .. 253 */
+        uint32_t max_fds; /* 1 .. 253 */
         bool has_release_timeout_ms;
         uint32_t release_timeout_ms;
         bool has_park_timeout_ms;
@@ -91,13 +91,13 @@ typedef struct gm_config {
         bool has_max_sessions_per_uid;
         uint32_t max_sessions_per_uid; /* connections of one uid, at most max_sessions */
         bool has_hello_timeout_ms;
-        uint32_t hello_timeout_ms;     /* a connection's time to say Hello */
+        uint32_t hello_timeout_ms; /* a connection's time to say Hello */
         bool has_metrics_tenants;
-        bool metrics_tenants;          /* /metrics names tenants in labels (default true) */
+        bool metrics_tenants; /* /metrics names tenants in labels (default true) */
 
         gm_config_tenant_t *tenants; /* in file order */
         size_t n_tenants;
-        gm_config_rule_t *rules;     /* in file order, all tenants together */
+        gm_config_rule_t *rules; /* in file order, all tenants together */
         size_t n_rules;
 } gm_config_t;
 

@@ -60,7 +60,7 @@ typedef struct gm_conn {
         uv_poll_t poll; /* poll.data = this connection */
         int fd;
         gm_request_conn_t req; /* the request handlers' view: session, hello state */
-        uint64_t accepted_ms; /* gm_now_ms() at accept: the hello timeout counts from it */
+        uint64_t accepted_ms;  /* gm_now_ms() at accept: the hello timeout counts from it */
         struct gm_conn *prev, *next;
 } gm_conn_t;
 
@@ -85,8 +85,8 @@ struct gm_daemon {
         bool watchdog_running;
         gm_conn_t *conns;
         uint32_t n_conns;
-        gm_u64map_t conns_per_uid; /* uid + 1 -> number of its connections (as uintptr_t) */
-        struct gm_metrics *metrics; /* the Prometheus endpoint; NULL when disabled */
+        gm_u64map_t conns_per_uid;      /* uid + 1 -> number of its connections (as uintptr_t) */
+        struct gm_metrics *metrics;     /* the Prometheus endpoint; NULL when disabled */
         gm_local_totals_t local_totals; /* local sessions' part of tenant and device statistics */
         bool shutting_down;
 };

@@ -61,9 +61,9 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
                 if (hello->heap_mode == GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL_PREFERRED)
                         return 0;
                 gm_request_error(c, request_id, EPERM,
-                                   "tenant '%s' must use a central heap (the configuration's 'heap = central'); "
-                                   "connect without GPUMEM_HEAP=local",
-                                   c->tenant_name);
+                                 "tenant '%s' must use a central heap (the configuration's 'heap = central'); "
+                                 "connect without GPUMEM_HEAP=local",
+                                 c->tenant_name);
                 return -EPERM;
         }
         gm_local_t *l = calloc(1, sizeof(*l));
@@ -205,9 +205,9 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
         if (g->size > d->broker->backend->capacity) {
                 char a[32], cap[32];
                 return gm_request_error(c, request_id, ENOMEM,
-                                          "tried to allocate %s, more than the device's capacity of %s",
-                                          gm_format_size(g->size, a, sizeof(a)),
-                                          gm_format_size(d->broker->backend->capacity, cap, sizeof(cap))),
+                                        "tried to allocate %s, more than the device's capacity of %s",
+                                        gm_format_size(g->size, a, sizeof(a)),
+                                        gm_format_size(d->broker->backend->capacity, cap, sizeof(cap))),
                        0;
         }
         if (l->n_pieces >= GM_LOCAL_MAX_PIECES)
@@ -225,7 +225,8 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
                 /* Other sessions' caches: local ones are asked, central ones trimmed. */
                 const gm_tenant_t *scope = r == -EDQUOT ? s->tenant : NULL;
                 uint64_t asked = gm_local_reclaim(d, c, scope) + gm_broker_trim(d->broker, scope ? scope->name : NULL);
-                if (may_park && (asked > 0 || reclaim_pending(d)) && l->n_parked < d->broker->limits.max_parked_per_session)
+                if (may_park && (asked > 0 || reclaim_pending(d)) &&
+                    l->n_parked < d->broker->limits.max_parked_per_session)
                         return -EAGAIN;
                 char message[1024];
                 gm_oom_reason_t reason = describe_refusal(c, g, r, message, sizeof(message));
@@ -347,8 +348,8 @@ bool gm_local_park_alloc(gm_request_conn_t *c, uint64_t request_id, uint64_t siz
         gm_parked_alloc_t *pa = calloc(1, sizeof(*pa));
         if (!pa)
                 return false;
-        *pa = (gm_parked_alloc_t){.request_id = request_id, .size = size, .stream = stream,
-                                  .parked_at_ms = gm_now_ms()};
+        *pa = (gm_parked_alloc_t){
+                .request_id = request_id, .size = size, .stream = stream, .parked_at_ms = gm_now_ms()};
         gm_parked_alloc_t **pp = &c->parked_allocs;
         while (*pp)
                 pp = &(*pp)->next;
@@ -406,9 +407,9 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
                 gm_piece_t *p = gm_session_find_piece(c->session, range->segment_id, range->offset);
                 if (!p || p->phys.size != range->length || p->in_heap) {
                         gm_request_error(c, request_id, EINVAL,
-                                           "no piece of %" PRIu64 " bytes at %" PRIu64 " of segment %" PRIu64
-                                           " was granted",
-                                           range->length, range->offset, range->segment_id);
+                                         "no piece of %" PRIu64 " bytes at %" PRIu64 " of segment %" PRIu64
+                                         " was granted",
+                                         range->length, range->offset, range->segment_id);
                         continue;
                 }
                 uint64_t size = p->phys.size, segment_id = p->segment_id;
@@ -468,8 +469,7 @@ int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpume
         gm_local_t *l = c->local;
         const Gpumem__ReclaimAck *ack = env->reclaim_ack;
         if (!l || !l->reclaim_id || ack->reclaim_id != l->reclaim_id)
-                return gm_request_error(c, request_id, EINVAL, "no reclaim %" PRIu64 " is pending", ack->reclaim_id),
-                       0;
+                return gm_request_error(c, request_id, EINVAL, "no reclaim %" PRIu64 " is pending", ack->reclaim_id), 0;
         reclaim_done(c);
         if (ack->released_bytes == 0) /* its cache is split under live blocks */
                 l->dry_until_ms = gm_now_ms() + DRY_MS;

@@ -33,12 +33,15 @@ static int loopback_peer_uid(int fd, const struct sockaddr *peer, uid_t *ret_uid
                 struct inet_diag_req_v2 req;
         } msg = {
                 .nlh = {.nlmsg_len = sizeof(msg), .nlmsg_type = SOCK_DIAG_BY_FAMILY, .nlmsg_flags = NLM_F_REQUEST},
-                .req = {.sdiag_family = (uint8_t) peer->sa_family, .sdiag_protocol = IPPROTO_TCP,
-                        .idiag_states = ~0u, .id.idiag_cookie = {INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE}},
+                .req = {.sdiag_family = (uint8_t) peer->sa_family,
+                        .sdiag_protocol = IPPROTO_TCP,
+                        .idiag_states = ~0u,
+                        .id.idiag_cookie = {INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE}},
         };
         /* The peer's socket: its source is the peer address, its destination us. */
         if (peer->sa_family == AF_INET) {
-                const struct sockaddr_in *p = (const struct sockaddr_in *) peer, *s = (const struct sockaddr_in *) &self;
+                const struct sockaddr_in *p = (const struct sockaddr_in *) peer,
+                                         *s = (const struct sockaddr_in *) &self;
                 msg.req.id.idiag_sport = p->sin_port;
                 msg.req.id.idiag_dport = s->sin_port;
                 memcpy(msg.req.id.idiag_src, &p->sin_addr, 4);
@@ -78,8 +81,7 @@ static bool is_loopback(const struct sockaddr *a) {
                 return (ntohl(((const struct sockaddr_in *) a)->sin_addr.s_addr) >> 24) == 127;
         if (a->sa_family == AF_INET6) {
                 const struct in6_addr *x = &((const struct sockaddr_in6 *) a)->sin6_addr;
-                return IN6_IS_ADDR_LOOPBACK(x) ||
-                       (IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127);
+                return IN6_IS_ADDR_LOOPBACK(x) || (IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127);
         }
         return false;
 }

@@ -21,21 +21,21 @@ typedef struct gm_parked_grant gm_parked_grant_t;
 
 struct gm_local {
         gm_statpage_t *page;
-        gm_stats_t exact;       /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
-        uint64_t granted;       /* bytes of its LIVE pieces */
-        uint64_t n_pieces;      /* its LIVE pieces (at most GM_LOCAL_MAX_PIECES) */
-        uint64_t segments;      /* segments with a LIVE piece */
+        gm_stats_t exact;  /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
+        uint64_t granted;  /* bytes of its LIVE pieces */
+        uint64_t n_pieces; /* its LIVE pieces (at most GM_LOCAL_MAX_PIECES) */
+        uint64_t segments; /* segments with a LIVE piece */
         uint64_t segments_ever;
-        gm_stats_t figures;     /* the page's last valid read, the exact figures laid over */
-        gm_stats_t applied;     /* the page's part in its tenant's and the device's local totals */
-        bool page_invalid;      /* the last read failed the bounds */
+        gm_stats_t figures; /* the page's last valid read, the exact figures laid over */
+        gm_stats_t applied; /* the page's part in its tenant's and the device's local totals */
+        bool page_invalid;  /* the last read failed the bounds */
         gm_parked_grant_t *parked;
         uint32_t n_parked;
         uint64_t reclaim_id;    /* outstanding Reclaim (0: none) */
         uint64_t reclaim_bytes; /* what it should bring back */
         uint64_t reclaim_sent_ms;
         uint64_t next_reclaim_id;
-        uint64_t dry_until_ms;  /* its last reclaim brought nothing back: not asked again before */
+        uint64_t dry_until_ms; /* its last reclaim brought nothing back: not asked again before */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant

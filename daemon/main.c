@@ -21,23 +21,22 @@
 #include "trust.h"
 
 static void usage(FILE *f) {
-        fprintf(f,
-                "Usage: gpumemd [OPTIONS]\n"
-                "Per-GPU memory broker: hands out memory blocks to client processes.\n\n"
-                "  -c, --config FILE          configuration file (INI)\n"
-                "  -d, --device N             device index (default 0)\n"
-                "  -b, --backend KIND         auto, cuda or host (default auto)\n"
-                "  -C, --capacity BYTES       bytes to hand out (1G, 512M, 4096; default: host\n"
-                "                             min(8G, RAM/4), cuda the device's memory)\n"
-                "  -s, --socket PATH          control socket (default /run/gpumem/gpu<N>.sock as\n"
-                "                             root, else $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock)\n"
-                "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
-                "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
-                "      --max-sessions N       concurrent sessions (default 1024)\n"
-                "      --max-sessions-per-uid N  sessions of one uid (default max-sessions/4)\n"
-                "      --max-blocks N         live blocks per session (default 1048576)\n"
-                "  -v, --verbose              more logging (repeat for debug)\n"
-                "  -h, --help                 this text\n");
+        fprintf(f, "Usage: gpumemd [OPTIONS]\n"
+                   "Per-GPU memory broker: hands out memory blocks to client processes.\n\n"
+                   "  -c, --config FILE          configuration file (INI)\n"
+                   "  -d, --device N             device index (default 0)\n"
+                   "  -b, --backend KIND         auto, cuda or host (default auto)\n"
+                   "  -C, --capacity BYTES       bytes to hand out (1G, 512M, 4096; default: host\n"
+                   "                             min(8G, RAM/4), cuda the device's memory)\n"
+                   "  -s, --socket PATH          control socket (default /run/gpumem/gpu<N>.sock as\n"
+                   "                             root, else $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock)\n"
+                   "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
+                   "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
+                   "      --max-sessions N       concurrent sessions (default 1024)\n"
+                   "      --max-sessions-per-uid N  sessions of one uid (default max-sessions/4)\n"
+                   "      --max-blocks N         live blocks per session (default 1048576)\n"
+                   "  -v, --verbose              more logging (repeat for debug)\n"
+                   "  -h, --help                 this text\n");
 }
 
 enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS, OPT_MAX_SESSIONS_PER_UID };
@@ -48,8 +47,8 @@ static int parse_limit(const char *flag, const char *key, const char *value, uin
         if (gm_config_key_range(key, &min, &max) < 0)
                 return -EINVAL;
         if (gm_parse_uint(value, min, max, ret) < 0) {
-                log_error("Invalid --%s '%s': a whole number from %llu to %llu", flag, value,
-                          (unsigned long long) min, (unsigned long long) max);
+                log_error("Invalid --%s '%s': a whole number from %llu to %llu", flag, value, (unsigned long long) min,
+                          (unsigned long long) max);
                 return -EINVAL;
         }
         return 0;
@@ -160,18 +159,19 @@ static void options_default(gm_options_t *o) {
                 .backend = "auto",
                 .socket_mode = 0666,
                 .metrics_tenants = true,
-                .limits = {
-                        .max_sessions = 1024,
-                        .hello_timeout_ms = 5000,
-                        .max_blocks_per_session = 1u << 20,
-                        .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
-                        .max_fds = GM_IPC_MAX_FDS_DEFAULT,
-                        .max_parked_per_session = 64,
-                        .park_timeout_ms = 2000,
-                        .release_timeout_ms = 2000,
-                        .reattach_grace_ms = 30000,
-                        .max_reattach_items = 4u << 20,
-                },
+                .limits =
+                        {
+                                .max_sessions = 1024,
+                                .hello_timeout_ms = 5000,
+                                .max_blocks_per_session = 1u << 20,
+                                .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
+                                .max_fds = GM_IPC_MAX_FDS_DEFAULT,
+                                .max_parked_per_session = 64,
+                                .park_timeout_ms = 2000,
+                                .release_timeout_ms = 2000,
+                                .reattach_grace_ms = 30000,
+                                .max_reattach_items = 4u << 20,
+                        },
         };
 }
 
@@ -285,9 +285,9 @@ static void reload_config(gm_daemon_t *d) {
         options_from_config(&o, c);
         if (strcmp(o.socket_path, d->opts.socket_path) != 0 || o.socket_mode != d->opts.socket_mode ||
             o.capacity != d->opts.capacity || o.limits.max_packet != d->opts.limits.max_packet ||
-            o.limits.max_fds != d->opts.limits.max_fds || (o.backend != d->opts.backend &&
-                                                           (!o.backend || !d->opts.backend ||
-                                                            strcmp(o.backend, d->opts.backend) != 0)))
+            o.limits.max_fds != d->opts.limits.max_fds ||
+            (o.backend != d->opts.backend &&
+             (!o.backend || !d->opts.backend || strcmp(o.backend, d->opts.backend) != 0)))
                 log_warning("Configuration changes to the socket, backend, capacity or packet limits need a "
                             "restart, ignoring them");
         d->opts.limits.max_sessions = o.limits.max_sessions;
@@ -356,7 +356,6 @@ static void on_signal(uv_signal_t *handle, int signum) {
         /* SIGINT stays armed so that a second one exits at once. */
         uv_unref((uv_handle_t *) &d->sigint);
 }
-
 
 /* The loop is alive: ping systemd's watchdog and show live figures. */
 static void on_watchdog(uv_timer_t *t) {
@@ -453,8 +452,7 @@ int main(int argc, char **argv) {
          * but this daemon's user (or root) can write to it, before either
          * is opened. */
         if (!d->listen_fd_inherited && (r = gm_ipc_make_socket_dir(d->opts.socket_path)) < 0)
-                return log_error_errno(r, "Failed to create the directory of '%s'", d->opts.socket_path),
-                       EXIT_FAILURE;
+                return log_error_errno(r, "Failed to create the directory of '%s'", d->opts.socket_path), EXIT_FAILURE;
         gm_trust_t trust = {0};
         gm_trust_add(&trust, geteuid());
         r = gm_trust_check_dir(d->opts.socket_path, &trust, err, sizeof(err));

@@ -50,21 +50,18 @@ static const struct {
         uint64_t ns;
         const char *le; /* the label pair, as rendered */
 } buckets[] = {
-        {5000, ",le=\"5e-06\""}, {10000, ",le=\"1e-05\""}, {25000, ",le=\"2.5e-05\""},
-        {50000, ",le=\"5e-05\""}, {100000, ",le=\"0.0001\""}, {250000, ",le=\"0.00025\""},
+        {5000, ",le=\"5e-06\""},    {10000, ",le=\"1e-05\""},   {25000, ",le=\"2.5e-05\""},
+        {50000, ",le=\"5e-05\""},   {100000, ",le=\"0.0001\""}, {250000, ",le=\"0.00025\""},
         {500000, ",le=\"0.0005\""}, {1000000, ",le=\"0.001\""}, {2500000, ",le=\"0.0025\""},
         {5000000, ",le=\"0.005\""}, {10000000, ",le=\"0.01\""}, {25000000, ",le=\"0.025\""},
         {50000000, ",le=\"0.05\""}, {100000000, ",le=\"0.1\""}, {250000000, ",le=\"0.25\""},
-        {500000000, ",le=\"0.5\""}, {1000000000, ",le=\"1\""}, {2500000000, ",le=\"2.5\""},
+        {500000000, ",le=\"0.5\""}, {1000000000, ",le=\"1\""},  {2500000000, ",le=\"2.5\""},
 };
 #define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
 static const char *const reason_names[_GM_OOM_REASON_MAX] = {
-        [GM_OOM_QUOTA] = "quota",
-        [GM_OOM_FRAGMENTATION] = "fragmentation",
-        [GM_OOM_DEVICE_FULL] = "device",
-        [GM_OOM_RECLAIM] = "reclaim",
-        [GM_OOM_EXTERNAL] = "external",
+        [GM_OOM_QUOTA] = "quota",     [GM_OOM_FRAGMENTATION] = "fragmentation", [GM_OOM_DEVICE_FULL] = "device",
+        [GM_OOM_RECLAIM] = "reclaim", [GM_OOM_EXTERNAL] = "external",
 };
 
 static const char *const outcome_names[_GM_RECLAIM_OUTCOME_MAX] = {
@@ -96,8 +93,8 @@ struct gm_metrics {
         unsigned handles;   /* HANDLE_* bits: initialised, not yet closing */
         unsigned closing;   /* close callbacks still to come; m is freed after the last */
         char unix_path[sizeof(((struct sockaddr_un *) 0)->sun_path)]; /* removed at stop; "" for TCP */
-        double start_time;  /* process start, seconds since the epoch */
-        gm_http_guard_t guard; /* connections per peer */
+        double start_time;                                            /* process start, seconds since the epoch */
+        gm_http_guard_t guard;                                        /* connections per peer */
 
         histogram_t requests[GM_METRICS_MAX_OPS];
         histogram_t reclaim_wait; /* parked allocations, from park to answer */
@@ -315,8 +312,7 @@ static const struct pool_family {
          "Free bytes inside split segments, which cannot be released (fragmentation).",
          offsetof(gm_stats_t, inactive_split_bytes), V_CURRENT},
         {"gpumem_pending_free_bytes", "gauge",
-         "Bytes of freed blocks still waiting for their streams (active - allocated).",
-         0, V_PENDING_FREE},
+         "Bytes of freed blocks still waiting for their streams (active - allocated).", 0, V_PENDING_FREE},
         {"gpumem_reserved_peak_bytes", "gauge", "Peak of gpumem_reserved_bytes since the last peak reset.",
          offsetof(gm_stats_t, reserved_bytes), V_PEAK},
         {"gpumem_allocated_peak_bytes", "gauge", "Peak of gpumem_allocated_bytes since the last peak reset.",
@@ -574,9 +570,8 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
  * for a name nobody uses creates no series. */
 static bool tenant_shown(const gm_tenant_t *t, const gm_metrics_t *m) {
         const gm_stats_t *st = &t->stats;
-        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] ||
-               st->segment[GM_STAT_ALL].allocated || st->allocation[GM_STAT_ALL].allocated || st->num_ooms ||
-               (m && refusal_find(m, t->name));
+        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] || st->segment[GM_STAT_ALL].allocated ||
+               st->allocation[GM_STAT_ALL].allocated || st->num_ooms || (m && refusal_find(m, t->name));
 }
 
 int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
@@ -840,13 +835,10 @@ int gm_metrics_start_fd(const gm_metrics_source_t *src, int fd, gm_metrics_t **r
                 return r;
         }
         m->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                                  on_request, m,
-                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-                                  MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT,
-                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection_notify, m,
-                                  MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S,
-                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) HTTP_MEMORY_LIMIT,
-                                  MHD_OPTION_END);
+                                  on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+                                  MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_CONNECTION,
+                                  on_connection_notify, m, MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S,
+                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) HTTP_MEMORY_LIMIT, MHD_OPTION_END);
         if (!m->mhd) {
                 snprintf(reterr, reterr_len, "libmicrohttpd failed to start");
                 gm_metrics_stop(m);
@@ -914,7 +906,8 @@ static int parse_inet(const char *listen, struct sockaddr_storage *ss, socklen_t
         return 0;
 }
 
-int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr, size_t reterr_len) {
+int gm_metrics_start(const gm_metrics_source_t *src, const char *listen_addr, gm_metrics_t **ret, char *reterr,
+                     size_t reterr_len) {
         char def[32];
         if (!listen_addr) {
                 snprintf(def, sizeof(def), "127.0.0.1:%d", METRICS_PORT_BASE + src->broker->backend->device);

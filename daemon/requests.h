@@ -14,16 +14,16 @@
 #include "gpumem.pb-c.h"
 
 typedef struct gm_request_conn gm_request_conn_t;
-typedef struct gm_local gm_local_t;               /* local.h: a session whose heap runs in its client */
+typedef struct gm_local gm_local_t; /* local.h: a session whose heap runs in its client */
 typedef struct gm_local_tenant gm_local_tenant_t;
 typedef struct gm_local_totals gm_local_totals_t;
 struct gm_config;
 
 /* The daemon settings the handlers read (kept current by the daemon). */
 typedef struct gm_request_config {
-        uint32_t max_packet;   /* told to clients in HelloReply */
-        uint32_t max_fds;      /* fds in one packet: mappings beyond go in MapSegments packets */
-        const char *state_dir; /* persistent quotas; NULL = none kept */
+        uint32_t max_packet;          /* told to clients in HelloReply */
+        uint32_t max_fds;             /* fds in one packet: mappings beyond go in MapSegments packets */
+        const char *state_dir;        /* persistent quotas; NULL = none kept */
         const struct gm_config *file; /* the configuration file's contents (tenant rules) */
 } gm_request_config_t;
 
@@ -47,7 +47,7 @@ struct gm_request_conn {
         gm_session_t *session;
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         bool hello_done;
-        bool closed;      /* the server closed it: nothing more is sent */
+        bool closed;       /* the server closed it: nothing more is sent */
         uint64_t requests; /* packets received */
         gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
         struct gm_parked_alloc *parked_allocs; /* central allocations waiting for local sessions' caches */

@@ -33,11 +33,11 @@ typedef struct gm_sd_named_fd {
 /* The fds systemd passed at start, classified. The caller takes an fd by
  * copying it and setting the field to -1; gm_sd_fds_done() closes the rest. */
 typedef struct gm_sd_fds {
-        int control_fd;              /* listening AF_UNIX SOCK_SEQPACKET socket, O_NONBLOCK, or -1 */
-        int metrics_fd;              /* listening SOCK_STREAM socket (any family), O_NONBLOCK, or -1 */
-        gm_sd_named_fd_t *segments;  /* fds whose name starts with GM_SD_SEGMENT_PREFIX, in passing order */
+        int control_fd;             /* listening AF_UNIX SOCK_SEQPACKET socket, O_NONBLOCK, or -1 */
+        int metrics_fd;             /* listening SOCK_STREAM socket (any family), O_NONBLOCK, or -1 */
+        gm_sd_named_fd_t *segments; /* fds whose name starts with GM_SD_SEGMENT_PREFIX, in passing order */
         size_t n_segments;
-        gm_sd_named_fd_t *unknown;   /* any other fd: the caller logs, FDSTOREREMOVEs or closes it */
+        gm_sd_named_fd_t *unknown; /* any other fd: the caller logs, FDSTOREREMOVEs or closes it */
         size_t n_unknown;
 } gm_sd_fds_t;
 

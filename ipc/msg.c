@@ -45,7 +45,8 @@ static bool field_numbers_valid(const ProtobufCMessage *m) {
                 const ProtobufCFieldDescriptor *f = &d->fields[i];
                 if (f->type != PROTOBUF_C_TYPE_MESSAGE)
                         continue;
-                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && *(const uint32_t *) (base + f->quantifier_offset) != f->id)
+                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                    *(const uint32_t *) (base + f->quantifier_offset) != f->id)
                         continue; /* another member of the oneof is set */
                 if (f->label == PROTOBUF_C_LABEL_REPEATED) {
                         size_t n = *(const size_t *) (base + f->quantifier_offset);

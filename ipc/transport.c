@@ -37,7 +37,7 @@ int gm_ipc_send(int sock, const void *buf, size_t len, const int *fds, size_t n_
         if (len == 0 || n_fds > GM_IPC_MAX_FDS_LIMIT)
                 return -EMSGSIZE;
 
-        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+        struct iovec iov = {.iov_base = (void *) buf, .iov_len = len};
         struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
         cmsg_buf_t control;
         if (n_fds > 0) {
@@ -58,7 +58,7 @@ int gm_ipc_send(int sock, const void *buf, size_t len, const int *fds, size_t n_
         if (n < 0)
                 return -errno;
         /* SOCK_SEQPACKET sends a packet whole or not at all. */
-        return (size_t)n == len ? 0 : -EIO;
+        return (size_t) n == len ? 0 : -EIO;
 }
 
 int gm_ipc_recv(int sock, void *buf, size_t buf_len, int *fds, size_t max_fds, size_t *ret_len, size_t *ret_n_fds) {
@@ -116,7 +116,7 @@ int gm_ipc_recv(int sock, void *buf, size_t buf_len, int *fds, size_t max_fds, s
 
         if (n_got > 0)
                 memcpy(fds, got, sizeof(int) * n_got);
-        *ret_len = (size_t)n;
+        *ret_len = (size_t) n;
         *ret_n_fds = n_got;
         return 0;
 }
@@ -131,7 +131,7 @@ int gm_ipc_peer_cred(int sock, gm_peer_cred_t *ret_cred) {
 }
 
 int gm_ipc_peer_groups(int sock, gid_t *groups, size_t max, size_t *ret_n) {
-        socklen_t len = (socklen_t)(max * sizeof(gid_t));
+        socklen_t len = (socklen_t) (max * sizeof(gid_t));
         if (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
                 *ret_n = len / sizeof(gid_t);
                 return 0;
@@ -174,11 +174,11 @@ static int sockaddr_from_path(const char *path, struct sockaddr_un *ret_sa) {
 /* Creates every missing directory above the last '/' of `path`, each with
  * mode 0755 regardless of the umask; existing ones are left as they are. */
 static int mkdir_parents(const char *path) {
-        char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+        char dir[sizeof(((struct sockaddr_un *) 0)->sun_path)];
         const char *slash = strrchr(path, '/');
         if (!slash || slash == path)
                 return 0;
-        size_t len = (size_t)(slash - path);
+        size_t len = (size_t) (slash - path);
         memcpy(dir, path, len);
         dir[len] = '\0';
 
@@ -213,7 +213,7 @@ static int probe_live(const struct sockaddr_un *sa, int type) {
         int fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        int r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+        int r = connect(fd, (const struct sockaddr *) sa, sizeof(*sa));
         int err = errno;
         close(fd);
         if (r == 0)
@@ -224,7 +224,7 @@ static int probe_live(const struct sockaddr_un *sa, int type) {
 }
 
 int gm_ipc_bind_unix(int fd, const struct sockaddr_un *sa, int type) {
-        if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+        if (bind(fd, (const struct sockaddr *) sa, sizeof(*sa)) == 0)
                 return 0;
         if (errno != EADDRINUSE)
                 return -errno;
@@ -233,7 +233,7 @@ int gm_ipc_bind_unix(int fd, const struct sockaddr_un *sa, int type) {
                 return r > 0 ? -EADDRINUSE : r;
         if (unlink(sa->sun_path) < 0 && errno != ENOENT)
                 return -errno;
-        return bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0 ? 0 : -errno;
+        return bind(fd, (const struct sockaddr *) sa, sizeof(*sa)) == 0 ? 0 : -errno;
 }
 
 int gm_ipc_listen(const char *path, mode_t mode, int backlog, int *ret_fd) {
@@ -297,7 +297,7 @@ int gm_ipc_connect(const char *path, int *ret_fd) {
         /* An interrupted AF_UNIX connect leaves the socket unconnected, so a
          * plain retry starts over. */
         do
-                r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+                r = connect(fd, (struct sockaddr *) &sa, sizeof(sa));
         while (r < 0 && errno == EINTR);
         if (r < 0) {
                 r = -errno;
@@ -322,10 +322,10 @@ int gm_ipc_default_socket_path(int device, bool client_side, char *buf, size_t b
         else if (runtime && *runtime == '/')
                 n = snprintf(buf, buf_len, "%s/gpumem/gpu%d.sock", runtime, device);
         else
-                n = snprintf(buf, buf_len, "/tmp/gpumem-%u/gpu%d.sock", (unsigned)geteuid(), device);
+                n = snprintf(buf, buf_len, "/tmp/gpumem-%u/gpu%d.sock", (unsigned) geteuid(), device);
         if (n < 0)
                 return -EINVAL;
-        if ((size_t)n >= buf_len)
+        if ((size_t) n >= buf_len)
                 return -ENAMETOOLONG;
         return 0;
 }

@@ -27,7 +27,7 @@ static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
         *arr = realloc(*arr, n * elem);
         if (!*arr)
                 abort();
-        memset((char *)*arr + *cap * elem, 0, (n - *cap) * elem);
+        memset((char *) *arr + *cap * elem, 0, (n - *cap) * elem);
         *cap = n;
 }
 
@@ -43,8 +43,8 @@ static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_
         }
         if (f->live_bytes + size > f->capacity)
                 return -ENOMEM;
-        grow((void **)&f->pieces, &f->cap_pieces, f->n_pieces, sizeof(*f->pieces));
-        grow((void **)&f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live));
+        grow((void **) &f->pieces, &f->cap_pieces, f->n_pieces, sizeof(*f->pieces));
+        grow((void **) &f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live));
         f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset, size, true};
         f->seg_live[segment_id]++;
         f->live_handles++;
@@ -91,9 +91,8 @@ static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t se
         return false;
 }
 
-static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
-                      uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
-                      bool from_segment_empty) {
+static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
+                      uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty) {
         fake_provider_t *f = userdata;
         fake_piece_t *p;
 
@@ -111,7 +110,7 @@ static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, ui
                 f->errors++;
                 return -EINVAL;
         }
-        grow((void **)&f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
+        grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
         f->seg_live[from_segment]--;
         f->seg_live[to_segment]++;
         if (from_segment_empty != (f->seg_live[from_segment] == 0))

@@ -20,20 +20,20 @@ typedef struct fake_piece {
 } fake_piece_t;
 
 typedef struct fake_provider {
-        uint64_t capacity;     /* create beyond this many live bytes fails with -ENOMEM */
-        unsigned fail_next;    /* the next fail_next creates fail with fail_error */
-        int fail_error;        /* default -ENOMEM */
+        uint64_t capacity;  /* create beyond this many live bytes fails with -ENOMEM */
+        unsigned fail_next; /* the next fail_next creates fail with fail_error */
+        int fail_error;     /* default -ENOMEM */
         uint64_t live_handles, live_bytes;
         uint64_t creates, releases, whole_releases; /* successful create / release calls */
-        uint64_t errors;       /* protocol violations seen */
-        fake_piece_t *pieces;  /* by handle - 1 */
+        uint64_t errors;                            /* protocol violations seen */
+        fake_piece_t *pieces;                       /* by handle - 1 */
         uint64_t n_pieces, cap_pieces;
-        uint64_t *seg_live;    /* live pieces by segment id */
+        uint64_t *seg_live; /* live pieces by segment id */
         uint64_t cap_segs;
-        bool no_overlap_check; /* skip remap's O(pieces) destination check (timed replays) */
-        uint64_t remaps;       /* successful remap calls (page moves) */
+        bool no_overlap_check;    /* skip remap's O(pieces) destination check (timed replays) */
+        uint64_t remaps;          /* successful remap calls (page moves) */
         unsigned remap_fail_next; /* the next remap_fail_next remaps fail with -EIO */
-        bool busy[FAKE_STREAMS]; /* fences marked on these streams stay pending until
+        bool busy[FAKE_STREAMS];  /* fences marked on these streams stay pending until
                                   * fake_progress() (others complete at once) */
         uint64_t fence_marked[FAKE_STREAMS], fence_done[FAKE_STREAMS];
         uint64_t stream_queries; /* stream_fence calls */

@@ -201,27 +201,27 @@ START_TEST(test_divisions) {
         gm_alloc_config_t c;
 
         c = parse_ok("roundup_power2_divisions:4");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4});
         /* the reference example: 256 MB is slot 8 and, as the first key, also
          * fills slots 0..7; '>' fills from the slot after the last key */
         c = parse_ok("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8});
         c = parse_ok("roundup_power2_divisions:[ 1:2 , 65536:4 ]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4});
         /* keys past 32 GB clamp to the last slot */
         c = parse_ok("roundup_power2_divisions:[4:16,1048576:2]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2});
         /* '>' with no key before it fills from slot 1 */
         c = parse_ok("roundup_power2_divisions:[>:2]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2});
         /* 0 disables a slot; only the first key fills lower slots; ">" follows
          * the last key in the list, not the highest one */
         c = parse_ok("roundup_power2_divisions:[64:0,16:4,>:16]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 0, 0, 0, 0, 4, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){0, 0, 0, 0, 4, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16});
         c = parse_ok("roundup_power2_divisions:[]");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 0 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){0});
         c = parse_ok("roundup_power2_divisions:[2:8],expandable_segments:True");
-        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]) { 8, 8 });
+        assert_slots(&c, (const uint32_t[GM_ROUNDUP_SLOTS]){8, 8});
         ck_assert(c.expandable_segments);
 }
 END_TEST

@@ -35,10 +35,10 @@ void heap_open(const gm_alloc_config_t *config, uint64_t capacity) {
 
 void heap_close(void) {
         static const size_t pooled[] = {
-                offsetof(gm_stats_t, allocation),     offsetof(gm_stats_t, segment),
-                offsetof(gm_stats_t, active),         offsetof(gm_stats_t, inactive_split),
+                offsetof(gm_stats_t, allocation),      offsetof(gm_stats_t, segment),
+                offsetof(gm_stats_t, active),          offsetof(gm_stats_t, inactive_split),
                 offsetof(gm_stats_t, allocated_bytes), offsetof(gm_stats_t, reserved_bytes),
-                offsetof(gm_stats_t, active_bytes),   offsetof(gm_stats_t, inactive_split_bytes),
+                offsetof(gm_stats_t, active_bytes),    offsetof(gm_stats_t, inactive_split_bytes),
                 offsetof(gm_stats_t, requested_bytes),
         };
 
@@ -52,7 +52,7 @@ void heap_close(void) {
         ck_assert_uint_eq(F.traces[GM_TRACE_FREE_REQUESTED], F.traces[GM_TRACE_FREE_COMPLETED]);
         for (size_t i = 0; i < sizeof(pooled) / sizeof(pooled[0]); i++)
                 for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
-                        ck_assert_int_eq(((gm_stat_t *)((char *)&SINK + pooled[i]))[t].current, 0);
+                        ck_assert_int_eq(((gm_stat_t *) ((char *) &SINK + pooled[i]))[t].current, 0);
         ck_assert_int_eq(SINK.oversize_allocations.current, 0);
         ck_assert_int_eq(SINK.oversize_segments.current, 0);
         fake_done(&F);
@@ -62,8 +62,8 @@ gm_alloc_result_t alloc_ok(uint64_t size, uint64_t stream) {
         gm_alloc_result_t res;
         int r = gm_heap_alloc(H, size, stream, &res);
 
-        ck_assert_msg(r == 0, "alloc %llu on stream %llu: %s", (unsigned long long)size,
-                      (unsigned long long)stream, strerror(-r));
+        ck_assert_msg(r == 0, "alloc %llu on stream %llu: %s", (unsigned long long) size, (unsigned long long) stream,
+                      strerror(-r));
         CHECK_HEAP();
         return res;
 }
@@ -112,8 +112,8 @@ static void check_rounding(const uint32_t div[GM_ROUNDUP_SLOTS], const round_cas
                 gm_alloc_result_t r = alloc_ok(cases[i].request, 0);
 
                 ck_assert_msg(r.size == cases[i].rounded, "round_size(%llu) = %llu, want %llu",
-                              (unsigned long long)cases[i].request, (unsigned long long)r.size,
-                              (unsigned long long)cases[i].rounded);
+                              (unsigned long long) cases[i].request, (unsigned long long) r.size,
+                              (unsigned long long) cases[i].rounded);
                 free_ok(r.block_id, false);
         }
 }
@@ -121,8 +121,14 @@ static void check_rounding(const uint32_t div[GM_ROUNDUP_SLOTS], const round_cas
 START_TEST(test_round_size_plain) {
         static const uint32_t none[GM_ROUNDUP_SLOTS];
         static const round_case_t cases[] = {
-                {1, 512},         {511, 512},   {512, 512},           {513, 1024},
-                {1200, 1536},     {MiB, MiB},   {MiB + 1, MiB + 512}, {10 * MiB + 1, 10 * MiB + 512},
+                {1, 512},
+                {511, 512},
+                {512, 512},
+                {513, 1024},
+                {1200, 1536},
+                {MiB, MiB},
+                {MiB + 1, MiB + 512},
+                {10 * MiB + 1, 10 * MiB + 512},
                 {1200 * MiB + 3, 1200 * MiB + 512},
                 /* large pool, 0.5 MiB - 512 left in the page: split only because expandable */
                 {19 * MiB + MiB / 2 + 1, 19 * MiB + MiB / 2 + 512},
@@ -139,9 +145,9 @@ START_TEST(test_round_size_divisions_single) {
                  * is the division step alone; round_size does not apply it here) */
                 {1200, 1536},
                 {2048, 2048},
-                {2049, 2560},          /* floor 2048, step 512 */
-                {4096, 4096},          /* powers of two stay */
-                {5000, 5120},          /* floor 4096, step 1024 */
+                {2049, 2560},             /* floor 2048, step 512 */
+                {4096, 4096},             /* powers of two stay */
+                {5000, 5120},             /* floor 4096, step 1024 */
                 {1200 * MiB, 1280 * MiB}, /* floor 1 GiB, step 256 MiB */
                 {3 * MiB + 1, 3 * MiB + 512 * 1024},
         };
@@ -176,7 +182,7 @@ START_TEST(test_allocation_size) {
                 {MiB, MiB, 2 * MiB, true},
                 {MiB + 1, MiB + 512, 20 * MiB, false},
                 {9 * MiB + MiB / 2, 9 * MiB + MiB / 2, 20 * MiB, false},
-                {10 * MiB, 10 * MiB, 10 * MiB, false}, /* exactly 10 MiB: its own size */
+                {10 * MiB, 10 * MiB, 10 * MiB, false},           /* exactly 10 MiB: its own size */
                 {10 * MiB + 1, 10 * MiB + 512, 12 * MiB, false}, /* remainder > 1 MiB: split */
                 {11 * MiB, 12 * MiB, 12 * MiB, false},           /* remainder == 1 MiB: no split */
                 {11 * MiB - 512, 11 * MiB - 512, 12 * MiB, false},
@@ -417,7 +423,7 @@ START_TEST(test_pattern_expandable) {
          * the 16 MiB left at [64,80) serves the fifth exactly, 100, 120, 140 */
         for (int i = 0; i < 8; i++) {
                 r[i] = alloc_ok(16 * MiB, 0);
-                ck_assert_uint_eq(r[i].offset, (uint64_t)i * 16 * MiB);
+                ck_assert_uint_eq(r[i].offset, (uint64_t) i * 16 * MiB);
                 ck_assert_uint_eq(r[i].segment_id, r[0].segment_id);
         }
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 140 * MiB);
@@ -432,7 +438,7 @@ START_TEST(test_pattern_expandable) {
         ck_assert_uint_eq(gm_heap_largest_free(H), 140 * MiB);
         for (int i = 0; i < 4; i++) {
                 r[i] = alloc_ok(32 * MiB, 0);
-                ck_assert_uint_eq(r[i].offset, (uint64_t)i * 32 * MiB);
+                ck_assert_uint_eq(r[i].offset, (uint64_t) i * 32 * MiB);
         }
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 140 * MiB);
         ck_assert_int_eq(STATS->num_device_alloc, 7);
@@ -495,7 +501,7 @@ START_TEST(test_expandable_pages) {
                 ck_assert_int_eq(cur(STATS->segment, GM_STAT_LARGE_POOL), 1);
                 ck_assert_int_eq(RESERVED(GM_STAT_LARGE_POOL), 110 * MiB);
         }
-        (void)z;
+        (void) z;
 }
 END_TEST
 
@@ -538,7 +544,7 @@ START_TEST(test_expandable_best_fit_growth) {
         ck_assert_uint_eq(g.offset, 52 * MiB);
         ck_assert_int_eq(RESERVED(GM_STAT_LARGE_POOL), 80 * MiB);
         ck_assert_int_eq(STATS->num_device_alloc, 4);
-        (void)x2;
+        (void) x2;
 }
 END_TEST
 
@@ -748,9 +754,9 @@ START_TEST(test_gc_two_rounds) {
         c.garbage_collection_threshold = 0.45;
         heap_open(&c, 1 * GiB);
         gm_heap_set_limit(H, 200 * MiB, NULL);
-        x = alloc_ok(2 * MiB, 0);                     /* call 1 */
+        x = alloc_ok(2 * MiB, 0);                       /* call 1 */
         free_ok(alloc_ok(20 * MiB, 0).block_id, false); /* call 2: A, stamp 2 */
-        for (int i = 0; i < 97; i++) {                /* calls 3-99 */
+        for (int i = 0; i < 97; i++) {                  /* calls 3-99 */
                 t = alloc_ok(MiB + MiB / 2, 0);
                 ck_assert_uint_eq(t.segment_id, x.segment_id);
                 free_ok(t.block_id, false);
@@ -778,7 +784,7 @@ START_TEST(test_gc_off) {
         c.garbage_collection_threshold = 0.2;
         heap_open(&c, 1 * GiB);
         for (int i = 0; i < 4; i++)
-                free_ok(alloc_ok((12 + 2 * (uint64_t)i) * MiB, 0).block_id, false);
+                free_ok(alloc_ok((12 + 2 * (uint64_t) i) * MiB, 0).block_id, false);
         alloc_ok(20 * MiB, 0);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 80 * MiB);
         ck_assert_int_eq(STATS->num_device_free, 0);
@@ -794,7 +800,7 @@ START_TEST(test_gc_fraction) {
         c.per_process_memory_fraction = 0.1;
         heap_open(&c, 1000 * MiB);
         for (int i = 0; i < 4; i++)
-                free_ok(alloc_ok((12 + 2 * (uint64_t)i) * MiB, 0).block_id, false);
+                free_ok(alloc_ok((12 + 2 * (uint64_t) i) * MiB, 0).block_id, false);
         alloc_ok(20 * MiB, 0);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 54 * MiB);
 }
@@ -812,7 +818,7 @@ START_TEST(test_check_detects) {
         ck_assert_str_eq(gm_trace_action_name(GM_TRACE_FREE_COMPLETED), "free_completed");
         ck_assert_str_eq(gm_trace_action_name(GM_TRACE_SEGMENT_UNMAP), "segment_unmap");
         ck_assert_ptr_null(gm_trace_action_name(_GM_TRACE_ACTION_MAX));
-        (void)a;
+        (void) a;
 }
 END_TEST
 

@@ -17,7 +17,7 @@ typedef struct live {
 
 static live_t live[LIVE_MAX];
 static unsigned n_live;
-static bool toggle_busy; /* page reuse: streams' device work comes and goes, and the
+static bool toggle_busy;     /* page reuse: streams' device work comes and goes, and the
                           * mode is switched off and on at run time now and then */
 static uint64_t limit_bytes; /* gm_heap_set_limit(), 0 = none */
 static uint64_t rng;
@@ -36,12 +36,12 @@ typedef struct tally {
 static void tally_block(const gm_segment_info_t *seg, const gm_block_info_t *b, void *userdata) {
         tally_t *t = userdata;
         int type = seg->small_pool ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
-        int64_t *col = b->state == GM_BLOCK_ACTIVE_ALLOCATED    ? t->allocated
+        int64_t *col = b->state == GM_BLOCK_ACTIVE_ALLOCATED      ? t->allocated
                        : b->state == GM_BLOCK_ACTIVE_PENDING_FREE ? t->pending
                                                                   : t->inactive;
 
-        col[type] += (int64_t)b->size;
-        col[GM_STAT_ALL] += (int64_t)b->size;
+        col[type] += (int64_t) b->size;
+        col[GM_STAT_ALL] += (int64_t) b->size;
 }
 
 static void invariants(void) {
@@ -78,7 +78,7 @@ static void drop_live(unsigned k) {
 
 static void step(void) {
         uint64_t op = rnd() % 100;
-        unsigned k = n_live ? (unsigned)(rnd() % n_live) : 0;
+        unsigned k = n_live ? (unsigned) (rnd() % n_live) : 0;
         gm_alloc_result_t res;
         int r;
 

@@ -49,9 +49,8 @@ START_TEST(test_reuse_conf) {
         gm_alloc_config_t c;
         char err[128] = "";
 
-        ck_assert_int_eq(gm_alloc_config_parse("expandable_segments:True,gpumemd_page_reuse:True", &c, err,
-                                               sizeof(err)),
-                         0);
+        ck_assert_int_eq(
+                gm_alloc_config_parse("expandable_segments:True,gpumemd_page_reuse:True", &c, err, sizeof(err)), 0);
         ck_assert(c.page_reuse && c.expandable_segments);
         ck_assert_int_eq(gm_alloc_config_parse("gpumemd_page_reuse:False", &c, err, sizeof(err)), 0);
         ck_assert(!c.page_reuse);
@@ -59,8 +58,7 @@ START_TEST(test_reuse_conf) {
         ck_assert(!c.page_reuse); /* off by default: PyTorch parity */
         ck_assert_int_eq(gm_alloc_config_parse("gpumemd_page_reuse:True", &c, err, sizeof(err)), -EINVAL);
         ck_assert_str_eq(err, "gpumemd_page_reuse:True needs expandable_segments:True");
-        ck_assert_int_eq(gm_alloc_config_parse("expandable_segments:True,gpumemd_page_reuse:1", &c, err,
-                                               sizeof(err)),
+        ck_assert_int_eq(gm_alloc_config_parse("expandable_segments:True,gpumemd_page_reuse:1", &c, err, sizeof(err)),
                          -EINVAL);
 
         open_reuse(true, 1 * GiB);
@@ -123,7 +121,7 @@ START_TEST(test_reuse_restore_pool) {
         fake_init(&f, 1 * GiB);
         p = fake_provider(&f);
         for (int i = 0; i < 3; i++) {
-                pieces[i] = (gm_restore_piece_t){.offset = (uint64_t)i * 2 * MiB, .size = 2 * MiB};
+                pieces[i] = (gm_restore_piece_t){.offset = (uint64_t) i * 2 * MiB, .size = 2 * MiB};
                 ck_assert_int_eq(p.create(&f, 7, 64 * MiB, pieces[i].offset, 2 * MiB, &pieces[i].handle), 0);
         }
         ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
@@ -161,7 +159,7 @@ START_TEST(test_reuse_pattern) {
         open_reuse(true, 1 * GiB);
         for (int i = 0; i < 8; i++) {
                 r[i] = alloc_ok(16 * MiB, 0);
-                ck_assert_uint_eq(r[i].offset, (uint64_t)i * 16 * MiB);
+                ck_assert_uint_eq(r[i].offset, (uint64_t) i * 16 * MiB);
         }
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 128 * MiB);
         ck_assert_uint_eq(F.creates, 64);
@@ -169,7 +167,7 @@ START_TEST(test_reuse_pattern) {
                 free_ok(r[i].block_id, false);
         for (int i = 0; i < 4; i++) {
                 big[i] = alloc_ok(32 * MiB, 0);
-                ck_assert_uint_eq(big[i].offset, 128 * MiB + (uint64_t)i * 32 * MiB);
+                ck_assert_uint_eq(big[i].offset, 128 * MiB + (uint64_t) i * 32 * MiB);
                 ck_assert_uint_eq(big[i].segment_id, r[0].segment_id);
                 ck_assert_int_eq(RESERVED(GM_STAT_ALL), i < 2 ? 128 * MiB : (128 + (i - 1) * 32) * MiB);
         }
@@ -262,7 +260,7 @@ START_TEST(test_reuse_busy_stream) {
         z2 = alloc_ok(16 * MiB, 0); /* a new allocation asks again: still pending */
         ck_assert_uint_eq(F.stream_queries, 2);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 64 * MiB);
-        fake_progress(&F, 1); /* the device passes fence 1; stream 1 stays busy */
+        fake_progress(&F, 1);       /* the device passes fence 1; stream 1 stays busy */
         z3 = alloc_ok(16 * MiB, 0); /* x's 8 pages move to [48,64) */
         ck_assert_uint_eq(z3.offset, 48 * MiB);
         ck_assert_uint_eq(F.stream_queries, 3);
@@ -294,8 +292,8 @@ START_TEST(test_reuse_busy_stream) {
         ck_assert_uint_eq(F.remaps, 16);
         ck_assert_uint_eq(F.fence_marked[0], 3);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 112 * MiB);
-        (void)y;
-        (void)z2;
+        (void) y;
+        (void) z2;
 }
 END_TEST
 
@@ -318,7 +316,7 @@ START_TEST(test_reuse_cross_pool) {
         ck_assert_int_eq(RESERVED(GM_STAT_LARGE_POOL), 4 * MiB);
         ck_assert_uint_eq(walk_ranges().n, 1);
         ck_assert_uint_eq(F.whole_releases, 0);
-        (void)l;
+        (void) l;
 }
 END_TEST
 
@@ -337,7 +335,7 @@ START_TEST(test_reuse_remap_failure) {
         ck_assert_uint_eq(reuse_info().remap_failures, 1);
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 14 * MiB);
         ck_assert_uint_eq(gm_heap_largest_free(H), 4 * MiB);
-        (void)b;
+        (void) b;
 }
 END_TEST
 

@@ -81,8 +81,7 @@ int main(int argc, char **argv) {
                 }
                 for (size_t i = 0; i < size && status == 0; i++)
                         if (((unsigned char *) p)[i] != 0) {
-                                fprintf(stderr, "byte %zu is %#x: memory was not fresh\n", i,
-                                        ((unsigned char *) p)[i]);
+                                fprintf(stderr, "byte %zu is %#x: memory was not fresh\n", i, ((unsigned char *) p)[i]);
                                 status = 1;
                         }
                 gpumem_free(c, p);
@@ -112,8 +111,8 @@ int main(int argc, char **argv) {
                 }
                 printf("granted=%ld refused=%ld\n", granted, refused);
         } else if (strcmp(cmd, "survive") == 0) {
-                static const size_t sizes[] = {1000, 300000, 900000, 3u << 20, 12u << 20, 25u << 20,
-                                               4096, 600000, 5u << 20, 12u << 20};
+                static const size_t sizes[] = {1000,      300000, 900000, 3u << 20, 12u << 20,
+                                               25u << 20, 4096,   600000, 5u << 20, 12u << 20};
                 enum { N = sizeof(sizes) / sizeof(sizes[0]) };
                 void *p[N];
                 uint64_t seed = size;

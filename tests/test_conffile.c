@@ -343,16 +343,17 @@ START_TEST(test_errors_values) {
                 const char *text, *expect;
         } cases[] = {
                 {"[daemon]\nsocket = run/x.sock\n", "2: invalid socket 'run/x.sock': an absolute path"},
-                {"[daemon]\nsocket = /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                {"[daemon]\nsocket = "
+                 "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
                  "aaaaaaaaaaaaaaaaaaaaaaa\n",
-                 "2: invalid socket '/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                 "2: invalid socket "
+                 "'/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
                  "aaaaaaaaaaaaaaaaaaaaaaaa': longer than 107 bytes"},
                 {"[daemon]\nsocket_mode = 0999\n",
                  "2: invalid socket_mode '0999': an octal mode from 0 to 0777, such as 0660"},
                 {"[daemon]\nsocket_mode = 01777\n",
                  "2: invalid socket_mode '01777': an octal mode from 0 to 0777, such as 0660"},
-                {"[daemon]\nsocket_group = no-such-group-gm\n",
-                 "2: unknown group 'no-such-group-gm' in socket_group"},
+                {"[daemon]\nsocket_group = no-such-group-gm\n", "2: unknown group 'no-such-group-gm' in socket_group"},
                 {"[daemon]\nadmin_group = 4294967295\n", "2: invalid admin_group '4294967295': a group name or gid"},
                 {"[daemon]\nbackend = rocm\n", "2: invalid backend 'rocm': auto, cuda or host"},
                 {"[daemon]\ndevice = -1\n", "2: invalid device '-1': an index or a GPU-... UUID"},
@@ -364,8 +365,7 @@ START_TEST(test_errors_values) {
                 {"[daemon]\nmax_packet = 2M\n", "2: invalid max_packet '2M': a size from 4.00 KiB to 1.00 MiB"},
                 {"[daemon]\nmax_fds = 254\n", "2: invalid max_fds '254': a whole number from 1 to 253"},
                 {"[daemon]\nmax_fds = 0\n", "2: invalid max_fds '0': a whole number from 1 to 253"},
-                {"[daemon]\nmax_sessions = -1\n",
-                 "2: invalid max_sessions '-1': a whole number from 1 to 1048576"},
+                {"[daemon]\nmax_sessions = -1\n", "2: invalid max_sessions '-1': a whole number from 1 to 1048576"},
                 {"[daemon]\nrelease_timeout_ms = 2s\n",
                  "2: invalid release_timeout_ms '2s': a whole number from 1 to 3600000"},
                 {"[daemon]\npark_timeout_ms =\n", "2: invalid park_timeout_ms '': a whole number from 1 to 3600000"},

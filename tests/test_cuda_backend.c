@@ -35,10 +35,10 @@
 #define GiB (1ull << 30)
 #define SEG (4 * MiB)
 
-#define ck_assert_ok(expr)                                                                                     \
-        do {                                                                                                   \
-                int _r = (expr);                                                                               \
-                ck_assert_msg(_r >= 0, "%s failed: %s (%s)", #expr, strerror(-_r), gm_cuda_last_error());      \
+#define ck_assert_ok(expr)                                                                                \
+        do {                                                                                              \
+                int _r = (expr);                                                                          \
+                ck_assert_msg(_r >= 0, "%s failed: %s (%s)", #expr, strerror(-_r), gm_cuda_last_error()); \
         } while (0)
 
 /* ---- helpers ---- */
@@ -59,7 +59,7 @@ static void teardown(void) {
                 gm_fake_assert_no_objects();
                 for (int d = 0; d < 4; d++)
                         ck_assert_msg(gm_fake_device_bytes(d) == 0, "device %d: %llu bytes still in use", d,
-                                      (unsigned long long)gm_fake_device_bytes(d));
+                                      (unsigned long long) gm_fake_device_bytes(d));
         }
         unlink(pool_path);
 }
@@ -78,7 +78,7 @@ static int run_helper(const char *mode, const char *const *args, const char *con
                 for (size_t i = 0; args && args[i] && n < 15; i++)
                         argv[n++] = args[i];
                 argv[n] = NULL;
-                execv(argv[0], (char *const *)argv);
+                execv(argv[0], (char *const *) argv);
                 _exit(127);
         }
         int status;
@@ -112,13 +112,13 @@ static gm_mapper_t *new_mapper(uint64_t granularity) {
 static void fill(void *p, size_t n, uint32_t seed) {
         uint32_t *w = p;
         for (size_t i = 0; i < n / sizeof(*w); i++)
-                w[i] = seed ^ (uint32_t)(i * 2654435761u);
+                w[i] = seed ^ (uint32_t) (i * 2654435761u);
 }
 
 static bool verify(const void *p, size_t n, uint32_t seed) {
         const uint32_t *w = p;
         for (size_t i = 0; i < n / sizeof(*w); i++)
-                if (w[i] != (seed ^ (uint32_t)(i * 2654435761u)))
+                if (w[i] != (seed ^ (uint32_t) (i * 2654435761u)))
                         return false;
         return true;
 }
@@ -160,7 +160,7 @@ START_TEST(test_open_create_release) {
         ck_assert_int_eq(fcntl(phys.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC); /* the emulated export sets none */
         struct stat st;
         ck_assert_int_eq(fstat(phys.fd, &st), 0);
-        ck_assert_int_eq(st.st_size, (off_t)SEG);
+        ck_assert_int_eq(st.st_size, (off_t) SEG);
         ck_assert_ok(b->ops->mem_info(b, &free_bytes, &total));
         ck_assert_uint_eq(free_bytes, 4 * GiB - SEG);
 
@@ -263,7 +263,7 @@ END_TEST
 
 static void *mem_info_thread(void *arg) {
         uint64_t free_bytes, total;
-        return (void *)(intptr_t)((gm_backend_t *)arg)->ops->mem_info(arg, &free_bytes, &total);
+        return (void *) (intptr_t) ((gm_backend_t *) arg)->ops->mem_info(arg, &free_bytes, &total);
 }
 
 START_TEST(test_mem_info_other_thread) {
@@ -273,7 +273,7 @@ START_TEST(test_mem_info_other_thread) {
         void *ret;
         ck_assert_int_eq(pthread_create(&t, NULL, mem_info_thread, b), 0);
         ck_assert_int_eq(pthread_join(t, &ret), 0);
-        ck_assert_int_eq((int)(intptr_t)ret, 0);
+        ck_assert_int_eq((int) (intptr_t) ret, 0);
         gm_backend_close(b);
 }
 END_TEST
@@ -281,8 +281,8 @@ END_TEST
 START_TEST(test_device_selection) {
         setenv("FAKECUDA_DEVICE_COUNT", "3", 1);
         setenv("FAKECUDA_UUID_PREFIX", "0123abcd", 1);
-        gm_backend_options_t opts = {.kind = "cuda", .device = 0,
-                                     .device_uuid = "GPU-0123abcd-0000-0000-0000-000000000002"};
+        gm_backend_options_t opts = {
+                .kind = "cuda", .device = 0, .device_uuid = "GPU-0123abcd-0000-0000-0000-000000000002"};
         gm_backend_t *b = NULL;
         char err[256] = "";
         ck_assert_ok(gm_backend_cuda_open(&opts, &b, err, sizeof(err)));
@@ -359,7 +359,7 @@ START_TEST(test_map_across_processes) {
 
         gm_mapper_t *m = new_mapper(b->granularity);
         uint64_t base = map_copy(m, phys.fd, SEG);
-        ck_assert(verify((void *)(uintptr_t)base, SEG, 12648430));
+        ck_assert(verify((void *) (uintptr_t) base, SEG, 12648430));
         unmap_all(m, base, SEG);
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
@@ -378,12 +378,12 @@ START_TEST(test_map_contiguous_pieces) {
         ck_assert_ok(m->ops->reserve(m, 4 * SEG, &base));
         ck_assert_ok(m->ops->map(m, base, 0, SEG, dup(p1.fd)));
         ck_assert_ok(m->ops->map(m, base, SEG, SEG, dup(p2.fd)));
-        fill((void *)(uintptr_t)base, 2 * SEG, 7);
+        fill((void *) (uintptr_t) base, 2 * SEG, 7);
 
         /* The second piece alone, elsewhere, holds the second half. */
-        ck_assert(verify((void *)(uintptr_t)base, 2 * SEG, 7));
+        ck_assert(verify((void *) (uintptr_t) base, 2 * SEG, 7));
         uint64_t other = map_copy(m, p2.fd, SEG);
-        ck_assert_int_eq(memcmp((void *)(uintptr_t)other, (void *)(uintptr_t)(base + SEG), SEG), 0);
+        ck_assert_int_eq(memcmp((void *) (uintptr_t) other, (void *) (uintptr_t) (base + SEG), SEG), 0);
         unmap_all(m, other, SEG);
 
         /* Pieces unmap one at a time; the reservation goes only when empty. */
@@ -404,9 +404,9 @@ START_TEST(test_mapping_outlives_daemon_handle) {
         ck_assert_ok(gm_backend_create(b, SEG, &phys));
         gm_mapper_t *m = new_mapper(b->granularity);
         uint64_t base = map_copy(m, phys.fd, SEG);
-        fill((void *)(uintptr_t)base, SEG, 99);
+        fill((void *) (uintptr_t) base, SEG, 99);
         gm_backend_release(b, &phys);
-        ck_assert(verify((void *)(uintptr_t)base, SEG, 99));
+        ck_assert(verify((void *) (uintptr_t) base, SEG, 99));
         unmap_all(m, base, SEG);
         m->ops->destroy(m);
         gm_backend_close(b);
@@ -424,11 +424,11 @@ START_TEST(test_fork_does_not_inherit_mappings) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0)
-                _exit(msync((void *)(uintptr_t)base, 4096, MS_ASYNC) < 0 && errno == ENOMEM ? 0 : 1);
+                _exit(msync((void *) (uintptr_t) base, 4096, MS_ASYNC) < 0 && errno == ENOMEM ? 0 : 1);
         int status;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child sees the mapping");
-        ck_assert_int_eq(msync((void *)(uintptr_t)base, 4096, MS_ASYNC), 0);
+        ck_assert_int_eq(msync((void *) (uintptr_t) base, 4096, MS_ASYNC), 0);
         unmap_all(m, base, SEG);
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
@@ -452,8 +452,8 @@ static void check_map_fault(const char *variable, const char *entry_point) {
 
         /* Nothing was left mapped: the same range maps now. */
         ck_assert_ok(m->ops->map(m, base, 0, SEG, dup(phys.fd)));
-        fill((void *)(uintptr_t)base, SEG, 5);
-        ck_assert(verify((void *)(uintptr_t)base, SEG, 5));
+        fill((void *) (uintptr_t) base, SEG, 5);
+        ck_assert(verify((void *) (uintptr_t) base, SEG, 5));
         unmap_all(m, base, SEG);
         ck_assert_int_eq(gm_test_count_fds(getpid()), fds);
         m->ops->destroy(m);
@@ -478,7 +478,7 @@ typedef struct unmap_job {
 
 static void *unmap_thread(void *arg) {
         unmap_job_t *job = arg;
-        return (void *)(intptr_t)job->m->ops->unmap(job->m, job->base, 0, SEG);
+        return (void *) (intptr_t) job->m->ops->unmap(job->m, job->base, 0, SEG);
 }
 
 START_TEST(test_unmap_from_service_thread) {
@@ -491,7 +491,7 @@ START_TEST(test_unmap_from_service_thread) {
         void *ret;
         ck_assert_int_eq(pthread_create(&t, NULL, unmap_thread, &job), 0);
         ck_assert_int_eq(pthread_join(t, &ret), 0);
-        ck_assert_int_eq((int)(intptr_t)ret, 0);
+        ck_assert_int_eq((int) (intptr_t) ret, 0);
         ck_assert_ok(m->ops->unreserve(m, job.base, SEG));
         m->ops->destroy(m);
         gm_backend_release(b, &phys);
@@ -630,10 +630,10 @@ START_TEST(test_event_on_other_context_stream) {
         ck_assert_int_eq(cu->DevicePrimaryCtxRetain(&keep, dev1), CUDA_SUCCESS); /* the stream's context lives on */
 
         uint64_t event;
-        ck_assert_ok(m->ops->event_record(m, (uint64_t)(uintptr_t)stream, &event));
+        ck_assert_ok(m->ops->event_record(m, (uint64_t) (uintptr_t) stream, &event));
         ck_assert_int_eq(m->ops->event_query(m, event), 1);
         m->ops->event_destroy(m, event);
-        ck_assert_ok(m->ops->sync(m, (uint64_t)(uintptr_t)stream));
+        ck_assert_ok(m->ops->sync(m, (uint64_t) (uintptr_t) stream));
         /* A stream value that is no stream is refused, not recorded. */
         ck_assert_int_eq(m->ops->event_record(m, 7, &event), -EINVAL);
         ck_assert_ptr_nonnull(strstr(gm_cuda_last_error(), "cuStreamGetCtx"));
@@ -671,7 +671,8 @@ START_TEST(test_fork_child_refused) {
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
                 int count;
-                _exit(cu->Init(0) == CUDA_ERROR_NOT_INITIALIZED && cu->DeviceGetCount(&count) == CUDA_ERROR_NOT_INITIALIZED
+                _exit(cu->Init(0) == CUDA_ERROR_NOT_INITIALIZED &&
+                                      cu->DeviceGetCount(&count) == CUDA_ERROR_NOT_INITIALIZED
                               ? 0
                               : 1);
         }
@@ -868,7 +869,7 @@ START_TEST(test_emulator_strict) {
         ck_assert_int_eq(cu->StreamCreate(&stream, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventCreate(&event, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventRecord(event, stream), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->EventRecord(event, (CUstream)(uintptr_t)7), CUDA_ERROR_INVALID_HANDLE);
+        ck_assert_int_eq(cu->EventRecord(event, (CUstream) (uintptr_t) 7), CUDA_ERROR_INVALID_HANDLE);
         ck_assert_int_eq(cu->EventDestroy(event), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventQuery(event), CUDA_ERROR_INVALID_HANDLE);
         ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
@@ -885,9 +886,9 @@ START_TEST(test_emulator_strict) {
         ck_assert_ok(m->ops->reserve(m, 4 * SEG, &base));
         ck_assert_ok(m->ops->map(m, base, 0, SEG, dup(p1.fd)));
         ck_assert_ok(m->ops->map(m, base, SEG, SEG, dup(p2.fd)));
-        ck_assert_int_eq(m->ops->unmap(m, base, 0, 2 * SEG), -EINVAL);  /* two mappings */
-        ck_assert_int_eq(m->ops->unmap(m, base, 0, 4 * SEG), -EINVAL);  /* with a hole */
-        ck_assert_int_eq(m->ops->unmap(m, base, 0, SEG / 2), -EINVAL);  /* a sub-range */
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, 2 * SEG), -EINVAL); /* two mappings */
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, 4 * SEG), -EINVAL); /* with a hole */
+        ck_assert_int_eq(m->ops->unmap(m, base, 0, SEG / 2), -EINVAL); /* a sub-range */
         ck_assert_ok(m->ops->unmap(m, base, 0, SEG));
         ck_assert_ok(m->ops->unmap(m, base, SEG, SEG));
         ck_assert_ok(m->ops->unreserve(m, base, 4 * SEG));
@@ -950,7 +951,7 @@ static int helper_map_client(int fd, uint32_t seed, const char *uuid) {
                 m->ops->destroy(m);
                 return 11;
         }
-        fill((void *)(uintptr_t)base, SEG, seed);
+        fill((void *) (uintptr_t) base, SEG, seed);
         if (m->ops->unmap(m, base, 0, SEG) < 0 || m->ops->unreserve(m, base, SEG) < 0)
                 return 12;
         m->ops->destroy(m);
@@ -978,7 +979,7 @@ static int helper_hold_alloc(uint64_t size) {
 
 static int helper_main(int argc, char **argv) {
         if (argc == 6 && strcmp(argv[2], "map-client") == 0)
-                return helper_map_client(atoi(argv[3]), (uint32_t)strtoul(argv[4], NULL, 10), argv[5]);
+                return helper_map_client(atoi(argv[3]), (uint32_t) strtoul(argv[4], NULL, 10), argv[5]);
         if (argc == 4 && strcmp(argv[2], "hold-alloc") == 0)
                 return helper_hold_alloc(strtoull(argv[3], NULL, 10));
         fprintf(stderr, "unknown helper\n");

@@ -310,7 +310,7 @@ END_TEST
  * maps on the daemon's GPU, found by UUID. */
 START_TEST(test_client_finds_daemon_gpu) {
         setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
-        start_daemon("256M", NULL, NULL, NULL); /* its device 0: the first GPU */
+        start_daemon("256M", NULL, NULL, NULL);   /* its device 0: the first GPU */
         setenv("CUDA_VISIBLE_DEVICES", "1,0", 1); /* here that GPU is ordinal 1 */
         gpumem_client *c = connect_ok();
         void *p;

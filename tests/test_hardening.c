@@ -44,8 +44,8 @@ typedef struct squatter {
 typedef enum { DROP_BEFORE_BIND, DROP_AFTER_BIND } drop_t;
 
 static void squatter_main(const squatter_t *s, int done_fd, int report_fd, int ready_fd, drop_t drop) {
-        if (drop == DROP_BEFORE_BIND && (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 ||
-                                         setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
+        if (drop == DROP_BEFORE_BIND &&
+            (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 || setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
                 _exit(2);
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -53,8 +53,8 @@ static void squatter_main(const squatter_t *s, int done_fd, int report_fd, int r
         if (fd < 0 || bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 || chmod(s->path, 0777) < 0)
                 _exit(3);
         /* SO_PEERCRED names whoever called listen(). */
-        if (drop == DROP_AFTER_BIND && (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 ||
-                                        setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
+        if (drop == DROP_AFTER_BIND &&
+            (setresgid(SQUATTER, SQUATTER, SQUATTER) < 0 || setresuid(SQUATTER, SQUATTER, SQUATTER) < 0))
                 _exit(2);
         if (listen(fd, 16) < 0 || write(ready_fd, "R", 1) != 1)
                 _exit(4);
@@ -202,7 +202,6 @@ START_TEST(test_own_daemon_accepted) {
 }
 END_TEST
 
-
 /* ---- the daemon's own checks ---- */
 
 static void sleep_ms(unsigned ms) {
@@ -229,11 +228,13 @@ START_TEST(test_numeric_flags_range_checked) {
         static const struct {
                 const char *flag, *value, *says;
         } cases[] = {
-                {"--max-sessions", "4294967296", "Invalid --max-sessions '4294967296': a whole number from 1 to 1048576"},
+                {"--max-sessions", "4294967296",
+                 "Invalid --max-sessions '4294967296': a whole number from 1 to 1048576"},
                 {"--max-sessions", "-5", "Invalid --max-sessions '-5': a whole number from 1 to 1048576"},
                 {"--max-sessions", "0", "Invalid --max-sessions '0'"},
                 {"--max-sessions", " 8", "Invalid --max-sessions ' 8'"},
-                {"--max-blocks", "18446744073709551617", "Invalid --max-blocks '18446744073709551617': a whole number from 1 to 4294967296"},
+                {"--max-blocks", "18446744073709551617",
+                 "Invalid --max-blocks '18446744073709551617': a whole number from 1 to 4294967296"},
                 {"--max-sessions-per-uid", "0x10", "Invalid --max-sessions-per-uid '0x10'"},
                 {"--device", "4294967296", "Invalid --device '4294967296'"},
                 {"--device", "-1", "Invalid --device '-1'"},
@@ -261,7 +262,8 @@ static pid_t daemon_at(const char *dir, const char *path, const char *const *ext
         ck_assert_ptr_nonnull(f);
         fprintf(f, "[daemon]\nstate_dir = %s/state\n", dir);
         fclose(f);
-        const char *argv[16] = {GPUMEMD_BIN, "--backend", "host", "--capacity", "64M", "--socket", path, "--config", conf};
+        const char *argv[16] = {GPUMEMD_BIN, "--backend", "host",     "--capacity", "64M",
+                                "--socket",  path,        "--config", conf};
         size_t n = 9;
         for (size_t i = 0; extra && extra[i] && n < 15; i++)
                 argv[n++] = extra[i];

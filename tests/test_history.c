@@ -31,7 +31,7 @@ static void collect(const gm_history_entry_t *e, const gm_frame_t *frames, size_
 }
 
 static seen_t walk(const gm_history_t *h) {
-        seen_t s = { .n = 0 };
+        seen_t s = {.n = 0};
 
         gm_history_foreach(h, collect, &s);
         ck_assert_uint_eq(s.n, gm_history_len(h));
@@ -39,8 +39,13 @@ static seen_t walk(const gm_history_t *h) {
 }
 
 static gm_history_entry_t entry(uint64_t addr) {
-        return (gm_history_entry_t) { .action = 0, .addr = addr, .size = addr * 512, .stream = 7,
-                                      .time_us = 1000 + addr, .pid = 42, .frames_id = 999 };
+        return (gm_history_entry_t){.action = 0,
+                                    .addr = addr,
+                                    .size = addr * 512,
+                                    .stream = 7,
+                                    .time_us = 1000 + addr,
+                                    .pid = 42,
+                                    .frames_id = 999};
 }
 
 static void record(gm_history_t *h, uint64_t addr, const gm_frame_t *frames, size_t n) {
@@ -60,7 +65,7 @@ static void make_stack(tstack_t *s, const char *tag, uint32_t line) {
         for (int i = 0; i < 2; i++) {
                 snprintf(s->file[i], sizeof(s->file[i]), "%s/file%d.py", tag, i);
                 snprintf(s->name[i], sizeof(s->name[i]), "%s_fn%d", tag, i);
-                s->f[i] = (gm_frame_t) { .filename = s->file[i], .line = line + (uint32_t) i, .name = s->name[i] };
+                s->f[i] = (gm_frame_t){.filename = s->file[i], .line = line + (uint32_t) i, .name = s->name[i]};
         }
 }
 
@@ -113,7 +118,7 @@ END_TEST
 START_TEST(test_frames_and_interning) {
         gm_history_t *h;
         tstack_t a, a2, b, c;
-        gm_frame_t nulls = { .filename = NULL, .line = 3, .name = NULL };
+        gm_frame_t nulls = {.filename = NULL, .line = 3, .name = NULL};
         size_t one, two;
         uint64_t last_id;
         seen_t s;
@@ -228,7 +233,7 @@ START_TEST(test_frame_byte_limit) {
                 static gm_frame_t many[4096];
 
                 for (size_t i = 0; i < 4096; i++)
-                        many[i] = (gm_frame_t) { "x.py", (uint32_t) i, "f" };
+                        many[i] = (gm_frame_t){"x.py", (uint32_t) i, "f"};
                 record(h, 4, many, 4096);
                 ck_assert_uint_eq(gm_history_frame_bytes(h), one);
         }

@@ -31,8 +31,8 @@ END_TEST
 START_TEST(test_size_refuses_float_syntax) {
         /* strtod's wider syntax once slipped through as the fraction: 1.5e3G
          * was 1.5 TiB, 1.6e370k undefined behaviour (a double past u64). */
-        static const char *const bad[] = {"1.5e3G", "1.6487e370k", "1.e5", "1.inf", "1.0x10M", "1.nanK",
-                                          "1.", "1.G", ".5G", "1.5", "-1", " 1", "1 G", "1GG", "0x10"};
+        static const char *const bad[] = {"1.5e3G", "1.6487e370k", "1.e5", "1.inf", "1.0x10M", "1.nanK", "1.",  "1.G",
+                                          ".5G",    "1.5",         "-1",   " 1",    "1 G",     "1GG",    "0x10"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 uint64_t v;
                 ck_assert_msg(parse(bad[i], &v) == -EINVAL, "'%s' accepted", bad[i]);

@@ -175,7 +175,8 @@ static void *thread_main(void *p) {
                         gm_test_fill(ptr[i], size, (uint64_t) a->id << 40 | (uint64_t) round << 8 | (uint64_t) i);
                 }
                 for (int i = 0; i < 4; i++) {
-                        if (!gm_test_verify(ptr[i], size, (uint64_t) a->id << 40 | (uint64_t) round << 8 | (uint64_t) i))
+                        if (!gm_test_verify(ptr[i], size,
+                                            (uint64_t) a->id << 40 | (uint64_t) round << 8 | (uint64_t) i))
                                 a->failures++;
                         if (gpumem_free(a->c, ptr[i]) != 0)
                                 a->failures++;
@@ -567,8 +568,8 @@ END_TEST
  * and json and pass the viewer checks (tests/snapshot_check.py). */
 START_TEST(test_history_and_snapshots) {
         char out[16384], file[400], cmd[1024];
-        const char *on_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "history", "on", "--max-entries", "1000",
-                                 NULL};
+        const char *on_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "history", "on", "--max-entries",
+                                 "1000",        NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), on_argv), 0);
         ck_assert_ptr_nonnull(strstr(out, "history on (max 1000 entries"));
         gpumem_client *c = connect_ok();
@@ -583,8 +584,8 @@ START_TEST(test_history_and_snapshots) {
         for (int f = 0; f < 2; f++) {
                 const char *format = f ? "json" : "pickle";
                 snprintf(file, sizeof(file), "%s/snap.%s", daemon_.dir, format);
-                const char *snap_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", file,
-                                           "--format", format, NULL};
+                const char *snap_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", file, "--format",
+                                           format,        NULL};
                 ck_assert_int_eq(gm_test_run(out, sizeof(out), snap_argv), 0);
                 snprintf(cmd, sizeof(cmd),
                          "%s %s %s --segments 4 --states active_allocated,inactive --actions "
@@ -598,9 +599,10 @@ START_TEST(test_history_and_snapshots) {
         ck_assert_int_eq(gm_test_run(out, sizeof(out), off_argv), 0);
         snprintf(file, sizeof(file), "%s/snap2.json", daemon_.dir);
         const char *snap_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", file, "--format",
-                                   "json", NULL};
+                                   "json",        NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), snap_argv), 0);
-        snprintf(cmd, sizeof(cmd), "%s -c \"import json,sys; d=json.load(open('%s')); "
+        snprintf(cmd, sizeof(cmd),
+                 "%s -c \"import json,sys; d=json.load(open('%s')); "
                  "sys.exit(0 if d['device_traces'][0] == [] and len(d['segments']) == 4 else 1)\"",
                  GM_PYTHON3, file);
         ck_assert_int_eq(system(cmd), 0);
@@ -614,8 +616,12 @@ START_TEST(test_alloc_conf_at_run_time) {
         char out[4096];
         const char *bad_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", "max_split_size_mb:19", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), bad_argv), 1);
-        const char *set_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf",
-                                  "max_split_size_mb:64,roundup_power2_divisions:4", NULL};
+        const char *set_argv[] = {GPUMEMCTL_BIN,
+                                  "-s",
+                                  daemon_.socket_path,
+                                  "alloc-conf",
+                                  "max_split_size_mb:64,roundup_power2_divisions:4",
+                                  NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), set_argv), 0);
         ck_assert_str_eq(out, "max_split_size_mb:64,roundup_power2_divisions:4\n");
         gpumem_client *c = connect_ok();
@@ -862,7 +868,8 @@ START_TEST(test_bad_flags_refused) {
         char out[4096];
         const char *argv[] = {GPUMEMD_BIN_PATH, "--capacity", "lots", NULL};
         ck_assert_int_ne(gm_test_run(out, sizeof(out), argv), 0);
-        const char *argv2[] = {GPUMEMD_BIN_PATH, "--alloc-conf", "max_split_size_mb:1", "--socket", "/tmp/x.sock", NULL};
+        const char *argv2[] = {GPUMEMD_BIN_PATH, "--alloc-conf", "max_split_size_mb:1",
+                               "--socket",       "/tmp/x.sock",  NULL};
         ck_assert_int_ne(gm_test_run(out, sizeof(out), argv2), 0);
 }
 END_TEST
@@ -886,7 +893,7 @@ START_TEST(test_expandable_segments) {
         ck_assert_int_eq(v, 40 * (int64_t) MiB);
         ck_assert_int_eq(gpumem_stat(c, "segment.all.current", &v), 0);
         ck_assert_int_eq(v, 0); /* mapped pages are not segments (PyTorch) */
-        void *smalls[40]; /* the small pool's own range, 2 MiB pages */
+        void *smalls[40];       /* the small pool's own range, 2 MiB pages */
         for (int i = 0; i < 40; i++)
                 ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &smalls[i]), 0);
         for (int i = 0; i < 40; i++)

@@ -25,10 +25,10 @@
 
 #define MiB (1ull << 20)
 
-#define ck_assert_ok(expr)                                                                                     \
-        do {                                                                                                   \
-                int _r = (expr);                                                                               \
-                ck_assert_msg(_r >= 0, "%s failed: %s", #expr, strerror(-_r));                                 \
+#define ck_assert_ok(expr)                                                     \
+        do {                                                                   \
+                int _r = (expr);                                               \
+                ck_assert_msg(_r >= 0, "%s failed: %s", #expr, strerror(-_r)); \
         } while (0)
 
 /* ---- helpers ---- */
@@ -87,7 +87,7 @@ static void tmpdir_teardown(void) {
 }
 
 static void tmp_path(char *buf, size_t len, const char *rel) {
-        ck_assert_int_lt(snprintf(buf, len, "%s/%s", tmpdir, rel), (int)len);
+        ck_assert_int_lt(snprintf(buf, len, "%s/%s", tmpdir, rel), (int) len);
 }
 
 /* Waits (without a deadline of its own: the tcase timeout bounds it) until fd is readable. */
@@ -130,7 +130,7 @@ START_TEST(test_framing_preserves_packet_boundaries) {
         const size_t sizes[] = {1, 7, 1000, GM_IPC_MAX_PACKET_DEFAULT};
         static unsigned char out[GM_IPC_MAX_PACKET_DEFAULT], in[GM_IPC_MAX_PACKET_DEFAULT + 16];
         for (size_t i = 0; i < 4; i++) {
-                memset(out, 'a' + (int)i, sizes[i]);
+                memset(out, 'a' + (int) i, sizes[i]);
                 ck_assert_ok(gm_ipc_send(sv[0], out, sizes[i], NULL, 0));
         }
         for (size_t i = 0; i < 4; i++) {
@@ -139,7 +139,7 @@ START_TEST(test_framing_preserves_packet_boundaries) {
                 ck_assert_uint_eq(len, sizes[i]);
                 ck_assert_uint_eq(n_fds, 0);
                 for (size_t k = 0; k < len; k++)
-                        ck_assert_int_eq(in[k], 'a' + (int)i);
+                        ck_assert_int_eq(in[k], 'a' + (int) i);
         }
 }
 END_TEST
@@ -469,7 +469,7 @@ START_TEST(test_listen_replaces_stale_socket) {
         int old = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         strcpy(sa.sun_path, path);
-        ck_assert_int_eq(bind(old, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(bind(old, (struct sockaddr *) &sa, sizeof(sa)), 0);
         ck_assert_int_eq(listen(old, 1), 0);
         close(old);
         struct stat st;
@@ -507,7 +507,7 @@ START_TEST(test_listen_refuses_live_listener_of_another_type) {
         int other = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         strcpy(sa.sun_path, path);
-        ck_assert_int_eq(bind(other, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(bind(other, (struct sockaddr *) &sa, sizeof(sa)), 0);
         ck_assert_int_eq(listen(other, 1), 0);
         int lfd;
         ck_assert_int_eq(gm_ipc_listen(path, 0600, 16, &lfd), -EADDRINUSE);
@@ -558,7 +558,7 @@ START_TEST(test_default_socket_path) {
         if (geteuid() == 0)
                 snprintf(want, sizeof(want), "/run/gpumem/gpu0.sock");
         else
-                snprintf(want, sizeof(want), "/tmp/gpumem-%u/gpu0.sock", (unsigned)geteuid());
+                snprintf(want, sizeof(want), "/tmp/gpumem-%u/gpu0.sock", (unsigned) geteuid());
         ck_assert_str_eq(buf, want);
 
         /* The override is for clients only. */
@@ -669,7 +669,7 @@ START_TEST(test_msg_roundtrip_every_body) {
         Gpumem__Envelope envs[N_BODIES];
         for (int i = 0; i < N_BODIES; i++) {
                 gpumem__envelope__init(&envs[i]);
-                envs[i].request_id = 1000 + (uint64_t)i;
+                envs[i].request_id = 1000 + (uint64_t) i;
                 envs[i].body_case = GPUMEM__ENVELOPE__BODY_HELLO + i;
         }
         envs[0].hello = &hello;
@@ -694,7 +694,7 @@ START_TEST(test_msg_roundtrip_every_body) {
                 Gpumem__Envelope *got = roundtrip(&envs[i], NULL, 0, fds, &n_fds);
                 ck_assert_uint_eq(n_fds, 0);
                 ck_assert_int_eq(got->body_case, envs[i].body_case);
-                ck_assert_uint_eq(got->request_id, 1000 + (uint64_t)i);
+                ck_assert_uint_eq(got->request_id, 1000 + (uint64_t) i);
                 assert_same_envelope(got, &envs[i]);
                 got = gm_msg_free(got);
                 ck_assert_ptr_null(got);
@@ -740,7 +740,7 @@ static Gpumem__Envelope *stats_reply_envelope(size_t n) {
         for (size_t i = 0; i < n; i++) {
                 gpumem__stat_entry__init(&entries[i]);
                 entries[i].name = "reserved_bytes.large_pool.peak";
-                entries[i].value = (int64_t)i;
+                entries[i].value = (int64_t) i;
                 ptrs[i] = &entries[i];
         }
         reply.n_stats = n;
@@ -787,7 +787,7 @@ START_TEST(test_msg_oversize_refused_and_nothing_sent) {
 END_TEST
 
 START_TEST(test_msg_garbage_is_ebadmsg) {
-        Gpumem__Envelope *sentinel = (Gpumem__Envelope *)&sentinel, *got = sentinel;
+        Gpumem__Envelope *sentinel = (Gpumem__Envelope *) &sentinel, *got = sentinel;
         const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
         ck_assert_int_eq(gm_msg_unpack(garbage, sizeof(garbage), &got), -EBADMSG);
         ck_assert_int_eq(gm_msg_unpack(garbage, 0, &got), -EBADMSG);
@@ -915,7 +915,7 @@ START_TEST(test_host_sizes_must_be_granules) {
 END_TEST
 
 START_TEST(test_host_capacity_defaults_and_rounding) {
-        uint64_t quarter = (uint64_t)sysconf(_SC_PHYS_PAGES) / 4 * (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t quarter = (uint64_t) sysconf(_SC_PHYS_PAGES) / 4 * (uint64_t) sysconf(_SC_PAGESIZE);
         uint64_t want = quarter < (8ull << 30) ? quarter : (8ull << 30);
         want -= want % (2 * MiB);
         gm_backend_t *b = open_host(0);

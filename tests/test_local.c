@@ -110,15 +110,15 @@ START_TEST(test_gpumemctl_stats_equal_client) {
         snprintf(pid, sizeof(pid), "%d", (int) getpid());
         const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", "--pid", pid, NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
-        static const char *const names[] = {"allocated_bytes.all.current", "reserved_bytes.all.current",
-                                            "active_bytes.all.current",    "requested_bytes.all.current",
-                                            "allocation.all.current",      "segment.all.current",
-                                            "allocated_bytes.large_pool.current", "inactive_split_bytes.all.current"};
+        static const char *const names[] = {
+                "allocated_bytes.all.current",        "reserved_bytes.all.current",      "active_bytes.all.current",
+                "requested_bytes.all.current",        "allocation.all.current",          "segment.all.current",
+                "allocated_bytes.large_pool.current", "inactive_split_bytes.all.current"};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
                 int64_t mine;
                 ck_assert_int_eq(gpumem_stat(c, names[i], &mine), 0);
-                ck_assert_msg(json_int(out, names[i]) == mine, "%s: gpumemctl %" PRId64 ", client %" PRId64,
-                              names[i], json_int(out, names[i]), mine);
+                ck_assert_msg(json_int(out, names[i]) == mine, "%s: gpumemctl %" PRId64 ", client %" PRId64, names[i],
+                              json_int(out, names[i]), mine);
         }
         /* The device's figures hold the session's, its reserved bytes exactly. */
         int64_t reserved;
@@ -217,7 +217,8 @@ START_TEST(test_garbage_stats_page_is_contained) {
         ck_assert_ptr_nonnull(e);
         ck_assert_ptr_nonnull(strstr(e, "\"stats_page_invalid\": true"));
         ck_assert_int_eq(json_int(e, "allocated_bytes"), 0); /* its block figures count as zero */
-        ck_assert_int_eq(json_int(e, "reserved_bytes"), 2 * (int64_t) MiB); /* its small segment: the daemon's own figure */
+        ck_assert_int_eq(json_int(e, "reserved_bytes"),
+                         2 * (int64_t) MiB); /* its small segment: the daemon's own figure */
         e = client_entry(out, sizeof(out), getpid());
         ck_assert_ptr_nonnull(strstr(e, "\"stats_page_invalid\": false"));
         ck_assert_int_eq(json_int(e, "allocated_bytes"), 3 * (int64_t) MiB);
@@ -228,7 +229,8 @@ START_TEST(test_garbage_stats_page_is_contained) {
         /* The tenant's charge is what was granted, whatever the page says. */
         char tenant[32];
         snprintf(tenant, sizeof(tenant), "uid:%u", (unsigned) getuid());
-        ck_assert_int_eq((int64_t) gm_test_tenant_charged(daemon_.socket_path, tenant), my_reserved + 2 * (int64_t) MiB);
+        ck_assert_int_eq((int64_t) gm_test_tenant_charged(daemon_.socket_path, tenant),
+                         my_reserved + 2 * (int64_t) MiB);
         ck_assert_int_eq(local_child_finish(&child), 0);
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", my_reserved),
                          my_reserved);

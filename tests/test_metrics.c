@@ -113,8 +113,8 @@ static int connect_unix(const char *path) {
 static int connect_tcp(unsigned port) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ck_assert_int_ge(fd, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port),
-                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        struct sockaddr_in a = {
+                .sin_family = AF_INET, .sin_port = htons((uint16_t) port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         ck_assert_int_eq(connect(fd, (struct sockaddr *) &a, sizeof(a)), 0);
         struct timeval tv = {.tv_sec = 30};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -328,8 +328,8 @@ START_TEST(test_figures_equal_gpumemctl) {
         ck_assert_msg(rc == 0, "promtool check metrics failed (%d): %s", rc, msg);
 
         static char json[65536];
-        const char *tenant_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", "--tenant", tenant_,
-                                     NULL};
+        const char *tenant_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", "--tenant",
+                                     tenant_,       NULL};
         ck_assert_int_eq(gm_test_run(json, sizeof(json), tenant_argv), 0);
 
         static const struct {
@@ -595,8 +595,7 @@ START_TEST(test_uuid_on_every_series) {
         }
         ck_assert_uint_gt(samples, 100);
         char series[256];
-        snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels,
-                 tenant_);
+        snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels, tenant_);
         ck_assert(metric(body, series) == 1);
         free(body);
 }
@@ -809,7 +808,7 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_oom_refusals_total{device=\"0\",tenant=\"plain\",reason=\"quota\"}") == 0);
         ck_assert(metric(text, "gpumem_quota_bytes{device=\"0\",tenant=\"configured\"}") == 1 << 20);
         ck_assert_ptr_null(strstr(text, "tenant=\"typo\""));
-        ck_assert_ptr_null(strstr(text, "UUID="));        /* none configured */
+        ck_assert_ptr_null(strstr(text, "UUID="));          /* none configured */
         ck_assert_ptr_null(strstr(text, "gpumem_fdstore")); /* no fd store */
         free(text);
 
@@ -854,10 +853,10 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.005\"}") == 1);
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
         /* Every request kind of the table has its series, timed or not yet. */
-        static const char *const every_op[] = {"hello", "alloc", "free", "free_completed", "trim", "stats",
-                                               "release_ack", "reset_stats", "history", "snapshot", "alloc_conf",
-                                               "quota", "clients", "reattach", "grant", "return_pieces",
-                                               "reclaim_ack"};
+        static const char *const every_op[] = {
+                "hello",       "alloc",       "free",    "free_completed", "trim",       "stats",
+                "release_ack", "reset_stats", "history", "snapshot",       "alloc_conf", "quota",
+                "clients",     "reattach",    "grant",   "return_pieces",  "reclaim_ack"};
         ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
         for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
                 char series[128];
@@ -894,8 +893,9 @@ END_TEST
 START_TEST(test_listen_addresses) {
         char err[256] = "";
         gm_metrics_t *m = (gm_metrics_t *) &fake_; /* must stay untouched on failure */
-        static const char *const invalid[] = {"9470", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "localhost:9470",
-                                             "[::1:9470", "::1:9470", "unix:", "1.2.3.4:9x"};
+        static const char *const invalid[] = {
+                "9470",      "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "localhost:9470",
+                "[::1:9470", "::1:9470",  "unix:",      "1.2.3.4:9x"};
         for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
                 ck_assert_int_eq(gm_metrics_start(&fake_, invalid[i], &m, err, sizeof(err)), -EINVAL);
                 ck_assert_ptr_eq(m, (gm_metrics_t *) &fake_);

@@ -13,10 +13,10 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-#define PYTORCH_TAIL                                                                                           \
-        "If reserved but unallocated memory is large try setting "                                             \
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "     \
-        "Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"                             \
+#define PYTORCH_TAIL                                                                                       \
+        "If reserved but unallocated memory is large try setting "                                         \
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for " \
+        "Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"                         \
         "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf) gpumemd: "
 
 static void assert_message(const gm_oom_report_t *r, const char *expected) {
@@ -29,7 +29,7 @@ static void assert_message(const gm_oom_report_t *r, const char *expected) {
 
 /* A device with 16 GiB where nothing points at a particular reason. */
 static gm_oom_report_t base_report(void) {
-        return (gm_oom_report_t) {
+        return (gm_oom_report_t){
                 .device = 0,
                 .alloc_size = 20 * MiB,
                 .block_size = 5 * MiB,
@@ -142,20 +142,20 @@ START_TEST(test_format_size_boundaries) {
                 uint64_t size;
                 const char *text;
         } cases[] = {
-                { 0, "0 bytes" },
-                { 512, "512 bytes" },
-                { 1024, "1024 bytes" },
-                { 1025, "1.00 KiB" },
-                { 1034, "1.01 KiB" },           /* 1.009765625 */
-                { 2560, "2.50 KiB" },
-                { 1 * MiB - 1, "1024.00 KiB" }, /* 1023.999 rounds up */
-                { 1 * MiB, "1024.00 KiB" },
-                { 1 * MiB + 1, "1.00 MiB" },
-                { 2 * MiB, "2.00 MiB" },
-                { 1 * GiB, "1024.00 MiB" },
-                { 1 * GiB + 1, "1.00 GiB" },
-                { 80 * GiB, "80.00 GiB" },
-                { 1536 * GiB, "1536.00 GiB" },
+                {0, "0 bytes"},
+                {512, "512 bytes"},
+                {1024, "1024 bytes"},
+                {1025, "1.00 KiB"},
+                {1034, "1.01 KiB"}, /* 1.009765625 */
+                {2560, "2.50 KiB"},
+                {1 * MiB - 1, "1024.00 KiB"}, /* 1023.999 rounds up */
+                {1 * MiB, "1024.00 KiB"},
+                {1 * MiB + 1, "1.00 MiB"},
+                {2 * MiB, "2.00 MiB"},
+                {1 * GiB, "1024.00 MiB"},
+                {1 * GiB + 1, "1.00 GiB"},
+                {80 * GiB, "80.00 GiB"},
+                {1536 * GiB, "1536.00 GiB"},
         };
         gm_oom_report_t r = base_report();
         r.reason = GM_OOM_DEVICE_FULL;

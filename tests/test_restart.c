@@ -37,7 +37,7 @@ typedef struct fake_systemd {
         char notify_path[300];
         char log_path[300];
         char config_path[300];
-        int control_fd;  /* the listening socket, ours across daemon lifetimes */
+        int control_fd; /* the listening socket, ours across daemon lifetimes */
         int notify_fd;
         struct {
                 char name[64];
@@ -63,7 +63,8 @@ static void sd_pump_locked(void) {
                 char buf[4096];
                 char cbuf[CMSG_SPACE(sizeof(int) * 16) + CMSG_SPACE(sizeof(struct ucred))];
                 struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
-                struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+                struct msghdr mh = {
+                        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
                 ssize_t n = recvmsg(sd.notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
                 if (n < 0)
                         return;
@@ -257,8 +258,8 @@ static int64_t device_stat(const char *name) {
 
 /* Stats that must be equal across a restart: the ledger. */
 static const char *const LEDGER[] = {
-        "allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
-        "requested_bytes.all.current", "allocation.all.current",     "segment.all.current",
+        "allocated_bytes.all.current", "reserved_bytes.all.current",       "active_bytes.all.current",
+        "requested_bytes.all.current", "allocation.all.current",           "segment.all.current",
         "inactive_split.all.current",  "inactive_split_bytes.all.current",
 };
 #define N_LEDGER (sizeof(LEDGER) / sizeof(LEDGER[0]))

@@ -106,7 +106,8 @@ static void random_ops(gm_heap_t *h, unsigned *seed, uint64_t *live, size_t *n_l
         for (int i = 0; i < ops; i++) {
                 unsigned r = rand_r(seed);
                 if (*n_live < max && (r % 3 != 0 || *n_live == 0)) {
-                        uint64_t size = r % 7 == 0 ? 1 + (uint64_t) rand_r(seed) % (24 * MiB) : 1 + (uint64_t) rand_r(seed) % (600 * 1024);
+                        uint64_t size = r % 7 == 0 ? 1 + (uint64_t) rand_r(seed) % (24 * MiB)
+                                                   : 1 + (uint64_t) rand_r(seed) % (600 * 1024);
                         gm_alloc_result_t res;
                         if (gm_heap_alloc(h, size, rand_r(seed) % 2, &res) == 0)
                                 live[(*n_live)++] = res.block_id;
@@ -170,8 +171,7 @@ static void restore_roundtrip(bool expandable, unsigned seed) {
                 ck_assert_int_eq(gm_heap_restore_segment(b, s->id, s->va_size, s->stream, s->pieces, s->n_pieces), 0);
         }
         /* Contradicting claims are refused. */
-        ck_assert_int_eq(gm_heap_restore_segment(b, l.segs[0].id, l.segs[0].va_size, 0, l.segs[0].pieces, 1),
-                         -EEXIST);
+        ck_assert_int_eq(gm_heap_restore_segment(b, l.segs[0].id, l.segs[0].va_size, 0, l.segs[0].pieces, 1), -EEXIST);
         for (size_t i = 0; i < l.n_blocks; i++) {
                 ledger_block_t *bl = &l.blocks[i];
                 ck_assert_int_eq(gm_heap_restore_block(b, bl->id, bl->segment_id, bl->offset, bl->size, bl->requested,

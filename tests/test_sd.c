@@ -22,10 +22,10 @@
 
 #include "sd.h"
 
-#define ck_assert_ok(r)                                                                                        \
-        do {                                                                                                   \
-                int _r = (r);                                                                                  \
-                ck_assert_msg(_r >= 0, "%s failed: %s", #r, strerror(-_r));                                    \
+#define ck_assert_ok(r)                                                     \
+        do {                                                                \
+                int _r = (r);                                               \
+                ck_assert_msg(_r >= 0, "%s failed: %s", #r, strerror(-_r)); \
         } while (0)
 
 /* ---- the stand-in NOTIFY_SOCKET ---- */
@@ -66,8 +66,8 @@ static void notify_recv(char *buf, size_t len, pid_t *ret_pid, int *ret_fd) {
                 char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 4)];
         } control;
         struct iovec iov = {.iov_base = buf, .iov_len = len - 1};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = sizeof(control)};
+        struct msghdr msg = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof(control)};
         ssize_t n = recvmsg(notify_fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         ck_assert_msg(n >= 0, "no notification queued: %s", strerror(errno));
         ck_assert_msg(!(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)), "notification truncated");
@@ -314,12 +314,12 @@ static size_t scenario_n_fds(const scenario_t *s) {
 }
 
 /* Child side helpers: no Check here, a failed expectation exits 1. */
-#define expect(cond)                                                                                           \
-        do {                                                                                                   \
-                if (!(cond)) {                                                                                 \
-                        fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);                   \
-                        exit(1);                                                                               \
-                }                                                                                              \
+#define expect(cond)                                                                        \
+        do {                                                                                \
+                if (!(cond)) {                                                              \
+                        fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+                        exit(1);                                                            \
+                }                                                                           \
         } while (0)
 
 static int make_fd(const char *kind, int target) {
@@ -390,8 +390,7 @@ static void run_scenario(const char *name) {
                 listen_child_exec(s);
         int status;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "scenario %s: child status %d", name,
-                      status);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "scenario %s: child status %d", name, status);
 }
 
 static bool fd_open(int fd) {
@@ -450,8 +449,7 @@ static int listen_child_check(const char *name) {
                 close(taken);
         } else if (strcmp(name, "named-wins") == 0) {
                 expect(r == 2 && f.control_fd == 4 && f.metrics_fd == -1);
-                expect(f.n_unknown == 1 && f.unknown[0].fd == 3 &&
-                       strcmp(f.unknown[0].name, "gpumemd@0.socket") == 0);
+                expect(f.n_unknown == 1 && f.unknown[0].fd == 3 && strcmp(f.unknown[0].name, "gpumemd@0.socket") == 0);
                 gm_sd_fds_done(&f);
         } else if (strcmp(name, "unnamed") == 0) {
                 expect(r == 3 && f.metrics_fd == 3 && f.control_fd == 4);

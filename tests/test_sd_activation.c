@@ -87,8 +87,8 @@ static void expect_notification_line(const char *line) {
                         char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int) * 8)];
                 } control;
                 struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
-                struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                                     .msg_controllen = sizeof(control)};
+                struct msghdr msg = {
+                        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof(control)};
                 ssize_t n = recvmsg(notify_fd, &msg, MSG_CMSG_CLOEXEC);
                 ck_assert_int_ge(n, 0);
                 buf[n] = '\0';

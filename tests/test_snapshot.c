@@ -29,10 +29,10 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-#define ck_assert_ok(expr)                                                                                     \
-        do {                                                                                                   \
-                int _r = (expr);                                                                               \
-                ck_assert_msg(_r >= 0, "%s failed: %s", #expr, strerror(-_r));                                 \
+#define ck_assert_ok(expr)                                                     \
+        do {                                                                   \
+                int _r = (expr);                                               \
+                ck_assert_msg(_r >= 0, "%s failed: %s", #expr, strerror(-_r)); \
         } while (0)
 
 /* Finishes w and compares the whole output with a string literal. */
@@ -61,7 +61,7 @@ START_TEST(test_pickle_ints) {
                 const char *bytes;
                 size_t len;
         } cases[] = {
-#define C(v, lit) { (v), (lit), sizeof(lit) - 1 }
+#define C(v, lit) {(v), (lit), sizeof(lit) - 1}
                 C(0, "\x80\x02K\x00."),
                 C(255, "\x80\x02K\xff."),
                 C(256, "\x80\x02M\x00\x01."),
@@ -128,9 +128,15 @@ START_TEST(test_pickle_containers) {
         gm_pickler_end_list(&w);
         gm_pickler_end_dict(&w);
         ck_assert_output(&w, "\x80\x02}("
-                             "X\x01\x00\x00\x00" "a" "](K\x01\x88Ne"
-                             "X\x01\x00\x00\x00" "b" "}"
-                             "X\x01\x00\x00\x00" "c" "]"
+                             "X\x01\x00\x00\x00"
+                             "a"
+                             "](K\x01\x88Ne"
+                             "X\x01\x00\x00\x00"
+                             "b"
+                             "}"
+                             "X\x01\x00\x00\x00"
+                             "c"
+                             "]"
                              "u.");
 
         w = new_writer(GM_PICKLE_FORMAT_PICKLE);
@@ -141,7 +147,7 @@ START_TEST(test_pickle_containers) {
 END_TEST
 
 START_TEST(test_pickle_tuples) {
-        static const int64_t v[] = { 1, 2, 3, 4 };
+        static const int64_t v[] = {1, 2, 3, 4};
         gm_pickler_t w = new_writer(GM_PICKLE_FORMAT_PICKLE);
         gm_pickler_begin_list(&w);
         for (size_t n = 0; n <= 4; n++)
@@ -161,17 +167,18 @@ START_TEST(test_pickle_strings) {
         gm_pickler_t w = new_writer(GM_PICKLE_FORMAT_PICKLE);
         gm_pickler_begin_list(&w);
         gm_pickler_str(&w, "");
-        gm_pickler_str(&w, "\xc3\xa9");          /* é stays as is */
-        gm_pickler_str(&w, "\xf0\x9f\x98\x80");  /* 4-byte sequence stays */
-        gm_pickler_str(&w, "a\xff");             /* invalid byte */
-        gm_pickler_str(&w, "\xed\xa0\x80");      /* surrogate: 3 invalid bytes */
-        gm_pickler_str(&w, "\xc0\xaf");          /* overlong '/' */
+        gm_pickler_str(&w, "\xc3\xa9");         /* é stays as is */
+        gm_pickler_str(&w, "\xf0\x9f\x98\x80"); /* 4-byte sequence stays */
+        gm_pickler_str(&w, "a\xff");            /* invalid byte */
+        gm_pickler_str(&w, "\xed\xa0\x80");     /* surrogate: 3 invalid bytes */
+        gm_pickler_str(&w, "\xc0\xaf");         /* overlong '/' */
         gm_pickler_end_list(&w);
         ck_assert_output(&w, "\x80\x02]("
                              "X\x00\x00\x00\x00"
                              "X\x02\x00\x00\x00\xc3\xa9"
                              "X\x04\x00\x00\x00\xf0\x9f\x98\x80"
-                             "X\x04\x00\x00\x00" "a\xef\xbf\xbd"
+                             "X\x04\x00\x00\x00"
+                             "a\xef\xbf\xbd"
                              "X\x09\x00\x00\x00\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
                              "X\x06\x00\x00\x00\xef\xbf\xbd\xef\xbf\xbd"
                              "e.");
@@ -191,7 +198,10 @@ START_TEST(test_pickle_growth) {
         gm_pickler_end_list(&w);
         ck_assert_ok(gm_pickler_finish(&w, &buf, &len));
         ck_assert_uint_eq(len, 2 + 2 + 256 * 2 + 65280 * 3 + 34464 * 5 + 1 + 1);
-        ck_assert_mem_eq(buf + len - 7, "J\x9f\x86\x01\x00" "e.", 7); /* 99999 = 0x1869f */
+        ck_assert_mem_eq(buf + len - 7,
+                         "J\x9f\x86\x01\x00"
+                         "e.",
+                         7); /* 99999 = 0x1869f */
         free(buf);
 }
 END_TEST
@@ -199,7 +209,7 @@ END_TEST
 /* ---- JSON encoder ---- */
 
 START_TEST(test_json_values) {
-        static const int64_t pool[2] = { 0, 0 };
+        static const int64_t pool[2] = {0, 0};
         gm_pickler_t w = new_writer(GM_PICKLE_FORMAT_JSON);
         volatile double tenth = 0.1, fifth = 0.2;
 
@@ -344,8 +354,8 @@ typedef struct session {
         uint64_t *clock_us;
 } session_t;
 
-static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
-                       uint64_t size, uint64_t *ret_handle) {
+static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
+                       uint64_t *ret_handle) {
         session_t *s = userdata;
         s->live_bytes += size;
         *ret_handle = ++s->next_handle;
@@ -361,8 +371,8 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
 
 static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
         static const gm_frame_t stack[] = {
-                { .filename = "model.py", .line = 7, .name = "forward" },
-                { .filename = "train \"loop\".py", .line = 42, .name = "step" },
+                {.filename = "model.py", .line = 7, .name = "forward"},
+                {.filename = "train \"loop\".py", .line = 42, .name = "step"},
         };
         session_t *s = userdata;
         gm_history_entry_t e = {
@@ -393,8 +403,8 @@ static void start_session(session_t *s, uint32_t pid, const gm_alloc_config_t *c
                 .trace = fake_trace,
                 .userdata = s,
         };
-        const gm_heap_params_t params = { .capacity = 1 * GiB, .va_cursor = &fx.va_cursor };
-        *s = (session_t) { .pid = pid, .history = fx.history, .clock_us = &fx.clock_us };
+        const gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &fx.va_cursor};
+        *s = (session_t){.pid = pid, .history = fx.history, .clock_us = &fx.clock_us};
         ck_assert_ok(gm_heap_new(conf, &provider, &params, &s->heap));
 }
 
@@ -409,9 +419,12 @@ static void setup(void) {
         ck_assert_ok(gm_alloc_config_parse("expandable_segments:True", &fx.conf_b, err, sizeof(err)));
         start_session(&fx.a, 100, &fx.conf_a);
         start_session(&fx.b, 200, &fx.conf_b);
-        fx.heaps[0] = (gm_snapshot_heap_t) { .heap = fx.a.heap, .pid = 100, .tenant = "alice", .session_id = 1 };
-        fx.heaps[1] = (gm_snapshot_heap_t) {
-                .heap = fx.b.heap, .pid = 200, .tenant = "bob \"the builder\"\n", .session_id = 2,
+        fx.heaps[0] = (gm_snapshot_heap_t){.heap = fx.a.heap, .pid = 100, .tenant = "alice", .session_id = 1};
+        fx.heaps[1] = (gm_snapshot_heap_t){
+                .heap = fx.b.heap,
+                .pid = 200,
+                .tenant = "bob \"the builder\"\n",
+                .session_id = 2,
         };
 }
 
@@ -451,8 +464,7 @@ static int check_snapshot(const char *buf, size_t len, const char *args) {
         return WEXITSTATUS(status);
 }
 
-static void write_snapshot(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt, char **ret_buf,
-                           size_t *ret_len) {
+static void write_snapshot(const gm_snapshot_source_t *src, gm_snapshot_format_t fmt, char **ret_buf, size_t *ret_len) {
         ck_assert_ok(gm_snapshot_write(src, fmt, ret_buf, ret_len));
 }
 
@@ -460,16 +472,16 @@ static void write_snapshot(const gm_snapshot_source_t *src, gm_snapshot_format_t
  * expandable one (b) from one address space, an immediate free, a deferred
  * free still pending (its id is returned), and an oom entry. */
 static uint64_t run_scenario(void) {
-        uint64_t a_tiny = alloc(&fx.a, 1000);       /* 2 MiB small segment */
-        uint64_t b_5m = alloc(&fx.b, 5 * MiB);      /* maps one 20 MiB page */
-        alloc(&fx.a, 3 * MiB);                      /* 20 MiB large segment, split */
-        uint64_t a_600k = alloc(&fx.a, 600 * KiB);  /* from the small segment */
-        alloc(&fx.b, 30 * MiB);                     /* maps a second page */
+        uint64_t a_tiny = alloc(&fx.a, 1000);      /* 2 MiB small segment */
+        uint64_t b_5m = alloc(&fx.b, 5 * MiB);     /* maps one 20 MiB page */
+        alloc(&fx.a, 3 * MiB);                     /* 20 MiB large segment, split */
+        uint64_t a_600k = alloc(&fx.a, 600 * KiB); /* from the small segment */
+        alloc(&fx.b, 30 * MiB);                    /* maps a second page */
         ck_assert_ok(gm_heap_free(fx.a.heap, a_tiny, false));
         ck_assert_ok(gm_heap_free(fx.a.heap, a_600k, true));
         ck_assert_ok(gm_heap_free(fx.b.heap, b_5m, false));
-        gm_history_entry_t oom = { .action = GM_TRACE_OOM, .addr = 4 * MiB, .size = 64 * MiB,
-                                   .time_us = ++fx.clock_us, .pid = 200 };
+        gm_history_entry_t oom = {
+                .action = GM_TRACE_OOM, .addr = 4 * MiB, .size = 64 * MiB, .time_us = ++fx.clock_us, .pid = 200};
         ck_assert_ok(gm_history_record(fx.history, &oom, NULL, 0));
         return a_600k;
 }
@@ -579,7 +591,7 @@ START_TEST(test_snapshot_tenant_view) {
 END_TEST
 
 START_TEST(test_snapshot_empty) {
-        gm_snapshot_source_t src = { .device = 0, .heaps = fx.heaps, .n_heaps = 2, .config = &fx.conf_a };
+        gm_snapshot_source_t src = {.device = 0, .heaps = fx.heaps, .n_heaps = 2, .config = &fx.conf_a};
         char *buf;
         size_t len;
         for (int f = 0; f < _GM_SNAPSHOT_FORMAT_MAX; f++) {
@@ -591,8 +603,8 @@ START_TEST(test_snapshot_empty) {
 END_TEST
 
 START_TEST(test_snapshot_bad_source) {
-        gm_snapshot_source_t src = { .device = 0, .heaps = fx.heaps, .n_heaps = 2, .config = &fx.conf_a };
-        gm_snapshot_heap_t no_heap = { .heap = NULL };
+        gm_snapshot_source_t src = {.device = 0, .heaps = fx.heaps, .n_heaps = 2, .config = &fx.conf_a};
+        gm_snapshot_heap_t no_heap = {.heap = NULL};
         char *buf = NULL;
         size_t len = 0;
 
@@ -615,9 +627,9 @@ END_TEST
  * a state PyTorch's docs name but its code never emits, and an opcode the
  * viewer cannot read. */
 START_TEST(test_checker_rejects) {
-        static const char *bad_states[] = { "active_awaiting_free", "active_allocated" };
-        static const uint64_t bad_sizes[] = { 4096, 2048 };
-        static const int64_t pool[2] = { 0, 0 };
+        static const char *bad_states[] = {"active_awaiting_free", "active_allocated"};
+        static const uint64_t bad_sizes[] = {4096, 2048};
+        static const int64_t pool[2] = {0, 0};
 
         for (int i = 0; i < 2; i++) {
                 gm_pickler_t w = new_writer(GM_PICKLE_FORMAT_PICKLE);
@@ -627,9 +639,9 @@ START_TEST(test_checker_rejects) {
                 gm_pickler_key(&w, "segments");
                 gm_pickler_begin_list(&w);
                 gm_pickler_begin_dict(&w);
-                const char *ints[] = { "device", "address", "total_size", "allocated_size", "active_size",
-                                       "requested_size", "stream", "pid", "session_id" };
-                const uint64_t vals[] = { 0, 1 * GiB, 4096, 4096, 4096, 4096, 0, 1, 1 };
+                const char *ints[] = {"device",         "address", "total_size", "allocated_size", "active_size",
+                                      "requested_size", "stream",  "pid",        "session_id"};
+                const uint64_t vals[] = {0, 1 * GiB, 4096, 4096, 4096, 4096, 0, 1, 1};
                 for (size_t k = 0; k < 9; k++) {
                         gm_pickler_key(&w, ints[k]);
                         gm_pickler_uint(&w, vals[k]);
@@ -669,7 +681,9 @@ START_TEST(test_checker_rejects) {
                 free(buf);
         }
         /* BINBYTES (protocol 3) is outside the viewer's set. */
-        static const char bytes_pickle[] = "\x80\x03}(X\x01\x00\x00\x00" "aB\x01\x00\x00\x00" "bu.";
+        static const char bytes_pickle[] = "\x80\x03}(X\x01\x00\x00\x00"
+                                           "aB\x01\x00\x00\x00"
+                                           "bu.";
         ck_assert_int_eq(check_snapshot(bytes_pickle, sizeof(bytes_pickle) - 1, "2>/dev/null"), 1);
 }
 END_TEST

@@ -31,7 +31,7 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 START_TEST(test_update) {
-        gm_stat_t st = { 0 };
+        gm_stat_t st = {0};
 
         gm_stat_update(&st, 10);
         gm_stat_update(&st, 5);
@@ -97,13 +97,14 @@ END_TEST
 /* The key set built independently here, then sorted, must equal foreach's
  * sequence exactly. */
 START_TEST(test_foreach_sorted_complete) {
-        static const char *const arrays[] = { "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-                                              "reserved_bytes", "active_bytes", "inactive_split_bytes",
-                                              "requested_bytes" };
-        static const char *const pools[] = { "all", "small_pool", "large_pool" };
-        static const char *const fields[] = { "current", "peak", "allocated", "freed" };
-        static const char *const scalars[] = { "num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                                               "num_device_alloc", "num_device_free", "max_split_size" };
+        static const char *const arrays[] = {
+                "allocation",      "segment",        "active",       "inactive_split",
+                "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+                "requested_bytes"};
+        static const char *const pools[] = {"all", "small_pool", "large_pool"};
+        static const char *const fields[] = {"current", "peak", "allocated", "freed"};
+        static const char *const scalars[] = {"num_alloc_retries", "num_ooms",        "num_sync_all_streams",
+                                              "num_device_alloc",  "num_device_free", "max_split_size"};
         static char expected[N_KEYS][64];
         static keys_t got;
         size_t n = 0;
@@ -182,38 +183,37 @@ END_TEST
 
 START_TEST(test_summary_golden) {
         static const char expected[] =
-                EQ
-                "|                  PyTorch CUDA memory summary, device ID 1                 |\n" DASH
-                "|            CUDA OOMs: 3            |        cudaMalloc retries: 12345     |\n" EQ HEADER DASH
-                "| Allocated memory      |   1024 MiB |    768 KiB | 786431 B   |   3072 PiB |\n"
-                "|       from large pool |   1021 MiB |    767 KiB | 786431 B   |   3071 PiB |\n"
-                "|       from small pool |      3 MiB |      0 KiB |      0 B   |      0 PiB |\n" DASH
-                "| Active memory         |   2048 KiB |      0 B   |      0 B   |      0 B   |\n"
-                "|       from large pool |      0 KiB |      0 B   |      0 B   |      0 B   |\n"
-                "|       from small pool |     -1 KiB |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Requested memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n"
-                "|       from large pool |      0 B   |      0 B   |      0 B   |      0 B   |\n"
-                "|       from small pool |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| GPU reserved memory   | 786431 B   |  20480 KiB |      0 B   |      0 B   |\n"
-                "|       from large pool |      0 B   |  20480 KiB |      0 B   |      0 B   |\n"
-                "|       from small pool | 786431 B   |      0 KiB |      0 B   |      0 B   |\n" DASH
-                "| Non-releasable memory |      0 B   |      0 B   |      0 B   |      0 B   |\n"
-                "|       from large pool |      0 B   |      0 B   |      0 B   |      0 B   |\n"
-                "|       from small pool |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Allocations           |     750 K  |  749999    |    2000 M  |       0    |\n"
-                "|       from large pool |     749 K  |       0    |       0 M  |       0    |\n"
-                "|       from small pool |       0 K  |       0    |       0 M  |       0    |\n" DASH
-                "| Active allocs         |       0    |       0    |       0    |       0    |\n"
-                "|       from large pool |       0    |       0    |       0    |       0    |\n"
-                "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
-                "| GPU reserved segments |       0    |       0    |       0    |       0    |\n"
-                "|       from large pool |       0    |       0    |       0    |       0    |\n"
-                "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
-                "| Non-releasable allocs |       0    |       0    |       0    |       0    |\n"
-                "|       from large pool |       0    |       0    |       0    |       0    |\n"
-                "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
-                "| Oversize allocations  |     750 K  |       0    |       0    |       0    |\n" DASH
-                "| Oversize GPU segments |       0    |      12    |       0    |       0    |\n" EQ;
+                EQ "|                  PyTorch CUDA memory summary, device ID 1                 |\n" DASH
+                   "|            CUDA OOMs: 3            |        cudaMalloc retries: 12345     |\n" EQ HEADER DASH
+                   "| Allocated memory      |   1024 MiB |    768 KiB | 786431 B   |   3072 PiB |\n"
+                   "|       from large pool |   1021 MiB |    767 KiB | 786431 B   |   3071 PiB |\n"
+                   "|       from small pool |      3 MiB |      0 KiB |      0 B   |      0 PiB |\n" DASH
+                   "| Active memory         |   2048 KiB |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from large pool |      0 KiB |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from small pool |     -1 KiB |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Requested memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from large pool |      0 B   |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from small pool |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| GPU reserved memory   | 786431 B   |  20480 KiB |      0 B   |      0 B   |\n"
+                   "|       from large pool |      0 B   |  20480 KiB |      0 B   |      0 B   |\n"
+                   "|       from small pool | 786431 B   |      0 KiB |      0 B   |      0 B   |\n" DASH
+                   "| Non-releasable memory |      0 B   |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from large pool |      0 B   |      0 B   |      0 B   |      0 B   |\n"
+                   "|       from small pool |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Allocations           |     750 K  |  749999    |    2000 M  |       0    |\n"
+                   "|       from large pool |     749 K  |       0    |       0 M  |       0    |\n"
+                   "|       from small pool |       0 K  |       0    |       0 M  |       0    |\n" DASH
+                   "| Active allocs         |       0    |       0    |       0    |       0    |\n"
+                   "|       from large pool |       0    |       0    |       0    |       0    |\n"
+                   "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
+                   "| GPU reserved segments |       0    |       0    |       0    |       0    |\n"
+                   "|       from large pool |       0    |       0    |       0    |       0    |\n"
+                   "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
+                   "| Non-releasable allocs |       0    |       0    |       0    |       0    |\n"
+                   "|       from large pool |       0    |       0    |       0    |       0    |\n"
+                   "|       from small pool |       0    |       0    |       0    |       0    |\n" DASH
+                   "| Oversize allocations  |     750 K  |       0    |       0    |       0    |\n" DASH
+                   "| Oversize GPU segments |       0    |      12    |       0    |       0    |\n" EQ;
         gm_stats_t s;
         char buf[8192];
         int n;
@@ -224,17 +224,16 @@ START_TEST(test_summary_golden) {
         /* bytes: 1 GiB prints as 1024 MiB; the 768 KiB threshold on the all
          * row decides the unit of the pool rows; floor division; PiB is the
          * last unit */
-        s.allocated_bytes[GM_STAT_ALL] = (gm_stat_t) { 1073741824, 786432, 786431, INT64_C(3458764513820540928) };
-        s.allocated_bytes[GM_STAT_LARGE_POOL] =
-                (gm_stat_t) { 1070596096, 786431, 786431, INT64_C(3458764513820540927) };
-        s.allocated_bytes[GM_STAT_SMALL_POOL] = (gm_stat_t) { 3146728, 1, 0, 0 };
+        s.allocated_bytes[GM_STAT_ALL] = (gm_stat_t){1073741824, 786432, 786431, INT64_C(3458764513820540928)};
+        s.allocated_bytes[GM_STAT_LARGE_POOL] = (gm_stat_t){1070596096, 786431, 786431, INT64_C(3458764513820540927)};
+        s.allocated_bytes[GM_STAT_SMALL_POOL] = (gm_stat_t){3146728, 1, 0, 0};
         s.active_bytes[GM_STAT_ALL].current = 2097152;
         s.active_bytes[GM_STAT_SMALL_POOL].current = -1; /* Python's // floors */
-        s.reserved_bytes[GM_STAT_ALL] = (gm_stat_t) { 786431, 20971520, 0, 0 };
+        s.reserved_bytes[GM_STAT_ALL] = (gm_stat_t){786431, 20971520, 0, 0};
         s.reserved_bytes[GM_STAT_LARGE_POOL].peak = 20971520;
         s.reserved_bytes[GM_STAT_SMALL_POOL].current = 786431;
         /* counts: 750 K threshold, K then M */
-        s.allocation[GM_STAT_ALL] = (gm_stat_t) { 750000, 749999, 2000000000, 0 };
+        s.allocation[GM_STAT_ALL] = (gm_stat_t){750000, 749999, 2000000000, 0};
         s.allocation[GM_STAT_LARGE_POOL].current = 749999;
         s.allocation[GM_STAT_SMALL_POOL].current = 1;
         s.oversize_allocations.current = 750000;
@@ -258,20 +257,19 @@ END_TEST
 
 START_TEST(test_summary_abbreviated) {
         static const char expected[] =
-                EQ
-                "|                  PyTorch CUDA memory summary, device ID 0                 |\n" DASH
-                "|            CUDA OOMs: 0            |        cudaMalloc retries: 0         |\n" EQ HEADER DASH
-                "| Allocated memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Active memory         |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Requested memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| GPU reserved memory   |  20480 KiB |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Non-releasable memory |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
-                "| Allocations           |       0    |       0    |       0    |       0    |\n" DASH
-                "| Active allocs         |       0    |       0    |       0    |       0    |\n" DASH
-                "| GPU reserved segments |       1    |       0    |       0    |       0    |\n" DASH
-                "| Non-releasable allocs |       0    |       0    |       0    |       0    |\n" DASH
-                "| Oversize allocations  |       0    |       0    |       0    |       0    |\n" DASH
-                "| Oversize GPU segments |       0    |       0    |       0    |       0    |\n" EQ;
+                EQ "|                  PyTorch CUDA memory summary, device ID 0                 |\n" DASH
+                   "|            CUDA OOMs: 0            |        cudaMalloc retries: 0         |\n" EQ HEADER DASH
+                   "| Allocated memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Active memory         |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Requested memory      |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| GPU reserved memory   |  20480 KiB |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Non-releasable memory |      0 B   |      0 B   |      0 B   |      0 B   |\n" DASH
+                   "| Allocations           |       0    |       0    |       0    |       0    |\n" DASH
+                   "| Active allocs         |       0    |       0    |       0    |       0    |\n" DASH
+                   "| GPU reserved segments |       1    |       0    |       0    |       0    |\n" DASH
+                   "| Non-releasable allocs |       0    |       0    |       0    |       0    |\n" DASH
+                   "| Oversize allocations  |       0    |       0    |       0    |       0    |\n" DASH
+                   "| Oversize GPU segments |       0    |       0    |       0    |       0    |\n" EQ;
         gm_stats_t s;
         char buf[4096];
 
@@ -293,8 +291,10 @@ START_TEST(test_summary_wide_values) {
         s.num_ooms = INT64_C(1234567890123);
         s.allocation[GM_STAT_ALL].peak = INT64_C(7500000000000);
         ck_assert_int_gt(gm_stats_summary(&s, 12, true, buf, sizeof(buf)), 0);
-        ck_assert_ptr_nonnull(strstr(buf, "|                  PyTorch CUDA memory summary, device ID 12                |\n"));
-        ck_assert_ptr_nonnull(strstr(buf, "|            CUDA OOMs: 1234567890123 |        cudaMalloc retries: 0         |\n"));
+        ck_assert_ptr_nonnull(
+                strstr(buf, "|                  PyTorch CUDA memory summary, device ID 12                |\n"));
+        ck_assert_ptr_nonnull(
+                strstr(buf, "|            CUDA OOMs: 1234567890123 |        cudaMalloc retries: 0         |\n"));
         ck_assert_ptr_nonnull(strstr(buf, "| Allocations           |       0    | 7500000 M  |"));
 }
 END_TEST

@@ -229,11 +229,11 @@ START_TEST(test_isolation_between_tenants) {
         gm_test_spawn(cache, NOBODY, &a); /* writes 0xab.. into 8 blocks, frees them, stays */
         char line[64];
         ck_assert(gm_test_proc_read_line(&a, line, sizeof(line)));
-        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0);     /* another tenant, a cache exists */
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0); /* another tenant, a cache exists */
         ck_assert_int_eq(ctl(0, out, sizeof(out), "trim", NULL, NULL, NULL, NULL), 0);
-        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0);     /* after trim */
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0); /* after trim */
         ck_assert_int_eq(gm_test_proc_finish(&a), 0);
-        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0);     /* after it left */
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), 0, zero), 0);      /* after it left */
         ck_assert_int_eq(gm_test_run_as(out, sizeof(out), NOBODY, zero), 0); /* its own reconnect */
 }
 END_TEST
@@ -357,8 +357,8 @@ START_TEST(test_snapshot_shows_own_tenant_only) {
                 snprintf(file, sizeof(file), "%s/snap-%zu.json", daemon_.dir, i);
                 char pid[16];
                 snprintf(pid, sizeof(pid), "%d", (int) getpid());
-                const char *snap[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "snapshot", "-o", "-", "--format",
-                                      "json", cases[i].pid ? "--pid" : NULL, pid, NULL};
+                const char *snap[] = {GPUMEMCTL_BIN, "-s",   daemon_.socket_path,           "snapshot", "-o", "-",
+                                      "--format",    "json", cases[i].pid ? "--pid" : NULL, pid,        NULL};
                 static char json[1 << 20];
                 ck_assert_int_eq(gm_test_run_as(json, sizeof(json), cases[i].uid, snap), 0);
                 FILE *f = fopen(file, "we");

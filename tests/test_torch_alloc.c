@@ -91,12 +91,15 @@ static void *worker_main(void *arg) {
                         devices[k] = (w->id + k) % 2;
                         sizes[k] = worker_size(w->id, round, k);
                         /* Stream handles are only compared (a free is on the allocation stream). */
-                        streams[k] = (stream_t) (uintptr_t) (k % 3 == 0 ? 0 : 0x1000 + 16 * (unsigned) w->id + (unsigned) k % 3);
+                        streams[k] =
+                                (stream_t) (uintptr_t) (k % 3 == 0 ? 0
+                                                                   : 0x1000 + 16 * (unsigned) w->id + (unsigned) k % 3);
                         ptrs[k] = gpumem_torch_alloc(sizes[k], devices[k], streams[k]);
                         if (!ptrs[k]) {
                                 char why[512];
                                 gpumem_torch_last_refusal(devices[k], why, sizeof(why), NULL);
-                                snprintf(w->failure, sizeof(w->failure), "alloc %zu on %d: %s", sizes[k], devices[k], why);
+                                snprintf(w->failure, sizeof(w->failure), "alloc %zu on %d: %s", sizes[k], devices[k],
+                                         why);
                                 return NULL;
                         }
                         gm_test_fill(ptrs[k], sizes[k], (uint64_t) (w->id * 1000 + round * HELD + k));
@@ -203,12 +206,13 @@ START_TEST(test_refusal_null_diagnosis_logged_once) {
         ck_assert_msg(strstr(why, "tried to allocate 1.00 TiB"), "diagnosis: %s", why);
         ck_assert_msg(count(err, "refused") == 1, "one stderr report for three refusals: %s", err);
         ck_assert_ptr_nonnull(strstr(err, "cuda:1"));
-        ck_assert_ptr_nonnull(strstr(err, why)); /* the same diagnosis */
+        ck_assert_ptr_nonnull(strstr(err, why));                          /* the same diagnosis */
         ck_assert_int_eq(gpumem_torch_last_refusal(0, NULL, 0, NULL), 0); /* the other device is untouched */
 
         /* A quota refusal is another kind: reported once more. */
         char out[4096];
-        const char *set[] = {GPUMEMCTL_BIN, "-s", dev[1].socket_path, "quota", "set", "uid:0", "32M", "--runtime", NULL};
+        const char *set[] = {GPUMEMCTL_BIN, "-s",  dev[1].socket_path, "quota", "set",
+                             "uid:0",       "32M", "--runtime",        NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), set), 0);
         capture_stderr(refuse_by_quota, err, sizeof(err));
         ck_assert_int_eq(gpumem_torch_last_refusal(1, why, sizeof(why), &n), -EDQUOT);

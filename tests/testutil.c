@@ -53,8 +53,9 @@ void gm_test_daemon_launch(gm_test_daemon_t *d, const char *capacity, const char
         ck_assert_ptr_nonnull(conf);
         fprintf(conf, "[daemon]\nstate_dir = %s/state\n%s", d->dir, d->extra_config);
         fclose(conf);
-        const char *argv[32] = {GPUMEMD_BIN, "--backend", gm_test_backend(), "--socket", d->socket_path,
-                                "--capacity", capacity, "-v", "--config", d->config_path};
+        const char *argv[32] = {GPUMEMD_BIN,    "--backend",   gm_test_backend(), "--socket",
+                                d->socket_path, "--capacity",  capacity,          "-v",
+                                "--config",     d->config_path};
         size_t n = 10;
         for (size_t i = 0; extra_args && extra_args[i] && n < 31; i++)
                 argv[n++] = extra_args[i];
@@ -111,7 +112,7 @@ void gm_test_daemon_stop(gm_test_daemon_t *d) {
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpumemd exit status %d", status);
         ck_assert_int_ne(access(d->socket_path, F_OK), 0); /* the socket file is removed */
 #ifdef GM_TEST_FAKECUDA
-        if (!d->keep_dir) /* (a restart keeps what the fd store holds) */
+        if (!d->keep_dir)                        /* (a restart keeps what the fd store holds) */
                 gm_fake_assert_device_drained(); /* emulated device: nothing leaked by the daemon or clients */
 #endif
         if (d->keep_dir)

@@ -103,10 +103,10 @@ static void *sym(void *lib, const char *name, bool required) {
         return p;
 }
 
-#define SYM(field, name, required)                                                                                     \
-        do {                                                                                                           \
-                void *p_ = sym(lib, name, required);                                                                   \
-                memcpy(&cu.field, &p_, sizeof(p_));                                                                    \
+#define SYM(field, name, required)                   \
+        do {                                         \
+                void *p_ = sym(lib, name, required); \
+                memcpy(&cu.field, &p_, sizeof(p_));  \
         } while (0)
 
 static const char *method(void) {
@@ -168,7 +168,7 @@ static void driver_close(void) {
 }
 
 static uint32_t pattern(uint32_t seed, uint64_t i) {
-        return seed ^ (uint32_t)(i * 2654435761u);
+        return seed ^ (uint32_t) (i * 2654435761u);
 }
 
 static void launch(CUfunction f, CUstream stream, void **params) {
@@ -178,7 +178,7 @@ static void launch(CUfunction f, CUstream stream, void **params) {
 /* Fills [p, +bytes) with the seed's pattern on `stream`; `spin_ns` of work first. */
 static void fill_async(void *p, uint64_t bytes, uint32_t seed, CUstream stream, uint64_t spin_ns) {
         unsigned long long n = bytes / 4, ns = spin_ns;
-        CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+        CUdeviceptr d = (CUdeviceptr) (uintptr_t) p;
         if (!cu.kernels) {
                 uint32_t *w = p;
                 for (uint64_t i = 0; i < n; i++)
@@ -204,7 +204,7 @@ static bool verify(const void *p, uint64_t bytes, uint32_t seed) {
                                 return false;
                 return true;
         }
-        CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+        CUdeviceptr d = (CUdeviceptr) (uintptr_t) p;
         unsigned bad = 0;
         ck(cu.MemsetD32(cu.bad, 0, 1), "cuMemsetD32");
         void *params[] = {&d, &n, &seed, &cu.bad};
@@ -257,7 +257,7 @@ static uint64_t big(uint64_t bytes) {
 static uint64_t now_ns(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
 }
 
 static const uint64_t block_sizes[] = {4096, 512 * 1024, 3 * MiB, 24 * MiB, 96 * MiB};
@@ -274,7 +274,7 @@ static void blocks_fill(blocks_t *b, uint32_t seed) {
         for (int i = 0; i < N_BLOCKS; i++) {
                 b->size[i] = block_sizes[i % 5];
                 ck_gm(gpumem_alloc(client, b->size[i], 0, &b->p[i]), "gpumem_alloc");
-                fill(b->p[i], b->size[i], seed + (uint32_t)i);
+                fill(b->p[i], b->size[i], seed + (uint32_t) i);
                 b->bytes += b->size[i];
         }
 }
@@ -282,7 +282,7 @@ static void blocks_fill(blocks_t *b, uint32_t seed) {
 static int blocks_verify_free(blocks_t *b, uint32_t seed) {
         int bad = 0;
         for (int i = 0; i < N_BLOCKS; i++) {
-                bad += !verify(b->p[i], b->size[i], seed + (uint32_t)i);
+                bad += !verify(b->p[i], b->size[i], seed + (uint32_t) i);
                 ck_gm(gpumem_free(client, b->p[i]), "gpumem_free");
         }
         return bad;
@@ -303,8 +303,8 @@ static int mode_pattern(const char *socket, uint32_t seed, const char *dir) {
         if (bad)
                 die("client %u: %d of %d blocks lost their pattern", seed, bad, N_BLOCKS);
         gpumem_disconnect(client);
-        printf("client %u: %d blocks, %.1f MiB written and verified with %s\n", seed, N_BLOCKS,
-               (double)b.bytes / MiB, method());
+        printf("client %u: %d blocks, %.1f MiB written and verified with %s\n", seed, N_BLOCKS, (double) b.bytes / MiB,
+               method());
         return 0;
 }
 
@@ -317,7 +317,7 @@ static int mode_expandable(const char *socket) {
                 ck_gm(gpumem_alloc(client, 3 * MiB, 0, &small[i]), "gpumem_alloc(3 MiB)");
         fill(large, big_size, 1);
         for (int i = 0; i < 64; i++)
-                fill(small[i], 3 * MiB, 100 + (uint32_t)i);
+                fill(small[i], 3 * MiB, 100 + (uint32_t) i);
         int64_t reserved = stat_of("reserved_bytes.all.current");
         ck_gm(gpumem_free(client, large), "gpumem_free");
         for (int i = 0; i < 64; i += 2)
@@ -327,7 +327,7 @@ static int mode_expandable(const char *socket) {
         int64_t after = stat_of("reserved_bytes.all.current");
         int bad = 0;
         for (int i = 1; i < 64; i += 2) {
-                bad += !verify(small[i], 3 * MiB, 100 + (uint32_t)i);
+                bad += !verify(small[i], 3 * MiB, 100 + (uint32_t) i);
                 ck_gm(gpumem_free(client, small[i]), "gpumem_free");
         }
         ck_gm(gpumem_trim(client, NULL), "gpumem_trim");
@@ -340,7 +340,7 @@ static int mode_expandable(const char *socket) {
                     bad, released, reserved, after, end);
         printf("expandable segments: reserved %.0f MiB, trim released %.0f MiB, %.0f MiB stayed for live blocks "
                "(verified with %s), 0 at the end\n",
-               (double)reserved / MiB, (double)released / MiB, (double)after / MiB, method());
+               (double) reserved / MiB, (double) released / MiB, (double) after / MiB, method());
         return 0;
 }
 
@@ -350,14 +350,14 @@ static int mode_streams(const char *socket) {
         ck(cu.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         ck(cu.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         void *a, *b;
-        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t)(uintptr_t)s1, &a), "gpumem_alloc");
-        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t)(uintptr_t)s1, &b), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t) (uintptr_t) s1, &a), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, 64 * MiB, (uint64_t) (uintptr_t) s1, &b), "gpumem_alloc");
         /* Kernels that take 300 ms on s2 use both blocks; the frees must wait for them. */
         fill_async(a, 64 * MiB, 5, s2, 300000000);
         fill_async(b, 64 * MiB, 6, s2, 300000000);
-        ck_gm(gpumem_record_stream(client, a, (uint64_t)(uintptr_t)s2), "gpumem_record_stream");
+        ck_gm(gpumem_record_stream(client, a, (uint64_t) (uintptr_t) s2), "gpumem_record_stream");
         ck_gm(gpumem_free(client, a), "gpumem_free");
-        ck_gm(gpumem_free_async(client, b, (uint64_t)(uintptr_t)s2), "gpumem_free_async");
+        ck_gm(gpumem_free_async(client, b, (uint64_t) (uintptr_t) s2), "gpumem_free_async");
         int64_t pending = stat_of("active_bytes.all.current");
         int64_t allocated = stat_of("allocated_bytes.all.current");
         const char *hold = getenv("GM_CHECK_HOLD_EVENTS");
@@ -374,13 +374,13 @@ static int mode_streams(const char *socket) {
         ck(cu.StreamDestroy(s1), "cuStreamDestroy");
         ck(cu.StreamDestroy(s2), "cuStreamDestroy");
         gpumem_disconnect(client);
-        if (pending != (int64_t)(128 * MiB) || allocated != 0 || active != 0)
-                die("streams: %" PRId64 " bytes pending after the frees (want %llu), allocated %" PRId64
-                    ", %" PRId64 " still active after %" PRIu64 " ms",
+        if (pending != (int64_t) (128 * MiB) || allocated != 0 || active != 0)
+                die("streams: %" PRId64 " bytes pending after the frees (want %llu), allocated %" PRId64 ", %" PRId64
+                    " still active after %" PRIu64 " ms",
                     pending, 128 * MiB, allocated, active, waited_ms);
         printf("free_async/record_stream: %.0f MiB pending while the streams were busy (%s), released %" PRIu64
                " ms after\n",
-               (double)pending / MiB, cu.kernels ? "300 ms kernels on a second stream" : "events held by the emulator",
+               (double) pending / MiB, cu.kernels ? "300 ms kernels on a second stream" : "events held by the emulator",
                waited_ms);
         return 0;
 }
@@ -393,7 +393,7 @@ static int mode_trim_busy(const char *socket) {
         ck_gm(gpumem_free(client, cache), "gpumem_free");
         CUstream s;
         ck(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-        ck_gm(gpumem_alloc(client, live_size, (uint64_t)(uintptr_t)s, &live), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, live_size, (uint64_t) (uintptr_t) s, &live), "gpumem_alloc");
         fill_async(live, live_size, 9, s, 500000000); /* half a second of work on the live block */
         uint64_t released = 0;
         uint64_t t0 = now_ns();
@@ -407,7 +407,7 @@ static int mode_trim_busy(const char *socket) {
         if (!ok || released < cache_size)
                 die("trim while busy: released %" PRIu64 " bytes, live block %s", released, ok ? "intact" : "damaged");
         printf("trim while %s: %.0f MiB released in %" PRIu64 " ms, the live block intact (%s)\n",
-               cu.kernels ? "a 500 ms kernel writes a live block" : "a live block is in use", (double)released / MiB,
+               cu.kernels ? "a 500 ms kernel writes a live block" : "a live block is in use", (double) released / MiB,
                trim_ms, method());
         return 0;
 }
@@ -424,10 +424,10 @@ static int mode_cache(const char *socket, const char *dir) {
         wait_for(dir, "go", 120);
         int64_t left = stat_of("reserved_bytes.all.current");
         gpumem_disconnect(client);
-        if (cached < (int64_t)size || left != 0)
+        if (cached < (int64_t) size || left != 0)
                 die("reclaim: cached %" PRId64 " bytes, %" PRId64 " left after the trim", cached, left);
         printf("reclaim: an admin trim (gpumemctl trim) took back this idle client's %.0f MiB cache\n",
-               (double)cached / MiB);
+               (double) cached / MiB);
         return 0;
 }
 
@@ -447,7 +447,7 @@ static int mode_hold(const char *socket, const char *dir) {
         if (bad || !ok)
                 die("restart: %d of %d blocks lost data", bad, N_BLOCKS);
         printf("client kept %.1f MiB in %d blocks across the restart and allocates again (%s)\n",
-               (double)b.bytes / MiB, N_BLOCKS, method());
+               (double) b.bytes / MiB, N_BLOCKS, method());
         return 0;
 }
 
@@ -475,16 +475,16 @@ static int mode_oom(const char *socket) {
         printf("oom message: %s\n", msg);
         if (r != -ENOMEM || !strstr(msg, "CUDA out of memory"))
                 die("out of memory: %d GiB allocated, then %s", n, gpumem_strerror(r));
-        const char *reason = strstr(msg, "used outside gpumemd")          ? "memory used outside gpumemd"
-                             : strstr(msg, "full of live allocations")    ? "device full of live allocations"
-                             : strstr(msg, "other tenants' caches")       ? "other tenants' caches"
-                                                                          : "other";
+        const char *reason = strstr(msg, "used outside gpumemd")       ? "memory used outside gpumemd"
+                             : strstr(msg, "full of live allocations") ? "device full of live allocations"
+                             : strstr(msg, "other tenants' caches")    ? "other tenants' caches"
+                                                                       : "other";
         printf("cuMemCreate out of memory after %d GiB: -ENOMEM, diagnosis: %s\n", n, reason);
         return 0;
 }
 
 static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
         return x < y ? -1 : x > y;
 }
 
@@ -528,7 +528,7 @@ static int mode_bench(const char *socket) {
                 }
                 uint64_t g = median(gm, ROUNDS), r = median(raw, ROUNDS);
                 printf("%-10" PRIu64 " %16" PRIu64 " %16" PRIu64 " %8.2f   (gpumem spread %" PRIu64 "-%" PRIu64 ")\n",
-                       sizes[s], g, r, (double)r / (double)(g ? g : 1), gm_lo, gm_hi);
+                       sizes[s], g, r, (double) r / (double) (g ? g : 1), gm_lo, gm_hi);
         }
         gpumem_disconnect(client);
         printf("bench: cached alloc+free through gpumemd vs cuMemAlloc+cuMemFree, medians of %d interleaved rounds%s\n",
@@ -546,7 +546,7 @@ int main(int argc, char **argv) {
         driver_open();
         int r;
         if (strcmp(mode, "pattern") == 0 && argc == 5)
-                r = mode_pattern(argv[2], (uint32_t)strtoul(argv[3], NULL, 10), argv[4]);
+                r = mode_pattern(argv[2], (uint32_t) strtoul(argv[3], NULL, 10), argv[4]);
         else if (strcmp(mode, "expandable") == 0)
                 r = mode_expandable(argv[2]);
         else if (strcmp(mode, "streams") == 0)

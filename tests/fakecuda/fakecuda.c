@@ -72,13 +72,13 @@
 
 typedef struct alloc {
         struct alloc *next;
-        int fd;            /* the memfd, owned */
-        size_t size;       /* bytes */
-        int slot;          /* in the pool */
-        bool handle_open;  /* the handle was not released yet */
-        int mappings;      /* cuMemMap ranges using it */
-        bool exportable;   /* created with POSIX fd handles requested */
-        bool rdma;         /* created GPUDirect-RDMA capable */
+        int fd;           /* the memfd, owned */
+        size_t size;      /* bytes */
+        int slot;         /* in the pool */
+        bool handle_open; /* the handle was not released yet */
+        int mappings;     /* cuMemMap ranges using it */
+        bool exportable;  /* created with POSIX fd handles requested */
+        bool rdma;        /* created GPUDirect-RDMA capable */
 } alloc_t;
 
 /* A reservation, a mapping (alloc set) or a cuMemAlloc block (slot set). */
@@ -111,7 +111,7 @@ static struct {
         bool initialized;
         pid_t init_pid; /* the process that called cuInit: a fork child is refused */
         /* configuration, fixed by the first successful cuInit */
-        int device_count;   /* visible devices */
+        int device_count;               /* visible devices */
         int physical[FAKE_MAX_DEVICES]; /* ordinal -> physical index */
         uint64_t granularity, context_bytes;
         bool no_vmm, no_posix_fd, no_rdma;
@@ -138,14 +138,14 @@ static _Thread_local int depth;
 static void unlock(pthread_mutex_t **m) {
         pthread_mutex_unlock(*m);
 }
-#define LOCKED()                                                                                   \
-        pthread_mutex_t *locked_ __attribute__((cleanup(unlock))) = &fake.lock;                    \
+#define LOCKED()                                                                \
+        pthread_mutex_t *locked_ __attribute__((cleanup(unlock))) = &fake.lock; \
         pthread_mutex_lock(locked_)
 /* A fork()ed child of an initialised process cannot use the driver. */
-#define REQUIRE_INIT()                                                                             \
-        do {                                                                                       \
-                if (!fake.initialized || fake.init_pid != getpid())                                \
-                        return CUDA_ERROR_NOT_INITIALIZED;                                         \
+#define REQUIRE_INIT()                                              \
+        do {                                                        \
+                if (!fake.initialized || fake.init_pid != getpid()) \
+                        return CUDA_ERROR_NOT_INITIALIZED;          \
         } while (0)
 
 static const struct {
@@ -165,7 +165,8 @@ static const struct {
         {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
         {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
         {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-        {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
+        {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE",
+         "CUDA-capable device(s) is/are busy or unavailable"},
         {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -184,10 +185,26 @@ static bool env_size(const char *name, uint64_t dflt, uint64_t *ret) {
                 return false;
         unsigned shift = 0;
         switch (*end) {
-        case 'K': case 'k': shift = 10; end++; break;
-        case 'M': case 'm': shift = 20; end++; break;
-        case 'G': case 'g': shift = 30; end++; break;
-        case 'T': case 't': shift = 40; end++; break;
+        case 'K':
+        case 'k':
+                shift = 10;
+                end++;
+                break;
+        case 'M':
+        case 'm':
+                shift = 20;
+                end++;
+                break;
+        case 'G':
+        case 'g':
+                shift = 30;
+                end++;
+                break;
+        case 'T':
+        case 't':
+                shift = 40;
+                end++;
+                break;
         }
         if (shift && *end == 'i')
                 end++;
@@ -195,7 +212,7 @@ static bool env_size(const char *name, uint64_t dflt, uint64_t *ret) {
                 end++;
         if (*end || (shift && v > (UINT64_MAX >> shift)))
                 return false;
-        *ret = (uint64_t)v << shift;
+        *ret = (uint64_t) v << shift;
         return true;
 }
 
@@ -221,7 +238,7 @@ static bool parse_hex(const char *s, unsigned char *bytes, size_t max, size_t *r
                 unsigned long v = strtoul(pair, &end, 16);
                 if (*end || n == max)
                         return false;
-                bytes[n++] = (unsigned char)v;
+                bytes[n++] = (unsigned char) v;
         }
         if (*s)
                 return false;
@@ -262,7 +279,7 @@ static void visible_devices(int physical_count) {
                 long v = strtol(s, &end, 10);
                 if (end == s || v < 0 || v >= physical_count)
                         return;
-                fake.physical[fake.device_count++] = (int)v;
+                fake.physical[fake.device_count++] = (int) v;
                 s = *end == ',' ? end + 1 : end;
                 if (*end != ',')
                         return;
@@ -277,8 +294,8 @@ static bool pool_open(uint64_t capacity, int physical_count, uint32_t compute_mo
                 if (fd < 0 || flock(fd, LOCK_EX) < 0)
                         goto fail;
                 struct stat st;
-                if (fstat(fd, &st) < 0 || (st.st_size < (off_t)sizeof(fake_pool_t) &&
-                                           ftruncate(fd, sizeof(fake_pool_t)) < 0))
+                if (fstat(fd, &st) < 0 ||
+                    (st.st_size < (off_t) sizeof(fake_pool_t) && ftruncate(fd, sizeof(fake_pool_t)) < 0))
                         goto fail;
                 if (st.st_uid == geteuid())
                         fchmod(fd, 0666); /* one device for every user's processes */
@@ -296,7 +313,7 @@ static bool pool_open(uint64_t capacity, int physical_count, uint32_t compute_mo
                 pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
                 pthread_mutex_init(&pool->lock, &attr);
                 pthread_mutexattr_destroy(&attr);
-                pool->device_count = (uint32_t)physical_count;
+                pool->device_count = (uint32_t) physical_count;
                 pool->compute_mode = compute_mode;
                 for (int i = 0; i < FAKE_MAX_DEVICES; i++)
                         pool->capacity[i] = capacity;
@@ -321,30 +338,28 @@ static bool configure(void) {
         if (!env_size("FAKECUDA_DEVICE_COUNT", 1, &count) || count > FAKE_MAX_DEVICES ||
             !env_size("FAKECUDA_CAPACITY", 4ull << 30, &capacity) ||
             !env_size("FAKECUDA_GRANULARITY", 2ull << 20, &fake.granularity) || fake.granularity == 0 ||
-            fake.granularity % (uint64_t)sysconf(_SC_PAGESIZE) != 0 ||
+            fake.granularity % (uint64_t) sysconf(_SC_PAGESIZE) != 0 ||
             !env_size("FAKECUDA_CONTEXT_BYTES", 8ull << 20, &fake.context_bytes) ||
             !env_size("FAKECUDA_FAIL_CREATE_AT", 0, &fail_create) ||
-            !env_size("FAKECUDA_FAIL_IMPORT_AT", 0, &fail_import) ||
-            !env_size("FAKECUDA_FAIL_MAP_AT", 0, &fail_map) ||
+            !env_size("FAKECUDA_FAIL_IMPORT_AT", 0, &fail_import) || !env_size("FAKECUDA_FAIL_MAP_AT", 0, &fail_map) ||
             !env_size("FAKECUDA_FAIL_UNMAP_AT", 0, &fail_unmap) ||
             !env_error("FAKECUDA_FAIL_CREATE_ERROR", &fake.fail_create_error) ||
             !env_error("FAKECUDA_FAIL_IMPORT_ERROR", &fake.fail_import_error) ||
             !env_error("FAKECUDA_FAIL_MAP_ERROR", &fake.fail_map_error) ||
             !env_error("FAKECUDA_FAIL_UNMAP_ERROR", &fake.fail_unmap_error) || !parse_compute_mode(&compute_mode) ||
-            !parse_hex(prefix ? prefix : "fa4ec0da", fake.uuid_prefix, sizeof(fake.uuid_prefix),
-                       &fake.uuid_prefix_len))
+            !parse_hex(prefix ? prefix : "fa4ec0da", fake.uuid_prefix, sizeof(fake.uuid_prefix), &fake.uuid_prefix_len))
                 return false;
         fake.no_vmm = env_flag("FAKECUDA_NO_VMM");
         fake.no_posix_fd = env_flag("FAKECUDA_NO_POSIX_FD");
         fake.no_rdma = env_flag("FAKECUDA_NO_RDMA");
-        fake.fail_create_at = (long)fail_create;
-        fake.fail_import_at = (long)fail_import;
-        fake.fail_map_at = (long)fail_map;
-        fake.fail_unmap_at = (long)fail_unmap;
+        fake.fail_create_at = (long) fail_create;
+        fake.fail_import_at = (long) fail_import;
+        fake.fail_map_at = (long) fail_map;
+        fake.fail_unmap_at = (long) fail_unmap;
         fake.hold_events = getenv("FAKECUDA_HOLD_EVENTS");
-        if (!pool_open(capacity, (int)count, compute_mode))
+        if (!pool_open(capacity, (int) count, compute_mode))
                 return false;
-        visible_devices((int)count);
+        visible_devices((int) count);
         for (int i = 0; i < FAKE_MAX_DEVICES; i++)
                 fake.ctx[i].device = i;
         return true;
@@ -497,7 +512,7 @@ static struct CUevent_st *find_event(CUevent e) {
 
 static alloc_t *find_alloc(CUmemGenericAllocationHandle handle) {
         for (alloc_t *a = fake.allocs; a; a = a->next)
-                if ((uintptr_t)a == handle && a->handle_open)
+                if ((uintptr_t) a == handle && a->handle_open)
                         return a;
         return NULL;
 }
@@ -521,8 +536,13 @@ static alloc_t *alloc_new(int fd, size_t size, int slot, bool exportable, bool r
         alloc_t *a = calloc(1, sizeof(*a));
         if (!a)
                 return NULL;
-        *a = (alloc_t){.next = fake.allocs, .fd = fd, .size = size, .slot = slot, .handle_open = true,
-                       .exportable = exportable, .rdma = rdma};
+        *a = (alloc_t){.next = fake.allocs,
+                       .fd = fd,
+                       .size = size,
+                       .slot = slot,
+                       .handle_open = true,
+                       .exportable = exportable,
+                       .rdma = rdma};
         fake.allocs = a;
         return a;
 }
@@ -555,7 +575,7 @@ static long long mapped_bytes(uintptr_t addr, size_t size) {
                         continue;
                 if (r->addr < addr || r->addr + r->size > addr + size)
                         return -1;
-                n += (long long)r->size;
+                n += (long long) r->size;
         }
         return n;
 }
@@ -577,8 +597,8 @@ static bool prop_valid(const CUmemAllocationProp *prop) {
 
 /* Turns [addr, +size) back into reserved, inaccessible, not inherited pages. */
 static void reserve_pages(uintptr_t addr, size_t size) {
-        mmap((void *)addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-        madvise((void *)addr, size, MADV_DONTFORK);
+        mmap((void *) addr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        madvise((void *) addr, size, MADV_DONTFORK);
 }
 
 static bool events_held(void) {
@@ -660,7 +680,7 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
                 return CUDA_ERROR_INVALID_DEVICE;
         memset(uuid->bytes, 0, sizeof(uuid->bytes));
         memcpy(uuid->bytes, fake.uuid_prefix, fake.uuid_prefix_len);
-        uuid->bytes[15] = (char)physical(dev);
+        uuid->bytes[15] = (char) physical(dev);
         return CUDA_SUCCESS;
 }
 
@@ -691,7 +711,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
                 *pi = !fake.no_vmm && !fake.no_rdma;
                 return CUDA_SUCCESS;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
-                *pi = (int)fake.pool->compute_mode;
+                *pi = (int) fake.pool->compute_mode;
                 return CUDA_SUCCESS;
         default:
                 return CUDA_ERROR_INVALID_VALUE; /* not emulated: a caller must not depend on it */
@@ -887,13 +907,13 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         snprintf(name, sizeof(name), "fakecuda-dev%d", phys);
         int fd = memfd_create(name, MFD_CLOEXEC);
         struct stat st;
-        if (fd < 0 || ftruncate(fd, (off_t)size) < 0 || fstat(fd, &st) < 0) {
+        if (fd < 0 || ftruncate(fd, (off_t) size) < 0 || fstat(fd, &st) < 0) {
                 if (fd >= 0)
                         close(fd);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
         pool_lock();
-        int slot = pool_fits(phys, size) ? slot_hold((uint64_t)st.st_ino, size, phys) : -1;
+        int slot = pool_fits(phys, size) ? slot_hold((uint64_t) st.st_ino, size, phys) : -1;
         pool_unlock();
         alloc_t *a = slot >= 0 ? alloc_new(fd, size, slot, exportable, prop->allocFlags.gpuDirectRDMACapable) : NULL;
         if (!a) {
@@ -902,7 +922,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
                 close(fd);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        *handle = (uintptr_t)a;
+        *handle = (uintptr_t) a;
         return CUDA_SUCCESS;
 }
 
@@ -928,7 +948,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable, CUmemGenericAlloc
         int fd = dup(a->fd);
         if (fd < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        *(int *)shareable = fd;
+        *(int *) shareable = fd;
         return CUDA_SUCCESS;
 }
 
@@ -954,26 +974,26 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
                 return CUDA_ERROR_INVALID_VALUE;
         if (++fake.imports == fake.fail_import_at)
                 return fake.fail_import_error;
-        int fd = (int)(intptr_t)os_handle;
+        int fd = (int) (intptr_t) os_handle;
         struct stat st;
         int phys = exported_device(fd);
         if (phys < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-            (uint64_t)st.st_size % fake.granularity != 0)
+            (uint64_t) st.st_size % fake.granularity != 0)
                 return CUDA_ERROR_INVALID_HANDLE;
         int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (own < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         pool_lock();
-        int slot = slot_hold((uint64_t)st.st_ino, (uint64_t)st.st_size, phys); /* it exists: no capacity check */
+        int slot = slot_hold((uint64_t) st.st_ino, (uint64_t) st.st_size, phys); /* it exists: no capacity check */
         pool_unlock();
-        alloc_t *a = slot >= 0 ? alloc_new(own, (size_t)st.st_size, slot, true, false) : NULL;
+        alloc_t *a = slot >= 0 ? alloc_new(own, (size_t) st.st_size, slot, true, false) : NULL;
         if (!a) {
                 if (slot >= 0)
                         slot_drop(slot);
                 close(own);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        *handle = (uintptr_t)a;
+        *handle = (uintptr_t) a;
         return CUDA_SUCCESS;
 }
 
@@ -989,13 +1009,13 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
         char *raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (raw == MAP_FAILED)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        uintptr_t start = ((uintptr_t)raw + alignment - 1) / alignment * alignment;
-        if (start > (uintptr_t)raw)
-                munmap(raw, start - (uintptr_t)raw);
-        munmap((void *)(start + size), (uintptr_t)raw + span - (start + size));
-        madvise((void *)start, size, MADV_DONTFORK);
+        uintptr_t start = ((uintptr_t) raw + alignment - 1) / alignment * alignment;
+        if (start > (uintptr_t) raw)
+                munmap(raw, start - (uintptr_t) raw);
+        munmap((void *) (start + size), (uintptr_t) raw + span - (start + size));
+        madvise((void *) start, size, MADV_DONTFORK);
         if (!range_add(&fake.reservations, start, size, NULL)) {
-                munmap((void *)start, size);
+                munmap((void *) start, size);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
         *ptr = start;
@@ -1010,7 +1030,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
                 return CUDA_ERROR_INVALID_VALUE;
         range_t *r = *p;
         *p = r->next;
-        munmap((void *)r->addr, r->size);
+        munmap((void *) r->addr, r->size);
         free(r);
         return CUDA_SUCCESS;
 }
@@ -1025,9 +1045,9 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         if (!a || offset != 0 || flags != 0 || size == 0 || size > a->size || size % fake.granularity != 0 ||
             !inside_reservation(ptr, size) || mapped_bytes(ptr, size) != 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED)
+        if (mmap((void *) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        madvise((void *)ptr, size, MADV_DONTFORK);
+        madvise((void *) ptr, size, MADV_DONTFORK);
         if (!range_add(&fake.mappings, ptr, size, a)) {
                 reserve_pages(ptr, size);
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1039,7 +1059,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
         LOCKED();
         REQUIRE_INIT();
-        if (!desc || count == 0 || size == 0 || mapped_bytes(ptr, size) != (long long)size)
+        if (!desc || count == 0 || size == 0 || mapped_bytes(ptr, size) != (long long) size)
                 return CUDA_ERROR_INVALID_VALUE;
         int prot = PROT_NONE;
         for (size_t i = 0; i < count; i++) {
@@ -1057,7 +1077,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
                 else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
                         return CUDA_ERROR_INVALID_VALUE;
         }
-        if (mprotect((void *)ptr, size, prot) < 0)
+        if (mprotect((void *) ptr, size, prot) < 0)
                 return CUDA_ERROR_INVALID_VALUE;
         return CUDA_SUCCESS;
 }
@@ -1212,14 +1232,14 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
                 return CUDA_ERROR_INVALID_VALUE;
         int phys = physical(ctx->device);
         /* A block is a pool slot of its own, named outside the inode space. */
-        uint64_t id = (1ull << 63) | ((uint64_t)getpid() << 32) | ++fake.next_block_id;
+        uint64_t id = (1ull << 63) | ((uint64_t) getpid() << 32) | ++fake.next_block_id;
         pool_lock();
         int slot = pool_fits(phys, size) ? slot_hold(id, size, phys) : -1;
         pool_unlock();
         if (slot < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        range_t *r = p == MAP_FAILED ? NULL : range_add(&fake.blocks, (uintptr_t)p, size, NULL);
+        range_t *r = p == MAP_FAILED ? NULL : range_add(&fake.blocks, (uintptr_t) p, size, NULL);
         if (!r) {
                 if (p != MAP_FAILED)
                         munmap(p, size);
@@ -1227,7 +1247,7 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
         r->slot = slot;
-        *dptr = (uintptr_t)p;
+        *dptr = (uintptr_t) p;
         return CUDA_SUCCESS;
 }
 
@@ -1239,7 +1259,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
                 return CUDA_ERROR_INVALID_VALUE;
         range_t *r = *p;
         *p = r->next;
-        munmap((void *)r->addr, r->size);
+        munmap((void *) r->addr, r->size);
         slot_drop(r->slot);
         free(r);
         return CUDA_SUCCESS;
@@ -1324,7 +1344,8 @@ static const struct {
         int version;
         void *fn;
 } entry_points[] = {
-#define ENTRY(name, version) {#name, version, (void *)name}
+#define ENTRY(name, version) \
+        { #name, version, (void *) name }
         ENTRY(cuInit, 2000),
         ENTRY(cuDriverGetVersion, 2020),
         ENTRY(cuGetProcAddress, 12000),
@@ -1332,7 +1353,7 @@ static const struct {
         ENTRY(cuGetErrorString, 6000),
         ENTRY(cuDeviceGet, 2000),
         ENTRY(cuDeviceGetCount, 2000),
-        {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
+        {"cuDeviceGetUuid", 9020, (void *) cuDeviceGetUuid},
         ENTRY(cuDeviceGetAttribute, 2000),
         ENTRY(cuDeviceTotalMem, 3020),
         ENTRY(cuDevicePrimaryCtxRetain, 7000),
@@ -1341,8 +1362,8 @@ static const struct {
         ENTRY(cuCtxGetCurrent, 4000),
         ENTRY(cuCtxPushCurrent, 4000),
         ENTRY(cuCtxPopCurrent, 4000),
-        {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
-        {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
+        {"cuCtxSynchronize", 2000, (void *) cuCtxSynchronize},
+        {"cuCtxSynchronize", 13000, (void *) cuCtxSynchronize_v2},
         ENTRY(cuMemGetInfo, 3020),
         ENTRY(cuMemGetAllocationGranularity, 10020),
         ENTRY(cuMemCreate, 10020),
@@ -1381,7 +1402,8 @@ static bool hidden(const char *symbol) {
 
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags,
                                   CUdriverProcAddressQueryResult *status) {
-        if (!symbol || !pfn || flags > (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
+        if (!symbol || !pfn ||
+            flags > (CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
                 return CUDA_ERROR_INVALID_VALUE;
         bool known = false;
         int best = -1;
@@ -1390,7 +1412,7 @@ CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, c
                         continue;
                 known = true;
                 if (entry_points[i].version <= version)
-                        best = (int)i;
+                        best = (int) i;
         }
         *pfn = best >= 0 ? entry_points[best].fn : NULL;
         if (status)
@@ -1409,8 +1431,13 @@ typedef struct nvmlMemory {
         unsigned long long total, free, used;
 } nvmlMemory_t;
 typedef struct fake_nvml_device *nvmlDevice_t;
-enum { NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_FOUND = 6,
-       NVML_ERROR_DRIVER_NOT_LOADED = 9 };
+enum {
+        NVML_SUCCESS = 0,
+        NVML_ERROR_UNINITIALIZED = 1,
+        NVML_ERROR_INVALID_ARGUMENT = 2,
+        NVML_ERROR_NOT_FOUND = 6,
+        NVML_ERROR_DRIVER_NOT_LOADED = 9
+};
 
 int nvmlInit_v2(void);
 int nvmlShutdown(void);
@@ -1438,12 +1465,18 @@ int nvmlShutdown(void) {
 
 const char *nvmlErrorString(int result) {
         switch (result) {
-        case NVML_SUCCESS: return "Success";
-        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-        case NVML_ERROR_NOT_FOUND: return "Not Found";
-        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-        default: return "Unknown Error";
+        case NVML_SUCCESS:
+                return "Success";
+        case NVML_ERROR_UNINITIALIZED:
+                return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT:
+                return "Invalid Argument";
+        case NVML_ERROR_NOT_FOUND:
+                return "Not Found";
+        case NVML_ERROR_DRIVER_NOT_LOADED:
+                return "Driver Not Loaded";
+        default:
+                return "Unknown Error";
         }
 }
 
@@ -1458,13 +1491,13 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
         for (uint32_t d = 0; d < fake.pool->device_count; d++) {
                 unsigned char b[16] = {0};
                 memcpy(b, fake.uuid_prefix, fake.uuid_prefix_len);
-                b[15] = (unsigned char)d;
+                b[15] = (unsigned char) d;
                 char text[64];
-                snprintf(text, sizeof(text),
-                         "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                         b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                snprintf(text, sizeof(text), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                         b[15]);
                 if (strcasecmp(text, uuid) == 0) {
-                        *device = (nvmlDevice_t)(uintptr_t)(d + 1);
+                        *device = (nvmlDevice_t) (uintptr_t) (d + 1);
                         return NVML_SUCCESS;
                 }
         }
@@ -1473,7 +1506,7 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
 
 int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
         LOCKED();
-        uintptr_t d = (uintptr_t)device;
+        uintptr_t d = (uintptr_t) device;
         if (!fake.initialized)
                 return NVML_ERROR_UNINITIALIZED;
         if (!memory || d == 0 || d > fake.pool->device_count)

@@ -7,15 +7,15 @@
 #include <stdint.h>
 
 typedef struct fakecuda_usage {
-        long handles;        /* allocation handles not released (cuMemCreate/Import) */
-        long mappings;       /* cuMemMap ranges not unmapped */
-        long reservations;   /* cuMemAddressReserve ranges not freed */
-        long blocks;         /* cuMemAlloc blocks not freed */
+        long handles;      /* allocation handles not released (cuMemCreate/Import) */
+        long mappings;     /* cuMemMap ranges not unmapped */
+        long reservations; /* cuMemAddressReserve ranges not freed */
+        long blocks;       /* cuMemAlloc blocks not freed */
         long streams, events;
-        long contexts;       /* primary contexts retained and not released */
-        long rdma_handles;   /* of `handles`, those created GPUDirect-RDMA capable */
-        long stack_depth;    /* the calling thread's context stack */
-        long event_queries;  /* cuEventQuery calls so far (how hard pending events are polled) */
+        long contexts;      /* primary contexts retained and not released */
+        long rdma_handles;  /* of `handles`, those created GPUDirect-RDMA capable */
+        long stack_depth;   /* the calling thread's context stack */
+        long event_queries; /* cuEventQuery calls so far (how hard pending events are polled) */
 } fakecuda_usage_t;
 
 /* This process's driver objects. 0, or -1 before cuInit. */

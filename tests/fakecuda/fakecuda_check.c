@@ -81,5 +81,5 @@ void gm_fake_assert_device_drained(void) {
         munmap(p, sizeof(fake_pool_t));
         close(fd);
         ck_assert_msg(bytes == 0, "%llu bytes of device memory still held by other processes",
-                      (unsigned long long)bytes);
+                      (unsigned long long) bytes);
 }

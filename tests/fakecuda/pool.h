@@ -35,15 +35,15 @@ typedef struct fake_holder {
 } fake_holder_t;
 
 typedef struct fake_slot {
-        uint64_t ino;    /* the memfd's inode; 0 = free slot */
-        uint64_t size;   /* bytes */
+        uint64_t ino;  /* the memfd's inode; 0 = free slot */
+        uint64_t size; /* bytes */
         int32_t device;
         int32_t pad;
         fake_holder_t holders[FAKE_POOL_HOLDERS];
 } fake_slot_t;
 
 typedef struct fake_ctx_use {
-        int32_t pid;    /* 0 = free entry */
+        int32_t pid; /* 0 = free entry */
         int32_t device;
         uint64_t bytes; /* charged while the process's primary context is active */
 } fake_ctx_use_t;
@@ -51,9 +51,9 @@ typedef struct fake_ctx_use {
 typedef struct fake_pool {
         uint64_t magic;
         uint32_t device_count;
-        uint32_t compute_mode;                 /* CUcomputemode of every device */
-        uint64_t capacity[FAKE_MAX_DEVICES];   /* total bytes of each device */
-        uint64_t in_use[FAKE_MAX_DEVICES];     /* allocations + contexts + cuMemAlloc blocks */
+        uint32_t compute_mode;               /* CUcomputemode of every device */
+        uint64_t capacity[FAKE_MAX_DEVICES]; /* total bytes of each device */
+        uint64_t in_use[FAKE_MAX_DEVICES];   /* allocations + contexts + cuMemAlloc blocks */
         uint64_t allocations[FAKE_MAX_DEVICES];
         fake_ctx_use_t contexts[FAKE_POOL_CONTEXTS];
         fake_slot_t slots[FAKE_POOL_SLOTS];
@@ -67,7 +67,7 @@ static inline bool fake_pool_alive(int32_t pid) {
         if (kill(pid, 0) < 0 && errno == ESRCH)
                 return false;
         char path[64], buf[256];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
                 return errno != ENOENT;

@@ -24,10 +24,10 @@ static inline char *fuzz_cstring(const uint8_t *data, size_t size) {
 
 /* A property the parser promised did not hold: report and crash, so libFuzzer
  * keeps the input. */
-#define FUZZ_ASSERT(cond)                                                                      \
-        do {                                                                                   \
-                if (!(cond)) {                                                                 \
+#define FUZZ_ASSERT(cond)                                                                           \
+        do {                                                                                        \
+                if (!(cond)) {                                                                      \
                         fprintf(stderr, "%s:%d: property failed: %s\n", __FILE__, __LINE__, #cond); \
-                        abort();                                                               \
-                }                                                                              \
+                        abort();                                                                    \
+                }                                                                                   \
         } while (0)

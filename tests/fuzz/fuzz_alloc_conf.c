@@ -10,8 +10,8 @@
 
 static bool same(const gm_alloc_config_t *a, const gm_alloc_config_t *b) {
         return a->max_split_size == b->max_split_size && a->max_non_split_rounding == b->max_non_split_rounding &&
-               memcmp(a->roundup_power2_divisions, b->roundup_power2_divisions,
-                      sizeof(a->roundup_power2_divisions)) == 0 &&
+               memcmp(a->roundup_power2_divisions, b->roundup_power2_divisions, sizeof(a->roundup_power2_divisions)) ==
+                       0 &&
                a->garbage_collection_threshold == b->garbage_collection_threshold &&
                a->per_process_memory_fraction == b->per_process_memory_fraction &&
                a->expandable_segments == b->expandable_segments &&

@@ -47,8 +47,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         gm_broker_params_t params = {
                 .backend = backend,
                 .alloc_config = &conf,
-                .limits = {.max_blocks_per_session = 256, .max_parked_per_session = 4, .park_timeout_ms = 1000,
-                           .release_timeout_ms = 1000, .max_reattach_items = 256, .max_ranges_per_release = 8},
+                .limits = {.max_blocks_per_session = 256,
+                           .max_parked_per_session = 4,
+                           .park_timeout_ms = 1000,
+                           .release_timeout_ms = 1000,
+                           .max_reattach_items = 256,
+                           .max_ranges_per_release = 8},
         };
         gm_broker_t *broker;
         FUZZ_ASSERT(gm_broker_new(&params, &broker) == 0);

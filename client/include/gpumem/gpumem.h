@@ -179,8 +179,7 @@ typedef struct gpumem_history_state {
 /* Turns the daemon's memory history (the trace ring of snapshots) on or off
  * (admin; turning it off clears it, as in PyTorch). max_entries 0 keeps the
  * current bound. *ret_state (may be NULL) receives the state after the call. */
-GPUMEM_EXPORT int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries,
-                                 gpumem_history_state *ret_state);
+GPUMEM_EXPORT int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_history_state *ret_state);
 
 /* One session on the daemon, as `gpumemctl clients` lists it. */
 typedef struct gpumem_client_info {
@@ -219,8 +218,7 @@ typedef struct gpumem_tenant_info {
 
 /* Quotas: tenant NULL lists every tenant the caller may see, a name gives that
  * one. One buffer, as gpumem_list_clients(). */
-GPUMEM_EXPORT int gpumem_quota_list(gpumem_client *c, const char *tenant, gpumem_tenant_info **ret_list,
-                                    size_t *ret_n);
+GPUMEM_EXPORT int gpumem_quota_list(gpumem_client *c, const char *tenant, gpumem_tenant_info **ret_list, size_t *ret_n);
 /* Sets a tenant's quota (admin); 0 removes it. Persistent (kept in the
  * daemon's state directory) unless `runtime`. */
 GPUMEM_EXPORT int gpumem_quota_set(gpumem_client *c, const char *tenant, uint64_t bytes, bool runtime);
