@@ -83,6 +83,8 @@ int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_
  * unbacked (the client's mapping is its only reference). NULL when it does
  * not fit the device or on -ENOMEM. */
 gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec);
+/* Appends p to the session's pieces not yet sent to its client (s->new_head). */
+void gm_piece_list_unsent(gm_session_t *s, gm_piece_t *p);
 /* Moves an ADOPTING piece to LIVE in the heap (charges it). */
 void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
 

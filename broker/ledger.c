@@ -566,12 +566,7 @@ int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_p
         gm_piece_claimed(s, p);
         p->in_heap = false; /* the client's heap holds it */
         p->sent = false;    /* released at once: its client gives it back unmapped (or is gone) */
-        p->queue = NULL;    /* unsent pieces are listed, as gm_piece_create() lists them */
-        if (s->new_tail)
-                s->new_tail->queue = p;
-        else
-                s->new_head = p;
-        s->new_tail = p;
+        gm_piece_list_unsent(s, p);
         *ret_piece = p;
         return 0;
 }

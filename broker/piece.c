@@ -80,14 +80,18 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         p->offset = spec->offset;
         gm_piece_attach(s, p, GM_PIECE_LIVE);
         gm_ledger_store(b, s, p);
-        /* Listed for the reply that hands it to the client. */
+        gm_piece_list_unsent(s, p); /* for the reply that hands it to the client */
+        *ret_piece = p;
+        return 0;
+}
+
+void gm_piece_list_unsent(gm_session_t *s, gm_piece_t *p) {
+        p->queue = NULL;
         if (s->new_tail)
                 s->new_tail->queue = p;
         else
                 s->new_head = p;
         s->new_tail = p;
-        *ret_piece = p;
-        return 0;
 }
 
 /* Unlinks p from the session's unsent list, if it is there. */
