@@ -48,8 +48,6 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
         c->n++;
 }
 
-static void stats_add(gm_stats_t *sum, const gm_stats_t *add);
-
 /* Statistic names one request may ask for, at most. */
 #define STATS_MAX_NAMES 1024
 
@@ -118,7 +116,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                          * a non-admin learns nothing of who holds sessions. */
                         if ((uint32_t) o->pid != req->pid || !gm_conn_stats(o) || (!s->admin && o->tenant != s->tenant))
                                 continue;
-                        stats_add(&scratch, gm_conn_stats(o));
+                        gm_local_stats_add(&scratch, gm_conn_stats(o));
                         sessions++;
                 }
                 st = &scratch;
@@ -150,36 +148,6 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         out.stats_reply = &reply;
         gm_request_send(c, request_id, &out, NULL, 0);
         return 0;
-}
-
-/* Sums statistics of several sessions (currents, accumulations and counters
- * add up; a sum of peaks is an upper bound of the joint peak). */
-static void stats_add_one(gm_stat_t *a, const gm_stat_t *b) {
-        a->current += b->current;
-        a->peak += b->peak;
-        a->allocated += b->allocated;
-        a->freed += b->freed;
-}
-
-static void stats_add(gm_stats_t *sum, const gm_stats_t *add) {
-        for (int t = 0; t < _GM_STAT_TYPE_MAX; t++) {
-                stats_add_one(&sum->allocation[t], &add->allocation[t]);
-                stats_add_one(&sum->segment[t], &add->segment[t]);
-                stats_add_one(&sum->active[t], &add->active[t]);
-                stats_add_one(&sum->inactive_split[t], &add->inactive_split[t]);
-                stats_add_one(&sum->allocated_bytes[t], &add->allocated_bytes[t]);
-                stats_add_one(&sum->reserved_bytes[t], &add->reserved_bytes[t]);
-                stats_add_one(&sum->active_bytes[t], &add->active_bytes[t]);
-                stats_add_one(&sum->inactive_split_bytes[t], &add->inactive_split_bytes[t]);
-                stats_add_one(&sum->requested_bytes[t], &add->requested_bytes[t]);
-        }
-        stats_add_one(&sum->oversize_allocations, &add->oversize_allocations);
-        stats_add_one(&sum->oversize_segments, &add->oversize_segments);
-        sum->num_alloc_retries += add->num_alloc_retries;
-        sum->num_ooms += add->num_ooms;
-        sum->num_sync_all_streams += add->num_sync_all_streams;
-        sum->num_device_alloc += add->num_device_alloc;
-        sum->num_device_free += add->num_device_free;
 }
 
 const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
