@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "local.h"
 #include "msg.h"
 #include "requests.h"
 #include "testutil.h"
@@ -67,6 +68,7 @@ static void record_observe(void *userdata, unsigned op, uint64_t ns) {
 static gm_backend_t *backend_;
 static gm_broker_t *broker_;
 static gm_request_config_t config_ = {.max_packet = 65536, .max_fds = 16};
+static gm_local_totals_t local_;
 static gm_requests_t rq_;
 static gm_request_conn_t conn_;
 
@@ -82,8 +84,12 @@ static void setup(void) {
                 .limits = {.max_blocks_per_session = 1000, .max_parked_per_session = 8, .park_timeout_ms = 1000},
         };
         ck_assert_int_eq(gm_broker_new(&params, &broker_), 0);
-        rq_ = (gm_requests_t){.broker = broker_, .config = &config_, .send = record_send, .observe = record_observe};
-        gm_session_params_t sp = {.pid = getpid(), .uid = 4242, .admin = false};
+        rq_ = (gm_requests_t){.broker = broker_,
+                              .config = &config_,
+                              .local = &local_,
+                              .send = record_send,
+                              .observe = record_observe};
+        gm_session_params_t sp = {.pid = getpid(), .uid = 4242, .admin = false, .userdata = &conn_};
         conn_ = (gm_request_conn_t){.rq = &rq_};
         snprintf(conn_.tenant_name, sizeof(conn_.tenant_name), "t");
         ck_assert_int_eq(gm_session_new(broker_, &sp, &conn_.session), 0);
@@ -93,7 +99,9 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+        gm_local_end(&conn_);
         gm_session_free(conn_.session);
+        gm_local_free_all(&rq_);
         char why[256];
         ck_assert_msg(gm_broker_check(broker_, why, sizeof(why)) == 0, "%s", why);
         broker_ = gm_broker_free(broker_);

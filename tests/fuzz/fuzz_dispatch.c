@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "local.h"
 #include "msg.h"
 #include "requests.h"
 
@@ -57,10 +58,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         gm_broker_t *broker;
         FUZZ_ASSERT(gm_broker_new(&params, &broker) == 0);
         gm_request_config_t config = {.max_packet = 65536, .max_fds = 4};
-        gm_requests_t rq = {.broker = broker, .config = &config, .send = sink_send};
+        gm_local_totals_t local = {0};
+        gm_requests_t rq = {.broker = broker, .config = &config, .local = &local, .send = sink_send};
         gm_request_conn_t conn = {.rq = &rq};
         snprintf(conn.tenant_name, sizeof(conn.tenant_name), "fuzz");
-        gm_session_params_t sp = {.pid = getpid(), .uid = 4242, .admin = flags & 1};
+        gm_session_params_t sp = {.pid = getpid(), .uid = 4242, .admin = flags & 1, .userdata = &conn};
         FUZZ_ASSERT(gm_session_new(broker, &sp, &conn.session) == 0);
 
         while (size >= 2 && !conn.closed) {
@@ -80,7 +82,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
                 data += len, size -= len;
         }
+        gm_local_end(&conn);
         gm_session_free(conn.session);
+        gm_local_free_all(&rq);
         check(broker);
         broker = gm_broker_free(broker);
         FUZZ_ASSERT(backend->in_use == 0);
