@@ -396,15 +396,7 @@ END_TEST
 /* The UUID a daemon names in its hello ("" if none). */
 static void daemon_uuid(const char *socket_path, char *buf, size_t len) {
         int fd = gm_test_raw_connect(socket_path);
-        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
-        hello.protocol_version = GM_PROTOCOL_VERSION;
-        hello.admin = true;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.request_id = 1;
-        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
-        env.hello = &hello;
-        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
-        ck_assert_ptr_nonnull(reply);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, true, "test", NULL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         snprintf(buf, len, "%s", reply->hello_reply->device_uuid ? reply->hello_reply->device_uuid : "");
         gm_msg_free(reply);
