@@ -345,6 +345,9 @@ uint64_t gm_session_trim(gm_session_t *s);
 uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant);
 /* Sends ReleaseRequests for everything queued (ops->send_release). */
 void gm_session_flush_releases(gm_session_t *s);
+/* The device as refusals describe it: what the broker may use of it (its
+ * capacity within the driver's total), and what is free of that. */
+void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
 /* Explains why `size` bytes were refused with `err` (PyTorch's text plus the
  * diagnosis) into buf; returns the reason. */
 gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len);

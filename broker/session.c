@@ -390,20 +390,22 @@ uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant) {
 
 /* ---- allocations ---- */
 
+void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total) {
+        uint64_t cap = b->backend->capacity, reserved = gm_broker_reserved(b);
+        uint64_t capacity_free = reserved < cap ? cap - reserved : 0, device_free = 0, device_total = 0;
+        if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
+                device_free = device_total = cap;
+        *ret_total = device_total < cap ? device_total : cap;
+        *ret_free = device_free < capacity_free ? device_free : capacity_free;
+}
+
 gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
         gm_broker_t *b = s->broker;
         gm_stats_t empty;
         gm_stats_init(&empty);
         const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
-        /* One view of the device: what the broker may use of it (its capacity
-         * within the driver's total), and what is free of that. */
-        uint64_t reserved = gm_broker_reserved(b);
-        uint64_t device_free = 0, device_total = 0;
-        uint64_t capacity_free = reserved < b->backend->capacity ? b->backend->capacity - reserved : 0;
-        if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
-                device_free = device_total = b->backend->capacity;
-        device_total = device_total < b->backend->capacity ? device_total : b->backend->capacity;
-        device_free = device_free < capacity_free ? device_free : capacity_free;
+        uint64_t device_free, device_total;
+        gm_broker_device_view(b, &device_free, &device_total);
         uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
         for (gm_session_t *o = b->sessions; o; o = o->next)
                 if (o != s)

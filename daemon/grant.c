@@ -144,14 +144,8 @@ static gm_oom_reason_t describe_refusal(gm_request_conn_t *c, const Gpumem__Gran
         gm_session_t *s = c->session;
         gm_local_refresh(d);
         const gm_stats_t *st = &c->local->figures;
-        /* One view of the device, as the broker's refusals take it: its capacity
-         * within the driver's total, and what is free of that. */
-        gm_backend_t *be = d->broker->backend;
-        uint64_t device_free = 0, device_total = 0, capacity_free = be->capacity - be->in_use;
-        if (be->ops->mem_info(be, &device_free, &device_total) < 0)
-                device_free = device_total = be->capacity;
-        device_total = device_total < be->capacity ? device_total : be->capacity;
-        device_free = device_free < capacity_free ? device_free : capacity_free;
+        uint64_t device_free, device_total;
+        gm_broker_device_view(d->broker, &device_free, &device_total);
         uint64_t others_cached = d->broker->releasing_bytes - s->releasing_bytes;
         for (const gm_session_t *o = d->broker->sessions; o; o = o->next)
                 if (o != s && !o->ended)
