@@ -1,6 +1,6 @@
 # Issue #17: squatting, lock-out, and input that must not get in.
 add_executable(test_hardening ${CMAKE_CURRENT_LIST_DIR}/test_hardening.c)
-target_link_libraries(test_hardening PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK)
+target_link_libraries(test_hardening PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHECK Threads::Threads)
 target_compile_definitions(test_hardening PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
 add_dependencies(test_hardening gpumemd gpumemctl)

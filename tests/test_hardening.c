@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -737,6 +738,136 @@ START_TEST(test_stats_pid_hides_other_tenants) {
 }
 END_TEST
 
+/* ---- back-pressure ---- */
+
+#define PIPELINED 2000
+
+typedef struct pipeliner {
+        int fd;
+        volatile int sent;
+} pipeliner_t;
+
+/* Sends PIPELINED requests without reading a reply: session statistics, and
+ * every 100th an allocation (a reply with an fd). */
+static void *pipeline_requests(void *arg) {
+        pipeliner_t *p = arg;
+        Gpumem__Stats st = GPUMEM__STATS__INIT;
+        st.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION;
+        char *names[] = {"allocated_bytes.all.current"};
+        st.n_names = 1;
+        st.names = names;
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 1 << 20;
+        for (int i = 0; i < PIPELINED; i++) {
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.request_id = 100 + (uint64_t) i;
+                if (i % 100 == 99) {
+                        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+                        env.alloc = &alloc;
+                } else {
+                        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
+                        env.stats = &st;
+                }
+                if (gm_msg_send(p->fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT) < 0)
+                        break;
+                p->sent = i + 1;
+        }
+        return NULL;
+}
+
+/* The pipelining client process: writes "<sent before reading>\n" to
+ * report_fd, waits for a byte on go_fd, reads every reply in order and exits
+ * 0 only if all PIPELINED came, each the answer to its request (10 + the
+ * failing step otherwise). */
+static int pipeliner_main(const char *socket_path, int report_fd, int go_fd) {
+        int fd;
+        if (gm_ipc_connect(socket_path, &fd) < 0)
+                return 10;
+        gm_test_raw_hello(fd, false);
+        pipeliner_t p = {.fd = fd};
+        pthread_t writer;
+        if (pthread_create(&writer, NULL, pipeline_requests, &p) != 0)
+                return 11;
+        sleep_ms(1000); /* both socket buffers fill up */
+        dprintf(report_fd, "%d\n", p.sent);
+        char go;
+        if (read(go_fd, &go, 1) != 1)
+                return 12;
+        static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
+        size_t fds_received = 0;
+        for (int i = 0; i < PIPELINED; i++) {
+                int fds[GM_IPC_MAX_FDS_LIMIT];
+                size_t len = 0, n_fds = 0;
+                if (gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) < 0)
+                        return dprintf(report_fd, "reply %d: connection closed\n", i), 13;
+                gm_close_fds(fds, n_fds);
+                Gpumem__Envelope *e = NULL;
+                if (gm_msg_unpack(buf, len, &e) < 0)
+                        return 14;
+                bool alloc = i % 100 == 99;
+                Gpumem__Envelope__BodyCase want =
+                        alloc ? GPUMEM__ENVELOPE__BODY_ALLOC_REPLY : GPUMEM__ENVELOPE__BODY_STATS_REPLY;
+                if (e->request_id != 100 + (uint64_t) i || e->body_case != want ||
+                    (alloc && n_fds != e->alloc_reply->n_new_mappings)) {
+                        dprintf(report_fd, "reply %d: request %llu, kind %d, %zu fds\n", i,
+                                (unsigned long long) e->request_id, (int) e->body_case, n_fds);
+                        return 15;
+                }
+                fds_received += n_fds;
+                gm_msg_free(e);
+        }
+        if (fds_received == 0)
+                return 16;
+        pthread_join(writer, NULL);
+        dprintf(report_fd, "all %d\n", PIPELINED);
+        close(fd);
+        return 0;
+}
+
+START_TEST(test_unread_replies_keep_session) {
+        /* A client with more than about 256 unread replies once lost its
+         * session: a full socket buffer was taken for a dead client. Now the
+         * daemon stops reading it until it reads, and serves the others. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int report[2], go[2];
+        ck_assert_int_eq(pipe(report), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                close(report[0]);
+                close(go[1]);
+                _exit(pipeliner_main(d.socket_path, report[1], go[0]));
+        }
+        close(report[1]);
+        close(go[0]);
+        FILE *from = fdopen(report[0], "r");
+        char line[256];
+        ck_assert_ptr_nonnull(fgets(line, sizeof(line), from));
+        int sent_before_reading = atoi(line);
+        /* Its requests wait in the socket: it is blocked, the daemon is not. */
+        ck_assert_int_lt(sent_before_reading, PIPELINED);
+        for (int i = 0; i < 20; i++) {
+                gpumem_client *other = NULL;
+                ck_assert_int_eq(gpumem_connect(d.socket_path, &other), 0);
+                void *ptr;
+                ck_assert_int_eq(gpumem_alloc(other, 1 << 20, 0, &ptr), 0);
+                gpumem_free(other, ptr);
+                gpumem_disconnect(other);
+        }
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        ck_assert_ptr_nonnull(fgets(line, sizeof(line), from));
+        ck_assert_msg(strncmp(line, "all ", 4) == 0, "pipelining client: %s", line);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pipelining client exited %d", status);
+        fclose(from);
+        close(go[1]);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 static Suite *hardening_suite(void) {
         Suite *s = suite_create("hardening");
         TCase *squat = tcase_create("squatting");
@@ -759,6 +890,7 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
         tcase_add_test(daemon, test_stats_pid_hides_other_tenants);
+        tcase_add_test(daemon, test_unread_replies_keep_session);
         suite_add_tcase(s, daemon);
         return s;
 }
