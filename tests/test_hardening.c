@@ -707,28 +707,32 @@ END_TEST
 
 START_TEST(test_stats_pid_hides_other_tenants) {
         /* "stats --pid P" of another tenant's pid once answered "pid P belongs
-         * to another tenant": it now reads as a pid without a session. */
+         * to another tenant": it now reads as a pid without a session, in
+         * both output formats (the holder's heap mode is the leg's). */
         gm_test_daemon_t d;
         gm_test_daemon_start(&d, "64M", NULL);
         gpumem_client *c = NULL;
         ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
         void *ptr;
         ck_assert_int_eq(gpumem_alloc(c, 1 << 20, 0, &ptr), 0);
-        char mine[32], out_held[8192], out_free[8192];
-        snprintf(mine, sizeof(mine), "%d", (int) getpid());
-        char cmd[512];
-        snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid %s 2>&1", GPUMEMCTL_BIN, d.socket_path, mine);
-        const char *held[] = {"/bin/sh", "-c", cmd, NULL};
-        int status_held = gm_test_run_as(out_held, sizeof(out_held), NOBODY, held);
-        char cmd2[512];
-        snprintf(cmd2, sizeof(cmd2), "exec '%s' -s '%s' stats --pid 1 2>&1", GPUMEMCTL_BIN, d.socket_path);
-        const char *none[] = {"/bin/sh", "-c", cmd2, NULL};
-        int status_free = gm_test_run_as(out_free, sizeof(out_free), NOBODY, none);
-        ck_assert_int_eq(status_held, status_free);
-        ck_assert_ptr_null(strstr(out_held, "another tenant"));
-        ck_assert_str_eq(out_held, out_free);
+        const char *formats[] = {"", "--json"};
+        for (size_t i = 0; i < 2; i++) {
+                char out_held[8192], out_free[8192], cmd[512];
+                snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid %d %s 2>&1", GPUMEMCTL_BIN, d.socket_path,
+                         (int) getpid(), formats[i]);
+                const char *held[] = {"/bin/sh", "-c", cmd, NULL};
+                int status_held = gm_test_run_as(out_held, sizeof(out_held), NOBODY, held);
+                snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid 1 %s 2>&1", GPUMEMCTL_BIN, d.socket_path,
+                         formats[i]);
+                const char *none[] = {"/bin/sh", "-c", cmd, NULL};
+                int status_free = gm_test_run_as(out_free, sizeof(out_free), NOBODY, none);
+                ck_assert_int_eq(status_held, status_free);
+                ck_assert_ptr_null(strstr(out_held, "another tenant"));
+                ck_assert_str_eq(out_held, out_free);
+        }
         /* The admin still sees it. */
-        char admin_out[8192];
+        char mine[32], admin_out[8192];
+        snprintf(mine, sizeof(mine), "%d", (int) getpid());
         const char *admin[] = {GPUMEMCTL_BIN, "-s", d.socket_path, "stats", "--pid", mine, "--json", NULL};
         ck_assert_int_eq(gm_test_run(admin_out, sizeof(admin_out), admin), 0);
         ck_assert_msg(strstr(admin_out, "\"allocated_bytes.all.current\": 1048576"), "%s", admin_out);
@@ -889,9 +893,13 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
-        tcase_add_test(daemon, test_stats_pid_hides_other_tenants);
-        tcase_add_test(daemon, test_unread_replies_keep_session);
         suite_add_tcase(s, daemon);
+        /* Run again with GPUMEM_HEAP=local (hardening.cmake's second leg). */
+        TCase *sessions = tcase_create("sessions");
+        tcase_set_timeout(sessions, 120);
+        tcase_add_test(sessions, test_stats_pid_hides_other_tenants);
+        tcase_add_test(sessions, test_unread_replies_keep_session);
+        suite_add_tcase(s, sessions);
         return s;
 }
 
