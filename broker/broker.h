@@ -81,6 +81,7 @@ struct gm_piece {
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
+        uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -213,6 +214,10 @@ struct gm_broker {
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
+        struct gm_ledger_entry *records; /* the previous daemon's pieces with no stored handle: each claimable once,
+                                            by its session, until the re-attach grace ends */
+        size_t n_records;
+        uint32_t n_recorded; /* sessions' pieces with a record_id */
 };
 
 int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);

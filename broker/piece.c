@@ -185,6 +185,8 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
                 gm_ledger_unstore(b, p);
         else if (p->store_id)
                 b->n_stored--; /* the next daemon's now */
+        else if (p->record_id)
+                b->n_recorded--; /* journaled for the next daemon */
         if (p->phys.fd < 0) {
                 gm_assert(b->unbacked_bytes >= p->phys.size);
                 b->unbacked_bytes -= p->phys.size;

@@ -353,8 +353,16 @@ static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpum
         if (c->local)
                 return gm_local_reattach(c, request_id, req);
         int r = 0;
-        for (size_t i = 0; i < req->n_segments && r == 0; i++)
+        for (size_t i = 0; i < req->n_segments && r == 0; i++) {
                 r = reattach_segment(s, req->segments[i]);
+                if (r == -ENOENT) {
+                        gm_request_error(c, request_id, ENOENT,
+                                         "re-attach refused: the ledger has no record of segment %" PRIu64
+                                         " (offset and size as reported) for this session",
+                                         req->segments[i]->segment_id);
+                        return r;
+                }
+        }
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
                 r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,

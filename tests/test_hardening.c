@@ -703,6 +703,110 @@ START_TEST(test_lying_release_ack_keeps_charge) {
 }
 END_TEST
 
+/* ---- re-attach, piece by piece ---- */
+
+/* A raw session holding one allocation of `size`; *ret_token its token,
+ * *ret_mapping the memory's coordinates, *ret_seg_fd its fd. */
+static int raw_session_with_memory(const char *socket_path, uint64_t size, char ret_token[64],
+                                   Gpumem__Mapping *ret_mapping, int *ret_seg_fd) {
+        int fd = gm_test_raw_connect(socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "holder", NULL);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        snprintf(ret_token, 64, "%s", reply->hello_reply->session_token);
+        gm_msg_free(reply);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = size;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        reply = recv_with_fd(fd, ret_seg_fd);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(reply->alloc_reply->n_new_mappings, 1);
+        *ret_mapping = *reply->alloc_reply->new_mappings[0];
+        gm_msg_free(reply);
+        return fd;
+}
+
+/* Resumes `token` and reports one segment as held; the daemon's answer. */
+static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token, const Gpumem__Mapping *m) {
+        int fd = gm_test_raw_connect(socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "resumer", token);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        gm_msg_free(reply);
+        Gpumem__Range range = GPUMEM__RANGE__INIT;
+        range.offset = m->offset;
+        range.length = m->length;
+        Gpumem__Range *ranges[] = {&range};
+        Gpumem__ReattachSegment seg = GPUMEM__REATTACH_SEGMENT__INIT;
+        seg.segment_id = m->segment_id;
+        seg.va_size = m->segment_va_size;
+        seg.n_mapped = 1;
+        seg.mapped = ranges;
+        Gpumem__ReattachSegment *segs[] = {&seg};
+        Gpumem__Reattach req = GPUMEM__REATTACH__INIT;
+        req.n_segments = 1;
+        req.segments = segs;
+        req.last = true;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
+        env.reattach = &req;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
+                int ignored;
+                ck_assert_ptr_null(recv_with_fd(fd, &ignored)); /* and closed */
+        }
+        close(fd);
+        return reply;
+}
+
+START_TEST(test_made_up_segment_claims_nothing) {
+        /* Without an fd store a resumed session's report was believed segment
+         * by segment: under a real token any made-up segment was charged and
+         * counted as in use. Now each must be one the ledger recorded for that
+         * very session. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        d.keep_dir = true;
+        char token_a[64], token_b[64];
+        Gpumem__Mapping mine, theirs;
+        int seg_a, seg_b;
+        int fd_a = raw_session_with_memory(d.socket_path, 2 << 20, token_a, &mine, &seg_a);
+        int fd_b = raw_session_with_memory(d.socket_path, 4 << 20, token_b, &theirs, &seg_b);
+        ck_assert_int_eq(kill(d.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+        close(fd_a);
+        close(fd_b);
+        gm_test_daemon_launch(&d, "64M", NULL);
+
+        /* A made-up segment, and B's real one, under A's real token. */
+        Gpumem__Mapping made_up = mine;
+        made_up.segment_id = mine.segment_id + theirs.segment_id + 1000;
+        made_up.segment_va_size = made_up.length = 32 << 20;
+        Gpumem__Envelope *e = reattach_one(d.socket_path, token_a, &made_up);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, ENOENT);
+        ck_assert_msg(strstr(e->error->message, "the ledger has no record of segment"), "%s", e->error->message);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), 0);
+        ck_assert_int_eq(gm_test_device_stat(d.socket_path, "reserved_bytes.all.current"), 0);
+
+        /* B claims what it holds: believed, and charged. */
+        e = reattach_one(d.socket_path, token_b, &theirs);
+        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_OK, "kind %d: %s", (int) e->body_case,
+                      e->body_case == GPUMEM__ENVELOPE__BODY_ERROR ? e->error->message : "");
+        gm_msg_free(e);
+        close(seg_a);
+        close(seg_b);
+        d.keep_dir = false;
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 /* ---- what a non-admin learns ---- */
 
 START_TEST(test_stats_pid_hides_other_tenants) {
@@ -892,6 +996,7 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_slowloris_cannot_blind_metrics);
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
+        tcase_add_test(daemon, test_made_up_segment_claims_nothing);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
         suite_add_tcase(s, daemon);
         /* Run again with GPUMEM_HEAP=local (hardening.cmake's second leg). */
