@@ -328,6 +328,11 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
 void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                       size_t n_frames, gm_outcome_t *ret);
+/* An allocation's refusal reaches its client: num_ooms (its heap's, when the
+ * heap refused it; the heap does not count refusals that may still wait). */
+void gm_session_count_refusal(gm_session_t *s);
+/* An allocation waits for reclaimed memory: num_reclaim_waits. */
+void gm_session_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
 /* The reply carrying them was sent: their releases need acks from now on. */

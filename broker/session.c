@@ -77,6 +77,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
                 .va_cursor = &b->va_cursor,
                 .granularity = b->backend->granularity,
                 .extra_sinks = {&s->tenant->stats, &b->device_stats, NULL},
+                .defer_oom = true, /* a refusal may still be parked: counted when answered */
         };
         int r = gm_heap_new(&b->alloc_config, &provider, &params, &s->heap);
         if (r < 0)
@@ -427,6 +428,7 @@ gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int 
                 .broker_reserved = gm_broker_reserved(b),
                 .broker_live = (uint64_t) b->device_stats.active_bytes[GM_STAT_ALL].current,
                 .others_cached = others_cached,
+                .caller_admin = s->admin,
         };
         if (s->heap)
                 gm_heap_sizes_for(s->heap, size, &r.block_size, &r.alloc_size);
@@ -531,7 +533,18 @@ static void park(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t s
         p->stream = stream;
         p->parked_at_ms = gm_now_ms();
         park_push(s, p, false);
+        gm_session_count_reclaim_wait(s);
         out->kind = GM_OUTCOME_PARK;
+}
+
+void gm_session_count_reclaim_wait(gm_session_t *s) {
+        if (s->heap)
+                gm_heap_count_reclaim_wait(s->heap);
+}
+
+void gm_session_count_refusal(gm_session_t *s) {
+        if (s->heap)
+                gm_heap_count_oom(s->heap);
 }
 
 void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,

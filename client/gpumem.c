@@ -216,7 +216,7 @@ const char *gpumem_strerror(int err) {
         case -ECONNRESET:
                 return "the gpumemd daemon is gone";
         case -ENOENT:
-                return "no such statistic or object";
+                return "not found (no gpumemd socket, statistic or object of that name)";
         case -ENOBUFS:
                 return "session limit reached";
         case -EPROTONOSUPPORT:
@@ -1493,7 +1493,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
                 else
                         snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
         } else {
-                r = gm_ipc_default_socket_path(0, true, c->socket_path, sizeof(c->socket_path));
+                r = gm_peer_default_socket(0, true, c->socket_path, sizeof(c->socket_path));
         }
         if (r == 0)
                 r = session_open(c);

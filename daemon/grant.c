@@ -171,6 +171,7 @@ static gm_oom_reason_t describe_refusal(gm_request_conn_t *c, const Gpumem__Gran
                 .broker_reserved = gm_broker_reserved(d->broker),
                 .broker_live = (uint64_t) device.active_bytes[GM_STAT_ALL].current,
                 .others_cached = others_cached,
+                .caller_admin = s->admin,
         };
         r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
         if (gm_oom_format(&r, buf, len) < 0)
@@ -276,6 +277,7 @@ static void park_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 pp = &(*pp)->next;
         *pp = pg;
         c->local->n_parked++;
+        gm_local_count_reclaim_wait(c);
 }
 
 static int refuse_central(gm_request_conn_t *c, uint64_t request_id, const char *what) {
@@ -348,6 +350,7 @@ bool gm_local_park_alloc(gm_request_conn_t *c, uint64_t request_id, uint64_t siz
         while (*pp)
                 pp = &(*pp)->next;
         *pp = pa;
+        gm_session_count_reclaim_wait(c->session);
         return true;
 }
 

@@ -134,6 +134,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         reply.granularity = c->rq->broker->backend->granularity;
         reply.session_token = s->token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
+        reply.admin = s->admin;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -214,6 +215,7 @@ void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const g
         if (c->closed)
                 return;
         if (out->kind == GM_OUTCOME_REFUSE) {
+                gm_session_count_refusal(c->session);
                 gm_request_refusal(c, request_id, out);
                 return;
         }
@@ -307,10 +309,11 @@ static int handle_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         } else {
                 const char *tenant =
                         trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
-                released = gm_broker_trim(b, tenant);
                 const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
-                if (!tenant || t) /* local sessions give theirs back with their acks */
-                        released += gm_local_reclaim(c->rq, NULL, t);
+                if (tenant && !t)
+                        return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", tenant), 0;
+                released = gm_broker_trim(b, tenant);
+                released += gm_local_reclaim(c->rq, NULL, t); /* local sessions give theirs back with their acks */
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
         reply.released_bytes = released;
