@@ -22,20 +22,19 @@ struct gm_local {
         uint32_t pid; /* the process the trace entries name */
 };
 
-/* Every change of the heap is one page update: the page reads as busy from
- * before the change until all of the heap's statistics are copied after it
- * (a copy costs fewer instructions than a second set of stat updates inside
- * the heap). Around a grant or a give-back it is published as it stands. */
+/* The heap keeps its statistics in the page's payload itself (the
+ * heap's own gm_stats_t lives there), so a change writes only the figures
+ * it changes. Every change is bracketed by the page's sequence lock: the
+ * page reads as busy from before the change until after it. Around a grant
+ * or a give-back it is published as it stands. */
 static void begin(gm_local_t *l) {
         if (l->page)
                 gm_statpage_write_begin(l->page);
 }
 
 static void end(gm_local_t *l) {
-        if (!l->page)
-                return;
-        memcpy(gm_statpage_payload(l->page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
-        gm_statpage_write_end(l->page);
+        if (l->page)
+                gm_statpage_write_end(l->page);
 }
 
 static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
@@ -103,14 +102,17 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
         l->config = cfg;
         gm_provider_t provider = {
                 .create = provider_create, .release = provider_release, .trace = provider_trace, .userdata = l};
-        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
+        gm_heap_params_t params = {.capacity = capacity,
+                                   .va_cursor = &l->va_cursor,
+                                   .granularity = granularity,
+                                   .stats = page ? gm_statpage_payload(page) : NULL};
+        begin(l);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
+        end(l);
         if (r < 0) {
                 free(l);
                 return r;
         }
-        begin(l);
-        end(l);
         *ret_local = l;
         return 0;
 }
@@ -119,6 +121,9 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
         if (!l)
                 return NULL;
         l->destroying = true;
+        /* The page may be gone already (a fork()ed child never maps it): the
+         * teardown counts into the heap's own storage. */
+        gm_heap_move_stats(l->heap, NULL, false);
         gm_heap_destroy(l->heap);
         gm_history_free(l->history);
         free(l);
