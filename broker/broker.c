@@ -249,7 +249,13 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         if (parked != s->n_parked || last != s->parked_tail)
                 violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
                           parked);
-        if (s->ended && (s->pieces || s->heap || s->parked || s->releases))
+        for (size_t i = 0; i < s->n_moves; i++) {
+                const gm_piece_t *p = s->moves[i].piece;
+                if (p->session != s || p->state != GM_PIECE_LIVE || !p->in_heap || !p->sent)
+                        violation(c, "session %llu: a pending page move names a piece its heap does not hold mapped",
+                                  (unsigned long long) s->id);
+        }
+        if (s->ended && (s->pieces || s->heap || s->parked || s->releases || s->n_moves))
                 violation(c, "session %llu ended but still holds memory or requests", (unsigned long long) s->id);
         if (s->heap) {
                 int hv = gm_heap_check(s->heap);

@@ -251,6 +251,23 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
         ledger_forget(b, store_id);
 }
 
+void gm_ledger_moved(gm_broker_t *b, const gm_piece_t *p) {
+        if (!p->store_id || !p->session)
+                return;
+        gm_ledger_entry_t e = {
+                .store_id = p->store_id,
+                .uid = (unsigned) p->session->uid,
+                .segment_id = p->segment_id,
+                .offset = p->offset,
+                .size = p->phys.size,
+                .va_size = p->segment_va_size,
+        };
+        snprintf(e.token, sizeof(e.token), "%s", p->session->token);
+        /* The new entry first: a reader's "-" drops the oldest entry of an id. */
+        append_piece(b, &e);
+        ledger_forget(b, p->store_id);
+}
+
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
  * quotas, and rewrites it compactly. */
 int gm_ledger_open(gm_broker_t *b, const char *path) {

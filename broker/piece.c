@@ -243,6 +243,13 @@ void gm_piece_claimed(gm_session_t *s, gm_piece_t *p) {
         charge(p, true);
 }
 
+void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset) {
+        p->segment_id = segment_id;
+        p->segment_va_size = va_size;
+        p->offset = offset;
+        gm_ledger_moved(b, p);
+}
+
 gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {
         for (gm_piece_t *p = s->pieces; p; p = p->next)
                 if (p->state == GM_PIECE_LIVE && p->segment_id == segment_id && p->offset == offset)
