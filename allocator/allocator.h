@@ -110,7 +110,7 @@ typedef struct gm_heap_params {
          * reclaimed elsewhere): a refusal is then not counted in num_ooms nor
          * traced until the caller gives it to its client (gm_heap_count_oom()). */
         bool defer_oom;
-        gm_stats_t *stats;          /* where the heap keeps its own statistics (NULL: inside the heap), e.g. a
+        gm_stats_t *stats; /* where the heap keeps its own statistics (NULL: inside the heap), e.g. a
                                      * page another process reads; initialised by gm_heap_new, must outlive
                                      * the heap or gm_heap_move_stats() */
 } gm_heap_params_t;
