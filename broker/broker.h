@@ -150,7 +150,7 @@ typedef enum gm_outcome_kind {
 typedef struct gm_outcome {
         gm_outcome_kind_t kind;
         int error;               /* REFUSE: negative errno */
-        char message[1024];      /* REFUSE: the client's text */
+        char message[2048];      /* REFUSE: the client's text */
         gm_alloc_result_t alloc; /* REPLY to an allocation */
         const gm_piece_t *piece; /* REPLY to a grant: the piece whose fd the reply carries */
 } gm_outcome_t;

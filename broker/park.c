@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "broker-internal.h"
+#include "size.h"
 
 /* A session whose Reclaim brought nothing back is not asked again for this long. */
 #define DRY_MS 1000
@@ -227,19 +228,18 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                         more++;
                         continue;
                 }
-                uint64_t held = held_bytes(o);
+                char held[32];
                 append(buf, len,
-                       "%s%" PRIu64 " bytes (%" PRIu64 " MiB) are held by unresponsive session %" PRIu64
-                       " (pid %d, tenant '%s'), which has answered no release request for %" PRIu64
-                       " ms (stopped or hung); they stay charged while its process maps them",
-                       named ? "; " : ". gpumemd: ", held, held >> 20, o->id, (int) o->pid, o->tenant->name,
-                       now - o->owing_since_ms);
+                       "%sunresponsive session %" PRIu64 " (pid %d, tenant '%s') holds %s and has answered no "
+                       "release request for %" PRIu64 " ms (stopped or hung?)",
+                       named ? "; " : " gpumemd: ", o->id, (int) o->pid, o->tenant->name,
+                       gm_format_size(held_bytes(o), held, sizeof(held)), now - o->owing_since_ms);
                 named++;
         }
         if (more)
-                append(buf, len, "; and %u more unresponsive sessions", more);
+                append(buf, len, "; %u more unresponsive sessions", more);
         if (named)
-                append(buf, len, ". Resume (kill -CONT) or end those processes to free it");
+                append(buf, len, ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the

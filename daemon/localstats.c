@@ -278,6 +278,8 @@ void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_te
         gm_local_tenant_stats(d, t, &ret->stats);
         for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
                 const gm_request_conn_t *c = os->userdata;
+                if (c && !c->closed && os->tenant == t)
+                        ret->unresponsive += os->unresponsive;
                 if (c && c->local && !c->closed && os->tenant == t) {
                         ret->local_sessions++;
                         ret->invalid_pages += c->local->page_invalid;
