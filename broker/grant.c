@@ -156,3 +156,20 @@ void gm_session_drop_grants(gm_session_t *s) {
         s->grants.returned += s->grants.pieces;
         s->grants.pieces = 0;
 }
+
+int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
+                            const char **ret_why) {
+        gm_piece_t *p = gm_session_find_piece(s, from_segment_id, from_offset);
+        const char *bad = !p || !p->granted || p->phys.size != to->size ? "no such piece was granted"
+                                                                        : grant_invalid(s, to); /* checked as a grant */
+        if (bad) {
+                *ret_why = bad;
+                return -EINVAL;
+        }
+        int64_t segments = segment_view(s, to->segment_id).n == 0;
+        gm_piece_move(s->broker, p, to->segment_id, to->segment_va_size, to->offset);
+        segments -= segment_view(s, from_segment_id).n == 0;
+        if (segments)
+                gm_stat_update(&s->grants.segments, segments);
+        return 0;
+}

@@ -267,6 +267,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 .broker_reserved = gm_broker_reserved(b),
                 .broker_live = (uint64_t) b->device_stats.active_bytes[GM_STAT_ALL].current + v.device_active,
                 .others_cached = others_cached,
+                .caller_admin = s->admin,
         };
         if (rq->is_grant) {
                 r.alloc_size = rq->grant.piece.size;
@@ -357,6 +358,7 @@ void gm_session_park(gm_session_t *s, uint64_t request_id, const gm_request_t *r
         p->rq = *rq;
         p->parked_at_ms = gm_now_ms();
         park_push(s, p, false);
+        gm_session_count_reclaim_wait(s);
         out->kind = GM_OUTCOME_PARK;
 }
 

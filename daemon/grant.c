@@ -110,7 +110,9 @@ int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         gm_local_refresh_conn(c); /* its figures, for a refusal's diagnosis */
         gm_outcome_t out;
         gm_session_grant(c->session, request_id, &grant, &out);
-        if (out.kind != GM_OUTCOME_PARK)
+        if (out.kind == GM_OUTCOME_PARK)
+                gm_local_count_reclaim_wait(c);
+        else
                 gm_local_answer_grant(c, request_id, &out);
         return 0;
 }
@@ -138,6 +140,30 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
                                  "no piece of %" PRIu64 " bytes at %" PRIu64 " of segment %" PRIu64
                                  " was granted (%zu such ranges)",
                                  ranges[first_bad].length, ranges[first_bad].offset, ranges[first_bad].segment_id, bad);
+        return 0;
+}
+
+int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        if (!c->local)
+                return refuse_central(c, request_id, "MovePieces");
+        const Gpumem__MovePieces *mp = env->move_pieces;
+        if (mp->n_moves > MAX_RETURN_RANGES) { /* each is a walk over the session's pieces */
+                gm_request_error(c, request_id, E2BIG, "at most %u pieces in one MovePieces", MAX_RETURN_RANGES);
+                return -E2BIG;
+        }
+        for (size_t i = 0; i < mp->n_moves; i++) {
+                const Gpumem__PageMove *m = mp->moves[i];
+                gm_piece_spec_t to = {.segment_id = m->to_segment_id,
+                                      .segment_va_size = m->to_segment_va_size,
+                                      .offset = m->to_offset,
+                                      .size = m->length};
+                const char *why = NULL;
+                if (gm_session_move_granted(c->session, m->from_segment_id, m->from_offset, &to, &why) < 0)
+                        gm_request_error(c, request_id, EINVAL,
+                                         "move of %" PRIu64 " at %" PRIu64 " of segment %" PRIu64 " refused: %s",
+                                         m->length, m->from_offset, m->from_segment_id, why);
+        }
+        gm_local_exact_sync(c);
         return 0;
 }
 

@@ -56,6 +56,9 @@ void gm_local_exact_sync(gm_request_conn_t *c);
 void gm_local_exact_gone(gm_request_conn_t *c);
 /* The broker's ops->client_view (userdata unused: the session's connection). */
 void gm_local_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret);
+/* A grant of the session waits for reclaimed memory: num_reclaim_waits of the
+ * session, its tenant and the device (the daemon's figure, not the page's). */
+void gm_local_count_reclaim_wait(gm_request_conn_t *c);
 /* The metrics endpoint's source callbacks (userdata: the daemon). */
 void gm_local_metrics_refresh(void *userdata);
 void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
@@ -73,6 +76,8 @@ void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_o
 /* The broker's ops->send_reclaim (userdata unused: the session's connection). */
 int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+/* Page reuse in a local heap: pieces moved inside the client's mappings. */
+int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Re-attach of a local session: its pieces only (no blocks). */
 int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Reattach *req);
