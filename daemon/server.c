@@ -575,6 +575,8 @@ static void parked_done(void *userdata, uint64_t waited_ms) {
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
+                .send_reclaim = gm_local_send_reclaim,
+                .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
                 .store_remove = store_remove,
