@@ -157,14 +157,21 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         size_t n = 0;
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
-        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
-        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
-        int *fds = calloc(n ? n : 1, sizeof(int));
-        if (!maps || !map_ptrs || !fds) {
-                free(maps);
-                free(map_ptrs);
-                free(fds);
-                return -ENOMEM;
+        /* A cached block brings no piece: no allocation for the common reply. */
+        Gpumem__Mapping *map_ptrs_none[1];
+        int fds_none[1];
+        Gpumem__Mapping *maps = NULL, **map_ptrs = map_ptrs_none;
+        int *fds = fds_none;
+        if (n > 0) {
+                maps = calloc(n, sizeof(*maps));
+                map_ptrs = calloc(n, sizeof(*map_ptrs));
+                fds = calloc(n, sizeof(int));
+                if (!maps || !map_ptrs || !fds) {
+                        free(maps);
+                        free(map_ptrs);
+                        free(fds);
+                        return -ENOMEM;
+                }
         }
         size_t i = 0; /* creation order: the client maps them so */
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue, i++) {
@@ -204,9 +211,11 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
 out:
         if (r == 0)
                 gm_session_pieces_sent(s);
-        free(maps);
-        free(map_ptrs);
-        free(fds);
+        if (n > 0) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+        }
         return r;
 }
 
