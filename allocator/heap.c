@@ -60,7 +60,9 @@ struct gm_heap {
         uint64_t n_allocs;       /* gm_heap_alloc() calls so far */
         reuse_stream_t *streams; /* REUSE_STREAMS at most */
         uint64_t n_streams;
-        gm_page_reuse_info_t reuse; /* counters (flags are computed on demand) */
+        gm_page_reuse_info_t reuse;            /* counters (flags are computed on demand) */
+        uint64_t refused_size, refused_stream; /* the last refusal (defer_oom: traced when counted) */
+        bool refusal_uncounted;                /* the last gm_heap_alloc() was refused, not yet counted */
 };
 
 static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
@@ -1053,6 +1055,18 @@ static bool is_oom(int r) {
         return r == -ENOMEM || r == -EDQUOT;
 }
 
+void gm_heap_count_oom(gm_heap_t *h) {
+        if (!h->refusal_uncounted)
+                return;
+        h->refusal_uncounted = false;
+        COUNT(h, num_ooms);
+        trace(h, GM_TRACE_OOM, 0, h->refused_size, h->refused_stream);
+}
+
+void gm_heap_count_reclaim_wait(gm_heap_t *h) {
+        COUNT(h, num_reclaim_waits);
+}
+
 int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
         uint64_t rsize, asize, moved_before = h->reuse.pages_moved;
         gm_block_t *b;
@@ -1062,6 +1076,7 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
         if (size == 0 || size >= MAX_REQUEST)
                 return -EINVAL;
         h->n_allocs++;
+        h->refusal_uncounted = false;
         rsize = round_size(&h->cfg, size);
         p = rsize <= SMALL_SIZE ? &h->small : &h->large;
         asize = allocation_size(h, rsize);
@@ -1082,8 +1097,11 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
                         r = alloc_block(h, p, stream, rsize, asize, true, &b);
                 }
                 if (is_oom(r)) {
-                        COUNT(h, num_ooms);
-                        trace(h, GM_TRACE_OOM, 0, rsize, stream);
+                        h->refused_size = rsize;
+                        h->refused_stream = stream;
+                        h->refusal_uncounted = true;
+                        if (!h->params.defer_oom)
+                                gm_heap_count_oom(h);
                 }
                 if (h->reuse.pages_moved != moved_before)
                         h->reuse.allocs_with_moves++;

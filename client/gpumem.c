@@ -216,7 +216,7 @@ const char *gpumem_strerror(int err) {
         case -ECONNRESET:
                 return "the gpumemd daemon is gone";
         case -ENOENT:
-                return "no such statistic or object";
+                return "not found (no gpumemd socket, statistic or object of that name)";
         case -ENOBUFS:
                 return "session limit reached";
         case -EPROTONOSUPPORT:
@@ -243,43 +243,50 @@ static bool connection_lost(int r) {
 
 /* ---- segments ---- */
 
-/* Maps one piece the daemon sent; consumes fd. Caller holds lock. */
-static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
-        segment_t *seg = gm_u64map_get(&c->segments, m->segment_id);
+/* The segment a piece of [offset, +length) of segment `id` (va_size bytes)
+ * goes into, made and reserved on first sight, with room for one more piece.
+ * Caller holds lock. */
+static int segment_for_piece(gpumem_client *c, uint64_t id, uint64_t va_size, uint64_t offset, uint64_t length,
+                             segment_t **ret_seg) {
+        segment_t *seg = gm_u64map_get(&c->segments, id);
         int r;
-        if (m->offset + m->length < m->offset || m->offset + m->length > m->segment_va_size) {
-                close(fd);
+        if (offset + length < offset || offset + length > va_size)
                 return -EPROTO;
-        }
         if (!seg) {
                 seg = calloc(1, sizeof(*seg));
-                if (!seg) {
-                        close(fd);
+                if (!seg)
                         return -ENOMEM;
-                }
-                seg->id = m->segment_id;
-                seg->va_size = m->segment_va_size;
+                seg->id = id;
+                seg->va_size = va_size;
                 /* Known even when nothing maps: its release is then answered as done. */
                 if ((r = gm_u64map_put(&c->segments, seg->id, seg)) < 0) {
                         segment_free(seg);
-                        close(fd);
                         return r;
                 }
         }
         if (!seg->base && (r = c->mapper->ops->reserve(c->mapper, seg->va_size, &seg->base)) < 0) {
                 seg->base = 0;
-                close(fd);
                 return r;
         }
         if (seg->n_pieces == seg->cap_pieces) {
                 size_t cap = seg->cap_pieces ? 2 * seg->cap_pieces : 4;
                 uint64_t *pieces = realloc(seg->pieces, cap * sizeof(*pieces));
-                if (!pieces) {
-                        close(fd);
+                if (!pieces)
                         return -ENOMEM;
-                }
                 seg->pieces = pieces;
                 seg->cap_pieces = cap;
+        }
+        *ret_seg = seg;
+        return 0;
+}
+
+/* Maps one piece the daemon sent; consumes fd. Caller holds lock. */
+static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
+        segment_t *seg;
+        int r = segment_for_piece(c, m->segment_id, m->segment_va_size, m->offset, m->length, &seg);
+        if (r < 0) {
+                close(fd);
+                return r;
         }
         r = c->mapper->ops->map(c->mapper, seg->base, m->offset, m->length, fd);
         if (r < 0)
@@ -287,6 +294,41 @@ static int map_piece(gpumem_client *c, const Gpumem__Mapping *m, int fd) {
         seg->mapped_bytes += m->length;
         seg->piece_size = m->length;
         seg->pieces[seg->n_pieces++] = m->offset;
+        return 0;
+}
+
+static void segment_maybe_forget(gpumem_client *c, segment_t *seg);
+
+/* Page reuse: moves one mapped piece to another place of this session's
+ * segments, as the heap (the daemon's, or the local one) decided. -EPROTO
+ * for a move that does not fit what is mapped here; else 0 or the mapper's
+ * error, nothing changed. Caller holds lock. */
+static int move_piece(gpumem_client *c, const Gpumem__PageMove *mv) {
+        segment_t *from = gm_u64map_get(&c->segments, mv->from_segment_id), *to;
+        size_t k = 0;
+        while (from && k < from->n_pieces && from->pieces[k] != mv->from_offset)
+                k++;
+        if (!from || k == from->n_pieces || from->piece_size != mv->length || !c->mapper->ops->move ||
+            mv->to_segment_id == 0)
+                return -EPROTO;
+        to = gm_u64map_get(&c->segments, mv->to_segment_id);
+        for (size_t i = 0; to && i < to->n_pieces; i++)
+                if (to->pieces[i] == mv->to_offset || to->piece_size != mv->length)
+                        return -EPROTO;
+        if (to && to->va_size != mv->to_segment_va_size)
+                return -EPROTO;
+        int r = segment_for_piece(c, mv->to_segment_id, mv->to_segment_va_size, mv->to_offset, mv->length, &to);
+        if (r == 0)
+                r = c->mapper->ops->move(c->mapper, from->base + mv->from_offset, to->base + mv->to_offset, mv->length);
+        if (r < 0)
+                return r;
+        from->pieces[k] = from->pieces[--from->n_pieces];
+        from->mapped_bytes -= mv->length < from->mapped_bytes ? mv->length : from->mapped_bytes;
+        to->pieces[to->n_pieces++] = mv->to_offset;
+        to->mapped_bytes += mv->length;
+        to->piece_size = mv->length;
+        from->released |= mv->from_whole_segment;
+        segment_maybe_forget(c, from);
         return 0;
 }
 
@@ -407,6 +449,19 @@ static void map_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__Mapping **maps
         }
 }
 
+/* Applies the page moves of an allocation reply, in order, before its new
+ * mappings (a move's place may be where a new piece goes next); the first
+ * failure goes to the waiting request. */
+static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **moves, size_t n_moves) {
+        for (size_t i = 0; i < n_moves; i++) {
+                int r = move_piece(c, moves[i]);
+                if (r < 0 && w && !w->error) {
+                        w->error = r;
+                        snprintf(w->detail, sizeof(w->detail), "%s", gm_cuda_last_error());
+                }
+        }
+}
+
 /* Handles one packet from the daemon. Caller holds lock. */
 static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
@@ -430,6 +485,7 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
                 gm_msg_free(env);
                 return;
         case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY:
+                move_for_waiter(c, w, env->alloc_reply->page_moves, env->alloc_reply->n_page_moves);
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
                 break;
         case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
@@ -990,6 +1046,48 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         pthread_mutex_unlock(&c->lock);
 }
 
+/* Page reuse in a local heap: moves a piece here, then tells the daemon
+ * (its ledger follows; no reply). Caller holds heap_lock. */
+static int local_move(void *ctx, const gm_local_move_t *m) {
+        gpumem_client *c = ctx;
+        Gpumem__PageMove move = GPUMEM__PAGE_MOVE__INIT;
+        move.from_segment_id = m->from_segment;
+        move.from_offset = m->from_offset;
+        move.to_segment_id = m->to_segment;
+        move.to_segment_va_size = m->to_segment_va_size;
+        move.to_offset = m->to_offset;
+        move.length = m->size;
+        move.from_whole_segment = m->from_segment_empty;
+        Gpumem__PageMove *moves[1] = {&move};
+        Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
+        mp.n_moves = 1;
+        mp.moves = moves;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
+        env.move_pieces = &mp;
+        pthread_mutex_lock(&c->lock);
+        int r = move_piece(c, &move);
+        if (r == 0)
+                post_locked(c, &env); /* lost with the connection: the re-attach reports where it is */
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int local_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
+        gpumem_client *c = ctx;
+        return c->mapper->ops->event_record(c->mapper, stream, ret_event);
+}
+
+static int local_event_query(void *ctx, uint64_t event) {
+        gpumem_client *c = ctx;
+        return c->mapper->ops->event_query(c->mapper, event);
+}
+
+static void local_event_destroy(void *ctx, uint64_t event) {
+        gpumem_client *c = ctx;
+        c->mapper->ops->event_destroy(c->mapper, event);
+}
+
 /* Maps the statistics page (fd stays the caller's) and starts the heap with
  * the daemon's allocator settings. */
 static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int page_fd) {
@@ -997,7 +1095,16 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         if (r < 0)
                 return set_error(c, -EPROTO, "gpumem: the daemon's statistics page is unusable: %s", strerror(-r));
         madvise(c->stats_page, GM_STATPAGE_SIZE, MADV_DONTFORK); /* a forked child never writes the parent's */
-        gm_local_ops_t ops = {.grant = local_grant, .give_back = local_give_back, .ctx = c};
+        bool events = c->mapper->ops->event_record != NULL;
+        gm_local_ops_t ops = {
+                .grant = local_grant,
+                .give_back = local_give_back,
+                .move = c->mapper->ops->move ? local_move : NULL,
+                .event_record = events ? local_event_record : NULL,
+                .event_query = events ? local_event_query : NULL,
+                .event_destroy = events ? local_event_destroy : NULL,
+                .ctx = c,
+        };
         char err[256] = "";
         r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err,
                          sizeof(err));
@@ -1554,7 +1661,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
                 else
                         snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
         } else {
-                r = gm_ipc_default_socket_path(0, true, c->socket_path, sizeof(c->socket_path));
+                r = gm_peer_default_socket(0, true, c->socket_path, sizeof(c->socket_path));
         }
         if (r == 0)
                 r = session_open(c);

@@ -65,6 +65,9 @@ void gm_local_zero_currents(gm_stats_t *stats);
 /* Applies a change of the exact figures (bytes and segments granted or
  * returned) to the session, its tenant's and the device's local totals. */
 void gm_local_exact_update(gm_request_conn_t *c, int64_t bytes, int64_t segments);
+/* A grant of the session waits for reclaimed memory: num_reclaim_waits of the
+ * session, its tenant and the device (the daemon's figure, not the page's). */
+void gm_local_count_reclaim_wait(gm_request_conn_t *c);
 /* The metrics endpoint's source callbacks (userdata: the daemon). */
 void gm_local_metrics_refresh(void *userdata);
 void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
@@ -78,6 +81,8 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
                    int *ret_page_fd);
 int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+/* Page reuse in a local heap: pieces moved inside the client's mappings. */
+int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Re-attach of a local session: its pieces only (no blocks). */
 int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Reattach *req);

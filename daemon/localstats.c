@@ -20,7 +20,7 @@
 /* ---- gm_stats_t as arrays (every gm_stat_t, then every int64 counter) ---- */
 
 #define N_STATS ((offsetof(gm_stats_t, num_alloc_retries)) / sizeof(gm_stat_t))
-#define N_COUNTERS 5 /* num_alloc_retries .. num_device_free; max_split_size is a setting */
+#define N_COUNTERS 6 /* num_alloc_retries .. num_reclaim_waits; max_split_size is a setting */
 _Static_assert(offsetof(gm_stats_t, num_alloc_retries) % sizeof(gm_stat_t) == 0, "gm_stat_t array");
 _Static_assert(offsetof(gm_stats_t, max_split_size) ==
                        offsetof(gm_stats_t, num_alloc_retries) + N_COUNTERS * sizeof(int64_t),
@@ -144,6 +144,7 @@ static void overlay_exact(gm_local_t *l) {
         l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
         l->figures.num_device_alloc = l->exact.num_device_alloc;
         l->figures.num_device_free = l->exact.num_device_free;
+        l->figures.num_reclaim_waits = l->exact.num_reclaim_waits;
 }
 
 void gm_local_refresh_conn(gm_request_conn_t *c) {
@@ -165,7 +166,7 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
         /* What the daemon knows exactly is not the page's to say. */
         page.reserved_bytes[GM_STAT_ALL] = (gm_stat_t){0};
         page.segment[GM_STAT_ALL] = (gm_stat_t){0};
-        page.num_device_alloc = page.num_device_free = 0;
+        page.num_device_alloc = page.num_device_free = page.num_reclaim_waits = 0;
         page.max_split_size = d->broker->device_stats.max_split_size;
         gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
         if (lt)
@@ -189,6 +190,15 @@ void gm_local_exact_update(gm_request_conn_t *c, int64_t bytes, int64_t segments
                 else if (bytes < 0)
                         sinks[i]->num_device_free++;
         }
+        overlay_exact(c->local);
+}
+
+void gm_local_count_reclaim_wait(gm_request_conn_t *c) {
+        gm_local_tenant_t *lt = gm_local_tenant(c->rq, c->session->tenant->name);
+        c->local->exact.num_reclaim_waits++;
+        c->rq->local->device.num_reclaim_waits++;
+        if (lt)
+                lt->stats.num_reclaim_waits++;
         overlay_exact(c->local);
 }
 

@@ -46,6 +46,7 @@ struct gm_request_conn {
         const gm_requests_t *rq;
         gm_session_t *session;
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
+        char command[64];     /* the peer's command name at connect, escaped ("" unknown) */
         bool hello_done;
         bool closed;       /* the server closed it: nothing more is sent */
         uint64_t requests; /* packets received */
