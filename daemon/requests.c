@@ -144,17 +144,29 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         size_t n = 0;
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
-        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
-        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
-        int *fds = calloc(n ? n : 1, sizeof(int));
-        Gpumem__PageMove *moves = calloc(s->n_moves ? s->n_moves : 1, sizeof(*moves));
-        Gpumem__PageMove **move_ptrs = calloc(s->n_moves ? s->n_moves : 1, sizeof(*move_ptrs));
+        size_t n_moves = s->n_moves;
+        /* A cached block brings no piece and no move: no allocation for the common reply. */
+        Gpumem__Mapping *map_ptrs_none[1];
+        int fds_none[1];
+        Gpumem__PageMove *move_ptrs_none[1];
+        Gpumem__Mapping *maps = NULL, **map_ptrs = map_ptrs_none;
+        int *fds = fds_none;
+        Gpumem__PageMove *moves = NULL, **move_ptrs = move_ptrs_none;
+        if (n > 0) {
+                maps = calloc(n, sizeof(*maps));
+                map_ptrs = calloc(n, sizeof(*map_ptrs));
+                fds = calloc(n, sizeof(int));
+        }
+        if (n_moves > 0) {
+                moves = calloc(n_moves, sizeof(*moves));
+                move_ptrs = calloc(n_moves, sizeof(*move_ptrs));
+        }
         int r = 0;
-        if (!maps || !map_ptrs || !fds || !moves || !move_ptrs) {
+        if ((n > 0 && (!maps || !map_ptrs || !fds)) || (n_moves > 0 && (!moves || !move_ptrs))) {
                 r = -ENOMEM;
                 goto out;
         }
-        for (size_t k = 0; k < s->n_moves; k++) {
+        for (size_t k = 0; k < n_moves; k++) {
                 const gm_page_move_t *m = &s->moves[k];
                 gpumem__page_move__init(&moves[k]);
                 moves[k].from_segment_id = m->from_segment_id;
@@ -196,7 +208,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         reply.block_size = res->size;
         reply.n_new_mappings = n - sent;
         reply.new_mappings = map_ptrs + sent;
-        reply.n_page_moves = s->n_moves;
+        reply.n_page_moves = n_moves;
         reply.page_moves = move_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
@@ -205,11 +217,15 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
 out:
         if (r == 0)
                 gm_session_pieces_sent(s);
-        free(maps);
-        free(map_ptrs);
-        free(fds);
-        free(moves);
-        free(move_ptrs);
+        if (n > 0) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+        }
+        if (n_moves > 0) {
+                free(moves);
+                free(move_ptrs);
+        }
         return r;
 }
 
