@@ -105,6 +105,7 @@ int main(int argc, char **argv) {
         pid_t holder = fork();
         if (holder == 0)
                 hold(socket_path, heap, blocks, ready[1]);
+        close(ready[1]); /* a holder that fails closes the pipe */
         char b;
         if (read(ready[0], &b, 1) != 1) {
                 fprintf(stderr, "the holder failed\n");

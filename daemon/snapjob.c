@@ -478,7 +478,7 @@ int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 .device = b->backend->device,
                 .format = format_of(req->format),
                 .category = category_of(req->category),
-                .process_frames = true,
+                .process_frames = req->category != GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_NONE,
                 .now_us = gm_realtime_us(),
                 .max_bytes = admin ? 0 : js->limits.user_max_bytes,
                 .config = &j->config,
