@@ -202,6 +202,7 @@ void gm_session_free(gm_session_t *s) {
         if (s->next)
                 s->next->prev = s->prev;
         b->n_sessions--;
+        free(s->diag);
         free(s);
 }
 
@@ -440,6 +441,7 @@ static void refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute
 static void refuse(gm_outcome_t *out, int err, const char *fmt, ...) {
         out->kind = GM_OUTCOME_REFUSE;
         out->error = err < 0 ? err : -err;
+        out->oom = false;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(out->message, sizeof(out->message), fmt, ap);
@@ -490,6 +492,9 @@ static void try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_
         out->kind = GM_OUTCOME_REFUSE;
         out->error = r;
         gm_oom_reason_t reason = gm_session_describe_refusal(s, size, r, out->message, sizeof(out->message));
+        out->oom = true;
+        out->oom_reason = reason;
+        out->oom_size = size;
         if (b->ops.count_refusal)
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }

@@ -225,7 +225,11 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
                 char message[1024];
                 gm_oom_reason_t reason = describe_refusal(c, g, r, message, sizeof(message));
                 gm_requests_count_refusal(d, s->tenant->name, reason);
-                gm_outcome_t out = {.kind = GM_OUTCOME_REFUSE, .error = r};
+                gm_outcome_t out = {.kind = GM_OUTCOME_REFUSE,
+                                    .error = r,
+                                    .oom = true,
+                                    .oom_reason = reason,
+                                    .oom_size = g->block_size ? g->block_size : g->size};
                 snprintf(out.message, sizeof(out.message), "%s", message);
                 return gm_request_refusal(c, request_id, &out), 0;
         }
