@@ -13,9 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "diagnose.h"
 #include "gpumemctl.h"
 #include "json.h"
+#include "json_read.h"
 #include "msg.h"
 #include "size.h"
 #include "text.h"
@@ -26,6 +28,44 @@
 #define TOP_WINDOW_MS 10000u
 #define DIAGNOSE_WINDOW_MS 60000u
 
+/* Sends a request whose reply (body `want`) carries its contents in a memfd
+ * of `size_of(reply)` bytes; maps them read-only into *ret_map (unmap with
+ * munmap(*ret_map, *ret_len); NULL when empty). Returns 0 or an exit code. */
+static int call_mapped(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
+                       uint64_t (*size_of)(const Gpumem__Envelope *), void **ret_map, size_t *ret_len) {
+        Gpumem__Envelope *reply;
+        int fd = -1;
+        int r = ctl_call_fd(c, env, &reply, &fd);
+        if (r)
+                return r;
+        bool ok = reply->body_case == want && fd >= 0;
+        uint64_t size = ok ? size_of(reply) : 0;
+        gm_msg_free(reply);
+        struct stat st;
+        void *map = NULL;
+        if (ok && (size > SAMPLE_SET_MAX || fstat(fd, &st) < 0 || (uint64_t) st.st_size < size))
+                ok = false;
+        if (ok && size > 0 && (map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)
+                ok = false;
+        if (fd >= 0)
+                close(fd);
+        if (!ok) {
+                fprintf(stderr, "gpumemctl: unexpected reply from gpumemd\n");
+                return EXIT_REFUSED;
+        }
+        *ret_map = size ? map : NULL;
+        *ret_len = size;
+        return 0;
+}
+
+static uint64_t samples_size(const Gpumem__Envelope *reply) {
+        return reply->samples_reply->size;
+}
+
+static uint64_t snapshot_size(const Gpumem__Envelope *reply) {
+        return reply->snapshot_reply->size;
+}
+
 /* Asks for the samples; *ret_set is freed with gpumem__sample_set__free_unpacked. */
 static int fetch_set(ctl_t *c, uint32_t pid, const char *tenant, uint64_t window_ms, Gpumem__SampleSet **ret_set) {
         Gpumem__Samples req = GPUMEM__SAMPLES__INIT;
@@ -35,32 +75,164 @@ static int fetch_set(ctl_t *c, uint32_t pid, const char *tenant, uint64_t window
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_SAMPLES;
         env.samples = &req;
-        Gpumem__Envelope *reply;
-        int fd = -1;
-        int r = ctl_call_fd(c, &env, &reply, &fd);
+        void *map;
+        size_t size;
+        int r = call_mapped(c, &env, GPUMEM__ENVELOPE__BODY_SAMPLES_REPLY, samples_size, &map, &size);
         if (r)
                 return r;
-        bool ok = reply->body_case == GPUMEM__ENVELOPE__BODY_SAMPLES_REPLY && fd >= 0;
-        uint64_t size = ok ? reply->samples_reply->size : 0;
-        gm_msg_free(reply);
-        struct stat st;
-        void *map = MAP_FAILED;
-        if (ok && (size > SAMPLE_SET_MAX || fstat(fd, &st) < 0 || (uint64_t) st.st_size < size))
-                ok = false;
-        if (ok && size > 0 && (map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)
-                ok = false;
-        Gpumem__SampleSet *set = NULL;
-        if (ok)
-                set = gpumem__sample_set__unpack(NULL, size, size ? map : (const uint8_t *) "");
-        if (map != MAP_FAILED)
+        Gpumem__SampleSet *set = gpumem__sample_set__unpack(NULL, size, map ? map : (const uint8_t *) "");
+        if (map)
                 munmap(map, size);
-        if (fd >= 0)
-                close(fd);
         if (!set) {
                 fprintf(stderr, "gpumemctl: unexpected samples reply from gpumemd\n");
                 return EXIT_REFUSED;
         }
         *ret_set = set;
+        return 0;
+}
+
+/* ---- who still holds it: live blocks allocated in the window ---- */
+
+/* Live blocks grouped by the stack that allocated them. */
+typedef struct holder {
+        char where[256];
+        uint64_t blocks, bytes;
+} holder_t;
+
+#define MAX_HOLDERS 16
+
+typedef struct holders {
+        bool history;                     /* the snapshot had trace entries of the process */
+        bool any_blocks;                  /* ... and blocks (a local heap's are in its process) */
+        holder_t groups[MAX_HOLDERS + 1]; /* the last: everything else */
+        size_t n;
+} holders_t;
+
+typedef struct live_block {
+        uint64_t address, size;
+        const gm_json_t *alloc; /* its newest alloc entry */
+} live_block_t;
+
+static int by_address(const void *a, const void *b) {
+        const live_block_t *x = a, *y = b;
+        return x->address < y->address ? -1 : x->address > y->address;
+}
+
+static int by_bytes(const void *a, const void *b) {
+        const holder_t *x = a, *y = b;
+        return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+/* "file:line name < file:line name" of the first frames of a trace entry. */
+static void frames_text(const gm_json_t *entry, char *buf, size_t len) {
+        const gm_json_t *frames = gm_json_get(entry, "frames");
+        buf[0] = '\0';
+        for (size_t i = 0; frames && frames->type == GM_JSON_ARRAY && i < frames->n && i < 3; i++) {
+                size_t used = strlen(buf);
+                char raw[160], safe[160];
+                snprintf(raw, sizeof(raw), "%s:%" PRIu64 " %s", gm_json_get_string(frames->items[i], "filename", "?"),
+                         gm_json_get_uint(frames->items[i], "line", 0),
+                         gm_json_get_string(frames->items[i], "name", "?"));
+                snprintf(buf + used, len - used, "%s%s", i ? " < " : "", gm_text_escape(raw, safe, sizeof(safe)));
+        }
+        if (!buf[0])
+                snprintf(buf, len, "(no stack recorded)");
+}
+
+static void count_holder(holders_t *h, const char *where, uint64_t bytes) {
+        size_t i = 0;
+        while (i < h->n && strcmp(h->groups[i].where, where) != 0)
+                i++;
+        if (i == h->n && h->n < MAX_HOLDERS)
+                snprintf(h->groups[h->n++].where, sizeof(h->groups[0].where), "%s", where);
+        else if (i == h->n)
+                i = MAX_HOLDERS; /* everything else */
+        h->groups[i].blocks++;
+        h->groups[i].bytes += bytes;
+}
+
+/* The live blocks of snapshot `snap` whose newest alloc entry of process
+ * `pid` is at or after since_us. */
+static void holders_of(const gm_json_t *snap, uint32_t pid, uint64_t since_us, holders_t *h) {
+        const gm_json_t *segments = gm_json_get(snap, "segments"), *traces = gm_json_get(snap, "device_traces");
+        size_t n = 0, cap = 0;
+        live_block_t *live = NULL;
+        for (size_t i = 0; segments && segments->type == GM_JSON_ARRAY && i < segments->n; i++) {
+                const gm_json_t *seg = segments->items[i], *blocks = gm_json_get(seg, "blocks");
+                if (gm_json_get_uint(seg, "pid", 0) != pid || !blocks || blocks->type != GM_JSON_ARRAY)
+                        continue;
+                for (size_t k = 0; k < blocks->n; k++) {
+                        const gm_json_t *b = blocks->items[k];
+                        h->any_blocks = true;
+                        if (strcmp(gm_json_get_string(b, "state", ""), "active_allocated") != 0)
+                                continue;
+                        if (n == cap) {
+                                live_block_t *more = realloc(live, (cap = cap ? 2 * cap : 64) * sizeof(*live));
+                                if (!more)
+                                        goto out;
+                                live = more;
+                        }
+                        live[n++] = (live_block_t){.address = gm_json_get_uint(b, "address", 0),
+                                                   .size = gm_json_get_uint(b, "size", 0)};
+                }
+        }
+        if (n)
+                qsort(live, n, sizeof(*live), by_address);
+        /* The history is the last list of device_traces, oldest first: walk it newest first. */
+        const gm_json_t *trace =
+                traces && traces->type == GM_JSON_ARRAY && traces->n ? traces->items[traces->n - 1] : NULL;
+        for (size_t i = trace && trace->type == GM_JSON_ARRAY ? trace->n : 0; i-- > 0;) {
+                const gm_json_t *e = trace->items[i];
+                if (gm_json_get_uint(e, "pid", 0) != pid)
+                        continue;
+                h->history = true;
+                if (strcmp(gm_json_get_string(e, "action", ""), "alloc") != 0 || !n)
+                        continue;
+                live_block_t key = {.address = gm_json_get_uint(e, "addr", 0)};
+                live_block_t *b = bsearch(&key, live, n, sizeof(*live), by_address);
+                if (b && !b->alloc)
+                        b->alloc = e;
+        }
+        for (size_t i = 0; i < n; i++) {
+                if (!live[i].alloc || gm_json_get_uint(live[i].alloc, "time_us", 0) < since_us)
+                        continue;
+                char where[256];
+                frames_text(live[i].alloc, where, sizeof(where));
+                count_holder(h, where, live[i].size);
+        }
+        if (h->groups[MAX_HOLDERS].blocks)
+                snprintf(h->groups[MAX_HOLDERS].where, sizeof(h->groups[0].where), "(other stacks)");
+        qsort(h->groups, h->n, sizeof(h->groups[0]), by_bytes);
+out:
+        free(live);
+}
+
+/* Reads the process's snapshot (JSON) and groups its live blocks allocated
+ * within the window. Returns 0 or an exit code. */
+static int find_holders(ctl_t *c, uint32_t pid, uint64_t window_ms, holders_t *h) {
+        *h = (holders_t){0};
+        Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
+        req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON;
+        req.pid = pid;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT;
+        env.snapshot = &req;
+        void *map;
+        size_t size;
+        int r = call_mapped(c, &env, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, snapshot_size, &map, &size);
+        if (r)
+                return r;
+        gm_json_t *snap = NULL;
+        r = map ? gm_json_parse(map, size, &snap, NULL) : -EINVAL;
+        if (map)
+                munmap(map, size);
+        if (r < 0) {
+                fprintf(stderr, "gpumemctl: cannot read the snapshot: %s\n", strerror(-r));
+                return EXIT_REFUSED;
+        }
+        uint64_t now_us = gm_realtime_us(), span_us = window_ms * 1000;
+        holders_of(snap, pid, now_us > span_us ? now_us - span_us : 0, h);
+        gm_json_free(snap);
         return 0;
 }
 
@@ -146,7 +318,43 @@ static int diagnose_session(const Gpumem__SampleSet *set, const Gpumem__SessionS
 
 /* ---- diagnose ---- */
 
-static void print_text_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d) {
+static void print_text_holders(const Gpumem__SessionSamples *ss, const holders_t *h) {
+        if (!h->history || !h->any_blocks) {
+                printf("    %s\n", !h->any_blocks ? "its blocks are in its own process (a local heap): its snapshot "
+                                                    "(gpumem._snapshot() in it) names them"
+                                                  : "memory history is off: gpumemctl history on, then diagnose "
+                                                    "again, names the stacks that still hold it");
+                return;
+        }
+        printf("    still live, allocated in the window, by the stack that allocated them:\n");
+        for (size_t i = 0; i <= MAX_HOLDERS; i++) {
+                const holder_t *g = &h->groups[i];
+                char b[32];
+                if (g->blocks && (i < h->n || i == MAX_HOLDERS))
+                        printf("      %6" PRIu64 " block%s %10s  %s\n", g->blocks, g->blocks == 1 ? " " : "s",
+                               gm_format_size(g->bytes, b, sizeof(b)), g->where);
+        }
+        if (h->n == 0)
+                printf("      none (the window's allocations of pid %u were all freed)\n", ss->pid);
+}
+
+static void print_json_holders(const holders_t *h) {
+        printf(", \"holders\": {\"history\": %s, \"blocks_visible\": %s, \"groups\": [", h->history ? "true" : "false",
+               h->any_blocks ? "true" : "false");
+        bool first = true;
+        for (size_t i = 0; i <= MAX_HOLDERS; i++) {
+                const holder_t *g = &h->groups[i];
+                if (!g->blocks || (i >= h->n && i != MAX_HOLDERS))
+                        continue;
+                printf("%s{\"where\": ", first ? "" : ", ");
+                gm_json_print_string(stdout, g->where);
+                printf(", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64 "}", g->blocks, g->bytes);
+                first = false;
+        }
+        printf("]}");
+}
+
+static void print_text_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d, const holders_t *h) {
         const gm_diag_figures_t *f = &d->fig;
         char cmd[64], b[8][32];
         command_name(ss, cmd, sizeof(cmd));
@@ -164,6 +372,8 @@ static void print_text_diagnosis(const Gpumem__SessionSamples *ss, const gm_diag
         for (size_t i = 0; i < d->n_findings; i++) {
                 printf("  %s: %s\n", gm_diag_kind_title(d->findings[i].kind), d->findings[i].summary);
                 printf("    next: %s\n", d->findings[i].next);
+                if (d->findings[i].kind == GM_DIAG_LEAK && h)
+                        print_text_holders(ss, h);
         }
 }
 
@@ -183,7 +393,7 @@ static void print_json_figures(const gm_diag_figures_t *f) {
         printf("}}");
 }
 
-static void print_json_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d) {
+static void print_json_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d, const holders_t *h) {
         char cmd[64];
         command_name(ss, cmd, sizeof(cmd));
         printf("{\"pid\": %u, \"session_id\": %" PRIu64 ", \"command\": ", ss->pid, ss->session_id);
@@ -201,7 +411,10 @@ static void print_json_diagnosis(const Gpumem__SessionSamples *ss, const gm_diag
                 gm_json_print_string(stdout, d->findings[i].next);
                 printf("}");
         }
-        printf("]}");
+        printf("]");
+        if (h)
+                print_json_holders(h);
+        printf("}");
 }
 
 static void print_json_refusals(const Gpumem__SampleSet *set) {
@@ -277,11 +490,15 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
                 gm_diagnosis_t d;
                 if (diagnose_session(set, set->sessions[i], window_ms, &d) < 0)
                         continue; /* no sample in the window */
+                holders_t h;
+                bool leak = d.n_findings && d.findings[0].kind == GM_DIAG_LEAK;
+                if (leak && (r = find_holders(c, set->sessions[i]->pid, window_ms, &h)) != 0)
+                        break;
                 if (json) {
                         printf("%s", shown ? ", " : "");
-                        print_json_diagnosis(set->sessions[i], &d);
+                        print_json_diagnosis(set->sessions[i], &d, leak ? &h : NULL);
                 } else {
-                        print_text_diagnosis(set->sessions[i], &d);
+                        print_text_diagnosis(set->sessions[i], &d, leak ? &h : NULL);
                 }
                 shown++;
         }
@@ -291,7 +508,7 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
                 printf("}\n");
         }
         gpumem__sample_set__free_unpacked(set, NULL);
-        return 0;
+        return r;
 }
 
 /* ---- top and status ---- */

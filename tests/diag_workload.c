@@ -2,7 +2,9 @@
  * diagnose` (docs/diagnosis.md), for tests/test_diagnose.c.
  *
  *   gm-diag-workload SOCKET leak BYTES STEP_MS N  allocate N blocks of BYTES, STEP_MS apart, and keep
- *                                                 them all (a growing live list); print "ready"
+ *                                                 them all (a growing live list; frames train.py:42
+ *                                                 keep_activations), each beside a freed one of BYTES/2
+ *                                                 (train.py:57 scratch); print "ready"
  *   gm-diag-workload SOCKET frag                  the 16 MiB / 32 MiB pattern: one 256 MiB segment cut
  *                                                 into 16 MiB blocks, every other one freed, then 32 MiB
  *                                                 requests (one fits a new segment, the next is refused
@@ -36,12 +38,18 @@ static void ready(const char *extra) {
 }
 
 static int leak(gpumem_client *c, uint64_t bytes, unsigned step_ms, unsigned n) {
+        /* The kept blocks come from one stack, the freed ones from another. */
+        static const gpumem_frame keeper[] = {{"train.py", 42, "keep_activations"}, {"train.py", 90, "step"}};
+        static const gpumem_frame scratch[] = {{"train.py", 57, "scratch"}};
         void **kept = calloc(n, sizeof(*kept));
         for (unsigned i = 0; kept && i < n; i++) {
-                if (gpumem_alloc(c, bytes, 0, &kept[i]) < 0) {
+                void *tmp;
+                if (gpumem_alloc_frames(c, bytes, 0, keeper, 2, &kept[i]) < 0 ||
+                    gpumem_alloc_frames(c, bytes / 2, 0, scratch, 1, &tmp) < 0) {
                         fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
                         return 1;
                 }
+                gpumem_free(c, tmp);
                 usleep(step_ms * 1000u);
         }
         ready("");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "diagnose.h"
+#include "json_read.h"
 #include "samples.h"
 #include "testutil.h"
 
@@ -262,6 +263,50 @@ START_TEST(test_rule_refusals_by_class) {
 }
 END_TEST
 
+/* ---- the JSON reader (the snapshot gpumemctl reads back) ---- */
+
+START_TEST(test_json_reader) {
+        const char *doc =
+                " {\"segments\": [{\"address\": 9007199254740993, \"blocks\": [], \"ok\": true,"
+                " \"no\": false, \"x\": null, \"neg\": -1.5e2, \"s\": \"a\\\"b\\\\c\\u00e9\\ud83d\\ude00\\n\"}],"
+                " \"empty\": {}} ";
+        gm_json_t *v = NULL;
+        ck_assert_int_eq(gm_json_parse(doc, strlen(doc), &v, NULL), 0);
+        const gm_json_t *segs = gm_json_get(v, "segments");
+        ck_assert_int_eq(segs->type, GM_JSON_ARRAY);
+        ck_assert_uint_eq(segs->n, 1);
+        const gm_json_t *seg = segs->items[0];
+        ck_assert_uint_eq(gm_json_get_uint(seg, "address", 0), 9007199254740993ull); /* exact above 2^53 */
+        ck_assert(gm_json_get(seg, "ok")->boolean);
+        ck_assert(!gm_json_get(seg, "no")->boolean);
+        ck_assert_int_eq(gm_json_get(seg, "x")->type, GM_JSON_NULL);
+        ck_assert_double_eq(gm_json_get(seg, "neg")->number, -150.0);
+        ck_assert_uint_eq(gm_json_get_uint(seg, "neg", 7), 7); /* not an unsigned integer */
+        ck_assert_str_eq(gm_json_get_string(seg, "s", ""), "a\"b\\c\xc3\xa9\xf0\x9f\x98\x80\n");
+        ck_assert_str_eq(gm_json_get_string(seg, "missing", "dflt"), "dflt");
+        ck_assert_int_eq(gm_json_get(v, "empty")->n, 0);
+        ck_assert_ptr_null(gm_json_get(segs, "segments")); /* not an object */
+        ck_assert_ptr_null(gm_json_free(v));
+        static const char *const bad[] = {"",         "{",       "[1,]",      "{\"a\" 1}", "01",      "-",
+                                          "1.",       "1e",      "\"abc",     "\"a\x01\"", "[1] [2]", "tru",
+                                          "{\"a\":}", "\"\\x\"", "\"\\u12\"", "nul"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                size_t at = 0;
+                ck_assert_msg(gm_json_parse(bad[i], strlen(bad[i]), &v, &at) == -EINVAL, "accepted '%s'", bad[i]);
+        }
+        /* Nesting is bounded. */
+        char deep[2 * (GM_JSON_MAX_DEPTH + 2) + 1];
+        for (int i = 0; i < GM_JSON_MAX_DEPTH + 2; i++) {
+                deep[i] = '[';
+                deep[GM_JSON_MAX_DEPTH + 2 + i] = ']';
+        }
+        deep[sizeof(deep) - 1] = '\0';
+        ck_assert_int_eq(gm_json_parse(deep, strlen(deep), &v, NULL), -EINVAL);
+        ck_assert_int_eq(gm_json_parse(deep + 2, strlen(deep) - 4, &v, NULL), 0);
+        gm_json_free(v);
+}
+END_TEST
+
 /* ---- end to end ---- */
 
 static gm_test_daemon_t daemon_;
@@ -314,12 +359,22 @@ START_TEST(test_e2e_leak) {
         start("1G", NULL);
         gm_test_proc_t w;
         char line[128], out[65536];
+        ck_assert_int_eq(ctl(out, sizeof(out), "history", "on", NULL, NULL, NULL, NULL), 0);
         const char *argv[] = {GM_DIAG_WORKLOAD, daemon_.socket_path, "leak", "1048576", "150", "24", NULL};
         spawn_ready(argv, &w, line, sizeof(line));
         const char *e = diagnosis_of(out, sizeof(out), w.pid, "8s");
         assert_verdict(e, "leak");
         ck_assert_ptr_nonnull(strstr(e, local_mode() ? "\"heap\": \"local\"" : "\"heap\": \"central\""));
         ck_assert_ptr_nonnull(strstr(e, "\"allocated_bytes\": 25165824")); /* 24 MiB still live */
+        /* Who still holds it: the live blocks allocated in the window, by stack (central heaps: the
+         * daemon's snapshot has them; a local heap's are in its process). */
+        if (local_mode())
+                ck_assert_msg(strstr(e, "\"holders\": {\"history\": false, \"blocks_visible\": false, \"groups\": []}"),
+                              "%s", e);
+        else
+                ck_assert_msg(strstr(e, "\"groups\": [{\"where\": \"train.py:42 keep_activations < train.py:90 step\", "
+                                        "\"blocks\": 24, \"bytes\": 25165824}]"),
+                              "%s", e);
         /* The text form names it and says what to do. */
         char pids[16];
         snprintf(pids, sizeof(pids), "%d", (int) w.pid);
@@ -438,6 +493,7 @@ int main(void) {
         tcase_add_test(unit, test_rule_streams);
         tcase_add_test(unit, test_rule_idle_cache);
         tcase_add_test(unit, test_rule_refusals_by_class);
+        tcase_add_test(unit, test_json_reader);
         suite_add_tcase(s, unit);
         TCase *e2e = tcase_create("end to end");
         tcase_set_timeout(e2e, 120);
