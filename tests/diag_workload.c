@@ -12,6 +12,9 @@
  *   gm-diag-workload SOCKET pending BYTES         a central session (raw protocol) whose block of BYTES
  *                                                 is freed while work on another stream is pending
  *                                                 (Free deferred, FreeCompleted at the end); "ready"
+ *   gm-diag-workload SOCKET stream-free BYTES     (cuda backend) a block of BYTES freed with gpumem_free_async
+ *                                                 on another stream whose work is pending (the emulated
+ *                                                 driver's FAKECUDA_HOLD_EVENTS); "ready"
  * Then each waits for stdin to close, frees everything and exits 0 (1 on failure). */
 #include <errno.h>
 #include <stdio.h>
@@ -19,6 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef GPUMEM_HAVE_CUDA
+#include "cuda_loader.h"
+#endif
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "msg.h"
@@ -156,6 +162,33 @@ static int pending(const char *socket_path, uint64_t bytes) {
         return r < 0;
 }
 
+#ifdef GPUMEM_HAVE_CUDA
+static int stream_free(gpumem_client *c, uint64_t bytes) {
+        const gm_cuda_t *cu;
+        CUcontext ctx;
+        CUstream stream;
+        void *p;
+        if (gm_cuda_load(&cu) < 0 || cu->DevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+            cu->CtxPushCurrent(ctx) != CUDA_SUCCESS || !cu->StreamCreate ||
+            cu->StreamCreate(&stream, 0) != CUDA_SUCCESS)
+                return fprintf(stderr, "no stream\n"), 1;
+        if (gpumem_alloc(c, bytes, 0, &p) < 0 || gpumem_free_async(c, p, (uint64_t) (uintptr_t) stream) < 0)
+                return fprintf(stderr, "alloc/free: %s\n", gpumem_last_error(c)), 1;
+        ready("");
+        wait_stdin_closed();
+        int64_t active = -1;
+        for (int i = 0; i < 500 && active != 0; i++) { /* the stream's work is done: the free completes */
+                gpumem_stat(c, "active_bytes.all.current", &active);
+                usleep(10000);
+        }
+        if (cu->StreamDestroy)
+                cu->StreamDestroy(stream);
+        cu->CtxPopCurrent(&ctx);
+        cu->DevicePrimaryCtxRelease(0);
+        return active == 0 ? 0 : 1;
+}
+#endif
+
 int main(int argc, char **argv) {
         if (argc < 3) {
                 fprintf(stderr, "usage: gm-diag-workload SOCKET leak|frag|pending ARGS\n");
@@ -175,6 +208,10 @@ int main(int argc, char **argv) {
                 status = leak(c, strtoull(argv[3], NULL, 10), (unsigned) atoi(argv[4]), (unsigned) atoi(argv[5]));
         else if (strcmp(cmd, "frag") == 0)
                 status = frag(c);
+#ifdef GPUMEM_HAVE_CUDA
+        else if (strcmp(cmd, "stream-free") == 0 && argc == 4)
+                status = stream_free(c, strtoull(argv[3], NULL, 10));
+#endif
         gpumem_disconnect(c);
         return status;
 }

@@ -16,3 +16,17 @@ set_tests_properties(diagnose_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=h
 add_test(NAME diagnose_host_local COMMAND test_diagnose)
 set_tests_properties(diagnose_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=local"
                      TIMEOUT 600)
+# On the cuda backend over the emulated driver (a fresh device pool per test):
+# there the pending free is a real library client's, on a real stream.
+if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
+  add_dependencies(test_diagnose fakecuda)
+  foreach(mode central local)
+    set(leg diagnose_cuda)
+    if(mode STREQUAL "local")
+      set(leg diagnose_cuda_local)
+    endif()
+    add_test(NAME ${leg} COMMAND test_diagnose)
+    set_tests_properties(${leg} PROPERTIES TIMEOUT 600 ENVIRONMENT
+      "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=${mode};GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_CONTEXT_BYTES=0")
+  endforeach()
+endif()

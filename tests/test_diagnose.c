@@ -16,6 +16,9 @@
 #include "json_read.h"
 #include "samples.h"
 #include "testutil.h"
+#ifdef GM_TEST_FAKECUDA
+#include "fakecuda_check.h"
+#endif
 
 #define MiB (1024ull * 1024ull)
 
@@ -310,13 +313,28 @@ END_TEST
 /* ---- end to end ---- */
 
 static gm_test_daemon_t daemon_;
+#ifdef GM_TEST_FAKECUDA
+static char pool_path[64];
+#endif
+
+static bool cuda_backend(void) {
+        return strcmp(gm_test_backend(), "cuda") == 0;
+}
 
 static void start(const char *capacity, const char *config) {
+#ifdef GM_TEST_FAKECUDA
+        if (cuda_backend())
+                gm_fake_new_pool(pool_path, sizeof(pool_path)); /* inherited by the daemon and clients */
+#endif
         gm_test_daemon_start_config(&daemon_, capacity, NULL, config ? config : "");
 }
 
 static void stop(void) {
         gm_test_daemon_stop(&daemon_);
+#ifdef GM_TEST_FAKECUDA
+        if (cuda_backend())
+                unlink(pool_path);
+#endif
 }
 
 static void spawn_ready(const char *const *argv, gm_test_proc_t *p, char *line, size_t len) {
@@ -423,12 +441,23 @@ START_TEST(test_e2e_pending_stream_free) {
         start("1G", NULL);
         gm_test_proc_t w;
         char line[128], out[65536];
-        const char *argv[] = {GM_DIAG_WORKLOAD, daemon_.socket_path, "pending", "25165824", NULL};
-        spawn_ready(argv, &w, line, sizeof(line));
-        usleep(300 * 1000); /* a tick samples it */
+        /* On the cuda backend a library client frees on another stream whose work the emulated
+         * driver holds; the host backend has no streams: a central client says so itself. */
+        char hold[] = "/tmp/gm-diag-hold-XXXXXX";
+        int hold_fd = mkstemp(hold);
+        ck_assert_int_ge(hold_fd, 0);
+        close(hold_fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
+        const char *lib[] = {GM_DIAG_WORKLOAD, daemon_.socket_path, "stream-free", "25165824", NULL};
+        const char *raw[] = {GM_DIAG_WORKLOAD, daemon_.socket_path, "pending", "25165824", NULL};
+        spawn_ready(cuda_backend() ? lib : raw, &w, line, sizeof(line));
+        unsetenv("FAKECUDA_HOLD_EVENTS");
         const char *e = diagnosis_of(out, sizeof(out), w.pid, "10s");
         assert_verdict(e, "streams");
         ck_assert_msg(strstr(e, "\"pending_free_bytes\": 25165824") && strstr(e, "\"allocated_bytes\": 0,"), "%s", e);
+        if (cuda_backend())
+                ck_assert_ptr_nonnull(strstr(e, local_mode() ? "\"heap\": \"local\"" : "\"heap\": \"central\""));
+        unlink(hold); /* the stream's work is done: the free completes */
         ck_assert_int_eq(gm_test_proc_finish(&w), 0);
         stop();
 }
