@@ -86,6 +86,7 @@ START_TEST(test_default_socket_is_the_system_daemons) {
         setenv("GPUMEM_SYSTEM_SOCKET_DIR", "/nonexistent-system", 1);
         ck_assert_int_eq(CTL(NOBODY, out, "stats"), 3);
         assert_has(out, "gpumemd is not running at '/nonexistent-xdg/gpumem/gpu0.sock'");
+        assert_has(out, "systemctl start gpumemd@0");
         /* A system socket in a directory others may write to is not trusted. */
         setenv("GPUMEM_SYSTEM_SOCKET_DIR", daemon_.dir, 1);
         ck_assert_int_eq(chmod(daemon_.dir, 0777), 0);
@@ -103,6 +104,7 @@ START_TEST(test_missing_socket_says_the_daemon_is_not_running) {
         assert_has(out, "gpumemd is not running at '");
         assert_has(out, path);
         assert_lacks(out, "statistic");
+        assert_has(out, "gpumemd --socket ");
         /* A socket left behind that nobody listens on. */
         ck_assert_int_lt(snprintf(stale, sizeof(stale), "%s/stale.sock", daemon_.dir), (int) sizeof(stale));
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
