@@ -652,18 +652,18 @@ int main(int argc, char **argv) {
         int i = 1;
         for (; i < argc && argv[i][0] == '-'; i++) {
                 const char *a = argv[i];
-                if (strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0 || strcmp(a, "-d") == 0 ||
-                    strcmp(a, "--device") == 0) {
+                bool socket_opt = strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0;
+                if (socket_opt || strcmp(a, "-d") == 0 || strcmp(a, "--device") == 0) {
                         if (i + 1 >= argc)
                                 return usage_error("%s needs a value", a);
                         const char *v = argv[++i];
-                        if (a[1] == 's' || a[2] == 's') {
+                        uint64_t n;
+                        if (socket_opt) {
                                 socket_path = v;
                                 socket_given = true;
+                        } else if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n)) {
+                                return EXIT_USAGE;
                         } else {
-                                uint64_t n;
-                                if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n))
-                                        return EXIT_USAGE;
                                 device = (int) n;
                         }
                 } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
