@@ -225,7 +225,8 @@ static int try_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Gr
                         return -EAGAIN;
                 char message[1024];
                 gm_oom_reason_t reason = describe_refusal(c, g, r, message, sizeof(message));
-                gm_requests_count_refusal(d, s->tenant->name, reason);
+                if (!g->will_retry) /* the application sees this one */
+                        gm_requests_count_refusal(d, s->tenant->name, reason);
                 gm_outcome_t out = {.kind = GM_OUTCOME_REFUSE, .error = r};
                 snprintf(out.message, sizeof(out.message), "%s", message);
                 return gm_request_refusal(c, request_id, &out), 0;
@@ -271,6 +272,7 @@ static void park_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         pg->grant.size = g->size;
         pg->grant.block_size = g->block_size;
         pg->grant.largest_free = g->largest_free;
+        pg->grant.will_retry = g->will_retry;
         pg->parked_at_ms = gm_now_ms();
         gm_parked_grant_t **pp = &c->local->parked;
         while (*pp)
