@@ -110,6 +110,9 @@ typedef struct gm_heap_params {
          * reclaimed elsewhere): a refusal is then not counted in num_ooms nor
          * traced until the caller gives it to its client (gm_heap_count_oom()). */
         bool defer_oom;
+        gm_stats_t *stats; /* where the heap keeps its own statistics (NULL: inside the heap), e.g. a
+                                     * page another process reads; initialised by gm_heap_new, must outlive
+                                     * the heap or gm_heap_move_stats() */
 } gm_heap_params_t;
 
 /* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */
@@ -196,6 +199,11 @@ uint64_t gm_heap_largest_free(const gm_heap_t *h);
 /* This heap's own statistics. */
 const gm_stats_t *gm_heap_stats(const gm_heap_t *h);
 gm_stats_t *gm_heap_stats_mut(gm_heap_t *h);
+/* The heap keeps its statistics at `home` (NULL: inside the heap) from now
+ * on. With `copy` the current figures go there first; without, `home` keeps
+ * what it holds (the old place may be gone: a mapping a fork()ed child did
+ * not inherit). */
+void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy);
 
 /* Rebuilding a heap after a daemon restart from what its client reports: its
  * segments (with the provider handles of their pieces: one piece for an

@@ -91,6 +91,8 @@ void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
 /* ledger.c */
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
+/* A stored piece's place changed (page reuse): journalled anew. */
+void gm_ledger_moved(gm_broker_t *b, const gm_piece_t *p);
 /* Journals a session's token and uid at its start, and its end (unless the
  * broker is stopping: then its client may claim it from the next daemon). */
 void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);

@@ -167,7 +167,8 @@ static size_t queue_len(const gm_piece_t *head) {
         return n;
 }
 
-static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked, uint32_t *stored) {
+static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked, uint32_t *stored,
+                          uint32_t *recorded) {
         uint64_t in_heap = 0, releasing = 0;
         size_t n_new = 0, n_rel = 0, n_adopting = 0;
         for (const gm_piece_t *p = s->pieces; p; p = p->next) {
@@ -181,6 +182,10 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         *backed += p->phys.size;
                 if (p->store_id)
                         (*stored)++;
+                if (p->record_id)
+                        (*recorded)++;
+                if (p->store_id && p->record_id)
+                        violation(c, "session %llu: a piece both stored and only recorded", (unsigned long long) s->id);
                 if (p->state == GM_PIECE_ORPHAN)
                         violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
                 if (p->in_heap && p->state != GM_PIECE_LIVE)
@@ -244,7 +249,13 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         if (parked != s->n_parked || last != s->parked_tail)
                 violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
                           parked);
-        if (s->ended && (s->pieces || s->heap || s->parked || s->releases))
+        for (size_t i = 0; i < s->n_moves; i++) {
+                const gm_piece_t *p = s->moves[i].piece;
+                if (p->session != s || p->state != GM_PIECE_LIVE || !p->in_heap || !p->sent)
+                        violation(c, "session %llu: a pending page move names a piece its heap does not hold mapped",
+                                  (unsigned long long) s->id);
+        }
+        if (s->ended && (s->pieces || s->heap || s->parked || s->releases || s->n_moves))
                 violation(c, "session %llu ended but still holds memory or requests", (unsigned long long) s->id);
         if (s->heap) {
                 int hv = gm_heap_check(s->heap);
@@ -264,12 +275,12 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         if (why && why_len)
                 why[0] = '\0';
         uint64_t backed = 0, unbacked = 0, releasing = 0;
-        uint32_t stored = 0, n_sessions = 0;
+        uint32_t stored = 0, recorded = 0, n_sessions = 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next) {
                 n_sessions++;
                 if (s->next && s->next->prev != s)
                         violation(&c, "session list broken at %llu", (unsigned long long) s->id);
-                check_session(&c, s, &backed, &unbacked, &stored);
+                check_session(&c, s, &backed, &unbacked, &stored, &recorded);
                 releasing += s->releasing_bytes;
         }
         if (n_sessions != b->n_sessions)
@@ -298,6 +309,8 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                           (unsigned long long) unbacked);
         if (!b->keep_stored && stored != b->n_stored)
                 violation(&c, "%u pieces stored, %u counted", stored, b->n_stored);
+        if (!b->keep_stored && recorded != b->n_recorded)
+                violation(&c, "%u pieces recorded in the journal, %u counted", recorded, b->n_recorded);
         if (releasing != b->releasing_bytes)
                 violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
                           (unsigned long long) releasing);

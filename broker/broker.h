@@ -81,6 +81,7 @@ struct gm_piece {
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
+        uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -106,6 +107,10 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
  * anything else returns to the backend at once. `whole_segment`: this is the
  * segment's last piece (its reservation goes too). */
 void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment);
+/* Page reuse: the piece now lies at `offset` of segment `segment_id`
+ * (va_size bytes); its memory, handle, fd and charge are unchanged, the
+ * ledger journals the new place. */
+void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset);
 /* A LIVE piece of `s` at (segment_id, offset), or NULL. */
 gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
 
@@ -213,6 +218,10 @@ struct gm_broker {
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
+        struct gm_ledger_entry *records; /* the previous daemon's pieces with no stored handle: each claimable once,
+                                            by its session, until the re-attach grace ends */
+        size_t n_records;
+        uint32_t n_recorded; /* sessions' pieces with a record_id */
 };
 
 int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
@@ -269,6 +278,17 @@ typedef struct gm_session_params {
         void *userdata;   /* the daemon's connection */
 } gm_session_params_t;
 
+/* A page the session's heap moved (page reuse) that its client has not been
+ * told of yet: the client maps `piece` at from_segment_id/from_offset still.
+ * Pending moves go out with the next allocation reply, in order; a piece
+ * released meanwhile is released where its client maps it (the move is
+ * dropped). */
+typedef struct gm_page_move {
+        gm_piece_t *piece; /* at its new place */
+        uint64_t from_segment_id, from_va_size, from_offset;
+        bool from_whole_segment; /* it was the last piece the client maps there */
+} gm_page_move_t;
+
 /* Read-only outside the broker. */
 struct gm_session {
         gm_broker_t *broker;
@@ -299,6 +319,8 @@ struct gm_session {
         uint64_t next_release_id;
         struct gm_parked *parked, *parked_tail;
         uint32_t n_parked;
+        gm_page_move_t *moves; /* pending, in the order the heap made them */
+        size_t n_moves, cap_moves;
         struct gm_session *prev, *next;
 };
 
@@ -330,7 +352,8 @@ void gm_session_count_refusal(gm_session_t *s);
 void gm_session_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
-/* The reply carrying them was sent: their releases need acks from now on. */
+/* The reply carrying them (and the pending page moves) was sent: their
+ * releases need acks from now on. */
 void gm_session_pieces_sent(gm_session_t *s);
 /* The reply for `block_id` could not be built: the block goes back to the
  * heap; its new pieces stay listed for the next reply. */

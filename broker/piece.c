@@ -185,6 +185,8 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
                 gm_ledger_unstore(b, p);
         else if (p->store_id)
                 b->n_stored--; /* the next daemon's now */
+        else if (p->record_id)
+                b->n_recorded--; /* journaled for the next daemon */
         if (p->phys.fd < 0) {
                 gm_assert(b->unbacked_bytes >= p->phys.size);
                 b->unbacked_bytes -= p->phys.size;
@@ -239,6 +241,13 @@ void gm_piece_claimed(gm_session_t *s, gm_piece_t *p) {
         p->in_heap = true;
         p->sent = true; /* the client holds it mapped */
         charge(p, true);
+}
+
+void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset) {
+        p->segment_id = segment_id;
+        p->segment_va_size = va_size;
+        p->offset = offset;
+        gm_ledger_moved(b, p);
 }
 
 gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {

@@ -29,9 +29,71 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
         return 0;
 }
 
+static gm_page_move_t *pending_move(gm_session_t *s, const gm_piece_t *p) {
+        for (size_t i = 0; i < s->n_moves; i++)
+                if (s->moves[i].piece == p)
+                        return &s->moves[i];
+        return NULL;
+}
+
 static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
                              bool whole_segment) {
-        gm_piece_release(userdata, (gm_piece_t *) (uintptr_t) handle, whole_segment);
+        gm_session_t *s = userdata;
+        gm_piece_t *p = (gm_piece_t *) (uintptr_t) handle;
+        gm_page_move_t *m = pending_move(s, p);
+        if (m) {
+                /* Its client never heard of the move: released where it maps it. */
+                whole_segment = m->from_whole_segment;
+                gm_piece_move(s->broker, p, m->from_segment_id, m->from_va_size, m->from_offset);
+                memmove(m, m + 1, (size_t) (s->moves + s->n_moves - (m + 1)) * sizeof(*m));
+                s->n_moves--;
+        }
+        gm_piece_release(s, p, whole_segment);
+}
+
+/* Page reuse: the piece moves in the daemon's books at once; its client
+ * hears of it with the next allocation reply (a piece it was never sent is
+ * sent at its new place). A place where a piece queued for release is
+ * still mapped by the client cannot take it yet. */
+static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
+                          uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
+                          bool from_segment_empty) {
+        gm_session_t *s = userdata;
+        gm_piece_t *p = (gm_piece_t *) (uintptr_t) handle;
+        if (p->segment_id != from_segment || p->offset != from_offset || p->phys.size != size)
+                return -EINVAL;
+        for (const gm_piece_t *q = s->rel_head; q; q = q->queue)
+                if (q->segment_id == to_segment && q->offset == to_offset)
+                        return -EBUSY;
+        if (p->sent && !pending_move(s, p)) {
+                if (s->n_moves == s->cap_moves) {
+                        size_t cap = s->cap_moves ? 2 * s->cap_moves : 16;
+                        gm_page_move_t *moves = realloc(s->moves, cap * sizeof(*moves));
+                        if (!moves)
+                                return -ENOMEM;
+                        s->moves = moves;
+                        s->cap_moves = cap;
+                }
+                s->moves[s->n_moves++] = (gm_page_move_t){
+                        .piece = p,
+                        .from_segment_id = from_segment,
+                        .from_va_size = p->segment_va_size,
+                        .from_offset = from_offset,
+                        .from_whole_segment = from_segment_empty,
+                };
+        }
+        gm_piece_move(s->broker, p, to_segment, to_segment_va_size, to_offset);
+        return 0;
+}
+
+/* Page reuse's stream fences for a central session: the client's device
+ * work is not visible here. Frees on the host backend are synchronous
+ * (every free page may move, no callback); on a device backend nothing is
+ * known complete, so only pages never handed out since they were mapped
+ * move. */
+static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
+        *ret_done = 0;
+        return 0;
 }
 
 /* Records allocator events in the device's memory history while it is on. */
@@ -66,10 +128,13 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         gm_broker_t *b = s->broker;
         if (!s->tenant || s->ended)
                 return -ESHUTDOWN;
+        bool synchronous = strcmp(b->backend->ops->name, "host") == 0;
         gm_provider_t provider = {
                 .create = provider_create,
                 .release = provider_release,
                 .trace = provider_trace,
+                .remap = provider_remap,
+                .stream_fence = synchronous ? NULL : provider_stream_fence,
                 .userdata = s,
         };
         gm_heap_params_t params = {
@@ -164,7 +229,10 @@ void gm_session_end(gm_session_t *s) {
         gm_ledger_session_ended(b, s);
         s->ended = true;
         s->heap = gm_heap_destroy(s->heap); /* every piece at once: ended is set */
-        s->new_head = s->new_tail = NULL;   /* the heap's pieces, destroyed with it */
+        free(s->moves);
+        s->moves = NULL;
+        s->n_moves = s->cap_moves = 0;
+        s->new_head = s->new_tail = NULL; /* the heap's pieces, destroyed with it */
         while (s->rel_head) {
                 gm_piece_t *p = s->rel_head;
                 s->rel_head = p->queue;
@@ -568,6 +636,7 @@ const gm_piece_t *gm_session_new_pieces(const gm_session_t *s) {
 }
 
 void gm_session_pieces_sent(gm_session_t *s) {
+        s->n_moves = 0;
         while (s->new_head) {
                 gm_piece_t *p = s->new_head;
                 s->new_head = p->queue;

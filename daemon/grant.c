@@ -423,6 +423,41 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
         return 0;
 }
 
+int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        gm_local_t *l = c->local;
+        if (!l)
+                return refuse_central(c, request_id, "MovePieces");
+        const Gpumem__MovePieces *mp = env->move_pieces;
+        if (mp->n_moves > MAX_RETURN_RANGES) { /* each is a walk over the session's pieces */
+                gm_request_error(c, request_id, E2BIG, "at most %u pieces in one MovePieces", MAX_RETURN_RANGES);
+                return -E2BIG;
+        }
+        for (size_t i = 0; i < mp->n_moves; i++) {
+                const Gpumem__PageMove *m = mp->moves[i];
+                gm_piece_t *p = gm_session_find_piece(c->session, m->from_segment_id, m->from_offset);
+                Gpumem__Grant g = GPUMEM__GRANT__INIT; /* the new place, checked as a grant there */
+                g.segment_id = m->to_segment_id;
+                g.segment_va_size = m->to_segment_va_size;
+                g.offset = m->to_offset;
+                g.size = m->length;
+                const char *bad = !p || p->phys.size != m->length || p->in_heap ? "no such piece was granted"
+                                                                                : grant_invalid(c, &g);
+                if (bad) {
+                        gm_request_error(c, request_id, EINVAL,
+                                         "move of %" PRIu64 " at %" PRIu64 " of segment %" PRIu64 " refused: %s",
+                                         m->length, m->from_offset, m->from_segment_id, bad);
+                        continue;
+                }
+                int64_t segments = segment_view(c->session, g.segment_id).n == 0;
+                gm_piece_move(c->rq->broker, p, g.segment_id, g.segment_va_size, g.offset);
+                segments -= segment_view(c->session, m->from_segment_id).n == 0;
+                l->segments += segments;
+                l->segments_ever += segments > 0;
+                gm_local_exact_update(c, 0, segments);
+        }
+        return 0;
+}
+
 /* ---- reclaim ---- */
 
 static void reclaim_done(gm_request_conn_t *c) {

@@ -81,6 +81,8 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
                    int *ret_page_fd);
 int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+/* Page reuse in a local heap: pieces moved inside the client's mappings. */
+int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Re-attach of a local session: its pieces only (no blocks). */
 int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Reattach *req);

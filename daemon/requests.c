@@ -149,7 +149,8 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
 /* ---- allocations ---- */
 
 /* Sends the new pieces' mappings (MapSegments packets while more than one
- * packet's worth of fds remains, the rest with the AllocReply). -ENOMEM when
+ * packet's worth of fds remains, the rest with the AllocReply) and the
+ * pending page moves (with the AllocReply, applied first). -ENOMEM when
  * the reply cannot be built (nothing sent), or the send's error (the
  * connection is closed). */
 static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
@@ -161,11 +162,24 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
         Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
         int *fds = calloc(n ? n : 1, sizeof(int));
-        if (!maps || !map_ptrs || !fds) {
-                free(maps);
-                free(map_ptrs);
-                free(fds);
-                return -ENOMEM;
+        Gpumem__PageMove *moves = calloc(s->n_moves ? s->n_moves : 1, sizeof(*moves));
+        Gpumem__PageMove **move_ptrs = calloc(s->n_moves ? s->n_moves : 1, sizeof(*move_ptrs));
+        int r = 0;
+        if (!maps || !map_ptrs || !fds || !moves || !move_ptrs) {
+                r = -ENOMEM;
+                goto out;
+        }
+        for (size_t k = 0; k < s->n_moves; k++) {
+                const gm_page_move_t *m = &s->moves[k];
+                gpumem__page_move__init(&moves[k]);
+                moves[k].from_segment_id = m->from_segment_id;
+                moves[k].from_offset = m->from_offset;
+                moves[k].to_segment_id = m->piece->segment_id;
+                moves[k].to_segment_va_size = m->piece->segment_va_size;
+                moves[k].to_offset = m->piece->offset;
+                moves[k].length = m->piece->phys.size;
+                moves[k].from_whole_segment = m->from_whole_segment;
+                move_ptrs[k] = &moves[k];
         }
         size_t i = 0; /* creation order: the client maps them so */
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue, i++) {
@@ -177,7 +191,6 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
                 map_ptrs[i] = &maps[i];
                 fds[i] = p->phys.fd;
         }
-        int r = 0;
         size_t sent = 0;
         while (n - sent > max_fds) {
                 Gpumem__MapSegments ms = GPUMEM__MAP_SEGMENTS__INIT;
@@ -198,6 +211,8 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         reply.block_size = res->size;
         reply.n_new_mappings = n - sent;
         reply.new_mappings = map_ptrs + sent;
+        reply.n_page_moves = s->n_moves;
+        reply.page_moves = move_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &reply;
@@ -208,6 +223,8 @@ out:
         free(maps);
         free(map_ptrs);
         free(fds);
+        free(moves);
+        free(move_ptrs);
         return r;
 }
 
@@ -356,8 +373,16 @@ static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpum
         if (c->local)
                 return gm_local_reattach(c, request_id, req);
         int r = 0;
-        for (size_t i = 0; i < req->n_segments && r == 0; i++)
+        for (size_t i = 0; i < req->n_segments && r == 0; i++) {
                 r = reattach_segment(s, req->segments[i]);
+                if (r == -ENOENT) {
+                        gm_request_error(c, request_id, ENOENT,
+                                         "re-attach refused: the ledger has no record of segment %" PRIu64
+                                         " (offset and size as reported) for this session",
+                                         req->segments[i]->segment_id);
+                        return r;
+                }
+        }
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
                 r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
@@ -400,6 +425,7 @@ static const gm_request_kind_t kinds[] = {
          .close_on_refusal = true},
         {BODY(GRANT), .op = "grant", .handle = gm_handle_grant},
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
+        {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))

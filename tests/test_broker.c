@@ -610,23 +610,47 @@ START_TEST(test_ledger_replay_and_reattach) {
 }
 END_TEST
 
+/* The coordinates of s's piece of `size` bytes. */
+static gm_reattach_range_t piece_of_size(const gm_session_t *s, uint64_t size, uint64_t *ret_segment) {
+        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                if (p->phys.size == size) {
+                        *ret_segment = p->segment_id;
+                        return (gm_reattach_range_t){.offset = p->offset, .length = p->phys.size};
+                }
+        ck_abort_msg("no piece of %llu bytes", (unsigned long long) size);
+        return (gm_reattach_range_t){0};
+}
+
 /* Without a store, a client's report re-registers its memory (unbacked), but
- * only for a session the journal names, by the same uid, within its quota and
- * the device. Issue #17 item 2: any made-up token once claimed anything. */
+ * only for a session the journal names, by the same uid, piece by piece as
+ * the journal recorded that session's, within its quota and the device.
+ * Issue #17 item 2: any made-up token (then any made-up segment under a
+ * real one) once claimed anything. */
 START_TEST(test_reattach_without_store_is_unbacked) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
         gm_session_t *old = session(b_, 1000, "a");
+        alloc_ok(old, 20 * MiB);
+        alloc_ok(old, 48 * MiB);
+        ck_assert_uint_eq(b_->n_recorded, 2);
+        uint64_t seg_small, seg_big;
+        gm_reattach_range_t small = piece_of_size(old, 20 * MiB, &seg_small),
+                            big = piece_of_size(old, 48 * MiB, &seg_big);
         char token[GM_TOKEN_LEN + 1];
         snprintf(token, sizeof(token), "%s", old->token);
+        gm_session_t *other = session(b_, 1000, "a"); /* a session of the same user, with memory of its own */
+        alloc_ok(other, 12 * MiB);
+        uint64_t seg_other;
+        gm_reattach_range_t theirs = piece_of_size(other, 12 * MiB, &seg_other);
         b_->stopping = true; /* as a daemon that stops (or dies): the session stays claimable */
         b_ = gm_broker_free(b_);
 
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
+        ck_assert_uint_eq(b_->n_records, 3);
         gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_CONFIG, true, 64 * MiB);
         gm_session_params_t params = {.pid = 7, .uid = 1000};
         gm_session_t *r;
@@ -644,31 +668,49 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         params.uid = 1000;
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), 0);
+        /* Made-up segments under the real token: none the journal gave it. */
         gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1), -ENOENT);
+        gm_reattach_range_t part = {.offset = small.offset, .length = small.length / 2};
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1), -ENOENT);
+        gm_piece_spec_t granted = {.segment_id = seg_other, .segment_va_size = theirs.length, .size = theirs.length};
+        gm_piece_t *gp;
+        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -ENOENT); /* a local heap's report too */
+        CHECK(b_);
+        ck_assert_uint_eq(b_->unbacked_bytes, 0);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 0);
+
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), 0);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
         ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
-        gm_reattach_range_t big = {.offset = 0, .length = 48 * MiB}; /* 68 MiB > the 64 MiB quota */
-        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 48 * MiB, 0, &big, 1), -EDQUOT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), -ENOENT); /* once */
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -EDQUOT);     /* 68 > 64 MiB */
         CHECK(b_);
         gm_tenant_set_quota(r->tenant, GM_QUOTA_CONFIG, false, 0);
-        gm_reattach_range_t huge = {.offset = 0, .length = 512 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 512 * MiB, 0, &huge, 1), -ENOMEM);
-        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), -EEXIST);
+        backend_.capacity = 64 * MiB;
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -ENOMEM); /* the device */
+        backend_.capacity = 256 * MiB;
         CHECK(b_);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), 0);
         ck_assert_int_eq(gm_session_reattach_finish(r), 0);
         CHECK(b_);
-        ck_assert_uint_eq(r->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 68 * MiB);
+        ck_assert_uint_eq(b_->n_records, 1); /* the other session's, until it comes back or the grace ends */
         gm_session_end(r);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
+        gm_ledger_expire(b_, gm_now_ms() + 60001, false);
+        ck_assert_uint_eq(b_->n_records, 0);
 
-        /* Its end is journaled: the token cannot be claimed again. */
+        /* Its end is journaled: the token cannot be claimed again, and no
+         * record is left to claim. */
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
+        ck_assert_uint_eq(b_->n_records, 0);
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), -ENOENT);
         gm_session_free(r);
