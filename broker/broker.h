@@ -441,6 +441,7 @@ typedef struct gm_grant {
         gm_piece_spec_t piece;
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
+        bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
 } gm_grant_t;
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a

@@ -317,7 +317,7 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         out->kind = GM_OUTCOME_REFUSE;
         out->error = err;
         gm_oom_reason_t reason = describe_refusal(s, rq, err, out->message, sizeof(out->message));
-        if (b->ops.count_refusal)
+        if (b->ops.count_refusal && !(rq->is_grant && rq->grant.will_retry)) /* one the application sees */
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }
 

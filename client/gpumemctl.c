@@ -174,6 +174,7 @@ static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCas
  * default socket, $GPUMEM_SOCKET first). */
 static int ctl_open(const char *path, int device, ctl_t *c) {
         char buf[108];
+        bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
         if (!path) {
                 int r = device >= 0 ? gm_peer_device_socket(device, buf, sizeof(buf))
                                     : gm_peer_default_socket(0, true, buf, sizeof(buf));
@@ -189,11 +190,17 @@ static int ctl_open(const char *path, int device, ctl_t *c) {
         int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
         if (r < 0) {
                 fprintf(stderr, "gpumemctl: %s\n", why);
-                if (r == -ENOENT || r == -ECONNREFUSED)
+                if ((r == -ENOENT || r == -ECONNREFUSED) && named)
                         fprintf(stderr,
-                                "gpumemctl: start it (systemctl start gpumemd@%d, or gpumemd), or name "
-                                "another daemon with -s SOCKET, -d N or $GPUMEM_SOCKET\n",
-                                device >= 0 ? device : 0);
+                                "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
+                                "daemon with -s SOCKET or -d N\n",
+                                path);
+                else if (r == -ENOENT || r == -ECONNREFUSED)
+                        fprintf(stderr,
+                                "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
+                                "(gpumemd --device %d), or name another daemon with -s SOCKET or "
+                                "$GPUMEM_SOCKET\n",
+                                device >= 0 ? device : 0, device >= 0 ? device : 0);
                 return EXIT_UNREACHABLE;
         }
         c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;
@@ -647,18 +654,18 @@ int main(int argc, char **argv) {
         int i = 1;
         for (; i < argc && argv[i][0] == '-'; i++) {
                 const char *a = argv[i];
-                if (strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0 || strcmp(a, "-d") == 0 ||
-                    strcmp(a, "--device") == 0) {
+                bool socket_opt = strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0;
+                if (socket_opt || strcmp(a, "-d") == 0 || strcmp(a, "--device") == 0) {
                         if (i + 1 >= argc)
                                 return usage_error("%s needs a value", a);
                         const char *v = argv[++i];
-                        if (a[1] == 's' || a[2] == 's') {
+                        uint64_t n;
+                        if (socket_opt) {
                                 socket_path = v;
                                 socket_given = true;
+                        } else if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n)) {
+                                return EXIT_USAGE;
                         } else {
-                                uint64_t n;
-                                if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n))
-                                        return EXIT_USAGE;
                                 device = (int) n;
                         }
                 } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
