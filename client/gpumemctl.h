@@ -2,6 +2,7 @@
  * (gpumemctl.c, gpumemctl_top.c). */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpumem.pb-c.h"
@@ -15,6 +16,7 @@ typedef struct ctl {
         int device;
         char backend[16];
         char tenant[64];
+        bool admin; /* the daemon grants this connection admin rights */
 } ctl_t;
 
 /* Sends a request and returns its reply (and, if ret_fd is not NULL, the first

@@ -24,10 +24,6 @@ typedef struct gm_diag_session {
         uint64_t client_largest_free; /* local sessions: the largest free block its last Grant claimed */
 } gm_diag_session_t;
 
-/* A local heap asks again at once after emptying its own cache: a refusal
- * repeated within this is the same failed allocation. */
-#define SAME_REFUSAL_MS 100u
-
 /* The reply's size limit: a SampleSet is far smaller (sessions x 240 samples). */
 #define SAMPLES_REPLY_MAX (256u << 20)
 
@@ -80,12 +76,7 @@ void gm_diag_note_refusal(gm_request_conn_t *c, const gm_outcome_t *out) {
                 .size = min_u64(out->oom_size, c->rq->broker->backend->capacity),
         };
         snprintf(ev.tenant, sizeof(ev.tenant), "%s", s->tenant->name);
-        gm_refusal_ring_t *ring = &c->rq->broker->refusals;
-        const gm_refusal_t *prev = ring->n ? gm_refusal_ring_at(ring, ring->n - 1) : NULL;
-        if (prev && prev->session_id == ev.session_id && prev->size == ev.size && prev->reason == ev.reason &&
-            now - prev->t_ms < SAME_REFUSAL_MS)
-                return; /* a heap's second try after emptying its own cache: the same failure */
-        gm_refusal_ring_add(ring, &ev);
+        gm_refusal_ring_add(&c->rq->broker->refusals, &ev);
         gm_diag_session_t *d = diag_of(s);
         if (d) {
                 d->refusals++;
@@ -99,7 +90,6 @@ static void sample_session(const gm_session_t *s, const gm_stats_t *st, const gm
         uint64_t active = positive(st->active_bytes[GM_STAT_ALL].current);
         uint64_t reserved = positive(st->reserved_bytes[GM_STAT_ALL].current);
         uint64_t inactive = reserved > active ? reserved - active : 0;
-        const gm_request_conn_t *oc = s->userdata;
         *ret = (gm_sample_t){
                 .allocated = allocated,
                 .pending = active > allocated ? active - allocated : 0,
@@ -112,8 +102,7 @@ static void sample_session(const gm_session_t *s, const gm_stats_t *st, const gm
                 .allocations = positive(st->allocation[GM_STAT_ALL].allocated),
                 .request_max = d->request_max,
                 .refusals = d->refusals,
-                .releasing =
-                        s->releasing_bytes + (oc && oc->local && oc->local->reclaim_id ? oc->local->reclaim_bytes : 0),
+                .releasing = s->releasing_bytes + (s->reclaim.id ? s->reclaim.bytes : 0),
         };
 }
 
@@ -157,7 +146,6 @@ static bool visible(const gm_session_t *caller, const gm_session_t *o, const Gpu
 /* Packs one session's samples ending within the window; -ENOMEM. */
 static int fill_session(const gm_session_t *o, uint64_t since_ms, Gpumem__SessionSamples *ss, uint64_t **ret_values) {
         const gm_diag_session_t *d = o->diag;
-        const gm_request_conn_t *oc = o->userdata;
         size_t first = 0;
         while (first < d->ring.n && gm_sample_ring_at(&d->ring, first)->until_ms < since_ms)
                 first++;
@@ -173,7 +161,7 @@ static int fill_session(const gm_session_t *o, uint64_t since_ms, Gpumem__Sessio
         ss->tenant = (char *) o->tenant->name;
         ss->unit = (char *) o->unit;
         ss->name = (char *) o->name;
-        ss->heap_mode = oc && oc->local ? "local" : "central";
+        ss->heap_mode = o->local ? "local" : "central";
         ss->stride = GM_SAMPLE_FIELDS;
         ss->n_samples = n * GM_SAMPLE_FIELDS;
         ss->samples = v;

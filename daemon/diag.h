@@ -15,8 +15,9 @@ void gm_diag_tick(const gm_requests_t *rq, uint64_t now_ms);
  * Grant's block and the client's largest free block; untrusted, used only
  * to diagnose). */
 void gm_diag_note_request(gm_request_conn_t *c, const Gpumem__Envelope *env);
-/* An out-of-memory refusal sent to the session (out->oom; others are not
- * recorded). */
+/* An out-of-memory refusal sent to the session (out->oom: one its
+ * application sees, not a local heap's first try before emptying its own
+ * cache; others are not recorded). */
 void gm_diag_note_refusal(gm_request_conn_t *c, const gm_outcome_t *out);
 
 int gm_handle_samples(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
