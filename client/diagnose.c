@@ -8,6 +8,7 @@
 #include "diagnose.h"
 #include "oom.h"
 #include "size.h"
+#include "text.h"
 
 _Static_assert(_GM_OOM_REASON_MAX == GM_DIAG_REFUSAL_CLASSES, "one class per gm_oom_reason_t");
 
@@ -82,17 +83,6 @@ static gm_diag_finding_t *add(gm_diagnosis_t *d, gm_diag_kind_t kind) {
         return f;
 }
 
-static void put(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void put(char *buf, size_t len, const char *fmt, ...) {
-        size_t used = strlen(buf);
-        if (used + 1 >= len)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(buf + used, len - used, fmt, ap);
-        va_end(ap);
-}
-
 static const char *band(double ratio) {
         if (ratio > GM_DIAG_FRAG_SEVERE)
                 return "severe";
@@ -163,15 +153,17 @@ static void rule_leak(gm_diagnosis_t *d) {
                 return;
         sizes_t s = {0};
         gm_diag_finding_t *x = add(d, GM_DIAG_LEAK);
-        put(x->summary, sizeof(x->summary),
-            "allocated rose from a floor of %s to %s over %.1f s and never came back down "
-            "(the later half's lowest is %s): memory allocated in the window is still live",
-            sz(&s, f->floor_early), sz(&s, f->allocated), (double) f->covered_ms / 1000.0, sz(&s, f->floor_late));
-        put(x->next, sizeof(x->next),
-            "find who still holds it: turn memory history on (gpumemctl history on), let it run, then "
-            "gpumemctl snapshot -o snap.pickle --pid PID and open it in https://pytorch.org/memory_viz: the "
-            "blocks still live, with the stacks that allocated them; look for tensors kept in lists, caches or "
-            "autograd graphs (a loss kept without .item(), retained graphs)");
+        gm_text_append(x->summary, sizeof(x->summary),
+                       "allocated rose from a floor of %s to %s over %.1f s and never came back down "
+                       "(the later half's lowest is %s): memory allocated in the window is still live",
+                       sz(&s, f->floor_early), sz(&s, f->allocated), (double) f->covered_ms / 1000.0,
+                       sz(&s, f->floor_late));
+        gm_text_append(
+                x->next, sizeof(x->next),
+                "find who still holds it: turn memory history on (gpumemctl history on), let it run, then "
+                "gpumemctl snapshot -o snap.pickle --pid PID and open it in https://pytorch.org/memory_viz: the "
+                "blocks still live, with the stacks that allocated them; look for tensors kept in lists, caches or "
+                "autograd graphs (a loss kept without .item(), retained graphs)");
 }
 
 static void rule_fragmentation(gm_diagnosis_t *d) {
@@ -182,25 +174,28 @@ static void rule_fragmentation(gm_diagnosis_t *d) {
                 return;
         sizes_t s = {0};
         gm_diag_finding_t *x = add(d, GM_DIAG_FRAGMENTATION);
-        put(x->summary, sizeof(x->summary),
-            "reserved %s for %s allocated: fragmentation ratio %.2f (%s); %s of free blocks are pinned between "
-            "live blocks (inactive split), %s in whole idle segments, %s waiting on streams",
-            sz(&s, f->reserved), sz(&s, f->allocated), f->frag_ratio, f->frag_band, sz(&s, f->inactive_split),
-            sz(&s, f->idle_whole), sz(&s, f->pending));
+        gm_text_append(
+                x->summary, sizeof(x->summary),
+                "reserved %s for %s allocated: fragmentation ratio %.2f (%s); %s of free blocks are pinned between "
+                "live blocks (inactive split), %s in whole idle segments, %s waiting on streams",
+                sz(&s, f->reserved), sz(&s, f->allocated), f->frag_ratio, f->frag_band, sz(&s, f->inactive_split),
+                sz(&s, f->idle_whole), sz(&s, f->pending));
         if (f->request_max > f->largest_free)
-                put(x->summary, sizeof(x->summary),
-                    "; the largest free block, %s, is smaller than recent requests of %s", sz(&s, f->largest_free),
-                    sz(&s, f->request_max));
+                gm_text_append(x->summary, sizeof(x->summary),
+                               "; the largest free block, %s, is smaller than recent requests of %s",
+                               sz(&s, f->largest_free), sz(&s, f->request_max));
         double over = f->allocated ? (double) f->reserved / (double) f->allocated : 0;
         bool expandable = over > GM_DIAG_EXPANDABLE_RATIO || f->retries > GM_DIAG_EXPANDABLE_RETRIES;
-        put(x->next, sizeof(x->next),
-            "1. expandable_segments:True (gpumemctl alloc-conf, or alloc_conf in gpumemd.conf)%s; "
-            "2. still failing: max_split_size_mb (blocks above it are never split, so large free blocks stay whole); "
-            "3. long runs: garbage_collection_threshold (frees idle cached blocks before the quota is reached); "
-            "4. look at the layout: gpumemctl snapshot -o snap.pickle, opened in https://pytorch.org/memory_viz",
-            expandable ? (over > GM_DIAG_EXPANDABLE_RATIO ? " (reserved/allocated is above 1.3)"
-                                                          : " (more than 100 retries)")
-                       : "");
+        gm_text_append(
+                x->next, sizeof(x->next),
+                "1. expandable_segments:True (gpumemctl alloc-conf, or alloc_conf in gpumemd.conf)%s; "
+                "2. still failing: max_split_size_mb (blocks above it are never split, so large free blocks stay "
+                "whole); "
+                "3. long runs: garbage_collection_threshold (frees idle cached blocks before the quota is reached); "
+                "4. look at the layout: gpumemctl snapshot -o snap.pickle, opened in https://pytorch.org/memory_viz",
+                expandable ? (over > GM_DIAG_EXPANDABLE_RATIO ? " (reserved/allocated is above 1.3)"
+                                                              : " (more than 100 retries)")
+                           : "");
 }
 
 static void rule_streams(gm_diagnosis_t *d) {
@@ -209,13 +204,15 @@ static void rule_streams(gm_diagnosis_t *d) {
                 return;
         sizes_t s = {0};
         gm_diag_finding_t *x = add(d, GM_DIAG_STREAMS);
-        put(x->summary, sizeof(x->summary),
-            "%s of freed blocks (%.0f%% of reserved) wait for work on other streams before they can be reused",
-            sz(&s, f->pending), 100.0 * (double) f->pending / (double) (f->reserved ? f->reserved : 1));
-        put(x->next, sizeof(x->next),
-            "blocks used on another stream (record_stream) are reusable only once that stream's work is done: "
-            "free them after synchronizing that stream, free them on the stream that used them last "
-            "(gpumem_free_async), or allocate them on that stream in the first place");
+        gm_text_append(
+                x->summary, sizeof(x->summary),
+                "%s of freed blocks (%.0f%% of reserved) wait for work on other streams before they can be reused",
+                sz(&s, f->pending), 100.0 * (double) f->pending / (double) (f->reserved ? f->reserved : 1));
+        gm_text_append(
+                x->next, sizeof(x->next),
+                "blocks used on another stream (record_stream) are reusable only once that stream's work is done: "
+                "free them after synchronizing that stream, free them on the stream that used them last "
+                "(gpumem_free_async), or allocate them on that stream in the first place");
 }
 
 static void rule_idle_cache(const gm_diag_input_t *in, gm_diagnosis_t *d) {
@@ -226,19 +223,21 @@ static void rule_idle_cache(const gm_diag_input_t *in, gm_diagnosis_t *d) {
                 return;
         sizes_t s = {0};
         gm_diag_finding_t *x = add(d, GM_DIAG_IDLE_CACHE);
-        put(x->summary, sizeof(x->summary),
-            "%s of idle cache (%s in whole idle segments, %s already asked back), no allocation or free for "
-            "%.1f s, while other processes were refused %" PRIu64 " time%s",
-            sz(&s, held), sz(&s, f->idle_whole), sz(&s, f->releasing), (double) f->idle_ms / 1000.0, f->others_refused,
-            f->others_refused == 1 ? "" : "s");
+        gm_text_append(x->summary, sizeof(x->summary),
+                       "%s of idle cache (%s in whole idle segments, %s already asked back), no allocation or free for "
+                       "%.1f s, while other processes were refused %" PRIu64 " time%s",
+                       sz(&s, held), sz(&s, f->idle_whole), sz(&s, f->releasing), (double) f->idle_ms / 1000.0,
+                       f->others_refused, f->others_refused == 1 ? "" : "s");
         if (f->releasing)
-                put(x->summary, sizeof(x->summary),
-                    "; reclaim already runs: what was asked back is not given back yet (is the process stopped "
-                    "or blocked?)");
-        put(x->next, sizeof(x->next),
-            "a trim gives the whole idle segments back at once: gpumemctl trim --tenant TENANT (admin), or the "
-            "process's own empty_cache(); the daemon reclaims idle caches by itself when an allocation needs "
-            "them, but a process that does not answer keeps its memory charged until it does or ends");
+                gm_text_append(
+                        x->summary, sizeof(x->summary),
+                        "; reclaim already runs: what was asked back is not given back yet (is the process stopped "
+                        "or blocked?)");
+        gm_text_append(
+                x->next, sizeof(x->next),
+                "a trim gives the whole idle segments back at once: gpumemctl trim --tenant TENANT (admin), or the "
+                "process's own empty_cache(); the daemon reclaims idle caches by itself when an allocation needs "
+                "them, but a process that does not answer keeps its memory charged until it does or ends");
 }
 
 static void rule_refusals(const gm_diag_input_t *in, gm_diagnosis_t *d) {
@@ -254,12 +253,12 @@ static void rule_refusals(const gm_diag_input_t *in, gm_diagnosis_t *d) {
                 return;
         sizes_t s = {0};
         gm_diag_finding_t *x = add(d, GM_DIAG_REFUSALS);
-        put(x->summary, sizeof(x->summary), "%" PRIu64 " refused in the window (largest %s):", total,
-            sz(&s, in->refused_bytes_max));
+        gm_text_append(x->summary, sizeof(x->summary), "%" PRIu64 " refused in the window (largest %s):", total,
+                       sz(&s, in->refused_bytes_max));
         for (unsigned i = 0; i < GM_DIAG_REFUSAL_CLASSES; i++)
                 if (f->refusals[i])
-                        put(x->summary, sizeof(x->summary), " %" PRIu64 " by %s (%s);", f->refusals[i],
-                            class_meanings[i], class_names[i]);
+                        gm_text_append(x->summary, sizeof(x->summary), " %" PRIu64 " by %s (%s);", f->refusals[i],
+                                       class_meanings[i], class_names[i]);
         static const char *const steps[GM_DIAG_REFUSAL_CLASSES] = {
                 "free memory or trim this tenant's cache (empty_cache(), gpumemctl trim); only an admin can raise "
                 "the quota (gpumemctl quota set)",
@@ -269,7 +268,7 @@ static void rule_refusals(const gm_diag_input_t *in, gm_diagnosis_t *d) {
                 "an admin can trim them (gpumemctl trim --tenant T)",
                 "memory is used on the GPU outside the broker: nvidia-smi shows which processes",
         };
-        put(x->next, sizeof(x->next), "%s", steps[top]);
+        gm_text_append(x->next, sizeof(x->next), "%s", steps[top]);
 }
 
 int gm_diagnose(const gm_diag_input_t *in, gm_diagnosis_t *ret) {
