@@ -717,6 +717,39 @@ START_TEST(test_reattach_without_store_is_unbacked) {
 }
 END_TEST
 
+/* Journal lines no daemon writes are not records anyone can claim: id 0
+ * (a piece's "not journaled"), an empty range, one outside its segment, a
+ * bad token. */
+START_TEST(test_ledger_skips_impossible_records) {
+        b_ = gm_broker_free(b_);
+        const char *t = "0123456789abcdef0123456789abcdef";
+        FILE *f = fopen(ledger_, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "t %s 1000\n", t);
+        fprintf(f, "+ 0 %s 1000 1 0 2097152 2097152\n", t);
+        fprintf(f, "+ 2 %s 1000 1 0 0 2097152\n", t);
+        fprintf(f, "+ 3 %s 1000 1 2097152 2097152 2097152\n", t);
+        fprintf(f, "+ 4 %s 1000 1 4096 18446744073709551615 2097152\n", t);
+        fprintf(f, "+ 5 0123 1000 1 0 2097152 2097152\n");
+        fprintf(f, "+ 6 %s 1000 1 0 2097152 2097152\n", t);
+        fclose(f);
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(b_->n_records, 1);
+        gm_session_params_t params = {.pid = 7, .uid = 1000};
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", t), 0);
+        gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1), 0); /* line 6's */
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        gm_session_free(r);
+}
+END_TEST
+
 START_TEST(test_checker_catches_broken_books) {
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 2 * MiB);
@@ -815,6 +848,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_replay_and_reattach);
         tcase_add_test(tc, test_ledger_compacted_while_churning);
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
+        tcase_add_test(tc, test_ledger_skips_impossible_records);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
