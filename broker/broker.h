@@ -194,9 +194,10 @@ struct gm_broker {
         uint64_t next_session_id;
         gm_tenant_t *tenants;
         uint32_t n_tenants;
-        uint64_t releasing_bytes; /* = sum of the sessions' releasing_bytes */
-        uint64_t unbacked_bytes;  /* pieces with no handle here (re-registered by their clients) */
-        gm_history_t *history;    /* NULL while memory history is off */
+        uint64_t releasing_bytes;        /* = sum of the sessions' releasing_bytes */
+        uint64_t unbacked_bytes;         /* pieces with no handle here (re-registered by their clients) */
+        bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
+        gm_history_t *history;           /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
         struct gm_orphan *orphans; /* stored pieces of sessions not yet re-attached */
