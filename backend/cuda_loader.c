@@ -79,6 +79,7 @@ static const sym_t syms[] = {
         OPTIONAL(StreamDestroy, 4000, "cuStreamDestroy_v2"),
         OPTIONAL(EventSynchronize, 2000, "cuEventSynchronize"),
         OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
+        OPTIONAL(MemRetainAllocationHandle, 11000, "cuMemRetainAllocationHandle"),
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

@@ -53,10 +53,11 @@ typedef struct gm_cuda {
         PFN_cuEventRecord_v2000 EventRecord;
         PFN_cuEventQuery_v2000 EventQuery;
         PFN_cuEventDestroy_v4000 EventDestroy;
-        PFN_cuStreamCreate_v2000 StreamCreate;         /* optional */
-        PFN_cuStreamDestroy_v4000 StreamDestroy;       /* optional */
-        PFN_cuEventSynchronize_v2000 EventSynchronize; /* optional */
-        PFN_cuCtxSynchronize_v2000 CtxSynchronize;     /* optional; of the current context */
+        PFN_cuStreamCreate_v2000 StreamCreate;                            /* optional */
+        PFN_cuStreamDestroy_v4000 StreamDestroy;                          /* optional */
+        PFN_cuEventSynchronize_v2000 EventSynchronize;                    /* optional */
+        PFN_cuCtxSynchronize_v2000 CtxSynchronize;                        /* optional; of the current context */
+        PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle; /* optional: page reuse moves pages */
 } gm_cuda_t;
 
 /* Loads $GPUMEM_LIBCUDA (default "libcuda.so.1"), resolves every entry point

@@ -259,6 +259,23 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
         ledger_forget(b, store_id);
 }
 
+void gm_ledger_moved(gm_broker_t *b, const gm_piece_t *p) {
+        if (!p->store_id || !p->session)
+                return;
+        gm_ledger_entry_t e = {
+                .store_id = p->store_id,
+                .uid = (unsigned) p->session->uid,
+                .segment_id = p->segment_id,
+                .offset = p->offset,
+                .size = p->phys.size,
+                .va_size = p->segment_va_size,
+        };
+        snprintf(e.token, sizeof(e.token), "%s", p->session->token);
+        /* The new entry first: a reader's "-" drops the oldest entry of an id. */
+        append_piece(b, &e);
+        ledger_forget(b, p->store_id);
+}
+
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
  * quotas, and rewrites it compactly. */
 int gm_ledger_open(gm_broker_t *b, const char *path) {
@@ -640,20 +657,18 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
 int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
         if (!s->reattaching)
                 return -EPROTO;
-        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
-            spec->offset + spec->size > spec->segment_va_size)
-                return -EINVAL;
+        int r = gm_session_check_grant(s, spec);
+        if (r < 0)
+                return r;
         const gm_tenant_t *t = s->tenant;
         if (!adopting_piece(s, spec) && t->quota && t->charged_bytes + spec->size > t->quota)
                 return -EDQUOT; /* only the client's word: it must fit the tenant's quota */
         gm_piece_t *p;
-        int r = claim_piece(s, spec, &p);
+        r = claim_piece(s, spec, &p);
         if (r < 0)
                 return r;
         gm_piece_claimed(s, p);
-        p->in_heap = false; /* the client's heap holds it */
-        p->sent = false;    /* released at once: its client gives it back unmapped (or is gone) */
-        gm_piece_list_unsent(s, p);
+        gm_session_hand_over(s, p);
         *ret_piece = p;
         return 0;
 }
@@ -672,9 +687,9 @@ int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segme
 int gm_session_reattach_finish(gm_session_t *s) {
         if (!s->reattaching)
                 return -EPROTO;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r == 0)
+        gm_heap_t *heap = NULL;
+        int r = s->local ? 0 : gm_session_heap(s, &heap); /* a local session's heap is its client's */
+        if (r == 0 && heap)
                 r = gm_heap_restore_finish(heap);
         if (r < 0)
                 return r;
@@ -696,6 +711,14 @@ int gm_session_reattach_finish(gm_session_t *s) {
                 uint64_t record_id = b->records[i].store_id;
                 b->records[i] = b->records[--b->n_records];
                 ledger_forget(b, record_id); /* after: a compaction here must not keep it */
+        }
+        if (!heap) {
+                gm_broker_log(s->broker, LOG_NOTICE,
+                              "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes granted in %" PRIu64
+                              " pieces%s",
+                              s->id, (int) s->pid, s->grants.bytes.current, s->grants.pieces,
+                              dropped ? "; unclaimed stored memory released" : "");
+                return 0;
         }
         const gm_stats_t *st = gm_heap_stats(heap);
         gm_broker_log(s->broker, LOG_NOTICE,

@@ -132,8 +132,15 @@ void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment) {
         s->rel_tail = p;
 }
 
+void gm_piece_granted(gm_session_t *s, gm_piece_t *p) {
+        unlist_new(s, p);
+        p->in_heap = false;
+        p->sent = false; /* released at once: its client gives it back unmapped (or is gone) */
+        p->granted = true;
+}
+
 bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {
-        return p->phys.fd >= 0 && p->sent && b->backend->ops->mapped &&
+        return p->phys.fd >= 0 && (p->sent || p->granted) && b->backend->ops->mapped &&
                b->backend->ops->mapped(b->backend, &p->phys) == 1;
 }
 
@@ -257,6 +264,13 @@ void gm_piece_claimed(gm_session_t *s, gm_piece_t *p) {
         p->in_heap = true;
         p->sent = true; /* the client holds it mapped */
         charge(p, true);
+}
+
+void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset) {
+        p->segment_id = segment_id;
+        p->segment_va_size = va_size;
+        p->offset = offset;
+        gm_ledger_moved(b, p);
 }
 
 gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {

@@ -7,35 +7,51 @@
 #include "local_heap.h"
 #include "snapshot.h"
 
+/* Page reuse's stream fences: per stream a short FIFO of (fence number,
+ * event), polled from its head. */
+#define FENCE_STREAMS 64 /* streams tracked (as many as the heap tracks) */
+#define FENCE_MARKS 4    /* marks outstanding per stream; more are skipped */
+
+typedef struct fence_stream {
+        uint64_t stream;
+        uint64_t marked; /* highest fence number marked */
+        uint64_t done;   /* highest fence number known complete */
+        uint64_t fence[FENCE_MARKS], event[FENCE_MARKS];
+        unsigned head, n;
+} fence_stream_t;
+
 struct gm_local {
         gm_heap_t *heap;
         gm_statpage_t *page;
         gm_local_ops_t ops;
-        uint64_t va_cursor; /* the heap's synthetic addresses */
-        uint64_t cur_size;  /* the request being served (for the diagnosis) */
+        uint64_t va_cursor;     /* the heap's synthetic addresses */
+        uint64_t cur_size;      /* the request being served (for the diagnosis) */
+        int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
         gm_history_t *history;        /* this process's trace ring while memory history is on */
         const gm_frame_t *cur_frames; /* frames of the allocation being served */
         size_t n_cur_frames;
-        uint32_t pid; /* the process the trace entries name */
+        uint32_t pid;           /* the process the trace entries name */
+        uint64_t last_handle;   /* pieces get distinct handles (page reuse moves them) */
+        fence_stream_t *fences; /* FENCE_STREAMS, made on first use */
+        size_t n_fences;
 };
 
-/* Every change of the heap is one page update: the page reads as busy from
- * before the change until all of the heap's statistics are copied after it
- * (a copy costs fewer instructions than a second set of stat updates inside
- * the heap). Around a grant or a give-back it is published as it stands. */
+/* The heap keeps its statistics in the page's payload itself (the
+ * heap's own gm_stats_t lives there), so a change writes only the figures
+ * it changes. Every change is bracketed by the page's sequence lock: the
+ * page reads as busy from before the change until after it. Around a grant
+ * or a give-back it is published as it stands. */
 static void begin(gm_local_t *l) {
         if (l->page)
                 gm_statpage_write_begin(l->page);
 }
 
 static void end(gm_local_t *l) {
-        if (!l->page)
-                return;
-        memcpy(gm_statpage_payload(l->page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
-        gm_statpage_write_end(l->page);
+        if (l->page)
+                gm_statpage_write_end(l->page);
 }
 
 static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
@@ -47,6 +63,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 .offset = offset,
                 .size = size,
                 .largest_free = gm_heap_largest_free(l->heap),
+                .will_retry = gm_heap_stats(l->heap)->num_alloc_retries == l->retries_before,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -57,7 +74,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 l->refused_by_daemon = true;
         if (r < 0)
                 return r;
-        *ret_handle = segment_id;
+        *ret_handle = ++l->last_handle;
         return 0;
 }
 
@@ -69,6 +86,65 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         end(l); /* the page never claims more than what is still granted */
         l->ops.give_back(l->ops.ctx, segment_id, offset, size, whole_segment);
         begin(l);
+}
+
+static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
+                          uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
+                          bool from_segment_empty) {
+        gm_local_t *l = userdata;
+        gm_local_move_t move = {
+                .from_segment = from_segment,
+                .from_offset = from_offset,
+                .to_segment = to_segment,
+                .to_segment_va_size = to_segment_va_size,
+                .to_offset = to_offset,
+                .size = size,
+                .from_segment_empty = from_segment_empty,
+        };
+        end(l); /* the daemon may read the figures while it follows the move */
+        int r = l->ops.move(l->ops.ctx, &move);
+        begin(l);
+        return r;
+}
+
+static fence_stream_t *fence_stream(gm_local_t *l, uint64_t stream) {
+        for (size_t i = 0; i < l->n_fences; i++)
+                if (l->fences[i].stream == stream)
+                        return &l->fences[i];
+        if (l->n_fences == FENCE_STREAMS)
+                return NULL;
+        if (!l->fences && !(l->fences = calloc(FENCE_STREAMS, sizeof(*l->fences))))
+                return NULL;
+        l->fences[l->n_fences] = (fence_stream_t){.stream = stream};
+        return &l->fences[l->n_fences++];
+}
+
+/* The heap's stream_fence(): marks `fence` with an event unless FENCE_MARKS
+ * are outstanding, then pops the completed marks (querying, never waiting). */
+static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
+        gm_local_t *l = userdata;
+        fence_stream_t *fs = fence_stream(l, stream);
+        if (!fs)
+                return -ENOMEM;
+        uint64_t event;
+        if (fence > fs->marked && fs->n < FENCE_MARKS && l->ops.event_record(l->ops.ctx, stream, &event) == 0) {
+                unsigned tail = (fs->head + fs->n++) % FENCE_MARKS;
+                fs->fence[tail] = fence;
+                fs->event[tail] = event;
+                fs->marked = fence;
+        }
+        while (fs->n) {
+                int done = l->ops.event_query(l->ops.ctx, fs->event[fs->head]);
+                if (done == 0)
+                        break;
+                if (done > 0) /* an event the driver refuses completes nothing */
+                        fs->done = fs->fence[fs->head];
+                l->ops.event_destroy(l->ops.ctx, fs->event[fs->head]);
+                fs->head = (fs->head + 1) % FENCE_MARKS;
+                fs->n--;
+        }
+        *ret_done = fs->done;
+        return 0;
 }
 
 /* Records the heap's events in its trace ring while history is on. */
@@ -102,15 +178,24 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
         l->page = page;
         l->config = cfg;
         gm_provider_t provider = {
-                .create = provider_create, .release = provider_release, .trace = provider_trace, .userdata = l};
-        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
+                .create = provider_create,
+                .release = provider_release,
+                .trace = provider_trace,
+                .remap = ops->move ? provider_remap : NULL,
+                .stream_fence = ops->move && ops->event_record ? provider_stream_fence : NULL,
+                .userdata = l,
+        };
+        gm_heap_params_t params = {.capacity = capacity,
+                                   .va_cursor = &l->va_cursor,
+                                   .granularity = granularity,
+                                   .stats = page ? gm_statpage_payload(page) : NULL};
+        begin(l);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
+        end(l);
         if (r < 0) {
                 free(l);
                 return r;
         }
-        begin(l);
-        end(l);
         *ret_local = l;
         return 0;
 }
@@ -119,7 +204,14 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
         if (!l)
                 return NULL;
         l->destroying = true;
+        /* The page may be gone already (a fork()ed child never maps it): the
+         * teardown counts into the heap's own storage. */
+        gm_heap_move_stats(l->heap, NULL, false);
         gm_heap_destroy(l->heap);
+        for (size_t i = 0; i < l->n_fences; i++)
+                for (unsigned k = 0; k < l->fences[i].n; k++)
+                        l->ops.event_destroy(l->ops.ctx, l->fences[i].event[(l->fences[i].head + k) % FENCE_MARKS]);
+        free(l->fences);
         gm_history_free(l->history);
         free(l);
         return NULL;
@@ -128,6 +220,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result) {
         l->cur_size = size;
+        l->retries_before = gm_heap_stats(l->heap)->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;

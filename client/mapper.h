@@ -23,6 +23,13 @@ typedef struct gm_mapper_ops {
          * the driver no longer knows falls back to the default stream. NULL
          * on backends without device streams. Call it with no lock held. */
         int (*sync)(gm_mapper_t *m, uint64_t stream);
+        /* Page reuse: moves the mapping at [from, from+length) (exactly one
+         * map()'s range) to [to, to+length), unmapped so far inside a
+         * reservation: the same physical memory, read-write there and no
+         * longer at the old place, which stays reserved. 0, or a negative
+         * errno with nothing changed. The work using the old place must be
+         * done. */
+        int (*move)(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
         /* Stream-ordered frees (NULL on backends without device streams, where

@@ -91,6 +91,34 @@ static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t l
         return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cm->cu, cr, "cuMemUnmap");
 }
 
+/* The handle behind the old place is retained, mapped at the new one, and
+ * released again once the old place is unmapped: the mappings alone keep
+ * the memory, as after cuda_map(). */
+static int cuda_move(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        const gm_cuda_t *cu = cm->cu;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        if (!cu->MemRetainAllocationHandle)
+                return gm_cuda_fail_errno(-ENOSYS, "the driver has no cuMemRetainAllocationHandle");
+        CUmemGenericAllocationHandle handle;
+        CUresult cr = cu->MemRetainAllocationHandle(&handle, (void *) (uintptr_t) from);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cu, cr, "cuMemRetainAllocationHandle");
+        if ((cr = cu->MemMap(to, length, 0, handle, 0)) != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuMemMap");
+        } else if ((cr = cu->MemSetAccess(to, length, &cm->access, 1)) != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuMemSetAccess");
+                cu->MemUnmap(to, length);
+        } else if ((cr = cu->MemUnmap(from, length)) != CUDA_SUCCESS) {
+                r = gm_cuda_fail(cu, cr, "cuMemUnmap");
+                cu->MemUnmap(to, length);
+        }
+        cu->MemRelease(handle);
+        return r;
+}
+
 static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
         const gm_cuda_t *cu = cm->cu;
@@ -195,6 +223,7 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .reserve = cuda_reserve,
         .map = cuda_map,
         .unmap = cuda_unmap,
+        .move = cuda_move,
         .sync = cuda_sync,
         .unreserve = cuda_unreserve,
         .event_record = cuda_event_record,

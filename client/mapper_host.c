@@ -38,6 +38,18 @@ static int host_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t l
         return p == MAP_FAILED ? -errno : 0;
 }
 
+static int host_move(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length) {
+        /* mremap with old_size 0 maps the same shared pages once more: the
+         * memory is at both places until the old one goes. */
+        void *p = mremap((void *) (uintptr_t) from, 0, length, MREMAP_MAYMOVE | MREMAP_FIXED, (void *) (uintptr_t) to);
+        if (p == MAP_FAILED)
+                return -errno;
+        int r = madvise(p, length, MADV_DONTFORK) < 0 ? -errno : host_unmap(m, from, 0, length);
+        if (r < 0)
+                host_unmap(m, to, 0, length);
+        return r;
+}
+
 static int host_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         return munmap((void *) (uintptr_t) base, va_size) < 0 ? -errno : 0;
 }
@@ -51,6 +63,7 @@ static const gm_mapper_ops_t host_ops = {
         .reserve = host_reserve,
         .map = host_map,
         .unmap = host_unmap,
+        .move = host_move,
         .unreserve = host_unreserve,
         .destroy = host_destroy,
 };

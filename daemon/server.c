@@ -19,6 +19,7 @@
 #include "msg.h"
 #include "requests.h"
 #include "sd.h"
+#include "text.h"
 
 /* Packets handled per readable event before yielding to other connections. */
 #define PACKETS_PER_WAKEUP 64
@@ -335,6 +336,7 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
         char fallback[64];
         snprintf(c->req.tenant_name, sizeof(c->req.tenant_name), "%s",
                  gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
+        gm_text_escape(id.comm, c->req.command, sizeof(c->req.command));
         c->daemon = d;
         c->fd = fd;
         c->req.rq = &d->requests;
@@ -573,6 +575,8 @@ static void parked_done(void *userdata, uint64_t waited_ms) {
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
+                .send_reclaim = gm_local_send_reclaim,
+                .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
                 .store_remove = store_remove,

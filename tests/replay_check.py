@@ -10,7 +10,7 @@ the hand-derived figures of the fragmentation trace (peaks and page moves),
 that page reuse never reserves more than plain expandable segments on a
 shipped trace and reports its moves, that malformed traces exit 2 naming the
 line, and, given GPUMEMD, that replay through a daemon session reproduces the
-in-process peaks exactly.
+in-process peaks exactly: plain, and with page reuse in central and local heaps.
 """
 import glob
 import json
@@ -48,8 +48,9 @@ def check(cond, what):
     return cond
 
 
-def replay(tool, args):
-    p = subprocess.run([tool] + args, capture_output=True, text=True, timeout=600)
+def replay(tool, args, heap=None):
+    env = dict(os.environ, GPUMEM_HEAP=heap) if heap else None
+    p = subprocess.run([tool] + args, capture_output=True, text=True, timeout=600, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -101,12 +102,32 @@ def start_daemon(gpumemd, tmp, name="gpu0", extra=()):
     return d, sock
 
 
+def socket_replays(tool, sock, traces, refs, label, heap=None):
+    """Replays every trace through the daemon on `sock` (GPUMEM_HEAP=heap) and checks that the
+    peaks equal the in-process ones in `refs`; returns the results, each with its "trace" name."""
+    results = []
+    for trace in traces:
+        what = f"{os.path.basename(trace)} [{label}]"
+        rc, out, err = replay(tool, ["--socket", sock, trace], heap)
+        if not check(rc == 0, f"{what}: exit {rc}: {err.strip()}"):
+            continue
+        res = one_json(out, what)
+        if res is None:
+            continue
+        check_result(res, trace, None, what)
+        ref = refs.get(trace, {})
+        for k in ("events", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
+            check(res.get(k) == ref.get(k), f"{what}: {k} {res.get(k)} != in process {ref.get(k)}")
+        results.append(dict(res, trace=os.path.basename(trace)))
+    return results
+
+
 def main():
     tool, traces_dir = sys.argv[1], sys.argv[2]
     gpumemd = sys.argv[3] if len(sys.argv) > 3 else None
     traces = sorted(glob.glob(os.path.join(traces_dir, "*.csv")))
     check(len(traces) >= 4, f"expected at least 4 shipped traces, found {len(traces)}")
-    native, expandable = {}, {}
+    native, expandable, reused = {}, {}, {}
     formats = set()
     for trace in traces:
         for conf in MODES:
@@ -123,6 +144,8 @@ def main():
                 native[trace] = res
             if conf == MODES[1]:
                 expandable[trace] = res
+            if conf == REUSE:
+                reused[trace] = res
             if conf == REUSE and trace in expandable:
                 check(res["peak_reserved_bytes"] <= expandable[trace]["peak_reserved_bytes"],
                       f"{what}: page reuse reserves more than expandable segments")
@@ -149,42 +172,24 @@ def main():
         if gpumemd:
             d, sock = start_daemon(gpumemd, tmp)
             try:
-                for trace in traces:
-                    what = f"{os.path.basename(trace)} [socket]"
-                    rc, out, err = replay(tool, ["--socket", sock, trace])
-                    if not check(rc == 0, f"{what}: exit {rc}: {err.strip()}"):
-                        continue
-                    res = one_json(out, what)
-                    if res is None:
-                        continue
-                    check_result(res, trace, None, what)
-                    ref = native.get(trace, {})
-                    for k in ("events", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
-                        check(res.get(k) == ref.get(k), f"{what}: {k} {res.get(k)} != in process {ref.get(k)}")
+                socket_replays(tool, sock, traces, native, "socket")
             finally:
                 d.send_signal(signal.SIGTERM)
                 check(d.wait(timeout=60) == 0, "gpumemd exit status")
-            # The daemon accepts the page-reuse key; its memory providers cannot move pages yet
-            # (no remap), so the mode is inactive and sessions behave exactly as with plain
-            # expandable segments. This must become the page-reuse figure once they can.
+            # Page reuse through a daemon, in both heap modes: the daemon's heap moves pages and the
+            # client applies the moves from the allocation reply (central), or the client's own heap
+            # moves them and tells the daemon (local). Both reproduce the in-process figures exactly
+            # (frag_16m_32m: 192 MiB where plain expandable segments reserve 260 MiB).
             d, sock = start_daemon(gpumemd, tmp, "reuse", ("--alloc-conf", REUSE))
             try:
-                for trace in traces:
-                    if os.path.basename(trace) not in ("frag_16m_32m.csv", "sawtooth.csv"):
-                        continue
-                    what = f"{os.path.basename(trace)} [socket, {REUSE}]"
-                    rc, out, err = replay(tool, ["--socket", sock, trace])
-                    if not check(rc == 0, f"{what}: exit {rc}: {err.strip()}"):
-                        continue
-                    res = one_json(out, what)
-                    ref = expandable.get(trace, {})
-                    if res is not None:
-                        check(res["peak_reserved_bytes"] == ref.get("peak_reserved_bytes"),
-                              f"{what}: peak reserved {res['peak_reserved_bytes']} != in-process expandable "
-                              f"{ref.get('peak_reserved_bytes')}")
+                for heap in ("central", "local"):
+                    for res in socket_replays(tool, sock, traces, reused, f"socket, {heap} heap, {REUSE}", heap):
+                        if res["trace"] == "frag_16m_32m.csv":
+                            check(res["peak_reserved_bytes"] == FRAG[REUSE],
+                                  f"frag_16m_32m.csv [{heap} heap]: peak reserved {res['peak_reserved_bytes']}")
             finally:
                 d.send_signal(signal.SIGTERM)
-                check(d.wait(timeout=60) == 0, "gpumemd (page reuse key) exit status")
+                check(d.wait(timeout=60) == 0, "gpumemd (page reuse) exit status")
     if failures:
         sys.exit(1)
     print(f"ok: {len(traces)} traces, native, expandable and page reuse" + (", and through gpumemd" if gpumemd else ""))

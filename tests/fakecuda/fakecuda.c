@@ -76,6 +76,7 @@ typedef struct alloc {
         size_t size;      /* bytes */
         int slot;         /* in the pool */
         bool handle_open; /* the handle was not released yet */
+        int retains;      /* cuMemRetainAllocationHandle calls not yet released */
         int mappings;     /* cuMemMap ranges using it */
         bool exportable;  /* created with POSIX fd handles requested */
         bool rdma;        /* created GPUDirect-RDMA capable */
@@ -512,7 +513,7 @@ static struct CUevent_st *find_event(CUevent e) {
 
 static alloc_t *find_alloc(CUmemGenericAllocationHandle handle) {
         for (alloc_t *a = fake.allocs; a; a = a->next)
-                if ((uintptr_t) a == handle && a->handle_open)
+                if ((uintptr_t) a == handle && (a->handle_open || a->retains > 0))
                         return a;
         return NULL;
 }
@@ -520,7 +521,7 @@ static alloc_t *find_alloc(CUmemGenericAllocationHandle handle) {
 /* Frees the allocation here once neither its handle nor a mapping uses it;
  * the device memory goes when no process holds it. */
 static void alloc_maybe_free(alloc_t *a) {
-        if (a->handle_open || a->mappings > 0)
+        if (a->handle_open || a->retains > 0 || a->mappings > 0)
                 return;
         for (alloc_t **p = &fake.allocs; *p; p = &(*p)->next)
                 if (*p == a) {
@@ -932,7 +933,10 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
         alloc_t *a = find_alloc(handle);
         if (!a)
                 return CUDA_ERROR_INVALID_VALUE;
-        a->handle_open = false;
+        if (a->retains > 0)
+                a->retains--;
+        else
+                a->handle_open = false;
         alloc_maybe_free(a);
         return CUDA_SUCCESS;
 }
@@ -1098,6 +1102,20 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         alloc_maybe_free(r->alloc);
         free(r);
         return CUDA_SUCCESS;
+}
+
+/* The handle of the mapping that holds `addr`, once more (released with
+ * cuMemRelease like any other). */
+CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+        LOCKED();
+        REQUIRE_INIT();
+        for (range_t *r = fake.mappings; handle && r; r = r->next)
+                if ((uintptr_t) addr >= r->addr && (uintptr_t) addr - r->addr < r->size) {
+                        r->alloc->retains++;
+                        *handle = (uintptr_t) r->alloc;
+                        return CUDA_SUCCESS;
+                }
+        return CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- streams and events ---- */
@@ -1280,7 +1298,7 @@ int fakecuda_usage(fakecuda_usage_t *ret) {
                 return -1;
         fakecuda_usage_t u = {.stack_depth = depth, .event_queries = fake.event_queries};
         for (alloc_t *a = fake.allocs; a; a = a->next)
-                if (a->handle_open) {
+                if (a->handle_open || a->retains > 0) {
                         u.handles++;
                         u.rdma_handles += a->rdma;
                 }
@@ -1375,6 +1393,7 @@ static const struct {
         ENTRY(cuMemMap, 10020),
         ENTRY(cuMemUnmap, 10020),
         ENTRY(cuMemSetAccess, 10020),
+        ENTRY(cuMemRetainAllocationHandle, 11000),
         ENTRY(cuStreamCreate, 2000),
         ENTRY(cuStreamDestroy, 4000),
         ENTRY(cuStreamGetCtx, 9020),

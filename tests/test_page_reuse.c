@@ -1,0 +1,227 @@
+/* Page reuse (docs/page-reuse.md) through a real gpumemd, with this process
+ * as its client, in both heap modes: the moved pages are the same physical
+ * memory at the new address, live blocks keep their data, the client's,
+ * the daemon's and the tenant's figures all say reserved = mapped pages,
+ * the trace shows one segment_unmap per moved range, and a local heap on a
+ * device backend moves no page whose stream work is not known complete.
+ * Runs on the backend $GPUMEM_TEST_BACKEND names (host, or cuda over the
+ * emulated driver). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpumem/gpumem.h"
+#include "testutil.h"
+#ifdef GM_TEST_FAKECUDA
+#include "fakecuda_check.h"
+#endif
+
+#define MiB (1024ull * 1024ull)
+#define PAGE (2 * MiB)
+
+static gm_test_daemon_t daemon_;
+static const char *const reuse_args[] = {"--alloc-conf", "expandable_segments:True,gpumemd_page_reuse:True", NULL};
+#ifdef GM_TEST_FAKECUDA
+static char pool_path[64];
+#endif
+
+static bool on_cuda(void) {
+        return strcmp(gm_test_backend(), "cuda") == 0;
+}
+
+static void start(void) {
+#ifdef GM_TEST_FAKECUDA
+        if (on_cuda()) {
+                gm_fake_new_pool(pool_path, sizeof(pool_path));
+                setenv("FAKECUDA_CONTEXT_BYTES", "0", 1);
+        }
+#endif
+        gm_test_daemon_start(&daemon_, "1G", reuse_args);
+}
+
+static void stop(void) {
+        gm_test_daemon_stop(&daemon_);
+#ifdef GM_TEST_FAKECUDA
+        if (on_cuda())
+                unlink(pool_path);
+#endif
+}
+
+static gpumem_client *connect_mode(gpumem_heap_mode mode) {
+        gpumem_client *c = NULL;
+        int r = gpumem_connect_heap(daemon_.socket_path, mode, &c);
+        ck_assert_msg(r == 0, "gpumem_connect_heap: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_heap(c), mode);
+        return c;
+}
+
+static int64_t stat_of(gpumem_client *c, const char *name) {
+        int64_t v = -1;
+        ck_assert_int_eq(gpumem_stat(c, name, &v), 0);
+        return v;
+}
+
+static void *alloc_ok(gpumem_client *c, size_t size) {
+        void *p = NULL;
+        int r = gpumem_alloc(c, size, 0, &p);
+        ck_assert_msg(r == 0, "gpumem_alloc(%zu): %s (%s)", size, gpumem_strerror(r), gpumem_last_error(c));
+        return p;
+}
+
+/* The first word of every page of [p, +size) says which page it is. */
+static void tag_pages(void *p, size_t size, uint64_t tag) {
+        for (size_t k = 0; k < size / PAGE; k++)
+                *(volatile uint64_t *) ((char *) p + k * PAGE) = tag + k;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+        return (x > y) - (x < y);
+}
+
+/* Occurrences of `needle` in the text. */
+static int count_in(const char *text, const char *needle) {
+        int n = 0;
+        for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+                n++;
+        return n;
+}
+
+/* The issue's pattern (bench/traces/frag_16m_32m.csv): 8 x 16 MiB, every
+ * other one freed, then 4 x 32 MiB. Plain expandable segments reserve 260
+ * MiB; with page reuse the first two 32 MiB requests take the 32 pages of
+ * the four holes and only the last two map new memory: 192 MiB. */
+static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
+        start();
+        gpumem_client *c = connect_mode(mode);
+        ck_assert_int_eq(gpumem_history(c, true, 100000, NULL), 0);
+        void *small[8], *big[4];
+        for (int i = 0; i < 8; i++) {
+                small[i] = alloc_ok(c, 16 * MiB);
+                gm_test_fill(small[i], 16 * MiB, (uint64_t) i);
+        }
+        uint64_t want[32];
+        size_t n_want = 0;
+        for (int i = 0; i < 8; i += 2) {
+                uint64_t tag = (uint64_t) (i + 1) << 32;
+                tag_pages(small[i], 16 * MiB, tag);
+                for (uint64_t k = 0; k < 16 * MiB / PAGE; k++)
+                        want[n_want++] = tag + k;
+                ck_assert_int_eq(gpumem_free(c, small[i]), 0);
+        }
+        for (int j = 0; j < 4; j++)
+                big[j] = alloc_ok(c, 32 * MiB);
+
+        uint64_t reserved = moves_expected ? 192 * MiB : 256 * MiB;
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.peak"), (int64_t) reserved);
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) reserved);
+        ck_assert_int_eq(stat_of(c, "requested_bytes.all.peak"), (int64_t) (192 * MiB));
+        /* The daemon's books: the device's figures and the tenant's charge. */
+        ck_assert_int_eq(
+                gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", (int64_t) reserved),
+                (int64_t) reserved);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), reserved);
+
+        if (moves_expected) {
+                /* The holes' own pages, now under the first two 32 MiB blocks. */
+                uint64_t got[32];
+                for (int j = 0; j < 2; j++)
+                        for (size_t k = 0; k < 32 * MiB / PAGE; k++)
+                                got[j * 16 + k] = *(volatile uint64_t *) ((char *) big[j] + k * PAGE);
+                qsort(got, 32, sizeof(*got), cmp_u64);
+                qsort(want, 32, sizeof(*want), cmp_u64);
+                for (size_t k = 0; k < 32; k++)
+                        ck_assert_msg(got[k] == want[k],
+                                      "page %zu of the first two blocks: tag %llx, not a hole's %llx", k,
+                                      (unsigned long long) got[k], (unsigned long long) want[k]);
+        }
+        for (int i = 1; i < 8; i += 2)
+                ck_assert_msg(gm_test_verify(small[i], 16 * MiB, (uint64_t) i), "live block %d lost its data", i);
+        for (int j = 0; j < 4; j++) {
+                gm_test_fill(big[j], 32 * MiB, 100 + (uint64_t) j);
+                ck_assert(gm_test_verify(big[j], 32 * MiB, 100 + (uint64_t) j));
+        }
+
+        /* Each move's source range is one segment_unmap; nothing else unmaps here. */
+        char *snap = NULL;
+        size_t len = 0;
+        ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
+        ck_assert_int_eq(count_in(snap, "\"segment_unmap\""), moves_expected ? 4 : 0);
+        ck_assert_int_gt(count_in(snap, "\"segment_map\""), 0);
+        gpumem_buffer_free(snap);
+
+        for (int i = 1; i < 8; i += 2)
+                ck_assert_int_eq(gpumem_free(c, small[i]), 0);
+        for (int j = 0; j < 4; j++)
+                ck_assert_int_eq(gpumem_free(c, big[j]), 0);
+        ck_assert_int_eq(gpumem_trim(c, NULL), 0);
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 0);
+        gpumem_disconnect(c);
+        stop();
+}
+
+START_TEST(test_frag_local) {
+        frag_pattern(GPUMEM_HEAP_LOCAL, true);
+}
+END_TEST
+
+/* A central session's heap cannot see its client's device work: on a device
+ * backend only pages never handed out move (none here). */
+START_TEST(test_frag_central) {
+        frag_pattern(GPUMEM_HEAP_CENTRAL, !on_cuda());
+}
+END_TEST
+
+#ifdef GM_TEST_FAKECUDA
+/* A local heap on a device backend: a freed block whose stream's event has
+ * not completed gives no page (new memory is mapped, nothing waits); once
+ * the event completes, the next allocation takes its pages. */
+START_TEST(test_move_refused_while_work_pending) {
+        start();
+        char hold[400];
+        snprintf(hold, sizeof(hold), "%s/hold-events", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
+        gpumem_client *c = connect_mode(GPUMEM_HEAP_LOCAL);
+        void *a = alloc_ok(c, 16 * MiB), *b = alloc_ok(c, 16 * MiB);
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        void *big = alloc_ok(c, 32 * MiB); /* a's event is pending: 32 MiB new */
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (64 * MiB));
+        unlink(hold);
+        void *big2 = alloc_ok(c, 32 * MiB); /* a's 8 pages and 8 new ones */
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (80 * MiB));
+        ck_assert_int_eq(
+                gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", (int64_t) (80 * MiB)),
+                (int64_t) (80 * MiB));
+        gm_test_fill(big2, 32 * MiB, 7);
+        ck_assert(gm_test_verify(big2, 32 * MiB, 7));
+        unsetenv("FAKECUDA_HOLD_EVENTS");
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, big2), 0);
+        gpumem_disconnect(c);
+        gm_fake_assert_no_objects();
+        stop();
+}
+END_TEST
+#endif
+
+int main(void) {
+        Suite *s = suite_create("page_reuse");
+        TCase *tc = tcase_create("daemon");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, test_frag_local);
+        tcase_add_test(tc, test_frag_central);
+#ifdef GM_TEST_FAKECUDA
+        if (on_cuda())
+                tcase_add_test(tc, test_move_refused_while_work_pending);
+#endif
+        suite_add_tcase(s, tc);
+        return gm_test_run_suite(s);
+}
