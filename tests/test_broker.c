@@ -62,6 +62,26 @@ static const gm_backend_ops_t fake_backend_ops = {
         .destroy = fake_destroy,
 };
 
+/* The same backend with a driver's per-process figure (as NVML gives on
+ * cuda) instead of a per-piece answer: figure_ for pid figure_pid_. */
+static uint64_t figure_;
+static pid_t figure_pid_;
+
+static int fake_process_bytes(gm_backend_t *b, int pid, uint64_t *ret_bytes) {
+        *ret_bytes = pid == (int) figure_pid_ ? figure_ : 0;
+        return 0;
+}
+
+static const gm_backend_ops_t figured_backend_ops = {
+        .name = "fake-figured",
+        .create = fake_create,
+        .release = fake_release,
+        .adopt = fake_adopt,
+        .process_bytes = fake_process_bytes,
+        .mem_info = fake_mem_info,
+        .destroy = fake_destroy,
+};
+
 /* ---- a fake host: what the daemon would send, store and log ---- */
 
 #define MAX_RELEASES 64
@@ -459,6 +479,73 @@ START_TEST(test_unacknowledged_release_is_asked_again) {
         ack_all(s);
         ck_assert_uint_eq(s->tenant->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* One release of a fresh 20 MiB segment of s, trimmed; its id. `counted`:
+ * the driver counts the client's mapping of it in its figure. */
+static uint64_t release_one(gm_session_t *s, bool counted) {
+        uint64_t blk = alloc_ok(s, 20 * MiB);
+        if (counted)
+                figure_ += 20 * MiB; /* its client maps it */
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        size_t before = host_.n_releases;
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_uint_eq(host_.n_releases, before + 1);
+        return host_.releases[before].id;
+}
+
+/* Where the backend cannot tell per piece, the driver's per-process figure
+ * decides: believed until one release has shown it counting mappings, then
+ * a process whose figure keeps what it acknowledged is a liar, and its
+ * memory stays charged while the driver lists the process. */
+START_TEST(test_release_checked_by_process_figure) {
+        b_ = gm_broker_free(b_);
+        backend_.ops = &figured_backend_ops;
+        b_ = broker_new(NULL, 0);
+        gm_session_t *s = session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = 300 * MiB; /* its context and its own allocations */
+
+        /* A driver that does not count what a process maps: never a liar. */
+        uint64_t id = release_one(s, false);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!b_->driver_attributes_mappings && !s->lied);
+        CHECK(b_);
+
+        /* An honest acknowledgement shows the figure dropping. */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+
+        /* Other allocations of the process meanwhile (less than it let go). */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        figure_ += 8 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!s->lied);
+        CHECK(b_);
+
+        /* A liar: its figure keeps all it acknowledged. */
+        id = release_one(s, true);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
+        ck_assert(s->lied);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB); /* the process still holds device memory */
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        gm_broker_tick(b_, gm_now_ms());
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        figure_ = 0; /* it exited */
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
 }
 END_TEST
 
@@ -1185,6 +1272,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_compacted_while_churning);
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
         tcase_add_test(tc, test_ledger_skips_impossible_records);
+        tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
