@@ -17,6 +17,7 @@ DAEMON_LAYER = {
     "requests.c": "requests", "requests.h": "requests", "admin.c": "requests",
     "local.h": "requests", "grant.c": "requests", "localstats.c": "requests",
     "snapjob.c": "requests", "snapjob.h": "requests",
+    "diag.c": "requests", "diag.h": "requests",
 }
 # What each layer may include (besides itself).
 MAY_USE = {
