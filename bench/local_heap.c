@@ -241,8 +241,10 @@ static double step_client(gpumem_client *c, const trace_t *t, void **slots) {
         for (size_t i = 0; i < t->n; i++) {
                 const event_t *e = &t->ev[i];
                 if (e->alloc) {
-                        if (gpumem_alloc(c, e->size, e->stream, &slots[e->slot]) < 0)
+                        if (gpumem_alloc(c, e->size, e->stream, &slots[e->slot]) < 0) {
+                                fprintf(stderr, "trace event %zu: %s\n", i, gpumem_last_error(c));
                                 return -1;
+                        }
                 } else if (slots[e->slot]) {
                         gpumem_free(c, slots[e->slot]);
                         slots[e->slot] = NULL;
