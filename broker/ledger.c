@@ -51,6 +51,14 @@ static bool token_valid(const char *t) {
         return true;
 }
 
+/* Whether a "+" line names a piece a daemon could have journaled: an id
+ * (0 means "none" in a piece), a session token, and a non-empty range inside
+ * its segment. */
+static bool entry_valid(const gm_ledger_entry_t *e) {
+        return e->store_id != 0 && token_valid(e->token) && e->size != 0 && e->offset + e->size > e->offset &&
+               e->offset + e->size <= e->va_size;
+}
+
 static void store_name(uint64_t store_id, char *buf, size_t len) {
         snprintf(buf, len, "%s%010" PRIx64, GM_STORE_PREFIX, store_id);
 }
@@ -284,6 +292,8 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                 uint64_t v;
                 if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &e.store_id,
                            e.token, &e.uid, &e.segment_id, &e.offset, &e.size, &e.va_size) == 7) {
+                        if (!entry_valid(&e))
+                                continue; /* what no daemon writes: nobody can claim it */
                         if (b->n_ledger == cap) {
                                 cap = cap ? 2 * cap : 64;
                                 gm_ledger_entry_t *n = realloc(b->ledger, cap * sizeof(*n));
@@ -647,20 +657,18 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
 int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
         if (!s->reattaching)
                 return -EPROTO;
-        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
-            spec->offset + spec->size > spec->segment_va_size)
-                return -EINVAL;
+        int r = gm_session_check_grant(s, spec);
+        if (r < 0)
+                return r;
         const gm_tenant_t *t = s->tenant;
         if (!adopting_piece(s, spec) && t->quota && t->charged_bytes + spec->size > t->quota)
                 return -EDQUOT; /* only the client's word: it must fit the tenant's quota */
         gm_piece_t *p;
-        int r = claim_piece(s, spec, &p);
+        r = claim_piece(s, spec, &p);
         if (r < 0)
                 return r;
         gm_piece_claimed(s, p);
-        p->in_heap = false; /* the client's heap holds it */
-        p->sent = false;    /* released at once: its client gives it back unmapped (or is gone) */
-        gm_piece_list_unsent(s, p);
+        gm_session_hand_over(s, p);
         *ret_piece = p;
         return 0;
 }
@@ -679,9 +687,9 @@ int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segme
 int gm_session_reattach_finish(gm_session_t *s) {
         if (!s->reattaching)
                 return -EPROTO;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r == 0)
+        gm_heap_t *heap = NULL;
+        int r = s->local ? 0 : gm_session_heap(s, &heap); /* a local session's heap is its client's */
+        if (r == 0 && heap)
                 r = gm_heap_restore_finish(heap);
         if (r < 0)
                 return r;
@@ -703,6 +711,14 @@ int gm_session_reattach_finish(gm_session_t *s) {
                 uint64_t record_id = b->records[i].store_id;
                 b->records[i] = b->records[--b->n_records];
                 ledger_forget(b, record_id); /* after: a compaction here must not keep it */
+        }
+        if (!heap) {
+                gm_broker_log(s->broker, LOG_NOTICE,
+                              "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes granted in %" PRIu64
+                              " pieces%s",
+                              s->id, (int) s->pid, s->grants.bytes.current, s->grants.pieces,
+                              dropped ? "; unclaimed stored memory released" : "");
+                return 0;
         }
         const gm_stats_t *st = gm_heap_stats(heap);
         gm_broker_log(s->broker, LOG_NOTICE,

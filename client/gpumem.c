@@ -996,6 +996,7 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
         grant.size = g->size;
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
+        grant.will_retry = g->will_retry;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_GRANT;
         env.grant = &grant;

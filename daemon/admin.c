@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "local.h"
 #include "log.h"
@@ -473,6 +474,8 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->heap_mode = oc && oc->local ? "local" : "central";
                 ci->stats_page_invalid = gm_conn_page_invalid(o);
                 ci->requests = oc ? oc->requests : 0;
+                ci->unresponsive = o->unresponsive;
+                ci->unresponsive_ms = o->unresponsive ? gm_now_ms() - o->owing_since_ms : 0;
                 ci->command = oc ? (char *) oc->command : "";
                 const gm_stats_t *st = gm_conn_stats(o);
                 if (st) {

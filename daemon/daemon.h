@@ -27,6 +27,9 @@ typedef struct gm_limits {
         uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
         uint32_t reattach_grace_ms;      /* after a restart: how long stored segments wait for their client */
         uint32_t max_reattach_items;     /* segments + blocks one re-attaching session may report */
+
+        /* A client that answers no release request for this long is not waited for (0: never). */
+        uint32_t unresponsive_timeout_ms;
 } gm_limits_t;
 
 typedef struct gm_options {

@@ -64,6 +64,10 @@ static const char *const reason_names[_GM_OOM_REASON_MAX] = {
         [GM_OOM_RECLAIM] = "reclaim", [GM_OOM_EXTERNAL] = "external",
 };
 
+const char *gm_metrics_reason_name(gm_oom_reason_t reason) {
+        return (unsigned) reason < _GM_OOM_REASON_MAX ? reason_names[reason] : "unknown";
+}
+
 static const char *const outcome_names[_GM_RECLAIM_OUTCOME_MAX] = {
         [GM_RECLAIM_REQUESTED] = "requested",
         [GM_RECLAIM_ACKNOWLEDGED] = "acknowledged",
@@ -391,6 +395,11 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "",
                        (int64_t) rows[i].extra.invalid_pages);
+        family(o, "gpumem_unresponsive_sessions", "gauge",
+               "Sessions that answered no release request for unresponsive_timeout_ms: not waited for, their memory "
+               "still charged.");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_unresponsive_sessions", rows[i].labels, "", (int64_t) rows[i].extra.unresponsive);
 
         if (!m)
                 return;

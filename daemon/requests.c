@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "diag.h"
 #include "ipc.h"
 #include "local.h"
 #include "log.h"
@@ -63,22 +64,8 @@ int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const c
 }
 
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        gm_diag_note_refusal(c, out);
         return send_error_text(c, request_id, out->error, out->message);
-}
-
-void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome) {
-        if (rq->broker->ops.count_reclaim)
-                rq->broker->ops.count_reclaim(rq->broker->ops.userdata, outcome);
-}
-
-void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms) {
-        if (rq->broker->ops.parked_done)
-                rq->broker->ops.parked_done(rq->broker->ops.userdata, waited_ms);
-}
-
-void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason) {
-        if (rq->broker->ops.count_refusal)
-                rq->broker->ops.count_refusal(rq->broker->ops.userdata, tenant, reason);
 }
 
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id) {
@@ -247,6 +234,8 @@ out:
 void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
         if (c->closed)
                 return;
+        if (c->local)
+                return gm_local_answer_grant(c, request_id, out);
         if (out->kind == GM_OUTCOME_REFUSE) {
                 gm_session_count_refusal(c->session);
                 gm_request_refusal(c, request_id, out);
@@ -274,8 +263,6 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 };
         gm_outcome_t out;
         gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
-        if (out.kind == GM_OUTCOME_REFUSE && gm_local_park_alloc(c, request_id, alloc->size, alloc->stream, &out))
-                return 0;
         if (out.kind != GM_OUTCOME_PARK)
                 gm_requests_answer_alloc(c, request_id, &out);
         return 0;
@@ -318,7 +305,6 @@ static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const G
         }
         if (r < 0)
                 gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
-        gm_local_retry_parked(c->rq);
         return 0;
 }
 
@@ -345,8 +331,7 @@ static int handle_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
                 if (tenant && !t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", tenant), 0;
-                released = gm_broker_trim(b, tenant);
-                released += gm_local_reclaim(c->rq, NULL, t); /* local sessions give theirs back with their acks */
+                released = gm_broker_trim(b, tenant); /* local sessions give theirs back with their acks */
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
         reply.released_bytes = released;
@@ -443,6 +428,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
+        {BODY(SAMPLES), .op = "samples", .handle = gm_handle_samples, .admin_for = gm_admin_for_samples},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 
@@ -508,6 +494,7 @@ int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, 
         if (r < 0)
                 return r;
         gm_session_touch(c->session, gm_now_ms());
+        gm_diag_note_request(c, env);
         uint64_t t0 = gm_now_ns();
         r = dispatch(c, &kinds[i], env);
         if (rq->observe)

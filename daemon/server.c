@@ -14,6 +14,7 @@
 #include "config.h"
 #include "debug.h"
 #include "daemon.h"
+#include "diag.h"
 #include "log.h"
 #include "metrics.h"
 #include "msg.h"
@@ -462,6 +463,7 @@ static void on_tick(uv_timer_t *t) {
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
         gm_local_tick(&d->requests);
+        gm_diag_tick(&d->requests, now);
         gm_daemon_debug_check(d, "a tick");
 }
 
@@ -575,6 +577,8 @@ static void parked_done(void *userdata, uint64_t waited_ms) {
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
+                .send_reclaim = gm_local_send_reclaim,
+                .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
                 .store_remove = store_remove,

@@ -1,6 +1,7 @@
 /* The broker in process, on a fake backend and a fake host: quotas, reclaim
- * and parking, release batches, grants without a heap, a reply that could not
- * be built, re-attach and ledger replay. gm_broker_check() runs after every
+ * and parking (central allocations and local sessions' grants alike, with
+ * unresponsive clients), release batches, grants without a heap, a reply that
+ * could not be built, re-attach and ledger replay. gm_broker_check() runs after every
  * step (CHECK), and a deliberately broken invariant must be caught. */
 #include <check.h>
 #include <errno.h>
@@ -61,6 +62,26 @@ static const gm_backend_ops_t fake_backend_ops = {
         .destroy = fake_destroy,
 };
 
+/* The same backend with a driver's per-process figure (as NVML gives on
+ * cuda) instead of a per-piece answer: figure_ for pid figure_pid_. */
+static uint64_t figure_;
+static pid_t figure_pid_;
+
+static int fake_process_bytes(gm_backend_t *b, int pid, uint64_t *ret_bytes) {
+        *ret_bytes = pid == (int) figure_pid_ ? figure_ : 0;
+        return 0;
+}
+
+static const gm_backend_ops_t figured_backend_ops = {
+        .name = "fake-figured",
+        .create = fake_create,
+        .release = fake_release,
+        .adopt = fake_adopt,
+        .process_bytes = fake_process_bytes,
+        .mem_info = fake_mem_info,
+        .destroy = fake_destroy,
+};
+
 /* ---- a fake host: what the daemon would send, store and log ---- */
 
 #define MAX_RELEASES 64
@@ -91,6 +112,17 @@ typedef struct host {
         size_t n_stored;
         unsigned removed_unknown; /* store removals of names never stored */
         char last_log[1024];
+        struct {
+                gm_session_t *session;
+                uint64_t id, bytes;
+        } reclaims[MAX_RELEASES];
+        size_t n_reclaims;
+        struct {
+                const gm_session_t *session;
+                uint64_t active; /* what its client's page says is in use */
+        } views[8];
+        size_t n_views;
+        int unresponsive; /* markings minus recoveries */
 } host_t;
 
 static int host_send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
@@ -115,6 +147,30 @@ static void host_alloc_done(void *userdata, gm_session_t *s, uint64_t request_id
         h->n_done++;
         if (out->kind == GM_OUTCOME_REPLY)
                 gm_session_pieces_sent(s); /* as the daemon does once the reply is out */
+}
+
+static int host_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes) {
+        host_t *h = userdata;
+        ck_assert_uint_lt(h->n_reclaims, MAX_RELEASES);
+        h->reclaims[h->n_reclaims].session = s;
+        h->reclaims[h->n_reclaims].id = reclaim_id;
+        h->reclaims[h->n_reclaims].bytes = bytes;
+        h->n_reclaims++;
+        return 0;
+}
+
+static void host_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
+        host_t *h = userdata;
+        *ret = (gm_client_view_t){0};
+        for (size_t i = 0; i < h->n_views; i++)
+                if (h->views[i].session == s)
+                        ret->session_active = ret->session_allocated = h->views[i].active;
+}
+
+static void host_unresponsive(void *userdata, gm_session_t *s, bool unresponsive) {
+        host_t *h = userdata;
+        ck_assert_int_eq(s->unresponsive, unresponsive);
+        h->unresponsive += unresponsive ? 1 : -1;
 }
 
 static int host_store_add(void *userdata, int fd, const char *name) {
@@ -178,6 +234,9 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
                         {
                                 .send_release = host_send_release,
                                 .alloc_done = host_alloc_done,
+                                .send_reclaim = host_send_reclaim,
+                                .client_view = host_client_view,
+                                .unresponsive = host_unresponsive,
                                 .store_add = host_store_add,
                                 .store_remove = host_store_remove,
                                 .log = host_log,
@@ -227,6 +286,60 @@ static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
         gm_session_pieces_sent(s);
         CHECK(s->broker);
         return out.alloc.block_id;
+}
+
+/* What the client of local session `s` says it uses of its pieces. */
+static void client_uses(const gm_session_t *s, uint64_t active) {
+        for (size_t i = 0; i < host_.n_views; i++)
+                if (host_.views[i].session == s) {
+                        host_.views[i].active = active;
+                        return;
+                }
+        ck_assert_uint_lt(host_.n_views, 8);
+        host_.views[host_.n_views].session = s;
+        host_.views[host_.n_views++].active = active;
+}
+
+static gm_session_t *local_session(gm_broker_t *b, uid_t uid, const char *tenant) {
+        gm_session_t *s = session(b, uid, tenant);
+        ck_assert_int_eq(gm_session_set_local(s), 0);
+        CHECK(b);
+        return s;
+}
+
+/* A grant of a whole segment of `size` bytes. */
+static gm_grant_t whole(uint64_t segment_id, uint64_t size) {
+        return (gm_grant_t){.piece = {.segment_id = segment_id, .segment_va_size = size, .size = size},
+                            .block_size = size};
+}
+
+static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t size) {
+        gm_outcome_t out;
+        gm_grant_t g = whole(segment_id, size);
+        gm_session_grant(s, 1, &g, &out);
+        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "grant of %llu: kind %d: %s", (unsigned long long) size, out.kind,
+                      out.message);
+        ck_assert_ptr_nonnull(out.piece);
+        ck_assert(out.piece->granted);
+        CHECK(s->broker);
+        return out.piece;
+}
+
+static void return_whole(gm_session_t *s, uint64_t segment_id, uint64_t size) {
+        gm_release_range_t r = {.segment_id = segment_id, .offset = 0, .length = size};
+        size_t bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        CHECK(s->broker);
+}
+
+/* A tick past every parked request's timeout (the timeout is restored). */
+static void expire_parked(void) {
+        gm_broker_limits_t limits = b_->limits, expired = limits;
+        expired.park_timeout_ms = 0;
+        gm_broker_set_limits(b_, &expired);
+        gm_broker_tick(b_, gm_now_ms());
+        gm_broker_set_limits(b_, &limits);
+        CHECK(b_);
 }
 
 static void ack_all(gm_session_t *s) {
@@ -335,11 +448,7 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         gm_session_alloc(third, 45, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK); /* busy's cache is on its way */
         CHECK(b_);
-        gm_broker_limits_t limits = b_->limits;
-        limits.park_timeout_ms = 0;
-        gm_broker_set_limits(b_, &limits);
-        gm_broker_tick(b_, gm_now_ms());
-        CHECK(b_);
+        expire_parked();
         ck_assert_uint_eq(host_.n_done, 3);
         ck_assert_uint_eq(host_.done[2].request_id, 45);
         ck_assert_int_eq(host_.done[2].outcome.kind, GM_OUTCOME_REFUSE);
@@ -370,6 +479,73 @@ START_TEST(test_unacknowledged_release_is_asked_again) {
         ack_all(s);
         ck_assert_uint_eq(s->tenant->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* One release of a fresh 20 MiB segment of s, trimmed; its id. `counted`:
+ * the driver counts the client's mapping of it in its figure. */
+static uint64_t release_one(gm_session_t *s, bool counted) {
+        uint64_t blk = alloc_ok(s, 20 * MiB);
+        if (counted)
+                figure_ += 20 * MiB; /* its client maps it */
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        size_t before = host_.n_releases;
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_uint_eq(host_.n_releases, before + 1);
+        return host_.releases[before].id;
+}
+
+/* Where the backend cannot tell per piece, the driver's per-process figure
+ * decides: believed until one release has shown it counting mappings, then
+ * a process whose figure keeps what it acknowledged is a liar, and its
+ * memory stays charged while the driver lists the process. */
+START_TEST(test_release_checked_by_process_figure) {
+        b_ = gm_broker_free(b_);
+        backend_.ops = &figured_backend_ops;
+        b_ = broker_new(NULL, 0);
+        gm_session_t *s = session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = 300 * MiB; /* its context and its own allocations */
+
+        /* A driver that does not count what a process maps: never a liar. */
+        uint64_t id = release_one(s, false);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!b_->driver_attributes_mappings && !s->lied);
+        CHECK(b_);
+
+        /* An honest acknowledgement shows the figure dropping. */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+
+        /* Other allocations of the process meanwhile (less than it let go). */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        figure_ += 8 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!s->lied);
+        CHECK(b_);
+
+        /* A liar: its figure keeps all it acknowledged. */
+        id = release_one(s, true);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
+        ck_assert(s->lied);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB); /* the process still holds device memory */
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        gm_broker_tick(b_, gm_now_ms());
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        figure_ = 0; /* it exited */
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
 }
 END_TEST
 
@@ -676,7 +852,10 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1), -ENOENT);
         gm_piece_spec_t granted = {.segment_id = seg_other, .segment_va_size = theirs.length, .size = theirs.length};
         gm_piece_t *gp;
-        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -ENOENT); /* a local heap's report too */
+        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -EPROTO); /* not a local session */
+        r->local = true; /* as a local heap's report: the same refusal */
+        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -ENOENT);
+        r->local = false;
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
         ck_assert_uint_eq(r->tenant->charged_bytes, 0);
@@ -717,6 +896,267 @@ START_TEST(test_reattach_without_store_is_unbacked) {
 }
 END_TEST
 
+/* Journal lines no daemon writes are not records anyone can claim: id 0
+ * (a piece's "not journaled"), an empty range, one outside its segment, a
+ * bad token. */
+START_TEST(test_ledger_skips_impossible_records) {
+        b_ = gm_broker_free(b_);
+        const char *t = "0123456789abcdef0123456789abcdef";
+        FILE *f = fopen(ledger_, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "t %s 1000\n", t);
+        fprintf(f, "+ 0 %s 1000 1 0 2097152 2097152\n", t);
+        fprintf(f, "+ 2 %s 1000 1 0 0 2097152\n", t);
+        fprintf(f, "+ 3 %s 1000 1 2097152 2097152 2097152\n", t);
+        fprintf(f, "+ 4 %s 1000 1 4096 18446744073709551615 2097152\n", t);
+        fprintf(f, "+ 5 0123 1000 1 0 2097152 2097152\n");
+        fprintf(f, "+ 6 %s 1000 1 0 2097152 2097152\n", t);
+        fclose(f);
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(b_->n_records, 1);
+        gm_session_params_t params = {.pid = 7, .uid = 1000};
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", t), 0);
+        gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1), 0); /* line 6's */
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        gm_session_free(r);
+}
+END_TEST
+
+/* Local sessions' grants park and wake up as central allocations do: one
+ * FIFO per session, retried when memory comes back (ReturnPieces, then the
+ * ReclaimAck), a central request waiting on a local session's cache. */
+START_TEST(test_grants_park_until_reclaimed) {
+        backend_.capacity = 60 * MiB;
+        gm_session_t *idle = local_session(b_, 1000, "a");
+        gm_session_t *busy = local_session(b_, 1001, "b");
+        gm_session_t *central = session(b_, 1002, "c");
+        grant_ok(idle, 1, 20 * MiB);
+        grant_ok(idle, 2, 20 * MiB);
+        grant_ok(idle, 3, 20 * MiB);
+        ck_assert_uint_eq(idle->grants.pieces, 3);
+        ck_assert_int_eq(idle->grants.segments.current, 3);
+        client_uses(idle, 20 * MiB); /* 40 MiB cached in its client's heap */
+        client_uses(busy, 60 * MiB); /* all it will get is in use */
+
+        /* A malformed grant is refused at once, without asking anyone. */
+        gm_outcome_t out;
+        gm_grant_t g = whole(2, 20 * MiB);
+        gm_session_grant(idle, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EINVAL);
+        ck_assert_ptr_nonnull(strstr(out.message, "already granted"));
+        ck_assert_uint_eq(host_.n_reclaims, 0);
+
+        /* The device is full: idle's client is asked (Reclaim), the grant waits. */
+        g = whole(1, 20 * MiB);
+        gm_session_grant(busy, 41, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_ptr_eq(host_.reclaims[0].session, idle);
+        ck_assert_uint_eq(host_.reclaims[0].bytes, 40 * MiB);
+        ck_assert_uint_eq(idle->reclaim.id, host_.reclaims[0].id);
+        g = whole(2, 20 * MiB);
+        gm_session_grant(busy, 42, &g, &out); /* behind the first, in order */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        g = whole(3, 20 * MiB);
+        gm_session_grant(busy, 43, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(busy->n_parked, 3);
+        /* A central allocation waits on the same Reclaim. */
+        gm_session_alloc(central, 50, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1); /* one Reclaim at a time */
+        CHECK(b_);
+
+        /* A stale ack is refused; a returned piece that was never granted too. */
+        ck_assert_int_eq(gm_session_reclaim_ack(idle, 777, 0), -ENOENT);
+        gm_release_range_t bogus = {.segment_id = 9, .offset = 0, .length = 20 * MiB};
+        size_t first_bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(idle, &bogus, 1, &first_bad), 1);
+        ck_assert_uint_eq(first_bad, 0);
+        ck_assert_uint_eq(host_.n_done, 0);
+
+        /* The client gives one segment back: the oldest waiting grant gets it. */
+        client_uses(idle, 20 * MiB);
+        return_whole(idle, 2, 20 * MiB);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_uint_eq(host_.done[0].request_id, 41);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_ptr_nonnull(host_.done[0].outcome.piece);
+        ck_assert_uint_eq(busy->n_parked, 2);
+        ck_assert_uint_eq(busy->tenant->charged_bytes, 20 * MiB);
+        ck_assert_int_eq(idle->grants.segments.current, 2);
+        return_whole(idle, 3, 20 * MiB);
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_uint_eq(host_.done[1].request_id, 42);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REPLY);
+
+        /* Its ack: nothing more is coming, the rest is refused. */
+        ck_assert_int_eq(gm_session_reclaim_ack(idle, host_.reclaims[0].id, 40 * MiB), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_done, 4);
+        bool seen_43 = false, seen_50 = false;
+        for (size_t i = 2; i < 4; i++) {
+                ck_assert_int_eq(host_.done[i].outcome.kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(host_.done[i].outcome.error, -ENOMEM);
+                seen_43 |= host_.done[i].request_id == 43;
+                seen_50 |= host_.done[i].request_id == 50;
+        }
+        ck_assert(seen_43 && seen_50);
+        ck_assert_uint_eq(busy->n_parked + central->n_parked, 0);
+        ck_assert_uint_eq(idle->reclaim.id, 0);
+
+        /* An admin trim asks local sessions too. */
+        client_uses(busy, 0);
+        ck_assert_uint_eq(gm_broker_trim(b_, "b"), 40 * MiB);
+        ck_assert_uint_eq(host_.n_reclaims, 2);
+        ck_assert_ptr_eq(host_.reclaims[1].session, busy);
+        CHECK(b_);
+}
+END_TEST
+
+/* A waiting grant times out with the diagnosis; a session that ends while
+ * its grants wait takes them (and its pieces) with it. */
+START_TEST(test_grant_timeout_and_end_while_parked) {
+        backend_.capacity = 40 * MiB;
+        gm_tenant_set_quota(gm_tenant_get(b_, "q"), GM_QUOTA_CONFIG, true, 40 * MiB);
+        gm_session_t *holder = local_session(b_, 1000, "q");
+        gm_session_t *waiter = local_session(b_, 1001, "q");
+        grant_ok(holder, 1, 20 * MiB);
+        grant_ok(waiter, 1, 20 * MiB);
+        client_uses(holder, 0);
+        /* Quota pressure asks only the tenant's own sessions. */
+        gm_outcome_t out;
+        gm_grant_t g = whole(2, 20 * MiB);
+        gm_session_grant(waiter, 7, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        CHECK(b_);
+        expire_parked();
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[0].outcome.error, -EDQUOT);
+        ck_assert_msg(strstr(host_.done[0].outcome.message, "quota"), "message: %s", host_.done[0].outcome.message);
+
+        /* Waiting again (the Reclaim is still out), then gone. */
+        gm_session_grant(waiter, 8, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        g = whole(3, 20 * MiB);
+        gm_session_grant(waiter, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(waiter->n_parked, 2);
+        gm_session_free(waiter);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        ck_assert_uint_eq(gm_tenant_find(b_, "q")->charged_bytes, 20 * MiB);
+        /* The holder ends with its Reclaim out: nothing is left. */
+        gm_session_end(holder);
+        CHECK(b_);
+        ck_assert_uint_eq(holder->reclaim.id, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* A client that answers no release request for unresponsive_timeout_ms is
+ * not waited for: what waits for it is refused at once with its pid named,
+ * nothing new waits for it, its memory stays charged, and it is responsive
+ * again once it answers. Central and local alike. */
+START_TEST(test_unresponsive_client_is_not_waited_for) {
+        backend_.capacity = 40 * MiB;
+        gm_broker_limits_t limits = b_->limits;
+        limits.unresponsive_timeout_ms = 5000;
+        gm_broker_set_limits(b_, &limits);
+        gm_session_t *stopped = session(b_, 1000, "a");
+        gm_session_t *lstopped = local_session(b_, 1001, "l");
+        gm_session_t *busy = session(b_, 1002, "b");
+        gm_session_t *lbusy = local_session(b_, 1003, "lb");
+        uint64_t blk = alloc_ok(stopped, 20 * MiB);
+        ck_assert_int_eq(gm_session_free_block(stopped, blk, false), 0);
+        grant_ok(lstopped, 1, 20 * MiB);
+        client_uses(lstopped, 0);
+
+        gm_outcome_t out;
+        gm_session_alloc(busy, 1, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        gm_grant_t g = whole(1, 20 * MiB);
+        gm_session_grant(lbusy, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_uint_ne(stopped->owing_since_ms, 0);
+        ck_assert_uint_ne(lstopped->owing_since_ms, 0);
+        CHECK(b_);
+
+        /* Before the bound nothing changes. */
+        gm_broker_tick(b_, gm_now_ms() + 1000);
+        ck_assert_uint_eq(host_.n_done, 0);
+        ck_assert(!stopped->unresponsive && !lstopped->unresponsive);
+
+        /* Past it: both are unresponsive, the waiting requests are refused now. */
+        gm_broker_tick(b_, gm_now_ms() + 6000);
+        CHECK(b_);
+        ck_assert(stopped->unresponsive && lstopped->unresponsive);
+        ck_assert_int_eq(host_.unresponsive, 2);
+        ck_assert_uint_eq(host_.n_done, 2);
+        char pid[32];
+        for (size_t i = 0; i < 2; i++) {
+                const gm_outcome_t *o = &host_.done[i].outcome;
+                ck_assert_int_eq(o->kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(o->error, -ENOMEM);
+                ck_assert_msg(strstr(o->message, "unresponsive session"), "message: %s", o->message);
+                snprintf(pid, sizeof(pid), "pid %d", (int) stopped->pid);
+                ck_assert_msg(strstr(o->message, pid), "message: %s", o->message);
+                snprintf(pid, sizeof(pid), "pid %d", (int) lstopped->pid);
+                ck_assert_msg(strstr(o->message, pid), "message: %s", o->message);
+        }
+        /* New requests do not wait, and nobody is asked again. */
+        gm_session_alloc(busy, 3, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        gm_session_grant(lbusy, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        gm_broker_limits_t quick = b_->limits;
+        quick.release_timeout_ms = 0;
+        gm_broker_set_limits(b_, &quick);
+        gm_broker_tick(b_, gm_now_ms() + 7000);
+        gm_broker_set_limits(b_, &limits);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        /* The memory stays charged: its processes still map it. */
+        ck_assert_uint_eq(stopped->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(lstopped->tenant->charged_bytes, 20 * MiB);
+        gm_tenant_view_t *views;
+        size_t n_views;
+        ck_assert_int_eq(gm_broker_tenant_views(b_, &views, &n_views), 0);
+        uint32_t marked = 0;
+        for (size_t i = 0; i < n_views; i++)
+                marked += views[i].unresponsive;
+        free(views);
+        ck_assert_uint_eq(marked, 2);
+        CHECK(b_);
+
+        /* Continued, they answer: responsive again, and the memory is used. */
+        ack_all(stopped);
+        ck_assert(!stopped->unresponsive);
+        ck_assert_uint_eq(stopped->owing_since_ms, 0);
+        return_whole(lstopped, 1, 20 * MiB);
+        ck_assert_int_eq(gm_session_reclaim_ack(lstopped, host_.reclaims[0].id, 20 * MiB), 0);
+        ck_assert(!lstopped->unresponsive);
+        ck_assert_int_eq(host_.unresponsive, 0);
+        alloc_ok(busy, 20 * MiB);
+        grant_ok(lbusy, 1, 20 * MiB);
+        CHECK(b_);
+}
+END_TEST
+
 START_TEST(test_checker_catches_broken_books) {
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 2 * MiB);
@@ -732,6 +1172,19 @@ START_TEST(test_checker_catches_broken_books) {
         s->releasing_bytes = 1;
         ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
         s->releasing_bytes = 0;
+        CHECK(b_);
+        gm_session_t *l = local_session(b_, 1001, "l");
+        grant_ok(l, 1, 2 * MiB);
+        l->grants.pieces++;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "granted"), "why: %s", why);
+        l->grants.pieces--;
+        gm_stat_update(&l->grants.segments, 1);
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        gm_stat_update(&l->grants.segments, -1);
+        l->unresponsive = true;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        l->unresponsive = false;
         CHECK(b_);
 }
 END_TEST
@@ -811,10 +1264,15 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
         tcase_add_test(tc, test_grant_without_a_heap);
+        tcase_add_test(tc, test_grants_park_until_reclaimed);
+        tcase_add_test(tc, test_grant_timeout_and_end_while_parked);
+        tcase_add_test(tc, test_unresponsive_client_is_not_waited_for);
         tcase_add_test(tc, test_alloc_undo_keeps_new_pieces_for_the_next_reply);
         tcase_add_test(tc, test_ledger_replay_and_reattach);
         tcase_add_test(tc, test_ledger_compacted_while_churning);
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
+        tcase_add_test(tc, test_ledger_skips_impossible_records);
+        tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
