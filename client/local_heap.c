@@ -22,6 +22,7 @@ typedef struct fence_stream {
 
 struct gm_local {
         gm_heap_t *heap;
+        const gm_stats_t *stats; /* the heap's (they stay where they are while it lives) */
         gm_statpage_t *page;
         gm_local_ops_t ops;
         uint64_t va_cursor;     /* the heap's synthetic addresses */
@@ -63,7 +64,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 .offset = offset,
                 .size = size,
                 .largest_free = gm_heap_largest_free(l->heap),
-                .will_retry = gm_heap_stats(l->heap)->num_alloc_retries == l->retries_before,
+                .will_retry = l->stats->num_alloc_retries == l->retries_before,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -196,6 +197,7 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 free(l);
                 return r;
         }
+        l->stats = gm_heap_stats(l->heap);
         *ret_local = l;
         return 0;
 }
@@ -220,7 +222,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result) {
         l->cur_size = size;
-        l->retries_before = gm_heap_stats(l->heap)->num_alloc_retries;
+        l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;
