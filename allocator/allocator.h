@@ -247,6 +247,7 @@ typedef enum gm_block_state {
 typedef struct gm_segment_info {
         uint64_t id;
         uint64_t addr;
+        uint64_t offset; /* of this range in its segment (0 unless expandable) */
         uint64_t size;
         uint64_t stream;
         bool small_pool;

@@ -1321,6 +1321,7 @@ void gm_heap_walk(const gm_heap_t *h, const gm_heap_visitor_t *visitor) {
                         gm_segment_info_t info = {
                                 .id = s->id,
                                 .addr = block_addr(b),
+                                .offset = b->offset,
                                 .stream = s->stream,
                                 .small_pool = s->small,
                                 .expandable = s->expandable,

@@ -140,6 +140,7 @@ struct gpumem_client {
         _Atomic uint64_t last_call_ms;   /* CLOCK_MONOTONIC_COARSE when the last one ended */
         uint64_t reclaim_id;             /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;
+        gm_local_asks_t asks; /* snapshot queries and history pushes to serve (local_snapshot.c) */
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -491,6 +492,13 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
                 map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
                 break;
+        case GPUMEM__ENVELOPE__BODY_SNAPSHOT_QUERY:
+        case GPUMEM__ENVELOPE__BODY_HISTORY_PUSH:
+                gm_close_fds(fds, n_fds);
+                if (c->local && gm_local_asks_note(&c->asks, env))
+                        wake_service(c);
+                gm_msg_free(env);
+                return;
         case GPUMEM__ENVELOPE__BODY_RECLAIM:
                 /* Served by the service thread once it holds the heap. */
                 gm_close_fds(fds, n_fds);
@@ -703,8 +711,8 @@ static void *service_main(void *arg) {
         bool pending = false;
         int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
-                bool reclaiming =
-                        c->local && (serve_reclaim(c) | finish_completed_frees(c) | local_page_replace_pending(c));
+                bool reclaiming = c->local && (serve_reclaim(c) | finish_completed_frees(c) |
+                                               local_page_replace_pending(c) | gm_local_asks_serve(c));
                 int timeout = pending || reclaiming ? poll_ms : -1;
                 int off_ms = socket_left_to_callers(c);
                 if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
@@ -1112,6 +1120,8 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
         c->local = true;
+        if (hr->history_max_entries) /* the daemon's memory history is on: record from the first allocation */
+                gm_local_history(c->heap, true, hr->history_max_entries, (uint32_t) getpid());
         return 0;
 }
 
@@ -1560,6 +1570,7 @@ static void session_close(gpumem_client *c, bool owner) {
         c->stats_page = NULL;
         c->local = false;
         c->reclaim_id = 0;
+        c->asks = (gm_local_asks_t){0};
         for (size_t i = 0; i < c->segments.cap; i++) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)
@@ -2066,6 +2077,36 @@ int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t
         r = gm_local_snapshot(c->heap, &owner, json, ret_buf, ret_len);
         pthread_mutex_unlock(&c->heap_lock);
         return r < 0 ? set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
+}
+
+gm_local_asks_t *gm_client_asks_lock(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        return &c->asks;
+}
+
+void gm_client_asks_unlock(gpumem_client *c) {
+        pthread_mutex_unlock(&c->lock);
+}
+
+gm_local_t *gm_client_heap_trylock(gpumem_client *c) {
+        if (!c->local || pthread_mutex_trylock(&c->heap_lock) != 0)
+                return NULL;
+        return c->heap;
+}
+
+void gm_client_heap_unlock(gpumem_client *c) {
+        pthread_mutex_unlock(&c->heap_lock);
+}
+
+int gm_client_post(gpumem_client *c, Gpumem__Envelope *env) {
+        pthread_mutex_lock(&c->lock);
+        env->request_id = ++c->next_request_id;
+        pthread_mutex_unlock(&c->lock);
+        return send_env(c, env);
+}
+
+uint32_t gm_client_max_packet(const gpumem_client *c) {
+        return c->max_packet;
 }
 
 int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries) {

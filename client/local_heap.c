@@ -291,6 +291,10 @@ int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t
         return gm_history_new(max_entries, GM_LOCAL_HISTORY_FRAME_BYTES, &l->history);
 }
 
+const gm_history_t *gm_local_history_ring(const gm_local_t *l) {
+        return l->history;
+}
+
 int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len) {
         gm_snapshot_heap_t heap = {
                 .heap = l->heap, .pid = owner->pid, .tenant = owner->tenant, .session_id = owner->session_id};

@@ -102,6 +102,9 @@ const gm_heap_t *gm_local_heap(const gm_local_t *l);
  * ring is cleared). -ENOMEM. */
 int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid);
 
+/* The heap's trace ring while memory history is on, else NULL. */
+const gm_history_t *gm_local_history_ring(const gm_local_t *l);
+
 /* Who a snapshot names as the heap's owner. */
 typedef struct gm_local_owner {
         int device;
