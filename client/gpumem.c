@@ -691,8 +691,9 @@ static int rx_buf_fit(gpumem_client *c) {
 
 /* Reads one packet and dispatches it. Caller holds read_lock. Returns 0, or
  * the negative errno of a connection that ended or spoke nonsense (the
- * service thread deals with that). */
-static int read_packet(gpumem_client *c, bool *ret_pending) {
+ * service thread deals with that). With `mine`, *ret_mine_done tells
+ * whether that waiter has its reply now. */
+static int read_packet(gpumem_client *c, bool *ret_pending, const waiter_t *mine, bool *ret_mine_done) {
         int fds[GM_IPC_MAX_FDS_LIMIT];
         size_t len = 0, n_fds = 0;
         pthread_rwlock_rdlock(&c->fd_lock);
@@ -710,6 +711,8 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
         pthread_mutex_lock(&c->lock);
         dispatch(c, env, fds, n_fds);
         bool pending = complete_pending_frees(c);
+        if (mine)
+                *ret_mine_done = mine->done;
         pthread_mutex_unlock(&c->lock);
         if (ret_pending)
                 *ret_pending = pending;
@@ -774,7 +777,7 @@ static void *service_main(void *arg) {
                  * see whether anything is left. */
                 pthread_mutex_lock(&c->read_lock);
                 struct pollfd again = {.fd = c->fd, .events = POLLIN};
-                int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending) : 0;
+                int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending, NULL, NULL) : 0;
                 pthread_mutex_unlock(&c->read_lock);
                 reader_done(c);
                 if (r == 0 || r == -EINTR || r == -EAGAIN)
@@ -820,30 +823,36 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         return r < 0 ? set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
-/* The thread that read the socket (holding read_lock) lets it go: every
- * waiter still without its reply tries to read next. */
-static void reader_done(gpumem_client *c) {
-        pthread_mutex_lock(&c->lock);
+/* The thread that read the socket (holding read_lock) let it go: every
+ * waiter still without its reply tries to read next. Caller holds lock. */
+static void reader_done_locked(gpumem_client *c) {
         c->reader_generation++;
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done)
                         pthread_cond_signal(&w->cond);
+}
+
+static void reader_done(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        reader_done_locked(c);
         pthread_mutex_unlock(&c->lock);
 }
 
 /* Holding read_lock (released here): reads until w's reply is in,
  * dispatching whatever comes first: no thread wake-up between the reply and
- * its caller. A failed read is the service thread's to judge. */
-static void read_own_reply(gpumem_client *c, waiter_t *w) {
+ * its caller. A failed read is the service thread's to judge. Returns true
+ * when w has its reply; the caller then owes reader_done_locked() (done in
+ * the critical section it takes next anyway). */
+static bool read_own_reply(gpumem_client *c, waiter_t *w) {
+        pthread_mutex_lock(&c->lock);
+        bool done = w->done;
+        pthread_mutex_unlock(&c->lock);
         int r = 0;
-        for (;;) {
-                pthread_mutex_lock(&c->lock);
-                bool done = w->done;
-                pthread_mutex_unlock(&c->lock);
-                if (done || (r = read_packet(c, NULL)) < 0)
-                        break;
+        while (!done && (r = read_packet(c, NULL, w, &done)) == 0) {
         }
         pthread_mutex_unlock(&c->read_lock);
+        if (done)
+                return true;
         if (r < 0) {
                 pthread_mutex_lock(&c->lock);
                 c->reader_lost = true;
@@ -851,6 +860,7 @@ static void read_own_reply(gpumem_client *c, waiter_t *w) {
                 wake_service(c);
         }
         reader_done(c);
+        return false;
 }
 
 /* Calls in flight, and when the last one ended: while callers read their own
@@ -898,6 +908,7 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 r = send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
+                bool read_it = false;
                 while (r == 0) {
                         pthread_mutex_lock(&c->lock);
                         uint64_t generation = c->reader_generation;
@@ -906,7 +917,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                         if (wait_only)
                                 break;
                         if (pthread_mutex_trylock(&c->read_lock) == 0) {
-                                read_own_reply(c, &w);
+                                if ((read_it = read_own_reply(c, &w)))
+                                        break;
                                 continue;
                         }
                         /* Another thread reads: it hands over when it is done. */
@@ -916,6 +928,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                         pthread_mutex_unlock(&c->lock);
                 }
                 pthread_mutex_lock(&c->lock);
+                if (read_it)
+                        reader_done_locked(c);
                 while (r == 0 && !w.done)
                         pthread_cond_wait(&w.cond, &c->lock);
                 if (r < 0 || !w.resend)
@@ -1027,6 +1041,7 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
         grant.size = g->size;
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
+        grant.will_retry = g->will_retry;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_GRANT;
         env.grant = &grant;

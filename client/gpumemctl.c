@@ -11,24 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpumemctl.h"
 #include "ipc.h"
-#include "msg.h"
 #include "json.h"
+#include "msg.h"
 #include "peer_check.h"
 #include "size.h"
 #include "stats.h"
-
-enum { EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
-
-typedef struct ctl {
-        int fd;
-        uint32_t max_packet;
-        uint64_t next_id;
-        int device;
-        char backend[16];
-        char tenant[64];
-        bool admin; /* the daemon grants this connection admin rights */
-} ctl_t;
 
 static void usage(FILE *f) {
         fprintf(f, "Usage: gpumemctl [-s SOCKET | -d N] COMMAND [ARGS]\n"
@@ -47,6 +36,10 @@ static void usage(FILE *f) {
                    "                                          tenant quotas (set: persistent unless --runtime;\n"
                    "                                          BYTES 0 removes that quota)\n"
                    "  clients [--json]                        sessions: pid, tenant, unit, memory, command\n"
+                   "  diagnose [--pid P | --tenant T] [--window D] [--json]\n"
+                   "                                          per process: leak, fragmentation, streams, idle cache\n"
+                   "  top [--once] [--json] [--interval S]    live table of the device and its processes\n"
+                   "  status                                  one-screen summary of the device\n"
                    "Options:\n"
                    "  -s, --socket SOCKET                     the daemon's socket\n"
                    "  -d, --device N                          the daemon of GPU N ($GPUMEM_SOCKET_TEMPLATE,\n"
@@ -96,10 +89,7 @@ static int no_more_args(const char *cmd, int argc, char **argv, int first) {
         return first < argc ? usage_error("%s: unexpected argument '%s'", cmd, argv[first]) : 0;
 }
 
-/* Sends a request and returns its reply (and, if ret_fd is not NULL, the first
- * fd it carried, or -1); an Error reply is printed and turned into
- * EXIT_REFUSED. */
-static int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
+int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
         env->request_id = ++c->next_id;
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         if (r == -EPIPE)
@@ -157,8 +147,7 @@ static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_repl
         return ctl_call_fd(c, env, ret_reply, NULL);
 }
 
-/* Sends a request whose reply must have body `want`; prints and maps refusals. */
-static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
+int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
         int r = ctl_call(c, env, ret_reply);
         if (r)
                 return r;
@@ -174,6 +163,7 @@ static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCas
  * default socket, $GPUMEM_SOCKET first). */
 static int ctl_open(const char *path, int device, ctl_t *c) {
         char buf[108];
+        bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
         if (!path) {
                 int r = device >= 0 ? gm_peer_device_socket(device, buf, sizeof(buf))
                                     : gm_peer_default_socket(0, true, buf, sizeof(buf));
@@ -189,11 +179,17 @@ static int ctl_open(const char *path, int device, ctl_t *c) {
         int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
         if (r < 0) {
                 fprintf(stderr, "gpumemctl: %s\n", why);
-                if (r == -ENOENT || r == -ECONNREFUSED)
+                if ((r == -ENOENT || r == -ECONNREFUSED) && named)
                         fprintf(stderr,
-                                "gpumemctl: start it (systemctl start gpumemd@%d, or gpumemd), or name "
-                                "another daemon with -s SOCKET, -d N or $GPUMEM_SOCKET\n",
-                                device >= 0 ? device : 0);
+                                "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
+                                "daemon with -s SOCKET or -d N\n",
+                                path);
+                else if (r == -ENOENT || r == -ECONNREFUSED)
+                        fprintf(stderr,
+                                "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
+                                "(gpumemd --device %d), or name another daemon with -s SOCKET or "
+                                "$GPUMEM_SOCKET\n",
+                                device >= 0 ? device : 0, device >= 0 ? device : 0);
                 return EXIT_UNREACHABLE;
         }
         c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;
@@ -647,18 +643,18 @@ int main(int argc, char **argv) {
         int i = 1;
         for (; i < argc && argv[i][0] == '-'; i++) {
                 const char *a = argv[i];
-                if (strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0 || strcmp(a, "-d") == 0 ||
-                    strcmp(a, "--device") == 0) {
+                bool socket_opt = strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0;
+                if (socket_opt || strcmp(a, "-d") == 0 || strcmp(a, "--device") == 0) {
                         if (i + 1 >= argc)
                                 return usage_error("%s needs a value", a);
                         const char *v = argv[++i];
-                        if (a[1] == 's' || a[2] == 's') {
+                        uint64_t n;
+                        if (socket_opt) {
                                 socket_path = v;
                                 socket_given = true;
+                        } else if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n)) {
+                                return EXIT_USAGE;
                         } else {
-                                uint64_t n;
-                                if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n))
-                                        return EXIT_USAGE;
                                 device = (int) n;
                         }
                 } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -697,6 +693,12 @@ int main(int argc, char **argv) {
                 fn = cmd_quota;
         else if (strcmp(cmd, "clients") == 0)
                 fn = cmd_clients;
+        else if (strcmp(cmd, "diagnose") == 0)
+                fn = cmd_diagnose;
+        else if (strcmp(cmd, "top") == 0)
+                fn = cmd_top;
+        else if (strcmp(cmd, "status") == 0)
+                fn = cmd_status;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
         ctl_t c = {.fd = -1};

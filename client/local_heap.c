@@ -24,8 +24,9 @@ struct gm_local {
         gm_heap_t *heap;
         gm_statpage_t *page;
         gm_local_ops_t ops;
-        uint64_t va_cursor; /* the heap's synthetic addresses */
-        uint64_t cur_size;  /* the request being served (for the diagnosis) */
+        uint64_t va_cursor;     /* the heap's synthetic addresses */
+        uint64_t cur_size;      /* the request being served (for the diagnosis) */
+        int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
@@ -62,6 +63,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 .offset = offset,
                 .size = size,
                 .largest_free = gm_heap_largest_free(l->heap),
+                .will_retry = gm_heap_stats(l->heap)->num_alloc_retries == l->retries_before,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -230,6 +232,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result) {
         l->cur_size = size;
+        l->retries_before = gm_heap_stats(l->heap)->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;

@@ -21,7 +21,8 @@
 typedef struct gm_local gm_local_t;
 
 /* One piece of physical memory the heap needs. block_size and largest_free
- * only inform the daemon's out-of-memory diagnosis. */
+ * only inform the daemon's out-of-memory diagnosis; will_retry says that a
+ * refusal would not end the allocation (the heap's ladder goes on). */
 typedef struct gm_local_grant {
         uint64_t segment_id;
         uint64_t segment_va_size;
@@ -29,6 +30,7 @@ typedef struct gm_local_grant {
         uint64_t size;
         uint64_t block_size;
         uint64_t largest_free;
+        bool will_retry;
 } gm_local_grant_t;
 
 /* Page reuse: one granted piece moves inside this process's mappings (the

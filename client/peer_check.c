@@ -39,7 +39,8 @@ static void trusted_set(gm_trust_t *t) {
                 gm_trust_add(t, (uid_t) uid);
 }
 
-static int print_path(char *buf, size_t len, int n) {
+/* 0 when snprintf() wrote a whole path of n bytes into a buffer of len. */
+static int path_written(size_t len, int n) {
         if (n < 0)
                 return -EINVAL;
         return (size_t) n < len ? 0 : -ENAMETOOLONG;
@@ -50,11 +51,11 @@ int gm_peer_default_socket(int device, bool use_env, char *buf, size_t len) {
                 return -EINVAL;
         const char *env = use_env ? secure_getenv("GPUMEM_SOCKET") : NULL;
         if (env && *env)
-                return print_path(buf, len, snprintf(buf, len, "%s", env));
+                return path_written(len, snprintf(buf, len, "%s", env));
         const char *dir = secure_getenv("GPUMEM_SYSTEM_SOCKET_DIR");
         if (!dir || dir[0] != '/')
                 dir = GM_SYSTEM_SOCKET_DIR;
-        int r = print_path(buf, len, snprintf(buf, len, "%s/gpu%d.sock", dir, device));
+        int r = path_written(len, snprintf(buf, len, "%s/gpu%d.sock", dir, device));
         struct stat st;
         if (r < 0 || geteuid() == 0 || (stat(buf, &st) == 0 && S_ISSOCK(st.st_mode)))
                 return r;
@@ -68,7 +69,7 @@ int gm_peer_device_socket(int index, char *buf, size_t len) {
         const char *d = strstr(tmpl, "%d");
         if (!d || strchr(d + 2, '%') || strchr(tmpl, '%') != d)
                 return -EINVAL; /* exactly one conversion, and it is %d */
-        return print_path(buf, len, snprintf(buf, len, "%.*s%d%s", (int) (d - tmpl), tmpl, index, d + 2));
+        return path_written(len, snprintf(buf, len, "%.*s%d%s", (int) (d - tmpl), tmpl, index, d + 2));
 }
 
 /* No daemon listens at the path: nothing there, or a socket left behind. */

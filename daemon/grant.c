@@ -106,6 +106,7 @@ int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                           .size = g->size},
                 .block_size = g->block_size,
                 .largest_free = g->largest_free,
+                .will_retry = g->will_retry,
         };
         gm_local_refresh_conn(c); /* its figures, for a refusal's diagnosis */
         gm_outcome_t out;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "diag.h"
 #include "ipc.h"
 #include "local.h"
 #include "log.h"
@@ -63,6 +64,7 @@ int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const c
 }
 
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        gm_diag_note_refusal(c, out);
         return send_error_text(c, request_id, out->error, out->message);
 }
 
@@ -144,17 +146,29 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         size_t n = 0;
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
-        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
-        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
-        int *fds = calloc(n ? n : 1, sizeof(int));
-        Gpumem__PageMove *moves = calloc(s->n_moves ? s->n_moves : 1, sizeof(*moves));
-        Gpumem__PageMove **move_ptrs = calloc(s->n_moves ? s->n_moves : 1, sizeof(*move_ptrs));
+        size_t n_moves = s->n_moves;
+        /* A cached block brings no piece and no move: no allocation for the common reply. */
+        Gpumem__Mapping *map_ptrs_none[1];
+        int fds_none[1];
+        Gpumem__PageMove *move_ptrs_none[1];
+        Gpumem__Mapping *maps = NULL, **map_ptrs = map_ptrs_none;
+        int *fds = fds_none;
+        Gpumem__PageMove *moves = NULL, **move_ptrs = move_ptrs_none;
+        if (n > 0) {
+                maps = calloc(n, sizeof(*maps));
+                map_ptrs = calloc(n, sizeof(*map_ptrs));
+                fds = calloc(n, sizeof(int));
+        }
+        if (n_moves > 0) {
+                moves = calloc(n_moves, sizeof(*moves));
+                move_ptrs = calloc(n_moves, sizeof(*move_ptrs));
+        }
         int r = 0;
-        if (!maps || !map_ptrs || !fds || !moves || !move_ptrs) {
+        if ((n > 0 && (!maps || !map_ptrs || !fds)) || (n_moves > 0 && (!moves || !move_ptrs))) {
                 r = -ENOMEM;
                 goto out;
         }
-        for (size_t k = 0; k < s->n_moves; k++) {
+        for (size_t k = 0; k < n_moves; k++) {
                 const gm_page_move_t *m = &s->moves[k];
                 gpumem__page_move__init(&moves[k]);
                 moves[k].from_segment_id = m->from_segment_id;
@@ -196,7 +210,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         reply.block_size = res->size;
         reply.n_new_mappings = n - sent;
         reply.new_mappings = map_ptrs + sent;
-        reply.n_page_moves = s->n_moves;
+        reply.n_page_moves = n_moves;
         reply.page_moves = move_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
@@ -205,11 +219,15 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
 out:
         if (r == 0)
                 gm_session_pieces_sent(s);
-        free(maps);
-        free(map_ptrs);
-        free(fds);
-        free(moves);
-        free(move_ptrs);
+        if (n > 0) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+        }
+        if (n_moves > 0) {
+                free(moves);
+                free(move_ptrs);
+        }
         return r;
 }
 
@@ -410,6 +428,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
+        {BODY(SAMPLES), .op = "samples", .handle = gm_handle_samples, .admin_for = gm_admin_for_samples},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 
@@ -475,6 +494,7 @@ int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, 
         if (r < 0)
                 return r;
         gm_session_touch(c->session, gm_now_ms());
+        gm_diag_note_request(c, env);
         uint64_t t0 = gm_now_ns();
         r = dispatch(c, &kinds[i], env);
         if (rq->observe)

@@ -24,9 +24,15 @@
 #define NOBODY 65534
 
 static gm_test_daemon_t daemon_;
+static char metrics_path_[108]; /* the daemon's metrics endpoint (a unix socket) */
 
 static void setup(void) {
-        gm_test_daemon_start(&daemon_, "64M", NULL);
+        char listen[128];
+        snprintf(metrics_path_, sizeof(metrics_path_), "/tmp/gm-newuser-metrics-%d.sock", (int) getpid());
+        unlink(metrics_path_);
+        snprintf(listen, sizeof(listen), "unix:%s", metrics_path_);
+        const char *args[] = {"--metrics-listen", listen, NULL};
+        gm_test_daemon_start(&daemon_, "64M", args);
         unsetenv("GPUMEM_SOCKET");
         unsetenv("GPUMEM_SOCKET_TEMPLATE");
         unsetenv("GPUMEM_SYSTEM_SOCKET_DIR");
@@ -35,6 +41,29 @@ static void setup(void) {
 
 static void teardown(void) {
         gm_test_daemon_stop(&daemon_);
+        unlink(metrics_path_);
+}
+
+/* One series of the daemon's /metrics ("name{labels}"); -1 when absent. */
+static long long metric(const char *series) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        memcpy(sa.sun_path, metrics_path_, strlen(metrics_path_) + 1);
+        ck_assert_int_eq(connect(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+        static const char get[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+        ck_assert_int_eq(write(fd, get, sizeof(get) - 1), (ssize_t) sizeof(get) - 1);
+        static char body[1 << 20];
+        size_t len = 0;
+        ssize_t n;
+        while (len + 1 < sizeof(body) && (n = read(fd, body + len, sizeof(body) - 1 - len)) > 0)
+                len += (size_t) n;
+        body[len] = '\0';
+        close(fd);
+        size_t k = strlen(series);
+        for (const char *p = body; p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+                if (strncmp(p, series, k) == 0 && p[k] == ' ')
+                        return strtoll(p + k + 1, NULL, 10);
+        return -1;
 }
 
 /* Runs argv (NULL-terminated, at most 12) as `uid` with stdout and stderr
@@ -86,6 +115,7 @@ START_TEST(test_default_socket_is_the_system_daemons) {
         setenv("GPUMEM_SYSTEM_SOCKET_DIR", "/nonexistent-system", 1);
         ck_assert_int_eq(CTL(NOBODY, out, "stats"), 3);
         assert_has(out, "gpumemd is not running at '/nonexistent-xdg/gpumem/gpu0.sock'");
+        assert_has(out, "systemctl start gpumemd@0");
         /* A system socket in a directory others may write to is not trusted. */
         setenv("GPUMEM_SYSTEM_SOCKET_DIR", daemon_.dir, 1);
         ck_assert_int_eq(chmod(daemon_.dir, 0777), 0);
@@ -103,6 +133,7 @@ START_TEST(test_missing_socket_says_the_daemon_is_not_running) {
         assert_has(out, "gpumemd is not running at '");
         assert_has(out, path);
         assert_lacks(out, "statistic");
+        assert_has(out, "gpumemd --socket ");
         /* A socket left behind that nobody listens on. */
         ck_assert_int_lt(snprintf(stale, sizeof(stale), "%s/stale.sock", daemon_.dir), (int) sizeof(stale));
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -285,6 +316,8 @@ START_TEST(test_quota_refusal_speaks_to_who_hit_it) {
         assert_lacks(out, "trim --tenant");
         assert_lacks(out, "quota set");
         assert_lacks(out, "Tried to allocate 12.00 MiB. GPU 0 has a total capacity");
+        /* One refusal seen, one counted (a local heap's ladder asks up to three times). */
+        ck_assert_int_eq(metric("gpumem_oom_refusals_total{device=\"0\",tenant=\"uid:65534\",reason=\"quota\"}"), 1);
         /* An admin is told what an admin can do. */
         ck_assert_int_eq(CTL_S(0, out, "quota", "set", "uid:0", "8M", "--runtime"), 0);
         gpumem_client *c;
