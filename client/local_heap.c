@@ -202,6 +202,18 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
         return 0;
 }
 
+int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t err_len) {
+        gm_alloc_config_t cfg;
+        int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
+        if (r < 0)
+                return r;
+        begin(l);
+        gm_heap_set_config(l->heap, &cfg);
+        end(l);
+        l->config = cfg;
+        return 0;
+}
+
 gm_local_t *gm_local_destroy(gm_local_t *l) {
         if (!l)
                 return NULL;

@@ -79,6 +79,10 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
 gm_local_t *gm_local_destroy(gm_local_t *l);
 
 /* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
+/* New allocator settings (the daemon changed its alloc_conf at run time), as
+ * gm_heap_set_config(); -EINVAL (reason in err) leaves the old ones. Caller
+ * holds the heap's lock. */
+int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t err_len);
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result);
 int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred);
