@@ -227,12 +227,13 @@ struct gm_broker {
         uint64_t next_session_id;
         gm_tenant_t *tenants;
         uint32_t n_tenants;
-        uint64_t releasing_bytes; /* = sum of the sessions' releasing_bytes */
-        uint64_t unbacked_bytes;  /* pieces with no handle here (re-registered by their clients) */
-        bool memory_freed;        /* a session's end freed memory: the next tick retries every parked request */
-        uint64_t next_park_seq;   /* parked requests, in order across sessions */
-        uint64_t retry_pass;      /* retries of parked requests (park.c) */
-        gm_history_t *history;    /* NULL while memory history is off */
+        uint64_t releasing_bytes;        /* = sum of the sessions' releasing_bytes */
+        uint64_t unbacked_bytes;         /* pieces with no handle here (re-registered by their clients) */
+        bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
+        bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
+        uint64_t next_park_seq;          /* parked requests, in order across sessions */
+        uint64_t retry_pass;             /* retries of parked requests (park.c) */
+        gm_history_t *history;           /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
         struct gm_orphan *orphans; /* stored pieces of sessions not yet re-attached */
