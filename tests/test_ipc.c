@@ -880,7 +880,8 @@ START_TEST(test_msg_envelope_framing) {
                 ck_assert_ptr_eq(got, sentinel);
         }
         /* A body cut inside (its length says more than the packet has). */
-        n = envelope_with(NULL, 0, buf);
+        static const uint8_t nothing[1];
+        n = envelope_with(nothing, 0, buf);
         ck_assert_int_eq(gm_msg_unpack(buf, n - 1, &got), -EBADMSG);
 }
 END_TEST
