@@ -272,6 +272,7 @@ void gm_session_free(gm_session_t *s) {
         if (s->next)
                 s->next->prev = s->prev;
         b->n_sessions--;
+        free(s->diag);
         free(s);
 }
 
