@@ -111,6 +111,13 @@ typedef struct gm_heap_params {
                                   * (segments get unique, never reused addresses) */
         gm_stats_t *extra_sinks[3]; /* NULL-terminated: stats also updated (tenant, device) */
         uint64_t granularity;       /* the backend's: segment and page sizes are multiples of it (0: 2 MiB) */
+        /* The caller may retry a refused allocation (waiting for memory
+         * reclaimed elsewhere): a refusal is then not counted in num_ooms nor
+         * traced until the caller gives it to its client (gm_heap_count_oom()). */
+        bool defer_oom;
+        gm_stats_t *stats; /* where the heap keeps its own statistics (NULL: inside the heap), e.g. a
+                                     * page another process reads; initialised by gm_heap_new, must outlive
+                                     * the heap or gm_heap_move_stats() */
 } gm_heap_params_t;
 
 /* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */
@@ -119,6 +126,14 @@ int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, 
 /* Releases every segment through the provider (live blocks included) and frees
  * the heap. Accepts NULL; returns NULL. */
 gm_heap_t *gm_heap_destroy(gm_heap_t *h);
+
+/* The heap's last refused allocation reached the client (defer_oom): counts
+ * it in num_ooms and traces it, as a refusal without defer_oom is at once.
+ * Nothing when the last gm_heap_alloc() was not refused for lack of memory. */
+void gm_heap_count_oom(gm_heap_t *h);
+/* An allocation waits for memory reclaimed from other sessions: counts it in
+ * num_reclaim_waits (the heap's and its sinks'). */
+void gm_heap_count_reclaim_wait(gm_heap_t *h);
 
 /* Replaces the policy knobs (run-time alloc_conf change). Existing blocks stay. */
 void gm_heap_set_config(gm_heap_t *h, const gm_alloc_config_t *config);
@@ -190,6 +205,11 @@ uint64_t gm_heap_largest_free(const gm_heap_t *h);
 /* This heap's own statistics. */
 const gm_stats_t *gm_heap_stats(const gm_heap_t *h);
 gm_stats_t *gm_heap_stats_mut(gm_heap_t *h);
+/* The heap keeps its statistics at `home` (NULL: inside the heap) from now
+ * on. With `copy` the current figures go there first; without, `home` keeps
+ * what it holds (the old place may be gone: a mapping a fork()ed child did
+ * not inherit). */
+void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy);
 
 /* Rebuilding a heap after a daemon restart from what its client reports: its
  * segments (with the provider handles of their pieces: one piece for an

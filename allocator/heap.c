@@ -45,7 +45,8 @@ struct gm_heap {
         gm_alloc_config_t cfg;
         gm_provider_t prov;
         gm_heap_params_t params;
-        gm_stats_t stats;
+        gm_stats_t *stats; /* own_stats, or the params' home */
+        gm_stats_t own_stats;
         pool_t small, large;
         gm_segment_t *seg_head, *seg_tail;
         gm_idmap_t live;
@@ -59,7 +60,9 @@ struct gm_heap {
         uint64_t n_allocs;       /* gm_heap_alloc() calls so far */
         reuse_stream_t *streams; /* REUSE_STREAMS at most */
         uint64_t n_streams;
-        gm_page_reuse_info_t reuse; /* counters (flags are computed on demand) */
+        gm_page_reuse_info_t reuse;            /* counters (flags are computed on demand) */
+        uint64_t refused_size, refused_stream; /* the last refusal (defer_oom: traced when counted) */
+        bool refusal_uncounted;                /* the last gm_heap_alloc() was refused, not yet counted */
 };
 
 static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
@@ -84,7 +87,7 @@ const char *gm_trace_action_name(int action) {
 
 static gm_stats_t *sink(gm_heap_t *h, size_t i) {
         if (i == 0)
-                return &h->stats;
+                return h->stats;
         return i <= 3 ? h->params.extra_sinks[i - 1] : NULL;
 }
 
@@ -302,14 +305,14 @@ static uint64_t fraction_allowed(const gm_heap_t *h) {
 }
 
 static const gm_stats_t *limit_measured(const gm_heap_t *h) {
-        return h->limit_measured ? h->limit_measured : &h->stats;
+        return h->limit_measured ? h->limit_measured : h->stats;
 }
 
 /* Whether a new `size`-byte segment would exceed a limit, without asking the
  * provider: -ENOMEM for the memory fraction (PyTorch treats it as the device
  * being full), -EDQUOT for the gm_heap_set_limit() quota, 0 when it fits. */
 static int over_limit(const gm_heap_t *h, uint64_t size) {
-        if (fraction_set(h) && reserved_total(&h->stats) + size > fraction_allowed(h))
+        if (fraction_set(h) && reserved_total(h->stats) + size > fraction_allowed(h))
                 return -ENOMEM;
         if (h->limit && reserved_total(limit_measured(h)) + size > h->limit)
                 return -EDQUOT;
@@ -899,7 +902,7 @@ static uint64_t gc_age(const gm_heap_t *h, const gm_block_t *b) {
  * idle unsplit large segments of at least the mean age, round after round. */
 static void garbage_collect(gm_heap_t *h) {
         uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
-        uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(&h->stats);
+        uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(h->stats);
         uint64_t threshold = (uint64_t) (h->cfg.garbage_collection_threshold * (double) allowed);
         uint64_t target, reclaimed = 0, total_age = 0, count = 0, key[3];
         bool freed = true;
@@ -1051,6 +1054,18 @@ static bool is_oom(int r) {
         return r == -ENOMEM || r == -EDQUOT;
 }
 
+void gm_heap_count_oom(gm_heap_t *h) {
+        if (!h->refusal_uncounted)
+                return;
+        h->refusal_uncounted = false;
+        COUNT(h, num_ooms);
+        trace(h, GM_TRACE_OOM, 0, h->refused_size, h->refused_stream);
+}
+
+void gm_heap_count_reclaim_wait(gm_heap_t *h) {
+        COUNT(h, num_reclaim_waits);
+}
+
 int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
         uint64_t rsize, asize, moved_before = h->reuse.pages_moved;
         gm_block_t *b;
@@ -1060,6 +1075,7 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
         if (size == 0 || size >= MAX_REQUEST)
                 return -EINVAL;
         h->n_allocs++;
+        h->refusal_uncounted = false;
         rsize = round_size(&h->cfg, size);
         p = rsize <= SMALL_SIZE ? &h->small : &h->large;
         asize = allocation_size(h, rsize);
@@ -1080,8 +1096,11 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
                         r = alloc_block(h, p, stream, rsize, asize, true, &b);
                 }
                 if (is_oom(r)) {
-                        COUNT(h, num_ooms);
-                        trace(h, GM_TRACE_OOM, 0, rsize, stream);
+                        h->refused_size = rsize;
+                        h->refused_stream = stream;
+                        h->refusal_uncounted = true;
+                        if (!h->params.defer_oom)
+                                gm_heap_count_oom(h);
                 }
                 if (h->reuse.pages_moved != moved_before)
                         h->reuse.allocs_with_moves++;
@@ -1164,7 +1183,7 @@ int gm_heap_free_completed(gm_heap_t *h, uint64_t block_id) {
 
 static void apply_config(gm_heap_t *h, const gm_alloc_config_t *config) {
         h->cfg = *config;
-        h->stats.max_split_size = config->max_split_size == UINT64_MAX ? -1 : (int64_t) config->max_split_size;
+        h->stats->max_split_size = config->max_split_size == UINT64_MAX ? -1 : (int64_t) config->max_split_size;
 }
 
 int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, const gm_heap_params_t *params,
@@ -1178,7 +1197,8 @@ int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, 
                 return -ENOMEM;
         h->prov = *provider;
         h->params = *params;
-        gm_stats_init(&h->stats);
+        h->stats = params->stats ? params->stats : &h->own_stats;
+        gm_stats_init(h->stats);
         apply_config(h, config);
         h->small.small = true;
         h->next_block_id = 1;
@@ -1264,11 +1284,19 @@ uint64_t gm_heap_largest_free(const gm_heap_t *h) {
 }
 
 const gm_stats_t *gm_heap_stats(const gm_heap_t *h) {
-        return &h->stats;
+        return h->stats;
 }
 
 gm_stats_t *gm_heap_stats_mut(gm_heap_t *h) {
-        return &h->stats;
+        return h->stats;
+}
+
+void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy) {
+        gm_stats_t *to = home ? home : &h->own_stats;
+
+        if (copy && to != h->stats)
+                *to = *h->stats;
+        h->stats = to;
 }
 
 /* ---- snapshots ---- */
@@ -1482,7 +1510,7 @@ static int check_stat(const gm_stat_t *a, int64_t small, int64_t large) {
                (a[GM_STAT_ALL].current != small + large);
 }
 
-#define CHECK_STAT(c, field) check_stat(h->stats.field, (c)->pool[0].field, (c)->pool[1].field)
+#define CHECK_STAT(c, field) check_stat(h->stats->field, (c)->pool[0].field, (c)->pool[1].field)
 
 int gm_heap_check(const gm_heap_t *h) {
         check_ctx_t c = {0};
@@ -1513,8 +1541,8 @@ int gm_heap_check(const gm_heap_t *h) {
         bad += CHECK_STAT(&c, segment);
         bad += CHECK_STAT(&c, inactive_split);
         bad += CHECK_STAT(&c, inactive_split_bytes);
-        bad += h->stats.oversize_allocations.current != (int64_t) c.oversize_allocations;
-        bad += h->stats.oversize_segments.current != (int64_t) c.oversize_segments;
+        bad += h->stats->oversize_allocations.current != (int64_t) c.oversize_allocations;
+        bad += h->stats->oversize_segments.current != (int64_t) c.oversize_segments;
         if (h->cfg.page_reuse)
                 bad += check_reuse(h);
         return bad;

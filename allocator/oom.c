@@ -65,19 +65,22 @@ gm_oom_reason_t gm_oom_classify(const gm_oom_report_t *r) {
 }
 
 static void format_diagnosis(out_t *o, const gm_oom_report_t *r) {
-        char s1[SIZE_BUF], s2[SIZE_BUF], s3[SIZE_BUF], s4[SIZE_BUF], s5[SIZE_BUF];
+        char s1[SIZE_BUF], s2[SIZE_BUF], s3[SIZE_BUF];
         const char *tenant = r->tenant ? r->tenant : "(unknown)";
 
         switch (r->reason) {
         case GM_OOM_QUOTA:
-                out_printf(o,
-                           "tenant '%s' would exceed its quota: %s more on top of %s reserved is over the quota of %s "
-                           "(%s in live allocations, %s cached). Raise the quota with `gpumemctl quota set %s BYTES`, "
-                           "or free tensors and release cached memory (torch.cuda.empty_cache(), "
-                           "`gpumemctl trim --tenant %s`).",
-                           tenant, format_size(r->alloc_size, s1), format_size(r->tenant_reserved, s2),
-                           format_size(r->tenant_quota, s3), format_size(r->tenant_live, s4),
-                           format_size(sub_sat(r->tenant_reserved, r->tenant_live), s5), tenant, tenant);
+                if (r->caller_admin)
+                        out_printf(o,
+                                   "Raise the quota with `gpumemctl quota set %s BYTES`, or free tensors and release "
+                                   "cached memory (torch.cuda.empty_cache(), `gpumemctl trim --tenant %s`).",
+                                   tenant, tenant);
+                else
+                        out_printf(o,
+                                   "Free tensors the tenant's processes no longer need (`gpumemctl clients` lists "
+                                   "them) and release their cached memory (torch.cuda.empty_cache() in each), or ask "
+                                   "an administrator to raise the quota (`gpumemctl quota get %s` shows it).",
+                                   tenant);
                 break;
         case GM_OOM_FRAGMENTATION:
                 out_printf(o,
@@ -113,12 +116,35 @@ static void format_diagnosis(out_t *o, const gm_oom_report_t *r) {
         }
 }
 
+/* The quota's own lead, in place of PyTorch's device-centred text. */
+static void format_quota_lead(out_t *o, const gm_oom_report_t *r) {
+        char s1[SIZE_BUF], s2[SIZE_BUF], s3[SIZE_BUF], s4[SIZE_BUF], s5[SIZE_BUF];
+
+        out_printf(o,
+                   "CUDA out of memory: tenant '%s' is at its gpumemd quota. Tried to allocate %s on top of the %s "
+                   "the tenant has reserved, over its quota of %s (%s in live allocations, %s cached). ",
+                   r->tenant ? r->tenant : "(unknown)", format_size(r->alloc_size, s1),
+                   format_size(r->tenant_reserved, s2), format_size(r->tenant_quota, s3),
+                   format_size(r->tenant_live, s4), format_size(sub_sat(r->tenant_reserved, r->tenant_live), s5));
+        out_printf(o,
+                   "GPU %d itself has %s free of %s; this process has %s allocated and %s reserved but unallocated. "
+                   "gpumemd: ",
+                   r->device, format_size(r->device_free, s1), format_size(r->device_total, s2),
+                   format_size(r->session_allocated, s3),
+                   format_size(sub_sat(r->session_reserved, r->session_allocated), s4));
+}
+
 int gm_oom_format(const gm_oom_report_t *r, char *buf, size_t len) {
         char s1[SIZE_BUF], s2[SIZE_BUF], s3[SIZE_BUF], s4[SIZE_BUF], s5[SIZE_BUF];
         out_t o = {.buf = buf, .len = len};
 
         if ((unsigned) r->reason >= _GM_OOM_REASON_MAX)
                 return -EINVAL;
+        if (r->reason == GM_OOM_QUOTA) {
+                format_quota_lead(&o, r);
+                format_diagnosis(&o, r);
+                return o.overflow || o.pos > INT_MAX ? -ENOSPC : (int) o.pos;
+        }
         out_printf(&o,
                    "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
                    "free. ",

@@ -6,6 +6,7 @@
  * and formats the text with gm_oom_format(). Pure C, no I/O. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,9 @@ typedef struct gm_oom_report {
         uint64_t broker_live;     /* active in all sessions on the device */
         uint64_t others_cached;   /* free bytes cached by other tenants that could not be
                                      * reclaimed in time */
+        /* Whom the message is for: an admin may change quotas and trim other
+         * tenants, so only an admin is told to. */
+        bool caller_admin;
 } gm_oom_report_t;
 
 /* Picks the reason from r's figures, first match wins: quota (a quota is set
@@ -54,6 +58,9 @@ typedef struct gm_oom_report {
  * would fit alloc_size) > device full. r->reason is ignored. */
 gm_oom_reason_t gm_oom_classify(const gm_oom_report_t *r);
 
-/* Writes the message for r (NUL-terminated, no newline) into buf. Returns its
- * length, -ENOSPC when buf is too small, -EINVAL for an unknown r->reason. */
+/* Writes the message for r (NUL-terminated, no newline) into buf: PyTorch's
+ * text, then gpumemd's diagnosis with the next steps the caller can take. A
+ * quota refusal leads with the quota instead (PyTorch's device figures would
+ * point at the wrong limit), still opening with "CUDA out of memory". Returns
+ * its length, -ENOSPC when buf is too small, -EINVAL for an unknown r->reason. */
 int gm_oom_format(const gm_oom_report_t *r, char *buf, size_t len);

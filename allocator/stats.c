@@ -47,6 +47,7 @@ static const group_t groups[] = {
         SCALAR(num_device_alloc, GROUP_COUNTER),
         SCALAR(num_device_free, GROUP_COUNTER),
         SCALAR(num_ooms, GROUP_COUNTER),
+        SCALAR(num_reclaim_waits, GROUP_COUNTER),
         SCALAR(num_sync_all_streams, GROUP_COUNTER),
         SINGLE(oversize_allocations, 10, "Oversize allocations"),
         SINGLE(oversize_segments, 11, "Oversize GPU segments"),

@@ -40,6 +40,10 @@ typedef struct gm_stats {
         int64_t num_sync_all_streams;
         int64_t num_device_alloc;
         int64_t num_device_free;
+        /* gpumemd's own: allocations that waited for memory reclaimed from
+         * other sessions' caches (and were then served or refused). Not in
+         * num_ooms, which counts only refusals the caller saw, as PyTorch does. */
+        int64_t num_reclaim_waits;
         int64_t max_split_size; /* config value in bytes, -1 when unlimited */
 } gm_stats_t;
 

@@ -7,12 +7,14 @@
  *   central  the same in a central session (one round trip + one free message)
  *   pingpong a bare 64-byte SOCK_SEQPACKET round trip between two processes
  *   step     one replay of a trace (--trace, e.g. bench/traces/train_loop.csv:
- *            ~2,000 allocations a step) in process and in a local session, in
+ *            ~3,000 allocations a step) in process and in a local session, in
  *            steady state (after a first warm-up replay), and the messages the
  *            local session sent the daemon during the timed replays (from the
  *            daemon's own per-session request count)
  * Prints per round ns per pair (or per step) of each, and the medians and
- * ranges of the ratios local/core, central/pingpong, step local/core. Under
+ * ranges of the ratios local/core, central/pingpong, step local/core. Each
+ * in-process heap has its local counterpart in the same state: the pairs run
+ * on one heap and one local session, the steps on another of each. Under
  * valgrind --tool=callgrind the functions core_pairs, local_pairs,
  * central_pairs, step_core and step_client give instruction counts. */
 #include <errno.h>
@@ -338,8 +340,9 @@ int main(int argc, char **argv) {
         }
         if (!socket_path || rounds < 1 || rounds > MAX_ROUNDS || pairs < 100)
                 return 2;
-        gpumem_client *local = NULL, *central = NULL;
+        gpumem_client *local = NULL, *local_step = NULL, *central = NULL;
         if (gpumem_connect_heap(socket_path, GPUMEM_HEAP_LOCAL, &local) < 0 ||
+            gpumem_connect_heap(socket_path, GPUMEM_HEAP_LOCAL, &local_step) < 0 ||
             gpumem_connect_heap(socket_path, GPUMEM_HEAP_CENTRAL, &central) < 0) {
                 fprintf(stderr, "cannot connect to %s\n", socket_path);
                 return 1;
@@ -359,7 +362,7 @@ int main(int argc, char **argv) {
         local_pairs(local, size, pairs / 10);
         central_pairs(central, size, rt_pairs / 10);
         pingpong(rt_pairs / 10);
-        if (t.n && (step_core(step_heap, &t, core_slots) < 0 || step_client(local, &t, client_slots) < 0)) {
+        if (t.n && (step_core(step_heap, &t, core_slots) < 0 || step_client(local_step, &t, client_slots) < 0)) {
                 fprintf(stderr, "trace replay failed\n");
                 return 1;
         }
@@ -377,7 +380,7 @@ int main(int argc, char **argv) {
                 cs_central += cs1 - cs0;
                 cs_pingpong += context_switches() - cs1;
                 double sc = t.n ? step_core(step_heap, &t, core_slots) : 0;
-                double sl = t.n ? step_client(local, &t, client_slots) : 0;
+                double sl = t.n ? step_client(local_step, &t, client_slots) : 0;
                 if (core < 0 || loc < 0 || cen < 0 || pp < 0 || sc < 0 || sl < 0) {
                         fprintf(stderr, "round %d failed\n", k);
                         return 1;
@@ -402,6 +405,7 @@ int main(int argc, char **argv) {
                        (double) (requests_after - requests_before) / rounds, requests_after - requests_before, rounds);
         }
         gpumem_disconnect(local);
+        gpumem_disconnect(local_step);
         gpumem_disconnect(central);
         gm_heap_destroy(heap);
         gm_heap_destroy(step_heap);

@@ -19,12 +19,20 @@ typedef struct gm_release {
         struct gm_release *next;
 } gm_release_t;
 
-/* An allocation that failed while reclaimed memory was on its way back; it is
- * retried when releases are acknowledged, and refused after park_timeout_ms. */
+/* What a session asks memory for: an allocation in its heap here (central)
+ * or a piece for its client's heap (local). */
+typedef struct gm_request {
+        bool is_grant;
+        uint64_t size, stream; /* an allocation */
+        gm_grant_t grant;      /* a grant */
+} gm_request_t;
+
+/* A request that failed while reclaimed memory was on its way back; retried
+ * when memory comes back, and refused after park_timeout_ms (park.c). */
 typedef struct gm_parked {
         uint64_t request_id;
-        uint64_t size;
-        uint64_t stream;
+        uint64_t seq; /* park order across sessions */
+        gm_request_t rq;
         uint64_t parked_at_ms;
         struct gm_parked *next;
 } gm_parked_t;
@@ -87,6 +95,9 @@ gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec);
 void gm_piece_list_unsent(gm_session_t *s, gm_piece_t *p);
 /* Moves an ADOPTING piece to LIVE in the heap (charges it). */
 void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
+/* A LIVE piece goes to the client's heap: granted, in no heap here, not
+ * listed for a reply. */
+void gm_piece_granted(gm_session_t *s, gm_piece_t *p);
 
 /* ledger.c */
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
@@ -102,4 +113,40 @@ void gm_ledger_free_orphans(gm_broker_t *b);
 int gm_ledger_claim(gm_session_t *s, const char *token);
 
 /* session.c */
+/* One try of an allocation: REPLY, REFUSE, or PARK (only when `may_park`). */
+void gm_session_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_park, gm_outcome_t *out);
+void gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* grant.c */
+/* 0 when `spec` may be granted to the local session s (-EPROTO: not local,
+ * -EINVAL: malformed against what it holds, or past its piece limit). */
+int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec);
+/* Hands a LIVE piece over to the client's heap (gm_piece_granted) and counts it. */
+void gm_session_hand_over(gm_session_t *s, gm_piece_t *p);
+/* The session ends: its granted figures go to zero (its pieces are destroyed). */
+void gm_session_drop_grants(gm_session_t *s);
+void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out);
+/* Bytes a local session's heap caches by its client's word (bounded by what it was granted). */
+uint64_t gm_session_client_cached(const gm_session_t *s);
+
+/* park.c: reclaim across sessions and parked requests, both heap modes. */
+/* `s` needs memory its own cache could not give (err: -ENOMEM for the device,
+ * -EDQUOT for its tenant's quota): other sessions are asked for their caches;
+ * PARK when memory is on its way (may_park, room left), else REFUSE with the
+ * diagnosis of `rq`. */
+void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool may_park, gm_outcome_t *out);
+/* Queues a request behind the session's parked ones (out: PARK, or REFUSE on -ENOMEM). */
+void gm_session_park(gm_session_t *s, uint64_t request_id, const gm_request_t *rq, gm_outcome_t *out);
+/* Retries parked requests of every session in FIFO order, as far as they go
+ * (only those past park_timeout_ms when `timed_out_only`). */
 void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only);
+/* The client answered what it owed (a ReleaseAck or ReclaimAck). */
+void gm_session_answered(gm_session_t *s);
+/* A release request or Reclaim went to the client: it owes an answer. */
+void gm_session_owes(gm_session_t *s);
+/* Asks a local session for its cache; the bytes asked for (0: not asked). */
+uint64_t gm_session_ask_reclaim(gm_session_t *s);
+/* Drops the session's parked requests and Reclaim (it ends). */
+void gm_session_unpark_all(gm_session_t *s);
+/* Periodic: Reclaims past release_timeout_ms, unresponsive sessions. */
+void gm_park_tick(gm_broker_t *b, uint64_t now_ms);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "broker-internal.h"
+#include "u64map.h"
 
 /* Interned frame text of the memory history, all entries together. */
 #define HISTORY_FRAME_BYTES (64u << 20)
@@ -124,6 +125,7 @@ int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, s
                 if (!row)
                         continue;
                 row->releasing_bytes += s->releasing_bytes;
+                row->unresponsive += s->unresponsive && !s->ended;
                 if (s->heap) {
                         uint64_t lf = gm_heap_largest_free(s->heap);
                         if (lf > row->largest_free)
@@ -167,7 +169,40 @@ static size_t queue_len(const gm_piece_t *head) {
         return n;
 }
 
-static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked, uint32_t *stored) {
+/* A local session's granted figures against its granted pieces. */
+static void check_grants(checker_t *c, const gm_session_t *s) {
+        uint64_t bytes = 0, pieces = 0;
+        gm_u64map_t segments = {0};
+        bool counted = true;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                if (!p->granted)
+                        continue;
+                if (!s->local || p->state != GM_PIECE_LIVE || p->in_heap || p->sent)
+                        violation(c, "session %llu: granted piece of segment %llu is not a local LIVE one",
+                                  (unsigned long long) s->id, (unsigned long long) p->segment_id);
+                bytes += p->phys.size;
+                pieces++;
+                if (gm_u64map_put(&segments, p->segment_id, (void *) p) < 0)
+                        counted = false;
+        }
+        const gm_session_grants_t *g = &s->grants;
+        if ((uint64_t) g->bytes.current != bytes || g->pieces != pieces)
+                violation(c, "session %llu: %lld bytes in %llu pieces granted counted, %llu in %llu held",
+                          (unsigned long long) s->id, (long long) g->bytes.current, (unsigned long long) g->pieces,
+                          (unsigned long long) bytes, (unsigned long long) pieces);
+        if (counted && (uint64_t) g->segments.current != segments.len)
+                violation(c, "session %llu: %lld granted segments counted, %zu held", (unsigned long long) s->id,
+                          (long long) g->segments.current, segments.len);
+        if (g->bytes.peak < g->bytes.current || g->segments.peak < g->segments.current ||
+            g->pieces > GM_MAX_GRANTED_PIECES)
+                violation(c, "session %llu: granted figures out of bounds", (unsigned long long) s->id);
+        if (s->local && s->heap)
+                violation(c, "local session %llu has a heap in the daemon", (unsigned long long) s->id);
+        gm_u64map_done(&segments);
+}
+
+static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked, uint32_t *stored,
+                          uint32_t *recorded) {
         uint64_t in_heap = 0, releasing = 0;
         size_t n_new = 0, n_rel = 0, n_adopting = 0;
         for (const gm_piece_t *p = s->pieces; p; p = p->next) {
@@ -181,6 +216,10 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         *backed += p->phys.size;
                 if (p->store_id)
                         (*stored)++;
+                if (p->record_id)
+                        (*recorded)++;
+                if (p->store_id && p->record_id)
+                        violation(c, "session %llu: a piece both stored and only recorded", (unsigned long long) s->id);
                 if (p->state == GM_PIECE_ORPHAN)
                         violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
                 if (p->in_heap && p->state != GM_PIECE_LIVE)
@@ -189,7 +228,7 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         in_heap += p->phys.size;
                 if (p->state == GM_PIECE_RELEASING)
                         releasing += p->phys.size;
-                if (p->state == GM_PIECE_LIVE && !p->sent && !s->ended) {
+                if (p->state == GM_PIECE_LIVE && !p->sent && !p->granted && !s->ended) {
                         n_new++;
                         if (!in_queue(s->new_head, p))
                                 violation(c, "session %llu: an unsent piece is not listed for the reply",
@@ -235,12 +274,21 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                 violation(c, "session %llu: releasing %llu bytes, its pieces %llu, its releases %llu",
                           (unsigned long long) s->id, (unsigned long long) s->releasing_bytes,
                           (unsigned long long) releasing, (unsigned long long) rel_bytes);
+        check_grants(c, s);
         uint32_t parked = 0;
         const gm_parked_t *last = NULL;
         for (const gm_parked_t *p = s->parked; p; p = p->next) {
                 parked++;
                 last = p;
+                if (p->rq.is_grant != s->local)
+                        violation(c, "session %llu: a parked %s in a %s session", (unsigned long long) s->id,
+                                  p->rq.is_grant ? "grant" : "allocation", s->local ? "local" : "central");
         }
+        if (s->unresponsive && !s->owing_since_ms)
+                violation(c, "session %llu: unresponsive while owing nothing", (unsigned long long) s->id);
+        if (s->reclaim.id && (s->ended || !s->local))
+                violation(c, "session %llu: a Reclaim pending in a %s session", (unsigned long long) s->id,
+                          s->ended ? "ended" : "central");
         if (parked != s->n_parked || last != s->parked_tail)
                 violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
                           parked);
@@ -270,12 +318,12 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         if (why && why_len)
                 why[0] = '\0';
         uint64_t backed = 0, unbacked = 0, releasing = 0;
-        uint32_t stored = 0, n_sessions = 0;
+        uint32_t stored = 0, recorded = 0, n_sessions = 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next) {
                 n_sessions++;
                 if (s->next && s->next->prev != s)
                         violation(&c, "session list broken at %llu", (unsigned long long) s->id);
-                check_session(&c, s, &backed, &unbacked, &stored);
+                check_session(&c, s, &backed, &unbacked, &stored, &recorded);
                 releasing += s->releasing_bytes;
         }
         if (n_sessions != b->n_sessions)
@@ -304,6 +352,8 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                           (unsigned long long) unbacked);
         if (!b->keep_stored && stored != b->n_stored)
                 violation(&c, "%u pieces stored, %u counted", stored, b->n_stored);
+        if (!b->keep_stored && recorded != b->n_recorded)
+                violation(&c, "%u pieces recorded in the journal, %u counted", recorded, b->n_recorded);
         if (releasing != b->releasing_bytes)
                 violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
                           (unsigned long long) releasing);

@@ -80,7 +80,9 @@ struct gm_piece {
         bool in_heap;          /* its handle is held by the session's heap */
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
+        bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
+        uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -123,6 +125,9 @@ typedef struct gm_broker_limits {
         uint32_t reattach_grace_ms;      /* after a restart: how long stored pieces wait for their client */
         uint32_t max_reattach_items;     /* segments + blocks one re-attaching session may report */
         uint32_t max_ranges_per_release; /* ranges in one ReleaseRequest (one packet) */
+        /* A client that answers no release request (or Reclaim) for this long
+         * is unresponsive: what it owes is no longer waited for (0: never). */
+        uint32_t unresponsive_timeout_ms;
 } gm_broker_limits_t;
 
 typedef enum gm_reclaim_outcome {
@@ -150,9 +155,20 @@ typedef enum gm_outcome_kind {
 typedef struct gm_outcome {
         gm_outcome_kind_t kind;
         int error;               /* REFUSE: negative errno */
-        char message[1024];      /* REFUSE: the client's text */
+        char message[2048];      /* REFUSE: the client's text */
         gm_alloc_result_t alloc; /* REPLY to an allocation */
+        const gm_piece_t *piece; /* REPLY to a grant: the piece whose fd the reply carries */
 } gm_outcome_t;
+
+/* What a local session's client reports of heaps (its statistics page, as the
+ * host last read it): untrusted, used only to choose whom to ask for memory
+ * and to explain refusals. */
+typedef struct gm_client_view {
+        uint64_t session_allocated; /* the session's allocated bytes */
+        uint64_t session_active;    /* the session's active bytes (allocated or pending free) */
+        uint64_t tenant_active;     /* active bytes of the local sessions of its tenant */
+        uint64_t device_active;     /* active bytes of every local session */
+} gm_client_view_t;
 
 /* Everything the broker needs from its host (the daemon). userdata is the
  * ops' first argument. Every callback is optional. */
@@ -161,7 +177,13 @@ typedef struct gm_broker_ops {
          * the callback may have ended the session (gm_session_end()). */
         int (*send_release)(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
                             size_t n);
-        /* A parked allocation is decided (REPLY or REFUSE): answer it. */
+        /* Asks a local session's client for `bytes` of its cache (a Reclaim); it
+         * answers with ReturnPieces, then gm_session_reclaim_ack(). A negative
+         * errno: not sent (the callback may have ended the session). */
+        int (*send_reclaim)(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
+        /* Fills what local sessions' clients report (zeros when unknown). */
+        void (*client_view)(void *userdata, const gm_session_t *s, gm_client_view_t *ret);
+        /* A parked allocation or grant is decided (REPLY or REFUSE): answer it. */
         void (*alloc_done)(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *outcome);
         /* Keeps a duplicate of fd under `name` across restarts; 0 or a negative errno. */
         int (*store_add)(void *userdata, int fd, const char *name);
@@ -170,8 +192,10 @@ typedef struct gm_broker_ops {
         void (*log)(void *userdata, int priority, const char *message);
         void (*count_reclaim)(void *userdata, gm_reclaim_outcome_t outcome);
         void (*count_refusal)(void *userdata, const char *tenant, gm_oom_reason_t reason);
-        /* A parked allocation was decided after waiting `waited_ms` for reclaim. */
+        /* A parked request was decided after waiting `waited_ms` for reclaim. */
         void (*parked_done)(void *userdata, uint64_t waited_ms);
+        /* A session was marked unresponsive (true) or answered again (false). */
+        void (*unresponsive)(void *userdata, gm_session_t *s, bool unresponsive);
         void *userdata;
 } gm_broker_ops_t;
 
@@ -199,6 +223,9 @@ struct gm_broker {
         uint32_t n_tenants;
         uint64_t releasing_bytes; /* = sum of the sessions' releasing_bytes */
         uint64_t unbacked_bytes;  /* pieces with no handle here (re-registered by their clients) */
+        bool memory_freed;        /* a session's end freed memory: the next tick retries every parked request */
+        uint64_t next_park_seq;   /* parked requests, in order across sessions */
+        uint64_t retry_pass;      /* retries of parked requests (park.c) */
         gm_history_t *history;    /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
@@ -217,6 +244,10 @@ struct gm_broker {
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
+        struct gm_ledger_entry *records; /* the previous daemon's pieces with no stored handle: each claimable once,
+                                            by its session, until the re-attach grace ends */
+        size_t n_records;
+        uint32_t n_recorded; /* sessions' pieces with a record_id */
 };
 
 int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
@@ -229,19 +260,23 @@ void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits);
 void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config);
 /* Physical bytes the broker accounts for: the backend's plus unbacked ones. */
 uint64_t gm_broker_reserved(const gm_broker_t *b);
-/* Periodic work: re-asks unacknowledged releases, times parked allocations
- * out, releases orphans whose grace ran out. `now_ms`: a monotonic clock. */
+/* Periodic work: re-asks unacknowledged releases, times Reclaims and parked
+ * requests out, marks sessions unresponsive, releases orphans whose grace ran
+ * out. `now_ms`: a monotonic clock. */
 void gm_broker_tick(gm_broker_t *b, uint64_t now_ms);
 /* Memory history: on (with max_entries, 0 = keep the last bound) or off (clears it). */
 int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
 
 /* Verifies every invariant: per session its heap (gm_heap_check), its heap's
  * reserved bytes = its in-heap pieces, its releasing bytes = its RELEASING
- * pieces; per tenant charged bytes = its sessions' charged pieces and session
- * count; the backend's in-use = every piece with a handle, unbacked bytes =
- * those without, the store count, the broker's releasing bytes, parked
- * counts. Returns the number of violations (0 = consistent); never modifies
- * anything. With `why`, the first violation is described there. */
+ * pieces, a local session's granted bytes, pieces and segments = its granted
+ * pieces, its parked requests (allocations only in central sessions, grants
+ * only in local ones) and Reclaim; per tenant charged bytes = its sessions'
+ * charged pieces and session count; the backend's in-use = every piece with a
+ * handle, unbacked bytes = those without, the store count, the broker's
+ * releasing bytes, parked counts. Returns the number of violations (0 =
+ * consistent); never modifies anything. With `why`, the first violation is
+ * described there. */
 int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len);
 
 /* ---- tenants ---- */
@@ -273,6 +308,26 @@ typedef struct gm_session_params {
         void *userdata;   /* the daemon's connection */
 } gm_session_params_t;
 
+/* Pieces one local session may hold (each is an fd in the daemon; grants walk them). */
+#define GM_MAX_GRANTED_PIECES 65536u
+
+/* What a local session's heap holds of the daemon's memory. */
+typedef struct gm_session_grants {
+        gm_stat_t bytes;    /* of its granted pieces (current, peak, ever granted and returned) */
+        gm_stat_t segments; /* segments with a granted piece */
+        uint64_t pieces;    /* granted pieces (at most GM_MAX_GRANTED_PIECES) */
+        uint64_t returned;  /* pieces given back or released, ever */
+} gm_session_grants_t;
+
+/* The Reclaim a local session's client was asked (one at a time). */
+typedef struct gm_session_reclaim {
+        uint64_t id;    /* outstanding (0: none) */
+        uint64_t bytes; /* what it should bring back */
+        uint64_t sent_ms;
+        uint64_t next_id;
+        uint64_t dry_until_ms; /* its last one brought nothing back: not asked again before */
+} gm_session_reclaim_t;
+
 /* A page the session's heap moved (page reuse) that its client has not been
  * told of yet: the client maps `piece` at from_segment_id/from_offset still.
  * Pending moves go out with the next allocation reply, in order; a piece
@@ -297,8 +352,13 @@ struct gm_session {
         void *userdata;
         gm_tenant_t *tenant; /* set at start */
         char token[GM_TOKEN_LEN + 1];
-        bool reattaching; /* between a resuming start and the last re-attach report */
-        bool lied;        /* acknowledged a release it had not done: its memory is checked when it ends */
+        bool reattaching;             /* between a resuming start and the last re-attach report */
+        bool lied;                    /* acknowledged a release it had not done: its memory is checked when it ends */
+        bool local;                   /* its heap runs in its client: granted pieces, no heap here */
+        bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
+        uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
+        gm_session_grants_t grants;   /* local */
+        gm_session_reclaim_t reclaim; /* local */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */
         gm_heap_t *heap; /* created at the first allocation */
@@ -314,6 +374,7 @@ struct gm_session {
         uint64_t next_release_id;
         struct gm_parked *parked, *parked_tail;
         uint32_t n_parked;
+        uint64_t retry_pass;   /* the last retry that left its first parked request waiting */
         gm_page_move_t *moves; /* pending, in the order the heap made them */
         size_t n_moves, cap_moves;
         struct gm_session *prev, *next;
@@ -340,6 +401,11 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
 void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                       size_t n_frames, gm_outcome_t *ret);
+/* An allocation's refusal reaches its client: num_ooms (its heap's, when the
+ * heap refused it; the heap does not count refusals that may still wait). */
+void gm_session_count_refusal(gm_session_t *s);
+/* An allocation waits for reclaimed memory: num_reclaim_waits. */
+void gm_session_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
 /* The reply carrying them (and the pending page moves) was sent: their
@@ -359,16 +425,44 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                            size_t n_not_released);
 /* Releases the session's cached memory; the bytes. */
 uint64_t gm_session_trim(gm_session_t *s);
-/* Releases cached memory of every session of `tenant` (NULL: all); the bytes. */
+/* Releases cached memory of every session of `tenant` (NULL: all): central
+ * heaps release theirs, local sessions are asked (Reclaim); the bytes. */
 uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant);
 /* Sends ReleaseRequests for everything queued (ops->send_release). */
 void gm_session_flush_releases(gm_session_t *s);
 /* The device as refusals describe it: what the broker may use of it (its
  * capacity within the driver's total), and what is free of that. */
 void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
-/* Explains why `size` bytes were refused with `err` (PyTorch's text plus the
- * diagnosis) into buf; returns the reason. */
-gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len);
+
+/* ---- local sessions: the heap runs in the client ---- */
+
+/* A request for one piece of physical memory for the client's heap. */
+typedef struct gm_grant {
+        gm_piece_spec_t piece;
+        uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
+        uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
+        bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
+} gm_grant_t;
+
+/* Makes a started session local (at Hello): -EBUSY when it already has a
+ * heap or memory. */
+int gm_session_set_local(gm_session_t *s);
+/* A grant: REPLY (out->piece: hand its fd over), PARK or REFUSE (malformed
+ * against what the session holds, quota, device), as gm_session_alloc(). */
+void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
+/* The client unmapped and gives back these pieces (ReturnPieces): each goes
+ * back to the backend at once, parked requests are retried. Returns how many
+ * ranges name no granted piece of that length (left alone); the index of the
+ * first in *ret_first_bad. */
+size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
+/* Page reuse in the client's heap: the granted piece at (from_segment_id,
+ * from_offset) now lies at `to` (its size: the piece's), checked as a grant
+ * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */
+int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
+                            const char **ret_why);
+/* The client answered Reclaim `reclaim_id` (what it gave back came before,
+ * with ReturnPieces): parked requests are retried. -ENOENT: none pending. */
+int gm_session_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
 
 /* ---- restarts: the ledger ---- */
 
@@ -395,9 +489,9 @@ typedef struct gm_reattach_range {
 } gm_reattach_range_t;
 int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                 const gm_reattach_range_t *mapped, size_t n_mapped);
-/* A re-attaching session whose heap runs in its client reports a piece it
- * maps: it is LIVE again, charged, outside any daemon-side heap, and released
- * at once by gm_piece_release() (its client gives pieces back unmapped). */
+/* A re-attaching local session reports a piece it maps: checked as a grant
+ * (-EINVAL), it is LIVE again, charged, granted, and released at once by
+ * gm_piece_release() (its client gives pieces back unmapped). */
 int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
 int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
                               uint64_t requested_size, bool pending_free);
@@ -412,6 +506,7 @@ typedef struct gm_tenant_view {
         const gm_tenant_t *tenant;
         uint64_t releasing_bytes; /* over its sessions */
         uint64_t largest_free;    /* largest free cached block over its sessions */
+        uint32_t unresponsive;    /* its sessions marked unresponsive */
 } gm_tenant_view_t;
 
 /* One row per tenant, sorted by name (malloc'd). -ENOMEM. */

@@ -1,0 +1,175 @@
+/* Local sessions: the heap runs in the client, and asks for pieces of
+ * physical memory (a whole segment, or one page of an expandable one). Every
+ * piece is created, charged and stored as a central segment is
+ * (gm_piece_create), handed over (granted: not listed for a reply, never
+ * "sent" in the release sense) and released at once when the client gives it
+ * back, because it gives back only what it unmapped. A grant that finds the
+ * device or the quota full waits in the session's parked requests (park.c). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-internal.h"
+#include "size.h"
+
+/* The largest virtual range a segment may claim (2^48 bytes). */
+#define MAX_SEGMENT_VA (UINT64_C(1) << 48)
+
+int gm_session_set_local(gm_session_t *s) {
+        if (s->heap || s->ended || !s->tenant)
+                return -EBUSY;
+        s->local = true;
+        return 0;
+}
+
+/* What the session was granted of one segment: its pieces' count, size and
+ * the segment's virtual size (0 pieces: a new segment). */
+typedef struct segment_view {
+        size_t n;
+        uint64_t piece_size;
+        uint64_t va_size;
+} segment_view_t;
+
+static segment_view_t segment_view(const gm_session_t *s, uint64_t segment_id) {
+        segment_view_t v = {0};
+        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                if (p->granted && p->segment_id == segment_id) {
+                        v.n++;
+                        v.piece_size = p->phys.size;
+                        v.va_size = p->segment_va_size;
+                }
+        return v;
+}
+
+/* Why a piece cannot be granted against what the session holds, or NULL. */
+static const char *grant_invalid(const gm_session_t *s, const gm_piece_spec_t *g) {
+        uint64_t gran = s->broker->backend->granularity;
+        if (g->segment_id == 0 || g->size == 0 || g->segment_va_size == 0)
+                return "empty grant";
+        if (g->segment_va_size > MAX_SEGMENT_VA)
+                return "segment larger than any address space";
+        if (gran && (g->size % gran || g->offset % gran || g->segment_va_size % gran))
+                return "not a multiple of the backend's granularity";
+        if (g->offset >= g->segment_va_size || g->size > g->segment_va_size - g->offset)
+                return "piece outside its segment";
+        segment_view_t v = segment_view(s, g->segment_id);
+        if (v.n && (v.va_size != g->segment_va_size || v.piece_size != g->size || g->offset % g->size))
+                return "piece does not match its segment";
+        if (v.n && gm_session_find_piece(s, g->segment_id, g->offset))
+                return "piece already granted";
+        return NULL;
+}
+
+void gm_session_hand_over(gm_session_t *s, gm_piece_t *p) {
+        bool new_segment = segment_view(s, p->segment_id).n == 0;
+        gm_piece_granted(s, p);
+        gm_stat_update(&s->grants.bytes, (int64_t) p->phys.size);
+        if (new_segment)
+                gm_stat_update(&s->grants.segments, 1);
+        s->grants.pieces++;
+}
+
+int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
+        if (!s->local)
+                return -EPROTO;
+        if (grant_invalid(s, spec) || s->grants.pieces >= GM_MAX_GRANTED_PIECES)
+                return -EINVAL;
+        return 0;
+}
+
+void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out) {
+        gm_broker_t *b = s->broker;
+        const char *bad = grant_invalid(s, &g->piece);
+        if (bad)
+                return gm_outcome_refuse(out, -EINVAL, "gpumemd: grant refused: %s", bad);
+        if (g->piece.size > b->backend->capacity) {
+                char a[32], cap[32];
+                return gm_outcome_refuse(out, -ENOMEM,
+                                         "gpumemd: tried to allocate %s, more than the device's capacity of %s",
+                                         gm_format_size(g->piece.size, a, sizeof(a)),
+                                         gm_format_size(b->backend->capacity, cap, sizeof(cap)));
+        }
+        if (s->grants.pieces >= GM_MAX_GRANTED_PIECES)
+                return gm_outcome_refuse(out, -ENOBUFS, "gpumemd: session limit of %u pieces reached",
+                                         GM_MAX_GRANTED_PIECES);
+        gm_piece_t *p = NULL;
+        int r = gm_piece_create(s, &g->piece, &p);
+        if (r == -ENOMEM || r == -EDQUOT) {
+                gm_request_t rq = {.is_grant = true, .grant = *g};
+                return gm_session_out_of_memory(s, &rq, r, may_park, out);
+        }
+        if (r < 0) {
+                const char *detail = gm_backend_last_error(b->backend);
+                return gm_outcome_refuse(out, r, "gpumemd: grant failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
+                                         detail);
+        }
+        gm_session_hand_over(s, p);
+        out->kind = GM_OUTCOME_REPLY;
+        out->piece = p;
+}
+
+void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
+        *ret = (gm_outcome_t){0};
+        if (s->ended || !s->tenant)
+                return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
+        if (!s->local)
+                return gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
+        gm_request_t rq = {.is_grant = true, .grant = *g};
+        if (s->parked) /* in order behind the waiting ones */
+                return gm_session_park(s, request_id, &rq, ret);
+        gm_session_try_grant(s, g, true, ret);
+        if (ret->kind == GM_OUTCOME_PARK)
+                gm_session_park(s, request_id, &rq, ret);
+}
+
+/* The piece named by a returned range, or NULL. */
+static gm_piece_t *returned_piece(const gm_session_t *s, const gm_release_range_t *range) {
+        gm_piece_t *p = gm_session_find_piece(s, range->segment_id, range->offset);
+        return p && p->granted && p->phys.size == range->length ? p : NULL;
+}
+
+size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad) {
+        size_t bad = 0;
+        for (size_t i = 0; i < n && !s->ended; i++) {
+                gm_piece_t *p = returned_piece(s, &ranges[i]);
+                if (!p) {
+                        if (bad++ == 0)
+                                *ret_first_bad = i;
+                        continue;
+                }
+                uint64_t size = p->phys.size, segment_id = p->segment_id;
+                gm_piece_release(s, p, false); /* granted, so not sent: back to the backend at once */
+                gm_stat_update(&s->grants.bytes, -(int64_t) size);
+                if (segment_view(s, segment_id).n == 0)
+                        gm_stat_update(&s->grants.segments, -1);
+                s->grants.pieces--;
+                s->grants.returned++;
+        }
+        gm_broker_retry_parked(s->broker, false);
+        return bad;
+}
+
+void gm_session_drop_grants(gm_session_t *s) {
+        gm_stat_update(&s->grants.bytes, -s->grants.bytes.current);
+        gm_stat_update(&s->grants.segments, -s->grants.segments.current);
+        s->grants.returned += s->grants.pieces;
+        s->grants.pieces = 0;
+}
+
+int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
+                            const char **ret_why) {
+        gm_piece_t *p = gm_session_find_piece(s, from_segment_id, from_offset);
+        const char *bad = !p || !p->granted || p->phys.size != to->size ? "no such piece was granted"
+                                                                        : grant_invalid(s, to); /* checked as a grant */
+        if (bad) {
+                *ret_why = bad;
+                return -EINVAL;
+        }
+        int64_t segments = segment_view(s, to->segment_id).n == 0;
+        gm_piece_move(s->broker, p, to->segment_id, to->segment_va_size, to->offset);
+        segments -= segment_view(s, from_segment_id).n == 0;
+        if (segments)
+                gm_stat_update(&s->grants.segments, segments);
+        return 0;
+}

@@ -10,10 +10,12 @@
  * upgrade) the pieces come back as orphans, and each client that reconnects
  * with its session token re-attaches: it reports the segments and blocks it
  * holds, the pieces it names are adopted, the heap is rebuilt, and pointers,
- * data and accounting carry on. Without a store a client's report alone
- * re-registers its memory (accounted, with no handle here: the client's
- * mapping is the only reference). Orphans no client claims within
- * reattach_grace_ms are released. */
+ * data and accounting carry on. A piece with no handle in the store (no
+ * store, a full one) is journaled all the same: after a restart that record
+ * is what the client's report must match, piece by piece, to re-register the
+ * memory (accounted, with no handle here: the client's mapping is the only
+ * reference); a segment the journal does not give that session is refused.
+ * Orphans and records no client claims within reattach_grace_ms are released. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -87,9 +89,9 @@ void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes)
  * token and uid. */
 static void append_live(gm_broker_t *b, const gm_piece_t *pieces, const char *token, uid_t uid) {
         for (const gm_piece_t *p = pieces; p; p = p->next)
-                if (p->store_id) {
+                if (p->store_id || p->record_id) {
                         gm_ledger_entry_t e = {
-                                .store_id = p->store_id,
+                                .store_id = p->store_id ? p->store_id : p->record_id,
                                 .uid = (unsigned) uid,
                                 .segment_id = p->segment_id,
                                 .offset = p->offset,
@@ -120,6 +122,8 @@ static int ledger_rewrite(gm_broker_t *b) {
                 ledger_append(b, "t %s %u\n", b->known_tokens[i].token, (unsigned) b->known_tokens[i].uid);
         for (size_t i = 0; i < b->n_ledger; i++)
                 append_piece(b, &b->ledger[i]);
+        for (size_t i = 0; i < b->n_records; i++)
+                append_piece(b, &b->records[i]);
         for (const gm_session_t *s = b->sessions; s; s = s->next) {
                 if (s->token[0] && s->tenant && !s->ended)
                         ledger_append(b, "t %s %u\n", s->token, (unsigned) s->uid);
@@ -148,7 +152,7 @@ static int ledger_rewrite(gm_broker_t *b) {
  * rewritten once adoption is done, so a churning client cannot grow it
  * without bound (amortised: a rewrite per LEDGER_SLACK_LINES lines at least). */
 static void ledger_maybe_compact(gm_broker_t *b) {
-        uint64_t live = b->n_stored + b->n_tenants + b->n_sessions + b->n_known_tokens;
+        uint64_t live = b->n_stored + b->n_recorded + b->n_records + b->n_tenants + b->n_sessions + b->n_known_tokens;
         if (b->ledger_fd >= 0 && !b->ledger && b->ledger_lines > 2 * live + LEDGER_SLACK_LINES) {
                 int r = ledger_rewrite(b);
                 if (r < 0)
@@ -186,15 +190,8 @@ void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s) {
 }
 
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
-        if (!b->ops.store_add || !b->store_max || p->phys.fd < 0 || b->ledger_fd < 0)
+        if (p->phys.fd < 0 || b->ledger_fd < 0)
                 return;
-        if (b->n_stored >= b->store_max) {
-                gm_broker_log(b, LOG_DEBUG,
-                              "fd store full (%u): segment %" PRIu64 " of session %" PRIu64
-                              " is kept by its client only",
-                              b->n_stored, p->segment_id, s->id);
-                return;
-        }
         gm_ledger_entry_t e = {
                 .store_id = ++b->next_store_id,
                 .uid = (unsigned) s->uid,
@@ -204,22 +201,43 @@ void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
                 .va_size = p->segment_va_size,
         };
         snprintf(e.token, sizeof(e.token), "%s", s->token);
-        char name[GM_STORE_NAME_MAX];
-        store_name(e.store_id, name, sizeof(name));
         append_piece(b, &e);
-        int r = b->ops.store_add(b->ops.userdata, p->phys.fd, name);
-        if (r < 0) {
-                gm_broker_log(b, LOG_WARNING,
-                              "Failed to keep segment '%s' in the fd store, it will not survive a restart: %s", name,
-                              strerror(-r));
-                ledger_forget(b, e.store_id);
-                return;
+        bool store = b->ops.store_add && b->store_max;
+        if (store && b->n_stored >= b->store_max) {
+                gm_broker_log(b, LOG_DEBUG,
+                              "fd store full (%u): segment %" PRIu64 " of session %" PRIu64
+                              " is kept by its client only",
+                              b->n_stored, p->segment_id, s->id);
+                store = false;
         }
-        p->store_id = e.store_id;
-        b->n_stored++;
+        if (store) {
+                char name[GM_STORE_NAME_MAX];
+                store_name(e.store_id, name, sizeof(name));
+                int r = b->ops.store_add(b->ops.userdata, p->phys.fd, name);
+                if (r == 0) {
+                        p->store_id = e.store_id;
+                        b->n_stored++;
+                        return;
+                }
+                gm_broker_log(
+                        b, LOG_WARNING,
+                        "Failed to keep segment '%s' in the fd store, only its client keeps it over a restart: %s",
+                        name, strerror(-r));
+        }
+        /* Journaled only: what the client may claim back after a restart. */
+        p->record_id = e.store_id;
+        b->n_recorded++;
 }
 
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
+        if (p->record_id) {
+                uint64_t record_id = p->record_id;
+                p->record_id = 0;
+                gm_assert(b->n_recorded > 0);
+                b->n_recorded--;
+                if (!b->stopping) /* else its client may claim it from the next daemon */
+                        ledger_forget(b, record_id);
+        }
         if (!p->store_id)
                 return;
         uint64_t store_id = p->store_id;
@@ -320,6 +338,9 @@ void gm_ledger_close(gm_broker_t *b) {
         free(b->known_tokens);
         b->known_tokens = NULL;
         b->n_known_tokens = 0;
+        free(b->records);
+        b->records = NULL;
+        b->n_records = 0;
 }
 
 static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *name) {
@@ -384,16 +405,22 @@ void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms) {
                         adopted++;
                         bytes += p->phys.size;
                 }
-        /* Journal entries whose fd did not come back are gone. */
+        /* Journal entries whose fd did not come back (or was never stored) are
+         * records: their clients' mappings are all that holds that memory. */
+        size_t n_records = 0;
         for (size_t i = 0; i < b->n_ledger; i++) {
                 bool found = false;
                 for (gm_orphan_t *o = b->orphans; o && !found; o = o->next)
                         for (gm_piece_t *p = o->pieces; p && !found; p = p->next)
                                 found = p->store_id == b->ledger[i].store_id;
                 if (!found)
-                        ledger_append(b, "- %" PRIu64 "\n", b->ledger[i].store_id); /* compacted at the next open */
+                        b->ledger[n_records++] = b->ledger[i];
         }
-        free(b->ledger);
+        free(b->records);
+        b->records = n_records ? b->ledger : NULL;
+        b->n_records = n_records;
+        if (!n_records)
+                free(b->ledger);
         b->ledger = NULL;
         b->n_ledger = 0;
         b->orphans_deadline_ms = now_ms + b->limits.reattach_grace_ms;
@@ -423,9 +450,14 @@ void gm_ledger_free_orphans(gm_broker_t *b) {
 }
 
 void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all) {
-        if ((!b->orphans && !b->n_known_tokens) || (!all && now_ms < b->orphans_deadline_ms))
+        if ((!b->orphans && !b->n_known_tokens && !b->n_records) || (!all && now_ms < b->orphans_deadline_ms))
                 return;
         b->n_known_tokens = 0; /* their sessions are not coming back */
+        for (size_t i = 0; i < b->n_records && !all; i++)
+                ledger_append(b, "- %" PRIu64 "\n", b->records[i].store_id);
+        free(b->records);
+        b->records = NULL;
+        b->n_records = 0;
         while (b->orphans) {
                 gm_orphan_t *o = b->orphans;
                 b->orphans = o->next;
@@ -489,22 +521,65 @@ static gm_piece_t **adopting_piece(gm_session_t *s, const gm_piece_spec_t *spec)
         return NULL;
 }
 
+/* The previous daemon's record of a piece of the session with `token`, with
+ * spec's coordinates; NULL when it has none. */
+static gm_ledger_entry_t *record_find(gm_broker_t *b, const char *token, const gm_piece_spec_t *spec) {
+        for (size_t i = 0; i < b->n_records; i++) {
+                gm_ledger_entry_t *e = &b->records[i];
+                if (e->segment_id == spec->segment_id && e->offset == spec->offset && e->size == spec->size &&
+                    e->va_size == spec->segment_va_size && strcmp(e->token, token) == 0)
+                        return e;
+        }
+        return NULL;
+}
+
 /* The piece behind one mapped range a client reports: the adopted one with
- * the same coordinates, or (no fd store) an unbacked piece. */
-static gm_piece_t *claim_piece(gm_session_t *s, const gm_piece_spec_t *spec) {
+ * the same coordinates, or (no stored handle) an unbacked piece in place of
+ * the journal's record of it. -ENOENT when the journal gives the session no
+ * such piece, -ENOMEM when it does not fit the device (or no memory). */
+static int claim_piece(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
+        gm_broker_t *b = s->broker;
         gm_piece_t **pp = adopting_piece(s, spec);
-        if (!pp)
-                return gm_piece_new_unbacked(s, spec);
-        gm_piece_t *p = *pp;
-        *pp = p->queue;
-        p->queue = NULL;
-        return p;
+        if (pp) {
+                gm_piece_t *p = *pp;
+                *pp = p->queue;
+                p->queue = NULL;
+                *ret_piece = p;
+                return 0;
+        }
+        gm_ledger_entry_t *rec = record_find(b, s->token, spec);
+        if (!rec)
+                return -ENOENT;
+        gm_piece_t *p = gm_piece_new_unbacked(s, spec);
+        if (!p)
+                return -ENOMEM;
+        p->record_id = rec->store_id; /* its journal line stays true: same token, same coordinates */
+        b->n_recorded++;
+        *rec = b->records[--b->n_records];
+        *ret_piece = p;
+        return 0;
 }
 
 /* Puts a claimed piece back where it came from after a refused claim. */
 static void unclaim_piece(gm_session_t *s, gm_piece_t *p) {
+        gm_broker_t *b = s->broker;
         if (p->phys.fd < 0) {
-                gm_piece_destroy(s->broker, p);
+                if (p->record_id) {
+                        gm_ledger_entry_t *n = realloc(b->records, (b->n_records + 1) * sizeof(*n));
+                        if (n) {
+                                b->records = n;
+                                n[b->n_records++] = (gm_ledger_entry_t){.store_id = p->record_id,
+                                                                        .uid = (unsigned) s->uid,
+                                                                        .segment_id = p->segment_id,
+                                                                        .offset = p->offset,
+                                                                        .size = p->phys.size,
+                                                                        .va_size = p->segment_va_size};
+                                snprintf(n[b->n_records - 1].token, sizeof(n->token), "%s", s->token);
+                                p->record_id = 0; /* still journaled, as the record */
+                                b->n_recorded--;
+                        }
+                }
+                gm_piece_destroy(b, p);
                 return;
         }
         p->queue = s->adopting;
@@ -550,11 +625,9 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
                                 break;
                         }
                 }
-                claimed[i] = claim_piece(s, &spec);
-                if (!claimed[i]) {
-                        r = -ENOMEM;
+                r = claim_piece(s, &spec, &claimed[i]);
+                if (r < 0)
                         break;
-                }
                 rp[i] = (gm_restore_piece_t){
                         .offset = m->offset, .size = m->length, .handle = (uint64_t) (uintptr_t) claimed[i]};
         }
@@ -574,16 +647,18 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
 int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
         if (!s->reattaching)
                 return -EPROTO;
-        if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
-            spec->offset + spec->size > spec->segment_va_size)
-                return -EINVAL;
-        gm_piece_t *p = claim_piece(s, spec);
-        if (!p)
-                return -ENOMEM;
+        int r = gm_session_check_grant(s, spec);
+        if (r < 0)
+                return r;
+        const gm_tenant_t *t = s->tenant;
+        if (!adopting_piece(s, spec) && t->quota && t->charged_bytes + spec->size > t->quota)
+                return -EDQUOT; /* only the client's word: it must fit the tenant's quota */
+        gm_piece_t *p;
+        r = claim_piece(s, spec, &p);
+        if (r < 0)
+                return r;
         gm_piece_claimed(s, p);
-        p->in_heap = false; /* the client's heap holds it */
-        p->sent = false;    /* released at once: its client gives it back unmapped (or is gone) */
-        gm_piece_list_unsent(s, p);
+        gm_session_hand_over(s, p);
         *ret_piece = p;
         return 0;
 }
@@ -602,9 +677,9 @@ int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segme
 int gm_session_reattach_finish(gm_session_t *s) {
         if (!s->reattaching)
                 return -EPROTO;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r == 0)
+        gm_heap_t *heap = NULL;
+        int r = s->local ? 0 : gm_session_heap(s, &heap); /* a local session's heap is its client's */
+        if (r == 0 && heap)
                 r = gm_heap_restore_finish(heap);
         if (r < 0)
                 return r;
@@ -616,6 +691,24 @@ int gm_session_reattach_finish(gm_session_t *s) {
                 p->queue = NULL;
                 dropped += p->phys.size;
                 gm_piece_destroy(s->broker, p);
+        }
+        gm_broker_t *b = s->broker;
+        for (size_t i = 0; i < b->n_records;) { /* records of memory the client no longer holds */
+                if (strcmp(b->records[i].token, s->token) != 0) {
+                        i++;
+                        continue;
+                }
+                uint64_t record_id = b->records[i].store_id;
+                b->records[i] = b->records[--b->n_records];
+                ledger_forget(b, record_id); /* after: a compaction here must not keep it */
+        }
+        if (!heap) {
+                gm_broker_log(s->broker, LOG_NOTICE,
+                              "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes granted in %" PRIu64
+                              " pieces%s",
+                              s->id, (int) s->pid, s->grants.bytes.current, s->grants.pieces,
+                              dropped ? "; unclaimed stored memory released" : "");
+                return 0;
         }
         const gm_stats_t *st = gm_heap_stats(heap);
         gm_broker_log(s->broker, LOG_NOTICE,

@@ -132,8 +132,15 @@ void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment) {
         s->rel_tail = p;
 }
 
+void gm_piece_granted(gm_session_t *s, gm_piece_t *p) {
+        unlist_new(s, p);
+        p->in_heap = false;
+        p->sent = false; /* released at once: its client gives it back unmapped (or is gone) */
+        p->granted = true;
+}
+
 bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {
-        return p->phys.fd >= 0 && p->sent && b->backend->ops->mapped &&
+        return p->phys.fd >= 0 && (p->sent || p->granted) && b->backend->ops->mapped &&
                b->backend->ops->mapped(b->backend, &p->phys) == 1;
 }
 
@@ -185,6 +192,8 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
                 gm_ledger_unstore(b, p);
         else if (p->store_id)
                 b->n_stored--; /* the next daemon's now */
+        else if (p->record_id)
+                b->n_recorded--; /* journaled for the next daemon */
         if (p->phys.fd < 0) {
                 gm_assert(b->unbacked_bytes >= p->phys.size);
                 b->unbacked_bytes -= p->phys.size;

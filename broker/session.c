@@ -1,7 +1,7 @@
-/* Sessions: a client's heap over pieces, its allocations, the releases it
- * owes acknowledgements for, and the allocations it has parked waiting for
- * reclaimed memory. Physical memory goes back to the backend only after the
- * client acknowledged unmapping it (or is gone). */
+/* Sessions: a client's heap over pieces, its allocations and the releases it
+ * owes acknowledgements for (requests parked for reclaimed memory: park.c;
+ * local sessions' grants: grant.c). Physical memory goes back to the backend
+ * only after the client acknowledged unmapping it (or is gone). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -139,6 +139,8 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         gm_broker_t *b = s->broker;
         if (!s->tenant || s->ended)
                 return -ESHUTDOWN;
+        if (s->local)
+                return -EPROTO; /* its heap runs in its client */
         bool synchronous = strcmp(b->backend->ops->name, "host") == 0;
         gm_provider_t provider = {
                 .create = provider_create,
@@ -153,6 +155,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
                 .va_cursor = &b->va_cursor,
                 .granularity = b->backend->granularity,
                 .extra_sinks = {&s->tenant->stats, &b->device_stats, NULL},
+                .defer_oom = true, /* a refusal may still be parked: counted when answered */
         };
         int r = gm_heap_new(&b->alloc_config, &provider, &params, &s->heap);
         if (r < 0)
@@ -175,6 +178,7 @@ int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session
         s->admin = params->admin;
         s->userdata = params->userdata;
         s->next_release_id = 1;
+        s->reclaim.next_id = 1;
         s->last_active_ms = gm_now_ms();
         s->next = b->sessions;
         if (b->sessions)
@@ -237,6 +241,8 @@ void gm_session_end(gm_session_t *s) {
                 return;
         gm_broker_t *b = s->broker;
         gm_ledger_session_ended(b, s);
+        if (s->pieces)
+                b->memory_freed = true;
         s->ended = true;
         s->heap = gm_heap_destroy(s->heap); /* every piece at once: ended is set */
         free(s->moves);
@@ -256,15 +262,11 @@ void gm_session_end(gm_session_t *s) {
                 s->releases = rel->next;
                 release_complete(s, rel);
         }
+        if (s->local)
+                gm_session_drop_grants(s);
         while (s->pieces) /* granted without a heap, or a re-attach that did not finish */
                 gm_piece_destroy(b, s->pieces);
-        while (s->parked) {
-                gm_parked_t *p = s->parked;
-                s->parked = p->next;
-                free(p);
-        }
-        s->parked_tail = NULL;
-        s->n_parked = 0;
+        gm_session_unpark_all(s);
         if (s->tenant)
                 s->tenant->sessions--;
 }
@@ -304,6 +306,7 @@ static int release_send(gm_session_t *s, gm_release_t *rel) {
                 };
         rel->sent_at_ms = gm_now_ms();
         rel->attempts++;
+        gm_session_owes(s);
         int r = b->ops.send_release ? b->ops.send_release(b->ops.userdata, s, rel->id, ranges, n) : 0;
         free(ranges);
         return r;
@@ -403,6 +406,7 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                         return 0;
                 }
                 *rp = rel->next;
+                gm_session_answered(s);
                 if (b->ops.count_reclaim)
                         b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_ACKNOWLEDGED);
                 if (kept)
@@ -414,43 +418,6 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
         return -ENOENT;
 }
 
-/* ---- reclaim across sessions ---- */
-
-static uint64_t cached_bytes(const gm_session_t *s) {
-        if (!s->heap)
-                return 0;
-        const gm_stats_t *st = gm_heap_stats(s->heap);
-        int64_t cached = st->reserved_bytes[GM_STAT_ALL].current - st->active_bytes[GM_STAT_ALL].current;
-        return cached > 0 ? (uint64_t) cached : 0;
-}
-
-/* Asks idle sessions (least recently active first) other than `requester` for
- * their cached segments until `need` bytes are on their way back. Only sessions
- * of `tenant` when it is not NULL (quota pressure). Returns the bytes asked for. */
-static uint64_t reclaim_from_others(gm_broker_t *b, gm_session_t *requester, gm_tenant_t *tenant, uint64_t need) {
-        uint64_t asked = 0;
-        while (asked < need) {
-                gm_session_t *victim = NULL;
-                for (gm_session_t *o = b->sessions; o; o = o->next) {
-                        if (o == requester || o->ended || !o->heap || (tenant && o->tenant != tenant))
-                                continue;
-                        if (cached_bytes(o) == 0)
-                                continue;
-                        if (!victim || o->last_active_ms < victim->last_active_ms)
-                                victim = o;
-                }
-                if (!victim)
-                        break;
-                uint64_t got = gm_heap_release_cached(victim->heap);
-                victim->last_active_ms = gm_now_ms(); /* do not pick it again in this round */
-                gm_session_flush_releases(victim);
-                if (got == 0)
-                        break; /* only split segments with live blocks remain cached */
-                asked += got;
-        }
-        return asked;
-}
-
 uint64_t gm_session_trim(gm_session_t *s) {
         if (!s->heap || s->ended)
                 return 0;
@@ -459,89 +426,26 @@ uint64_t gm_session_trim(gm_session_t *s) {
         return released;
 }
 
-uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant) {
-        uint64_t released = 0;
-        for (gm_session_t *o = b->sessions; o; o = o->next)
-                if (!o->ended && o->heap && (!tenant || strcmp(o->tenant->name, tenant) == 0))
-                        released += gm_session_trim(o);
-        return released;
-}
-
 /* ---- allocations ---- */
 
-void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total) {
-        uint64_t cap = b->backend->capacity, reserved = gm_broker_reserved(b);
-        uint64_t capacity_free = reserved < cap ? cap - reserved : 0, device_free = 0, device_total = 0;
-        if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
-                device_free = device_total = cap;
-        *ret_total = device_total < cap ? device_total : cap;
-        *ret_free = device_free < capacity_free ? device_free : capacity_free;
-}
-
-gm_oom_reason_t gm_session_describe_refusal(gm_session_t *s, uint64_t size, int err, char *buf, size_t len) {
-        gm_broker_t *b = s->broker;
-        gm_stats_t empty;
-        gm_stats_init(&empty);
-        const gm_stats_t *st = s->heap ? gm_heap_stats(s->heap) : &empty;
-        uint64_t device_free, device_total;
-        gm_broker_device_view(b, &device_free, &device_total);
-        uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
-        for (gm_session_t *o = b->sessions; o; o = o->next)
-                if (o != s)
-                        others_cached += cached_bytes(o);
-        double fraction = b->alloc_config.per_process_memory_fraction;
-        gm_oom_report_t r = {
-                .device = b->backend->device,
-                .device_total = device_total,
-                .device_free = device_free,
-                .allowed = fraction > 0 && fraction < 1 ? (uint64_t) (fraction * (double) b->backend->capacity) : 0,
-                .session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current,
-                .session_reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current,
-                .session_cached = cached_bytes(s),
-                .largest_free = s->heap ? gm_heap_largest_free(s->heap) : 0,
-                .tenant = s->tenant->name,
-                .tenant_quota = s->tenant->quota,
-                .tenant_reserved = s->tenant->charged_bytes,
-                .tenant_live = (uint64_t) s->tenant->stats.active_bytes[GM_STAT_ALL].current,
-                .broker_reserved = gm_broker_reserved(b),
-                .broker_live = (uint64_t) b->device_stats.active_bytes[GM_STAT_ALL].current,
-                .others_cached = others_cached,
-        };
-        if (s->heap)
-                gm_heap_sizes_for(s->heap, size, &r.block_size, &r.alloc_size);
-        r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
-        if (gm_oom_format(&r, buf, len) < 0)
-                snprintf(buf, len, "gpumemd: out of memory allocating %" PRIu64 " bytes", size);
-        return r.reason;
-}
-
-static void refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void refuse(gm_outcome_t *out, int err, const char *fmt, ...) {
-        out->kind = GM_OUTCOME_REFUSE;
-        out->error = err < 0 ? err : -err;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(out->message, sizeof(out->message), fmt, ap);
-        va_end(ap);
-}
-
-/* Tries one allocation: REPLY, REFUSE, or PARK (only when `may_park`) while
- * reclaimed memory is on its way back. */
-static void try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_park, gm_outcome_t *out) {
+void gm_session_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_park, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_heap_t *heap;
         int r = gm_session_heap(s, &heap);
+        if (r == -EPROTO)
+                return gm_outcome_refuse(out, r, "gpumemd: a local session allocates in its own heap");
         if (r < 0)
-                return refuse(out, r, "gpumemd: cannot create the session's allocator: %s", strerror(-r));
+                return gm_outcome_refuse(out, r, "gpumemd: cannot create the session's allocator: %s", strerror(-r));
         if (gm_heap_live_blocks(heap) >= b->limits.max_blocks_per_session)
-                return refuse(out, -ENOBUFS, "gpumemd: session limit of %" PRIu64 " live blocks reached",
-                              b->limits.max_blocks_per_session);
+                return gm_outcome_refuse(out, -ENOBUFS, "gpumemd: session limit of %" PRIu64 " live blocks reached",
+                                         b->limits.max_blocks_per_session);
         if (size == 0)
-                return refuse(out, -EINVAL, "gpumemd: allocation of size 0");
+                return gm_outcome_refuse(out, -EINVAL, "gpumemd: allocation of size 0");
         if (size > b->backend->capacity) {
                 char a[32], c[32];
-                return refuse(out, -ENOMEM, "gpumemd: tried to allocate %s, more than the device's capacity of %s",
-                              gm_format_size(size, a, sizeof(a)), gm_format_size(b->backend->capacity, c, sizeof(c)));
+                return gm_outcome_refuse(
+                        out, -ENOMEM, "gpumemd: tried to allocate %s, more than the device's capacity of %s",
+                        gm_format_size(size, a, sizeof(a)), gm_format_size(b->backend->capacity, c, sizeof(c)));
         }
         /* The tenant's quota is also the heap's limit: its garbage collection
          * aims below it (PyTorch's garbage_collection_threshold). */
@@ -555,78 +459,39 @@ static void try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_
                 const char *detail = gm_backend_last_error(b->backend);
                 gm_broker_log(b, LOG_WARNING, "session %" PRIu64 ": allocation of %" PRIu64 " bytes failed: %s%s%s",
                               s->id, size, strerror(-r), detail[0] ? ": " : "", detail);
-                return refuse(out, r, "gpumemd: allocation failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
-                              detail);
+                return gm_outcome_refuse(out, r, "gpumemd: allocation failed: %s%s%s", strerror(-r),
+                                         detail[0] ? ": " : "", detail);
         }
-        /* The allocator already gave back this session's own cache. Memory
-         * reclaimed from other sessions arrives once their clients acknowledge. */
-        uint64_t asked = reclaim_from_others(b, s, r == -EDQUOT ? s->tenant : NULL, size);
-        bool help_coming = asked > 0 || (r == -EDQUOT ? s->releasing_bytes > 0 : b->releasing_bytes > 0);
-        if (may_park && help_coming && s->n_parked < b->limits.max_parked_per_session) {
-                out->kind = GM_OUTCOME_PARK;
-                return;
-        }
-        out->kind = GM_OUTCOME_REFUSE;
-        out->error = r;
-        gm_oom_reason_t reason = gm_session_describe_refusal(s, size, r, out->message, sizeof(out->message));
-        if (b->ops.count_refusal)
-                b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
+        /* The allocator already gave back this session's own cache. */
+        gm_request_t rq = {.size = size, .stream = stream};
+        gm_session_out_of_memory(s, &rq, r, may_park, out);
 }
 
-/* Appends (or, with `front`, puts back at the head) a parked allocation. */
-static void park_push(gm_session_t *s, gm_parked_t *p, bool front) {
-        if (front) {
-                p->next = s->parked;
-                s->parked = p;
-                if (!s->parked_tail)
-                        s->parked_tail = p;
-        } else {
-                p->next = NULL;
-                if (s->parked_tail)
-                        s->parked_tail->next = p;
-                else
-                        s->parked = p;
-                s->parked_tail = p;
-        }
-        s->n_parked++;
+void gm_session_count_reclaim_wait(gm_session_t *s) {
+        if (s->heap)
+                gm_heap_count_reclaim_wait(s->heap);
 }
 
-static gm_parked_t *park_pop(gm_session_t *s) {
-        gm_parked_t *p = s->parked;
-        s->parked = p->next;
-        if (!s->parked)
-                s->parked_tail = NULL;
-        p->next = NULL;
-        s->n_parked--;
-        return p;
-}
-
-static void park(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, gm_outcome_t *out) {
-        gm_parked_t *p = calloc(1, sizeof(*p));
-        if (!p)
-                return refuse(out, -ENOMEM, "gpumemd: out of memory");
-        p->request_id = request_id;
-        p->size = size;
-        p->stream = stream;
-        p->parked_at_ms = gm_now_ms();
-        park_push(s, p, false);
-        out->kind = GM_OUTCOME_PARK;
+void gm_session_count_refusal(gm_session_t *s) {
+        if (s->heap)
+                gm_heap_count_oom(s->heap);
 }
 
 void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                       size_t n_frames, gm_outcome_t *ret) {
         *ret = (gm_outcome_t){0};
         if (s->ended || !s->tenant)
-                return refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
+                return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
+        gm_request_t rq = {.size = size, .stream = stream};
         if (s->parked) /* keep order behind earlier waiting requests */
-                return park(s, request_id, size, stream, ret);
+                return gm_session_park(s, request_id, &rq, ret);
         s->cur_frames = frames;
         s->n_cur_frames = n_frames;
-        try_alloc(s, size, stream, true, ret);
+        gm_session_try_alloc(s, size, stream, true, ret);
         s->cur_frames = NULL;
         s->n_cur_frames = 0;
         if (ret->kind == GM_OUTCOME_PARK)
-                park(s, request_id, size, stream, ret);
+                gm_session_park(s, request_id, &rq, ret);
 }
 
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s) {
@@ -657,43 +522,12 @@ int gm_session_free_completed(gm_session_t *s, uint64_t block_id) {
         return s->heap ? gm_heap_free_completed(s->heap, block_id) : -ENOENT;
 }
 
-/* Retries parked allocations of every session in FIFO order, as far as they
- * go; decided ones are answered through ops->alloc_done. */
-void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
-        uint64_t now = gm_now_ms();
-        for (gm_session_t *s = b->sessions; s; s = s->next) {
-                while (s->parked && !s->ended) {
-                        gm_parked_t *p = s->parked;
-                        bool expired = now - p->parked_at_ms >= b->limits.park_timeout_ms;
-                        if (timed_out_only && !expired)
-                                break;
-                        park_pop(s);
-                        gm_outcome_t out = {0};
-                        try_alloc(s, p->size, p->stream, !expired, &out);
-                        if (out.kind == GM_OUTCOME_PARK) {
-                                /* Still waiting: back to the head, keep its age. */
-                                park_push(s, p, true);
-                                gm_session_flush_releases(s);
-                                break;
-                        }
-                        if (b->ops.parked_done)
-                                b->ops.parked_done(b->ops.userdata, now - p->parked_at_ms);
-                        if (b->ops.alloc_done)
-                                b->ops.alloc_done(b->ops.userdata, s, p->request_id, &out);
-                        else if (out.kind == GM_OUTCOME_REPLY)
-                                gm_session_pieces_sent(s);
-                        free(p);
-                        gm_session_flush_releases(s);
-                }
-        }
-}
-
 void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
         gm_lingering_sweep(b, false);
         for (gm_session_t *s = b->sessions; s; s = s->next)
                 for (gm_release_t *rel = s->releases; rel && !s->ended; rel = rel->next) {
-                        if (rel->held || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
-                                continue;
+                        if (rel->held || s->unresponsive || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
+                                continue; /* an unresponsive client is asked again once it answers something */
                         if (rel->attempts == 1) {
                                 if (b->ops.count_reclaim)
                                         b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_TIMED_OUT);
@@ -705,6 +539,6 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
                         if (release_send(s, rel) < 0)
                                 break;
                 }
-        gm_broker_retry_parked(b, true);
+        gm_park_tick(b, now_ms);
         gm_ledger_expire(b, now_ms, false);
 }

@@ -14,7 +14,7 @@ static int worker(const char *socket_path, int id, int rounds) {
         gpumem_client *c;
         int r = gpumem_connect(socket_path, &c);
         if (r < 0) {
-                fprintf(stderr, "demo[%d]: connect: %s\n", id, gpumem_strerror(r));
+                fprintf(stderr, "demo[%d]: %s\n", id, gpumem_last_error(NULL));
                 return 1;
         }
         enum { SLOTS = 32 };
@@ -55,10 +55,38 @@ static int worker(const char *socket_path, int id, int rounds) {
         return 0;
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: gpumem-demo [SOCKET [PROCESSES [ROUNDS]]]\n"
+                   "Runs PROCESSES client processes (default 3, at most 64) that allocate, write, verify and free\n"
+                   "blocks of mixed sizes for ROUNDS operations each (default 2000) through the gpumemd at SOCKET\n"
+                   "(default: $GPUMEM_SOCKET, else GPU 0's default socket; \"\" is the default too).\n");
+}
+
+/* A whole number in [1, max] for argument `what`; -1 (printed) otherwise. */
+static int count_arg(const char *what, const char *text, int max) {
+        char *end;
+        long v = strtol(text, &end, 10);
+        if (!*text || *end || v < 1 || v > max) {
+                fprintf(stderr, "gpumem-demo: %s: expected a whole number from 1 to %d, not '%s'\n", what, max, text);
+                return -1;
+        }
+        return (int) v;
+}
+
 int main(int argc, char **argv) {
-        const char *socket_path = argc > 1 ? argv[1] : NULL;
-        int procs = argc > 2 ? atoi(argv[2]) : 3;
-        int rounds = argc > 3 ? atoi(argv[3]) : 2000;
+        if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+                usage(stdout);
+                return 0;
+        }
+        if (argc > 4 || (argc > 1 && argv[1][0] == '-')) {
+                usage(stderr);
+                return 2;
+        }
+        const char *socket_path = argc > 1 && argv[1][0] ? argv[1] : NULL;
+        int procs = argc > 2 ? count_arg("PROCESSES", argv[2], 64) : 3;
+        int rounds = argc > 3 ? count_arg("ROUNDS", argv[3], 100000000) : 2000;
+        if (procs < 0 || rounds < 0)
+                return 2;
         int failed = 0;
         for (int p = 0; p < procs; p++)
                 if (fork() == 0)

@@ -82,6 +82,7 @@ typedef struct block {
         uint64_t stream;       /* the allocation stream */
         uint64_t *stream_uses; /* other streams given to gpumem_record_stream */
         size_t n_stream_uses;
+        struct block *next_spare; /* in the spare list (local mode) */
 } block_t;
 
 /* A free waiting for stream work: the daemon keeps the block active until
@@ -93,9 +94,6 @@ typedef struct pending_free {
         size_t n_events;
         struct pending_free *next;
 } pending_free_t;
-
-/* Block records a local session keeps for reuse. */
-#define SPARE_BLOCKS 64
 
 /* Most distinct streams one block may be recorded on. */
 #define MAX_STREAM_USES 64
@@ -155,8 +153,10 @@ struct gpumem_client {
         pthread_mutex_t heap_lock;
         gm_local_t *heap;
         gm_statpage_t *stats_page;
-        struct block *spare_blocks[SPARE_BLOCKS]; /* freed block records, reused (under heap_lock) */
-        size_t n_spare_blocks;
+        int page_fd_pending;        /* a new daemon's page the heap did not take yet, or -1 (under lock) */
+        segment_t *last_segment;    /* of the last local allocation (under heap_lock) */
+        struct block *spare_blocks; /* freed block records, kept for reuse until the session ends
+                                     * (as many as were ever live; under heap_lock) */
         /* Bytes of pieces the heap gave back whose unmap the driver refused:
          * they stay mapped here and granted (charged) by the daemon until the
          * session ends, or until the heap asks for the same piece again
@@ -216,7 +216,7 @@ const char *gpumem_strerror(int err) {
         case -ECONNRESET:
                 return "the gpumemd daemon is gone";
         case -ENOENT:
-                return "no such statistic or object";
+                return "not found (no gpumemd socket, statistic or object of that name)";
         case -ENOBUFS:
                 return "session limit reached";
         case -EPROTONOSUPPORT:
@@ -352,6 +352,8 @@ static void segment_maybe_forget(gpumem_client *c, segment_t *seg) {
         if (seg->base && c->mapper->ops->unreserve(c->mapper, seg->base, seg->va_size) < 0)
                 return; /* the range stays reserved (and known) until the session ends */
         gm_u64map_remove(&c->segments, seg->id);
+        if (c->last_segment == seg)
+                c->last_segment = NULL;
         segment_free(seg);
 }
 
@@ -627,6 +629,7 @@ static bool serve_reclaim(gpumem_client *c) {
 #define EVENT_POLL_MAX_MS 64
 
 static bool reconnect(gpumem_client *c);
+static bool local_page_replace_pending(gpumem_client *c);
 
 /* Makes the receive buffer fit the daemon's packets. Caller holds read_lock. */
 static int rx_buf_fit(gpumem_client *c) {
@@ -643,8 +646,9 @@ static int rx_buf_fit(gpumem_client *c) {
 
 /* Reads one packet and dispatches it. Caller holds read_lock. Returns 0, or
  * the negative errno of a connection that ended or spoke nonsense (the
- * service thread deals with that). */
-static int read_packet(gpumem_client *c, bool *ret_pending) {
+ * service thread deals with that). With `mine`, *ret_mine_done tells
+ * whether that waiter has its reply now. */
+static int read_packet(gpumem_client *c, bool *ret_pending, const waiter_t *mine, bool *ret_mine_done) {
         int fds[GM_IPC_MAX_FDS_LIMIT];
         size_t len = 0, n_fds = 0;
         pthread_rwlock_rdlock(&c->fd_lock);
@@ -662,6 +666,8 @@ static int read_packet(gpumem_client *c, bool *ret_pending) {
         pthread_mutex_lock(&c->lock);
         dispatch(c, env, fds, n_fds);
         bool pending = complete_pending_frees(c);
+        if (mine)
+                *ret_mine_done = mine->done;
         pthread_mutex_unlock(&c->lock);
         if (ret_pending)
                 *ret_pending = pending;
@@ -697,7 +703,8 @@ static void *service_main(void *arg) {
         bool pending = false;
         int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
-                bool reclaiming = c->local && (serve_reclaim(c) | finish_completed_frees(c));
+                bool reclaiming =
+                        c->local && (serve_reclaim(c) | finish_completed_frees(c) | local_page_replace_pending(c));
                 int timeout = pending || reclaiming ? poll_ms : -1;
                 int off_ms = socket_left_to_callers(c);
                 if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
@@ -725,7 +732,7 @@ static void *service_main(void *arg) {
                  * see whether anything is left. */
                 pthread_mutex_lock(&c->read_lock);
                 struct pollfd again = {.fd = c->fd, .events = POLLIN};
-                int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending) : 0;
+                int r = poll(&again, 1, 0) > 0 ? read_packet(c, &pending, NULL, NULL) : 0;
                 pthread_mutex_unlock(&c->read_lock);
                 reader_done(c);
                 if (r == 0 || r == -EINTR || r == -EAGAIN)
@@ -771,30 +778,36 @@ static int post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         return r < 0 ? set_error(c, connection_lost(r) ? -ECONNRESET : r, "gpumem: cannot send to gpumemd") : 0;
 }
 
-/* The thread that read the socket (holding read_lock) lets it go: every
- * waiter still without its reply tries to read next. */
-static void reader_done(gpumem_client *c) {
-        pthread_mutex_lock(&c->lock);
+/* The thread that read the socket (holding read_lock) let it go: every
+ * waiter still without its reply tries to read next. Caller holds lock. */
+static void reader_done_locked(gpumem_client *c) {
         c->reader_generation++;
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done)
                         pthread_cond_signal(&w->cond);
+}
+
+static void reader_done(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        reader_done_locked(c);
         pthread_mutex_unlock(&c->lock);
 }
 
 /* Holding read_lock (released here): reads until w's reply is in,
  * dispatching whatever comes first: no thread wake-up between the reply and
- * its caller. A failed read is the service thread's to judge. */
-static void read_own_reply(gpumem_client *c, waiter_t *w) {
+ * its caller. A failed read is the service thread's to judge. Returns true
+ * when w has its reply; the caller then owes reader_done_locked() (done in
+ * the critical section it takes next anyway). */
+static bool read_own_reply(gpumem_client *c, waiter_t *w) {
+        pthread_mutex_lock(&c->lock);
+        bool done = w->done;
+        pthread_mutex_unlock(&c->lock);
         int r = 0;
-        for (;;) {
-                pthread_mutex_lock(&c->lock);
-                bool done = w->done;
-                pthread_mutex_unlock(&c->lock);
-                if (done || (r = read_packet(c, NULL)) < 0)
-                        break;
+        while (!done && (r = read_packet(c, NULL, w, &done)) == 0) {
         }
         pthread_mutex_unlock(&c->read_lock);
+        if (done)
+                return true;
         if (r < 0) {
                 pthread_mutex_lock(&c->lock);
                 c->reader_lost = true;
@@ -802,6 +815,7 @@ static void read_own_reply(gpumem_client *c, waiter_t *w) {
                 wake_service(c);
         }
         reader_done(c);
+        return false;
 }
 
 /* Calls in flight, and when the last one ended: while callers read their own
@@ -849,6 +863,7 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 r = send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
+                bool read_it = false;
                 while (r == 0) {
                         pthread_mutex_lock(&c->lock);
                         uint64_t generation = c->reader_generation;
@@ -857,7 +872,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                         if (wait_only)
                                 break;
                         if (pthread_mutex_trylock(&c->read_lock) == 0) {
-                                read_own_reply(c, &w);
+                                if ((read_it = read_own_reply(c, &w)))
+                                        break;
                                 continue;
                         }
                         /* Another thread reads: it hands over when it is done. */
@@ -867,6 +883,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                         pthread_mutex_unlock(&c->lock);
                 }
                 pthread_mutex_lock(&c->lock);
+                if (read_it)
+                        reader_done_locked(c);
                 while (r == 0 && !w.done)
                         pthread_cond_wait(&w.cond, &c->lock);
                 if (r < 0 || !w.resend)
@@ -978,6 +996,7 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
         grant.size = g->size;
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
+        grant.will_retry = g->will_retry;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_GRANT;
         env.grant = &grant;
@@ -1114,30 +1133,61 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         return 0;
 }
 
-/* After a re-attach: the new daemon's statistics page takes the old one's
- * place at the same address (the heap writes there), with its figures.
- * Consumes page_fd. Caller holds lock; the heap is taken only if free, else
- * the new daemon reads the figures from the next update on (zeros until). */
+/* The new daemon's page takes the old one's place at the same address (the
+ * heap keeps its statistics there), with its figures. Caller holds
+ * heap_lock. Consumes page_fd. */
+static void local_page_swap(gpumem_client *c, int page_fd) {
+        gm_stats_t figures;
+        memcpy(&figures, gm_statpage_payload(c->stats_page), sizeof(figures));
+        void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, page_fd, 0);
+        if (p != MAP_FAILED) {
+                madvise(p, GM_STATPAGE_SIZE, MADV_DONTFORK);
+                gm_statpage_write_begin(c->stats_page);
+                memcpy(gm_statpage_payload(c->stats_page), &figures, sizeof(figures));
+                gm_statpage_write_end(c->stats_page);
+        }
+        close(page_fd);
+}
+
+/* After a re-attach: swaps in the new daemon's statistics page, now if the
+ * heap is free, else the service thread does it once it is (the new daemon
+ * reads zeros until then). Consumes page_fd. Caller holds lock. */
 static int local_page_replace(gpumem_client *c, int page_fd) {
         struct stat st;
         int seals = fcntl(page_fd, F_GET_SEALS);
         bool usable = c->stats_page && fstat(page_fd, &st) == 0 && st.st_size == GM_STATPAGE_SIZE && seals >= 0 &&
                       (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW);
-        if (usable && pthread_mutex_trylock(&c->heap_lock) == 0) {
-                gm_stats_t figures;
-                memcpy(&figures, gm_statpage_payload(c->stats_page), sizeof(figures));
-                void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, page_fd,
-                               0);
-                if (p != MAP_FAILED) {
-                        madvise(p, GM_STATPAGE_SIZE, MADV_DONTFORK);
-                        gm_statpage_write_begin(c->stats_page);
-                        memcpy(gm_statpage_payload(c->stats_page), &figures, sizeof(figures));
-                        gm_statpage_write_end(c->stats_page);
-                }
+        if (!usable) {
+                close(page_fd);
+                return 0;
+        }
+        if (c->page_fd_pending >= 0)
+                close(c->page_fd_pending);
+        c->page_fd_pending = -1;
+        if (pthread_mutex_trylock(&c->heap_lock) == 0) {
+                local_page_swap(c, page_fd);
+                pthread_mutex_unlock(&c->heap_lock);
+        } else {
+                c->page_fd_pending = page_fd;
+        }
+        return 0;
+}
+
+/* The service thread's part of local_page_replace(), holding neither lock;
+ * a busy heap is tried again at the next poll. Returns true while a page
+ * waits. */
+static bool local_page_replace_pending(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        bool waiting = c->page_fd_pending >= 0;
+        if (waiting && pthread_mutex_trylock(&c->heap_lock) == 0) {
+                /* heap_lock goes before lock, so only a trylock may come after it */
+                local_page_swap(c, c->page_fd_pending);
+                c->page_fd_pending = -1;
+                waiting = false;
                 pthread_mutex_unlock(&c->heap_lock);
         }
-        close(page_fd);
-        return 0;
+        pthread_mutex_unlock(&c->lock);
+        return waiting;
 }
 
 /* ---- session lifetime ---- */
@@ -1481,6 +1531,12 @@ static bool reconnect(gpumem_client *c) {
  * is false in a fork()ed child: the socket is shared with the parent (so no
  * shutdown(), which would end the parent's session too), the service thread
  * did not survive the fork, and the parent's mappings were not inherited. */
+static void close_and_forget(int *fd) {
+        if (*fd >= 0)
+                close(*fd);
+        *fd = -1;
+}
+
 static void session_close(gpumem_client *c, bool owner) {
         pthread_mutex_lock(&c->lock);
         c->closing = true;
@@ -1496,12 +1552,8 @@ static void session_close(gpumem_client *c, bool owner) {
         if (c->service_started && owner)
                 pthread_join(c->service, NULL);
         c->service_started = false;
-        if (c->fd >= 0)
-                close(c->fd);
-        c->fd = -1;
-        if (c->wake_fd >= 0)
-                close(c->wake_fd);
-        c->wake_fd = -1;
+        close_and_forget(&c->fd);
+        close_and_forget(&c->wake_fd);
         while (c->pending_frees) {
                 pending_free_t *p = c->pending_frees;
                 c->pending_frees = p->next;
@@ -1514,8 +1566,13 @@ static void session_close(gpumem_client *c, bool owner) {
         }
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
-        while (c->n_spare_blocks)
-                free(c->spare_blocks[--c->n_spare_blocks]);
+        c->last_segment = NULL;
+        close_and_forget(&c->page_fd_pending);
+        while (c->spare_blocks) {
+                block_t *b = c->spare_blocks;
+                c->spare_blocks = b->next_spare;
+                free(b);
+        }
         if (owner)
                 gm_statpage_unmap(c->stats_page);
         c->stats_page = NULL;
@@ -1559,13 +1616,10 @@ static void install_fork_hook(void) {
 /* A fork()ed child must not speak on its parent's session: its first call
  * starts a session of its own. The parent's mappings were not inherited
  * (MADV_DONTFORK; CUDA mappings never are), so nothing is unmapped. */
-static int ensure_own_session(gpumem_client *c) {
-        unsigned generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
-        if (__builtin_expect(generation == c->fork_generation, 1) || c->pid == getpid()) {
-                c->fork_generation = generation;
-                return 0;
-        }
+static int own_session_after_fork(gpumem_client *c, unsigned generation) {
         c->fork_generation = generation;
+        if (c->pid == getpid())
+                return 0;
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->read_lock, NULL);
         pthread_mutex_init(&c->heap_lock, NULL);
@@ -1585,6 +1639,13 @@ static int ensure_own_session(gpumem_client *c) {
         return 0;
 }
 
+static inline int ensure_own_session(gpumem_client *c) {
+        unsigned generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+        if (__builtin_expect(generation == c->fork_generation, 1))
+                return 0;
+        return own_session_after_fork(c, generation);
+}
+
 int gpumem_connect(const char *socket_path, gpumem_client **ret) {
         return gpumem_connect_heap(socket_path, GPUMEM_HEAP_DEFAULT, ret);
 }
@@ -1601,6 +1662,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
                 return -ENOMEM;
         c->fd = -1;
         c->wake_fd = -1;
+        c->page_fd_pending = -1;
         c->pid = getpid();
         pthread_once(&fork_hook_once, install_fork_hook);
         c->fork_generation = atomic_load_explicit(&fork_generation, memory_order_relaxed);
@@ -1618,7 +1680,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
                 else
                         snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
         } else {
-                r = gm_ipc_default_socket_path(0, true, c->socket_path, sizeof(c->socket_path));
+                r = gm_peer_default_socket(0, true, c->socket_path, sizeof(c->socket_path));
         }
         if (r == 0)
                 r = session_open(c);
@@ -1653,16 +1715,15 @@ void gpumem_disconnect(gpumem_client *c) {
 /* ---- allocation ---- */
 
 /* A local session's allocation: no message unless the heap needs memory. */
-static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gm_frame_t *trace_frames, size_t n_trace,
                        void **ret_ptr) {
         gm_alloc_result_t res;
-        gm_frame_t trace_frames[GPUMEM_MAX_FRAMES];
-        size_t n_trace = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
-        for (size_t i = 0; i < n_trace; i++)
-                trace_frames[i] =
-                        (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line, .name = frames[i].name};
         pthread_mutex_lock(&c->heap_lock);
-        block_t *b = c->n_spare_blocks ? c->spare_blocks[--c->n_spare_blocks] : malloc(sizeof(*b));
+        block_t *b = c->spare_blocks;
+        if (b)
+                c->spare_blocks = b->next_spare;
+        else
+                b = malloc(sizeof(*b));
         if (!b) {
                 pthread_mutex_unlock(&c->heap_lock);
                 return set_error(c, -ENOMEM, "gpumem: out of host memory");
@@ -1680,7 +1741,9 @@ static int local_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpu
                                                     : "over this process's memory fraction "
                                                       "(per_process_memory_fraction)");
         }
-        segment_t *seg = gm_u64map_get(&c->segments, res.segment_id);
+        segment_t *seg = c->last_segment;
+        if (!seg || seg->id != res.segment_id)
+                c->last_segment = seg = gm_u64map_get(&c->segments, res.segment_id);
         uint64_t ptr = seg ? seg->base + res.offset : 0;
         *b = (block_t){.id = res.block_id,
                        .size = res.size,
@@ -1708,6 +1771,20 @@ int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr)
         return gpumem_alloc_frames(c, size, stream, NULL, 0, ret_ptr);
 }
 
+/* local_alloc() with the caller's frames for its trace entry. */
+static __attribute__((noinline)) int local_alloc_frames(gpumem_client *c, size_t size, uint64_t stream,
+                                                        const gpumem_frame *frames, size_t n_frames, void **ret_ptr) {
+        gm_frame_t trace_frames[GPUMEM_MAX_FRAMES];
+        size_t n_trace = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
+        for (size_t i = 0; i < n_trace; i++)
+                trace_frames[i] =
+                        (gm_frame_t){.filename = frames[i].filename, .line = frames[i].line, .name = frames[i].name};
+        return local_alloc(c, size, stream, trace_frames, n_trace, ret_ptr);
+}
+
+static int central_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+                         void **ret_ptr);
+
 int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
                         void **ret_ptr) {
         if (!c || !ret_ptr || (n_frames && !frames))
@@ -1717,8 +1794,17 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         int r = ensure_own_session(c);
         if (r < 0)
                 return r;
-        if (c->local)
-                return local_alloc(c, size, stream, frames, n_frames, ret_ptr);
+        if (!c->local)
+                return central_alloc(c, size, stream, frames, n_frames, ret_ptr);
+        if (n_frames)
+                return local_alloc_frames(c, size, stream, frames, n_frames, ret_ptr);
+        return local_alloc(c, size, stream, NULL, 0, ret_ptr);
+}
+
+/* A central session's allocation: one Alloc round trip. */
+static __attribute__((noinline)) int central_alloc(gpumem_client *c, size_t size, uint64_t stream,
+                                                   const gpumem_frame *frames, size_t n_frames, void **ret_ptr) {
+        int r;
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
         alloc.stream = stream;
@@ -1790,6 +1876,7 @@ static int record_events(gpumem_client *c, const uint64_t *streams, size_t n, ui
 }
 
 static int local_free(gpumem_client *c, block_t *b, pending_free_t *p);
+static int free_block_on_streams(gpumem_client *c, void *ptr, block_t *b, bool on_stream, uint64_t stream);
 
 /* Frees the block at ptr once the work on `stream` (if it is not the
  * allocation stream, whose order already protects reuse) and on every
@@ -1802,6 +1889,8 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                 return r;
         pthread_mutex_lock(blocks_lock(c));
         block_t *b = ptr ? gm_u64map_remove(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
+        if (b && c->local && !b->n_stream_uses && (!on_stream || stream == b->stream))
+                return local_free(c, b, NULL); /* no stream work to wait for */
         if (!b || !c->local)
                 pthread_mutex_unlock(blocks_lock(c));
         if (!b)
@@ -1809,6 +1898,14 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                                  "gpumem: free of %p: not a live allocation of this client "
                                  "(unknown pointer or double free)",
                                  ptr);
+        return free_block_on_streams(c, ptr, b, on_stream, stream);
+}
+
+/* free_block() past the table: b is out of it (in local mode heap_lock is
+ * still held). */
+static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, void *ptr, block_t *b, bool on_stream,
+                                                           uint64_t stream) {
+        int r;
         uint64_t streams[MAX_STREAM_USES + 1];
         size_t n = 0;
         for (size_t i = 0; i < b->n_stream_uses; i++)
@@ -1875,13 +1972,11 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
  * Called with heap_lock held; releases it. */
 static int local_free(gpumem_client *c, block_t *b, pending_free_t *p) {
         int r = gm_local_free(c->heap, b->id, p != NULL);
-        if (c->n_spare_blocks < SPARE_BLOCKS) {
+        if (b->stream_uses)
                 free(b->stream_uses);
-                c->spare_blocks[c->n_spare_blocks++] = b;
-                b = NULL;
-        }
+        b->next_spare = c->spare_blocks;
+        c->spare_blocks = b;
         pthread_mutex_unlock(&c->heap_lock);
-        block_free(b);
         if (r < 0) {
                 if (p)
                         pending_free_destroy(c, p, true);

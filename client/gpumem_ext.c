@@ -16,6 +16,7 @@
 #include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
+#include "peer_check.h"
 #include "stats.h"
 
 size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
@@ -48,19 +49,7 @@ static int request(gpumem_client *c, Gpumem__Envelope__BodyCase body_case, void 
 /* ---- the daemon of a CUDA ordinal ---- */
 
 /* Socket indices searched for the daemon of a device, at most. */
-#define MAX_DEVICES 64
-
-/* The socket of device index `index` per the rules of gpumem_connect_device(). */
-static int device_socket(int index, char *buf, size_t len) {
-        const char *tmpl = getenv("GPUMEM_SOCKET_TEMPLATE");
-        if (!tmpl || !*tmpl)
-                return gm_ipc_default_socket_path(index, index == 0, buf, len);
-        const char *d = strstr(tmpl, "%d");
-        if (!d || strchr(d + 2, '%') || strchr(tmpl, '%') != d)
-                return -EINVAL; /* exactly one conversion, and it is %d */
-        int n = snprintf(buf, len, "%.*s%d%s", (int) (d - tmpl), tmpl, index, d + 2);
-        return n > 0 && (size_t) n < len ? 0 : -ENAMETOOLONG;
-}
+#define MAX_DEVICES (GM_PEER_MAX_DEVICE + 1)
 
 #ifdef GPUMEM_HAVE_CUDA
 /* How long a daemon may take to answer the probe's hello, in seconds. */
@@ -128,7 +117,7 @@ static daemon_match_t match_daemon(const gm_cuda_t *cu, const char *path, int or
  * template's, unless its daemon names another GPU or is not there and another
  * socket of the template names this one (CUDA_VISIBLE_DEVICES renumbers). */
 static int find_device_socket(int ordinal, char *path, size_t len) {
-        int r = device_socket(ordinal, path, len);
+        int r = gm_peer_device_socket(ordinal, path, len);
         if (r < 0)
                 return r;
 #ifdef GPUMEM_HAVE_CUDA
@@ -141,7 +130,7 @@ static int find_device_socket(int ordinal, char *path, size_t len) {
         for (int i = 0; i < MAX_DEVICES; i++) {
                 char other[108];
                 struct stat st;
-                if (i == ordinal || device_socket(i, other, sizeof(other)) < 0 || stat(other, &st) < 0)
+                if (i == ordinal || gm_peer_device_socket(i, other, sizeof(other)) < 0 || stat(other, &st) < 0)
                         continue;
                 if (match_daemon(cu, other, ordinal) == DAEMON_THIS_GPU) {
                         snprintf(path, len, "%s", other);

@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,23 +27,73 @@ typedef struct ctl {
         int device;
         char backend[16];
         char tenant[64];
+        bool admin; /* the daemon grants this connection admin rights */
 } ctl_t;
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: gpumemctl [-s SOCKET] COMMAND [ARGS]\n"
+        fprintf(f, "Usage: gpumemctl [-s SOCKET | -d N] COMMAND [ARGS]\n"
+                   "       gpumemctl --version | --help\n"
                    "Commands:\n"
-                   "  stats [--json] [--tenant T | --pid P]   memory statistics (PyTorch memory_summary layout)\n"
+                   "  stats [--json] [--tenant T | --pid P]   memory statistics (PyTorch memory_summary layout):\n"
+                   "                                          the device's for an admin, else your tenant's\n"
                    "  stats --reset-peak|--reset-accumulated [--tenant T]\n"
                    "  trim [--tenant T]                       release idle cached memory\n"
                    "  snapshot -o FILE [--format pickle|json] [--pid P]\n"
                    "                                          PyTorch memory snapshot (torch.cuda.memory._snapshot())\n"
-                   "  history on [--max-entries N] | off     record allocation history for snapshots\n"
+                   "  history on [--max-entries N] | off | status\n"
+                   "                                          record allocation history for snapshots\n"
                    "  alloc-conf [STR]                        show or set PYTORCH_CUDA_ALLOC_CONF-style settings\n"
-                   "  quota list | get T | set T BYTES [--runtime]\n"
+                   "  quota list [--json] | get T [--json] | set T BYTES [--runtime]\n"
                    "                                          tenant quotas (set: persistent unless --runtime;\n"
                    "                                          BYTES 0 removes that quota)\n"
-                   "  clients [--json]                        sessions: pid, tenant, unit, memory\n"
-                   "The socket defaults to $GPUMEM_SOCKET, else the default path of GPU 0.\n");
+                   "  clients [--json]                        sessions: pid, tenant, unit, memory, command\n"
+                   "Options:\n"
+                   "  -s, --socket SOCKET                     the daemon's socket\n"
+                   "  -d, --device N                          the daemon of GPU N ($GPUMEM_SOCKET_TEMPLATE,\n"
+                   "                                          else GPU N's default socket)\n"
+                   "The socket defaults to $GPUMEM_SOCKET, else GPU 0's: the system daemon's\n"
+                   "(/run/gpumem/gpu0.sock) when it runs, else your own daemon's.\n");
+}
+
+/* A usage error about one argument: the message, then a pointer to --help. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("gpumemctl: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputs("\nTry 'gpumemctl --help'.\n", stderr);
+        return EXIT_USAGE;
+}
+
+/* Parses the decimal value of `flag` into [min, max]: no sign, no spaces,
+ * no suffix, no wrap-around. 0, or a usage error (printed). */
+static int parse_number(const char *flag, const char *text, uint64_t min, uint64_t max, uint64_t *ret) {
+        bool digits = text[0] != '\0';
+        for (const char *p = text; *p && digits; p++)
+                digits = *p >= '0' && *p <= '9';
+        errno = 0;
+        unsigned long long v = digits ? strtoull(text, NULL, 10) : 0;
+        if (!digits || errno == ERANGE || v < min || v > max)
+                return usage_error("%s: expected a whole number from %" PRIu64 " to %" PRIu64 ", not '%s'", flag, min,
+                                   max, text);
+        *ret = v;
+        return 0;
+}
+
+/* A pid given by --pid. */
+static int parse_pid(const char *text, uint32_t *ret) {
+        uint64_t v;
+        int r = parse_number("--pid", text, 1, INT_MAX, &v);
+        if (r == 0)
+                *ret = (uint32_t) v;
+        return r;
+}
+
+/* Refuses arguments left after a command's own (argv[first..argc)). */
+static int no_more_args(const char *cmd, int argc, char **argv, int first) {
+        return first < argc ? usage_error("%s: unexpected argument '%s'", cmd, argv[first]) : 0;
 }
 
 /* Sends a request and returns its reply (and, if ret_fd is not NULL, the first
@@ -118,12 +170,18 @@ static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCas
         return 0;
 }
 
-static int ctl_open(const char *path, ctl_t *c) {
+/* Connects to the daemon at `path`, else to the one of GPU `device` (-1: the
+ * default socket, $GPUMEM_SOCKET first). */
+static int ctl_open(const char *path, int device, ctl_t *c) {
         char buf[108];
+        bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
         if (!path) {
-                int r = gm_ipc_default_socket_path(0, true, buf, sizeof(buf));
+                int r = device >= 0 ? gm_peer_device_socket(device, buf, sizeof(buf))
+                                    : gm_peer_default_socket(0, true, buf, sizeof(buf));
                 if (r < 0) {
-                        fprintf(stderr, "gpumemctl: no socket path: %s\n", strerror(-r));
+                        fprintf(stderr, "gpumemctl: no socket path%s: %s\n",
+                                r == -EINVAL && device >= 0 ? " ($GPUMEM_SOCKET_TEMPLATE needs one %d)" : "",
+                                strerror(-r));
                         return EXIT_UNREACHABLE;
                 }
                 path = buf;
@@ -132,6 +190,17 @@ static int ctl_open(const char *path, ctl_t *c) {
         int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
         if (r < 0) {
                 fprintf(stderr, "gpumemctl: %s\n", why);
+                if ((r == -ENOENT || r == -ECONNREFUSED) && named)
+                        fprintf(stderr,
+                                "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
+                                "daemon with -s SOCKET or -d N\n",
+                                path);
+                else if (r == -ENOENT || r == -ECONNREFUSED)
+                        fprintf(stderr,
+                                "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
+                                "(gpumemd --device %d), or name another daemon with -s SOCKET or "
+                                "$GPUMEM_SOCKET\n",
+                                device >= 0 ? device : 0, device >= 0 ? device : 0);
                 return EXIT_UNREACHABLE;
         }
         c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;
@@ -155,6 +224,7 @@ static int ctl_open(const char *path, ctl_t *c) {
         c->device = reply->hello_reply->device;
         snprintf(c->backend, sizeof(c->backend), "%s", reply->hello_reply->backend);
         snprintf(c->tenant, sizeof(c->tenant), "%s", reply->hello_reply->tenant);
+        c->admin = reply->hello_reply->admin;
         gm_msg_free(reply);
         return 0;
 }
@@ -172,7 +242,7 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 {"reset-accumulated", no_argument, NULL, 'A'},
                 {},
         };
-        bool json = false, reset_peak = false, reset_accumulated = false;
+        bool json = false, reset_peak = false, reset_accumulated = false, scoped = false;
         Gpumem__Stats req = GPUMEM__STATS__INIT;
         req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE;
         int o;
@@ -191,26 +261,27 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 case 't':
                         req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
                         req.tenant = optarg;
+                        scoped = true;
                         break;
-                case 'p': {
-                        char *end;
-                        unsigned long pid = strtoul(optarg, &end, 10);
-                        if (*end || pid == 0) {
-                                fprintf(stderr, "gpumemctl: invalid pid '%s'\n", optarg);
+                case 'p':
+                        if (parse_pid(optarg, &req.pid))
                                 return EXIT_USAGE;
-                        }
                         req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_PID;
-                        req.pid = (uint32_t) pid;
+                        scoped = true;
                         break;
-                }
                 default:
                         usage(stderr);
                         return EXIT_USAGE;
                 }
         }
-        if (optind < argc) {
-                usage(stderr);
+        if (no_more_args("stats", argc, argv, optind))
                 return EXIT_USAGE;
+        if (!scoped && !c->admin && !reset_peak && !reset_accumulated) {
+                /* A tenant sees its own figures: those, rather than a refusal. */
+                req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
+                req.tenant = c->tenant;
+                fprintf(stderr, "gpumemctl: statistics of your tenant '%s' (the device's need admin rights)\n",
+                        c->tenant);
         }
         if (reset_peak || reset_accumulated) {
                 Gpumem__ResetStats reset = GPUMEM__RESET_STATS__INIT;
@@ -239,6 +310,12 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 return EXIT_REFUSED;
         }
         const Gpumem__StatsReply *sr = reply->stats_reply;
+        if (req.scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_PID && sr->sessions == 0) {
+                fprintf(stderr, "gpumemctl: --pid names no session on this daemon%s\n",
+                        c->admin ? "" : " (that your tenant may see)");
+                gm_msg_free(reply);
+                return EXIT_REFUSED;
+        }
         if (json) {
                 printf("{\"device\": %d, \"backend\": ", sr->device);
                 print_json_string(c->backend);
@@ -282,6 +359,8 @@ static int cmd_trim(ctl_t *c, int argc, char **argv) {
                 }
                 req.tenant = optarg;
         }
+        if (no_more_args("trim", argc, argv, optind))
+                return EXIT_USAGE;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
         env.trim = &req;
@@ -380,24 +459,24 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
 
 static int cmd_history(ctl_t *c, int argc, char **argv) {
         Gpumem__HistoryControl req = GPUMEM__HISTORY_CONTROL__INIT;
-        if (argc < 2 || (strcmp(argv[1], "on") != 0 && strcmp(argv[1], "off") != 0)) {
-                fprintf(stderr, "gpumemctl: history on [--max-entries N] | off\n");
-                return EXIT_USAGE;
-        }
-        req.enabled = strcmp(argv[1], "on") == 0;
-        for (int i = 2; i < argc; i++) {
-                char *end;
-                if (strcmp(argv[i], "--max-entries") == 0 && i + 1 < argc && req.enabled) {
-                        req.max_entries = strtoull(argv[++i], &end, 10);
-                        if (*end || !req.max_entries) {
-                                fprintf(stderr, "gpumemctl: invalid --max-entries '%s'\n", argv[i]);
-                                return EXIT_USAGE;
-                        }
-                } else {
-                        fprintf(stderr, "gpumemctl: unexpected argument '%s'\n", argv[i]);
+        const char *what = argc >= 2 ? argv[1] : "";
+        if (strcmp(what, "on") != 0 && strcmp(what, "off") != 0 && strcmp(what, "status") != 0)
+                return usage_error("history on [--max-entries N] | off | status");
+        req.enabled = strcmp(what, "on") == 0;
+        req.status_only = strcmp(what, "status") == 0;
+        int i = 2;
+        if (req.enabled && i < argc && strcmp(argv[i], "--max-entries") == 0) {
+                if (i + 1 >= argc)
+                        return usage_error("--max-entries needs a number");
+                if (parse_number("--max-entries", argv[i + 1], 1, GM_HISTORY_MAX_ENTRIES, &req.max_entries))
                         return EXIT_USAGE;
-                }
+                i += 2;
         }
+        if (no_more_args(req.enabled       ? "history on"
+                         : req.status_only ? "history status"
+                                           : "history off",
+                         argc, argv, i))
+                return EXIT_USAGE;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL;
         env.history_control = &req;
@@ -413,10 +492,8 @@ static int cmd_history(ctl_t *c, int argc, char **argv) {
 }
 
 static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
-        if (argc > 2) {
-                usage(stderr);
+        if (no_more_args("alloc-conf", argc, argv, 2))
                 return EXIT_USAGE;
-        }
         Gpumem__AllocConf req = GPUMEM__ALLOC_CONF__INIT;
         req.set = argc == 2;
         req.conf = argc == 2 ? argv[1] : "";
@@ -437,13 +514,35 @@ static const char *fmt_size(uint64_t v, char *buf, size_t len) {
         return gm_format_size_as(v, GM_SIZE_COMPACT, buf, len);
 }
 
+static void print_quota_json(const Gpumem__QuotaReply *qr) {
+        printf("[");
+        for (size_t i = 0; i < qr->n_tenants; i++) {
+                const Gpumem__TenantInfo *t = qr->tenants[i];
+                printf("%s{\"tenant\": ", i ? ", " : "");
+                print_json_string(t->tenant);
+                printf(", \"quota_bytes\": %" PRIu64 ", \"quota_source\": ", t->quota);
+                print_json_string(t->quota_source);
+                printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64 ", \"cached_bytes\": %" PRIu64
+                       ", \"sessions\": %u}",
+                       t->charged, t->allocated, t->cached, t->sessions);
+        }
+        printf("]\n");
+}
+
 static int cmd_quota(ctl_t *c, int argc, char **argv) {
         Gpumem__Quota req = GPUMEM__QUOTA__INIT;
-        if (argc >= 2 && strcmp(argv[1], "list") == 0 && argc == 2) {
+        bool json = false;
+        if (argc >= 2 && strcmp(argv[1], "list") == 0) {
                 req.op = GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
-        } else if (argc == 3 && strcmp(argv[1], "get") == 0) {
+                json = argc >= 3 && strcmp(argv[2], "--json") == 0;
+                if (no_more_args("quota list", argc, argv, json ? 3 : 2))
+                        return EXIT_USAGE;
+        } else if (argc >= 3 && strcmp(argv[1], "get") == 0) {
                 req.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
                 req.tenant = argv[2];
+                json = argc >= 4 && strcmp(argv[3], "--json") == 0;
+                if (no_more_args("quota get", argc, argv, json ? 4 : 3))
+                        return EXIT_USAGE;
         } else if ((argc == 4 || argc == 5) && strcmp(argv[1], "set") == 0) {
                 req.op = GPUMEM__QUOTA_OP__QUOTA_OP_SET;
                 req.tenant = argv[2];
@@ -470,6 +569,11 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
         if (r)
                 return r;
         const Gpumem__QuotaReply *qr = reply->quota_reply;
+        if (json) {
+                print_quota_json(qr);
+                gm_msg_free(reply);
+                return 0;
+        }
         printf("%-20s %8s %-10s %8s %9s %8s %4s\n", "TENANT", "QUOTA", "SOURCE", "RESERVED", "ALLOCATED", "CACHED",
                "SESS");
         for (size_t i = 0; i < qr->n_tenants; i++) {
@@ -489,11 +593,9 @@ static const char *heap_mode_name(const Gpumem__ClientInfo *ci) {
 }
 
 static int cmd_clients(ctl_t *c, int argc, char **argv) {
-        bool json = argc == 2 && strcmp(argv[1], "--json") == 0;
-        if (argc > 2 || (argc == 2 && !json)) {
-                usage(stderr);
+        bool json = argc >= 2 && strcmp(argv[1], "--json") == 0;
+        if (no_more_args("clients", argc, argv, json ? 2 : 1))
                 return EXIT_USAGE;
-        }
         Gpumem__Clients req = GPUMEM__CLIENTS__INIT;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS;
@@ -506,8 +608,8 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
         if (json)
                 printf("[");
         else
-                printf("%7s %-16s %-18s %8s %9s %8s %5s %s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
-                       "CACHED", "SEGS", "HEAP");
+                printf("%7s %-16s %-18s %8s %9s %8s %5s %-7s %s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
+                       "CACHED", "SEGS", "HEAP", "COMMAND");
         for (size_t i = 0; i < cr->n_clients; i++) {
                 const Gpumem__ClientInfo *ci = cr->clients[i];
                 if (json) {
@@ -518,21 +620,26 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         print_json_string(ci->unit);
                         printf(", \"name\": ");
                         print_json_string(ci->name);
+                        printf(", \"command\": ");
+                        print_json_string(ci->command);
                         printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
                                ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
-                               "}",
+                               ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64 "}",
                                ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
                                ci->admin ? "true" : "false", heap_mode_name(ci),
-                               ci->stats_page_invalid ? "true" : "false", ci->requests);
+                               ci->stats_page_invalid ? "true" : "false", ci->requests,
+                               ci->unresponsive ? "true" : "false", ci->unresponsive_ms);
                         continue;
                 }
                 char rs[32], a[32], ca[32];
-                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %s%s\n", ci->pid, ci->tenant,
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s\n", ci->pid, ci->tenant,
                        ci->unit[0] ? ci->unit : (ci->admin ? "(control)" : "-"), fmt_size(ci->reserved, rs, sizeof(rs)),
                        fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments,
-                       heap_mode_name(ci), ci->stats_page_invalid ? " (stats page invalid)" : "");
+                       heap_mode_name(ci), ci->command[0] ? ci->command : "-",
+                       ci->stats_page_invalid ? " (stats page invalid)" : "",
+                       ci->unresponsive ? " (unresponsive)" : "");
         }
         if (json)
                 printf("]\n");
@@ -542,18 +649,39 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
 
 int main(int argc, char **argv) {
         const char *socket_path = getenv("GPUMEM_SOCKET");
+        bool socket_given = false;
+        int device = -1;
         int i = 1;
         for (; i < argc && argv[i][0] == '-'; i++) {
-                if ((strcmp(argv[i], "-s") == 0 || strcmp(argv[i], "--socket") == 0) && i + 1 < argc) {
-                        socket_path = argv[++i];
-                } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+                const char *a = argv[i];
+                bool socket_opt = strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0;
+                if (socket_opt || strcmp(a, "-d") == 0 || strcmp(a, "--device") == 0) {
+                        if (i + 1 >= argc)
+                                return usage_error("%s needs a value", a);
+                        const char *v = argv[++i];
+                        uint64_t n;
+                        if (socket_opt) {
+                                socket_path = v;
+                                socket_given = true;
+                        } else if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n)) {
+                                return EXIT_USAGE;
+                        } else {
+                                device = (int) n;
+                        }
+                } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                         usage(stdout);
                         return 0;
+                } else if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
+                        printf("gpumemctl %s\n", GPUMEM_VERSION);
+                        return 0;
                 } else {
-                        usage(stderr);
-                        return EXIT_USAGE;
+                        return usage_error("unknown option '%s'", a);
                 }
         }
+        if (socket_given && device >= 0)
+                return usage_error("-s and -d both name the daemon: give one");
+        if (device >= 0)
+                socket_path = NULL; /* -d names the daemon, not $GPUMEM_SOCKET */
         if (i >= argc) {
                 usage(stderr);
                 return EXIT_USAGE;
@@ -576,13 +704,10 @@ int main(int argc, char **argv) {
                 fn = cmd_quota;
         else if (strcmp(cmd, "clients") == 0)
                 fn = cmd_clients;
-        if (!fn) {
-                fprintf(stderr, "gpumemctl: unknown command '%s'\n", cmd);
-                usage(stderr);
-                return EXIT_USAGE;
-        }
+        if (!fn)
+                return usage_error("unknown command '%s'", cmd);
         ctl_t c = {.fd = -1};
-        int r = ctl_open(socket_path, &c);
+        int r = ctl_open(socket_path, device, &c);
         if (r == 0)
                 r = fn(&c, sub_argc, sub_argv);
         if (c.fd >= 0)

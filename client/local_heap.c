@@ -24,8 +24,9 @@ struct gm_local {
         gm_heap_t *heap;
         gm_statpage_t *page;
         gm_local_ops_t ops;
-        uint64_t va_cursor; /* the heap's synthetic addresses */
-        uint64_t cur_size;  /* the request being served (for the diagnosis) */
+        uint64_t va_cursor;     /* the heap's synthetic addresses */
+        uint64_t cur_size;      /* the request being served (for the diagnosis) */
+        int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
@@ -38,20 +39,19 @@ struct gm_local {
         size_t n_fences;
 };
 
-/* Every change of the heap is one page update: the page reads as busy from
- * before the change until all of the heap's statistics are copied after it
- * (a copy costs fewer instructions than a second set of stat updates inside
- * the heap). Around a grant or a give-back it is published as it stands. */
+/* The heap keeps its statistics in the page's payload itself (the
+ * heap's own gm_stats_t lives there), so a change writes only the figures
+ * it changes. Every change is bracketed by the page's sequence lock: the
+ * page reads as busy from before the change until after it. Around a grant
+ * or a give-back it is published as it stands. */
 static void begin(gm_local_t *l) {
         if (l->page)
                 gm_statpage_write_begin(l->page);
 }
 
 static void end(gm_local_t *l) {
-        if (!l->page)
-                return;
-        memcpy(gm_statpage_payload(l->page), gm_heap_stats(l->heap), sizeof(gm_stats_t));
-        gm_statpage_write_end(l->page);
+        if (l->page)
+                gm_statpage_write_end(l->page);
 }
 
 static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
@@ -63,6 +63,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 .offset = offset,
                 .size = size,
                 .largest_free = gm_heap_largest_free(l->heap),
+                .will_retry = gm_heap_stats(l->heap)->num_alloc_retries == l->retries_before,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -185,14 +186,17 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 .stream_fence = ops->move && ops->event_record ? provider_stream_fence : NULL,
                 .userdata = l,
         };
-        gm_heap_params_t params = {.capacity = capacity, .va_cursor = &l->va_cursor, .granularity = granularity};
+        gm_heap_params_t params = {.capacity = capacity,
+                                   .va_cursor = &l->va_cursor,
+                                   .granularity = granularity,
+                                   .stats = page ? gm_statpage_payload(page) : NULL};
+        begin(l);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
+        end(l);
         if (r < 0) {
                 free(l);
                 return r;
         }
-        begin(l);
-        end(l);
         *ret_local = l;
         return 0;
 }
@@ -201,6 +205,9 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
         if (!l)
                 return NULL;
         l->destroying = true;
+        /* The page may be gone already (a fork()ed child never maps it): the
+         * teardown counts into the heap's own storage. */
+        gm_heap_move_stats(l->heap, NULL, false);
         gm_heap_destroy(l->heap);
         for (size_t i = 0; i < l->n_fences; i++)
                 for (unsigned k = 0; k < l->fences[i].n; k++)
@@ -214,6 +221,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result) {
         l->cur_size = size;
+        l->retries_before = gm_heap_stats(l->heap)->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;

@@ -2,9 +2,9 @@
  * policy, knobs and statistics) running inside libgpumem. Cached allocations
  * and frees never leave the process; physical memory is asked of the daemon
  * (a whole segment, or one page of an expandable segment) and given back to
- * it through the ops the session supplies. Every change of the heap's
- * statistics is mirrored into the session's statistics page under its
- * sequence lock, so the daemon reads block figures without a message.
+ * it through the ops the session supplies. The heap's statistics live in the
+ * session's statistics page, every change under its sequence lock, so the
+ * daemon reads block figures without a message.
  *
  * Not thread-safe: the caller serialises every call (the session's heap lock).
  * The ops are called from inside these calls, with that lock held. */
@@ -21,7 +21,8 @@
 typedef struct gm_local gm_local_t;
 
 /* One piece of physical memory the heap needs. block_size and largest_free
- * only inform the daemon's out-of-memory diagnosis. */
+ * only inform the daemon's out-of-memory diagnosis; will_retry says that a
+ * refusal would not end the allocation (the heap's ladder goes on). */
 typedef struct gm_local_grant {
         uint64_t segment_id;
         uint64_t segment_va_size;
@@ -29,6 +30,7 @@ typedef struct gm_local_grant {
         uint64_t size;
         uint64_t block_size;
         uint64_t largest_free;
+        bool will_retry;
 } gm_local_grant_t;
 
 /* Page reuse: a run of n_pages granted pieces of page_size bytes moves
@@ -69,8 +71,9 @@ typedef struct gm_local_ops {
 
 /* A heap with the daemon's allocator settings `alloc_conf` (PyTorch syntax)
  * for a device of `capacity` bytes whose backend maps in multiples of
- * `granularity` (0: 2 MiB), mirroring its statistics into `page` (may be
- * NULL), which must outlive it. -EINVAL with a reason in err for settings
+ * `granularity` (0: 2 MiB), keeping its statistics in `page` (may be NULL),
+ * which must stay mapped at its address while the heap lives (it may be
+ * replaced there: see local_page_replace()). -EINVAL with a reason in err for settings
  * this library cannot parse. */
 int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
                  const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len);

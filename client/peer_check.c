@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ipc.h"
@@ -38,6 +39,44 @@ static void trusted_set(gm_trust_t *t) {
                 gm_trust_add(t, (uid_t) uid);
 }
 
+/* 0 when snprintf() wrote a whole path of n bytes into a buffer of len. */
+static int path_written(size_t len, int n) {
+        if (n < 0)
+                return -EINVAL;
+        return (size_t) n < len ? 0 : -ENAMETOOLONG;
+}
+
+int gm_peer_default_socket(int device, bool use_env, char *buf, size_t len) {
+        if (device < 0)
+                return -EINVAL;
+        const char *env = use_env ? secure_getenv("GPUMEM_SOCKET") : NULL;
+        if (env && *env)
+                return path_written(len, snprintf(buf, len, "%s", env));
+        const char *dir = secure_getenv("GPUMEM_SYSTEM_SOCKET_DIR");
+        if (!dir || dir[0] != '/')
+                dir = GM_SYSTEM_SOCKET_DIR;
+        int r = path_written(len, snprintf(buf, len, "%s/gpu%d.sock", dir, device));
+        struct stat st;
+        if (r < 0 || geteuid() == 0 || (stat(buf, &st) == 0 && S_ISSOCK(st.st_mode)))
+                return r;
+        return gm_ipc_default_socket_path(device, false, buf, len);
+}
+
+int gm_peer_device_socket(int index, char *buf, size_t len) {
+        const char *tmpl = getenv("GPUMEM_SOCKET_TEMPLATE");
+        if (!tmpl || !*tmpl)
+                return gm_peer_default_socket(index, index == 0, buf, len);
+        const char *d = strstr(tmpl, "%d");
+        if (!d || strchr(d + 2, '%') || strchr(tmpl, '%') != d)
+                return -EINVAL; /* exactly one conversion, and it is %d */
+        return path_written(len, snprintf(buf, len, "%.*s%d%s", (int) (d - tmpl), tmpl, index, d + 2));
+}
+
+/* No daemon listens at the path: nothing there, or a socket left behind. */
+static bool not_running(int r) {
+        return r == -ENOENT || r == -ECONNREFUSED;
+}
+
 int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len) {
         gm_trust_t t;
         trusted_set(&t);
@@ -52,6 +91,11 @@ int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len) {
                 close(fd);
                 if (r != -EPERM)
                         snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        }
+        if (not_running(r)) {
+                snprintf(why, why_len, "gpumemd is not running at '%s' (%s)", path,
+                         r == -ENOENT ? "no such socket" : "nothing listens on that socket");
+                return r;
         }
         if (r < 0) {
                 snprintf(why, why_len, "cannot connect to gpumemd at '%s': %s", path, reason);

@@ -2,13 +2,37 @@
  * to a socket in a directory that nobody but a trusted user could have put it
  * in, and only to a daemon that runs as a trusted user. Trusted: root, the
  * caller itself (a per-user daemon), the packaged service user "gpumem", and
- * the user named by $GPUMEM_DAEMON_USER (a name or a uid), when set. */
+ * the user named by $GPUMEM_DAEMON_USER (a name or a uid), when set.
+ *
+ * Which socket a client picks when it is given none is decided here too, so
+ * that libgpumem and gpumemctl pick the same one. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
+
+/* Where the packaged daemons listen: $GPUMEM_SYSTEM_SOCKET_DIR when set (an
+ * absolute path; tests and relocated installs), else this. */
+#define GM_SYSTEM_SOCKET_DIR "/run/gpumem"
+/* The highest GPU index a socket is looked up for. */
+#define GM_PEER_MAX_DEVICE 63
+
+/* The socket a client uses for GPU `device` when it is given none:
+ * $GPUMEM_SOCKET when `use_env` and it is set; else, as root, the system
+ * socket <system dir>/gpu<N>.sock; else the system socket when it exists (a
+ * packaged daemon serves everyone), else the caller's own
+ * $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock (/tmp/gpumem-<uid>/gpu<N>.sock). The
+ * connection's trust checks apply to whichever is picked. */
+int gm_peer_default_socket(int device, bool use_env, char *buf, size_t len);
+
+/* The socket of device index `index`: $GPUMEM_SOCKET_TEMPLATE with its one
+ * "%d" replaced by the index (-EINVAL when it holds another conversion), else
+ * gm_peer_default_socket(index, index == 0). */
+int gm_peer_device_socket(int index, char *buf, size_t len);
 
 /* Connects a CLOEXEC SOCK_SEQPACKET socket to `path` after the directory
  * check and checks the listener's credentials. On failure returns negative
- * errno (-EPERM for an untrusted directory or daemon) and writes a one-line
- * message naming the path into why. */
+ * errno (-EPERM for an untrusted directory or daemon; -ENOENT or
+ * -ECONNREFUSED when no daemon listens there) and writes a one-line message
+ * naming the path into why. */
 int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len);

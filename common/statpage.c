@@ -62,17 +62,6 @@ static _Atomic uint64_t *seq_of(const gm_statpage_t *page) {
         return (_Atomic uint64_t *) &((gm_statpage_t *) page)->seq;
 }
 
-void gm_statpage_write_begin(gm_statpage_t *page) {
-        _Atomic uint64_t *seq = seq_of(page);
-        atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_relaxed);
-        atomic_thread_fence(memory_order_release);
-}
-
-void gm_statpage_write_end(gm_statpage_t *page) {
-        _Atomic uint64_t *seq = seq_of(page);
-        atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_release);
-}
-
 int gm_statpage_read(const gm_statpage_t *page, void *dst, size_t len, unsigned max_tries) {
         if (len > GM_STATPAGE_PAYLOAD_MAX)
                 return -EINVAL;

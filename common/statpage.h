@@ -9,6 +9,7 @@
  * bounded number of times and validate the copy themselves. */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,9 +41,18 @@ static inline void *gm_statpage_payload(gm_statpage_t *page) {
         return (uint8_t *) page + GM_STATPAGE_PAYLOAD_OFFSET;
 }
 
-/* The writer brackets every change of the payload (no other writer). */
-void gm_statpage_write_begin(gm_statpage_t *page);
-void gm_statpage_write_end(gm_statpage_t *page);
+/* The writer brackets every change of the payload (no other writer):
+ * inline, as a local heap does it around every allocation and free. */
+static inline void gm_statpage_write_begin(gm_statpage_t *page) {
+        _Atomic uint64_t *seq = (_Atomic uint64_t *) &page->seq;
+        atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_relaxed);
+        atomic_thread_fence(memory_order_release);
+}
+
+static inline void gm_statpage_write_end(gm_statpage_t *page) {
+        _Atomic uint64_t *seq = (_Atomic uint64_t *) &page->seq;
+        atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_release);
+}
 
 /* Copies `len` (<= GM_STATPAGE_PAYLOAD_MAX) payload bytes into dst once they
  * were stable for the whole copy, trying at most `max_tries` times. 0, -EAGAIN

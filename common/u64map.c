@@ -49,9 +49,11 @@ int gm_u64map_put(gm_u64map_t *m, uint64_t key, void *value) {
                 m->zero_value = value;
                 return 0;
         }
-        int r = gm_u64map_reserve(m, 1);
-        if (r < 0)
-                return r;
+        if ((m->len + 1) * 2 > m->cap) {
+                int r = gm_u64map_reserve(m, 1);
+                if (r < 0)
+                        return r;
+        }
         size_t i = slot_of(key, m->cap);
         while (m->keys[i] && m->keys[i] != key)
                 i = (i + 1) & (m->cap - 1);

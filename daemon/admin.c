@@ -10,9 +10,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "local.h"
 #include "log.h"
+#include "msg.h"
 #include "requests.h"
 #include "snapshot.h"
 #include "text.h"
@@ -214,27 +216,26 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
 
 /* ---- memory history ---- */
 
-/* History entries one may ask the daemon to keep, at most. */
-#define HISTORY_MAX_ENTRIES 100000000
-
 const char *gm_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
-        return "controlling memory history";
+        return env->history_control->status_only ? "reading the state of memory history" : "controlling memory history";
 }
 
 int gm_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
-        if (env->history_control->max_entries > HISTORY_MAX_ENTRIES)
-                return snprintf(why, why_len, "at most %u history entries", HISTORY_MAX_ENTRIES), -EINVAL;
+        if (env->history_control->max_entries > GM_HISTORY_MAX_ENTRIES)
+                return snprintf(why, why_len, "at most %u history entries", GM_HISTORY_MAX_ENTRIES), -EINVAL;
         return 0;
 }
 
 int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__HistoryControl *req = env->history_control;
         gm_broker_t *b = c->rq->broker;
-        int r = gm_broker_history(b, req->enabled, req->max_entries);
-        if (r < 0)
-                return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
-        log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off", b->history_max_entries,
-                 (int) c->session->pid);
+        if (!req->status_only) {
+                int r = gm_broker_history(b, req->enabled, req->max_entries);
+                if (r < 0)
+                        return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
+                log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off",
+                         b->history_max_entries, (int) c->session->pid);
+        }
         Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
         reply.enabled = b->history != NULL;
         reply.max_entries = b->history_max_entries;
@@ -473,6 +474,9 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->heap_mode = oc && oc->local ? "local" : "central";
                 ci->stats_page_invalid = gm_conn_page_invalid(o);
                 ci->requests = oc ? oc->requests : 0;
+                ci->unresponsive = o->unresponsive;
+                ci->unresponsive_ms = o->unresponsive ? gm_now_ms() - o->owing_since_ms : 0;
+                ci->command = oc ? (char *) oc->command : "";
                 const gm_stats_t *st = gm_conn_stats(o);
                 if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;

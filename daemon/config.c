@@ -154,6 +154,7 @@ static const daemon_key_t daemon_keys[] = {
         KEY(max_fds, K_UINT, 1, GM_IPC_MAX_FDS_LIMIT),
         KEY(release_timeout_ms, K_UINT, 1, 3600000),
         KEY(park_timeout_ms, K_UINT, 1, 3600000),
+        KEY(unresponsive_timeout_ms, K_UINT, 0, 86400000),
         KEY(max_parked_per_session, K_UINT, 0, 65536),
         KEY(reattach_grace_ms, K_UINT, 0, 86400000),
         KEY(max_sessions_per_uid, K_UINT, 1, 1u << 20),

@@ -84,6 +84,8 @@ typedef struct gm_config {
         uint32_t release_timeout_ms;
         bool has_park_timeout_ms;
         uint32_t park_timeout_ms;
+        bool has_unresponsive_timeout_ms;
+        uint32_t unresponsive_timeout_ms; /* 0: a client that does not answer is waited for every time */
         bool has_max_parked_per_session;
         uint32_t max_parked_per_session;
         bool has_reattach_grace_ms;

@@ -27,6 +27,9 @@ typedef struct gm_limits {
         uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
         uint32_t reattach_grace_ms;      /* after a restart: how long stored segments wait for their client */
         uint32_t max_reattach_items;     /* segments + blocks one re-attaching session may report */
+
+        /* A client that answers no release request for this long is not waited for (0: never). */
+        uint32_t unresponsive_timeout_ms;
 } gm_limits_t;
 
 typedef struct gm_options {
@@ -52,6 +55,23 @@ typedef struct gm_options {
 
 typedef struct gm_daemon gm_daemon_t;
 
+/* Back-pressure: while a client's socket buffer is full the daemon reads no
+ * more of its requests and keeps what it has to send (replies, release
+ * requests) in order, in at most this much per connection; past any of these
+ * limits the client is taken to be stuck or abusive and its connection closed. */
+#define GM_CONN_MAX_QUEUED_PACKETS 1024u
+#define GM_CONN_MAX_QUEUED_BYTES (8u << 20)
+#define GM_CONN_MAX_QUEUED_FDS 512u
+
+/* One packet waiting for room in its connection's socket buffer: the packed
+ * envelope and its own duplicates of the fds it carries. */
+typedef struct gm_outgoing {
+        struct gm_outgoing *next;
+        size_t len, n_fds;
+        int *fds;      /* n_fds, after the struct */
+        uint8_t *data; /* len bytes, after the fds */
+} gm_outgoing_t;
+
 /* One client connection. Its broker session lives as long as it does; both
  * are freed in the poll handle's close callback. req.closed: no more input
  * is processed, nothing more is sent. */
@@ -59,8 +79,11 @@ typedef struct gm_conn {
         gm_daemon_t *daemon;
         uv_poll_t poll; /* poll.data = this connection */
         int fd;
-        gm_request_conn_t req; /* the request handlers' view: session, hello state */
-        uint64_t accepted_ms;  /* gm_now_ms() at accept: the hello timeout counts from it */
+        gm_request_conn_t req;              /* the request handlers' view: session, hello state */
+        uint64_t accepted_ms;               /* gm_now_ms() at accept: the hello timeout counts from it */
+        gm_outgoing_t *out_head, *out_tail; /* non-empty: the socket was full, reading is paused */
+        uint32_t out_packets, out_fds;
+        size_t out_bytes;
         struct gm_conn *prev, *next;
 } gm_conn_t;
 

@@ -148,7 +148,19 @@ static bool proc_euid_is(pid_t pid, uid_t uid, char *buf, size_t size) {
         return u && sscanf(u + 5, "%u %u", &real, &effective) == 2 && effective == (unsigned) uid;
 }
 
-/* Sets id->unit only when the kernel vouches that cred->pid still names the
+/* The command name in the contents of /proc/PID/comm: the name, then a
+ * newline the kernel adds (the name itself may hold newlines). */
+static void comm_from(const char *text, char ret_comm[GM_COMM_MAX]) {
+        size_t n = strlen(text);
+        if (n > 0 && text[n - 1] == '\n')
+                n--;
+        if (n >= GM_COMM_MAX)
+                n = GM_COMM_MAX - 1;
+        memcpy(ret_comm, text, n);
+        ret_comm[n] = '\0';
+}
+
+/* Sets id->unit and id->comm only when the kernel vouches that cred->pid still names the
  * peer: SO_PEERPIDFD pins the peer process itself (Linux >= 6.5); older
  * kernels get a pidfd by pid plus a uid check, which a pid reused by another
  * user cannot pass. The pidfd must still be alive after /proc was read. */
@@ -165,12 +177,17 @@ static void peer_unit(int sock, const gm_peer_cred_t *cred, gm_identity_t *id) {
         if (pidfd < 0)
                 return;
         size_t size = 64 * 1024;
-        char *text = malloc(size), path[64];
+        char *text = malloc(size), path[64], comm[GM_COMM_MAX + 1] = "";
+        snprintf(path, sizeof(path), "/proc/%d/comm", (int) cred->pid);
+        bool have_comm = read_proc(path, comm, sizeof(comm)) == 0;
         snprintf(path, sizeof(path), "/proc/%d/cgroup", (int) cred->pid);
         if (text && read_proc(path, text, size) == 0) {
                 char *status = by_pid ? malloc(8192) : NULL;
-                if ((!by_pid || (status && proc_euid_is(cred->pid, cred->uid, status, 8192))) && pidfd_alive(pidfd))
+                if ((!by_pid || (status && proc_euid_is(cred->pid, cred->uid, status, 8192))) && pidfd_alive(pidfd)) {
                         gm_cgroup_parse_unit(text, id->unit, &id->user_unit);
+                        if (have_comm)
+                                comm_from(comm, id->comm);
+                }
                 free(status);
         }
         free(text);

@@ -8,6 +8,7 @@
 
 #define GM_UNIT_NAME_MAX 255u /* systemd's limit */
 #define GM_IDENTITY_MAX_GROUPS 64u
+#define GM_COMM_MAX 16u /* the kernel's TASK_COMM_LEN, NUL included */
 
 /* The peer of a connection, as the kernel reports it. */
 typedef struct gm_identity {
@@ -21,13 +22,18 @@ typedef struct gm_identity {
          * whose cgroup subtree that user controls and may name freely: such a
          * unit is shown but never matched by unit= rules. */
         bool user_unit;
+        /* The command name (/proc/PID/comm) when it connected, raw: the process
+         * sets it itself (escape before showing it); "" when unverifiable. */
+        char comm[GM_COMM_MAX];
 } gm_identity_t;
 
 /* Fills *ret from a connected AF_UNIX socket: uid, gid and pid (SO_PEERCRED),
- * supplementary groups (SO_PEERGROUPS) and the unit from /proc/PID/cgroup.
+ * supplementary groups (SO_PEERGROUPS), the unit from /proc/PID/cgroup and the
+ * command name from /proc/PID/comm.
  * `pid` is 0, or the pid the caller already holds for this peer, which must
  * match SO_PEERCRED's (-ESRCH otherwise). The unit is read only when the
- * kernel can vouch that the pid still names the peer (SO_PEERPIDFD): a peer
+ * kernel can vouch that the pid still names the peer (SO_PEERPIDFD), and so is
+ * the command name: a peer
  * that has exited, an old kernel or an unreadable /proc give "". Fails only
  * when the credentials cannot be read. */
 int gm_identity_read(int sock, pid_t pid, gm_identity_t *ret);

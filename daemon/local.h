@@ -1,9 +1,9 @@
 /* Local sessions in the daemon: a connection whose heap runs in its client.
  * grant.c speaks the wire (Hello's heap mode, Grant, ReturnPieces, Reclaim,
  * re-attach); localstats.c reads the statistics pages and keeps the figures.
- * Pieces are the broker's (created, charged, stored and released through its
- * piece API, never held by a daemon-side heap); what is kept here is only the
- * session's page, its figures and its pending requests. */
+ * What the session holds, its waiting grants and its Reclaims are the
+ * broker's (broker.h, "local sessions"); what is kept here is only the
+ * session's page and its figures. */
 #pragma once
 
 #include <stdbool.h>
@@ -14,28 +14,13 @@
 #include "requests.h"
 #include "statpage.h"
 
-typedef struct gm_parked_grant gm_parked_grant_t;
-
-/* Pieces one local session may hold (each is an fd here; grants walk them). */
-#define GM_LOCAL_MAX_PIECES 65536u
-
 struct gm_local {
         gm_statpage_t *page;
-        gm_stats_t exact;  /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
-        uint64_t granted;  /* bytes of its LIVE pieces */
-        uint64_t n_pieces; /* its LIVE pieces (at most GM_LOCAL_MAX_PIECES) */
-        uint64_t segments; /* segments with a LIVE piece */
-        uint64_t segments_ever;
-        gm_stats_t figures; /* the page's last valid read, the exact figures laid over */
-        gm_stats_t applied; /* the page's part in its tenant's and the device's local totals */
-        bool page_invalid;  /* the last read failed the bounds */
-        gm_parked_grant_t *parked;
-        uint32_t n_parked;
-        uint64_t reclaim_id;    /* outstanding Reclaim (0: none) */
-        uint64_t reclaim_bytes; /* what it should bring back */
-        uint64_t reclaim_sent_ms;
-        uint64_t next_reclaim_id;
-        uint64_t dry_until_ms; /* its last reclaim brought nothing back: not asked again before */
+        gm_stats_t exact; /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
+        gm_session_grants_t synced; /* the broker's grant figures last applied to exact and the totals */
+        gm_stats_t figures;         /* the page's last valid read, the exact figures laid over */
+        gm_stats_t applied;         /* the page's part in its tenant's and the device's local totals */
+        bool page_invalid;          /* the last read failed the bounds */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant
@@ -62,9 +47,18 @@ void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *a
 void gm_local_refresh_conn(gm_request_conn_t *c);
 /* Sets every current of `stats` to zero. */
 void gm_local_zero_currents(gm_stats_t *stats);
-/* Applies a change of the exact figures (bytes and segments granted or
- * returned) to the session, its tenant's and the device's local totals. */
-void gm_local_exact_update(gm_request_conn_t *c, int64_t bytes, int64_t segments);
+/* Applies what the broker granted or took back since the last sync (bytes,
+ * segments, pieces) to the session's exact figures and its tenant's and the
+ * device's local totals; call it after every broker call that grants or
+ * releases a local session's pieces. */
+void gm_local_exact_sync(gm_request_conn_t *c);
+/* The session ends: its exact figures leave the totals. */
+void gm_local_exact_gone(gm_request_conn_t *c);
+/* The broker's ops->client_view (userdata unused: the session's connection). */
+void gm_local_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret);
+/* A grant of the session waits for reclaimed memory: num_reclaim_waits of the
+ * session, its tenant and the device (the daemon's figure, not the page's). */
+void gm_local_count_reclaim_wait(gm_request_conn_t *c);
 /* The metrics endpoint's source callbacks (userdata: the daemon). */
 void gm_local_metrics_refresh(void *userdata);
 void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
@@ -77,23 +71,17 @@ void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_te
 int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hello *hello, Gpumem__HelloReply *reply,
                    int *ret_page_fd);
 int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+/* Answers a grant's outcome (the piece's fd, or the refusal). */
+void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
+/* The broker's ops->send_reclaim (userdata unused: the session's connection). */
+int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Page reuse in a local heap: pieces moved inside the client's mappings. */
 int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Re-attach of a local session: its pieces only (no blocks). */
 int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Reattach *req);
-/* Asks local sessions (of `tenant` only, when not NULL) other than `except`
- * for their cached memory; returns the bytes expected back. */
-uint64_t gm_local_reclaim(const gm_requests_t *d, const gm_request_conn_t *except, const gm_tenant_t *tenant);
-/* A central allocation the broker refused for lack of memory: when local
- * sessions hold cached memory they are asked for it and the request waits
- * (true: parked, answered later); false: answer `out` now. */
-bool gm_local_park_alloc(gm_request_conn_t *c, uint64_t request_id, uint64_t size, uint64_t stream,
-                         const gm_outcome_t *out);
-/* Retries grants (and central allocations) waiting for reclaimed memory. */
-void gm_local_retry_parked(const gm_requests_t *d);
-/* Periodic: reclaim timeouts, page reads, parked grants. */
+/* Periodic: page reads. */
 void gm_local_tick(const gm_requests_t *d);
 /* The connection ends: its figures leave the totals, its page goes. */
 void gm_local_end(gm_request_conn_t *c);

@@ -20,7 +20,7 @@
 /* ---- gm_stats_t as arrays (every gm_stat_t, then every int64 counter) ---- */
 
 #define N_STATS ((offsetof(gm_stats_t, num_alloc_retries)) / sizeof(gm_stat_t))
-#define N_COUNTERS 5 /* num_alloc_retries .. num_device_free; max_split_size is a setting */
+#define N_COUNTERS 6 /* num_alloc_retries .. num_reclaim_waits; max_split_size is a setting */
 _Static_assert(offsetof(gm_stats_t, num_alloc_retries) % sizeof(gm_stat_t) == 0, "gm_stat_t array");
 _Static_assert(offsetof(gm_stats_t, max_split_size) ==
                        offsetof(gm_stats_t, num_alloc_retries) + N_COUNTERS * sizeof(int64_t),
@@ -107,9 +107,10 @@ static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max)
 }
 
 /* Whether a page's figures fit what this session was granted. */
-static bool page_plausible(const gm_local_t *l, const gm_stats_t *p) {
-        int64_t granted = (int64_t) l->granted;
-        int64_t granted_peak = l->exact.reserved_bytes[GM_STAT_ALL].peak;
+static bool page_plausible(const gm_session_t *s, const gm_stats_t *p) {
+        const gm_session_grants_t *g = &s->grants;
+        int64_t granted = g->bytes.current, granted_peak = g->bytes.peak;
+        int64_t segments = g->segments.current, segments_ever = g->segments.allocated;
         const gm_stat_t *bytes[] = {p->allocated_bytes, p->reserved_bytes, p->active_bytes, p->inactive_split_bytes,
                                     p->requested_bytes};
         const gm_stat_t *counts[] = {p->allocation, p->active, p->inactive_split};
@@ -122,10 +123,10 @@ static bool page_plausible(const gm_local_t *l, const gm_stats_t *p) {
                         if (!in_range(&counts[k][t], granted / MIN_BLOCK, granted_peak / MIN_BLOCK))
                                 return false;
         for (int t = 0; t < _GM_STAT_TYPE_MAX; t++)
-                if (!in_range(&p->segment[t], (int64_t) l->segments, (int64_t) l->segments_ever))
+                if (!in_range(&p->segment[t], segments, segments_ever))
                         return false;
         if (!in_range(&p->oversize_allocations, granted / MIN_BLOCK, granted_peak / MIN_BLOCK) ||
-            !in_range(&p->oversize_segments, (int64_t) l->segments, (int64_t) l->segments_ever))
+            !in_range(&p->oversize_segments, segments, segments_ever))
                 return false;
         /* The heap keeps every pool split exact. */
         for (size_t i = 0; i + 3 <= 27; i += 3) {
@@ -144,6 +145,7 @@ static void overlay_exact(gm_local_t *l) {
         l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
         l->figures.num_device_alloc = l->exact.num_device_alloc;
         l->figures.num_device_free = l->exact.num_device_free;
+        l->figures.num_reclaim_waits = l->exact.num_reclaim_waits;
 }
 
 void gm_local_refresh_conn(gm_request_conn_t *c) {
@@ -153,7 +155,7 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
         if (r == -EAGAIN)
                 return; /* the heap is in the middle of a change: keep the last figures */
-        bool valid = r == 0 && page_plausible(l, &page);
+        bool valid = r == 0 && page_plausible(c->session, &page);
         if (!valid) {
                 if (!l->page_invalid)
                         log_warning("session %llu (pid %d): its statistics page fails the daemon's bounds; "
@@ -165,7 +167,7 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
         /* What the daemon knows exactly is not the page's to say. */
         page.reserved_bytes[GM_STAT_ALL] = (gm_stat_t){0};
         page.segment[GM_STAT_ALL] = (gm_stat_t){0};
-        page.num_device_alloc = page.num_device_free = 0;
+        page.num_device_alloc = page.num_device_free = page.num_reclaim_waits = 0;
         page.max_split_size = d->broker->device_stats.max_split_size;
         gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
         if (lt)
@@ -176,19 +178,64 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
         overlay_exact(l);
 }
 
-void gm_local_exact_update(gm_request_conn_t *c, int64_t bytes, int64_t segments) {
+/* Moves the session's exact figures, its tenant's and the device's local
+ * totals by `bytes` and `segments`, counting `allocs` and `frees` of pieces. */
+static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, int64_t allocs, int64_t frees) {
         const gm_requests_t *d = c->rq;
         gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
         gm_stats_t *sinks[] = {&c->local->exact, &d->local->device, lt ? &lt->stats : NULL};
         for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
-                gm_stat_update(&sinks[i]->reserved_bytes[GM_STAT_ALL], bytes);
+                if (bytes)
+                        gm_stat_update(&sinks[i]->reserved_bytes[GM_STAT_ALL], bytes);
                 if (segments)
                         gm_stat_update(&sinks[i]->segment[GM_STAT_ALL], segments);
-                if (bytes > 0)
-                        sinks[i]->num_device_alloc++;
-                else if (bytes < 0)
-                        sinks[i]->num_device_free++;
+                sinks[i]->num_device_alloc += allocs;
+                sinks[i]->num_device_free += frees;
         }
+        overlay_exact(c->local);
+}
+
+void gm_local_exact_sync(gm_request_conn_t *c) {
+        gm_local_t *l = c->local;
+        const gm_session_grants_t *now = &c->session->grants, *was = &l->synced;
+        exact_apply(c, now->bytes.current - was->bytes.current, now->segments.current - was->segments.current,
+                    (int64_t) (now->pieces + now->returned) - (int64_t) (was->pieces + was->returned),
+                    (int64_t) now->returned - (int64_t) was->returned);
+        l->synced = *now;
+}
+
+void gm_local_exact_gone(gm_request_conn_t *c) {
+        gm_local_t *l = c->local;
+        exact_apply(c, -l->synced.bytes.current, -l->synced.segments.current, 0, (int64_t) l->synced.pieces);
+        l->synced = (gm_session_grants_t){0};
+}
+
+void gm_local_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
+        gm_request_conn_t *c = s->userdata;
+        *ret = (gm_client_view_t){0};
+        if (!c || !s->tenant)
+                return;
+        if (c->local && !c->closed) {
+                gm_local_refresh_conn(c);
+                const gm_stats_t *st = &c->local->figures;
+                ret->session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
+                ret->session_active = (uint64_t) st->active_bytes[GM_STAT_ALL].current;
+        }
+        const gm_local_tenant_t *lt = find_local_tenant(c->rq, s->tenant->name);
+        ret->tenant_active = lt ? (uint64_t) lt->stats.active_bytes[GM_STAT_ALL].current : 0;
+        ret->device_active = (uint64_t) c->rq->local->device.active_bytes[GM_STAT_ALL].current;
+}
+
+void gm_local_tick(const gm_requests_t *d) {
+        gm_local_refresh(d);
+}
+
+void gm_local_count_reclaim_wait(gm_request_conn_t *c) {
+        gm_local_tenant_t *lt = gm_local_tenant(c->rq, c->session->tenant->name);
+        c->local->exact.num_reclaim_waits++;
+        c->rq->local->device.num_reclaim_waits++;
+        if (lt)
+                lt->stats.num_reclaim_waits++;
         overlay_exact(c->local);
 }
 
@@ -241,6 +288,8 @@ void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_te
         gm_local_tenant_stats(d, t, &ret->stats);
         for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
                 const gm_request_conn_t *c = os->userdata;
+                if (c && !c->closed && os->tenant == t)
+                        ret->unresponsive += os->unresponsive;
                 if (c && c->local && !c->closed && os->tenant == t) {
                         ret->local_sessions++;
                         ret->invalid_pages += c->local->page_invalid;

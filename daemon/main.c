@@ -35,11 +35,13 @@ static void usage(FILE *f) {
                    "      --max-sessions N       concurrent sessions (default 1024)\n"
                    "      --max-sessions-per-uid N  sessions of one uid (default max-sessions/4)\n"
                    "      --max-blocks N         live blocks per session (default 1048576)\n"
+                   "      --unresponsive-timeout MS  a client that answers no release request for\n"
+                   "                             this long is not waited for (default 10000, 0 never)\n"
                    "  -v, --verbose              more logging (repeat for debug)\n"
                    "  -h, --help                 this text\n");
 }
 
-enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS, OPT_MAX_SESSIONS_PER_UID };
+enum { OPT_MAX_SESSIONS = 256, OPT_MAX_BLOCKS, OPT_MAX_SESSIONS_PER_UID, OPT_UNRESPONSIVE_TIMEOUT };
 
 /* A whole-number flag, in the range of the configuration key it mirrors. */
 static int parse_limit(const char *flag, const char *key, const char *value, uint64_t *ret) {
@@ -69,6 +71,7 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                 {"max-sessions", required_argument, NULL, OPT_MAX_SESSIONS},
                 {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
                 {"max-sessions-per-uid", required_argument, NULL, OPT_MAX_SESSIONS_PER_UID},
+                {"unresponsive-timeout", required_argument, NULL, OPT_UNRESPONSIVE_TIMEOUT},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
                 {},
@@ -131,6 +134,11 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                                 return -EINVAL;
                         o->limits.max_sessions_per_uid = (uint32_t) v;
                         break;
+                case OPT_UNRESPONSIVE_TIMEOUT:
+                        if (parse_limit("unresponsive-timeout", "unresponsive_timeout_ms", optarg, &v) < 0)
+                                return -EINVAL;
+                        o->limits.unresponsive_timeout_ms = (uint32_t) v;
+                        break;
                 case OPT_MAX_BLOCKS:
                         if (parse_limit("max-blocks", "max_blocks_per_session", optarg, &v) < 0)
                                 return -EINVAL;
@@ -169,6 +177,7 @@ static void options_default(gm_options_t *o) {
                                 .max_parked_per_session = 64,
                                 .park_timeout_ms = 2000,
                                 .release_timeout_ms = 2000,
+                                .unresponsive_timeout_ms = 10000,
                                 .reattach_grace_ms = 30000,
                                 .max_reattach_items = 4u << 20,
                         },
@@ -212,6 +221,8 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.release_timeout_ms = c->release_timeout_ms;
         if (c->has_park_timeout_ms)
                 o->limits.park_timeout_ms = c->park_timeout_ms;
+        if (c->has_unresponsive_timeout_ms)
+                o->limits.unresponsive_timeout_ms = c->unresponsive_timeout_ms;
         if (c->has_max_parked_per_session)
                 o->limits.max_parked_per_session = c->max_parked_per_session;
         if (c->has_reattach_grace_ms)
@@ -247,6 +258,7 @@ static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
                 .max_parked_per_session = l->max_parked_per_session,
                 .park_timeout_ms = l->park_timeout_ms,
                 .release_timeout_ms = l->release_timeout_ms,
+                .unresponsive_timeout_ms = l->unresponsive_timeout_ms,
                 .reattach_grace_ms = l->reattach_grace_ms,
                 .max_reattach_items = l->max_reattach_items,
                 .max_ranges_per_release = RANGES_PER_RELEASE,
@@ -296,6 +308,7 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_blocks_per_session = o.limits.max_blocks_per_session;
         d->opts.limits.release_timeout_ms = o.limits.release_timeout_ms;
         d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
+        d->opts.limits.unresponsive_timeout_ms = o.limits.unresponsive_timeout_ms;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;

@@ -391,6 +391,11 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_stats_page_invalid_sessions", rows[i].labels, "",
                        (int64_t) rows[i].extra.invalid_pages);
+        family(o, "gpumem_unresponsive_sessions", "gauge",
+               "Sessions that answered no release request for unresponsive_timeout_ms: not waited for, their memory "
+               "still charged.");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_unresponsive_sessions", rows[i].labels, "", (int64_t) rows[i].extra.unresponsive);
 
         if (!m)
                 return;

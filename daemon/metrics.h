@@ -21,6 +21,7 @@ typedef struct gm_metrics_tenant_extra {
         gm_stats_t stats;        /* added to the tenant's statistics */
         uint64_t local_sessions; /* sessions whose heap runs in the client */
         uint64_t invalid_pages;  /* of those, whose statistics page fails the daemon's bounds */
+        uint64_t unresponsive;   /* sessions (either mode) marked unresponsive */
 } gm_metrics_tenant_extra_t;
 
 /* What the endpoint reads and where it runs. */

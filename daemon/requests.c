@@ -66,21 +66,6 @@ int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outco
         return send_error_text(c, request_id, out->error, out->message);
 }
 
-void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome) {
-        if (rq->broker->ops.count_reclaim)
-                rq->broker->ops.count_reclaim(rq->broker->ops.userdata, outcome);
-}
-
-void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms) {
-        if (rq->broker->ops.parked_done)
-                rq->broker->ops.parked_done(rq->broker->ops.userdata, waited_ms);
-}
-
-void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason) {
-        if (rq->broker->ops.count_refusal)
-                rq->broker->ops.count_refusal(rq->broker->ops.userdata, tenant, reason);
-}
-
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id) {
         Gpumem__Ok ok = GPUMEM__OK__INIT;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
@@ -134,6 +119,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         reply.granularity = c->rq->broker->backend->granularity;
         reply.session_token = s->token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
+        reply.admin = s->admin;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -158,17 +144,29 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         size_t n = 0;
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
-        Gpumem__Mapping *maps = calloc(n ? n : 1, sizeof(*maps));
-        Gpumem__Mapping **map_ptrs = calloc(n ? n : 1, sizeof(*map_ptrs));
-        int *fds = calloc(n ? n : 1, sizeof(int));
-        Gpumem__PageMove *moves = calloc(s->n_moves ? s->n_moves : 1, sizeof(*moves));
-        Gpumem__PageMove **move_ptrs = calloc(s->n_moves ? s->n_moves : 1, sizeof(*move_ptrs));
+        size_t n_moves = s->n_moves;
+        /* A cached block brings no piece and no move: no allocation for the common reply. */
+        Gpumem__Mapping *map_ptrs_none[1];
+        int fds_none[1];
+        Gpumem__PageMove *move_ptrs_none[1];
+        Gpumem__Mapping *maps = NULL, **map_ptrs = map_ptrs_none;
+        int *fds = fds_none;
+        Gpumem__PageMove *moves = NULL, **move_ptrs = move_ptrs_none;
+        if (n > 0) {
+                maps = calloc(n, sizeof(*maps));
+                map_ptrs = calloc(n, sizeof(*map_ptrs));
+                fds = calloc(n, sizeof(int));
+        }
+        if (n_moves > 0) {
+                moves = calloc(n_moves, sizeof(*moves));
+                move_ptrs = calloc(n_moves, sizeof(*move_ptrs));
+        }
         int r = 0;
-        if (!maps || !map_ptrs || !fds || !moves || !move_ptrs) {
+        if ((n > 0 && (!maps || !map_ptrs || !fds)) || (n_moves > 0 && (!moves || !move_ptrs))) {
                 r = -ENOMEM;
                 goto out;
         }
-        for (size_t k = 0; k < s->n_moves; k++) {
+        for (size_t k = 0; k < n_moves; k++) {
                 const gm_page_move_t *m = &s->moves[k];
                 gpumem__page_move__init(&moves[k]);
                 moves[k].from_segment_id = m->from_segment_id;
@@ -210,7 +208,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         reply.block_size = res->size;
         reply.n_new_mappings = n - sent;
         reply.new_mappings = map_ptrs + sent;
-        reply.n_page_moves = s->n_moves;
+        reply.n_page_moves = n_moves;
         reply.page_moves = move_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
@@ -219,18 +217,25 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
 out:
         if (r == 0)
                 gm_session_pieces_sent(s);
-        free(maps);
-        free(map_ptrs);
-        free(fds);
-        free(moves);
-        free(move_ptrs);
+        if (n > 0) {
+                free(maps);
+                free(map_ptrs);
+                free(fds);
+        }
+        if (n_moves > 0) {
+                free(moves);
+                free(move_ptrs);
+        }
         return r;
 }
 
 void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
         if (c->closed)
                 return;
+        if (c->local)
+                return gm_local_answer_grant(c, request_id, out);
         if (out->kind == GM_OUTCOME_REFUSE) {
+                gm_session_count_refusal(c->session);
                 gm_request_refusal(c, request_id, out);
                 return;
         }
@@ -256,8 +261,6 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 };
         gm_outcome_t out;
         gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
-        if (out.kind == GM_OUTCOME_REFUSE && gm_local_park_alloc(c, request_id, alloc->size, alloc->stream, &out))
-                return 0;
         if (out.kind != GM_OUTCOME_PARK)
                 gm_requests_answer_alloc(c, request_id, &out);
         return 0;
@@ -300,7 +303,6 @@ static int handle_release_ack(gm_request_conn_t *c, uint64_t request_id, const G
         }
         if (r < 0)
                 gm_request_error(c, request_id, EINVAL, "no release %" PRIu64 " is pending", release_id);
-        gm_local_retry_parked(c->rq);
         return 0;
 }
 
@@ -324,10 +326,10 @@ static int handle_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         } else {
                 const char *tenant =
                         trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
-                released = gm_broker_trim(b, tenant);
                 const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
-                if (!tenant || t) /* local sessions give theirs back with their acks */
-                        released += gm_local_reclaim(c->rq, NULL, t);
+                if (tenant && !t)
+                        return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", tenant), 0;
+                released = gm_broker_trim(b, tenant); /* local sessions give theirs back with their acks */
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
         reply.released_bytes = released;
@@ -370,8 +372,16 @@ static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpum
         if (c->local)
                 return gm_local_reattach(c, request_id, req);
         int r = 0;
-        for (size_t i = 0; i < req->n_segments && r == 0; i++)
+        for (size_t i = 0; i < req->n_segments && r == 0; i++) {
                 r = reattach_segment(s, req->segments[i]);
+                if (r == -ENOENT) {
+                        gm_request_error(c, request_id, ENOENT,
+                                         "re-attach refused: the ledger has no record of segment %" PRIu64
+                                         " (offset and size as reported) for this session",
+                                         req->segments[i]->segment_id);
+                        return r;
+                }
+        }
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
                 r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,

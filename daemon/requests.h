@@ -46,17 +46,18 @@ struct gm_request_conn {
         const gm_requests_t *rq;
         gm_session_t *session;
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
+        char command[64];     /* the peer's command name at connect, escaped ("" unknown) */
         bool hello_done;
         bool closed;       /* the server closed it: nothing more is sent */
         uint64_t requests; /* packets received */
         gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
-        struct gm_parked_alloc *parked_allocs; /* central allocations waiting for local sessions' caches */
 };
 
 /* One request. Returns 0, or a negative errno when the connection must be
  * closed (protocol abuse). */
 int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds);
-/* Answers an allocation's outcome (reply with its new pieces, or refusal). */
+/* Answers an allocation's or a grant's outcome (reply with its new pieces
+ * or its piece, or refusal): the broker's ops->alloc_done. */
 void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* The table's metric names, by request index (for the metrics endpoint). */
 size_t gm_request_op_names(const char *const **ret_names);
@@ -77,12 +78,6 @@ void gm_request_format_message(char *message, size_t len, const char *fmt, va_li
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* Replies Ok; 0 (a failed send closes the connection). */
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id);
-/* Counts a reclaim outcome and a refusal (by its class) through the broker's host. */
-void gm_requests_count_reclaim(const gm_requests_t *rq, gm_reclaim_outcome_t outcome);
-void gm_requests_count_refusal(const gm_requests_t *rq, const char *tenant, gm_oom_reason_t reason);
-/* A request parked outside the broker (a local session's grant) was decided
- * after waiting `waited_ms` for reclaimed memory (the reclaim-wait histogram). */
-void gm_requests_parked_done(const gm_requests_t *rq, uint64_t waited_ms);
 
 /* ---- the table's rows ---- */
 

@@ -2,6 +2,7 @@
  * close. The only file that does socket I/O. A connection (and its broker
  * session) is freed only in its poll handle's close callback. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "msg.h"
 #include "requests.h"
 #include "sd.h"
+#include "text.h"
 
 /* Packets handled per readable event before yielding to other connections. */
 #define PACKETS_PER_WAKEUP 64
@@ -42,6 +44,22 @@ static void on_conn_closed(uv_handle_t *handle) {
         free(c);
 }
 
+static void outgoing_free(gm_outgoing_t *o) {
+        gm_close_fds(o->fds, o->n_fds);
+        free(o);
+}
+
+static void conn_drop_queue(gm_conn_t *c) {
+        while (c->out_head) {
+                gm_outgoing_t *o = c->out_head;
+                c->out_head = o->next;
+                outgoing_free(o);
+        }
+        c->out_tail = NULL;
+        c->out_packets = c->out_fds = 0;
+        c->out_bytes = 0;
+}
+
 /* Ends a connection: its session releases all its memory at once. */
 static void conn_close(gm_conn_t *c, const char *why) {
         if (c->req.closed)
@@ -62,26 +80,121 @@ static void conn_close(gm_conn_t *c, const char *why) {
         d->n_conns--;
         count_conn_of_uid(d, s->uid, -1);
         uv_poll_stop(&c->poll);
+        conn_drop_queue(c);
         close(c->fd);
         c->fd = -1;
         uv_close((uv_handle_t *) &c->poll, on_conn_closed);
 }
 
-/* Sends an envelope (with fds) carrying `request_id`; on failure the
- * connection is closed and a negative errno returned. */
+static void on_conn_event(uv_poll_t *handle, int status, int events);
+
+/* Watches for input (nothing queued) or for room to send (something queued:
+ * no request is read until the client has read what it was sent). */
+static void conn_watch(gm_conn_t *c) {
+        uv_poll_start(&c->poll, (c->out_head ? UV_WRITABLE : UV_READABLE) | UV_DISCONNECT, on_conn_event);
+}
+
+static void conn_close_send_failed(gm_conn_t *c, int err) {
+        char why[128];
+        snprintf(why, sizeof(why), "send failed: %s", strerror(-err));
+        conn_close(c, why);
+}
+
+/* Queues env (packed) with duplicates of its fds behind what is queued;
+ * -ENOBUFS past the connection's limits. */
+static int conn_queue(gm_conn_t *c, const Gpumem__Envelope *env, const int *fds, size_t n_fds) {
+        size_t len = gpumem__envelope__get_packed_size(env);
+        if (len > c->daemon->opts.limits.max_packet)
+                return -EMSGSIZE;
+        if (c->out_packets + 1 > GM_CONN_MAX_QUEUED_PACKETS || c->out_bytes + len > GM_CONN_MAX_QUEUED_BYTES ||
+            c->out_fds + n_fds > GM_CONN_MAX_QUEUED_FDS)
+                return -ENOBUFS;
+        gm_outgoing_t *o = malloc(sizeof(*o) + n_fds * sizeof(int) + len);
+        if (!o)
+                return -ENOMEM;
+        o->next = NULL;
+        o->len = len;
+        o->n_fds = 0;
+        o->fds = (int *) (o + 1);
+        o->data = (uint8_t *) (o->fds + n_fds);
+        gpumem__envelope__pack(env, o->data);
+        for (size_t i = 0; i < n_fds; i++) {
+                int dup = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+                if (dup < 0) {
+                        int r = -errno;
+                        outgoing_free(o);
+                        return r;
+                }
+                o->fds[o->n_fds++] = dup;
+        }
+        if (c->out_tail)
+                c->out_tail->next = o;
+        else
+                c->out_head = o;
+        c->out_tail = o;
+        c->out_packets++;
+        c->out_fds += (uint32_t) n_fds;
+        c->out_bytes += len;
+        return 0;
+}
+
+/* Sends what is queued while the socket takes it; once all of it is sent,
+ * reading resumes. On a send error the connection is closed. */
+static void conn_flush(gm_conn_t *c) {
+        while (c->out_head && !c->req.closed) {
+                gm_outgoing_t *o = c->out_head;
+                int r = gm_ipc_send(c->fd, o->data, o->len, o->fds, o->n_fds);
+                if (r == -EAGAIN)
+                        return;
+                if (r < 0) {
+                        conn_close_send_failed(c, r);
+                        return;
+                }
+                c->out_head = o->next;
+                if (!c->out_head)
+                        c->out_tail = NULL;
+                c->out_packets--;
+                c->out_fds -= (uint32_t) o->n_fds;
+                c->out_bytes -= o->len;
+                outgoing_free(o);
+        }
+        if (!c->req.closed)
+                conn_watch(c);
+}
+
+/* Sends an envelope (with fds, still the caller's) carrying `request_id`, or
+ * queues it while the client's socket is full; on failure (the client gone,
+ * or too much unread) the connection is closed and a negative errno returned. */
 static int conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds) {
         if (c->req.closed)
                 return -ECONNRESET;
         env->request_id = request_id;
-        int r = gm_msg_send(c->fd, env, fds, n_fds, c->daemon->opts.limits.max_packet);
-        if (r < 0) {
-                /* A client that does not read its replies (-EAGAIN: socket buffer
-                 * full) or is gone loses its session. */
-                char why[128];
-                snprintf(why, sizeof(why), "send failed: %s", strerror(-r));
-                conn_close(c, why);
+        int r = -EAGAIN;
+        if (!c->out_head)
+                r = gm_msg_send(c->fd, env, fds, n_fds, c->daemon->opts.limits.max_packet);
+        if (r != -EAGAIN) {
+                if (r < 0) {
+                        conn_close_send_failed(c, r);
+                }
+                return r;
         }
-        return r;
+        bool was_blocked = c->out_head != NULL;
+        r = conn_queue(c, env, fds, n_fds);
+        if (r < 0) {
+                char why[160];
+                if (r == -ENOBUFS)
+                        snprintf(why, sizeof(why),
+                                 "the client does not read what it is sent (limits: %u packets, %u bytes, %u fds "
+                                 "queued)",
+                                 GM_CONN_MAX_QUEUED_PACKETS, GM_CONN_MAX_QUEUED_BYTES, GM_CONN_MAX_QUEUED_FDS);
+                else
+                        snprintf(why, sizeof(why), "cannot queue a reply: %s", strerror(-r));
+                conn_close(c, why);
+                return r;
+        }
+        if (!was_blocked)
+                conn_watch(c);
+        return 0;
 }
 
 /* The connection that embeds a request conn (every session's userdata). */
@@ -118,17 +231,13 @@ void gm_server_sync_requests(gm_daemon_t *d) {
 }
 
 /* Reads and handles queued packets; returns after PACKETS_PER_WAKEUP so that one
- * busy client cannot starve the others. */
-static void on_conn_readable(uv_poll_t *handle, int status, int events) {
-        gm_conn_t *c = handle->data;
+ * busy client cannot starve the others, or as soon as a reply had to be
+ * queued (back-pressure: the client reads first). */
+static void conn_read(gm_conn_t *c) {
         gm_daemon_t *d = c->daemon;
-        if (status < 0) {
-                conn_close(c, uv_strerror(status));
-                return;
-        }
         size_t max_packet = d->opts.limits.max_packet;
         uint8_t *buf = d->rx_buf; /* one loop thread: one receive buffer for every connection */
-        for (int i = 0; i < PACKETS_PER_WAKEUP && !c->req.closed; i++) {
+        for (int i = 0; i < PACKETS_PER_WAKEUP && !c->req.closed && !c->out_head; i++) {
                 int fds[GM_IPC_MAX_FDS_LIMIT];
                 size_t len = 0, n_fds = 0;
                 int r = gm_ipc_recv(c->fd, buf, max_packet, fds, d->opts.limits.max_fds, &len, &n_fds);
@@ -162,6 +271,20 @@ static void on_conn_readable(uv_poll_t *handle, int status, int events) {
                 gm_session_flush_releases(c->req.session);
                 gm_daemon_debug_check(d, "a request");
         }
+}
+
+static void on_conn_event(uv_poll_t *handle, int status, int events) {
+        gm_conn_t *c = handle->data;
+        if (status < 0) {
+                conn_close(c, uv_strerror(status));
+                return;
+        }
+        if (c->out_head) {
+                /* Writable, or the peer hung up (then the send fails). */
+                conn_flush(c);
+                return;
+        }
+        conn_read(c);
 }
 
 void gm_daemon_debug_check(const gm_daemon_t *d, const char *after) {
@@ -213,6 +336,7 @@ static int conn_new(gm_daemon_t *d, int fd, gm_conn_t **ret_conn) {
         char fallback[64];
         snprintf(c->req.tenant_name, sizeof(c->req.tenant_name), "%s",
                  gm_config_tenant_for(d->config, &id, fallback, sizeof(fallback)));
+        gm_text_escape(id.comm, c->req.command, sizeof(c->req.command));
         c->daemon = d;
         c->fd = fd;
         c->req.rq = &d->requests;
@@ -312,7 +436,7 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         d->conns->prev = c;
                 d->conns = c;
                 d->n_conns++;
-                uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_conn_readable);
+                conn_watch(c);
                 log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) c->req.session->id,
                           (int) c->req.session->pid, (unsigned) c->req.session->uid);
         }
@@ -451,6 +575,8 @@ static void parked_done(void *userdata, uint64_t waited_ms) {
 gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
+                .send_reclaim = gm_local_send_reclaim,
+                .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
                 .store_remove = store_remove,

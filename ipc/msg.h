@@ -6,6 +6,8 @@
 #include "gpumem.pb-c.h"
 
 #define GM_PROTOCOL_VERSION 1u
+/* The most memory-history entries a HistoryControl may ask the daemon to keep. */
+#define GM_HISTORY_MAX_ENTRIES 100000000u
 
 /* Packs `env` into a packet of at most max_packet bytes and sends it with the
  * given fds (still owned by the caller). -EMSGSIZE when it does not fit. */

@@ -1,6 +1,7 @@
 /* The broker in process, on a fake backend and a fake host: quotas, reclaim
- * and parking, release batches, grants without a heap, a reply that could not
- * be built, re-attach and ledger replay. gm_broker_check() runs after every
+ * and parking (central allocations and local sessions' grants alike, with
+ * unresponsive clients), release batches, grants without a heap, a reply that
+ * could not be built, re-attach and ledger replay. gm_broker_check() runs after every
  * step (CHECK), and a deliberately broken invariant must be caught. */
 #include <check.h>
 #include <errno.h>
@@ -91,6 +92,17 @@ typedef struct host {
         size_t n_stored;
         unsigned removed_unknown; /* store removals of names never stored */
         char last_log[1024];
+        struct {
+                gm_session_t *session;
+                uint64_t id, bytes;
+        } reclaims[MAX_RELEASES];
+        size_t n_reclaims;
+        struct {
+                const gm_session_t *session;
+                uint64_t active; /* what its client's page says is in use */
+        } views[8];
+        size_t n_views;
+        int unresponsive; /* markings minus recoveries */
 } host_t;
 
 static int host_send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
@@ -115,6 +127,30 @@ static void host_alloc_done(void *userdata, gm_session_t *s, uint64_t request_id
         h->n_done++;
         if (out->kind == GM_OUTCOME_REPLY)
                 gm_session_pieces_sent(s); /* as the daemon does once the reply is out */
+}
+
+static int host_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes) {
+        host_t *h = userdata;
+        ck_assert_uint_lt(h->n_reclaims, MAX_RELEASES);
+        h->reclaims[h->n_reclaims].session = s;
+        h->reclaims[h->n_reclaims].id = reclaim_id;
+        h->reclaims[h->n_reclaims].bytes = bytes;
+        h->n_reclaims++;
+        return 0;
+}
+
+static void host_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
+        host_t *h = userdata;
+        *ret = (gm_client_view_t){0};
+        for (size_t i = 0; i < h->n_views; i++)
+                if (h->views[i].session == s)
+                        ret->session_active = ret->session_allocated = h->views[i].active;
+}
+
+static void host_unresponsive(void *userdata, gm_session_t *s, bool unresponsive) {
+        host_t *h = userdata;
+        ck_assert_int_eq(s->unresponsive, unresponsive);
+        h->unresponsive += unresponsive ? 1 : -1;
 }
 
 static int host_store_add(void *userdata, int fd, const char *name) {
@@ -178,6 +214,9 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
                         {
                                 .send_release = host_send_release,
                                 .alloc_done = host_alloc_done,
+                                .send_reclaim = host_send_reclaim,
+                                .client_view = host_client_view,
+                                .unresponsive = host_unresponsive,
                                 .store_add = host_store_add,
                                 .store_remove = host_store_remove,
                                 .log = host_log,
@@ -227,6 +266,60 @@ static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
         gm_session_pieces_sent(s);
         CHECK(s->broker);
         return out.alloc.block_id;
+}
+
+/* What the client of local session `s` says it uses of its pieces. */
+static void client_uses(const gm_session_t *s, uint64_t active) {
+        for (size_t i = 0; i < host_.n_views; i++)
+                if (host_.views[i].session == s) {
+                        host_.views[i].active = active;
+                        return;
+                }
+        ck_assert_uint_lt(host_.n_views, 8);
+        host_.views[host_.n_views].session = s;
+        host_.views[host_.n_views++].active = active;
+}
+
+static gm_session_t *local_session(gm_broker_t *b, uid_t uid, const char *tenant) {
+        gm_session_t *s = session(b, uid, tenant);
+        ck_assert_int_eq(gm_session_set_local(s), 0);
+        CHECK(b);
+        return s;
+}
+
+/* A grant of a whole segment of `size` bytes. */
+static gm_grant_t whole(uint64_t segment_id, uint64_t size) {
+        return (gm_grant_t){.piece = {.segment_id = segment_id, .segment_va_size = size, .size = size},
+                            .block_size = size};
+}
+
+static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t size) {
+        gm_outcome_t out;
+        gm_grant_t g = whole(segment_id, size);
+        gm_session_grant(s, 1, &g, &out);
+        ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "grant of %llu: kind %d: %s", (unsigned long long) size, out.kind,
+                      out.message);
+        ck_assert_ptr_nonnull(out.piece);
+        ck_assert(out.piece->granted);
+        CHECK(s->broker);
+        return out.piece;
+}
+
+static void return_whole(gm_session_t *s, uint64_t segment_id, uint64_t size) {
+        gm_release_range_t r = {.segment_id = segment_id, .offset = 0, .length = size};
+        size_t bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        CHECK(s->broker);
+}
+
+/* A tick past every parked request's timeout (the timeout is restored). */
+static void expire_parked(void) {
+        gm_broker_limits_t limits = b_->limits, expired = limits;
+        expired.park_timeout_ms = 0;
+        gm_broker_set_limits(b_, &expired);
+        gm_broker_tick(b_, gm_now_ms());
+        gm_broker_set_limits(b_, &limits);
+        CHECK(b_);
 }
 
 static void ack_all(gm_session_t *s) {
@@ -335,11 +428,7 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         gm_session_alloc(third, 45, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK); /* busy's cache is on its way */
         CHECK(b_);
-        gm_broker_limits_t limits = b_->limits;
-        limits.park_timeout_ms = 0;
-        gm_broker_set_limits(b_, &limits);
-        gm_broker_tick(b_, gm_now_ms());
-        CHECK(b_);
+        expire_parked();
         ck_assert_uint_eq(host_.n_done, 3);
         ck_assert_uint_eq(host_.done[2].request_id, 45);
         ck_assert_int_eq(host_.done[2].outcome.kind, GM_OUTCOME_REFUSE);
@@ -610,23 +699,47 @@ START_TEST(test_ledger_replay_and_reattach) {
 }
 END_TEST
 
+/* The coordinates of s's piece of `size` bytes. */
+static gm_reattach_range_t piece_of_size(const gm_session_t *s, uint64_t size, uint64_t *ret_segment) {
+        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                if (p->phys.size == size) {
+                        *ret_segment = p->segment_id;
+                        return (gm_reattach_range_t){.offset = p->offset, .length = p->phys.size};
+                }
+        ck_abort_msg("no piece of %llu bytes", (unsigned long long) size);
+        return (gm_reattach_range_t){0};
+}
+
 /* Without a store, a client's report re-registers its memory (unbacked), but
- * only for a session the journal names, by the same uid, within its quota and
- * the device. Issue #17 item 2: any made-up token once claimed anything. */
+ * only for a session the journal names, by the same uid, piece by piece as
+ * the journal recorded that session's, within its quota and the device.
+ * Issue #17 item 2: any made-up token (then any made-up segment under a
+ * real one) once claimed anything. */
 START_TEST(test_reattach_without_store_is_unbacked) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
         gm_session_t *old = session(b_, 1000, "a");
+        alloc_ok(old, 20 * MiB);
+        alloc_ok(old, 48 * MiB);
+        ck_assert_uint_eq(b_->n_recorded, 2);
+        uint64_t seg_small, seg_big;
+        gm_reattach_range_t small = piece_of_size(old, 20 * MiB, &seg_small),
+                            big = piece_of_size(old, 48 * MiB, &seg_big);
         char token[GM_TOKEN_LEN + 1];
         snprintf(token, sizeof(token), "%s", old->token);
+        gm_session_t *other = session(b_, 1000, "a"); /* a session of the same user, with memory of its own */
+        alloc_ok(other, 12 * MiB);
+        uint64_t seg_other;
+        gm_reattach_range_t theirs = piece_of_size(other, 12 * MiB, &seg_other);
         b_->stopping = true; /* as a daemon that stops (or dies): the session stays claimable */
         b_ = gm_broker_free(b_);
 
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
+        ck_assert_uint_eq(b_->n_records, 3);
         gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_CONFIG, true, 64 * MiB);
         gm_session_params_t params = {.pid = 7, .uid = 1000};
         gm_session_t *r;
@@ -644,34 +757,283 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         params.uid = 1000;
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), 0);
+        /* Made-up segments under the real token: none the journal gave it. */
         gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1), -ENOENT);
+        gm_reattach_range_t part = {.offset = small.offset, .length = small.length / 2};
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1), -ENOENT);
+        gm_piece_spec_t granted = {.segment_id = seg_other, .segment_va_size = theirs.length, .size = theirs.length};
+        gm_piece_t *gp;
+        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -EPROTO); /* not a local session */
+        r->local = true; /* as a local heap's report: the same refusal */
+        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -ENOENT);
+        r->local = false;
+        CHECK(b_);
+        ck_assert_uint_eq(b_->unbacked_bytes, 0);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 0);
+
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), 0);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
         ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
-        gm_reattach_range_t big = {.offset = 0, .length = 48 * MiB}; /* 68 MiB > the 64 MiB quota */
-        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 48 * MiB, 0, &big, 1), -EDQUOT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), -ENOENT); /* once */
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -EDQUOT);     /* 68 > 64 MiB */
         CHECK(b_);
         gm_tenant_set_quota(r->tenant, GM_QUOTA_CONFIG, false, 0);
-        gm_reattach_range_t huge = {.offset = 0, .length = 512 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 6, 512 * MiB, 0, &huge, 1), -ENOMEM);
-        ck_assert_int_eq(gm_session_reattach_segment(r, 5, 20 * MiB, 0, &whole, 1), -EEXIST);
+        backend_.capacity = 64 * MiB;
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -ENOMEM); /* the device */
+        backend_.capacity = 256 * MiB;
         CHECK(b_);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), 0);
         ck_assert_int_eq(gm_session_reattach_finish(r), 0);
         CHECK(b_);
-        ck_assert_uint_eq(r->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(r->tenant->charged_bytes, 68 * MiB);
+        ck_assert_uint_eq(b_->n_records, 1); /* the other session's, until it comes back or the grace ends */
         gm_session_end(r);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
+        gm_ledger_expire(b_, gm_now_ms() + 60001, false);
+        ck_assert_uint_eq(b_->n_records, 0);
 
-        /* Its end is journaled: the token cannot be claimed again. */
+        /* Its end is journaled: the token cannot be claimed again, and no
+         * record is left to claim. */
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         gm_ledger_adopt_done(b_, gm_now_ms());
+        ck_assert_uint_eq(b_->n_records, 0);
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), -ENOENT);
         gm_session_free(r);
+}
+END_TEST
+
+/* Local sessions' grants park and wake up as central allocations do: one
+ * FIFO per session, retried when memory comes back (ReturnPieces, then the
+ * ReclaimAck), a central request waiting on a local session's cache. */
+START_TEST(test_grants_park_until_reclaimed) {
+        backend_.capacity = 60 * MiB;
+        gm_session_t *idle = local_session(b_, 1000, "a");
+        gm_session_t *busy = local_session(b_, 1001, "b");
+        gm_session_t *central = session(b_, 1002, "c");
+        grant_ok(idle, 1, 20 * MiB);
+        grant_ok(idle, 2, 20 * MiB);
+        grant_ok(idle, 3, 20 * MiB);
+        ck_assert_uint_eq(idle->grants.pieces, 3);
+        ck_assert_int_eq(idle->grants.segments.current, 3);
+        client_uses(idle, 20 * MiB); /* 40 MiB cached in its client's heap */
+        client_uses(busy, 60 * MiB); /* all it will get is in use */
+
+        /* A malformed grant is refused at once, without asking anyone. */
+        gm_outcome_t out;
+        gm_grant_t g = whole(2, 20 * MiB);
+        gm_session_grant(idle, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EINVAL);
+        ck_assert_ptr_nonnull(strstr(out.message, "already granted"));
+        ck_assert_uint_eq(host_.n_reclaims, 0);
+
+        /* The device is full: idle's client is asked (Reclaim), the grant waits. */
+        g = whole(1, 20 * MiB);
+        gm_session_grant(busy, 41, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_ptr_eq(host_.reclaims[0].session, idle);
+        ck_assert_uint_eq(host_.reclaims[0].bytes, 40 * MiB);
+        ck_assert_uint_eq(idle->reclaim.id, host_.reclaims[0].id);
+        g = whole(2, 20 * MiB);
+        gm_session_grant(busy, 42, &g, &out); /* behind the first, in order */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        g = whole(3, 20 * MiB);
+        gm_session_grant(busy, 43, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(busy->n_parked, 3);
+        /* A central allocation waits on the same Reclaim. */
+        gm_session_alloc(central, 50, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1); /* one Reclaim at a time */
+        CHECK(b_);
+
+        /* A stale ack is refused; a returned piece that was never granted too. */
+        ck_assert_int_eq(gm_session_reclaim_ack(idle, 777, 0), -ENOENT);
+        gm_release_range_t bogus = {.segment_id = 9, .offset = 0, .length = 20 * MiB};
+        size_t first_bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(idle, &bogus, 1, &first_bad), 1);
+        ck_assert_uint_eq(first_bad, 0);
+        ck_assert_uint_eq(host_.n_done, 0);
+
+        /* The client gives one segment back: the oldest waiting grant gets it. */
+        client_uses(idle, 20 * MiB);
+        return_whole(idle, 2, 20 * MiB);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_uint_eq(host_.done[0].request_id, 41);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_ptr_nonnull(host_.done[0].outcome.piece);
+        ck_assert_uint_eq(busy->n_parked, 2);
+        ck_assert_uint_eq(busy->tenant->charged_bytes, 20 * MiB);
+        ck_assert_int_eq(idle->grants.segments.current, 2);
+        return_whole(idle, 3, 20 * MiB);
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_uint_eq(host_.done[1].request_id, 42);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REPLY);
+
+        /* Its ack: nothing more is coming, the rest is refused. */
+        ck_assert_int_eq(gm_session_reclaim_ack(idle, host_.reclaims[0].id, 40 * MiB), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_done, 4);
+        bool seen_43 = false, seen_50 = false;
+        for (size_t i = 2; i < 4; i++) {
+                ck_assert_int_eq(host_.done[i].outcome.kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(host_.done[i].outcome.error, -ENOMEM);
+                seen_43 |= host_.done[i].request_id == 43;
+                seen_50 |= host_.done[i].request_id == 50;
+        }
+        ck_assert(seen_43 && seen_50);
+        ck_assert_uint_eq(busy->n_parked + central->n_parked, 0);
+        ck_assert_uint_eq(idle->reclaim.id, 0);
+
+        /* An admin trim asks local sessions too. */
+        client_uses(busy, 0);
+        ck_assert_uint_eq(gm_broker_trim(b_, "b"), 40 * MiB);
+        ck_assert_uint_eq(host_.n_reclaims, 2);
+        ck_assert_ptr_eq(host_.reclaims[1].session, busy);
+        CHECK(b_);
+}
+END_TEST
+
+/* A waiting grant times out with the diagnosis; a session that ends while
+ * its grants wait takes them (and its pieces) with it. */
+START_TEST(test_grant_timeout_and_end_while_parked) {
+        backend_.capacity = 40 * MiB;
+        gm_tenant_set_quota(gm_tenant_get(b_, "q"), GM_QUOTA_CONFIG, true, 40 * MiB);
+        gm_session_t *holder = local_session(b_, 1000, "q");
+        gm_session_t *waiter = local_session(b_, 1001, "q");
+        grant_ok(holder, 1, 20 * MiB);
+        grant_ok(waiter, 1, 20 * MiB);
+        client_uses(holder, 0);
+        /* Quota pressure asks only the tenant's own sessions. */
+        gm_outcome_t out;
+        gm_grant_t g = whole(2, 20 * MiB);
+        gm_session_grant(waiter, 7, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        CHECK(b_);
+        expire_parked();
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[0].outcome.error, -EDQUOT);
+        ck_assert_msg(strstr(host_.done[0].outcome.message, "quota"), "message: %s", host_.done[0].outcome.message);
+
+        /* Waiting again (the Reclaim is still out), then gone. */
+        gm_session_grant(waiter, 8, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        g = whole(3, 20 * MiB);
+        gm_session_grant(waiter, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(waiter->n_parked, 2);
+        gm_session_free(waiter);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        ck_assert_uint_eq(gm_tenant_find(b_, "q")->charged_bytes, 20 * MiB);
+        /* The holder ends with its Reclaim out: nothing is left. */
+        gm_session_end(holder);
+        CHECK(b_);
+        ck_assert_uint_eq(holder->reclaim.id, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* A client that answers no release request for unresponsive_timeout_ms is
+ * not waited for: what waits for it is refused at once with its pid named,
+ * nothing new waits for it, its memory stays charged, and it is responsive
+ * again once it answers. Central and local alike. */
+START_TEST(test_unresponsive_client_is_not_waited_for) {
+        backend_.capacity = 40 * MiB;
+        gm_broker_limits_t limits = b_->limits;
+        limits.unresponsive_timeout_ms = 5000;
+        gm_broker_set_limits(b_, &limits);
+        gm_session_t *stopped = session(b_, 1000, "a");
+        gm_session_t *lstopped = local_session(b_, 1001, "l");
+        gm_session_t *busy = session(b_, 1002, "b");
+        gm_session_t *lbusy = local_session(b_, 1003, "lb");
+        uint64_t blk = alloc_ok(stopped, 20 * MiB);
+        ck_assert_int_eq(gm_session_free_block(stopped, blk, false), 0);
+        grant_ok(lstopped, 1, 20 * MiB);
+        client_uses(lstopped, 0);
+
+        gm_outcome_t out;
+        gm_session_alloc(busy, 1, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        gm_grant_t g = whole(1, 20 * MiB);
+        gm_session_grant(lbusy, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_uint_ne(stopped->owing_since_ms, 0);
+        ck_assert_uint_ne(lstopped->owing_since_ms, 0);
+        CHECK(b_);
+
+        /* Before the bound nothing changes. */
+        gm_broker_tick(b_, gm_now_ms() + 1000);
+        ck_assert_uint_eq(host_.n_done, 0);
+        ck_assert(!stopped->unresponsive && !lstopped->unresponsive);
+
+        /* Past it: both are unresponsive, the waiting requests are refused now. */
+        gm_broker_tick(b_, gm_now_ms() + 6000);
+        CHECK(b_);
+        ck_assert(stopped->unresponsive && lstopped->unresponsive);
+        ck_assert_int_eq(host_.unresponsive, 2);
+        ck_assert_uint_eq(host_.n_done, 2);
+        char pid[32];
+        for (size_t i = 0; i < 2; i++) {
+                const gm_outcome_t *o = &host_.done[i].outcome;
+                ck_assert_int_eq(o->kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(o->error, -ENOMEM);
+                ck_assert_msg(strstr(o->message, "unresponsive session"), "message: %s", o->message);
+                snprintf(pid, sizeof(pid), "pid %d", (int) stopped->pid);
+                ck_assert_msg(strstr(o->message, pid), "message: %s", o->message);
+                snprintf(pid, sizeof(pid), "pid %d", (int) lstopped->pid);
+                ck_assert_msg(strstr(o->message, pid), "message: %s", o->message);
+        }
+        /* New requests do not wait, and nobody is asked again. */
+        gm_session_alloc(busy, 3, 20 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        gm_session_grant(lbusy, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        gm_broker_limits_t quick = b_->limits;
+        quick.release_timeout_ms = 0;
+        gm_broker_set_limits(b_, &quick);
+        gm_broker_tick(b_, gm_now_ms() + 7000);
+        gm_broker_set_limits(b_, &limits);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        /* The memory stays charged: its processes still map it. */
+        ck_assert_uint_eq(stopped->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(lstopped->tenant->charged_bytes, 20 * MiB);
+        gm_tenant_view_t *views;
+        size_t n_views;
+        ck_assert_int_eq(gm_broker_tenant_views(b_, &views, &n_views), 0);
+        uint32_t marked = 0;
+        for (size_t i = 0; i < n_views; i++)
+                marked += views[i].unresponsive;
+        free(views);
+        ck_assert_uint_eq(marked, 2);
+        CHECK(b_);
+
+        /* Continued, they answer: responsive again, and the memory is used. */
+        ack_all(stopped);
+        ck_assert(!stopped->unresponsive);
+        ck_assert_uint_eq(stopped->owing_since_ms, 0);
+        return_whole(lstopped, 1, 20 * MiB);
+        ck_assert_int_eq(gm_session_reclaim_ack(lstopped, host_.reclaims[0].id, 20 * MiB), 0);
+        ck_assert(!lstopped->unresponsive);
+        ck_assert_int_eq(host_.unresponsive, 0);
+        alloc_ok(busy, 20 * MiB);
+        grant_ok(lbusy, 1, 20 * MiB);
+        CHECK(b_);
 }
 END_TEST
 
@@ -690,6 +1052,19 @@ START_TEST(test_checker_catches_broken_books) {
         s->releasing_bytes = 1;
         ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
         s->releasing_bytes = 0;
+        CHECK(b_);
+        gm_session_t *l = local_session(b_, 1001, "l");
+        grant_ok(l, 1, 2 * MiB);
+        l->grants.pieces++;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "granted"), "why: %s", why);
+        l->grants.pieces--;
+        gm_stat_update(&l->grants.segments, 1);
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        gm_stat_update(&l->grants.segments, -1);
+        l->unresponsive = true;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        l->unresponsive = false;
         CHECK(b_);
 }
 END_TEST
@@ -769,6 +1144,9 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
         tcase_add_test(tc, test_grant_without_a_heap);
+        tcase_add_test(tc, test_grants_park_until_reclaimed);
+        tcase_add_test(tc, test_grant_timeout_and_end_while_parked);
+        tcase_add_test(tc, test_unresponsive_client_is_not_waited_for);
         tcase_add_test(tc, test_alloc_undo_keeps_new_pieces_for_the_next_reply);
         tcase_add_test(tc, test_ledger_replay_and_reattach);
         tcase_add_test(tc, test_ledger_compacted_while_churning);

@@ -6,6 +6,8 @@
  *   gm-test-client SOCKET cache SIZE N     alloc N blocks of SIZE, free them (cached), print
  *                                         "ready", wait for stdin to close
  *   gm-test-client SOCKET zero SIZE        alloc SIZE and exit 0 if every byte is 0
+ *   gm-test-client SOCKET try SIZE N       alloc N blocks of SIZE (kept), printing "ok" or
+ *                                         "refused ERRNO MESSAGE" for each; exit 0
  *   gm-test-client SOCKET race SIZE ROUNDS alloc SIZE blocks until refused, free all, ROUNDS
  *                                         times; print "granted=G refused=R"; exit 0 if every
  *                                         refusal was -EDQUOT
@@ -73,6 +75,15 @@ int main(int argc, char **argv) {
                 printf("ready\n");
                 fflush(stdout);
                 wait_stdin_closed();
+        } else if (strcmp(cmd, "try") == 0 && argc == 5) {
+                for (int i = 0, n = atoi(argv[4]); i < n; i++) {
+                        void *p;
+                        if ((r = gpumem_alloc(c, size, 0, &p)) < 0)
+                                printf("refused %d %s\n", -r, gpumem_last_error(c));
+                        else
+                                printf("ok\n");
+                }
+                fflush(stdout);
         } else if (strcmp(cmd, "zero") == 0) {
                 void *p;
                 if ((r = gpumem_alloc(c, size, 0, &p)) < 0) {

@@ -199,6 +199,7 @@ START_TEST(test_example_file) {
                   c->has_backend && c->has_device && c->has_capacity && c->has_alloc_conf && c->has_admin_group &&
                   c->has_state_dir && c->has_max_sessions && c->has_max_blocks_per_session && c->has_max_packet &&
                   c->has_max_fds && c->has_release_timeout_ms && c->has_park_timeout_ms &&
+                  c->has_unresponsive_timeout_ms && c->unresponsive_timeout_ms == 10000 &&
                   c->has_max_parked_per_session && c->has_max_sessions_per_uid && c->has_hello_timeout_ms &&
                   c->has_metrics_tenants);
         ck_assert(c->metrics_tenants);
@@ -369,6 +370,8 @@ START_TEST(test_errors_values) {
                 {"[daemon]\nrelease_timeout_ms = 2s\n",
                  "2: invalid release_timeout_ms '2s': a whole number from 1 to 3600000"},
                 {"[daemon]\npark_timeout_ms =\n", "2: invalid park_timeout_ms '': a whole number from 1 to 3600000"},
+                {"[daemon]\nunresponsive_timeout_ms = 86400001\n",
+                 "2: invalid unresponsive_timeout_ms '86400001': a whole number from 0 to 86400000"},
                 {"[daemon]\nmax_parked_per_session = 65537\n",
                  "2: invalid max_parked_per_session '65537': a whole number from 0 to 65536"},
                 {"[daemon]\nmax_blocks_per_session = 99999999999999999999999\n",

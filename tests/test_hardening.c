@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -236,6 +237,9 @@ START_TEST(test_numeric_flags_range_checked) {
                 {"--max-blocks", "18446744073709551617",
                  "Invalid --max-blocks '18446744073709551617': a whole number from 1 to 4294967296"},
                 {"--max-sessions-per-uid", "0x10", "Invalid --max-sessions-per-uid '0x10'"},
+                {"--unresponsive-timeout", "86400001",
+                 "Invalid --unresponsive-timeout '86400001': a whole number from 0 to 86400000"},
+                {"--unresponsive-timeout", "-1", "Invalid --unresponsive-timeout '-1'"},
                 {"--device", "4294967296", "Invalid --device '4294967296'"},
                 {"--device", "-1", "Invalid --device '-1'"},
                 {"--socket", "", "Invalid --socket '': an absolute path"},
@@ -702,37 +706,275 @@ START_TEST(test_lying_release_ack_keeps_charge) {
 }
 END_TEST
 
+/* ---- re-attach, piece by piece ---- */
+
+/* A raw session holding one allocation of `size`; *ret_token its token,
+ * *ret_mapping the memory's coordinates, *ret_seg_fd its fd. */
+static int raw_session_with_memory(const char *socket_path, uint64_t size, char ret_token[64],
+                                   Gpumem__Mapping *ret_mapping, int *ret_seg_fd) {
+        int fd = gm_test_raw_connect(socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "holder", NULL);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        snprintf(ret_token, 64, "%s", reply->hello_reply->session_token);
+        gm_msg_free(reply);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = size;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+        reply = recv_with_fd(fd, ret_seg_fd);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(reply->alloc_reply->n_new_mappings, 1);
+        *ret_mapping = *reply->alloc_reply->new_mappings[0];
+        gm_msg_free(reply);
+        return fd;
+}
+
+/* Resumes `token` and reports one segment as held; the daemon's answer. */
+static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token, const Gpumem__Mapping *m) {
+        int fd = gm_test_raw_connect(socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "resumer", token);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        gm_msg_free(reply);
+        Gpumem__Range range = GPUMEM__RANGE__INIT;
+        range.offset = m->offset;
+        range.length = m->length;
+        Gpumem__Range *ranges[] = {&range};
+        Gpumem__ReattachSegment seg = GPUMEM__REATTACH_SEGMENT__INIT;
+        seg.segment_id = m->segment_id;
+        seg.va_size = m->segment_va_size;
+        seg.n_mapped = 1;
+        seg.mapped = ranges;
+        Gpumem__ReattachSegment *segs[] = {&seg};
+        Gpumem__Reattach req = GPUMEM__REATTACH__INIT;
+        req.n_segments = 1;
+        req.segments = segs;
+        req.last = true;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
+        env.reattach = &req;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
+                int ignored;
+                ck_assert_ptr_null(recv_with_fd(fd, &ignored)); /* and closed */
+        }
+        close(fd);
+        return reply;
+}
+
+START_TEST(test_made_up_segment_claims_nothing) {
+        /* Without an fd store a resumed session's report was believed segment
+         * by segment: under a real token any made-up segment was charged and
+         * counted as in use. Now each must be one the ledger recorded for that
+         * very session. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        d.keep_dir = true;
+        char token_a[64], token_b[64];
+        Gpumem__Mapping mine, theirs;
+        int seg_a, seg_b;
+        int fd_a = raw_session_with_memory(d.socket_path, 2 << 20, token_a, &mine, &seg_a);
+        int fd_b = raw_session_with_memory(d.socket_path, 4 << 20, token_b, &theirs, &seg_b);
+        ck_assert_int_eq(kill(d.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+        close(fd_a);
+        close(fd_b);
+        gm_test_daemon_launch(&d, "64M", NULL);
+
+        /* A made-up segment, and B's real one, under A's real token. */
+        Gpumem__Mapping made_up = mine;
+        made_up.segment_id = mine.segment_id + theirs.segment_id + 1000;
+        made_up.segment_va_size = made_up.length = 32 << 20;
+        Gpumem__Envelope *e = reattach_one(d.socket_path, token_a, &made_up);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, ENOENT);
+        ck_assert_msg(strstr(e->error->message, "the ledger has no record of segment"), "%s", e->error->message);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), 0);
+        ck_assert_int_eq(gm_test_device_stat(d.socket_path, "reserved_bytes.all.current"), 0);
+
+        /* B claims what it holds: believed, and charged. */
+        e = reattach_one(d.socket_path, token_b, &theirs);
+        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_OK, "kind %d: %s", (int) e->body_case,
+                      e->body_case == GPUMEM__ENVELOPE__BODY_ERROR ? e->error->message : "");
+        gm_msg_free(e);
+        close(seg_a);
+        close(seg_b);
+        d.keep_dir = false;
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 /* ---- what a non-admin learns ---- */
 
 START_TEST(test_stats_pid_hides_other_tenants) {
         /* "stats --pid P" of another tenant's pid once answered "pid P belongs
-         * to another tenant": it now reads as a pid without a session. */
+         * to another tenant": it now reads as a pid without a session, in
+         * both output formats (the holder's heap mode is the leg's). */
         gm_test_daemon_t d;
         gm_test_daemon_start(&d, "64M", NULL);
         gpumem_client *c = NULL;
         ck_assert_int_eq(gpumem_connect(d.socket_path, &c), 0);
         void *ptr;
         ck_assert_int_eq(gpumem_alloc(c, 1 << 20, 0, &ptr), 0);
-        char mine[32], out_held[8192], out_free[8192];
-        snprintf(mine, sizeof(mine), "%d", (int) getpid());
-        char cmd[512];
-        snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid %s 2>&1", GPUMEMCTL_BIN, d.socket_path, mine);
-        const char *held[] = {"/bin/sh", "-c", cmd, NULL};
-        int status_held = gm_test_run_as(out_held, sizeof(out_held), NOBODY, held);
-        char cmd2[512];
-        snprintf(cmd2, sizeof(cmd2), "exec '%s' -s '%s' stats --pid 1 2>&1", GPUMEMCTL_BIN, d.socket_path);
-        const char *none[] = {"/bin/sh", "-c", cmd2, NULL};
-        int status_free = gm_test_run_as(out_free, sizeof(out_free), NOBODY, none);
-        ck_assert_int_eq(status_held, status_free);
-        ck_assert_ptr_null(strstr(out_held, "another tenant"));
-        ck_assert_str_eq(out_held, out_free);
+        const char *formats[] = {"", "--json"};
+        for (size_t i = 0; i < 2; i++) {
+                char out_held[8192], out_free[8192], cmd[512];
+                snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid %d %s 2>&1", GPUMEMCTL_BIN, d.socket_path,
+                         (int) getpid(), formats[i]);
+                const char *held[] = {"/bin/sh", "-c", cmd, NULL};
+                int status_held = gm_test_run_as(out_held, sizeof(out_held), NOBODY, held);
+                snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' stats --pid 1 %s 2>&1", GPUMEMCTL_BIN, d.socket_path,
+                         formats[i]);
+                const char *none[] = {"/bin/sh", "-c", cmd, NULL};
+                int status_free = gm_test_run_as(out_free, sizeof(out_free), NOBODY, none);
+                ck_assert_int_eq(status_held, status_free);
+                ck_assert_ptr_null(strstr(out_held, "another tenant"));
+                ck_assert_str_eq(out_held, out_free);
+        }
         /* The admin still sees it. */
-        char admin_out[8192];
+        char mine[32], admin_out[8192];
+        snprintf(mine, sizeof(mine), "%d", (int) getpid());
         const char *admin[] = {GPUMEMCTL_BIN, "-s", d.socket_path, "stats", "--pid", mine, "--json", NULL};
         ck_assert_int_eq(gm_test_run(admin_out, sizeof(admin_out), admin), 0);
         ck_assert_msg(strstr(admin_out, "\"allocated_bytes.all.current\": 1048576"), "%s", admin_out);
         gpumem_free(c, ptr);
         gpumem_disconnect(c);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- back-pressure ---- */
+
+#define PIPELINED 2000
+
+typedef struct pipeliner {
+        int fd;
+        volatile int sent;
+} pipeliner_t;
+
+/* Sends PIPELINED requests without reading a reply: session statistics, and
+ * every 100th an allocation (a reply with an fd). */
+static void *pipeline_requests(void *arg) {
+        pipeliner_t *p = arg;
+        Gpumem__Stats st = GPUMEM__STATS__INIT;
+        st.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION;
+        char *names[] = {"allocated_bytes.all.current"};
+        st.n_names = 1;
+        st.names = names;
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 1 << 20;
+        for (int i = 0; i < PIPELINED; i++) {
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.request_id = 100 + (uint64_t) i;
+                if (i % 100 == 99) {
+                        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+                        env.alloc = &alloc;
+                } else {
+                        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
+                        env.stats = &st;
+                }
+                if (gm_msg_send(p->fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT) < 0)
+                        break;
+                p->sent = i + 1;
+        }
+        return NULL;
+}
+
+/* The pipelining client process: writes "<sent before reading>\n" to
+ * report_fd, waits for a byte on go_fd, reads every reply in order and exits
+ * 0 only if all PIPELINED came, each the answer to its request (10 + the
+ * failing step otherwise). */
+static int pipeliner_main(const char *socket_path, int report_fd, int go_fd) {
+        int fd;
+        if (gm_ipc_connect(socket_path, &fd) < 0)
+                return 10;
+        gm_test_raw_hello(fd, false);
+        pipeliner_t p = {.fd = fd};
+        pthread_t writer;
+        if (pthread_create(&writer, NULL, pipeline_requests, &p) != 0)
+                return 11;
+        sleep_ms(1000); /* both socket buffers fill up */
+        dprintf(report_fd, "%d\n", p.sent);
+        char go;
+        if (read(go_fd, &go, 1) != 1)
+                return 12;
+        static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
+        size_t fds_received = 0;
+        for (int i = 0; i < PIPELINED; i++) {
+                int fds[GM_IPC_MAX_FDS_LIMIT];
+                size_t len = 0, n_fds = 0;
+                if (gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) < 0)
+                        return dprintf(report_fd, "reply %d: connection closed\n", i), 13;
+                gm_close_fds(fds, n_fds);
+                Gpumem__Envelope *e = NULL;
+                if (gm_msg_unpack(buf, len, &e) < 0)
+                        return 14;
+                bool alloc = i % 100 == 99;
+                Gpumem__Envelope__BodyCase want =
+                        alloc ? GPUMEM__ENVELOPE__BODY_ALLOC_REPLY : GPUMEM__ENVELOPE__BODY_STATS_REPLY;
+                if (e->request_id != 100 + (uint64_t) i || e->body_case != want ||
+                    (alloc && n_fds != e->alloc_reply->n_new_mappings)) {
+                        dprintf(report_fd, "reply %d: request %llu, kind %d, %zu fds\n", i,
+                                (unsigned long long) e->request_id, (int) e->body_case, n_fds);
+                        return 15;
+                }
+                fds_received += n_fds;
+                gm_msg_free(e);
+        }
+        if (fds_received == 0)
+                return 16;
+        pthread_join(writer, NULL);
+        dprintf(report_fd, "all %d\n", PIPELINED);
+        close(fd);
+        return 0;
+}
+
+START_TEST(test_unread_replies_keep_session) {
+        /* A client with more than about 256 unread replies once lost its
+         * session: a full socket buffer was taken for a dead client. Now the
+         * daemon stops reading it until it reads, and serves the others. */
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int report[2], go[2];
+        ck_assert_int_eq(pipe(report), 0);
+        ck_assert_int_eq(pipe(go), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                close(report[0]);
+                close(go[1]);
+                _exit(pipeliner_main(d.socket_path, report[1], go[0]));
+        }
+        close(report[1]);
+        close(go[0]);
+        FILE *from = fdopen(report[0], "r");
+        char line[256];
+        ck_assert_ptr_nonnull(fgets(line, sizeof(line), from));
+        int sent_before_reading = atoi(line);
+        /* Its requests wait in the socket: it is blocked, the daemon is not. */
+        ck_assert_int_lt(sent_before_reading, PIPELINED);
+        for (int i = 0; i < 20; i++) {
+                gpumem_client *other = NULL;
+                ck_assert_int_eq(gpumem_connect(d.socket_path, &other), 0);
+                void *ptr;
+                ck_assert_int_eq(gpumem_alloc(other, 1 << 20, 0, &ptr), 0);
+                gpumem_free(other, ptr);
+                gpumem_disconnect(other);
+        }
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        ck_assert_ptr_nonnull(fgets(line, sizeof(line), from));
+        ck_assert_msg(strncmp(line, "all ", 4) == 0, "pipelining client: %s", line);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "pipelining client exited %d", status);
+        fclose(from);
+        close(go[1]);
         gm_test_daemon_stop(&d);
 }
 END_TEST
@@ -757,9 +999,15 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_slowloris_cannot_blind_metrics);
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
+        tcase_add_test(daemon, test_made_up_segment_claims_nothing);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
-        tcase_add_test(daemon, test_stats_pid_hides_other_tenants);
         suite_add_tcase(s, daemon);
+        /* Run again with GPUMEM_HEAP=local (hardening.cmake's second leg). */
+        TCase *sessions = tcase_create("sessions");
+        tcase_set_timeout(sessions, 120);
+        tcase_add_test(sessions, test_stats_pid_hides_other_tenants);
+        tcase_add_test(sessions, test_unread_replies_keep_session);
+        suite_add_tcase(s, sessions);
         return s;
 }
 

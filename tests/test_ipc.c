@@ -585,6 +585,13 @@ static Gpumem__Envelope *roundtrip(const Gpumem__Envelope *env, const int *send_
         static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
         size_t len;
         ck_assert_ok(gm_ipc_recv(sv[1], buf, sizeof(buf), fds, 8, &len, ret_n_fds));
+        /* The codec frames the envelope itself: the bytes are protobuf-c's. */
+        size_t want_len = gpumem__envelope__get_packed_size(env);
+        uint8_t *want = malloc(want_len ? want_len : 1);
+        gpumem__envelope__pack(env, want);
+        ck_assert_uint_eq(len, want_len);
+        ck_assert_int_eq(memcmp(buf, want, len), 0);
+        free(want);
         Gpumem__Envelope *got = NULL;
         ck_assert_ok(gm_msg_unpack(buf, len, &got));
         close(sv[0]);
@@ -817,6 +824,88 @@ START_TEST(test_msg_garbage_is_ebadmsg) {
 }
 END_TEST
 
+/* Hand-made envelope bytes: request_id and a Free body {block_id: 5}, with
+ * `extra` (a field or a broken one) in front. */
+static size_t envelope_with(const uint8_t *extra, size_t n_extra, uint8_t *out) {
+        static const uint8_t tail[] = {0x08, 42, 14 << 3 | 2, 2, 0x08, 5}; /* request_id 42, free{block_id 5} */
+        memcpy(out, extra, n_extra);
+        memcpy(out + n_extra, tail, sizeof(tail));
+        return n_extra + sizeof(tail);
+}
+
+START_TEST(test_msg_envelope_framing) {
+        uint8_t buf[64];
+        Gpumem__Envelope *got = NULL;
+        /* Fields of numbers this build does not know are skipped, of every wire type. */
+        static const uint8_t unknown[] = {7 << 3 | 0, 0x96, 0x01,       9 << 3 | 2, 3, 1, 2, 3, 8 << 3 | 5, 1, 2,
+                                          3,          4,    6 << 3 | 1, 1,          2, 3, 4, 5, 6,          7, 8};
+        ck_assert_ok(gm_msg_unpack(buf, envelope_with(unknown, sizeof(unknown), buf), &got));
+        ck_assert_int_eq(got->body_case, GPUMEM__ENVELOPE__BODY_FREE);
+        ck_assert_uint_eq(got->request_id, 42);
+        ck_assert_uint_eq(got->free->block_id, 5);
+        got = gm_msg_free(got);
+        /* The last request_id counts, wherever it stands. */
+        static const uint8_t late_id[] = {0x08, 7};
+        size_t n = envelope_with(late_id, sizeof(late_id), buf);
+        buf[n++] = 0x08, buf[n++] = 9;
+        ck_assert_ok(gm_msg_unpack(buf, n, &got));
+        ck_assert_uint_eq(got->request_id, 9);
+        got = gm_msg_free(got);
+
+        Gpumem__Envelope *sentinel = (Gpumem__Envelope *) &sentinel;
+        static const uint8_t id_as_bytes[] = {1 << 3 | 2, 1, 0};  /* request_id with the wrong wire type */
+        static const uint8_t second_body[] = {16 << 3 | 2, 0};    /* a Trim before the Free */
+        static const uint8_t body_as_varint[] = {16 << 3 | 0, 1}; /* a body that is no message */
+        static const uint8_t field_zero[] = {0x80, 0x00, 0};      /* number 0, written in two bytes */
+        static const uint8_t group[] = {9 << 3 | 3, 9 << 3 | 4};  /* groups: protobuf-c refuses them too */
+        static const uint8_t reserved_wire[] = {9 << 3 | 6, 0};   /* no such wire type */
+        static const uint8_t cut_length[] = {9 << 3 | 2, 100};    /* longer than the packet */
+        static const uint8_t long_varint[] = {7 << 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1};
+        const struct {
+                const uint8_t *bytes;
+                size_t len;
+        } refused[] = {{id_as_bytes, sizeof(id_as_bytes)},
+                       {second_body, sizeof(second_body)},
+                       {body_as_varint, sizeof(body_as_varint)},
+                       {field_zero, sizeof(field_zero)},
+                       {group, sizeof(group)},
+                       {reserved_wire, sizeof(reserved_wire)},
+                       {cut_length, sizeof(cut_length)},
+                       {long_varint, sizeof(long_varint)}};
+        for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+                got = sentinel;
+                ck_assert_msg(gm_msg_unpack(buf, envelope_with(refused[i].bytes, refused[i].len, buf), &got) ==
+                                      -EBADMSG,
+                              "case %zu accepted", i);
+                ck_assert_ptr_eq(got, sentinel);
+        }
+        /* A body cut inside (its length says more than the packet has). */
+        n = envelope_with(NULL, 0, buf);
+        ck_assert_int_eq(gm_msg_unpack(buf, n - 1, &got), -EBADMSG);
+}
+END_TEST
+
+/* A body whose unpacked form is far larger than its bytes (empty entries:
+ * two bytes each) overflows the envelope's arena: the rest is allocated on
+ * its own and freed with the envelope (ASan checks both). */
+START_TEST(test_msg_unpack_beyond_arena) {
+        Gpumem__Envelope *env = stats_reply_envelope(3000);
+        for (size_t i = 0; i < 3000; i++) {
+                env->stats_reply->stats[i]->name = "";
+                env->stats_reply->stats[i]->value = i == 2999 ? -5 : 0;
+        }
+        ck_assert_uint_lt(gpumem__envelope__get_packed_size(env), 7000);
+        int fds[8];
+        size_t n_fds;
+        Gpumem__Envelope *got = roundtrip(env, NULL, 0, fds, &n_fds);
+        ck_assert_uint_eq(got->stats_reply->n_stats, 3000);
+        ck_assert_int_eq(got->stats_reply->stats[2999]->value, -5);
+        ck_assert_str_eq(got->stats_reply->stats[1]->name, "");
+        assert_same_envelope(got, env);
+        gm_msg_free(got);
+}
+END_TEST
+
 /* ---- backends ---- */
 
 static gm_backend_t *open_host(uint64_t capacity) {
@@ -1023,6 +1112,8 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_msg_large_envelope_roundtrip);
         tcase_add_test(tc, test_msg_oversize_refused_and_nothing_sent);
         tcase_add_test(tc, test_msg_garbage_is_ebadmsg);
+        tcase_add_test(tc, test_msg_envelope_framing);
+        tcase_add_test(tc, test_msg_unpack_beyond_arena);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("backend");

@@ -55,13 +55,22 @@ START_TEST(test_quota) {
                 .tenant_live = 3 * GiB,
         };
         ck_assert_int_eq(gm_oom_classify(&r), GM_OOM_QUOTA);
-        assert_message(&r, "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 80.00 GiB "
-                           "of which 1024 bytes is free. Of the allocated memory 1024.00 KiB is allocated by PyTorch, "
-                           "and 2.00 MiB is reserved by PyTorch but unallocated. " PYTORCH_TAIL
-                           "tenant 'alice' would exceed its quota: 20.00 MiB more on top of 3.99 GiB reserved is over "
-                           "the quota of 4.00 GiB (3.00 GiB in live allocations, 1014.00 MiB cached). Raise the quota "
-                           "with `gpumemctl quota set alice BYTES`, or free tensors and release cached memory "
-                           "(torch.cuda.empty_cache(), `gpumemctl trim --tenant alice`).");
+        /* Told to a non-admin: only what it can do itself. */
+        assert_message(&r, "CUDA out of memory: tenant 'alice' is at its gpumemd quota. Tried to allocate 20.00 MiB on "
+                           "top of the 3.99 GiB the tenant has reserved, over its quota of 4.00 GiB (3.00 GiB in live "
+                           "allocations, 1014.00 MiB cached). GPU 0 itself has 1024 bytes free of 80.00 GiB; this "
+                           "process has 1024.00 KiB allocated and 2.00 MiB reserved but unallocated. gpumemd: Free "
+                           "tensors the tenant's processes no longer need (`gpumemctl clients` lists them) and release "
+                           "their cached memory (torch.cuda.empty_cache() in each), or ask an administrator to raise "
+                           "the quota (`gpumemctl quota get alice` shows it).");
+        r.caller_admin = true;
+        assert_message(&r,
+                       "CUDA out of memory: tenant 'alice' is at its gpumemd quota. Tried to allocate 20.00 MiB on "
+                       "top of the 3.99 GiB the tenant has reserved, over its quota of 4.00 GiB (3.00 GiB in live "
+                       "allocations, 1014.00 MiB cached). GPU 0 itself has 1024 bytes free of 80.00 GiB; this "
+                       "process has 1024.00 KiB allocated and 2.00 MiB reserved but unallocated. gpumemd: Raise the "
+                       "quota with `gpumemctl quota set alice BYTES`, or free tensors and release cached memory "
+                       "(torch.cuda.empty_cache(), `gpumemctl trim --tenant alice`).");
 }
 END_TEST
 
@@ -226,7 +235,7 @@ START_TEST(test_buffer_and_args) {
         r.reason = GM_OOM_QUOTA;
         r.tenant_quota = 1 * GiB;
         ck_assert_int_gt(gm_oom_format(&r, big, sizeof(big)), 0);
-        ck_assert_ptr_nonnull(strstr(big, "gpumemd: tenant '(unknown)' would exceed its quota"));
+        ck_assert_ptr_nonnull(strstr(big, "CUDA out of memory: tenant '(unknown)' is at its gpumemd quota."));
 }
 END_TEST
 

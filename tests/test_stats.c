@@ -8,7 +8,7 @@
 
 #include "stats.h"
 
-#define N_KEYS 122
+#define N_KEYS 123
 
 typedef struct keys {
         char names[N_KEYS + 8][64];
@@ -104,7 +104,8 @@ START_TEST(test_foreach_sorted_complete) {
         static const char *const pools[] = {"all", "small_pool", "large_pool"};
         static const char *const fields[] = {"current", "peak", "allocated", "freed"};
         static const char *const scalars[] = {"num_alloc_retries", "num_ooms",        "num_sync_all_streams",
-                                              "num_device_alloc",  "num_device_free", "max_split_size"};
+                                              "num_device_alloc",  "num_device_free", "max_split_size",
+                                              "num_reclaim_waits"};
         static char expected[N_KEYS][64];
         static keys_t got;
         size_t n = 0;
@@ -118,7 +119,7 @@ START_TEST(test_foreach_sorted_complete) {
                 snprintf(expected[n++], 64, "oversize_allocations.%s", fields[f]);
                 snprintf(expected[n++], 64, "oversize_segments.%s", fields[f]);
         }
-        for (size_t i = 0; i < 6; i++)
+        for (size_t i = 0; i < 7; i++)
                 snprintf(expected[n++], 64, "%s", scalars[i]);
         ck_assert_uint_eq(n, N_KEYS);
         qsort(expected, n, sizeof(expected[0]), cmp_str);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "msg.h"
@@ -116,7 +117,8 @@ START_TEST(test_non_admin_is_refused_and_sees_own_tenant) {
         ck_assert(gm_test_proc_read_line(&holder, out, sizeof(out)));
         ck_assert_str_eq(out, "ready");
         ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "quota", "set", "uid:65534", "1G", NULL), 1);
-        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", NULL, NULL, NULL, NULL), 1);
+        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", NULL, NULL, NULL, NULL), 0); /* its own tenant's */
+        ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", "--reset-peak", NULL, NULL, NULL), 1);
         ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "trim", NULL, NULL, NULL, NULL), 1);
         ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", "--tenant", "uid:0", NULL, NULL), 1);
         ck_assert_int_eq(ctl(NOBODY, out, sizeof(out), "stats", "--tenant", "uid:65534", "--json", NULL), 0);
@@ -215,6 +217,73 @@ START_TEST(test_unacknowledged_release_keeps_charge) {
         ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
         ck_assert_uint_eq(wait_tenant_charged("uid:0", 0), 0);
         close(fd);
+}
+END_TEST
+
+/* Runs the test client's "zero" as root, its stderr with its stdout in out;
+ * returns its exit status and the seconds it took. */
+static int zero_as_root(uint64_t bytes, char *out, size_t len, double *ret_seconds) {
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd), "exec '%s' '%s' zero %llu 2>&1", GM_TEST_CLIENT, daemon_.socket_path,
+                 (unsigned long long) bytes);
+        const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        uint64_t t0 = gm_now_ms();
+        int status = gm_test_run(out, len, argv);
+        *ret_seconds = (double) (gm_now_ms() - t0) / 1000.0;
+        return status;
+}
+
+/* Polls `gpumemctl clients --json` until it contains `want` or ~15 s pass. */
+static bool wait_clients(const char *want, char *out, size_t len) {
+        for (int i = 0; i < 300; i++) {
+                if (ctl(0, out, len, "clients", "--json", NULL, NULL, NULL) == 0 && strstr(out, want))
+                        return true;
+                usleep(50000);
+        }
+        return false;
+}
+
+/* A stopped (SIGSTOP) client does not keep its cache hostage: once it has
+ * answered no release request for unresponsive_timeout_ms, what waits for it
+ * is refused at once with its pid named (well before the park timeout), new
+ * requests do not wait, its memory stays charged (its process maps it), and
+ * after SIGCONT it answers, is responsive again and its cache is reclaimed. */
+START_TEST(test_stopped_client_is_not_waited_for) {
+        gm_test_daemon_stop(&daemon_);
+        gm_test_daemon_start_config(&daemon_, "256M", NULL,
+                                    "unresponsive_timeout_ms = 1000\npark_timeout_ms = 30000\n");
+        char size[32], line[64], out[16384];
+        snprintf(size, sizeof(size), "%llu", 20 * MiB);
+        const char *argv[] = {GM_TEST_CLIENT, daemon_.socket_path, "cache", size, "10", NULL};
+        gm_test_proc_t idle;
+        gm_test_spawn(argv, NOBODY, &idle);
+        ck_assert(gm_test_proc_read_line(&idle, line, sizeof(line)));
+        ck_assert_uint_eq(tenant_charged("uid:65534"), 200 * MiB);
+        ck_assert_int_eq(kill(idle.pid, SIGSTOP), 0);
+
+        /* The first request waits for the stopped client, until it is found unresponsive. */
+        double seconds;
+        ck_assert_int_eq(zero_as_root(200 * MiB, out, sizeof(out), &seconds), 1);
+        char pid[32];
+        snprintf(pid, sizeof(pid), "pid %d", (int) idle.pid);
+        ck_assert_msg(strstr(out, "unresponsive session") && strstr(out, pid), "refusal: %s", out);
+        ck_assert_msg(seconds < 20, "waited %.1f s: the park timeout, not the unresponsive bound", seconds);
+        ck_assert_msg(wait_clients("\"unresponsive\": true", out, sizeof(out)), "clients: %s", out);
+        /* The next one does not wait at all; the memory is still charged. */
+        ck_assert_int_eq(zero_as_root(200 * MiB, out, sizeof(out), &seconds), 1);
+        ck_assert_msg(strstr(out, "unresponsive session") && strstr(out, pid), "refusal: %s", out);
+        ck_assert_msg(seconds < 20, "waited %.1f s", seconds);
+        ck_assert_uint_eq(tenant_charged("uid:65534"), 200 * MiB);
+        /* Others are served from what is free. */
+        ck_assert_int_eq(zero_as_root(16 * MiB, out, sizeof(out), &seconds), 0);
+
+        /* Continued, it answers what it was asked: responsive, its cache given back. */
+        ck_assert_int_eq(kill(idle.pid, SIGCONT), 0);
+        ck_assert_uint_eq(wait_tenant_charged("uid:65534", 0), 0);
+        ck_assert_msg(wait_clients("\"unresponsive\": false", out, sizeof(out)), "clients: %s", out);
+        ck_assert_msg(!strstr(out, "\"unresponsive\": true"), "clients: %s", out);
+        ck_assert_int_eq(zero_as_root(200 * MiB, out, sizeof(out), &seconds), 0);
+        ck_assert_int_eq(gm_test_proc_finish(&idle), 0);
 }
 END_TEST
 
@@ -387,6 +456,7 @@ static Suite *tenants_suite(void) {
         tcase_add_test(tc, test_non_admin_is_refused_and_sees_own_tenant);
         tcase_add_test(tc, test_idle_cache_of_another_tenant_is_reclaimed);
         tcase_add_test(tc, test_unacknowledged_release_keeps_charge);
+        tcase_add_test(tc, test_stopped_client_is_not_waited_for);
         tcase_add_test(tc, test_isolation_between_tenants);
         const char *heap = getenv("GPUMEM_HEAP");
         if (!heap || strcmp(heap, "local") != 0) /* snapshots do not yet ask local sessions for their blocks */

@@ -29,7 +29,9 @@ extern "C" {
 typedef struct gpumem_client gpumem_client;
 
 /* Connects to the daemon at socket_path; NULL means $GPUMEM_SOCKET, else the
- * default path of GPU 0. On success *ret is a new client. */
+ * default socket of GPU 0 (the packaged daemon's /run/gpumem/gpu0.sock when it
+ * exists, else the caller's own). On success *ret is a new client; no daemon
+ * there is -ENOENT or -ECONNREFUSED, and gpumem_last_error(NULL) names the path. */
 GPUMEM_EXPORT int gpumem_connect(const char *socket_path, gpumem_client **ret);
 
 /* Where a session's caching allocator runs. The daemon owns the physical
