@@ -34,6 +34,11 @@ typedef struct gm_backend_ops {
          * daemon maps none): 1 yes, 0 no, or NULL when the backend cannot
          * tell. Asked before a client's word that it unmapped is believed. */
         int (*mapped)(gm_backend_t *b, const gm_phys_t *phys);
+        /* The driver's figure of the device memory process `pid` holds (its
+         * allocations, its context and what it maps, as nvidia-smi lists
+         * it); 0 when the driver does not list it. -ENOSYS (or NULL) when the
+         * driver cannot tell. */
+        int (*process_bytes)(gm_backend_t *b, int pid, uint64_t *ret_bytes);
         /* Driver-reported free and total bytes. */
         int (*mem_info)(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total);
         void (*destroy)(gm_backend_t *b);

@@ -9,7 +9,9 @@
  * device's free/total figures come from NVML (libnvidia-ml.so.1, dlopen'd;
  * $GPUMEM_LIBNVML overrides) by the device's UUID; without NVML each query
  * retains the primary context for the one cuMemGetInfo call and releases it
- * (backend.detail says which). A failure's text is left in
+ * (backend.detail says which). NVML's running-process list also gives each
+ * process's device memory (process_bytes), where the driver lists it. A
+ * failure's text is left in
  * gm_cuda_last_error() (the ops have no reterr). */
 #include "backend.h"
 #include "cuda_loader.h"
@@ -30,6 +32,15 @@
 typedef struct nvml_memory {
         unsigned long long total, free, used;
 } nvml_memory_t;
+/* nvmlProcessInfo_t of nvmlDeviceGetComputeRunningProcesses_v3. */
+typedef struct nvml_process {
+        unsigned int pid;
+        unsigned long long used_gpu_memory; /* NVML_VALUE_NOT_AVAILABLE (all ones) where it cannot tell */
+        unsigned int gpu_instance_id, compute_instance_id;
+} nvml_process_t;
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_VALUE_NOT_AVAILABLE (~0ull)
+
 typedef struct nvml {
         void *lib;
         void *device; /* nvmlDevice_t */
@@ -37,6 +48,7 @@ typedef struct nvml {
         int (*shutdown)(void);
         int (*get_handle_by_uuid)(const char *uuid, void **ret_device);
         int (*get_memory_info)(void *device, nvml_memory_t *ret_memory);
+        int (*running_processes)(void *device, unsigned int *count, nvml_process_t *infos); /* NULL: none */
 } nvml_t;
 
 typedef struct cuda_backend {
@@ -60,6 +72,8 @@ static bool nvml_open(nvml_t *n, const char *uuid) {
         memcpy(&t.shutdown, &shutdown, sizeof(shutdown));
         memcpy(&t.get_handle_by_uuid, &by_uuid, sizeof(by_uuid));
         memcpy(&t.get_memory_info, &meminfo, sizeof(meminfo));
+        void *processes = dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+        memcpy(&t.running_processes, &processes, sizeof(processes));
         if (!init || !shutdown || !by_uuid || !meminfo || t.init() != 0) {
                 dlclose(lib);
                 return false;
@@ -196,6 +210,39 @@ static int cuda_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_tota
         return 0;
 }
 
+static int cuda_process_bytes(gm_backend_t *b, int pid, uint64_t *ret_bytes) {
+        cuda_backend_t *cb = (cuda_backend_t *) b;
+        if (!cb->nvml.lib || !cb->nvml.running_processes)
+                return -ENOSYS;
+        nvml_process_t stack[64], *infos = stack;
+        unsigned int count = sizeof(stack) / sizeof(stack[0]);
+        int r = cb->nvml.running_processes(cb->nvml.device, &count, infos);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE) { /* count is now what it needs; a few more may start meanwhile */
+                count += 16;
+                infos = calloc(count, sizeof(*infos));
+                if (!infos)
+                        return -ENOMEM;
+                r = cb->nvml.running_processes(cb->nvml.device, &count, infos);
+        }
+        uint64_t bytes = 0;
+        for (unsigned int i = 0; r == 0 && i < count; i++) {
+                if (infos[i].pid != (unsigned int) pid)
+                        continue;
+                if (infos[i].used_gpu_memory == NVML_VALUE_NOT_AVAILABLE)
+                        r = -ENOSYS;
+                else
+                        bytes += infos[i].used_gpu_memory;
+        }
+        if (infos != stack)
+                free(infos);
+        if (r > 0)
+                return gm_cuda_fail_errno(-EIO, "nvmlDeviceGetComputeRunningProcesses_v3: NVML error %d", r);
+        if (r < 0)
+                return r;
+        *ret_bytes = bytes;
+        return 0;
+}
+
 static void cuda_destroy(gm_backend_t *b) {
         cuda_backend_t *cb = (cuda_backend_t *) b;
         nvml_close(&cb->nvml);
@@ -207,6 +254,7 @@ static const gm_backend_ops_t cuda_ops = {
         .create = cuda_create,
         .release = cuda_release,
         .adopt = cuda_adopt,
+        .process_bytes = cuda_process_bytes,
         .mem_info = cuda_mem_info,
         .destroy = cuda_destroy,
 };

@@ -15,7 +15,9 @@ typedef struct gm_release {
         uint64_t bytes;
         uint64_t sent_at_ms;
         uint32_t attempts;
-        bool held; /* the client could not unmap these: charged, never asked again, until the session ends */
+        bool held;         /* the client could not unmap these: charged, never asked again, until the session ends */
+        bool holder_noted; /* process_check.c: the driver's figure was read at the first request */
+        int64_t holder_unaccounted; /* then: the process's figure less what the daemon had mapped into it */
         struct gm_release *next;
 } gm_release_t;
 
@@ -52,6 +54,7 @@ typedef struct gm_orphan {
 typedef struct gm_lingering {
         gm_phys_t phys;
         gm_tenant_t *tenant;
+        pid_t pid; /* the session's, where the backend can only tell per process */
         struct gm_lingering *next;
 } gm_lingering_t;
 
@@ -111,6 +114,16 @@ void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s);
 void gm_ledger_free_orphans(gm_broker_t *b);
 /* A resuming start: the orphan with that token becomes s's adopting pieces. */
 int gm_ledger_claim(gm_session_t *s, const char *token);
+
+/* process_check.c: where the backend cannot tell per piece but the driver
+ * gives each process's device memory. Notes the process's figure when a
+ * release is first asked for. */
+void gm_release_note_holder(gm_session_t *s, gm_release_t *rel);
+/* Whether the process's figure says it kept the `acknowledged` bytes of rel. */
+bool gm_release_still_held(gm_session_t *s, const gm_release_t *rel, uint64_t acknowledged);
+/* Whether the driver (once it has shown that it counts mappings) lists pid
+ * with any device memory. */
+bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid);
 
 /* session.c */
 /* One try of an allocation: REPLY, REFUSE, or PARK (only when `may_park`). */

@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "history.h"
 #include "oom.h"
+#include "samples.h"
 
 typedef struct gm_broker gm_broker_t;
 typedef struct gm_session gm_session_t;
@@ -157,6 +158,11 @@ typedef struct gm_outcome {
         int error;               /* REFUSE: negative errno */
         char message[2048];      /* REFUSE: the client's text */
         gm_alloc_result_t alloc; /* REPLY to an allocation */
+        /* REFUSE for lack of memory after the retry ladder (oom): its class
+         * and the bytes asked for, for the diagnosis's record of refusals. */
+        bool oom;
+        gm_oom_reason_t oom_reason;
+        uint64_t oom_size;
         const gm_piece_t *piece; /* REPLY to a grant: the piece whose fd the reply carries */
 } gm_outcome_t;
 
@@ -221,12 +227,13 @@ struct gm_broker {
         uint64_t next_session_id;
         gm_tenant_t *tenants;
         uint32_t n_tenants;
-        uint64_t releasing_bytes; /* = sum of the sessions' releasing_bytes */
-        uint64_t unbacked_bytes;  /* pieces with no handle here (re-registered by their clients) */
-        bool memory_freed;        /* a session's end freed memory: the next tick retries every parked request */
-        uint64_t next_park_seq;   /* parked requests, in order across sessions */
-        uint64_t retry_pass;      /* retries of parked requests (park.c) */
-        gm_history_t *history;    /* NULL while memory history is off */
+        uint64_t releasing_bytes;        /* = sum of the sessions' releasing_bytes */
+        uint64_t unbacked_bytes;         /* pieces with no handle here (re-registered by their clients) */
+        bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
+        bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
+        uint64_t next_park_seq;          /* parked requests, in order across sessions */
+        uint64_t retry_pass;             /* retries of parked requests (park.c) */
+        gm_history_t *history;           /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
         struct gm_orphan *orphans; /* stored pieces of sessions not yet re-attached */
@@ -241,6 +248,7 @@ struct gm_broker {
         struct gm_lingering *lingering; /* memory its session let go of that a process still maps: charged */
         struct gm_known_token *known_tokens; /* sessions of the previous daemon ("t" lines), until claimed or expired */
         size_t n_known_tokens;
+        gm_refusal_ring_t refusals; /* the device's last refusals: written by the daemon's diagnosis (daemon/diag.c) */
         char ledger_path[160];
         struct gm_ledger_entry *ledger; /* read at open, until adoption is done */
         size_t n_ledger;
@@ -374,8 +382,9 @@ struct gm_session {
         uint64_t next_release_id;
         struct gm_parked *parked, *parked_tail;
         uint32_t n_parked;
-        uint64_t retry_pass;   /* the last retry that left its first parked request waiting */
-        gm_page_move_t *moves; /* pending, in the order the heap made them */
+        struct gm_diag_session *diag; /* the daemon's samples of it (daemon/diag.c): one block, freed with it */
+        uint64_t retry_pass;          /* the last retry that left its first parked request waiting */
+        gm_page_move_t *moves;        /* pending, in the order the heap made them */
         size_t n_moves, cap_moves;
         struct gm_session *prev, *next;
 };

@@ -51,6 +51,14 @@ static bool token_valid(const char *t) {
         return true;
 }
 
+/* Whether a "+" line names a piece a daemon could have journaled: an id
+ * (0 means "none" in a piece), a session token, and a non-empty range inside
+ * its segment. */
+static bool entry_valid(const gm_ledger_entry_t *e) {
+        return e->store_id != 0 && token_valid(e->token) && e->size != 0 && e->offset + e->size > e->offset &&
+               e->offset + e->size <= e->va_size;
+}
+
 static void store_name(uint64_t store_id, char *buf, size_t len) {
         snprintf(buf, len, "%s%010" PRIx64, GM_STORE_PREFIX, store_id);
 }
@@ -284,6 +292,8 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                 uint64_t v;
                 if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &e.store_id,
                            e.token, &e.uid, &e.segment_id, &e.offset, &e.size, &e.va_size) == 7) {
+                        if (!entry_valid(&e))
+                                continue; /* what no daemon writes: nobody can claim it */
                         if (b->n_ledger == cap) {
                                 cap = cap ? 2 * cap : 64;
                                 gm_ledger_entry_t *n = realloc(b->ledger, cap * sizeof(*n));

@@ -17,6 +17,7 @@
 
 #include "broker-internal.h"
 #include "size.h"
+#include "text.h"
 
 /* A session whose Reclaim brought nothing back is not asked again for this long. */
 #define DRY_MS 1000
@@ -26,6 +27,7 @@
 void gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) {
         out->kind = GM_OUTCOME_REFUSE;
         out->error = err < 0 ? err : -err;
+        out->oom = false;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(out->message, sizeof(out->message), fmt, ap);
@@ -204,18 +206,6 @@ void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_tot
         *ret_free = device_free < capacity_free ? device_free : capacity_free;
 }
 
-/* Appends to buf, as far as it fits. */
-static void append(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char *buf, size_t len, const char *fmt, ...) {
-        size_t used = strlen(buf);
-        if (used + 1 >= len)
-                return;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(buf + used, len - used, fmt, ap);
-        va_end(ap);
-}
-
 /* Names the unresponsive sessions (of `tenant`, NULL: all) whose memory
  * could have helped. */
 static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_tenant_t *tenant, char *buf, size_t len) {
@@ -229,17 +219,18 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                         continue;
                 }
                 char held[32];
-                append(buf, len,
-                       "%sunresponsive session %" PRIu64 " (pid %d, tenant '%s') holds %s and has answered no "
-                       "release request for %" PRIu64 " ms (stopped or hung?)",
-                       named ? "; " : " gpumemd: ", o->id, (int) o->pid, o->tenant->name,
-                       gm_format_size(held_bytes(o), held, sizeof(held)), now - o->owing_since_ms);
+                gm_text_append(buf, len,
+                               "%sunresponsive session %" PRIu64 " (pid %d, tenant '%s') holds %s and has answered no "
+                               "release request for %" PRIu64 " ms (stopped or hung?)",
+                               named ? "; " : " gpumemd: ", o->id, (int) o->pid, o->tenant->name,
+                               gm_format_size(held_bytes(o), held, sizeof(held)), now - o->owing_since_ms);
                 named++;
         }
         if (more)
-                append(buf, len, "; %u more unresponsive sessions", more);
+                gm_text_append(buf, len, "; %u more unresponsive sessions", more);
         if (named)
-                append(buf, len, ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
+                gm_text_append(buf, len,
+                               ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the
@@ -317,7 +308,10 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         out->kind = GM_OUTCOME_REFUSE;
         out->error = err;
         gm_oom_reason_t reason = describe_refusal(s, rq, err, out->message, sizeof(out->message));
-        if (b->ops.count_refusal && !(rq->is_grant && rq->grant.will_retry)) /* one the application sees */
+        out->oom = !(rq->is_grant && rq->grant.will_retry); /* one the application sees */
+        out->oom_reason = reason;
+        out->oom_size = !rq->is_grant ? rq->size : rq->grant.block_size ? rq->grant.block_size : rq->grant.piece.size;
+        if (b->ops.count_refusal && out->oom)
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }
 

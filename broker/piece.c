@@ -144,13 +144,28 @@ bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {
                b->backend->ops->mapped(b->backend, &p->phys) == 1;
 }
 
+/* Whether a liar's piece may still be mapped: the backend's word per piece,
+ * or (where it has none) the driver listing the process with device memory. */
+static bool still_held(const gm_broker_t *b, const gm_piece_t *p, pid_t pid) {
+        if (b->backend->ops->mapped)
+                return gm_piece_still_mapped(b, p);
+        return p->phys.fd >= 0 && p->sent && gm_process_holds_device_memory(b, pid);
+}
+
+static bool lingering_held(const gm_broker_t *b, const gm_lingering_t *l) {
+        if (b->backend->ops->mapped)
+                return b->backend->ops->mapped(b->backend, &l->phys) == 1;
+        return gm_process_holds_device_memory(b, l->pid);
+}
+
 /* Keeps p's memory charged to tenant t (in the backend still) while mapped. */
-static bool linger(gm_broker_t *b, gm_tenant_t *t, gm_piece_t *p) {
+static bool linger(gm_broker_t *b, gm_tenant_t *t, pid_t pid, gm_piece_t *p) {
         gm_lingering_t *l = calloc(1, sizeof(*l));
         if (!l)
                 return false;
         l->phys = p->phys;
         l->tenant = t;
+        l->pid = pid;
         l->next = b->lingering;
         b->lingering = l;
         t->charged_bytes += p->phys.size;
@@ -164,7 +179,7 @@ static bool linger(gm_broker_t *b, gm_tenant_t *t, gm_piece_t *p) {
 void gm_lingering_sweep(gm_broker_t *b, bool all) {
         for (gm_lingering_t **lp = &b->lingering; *lp;) {
                 gm_lingering_t *l = *lp;
-                if (!all && b->backend->ops->mapped(b->backend, &l->phys) == 1) {
+                if (!all && lingering_held(b, l)) {
                         lp = &l->next;
                         continue;
                 }
@@ -181,9 +196,10 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
          * session is: while a process maps it, it stays charged (an honest
          * client unmaps just after its session ends, so it is not checked). */
         gm_tenant_t *t = p->session && p->session->lied ? p->session->tenant : NULL;
-        bool keep = t && !b->stopping && !b->keep_stored && gm_piece_still_mapped(b, p);
+        pid_t pid = t ? p->session->pid : 0;
+        bool keep = t && !b->stopping && !b->keep_stored && still_held(b, p, pid);
         detach(p);
-        if (keep && linger(b, t, p)) {
+        if (keep && linger(b, t, pid, p)) {
                 gm_ledger_unstore(b, p);
                 free(p);
                 return;

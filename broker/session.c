@@ -283,6 +283,7 @@ void gm_session_free(gm_session_t *s) {
         if (s->next)
                 s->next->prev = s->prev;
         b->n_sessions--;
+        free(s->diag);
         free(s);
 }
 
@@ -305,6 +306,8 @@ static int release_send(gm_session_t *s, gm_release_t *rel) {
                         .whole_segment = p->whole_segment,
                 };
         rel->sent_at_ms = gm_now_ms();
+        if (rel->attempts == 0)
+                gm_release_note_holder(s, rel);
         rel->attempts++;
         gm_session_owes(s);
         int r = b->ops.send_release ? b->ops.send_release(b->ops.userdata, s, rel->id, ranges, n) : 0;
@@ -400,6 +403,20 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                                               s->id, (int) s->pid, rel->id, p->segment_id, rel->bytes);
                                 return -EBUSY;
                         }
+                uint64_t acknowledged = 0;
+                for (const gm_piece_t *p = rel->pieces; p; p = p->queue)
+                        if (!range_named(p, not_released, n_not_released))
+                                acknowledged += p->phys.size;
+                if (gm_release_still_held(s, rel, acknowledged)) {
+                        rel->held = true;
+                        s->lied = true;
+                        gm_broker_log(b, LOG_WARNING,
+                                      "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
+                                      " but the driver still counts its %" PRIu64
+                                      " bytes in that process: they stay charged",
+                                      s->id, (int) s->pid, rel->id, acknowledged);
+                        return -EBUSY;
+                }
                 gm_release_t *kept = NULL;
                 if (n_not_released > 0 && !(kept = calloc(1, sizeof(*kept)))) {
                         rel->held = true; /* cannot split it: all of it stays charged */

@@ -11,24 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpumemctl.h"
 #include "ipc.h"
-#include "msg.h"
 #include "json.h"
+#include "msg.h"
 #include "peer_check.h"
 #include "size.h"
 #include "stats.h"
-
-enum { EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
-
-typedef struct ctl {
-        int fd;
-        uint32_t max_packet;
-        uint64_t next_id;
-        int device;
-        char backend[16];
-        char tenant[64];
-        bool admin; /* the daemon grants this connection admin rights */
-} ctl_t;
 
 static void usage(FILE *f) {
         fprintf(f, "Usage: gpumemctl [-s SOCKET | -d N] COMMAND [ARGS]\n"
@@ -47,6 +36,10 @@ static void usage(FILE *f) {
                    "                                          tenant quotas (set: persistent unless --runtime;\n"
                    "                                          BYTES 0 removes that quota)\n"
                    "  clients [--json]                        sessions: pid, tenant, unit, memory, command\n"
+                   "  diagnose [--pid P | --tenant T] [--window D] [--json]\n"
+                   "                                          per process: leak, fragmentation, streams, idle cache\n"
+                   "  top [--once] [--json] [--interval S]    live table of the device and its processes\n"
+                   "  status                                  one-screen summary of the device\n"
                    "Options:\n"
                    "  -s, --socket SOCKET                     the daemon's socket\n"
                    "  -d, --device N                          the daemon of GPU N ($GPUMEM_SOCKET_TEMPLATE,\n"
@@ -96,10 +89,7 @@ static int no_more_args(const char *cmd, int argc, char **argv, int first) {
         return first < argc ? usage_error("%s: unexpected argument '%s'", cmd, argv[first]) : 0;
 }
 
-/* Sends a request and returns its reply (and, if ret_fd is not NULL, the first
- * fd it carried, or -1); an Error reply is printed and turned into
- * EXIT_REFUSED. */
-static int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
+int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
         env->request_id = ++c->next_id;
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         if (r == -EPIPE)
@@ -157,8 +147,7 @@ static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_repl
         return ctl_call_fd(c, env, ret_reply, NULL);
 }
 
-/* Sends a request whose reply must have body `want`; prints and maps refusals. */
-static int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
+int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
         int r = ctl_call(c, env, ret_reply);
         if (r)
                 return r;
@@ -704,6 +693,12 @@ int main(int argc, char **argv) {
                 fn = cmd_quota;
         else if (strcmp(cmd, "clients") == 0)
                 fn = cmd_clients;
+        else if (strcmp(cmd, "diagnose") == 0)
+                fn = cmd_diagnose;
+        else if (strcmp(cmd, "top") == 0)
+                fn = cmd_top;
+        else if (strcmp(cmd, "status") == 0)
+                fn = cmd_status;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
         ctl_t c = {.fd = -1};

@@ -1,5 +1,6 @@
 #include "text.h"
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,4 +57,14 @@ char *gm_text_escape(const char *in, char *out, size_t out_len) {
         }
         out[o] = '\0';
         return out;
+}
+
+void gm_text_append(char *buf, size_t len, const char *fmt, ...) {
+        size_t used = strlen(buf);
+        if (used + 1 >= len)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf + used, len - used, fmt, ap);
+        va_end(ap);
 }

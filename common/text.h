@@ -11,3 +11,6 @@
  * at a line's start can come through. An escape is never cut in half: what
  * does not fit is left out whole. Returns out. */
 char *gm_text_escape(const char *in, char *out, size_t out_len);
+/* Appends the formatted text to the string in buf (capacity len), as far as
+ * it fits; buf stays NUL-terminated. */
+void gm_text_append(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

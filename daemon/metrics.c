@@ -64,6 +64,10 @@ static const char *const reason_names[_GM_OOM_REASON_MAX] = {
         [GM_OOM_RECLAIM] = "reclaim", [GM_OOM_EXTERNAL] = "external",
 };
 
+const char *gm_metrics_reason_name(gm_oom_reason_t reason) {
+        return (unsigned) reason < _GM_OOM_REASON_MAX ? reason_names[reason] : "unknown";
+}
+
 static const char *const outcome_names[_GM_RECLAIM_OUTCOME_MAX] = {
         [GM_RECLAIM_REQUESTED] = "requested",
         [GM_RECLAIM_ACKNOWLEDGED] = "acknowledged",

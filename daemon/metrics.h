@@ -65,6 +65,8 @@ gm_metrics_t *gm_metrics_stop(gm_metrics_t *m);
 void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns);
 /* Counts one refused allocation of `tenant`. */
 void gm_metrics_count_refusal(gm_metrics_t *m, const char *tenant, gm_oom_reason_t reason);
+/* A refusal class's label value ("quota", "fragmentation", ...). */
+const char *gm_metrics_reason_name(gm_oom_reason_t reason);
 /* Counts one reclaim event. */
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome);
 /* Records that a parked allocation waited `ns` nanoseconds for reclaimed

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "diag.h"
 #include "ipc.h"
 #include "local.h"
 #include "log.h"
@@ -63,6 +64,7 @@ int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const c
 }
 
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        gm_diag_note_refusal(c, out);
         return send_error_text(c, request_id, out->error, out->message);
 }
 
@@ -426,6 +428,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
+        {BODY(SAMPLES), .op = "samples", .handle = gm_handle_samples, .admin_for = gm_admin_for_samples},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 
@@ -491,6 +494,7 @@ int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, 
         if (r < 0)
                 return r;
         gm_session_touch(c->session, gm_now_ms());
+        gm_diag_note_request(c, env);
         uint64_t t0 = gm_now_ns();
         r = dispatch(c, &kinds[i], env);
         if (rq->observe)

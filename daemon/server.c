@@ -14,6 +14,7 @@
 #include "config.h"
 #include "debug.h"
 #include "daemon.h"
+#include "diag.h"
 #include "log.h"
 #include "metrics.h"
 #include "msg.h"
@@ -462,6 +463,7 @@ static void on_tick(uv_timer_t *t) {
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
         gm_local_tick(&d->requests);
+        gm_diag_tick(&d->requests, now);
         gm_daemon_debug_check(d, "a tick");
 }
 

@@ -43,7 +43,7 @@ if(GPUMEM_HAVE_CUDA)
   # End to end: a real daemon on the cuda backend, this process its client,
   # both on one emulated device pool.
   add_executable(test_cuda_e2e ${CMAKE_CURRENT_SOURCE_DIR}/test_cuda_e2e.c)
-  target_link_libraries(test_cuda_e2e PRIVATE gm_testutil gm_fakecuda_check gpumem gm_backend PkgConfig::CHECK
+  target_link_libraries(test_cuda_e2e PRIVATE gm_testutil gm_fakecuda_check gpumem gm_backend gm_ipc PkgConfig::CHECK
     Threads::Threads)
   target_compile_definitions(test_cuda_e2e PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
   add_dependencies(test_cuda_e2e fakecuda fakenvml gpumemd gpumemctl)

@@ -62,6 +62,26 @@ static const gm_backend_ops_t fake_backend_ops = {
         .destroy = fake_destroy,
 };
 
+/* The same backend with a driver's per-process figure (as NVML gives on
+ * cuda) instead of a per-piece answer: figure_ for pid figure_pid_. */
+static uint64_t figure_;
+static pid_t figure_pid_;
+
+static int fake_process_bytes(gm_backend_t *b, int pid, uint64_t *ret_bytes) {
+        *ret_bytes = pid == (int) figure_pid_ ? figure_ : 0;
+        return 0;
+}
+
+static const gm_backend_ops_t figured_backend_ops = {
+        .name = "fake-figured",
+        .create = fake_create,
+        .release = fake_release,
+        .adopt = fake_adopt,
+        .process_bytes = fake_process_bytes,
+        .mem_info = fake_mem_info,
+        .destroy = fake_destroy,
+};
+
 /* ---- a fake host: what the daemon would send, store and log ---- */
 
 #define MAX_RELEASES 64
@@ -462,6 +482,73 @@ START_TEST(test_unacknowledged_release_is_asked_again) {
 }
 END_TEST
 
+/* One release of a fresh 20 MiB segment of s, trimmed; its id. `counted`:
+ * the driver counts the client's mapping of it in its figure. */
+static uint64_t release_one(gm_session_t *s, bool counted) {
+        uint64_t blk = alloc_ok(s, 20 * MiB);
+        if (counted)
+                figure_ += 20 * MiB; /* its client maps it */
+        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        size_t before = host_.n_releases;
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_uint_eq(host_.n_releases, before + 1);
+        return host_.releases[before].id;
+}
+
+/* Where the backend cannot tell per piece, the driver's per-process figure
+ * decides: believed until one release has shown it counting mappings, then
+ * a process whose figure keeps what it acknowledged is a liar, and its
+ * memory stays charged while the driver lists the process. */
+START_TEST(test_release_checked_by_process_figure) {
+        b_ = gm_broker_free(b_);
+        backend_.ops = &figured_backend_ops;
+        b_ = broker_new(NULL, 0);
+        gm_session_t *s = session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = 300 * MiB; /* its context and its own allocations */
+
+        /* A driver that does not count what a process maps: never a liar. */
+        uint64_t id = release_one(s, false);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!b_->driver_attributes_mappings && !s->lied);
+        CHECK(b_);
+
+        /* An honest acknowledgement shows the figure dropping. */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+
+        /* Other allocations of the process meanwhile (less than it let go). */
+        id = release_one(s, true);
+        figure_ -= 20 * MiB;
+        figure_ += 8 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!s->lied);
+        CHECK(b_);
+
+        /* A liar: its figure keeps all it acknowledged. */
+        id = release_one(s, true);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
+        ck_assert(s->lied);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB); /* the process still holds device memory */
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        gm_broker_tick(b_, gm_now_ms());
+        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        figure_ = 0; /* it exited */
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
 /* A release covering more pieces of an expandable segment than one request
  * carries: the piece flagged whole_segment travels in the last batch only. */
 START_TEST(test_whole_segment_travels_last) {
@@ -809,6 +896,39 @@ START_TEST(test_reattach_without_store_is_unbacked) {
 }
 END_TEST
 
+/* Journal lines no daemon writes are not records anyone can claim: id 0
+ * (a piece's "not journaled"), an empty range, one outside its segment, a
+ * bad token. */
+START_TEST(test_ledger_skips_impossible_records) {
+        b_ = gm_broker_free(b_);
+        const char *t = "0123456789abcdef0123456789abcdef";
+        FILE *f = fopen(ledger_, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "t %s 1000\n", t);
+        fprintf(f, "+ 0 %s 1000 1 0 2097152 2097152\n", t);
+        fprintf(f, "+ 2 %s 1000 1 0 0 2097152\n", t);
+        fprintf(f, "+ 3 %s 1000 1 2097152 2097152 2097152\n", t);
+        fprintf(f, "+ 4 %s 1000 1 4096 18446744073709551615 2097152\n", t);
+        fprintf(f, "+ 5 0123 1000 1 0 2097152 2097152\n");
+        fprintf(f, "+ 6 %s 1000 1 0 2097152 2097152\n", t);
+        fclose(f);
+        b_ = broker_new(NULL, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(b_->n_records, 1);
+        gm_session_params_t params = {.pid = 7, .uid = 1000};
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", t), 0);
+        gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1), 0); /* line 6's */
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        gm_session_free(r);
+}
+END_TEST
+
 /* Local sessions' grants park and wake up as central allocations do: one
  * FIFO per session, retried when memory comes back (ReturnPieces, then the
  * ReclaimAck), a central request waiting on a local session's cache. */
@@ -1151,6 +1271,8 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_replay_and_reattach);
         tcase_add_test(tc, test_ledger_compacted_while_churning);
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
+        tcase_add_test(tc, test_ledger_skips_impossible_records);
+        tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);

@@ -18,6 +18,8 @@
 #include "cuda_loader.h"
 #include "fakecuda_check.h"
 #include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "msg.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024ull)
@@ -287,6 +289,69 @@ START_TEST(test_pending_events_back_off) {
 }
 END_TEST
 
+/* Issue #17 item 1 on cuda: nobody can see who maps an exported handle, but
+ * NVML gives each process's device memory. A client that acknowledges a
+ * release while it keeps the mapping (a raw client mapping through the
+ * driver itself) is caught by its process's figure: the session is closed
+ * and the memory stays charged while that process holds device memory. An
+ * honest release first shows the daemon that this driver counts mappings. */
+START_TEST(test_lying_release_ack_caught_by_nvml) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_CENTRAL);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0); /* honest: its figure drops */
+        ck_assert_uint_gt(released, 0);
+        gpumem_disconnect(c);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = MiB;
+        gm_test_raw_send_body(fd, 2, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        int seg_fd;
+        Gpumem__Envelope *e = gm_test_raw_recv_fd(fd, &seg_fd);
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_int_ge(seg_fd, 0);
+        uint64_t block = e->alloc_reply->block_id, va_size = e->alloc_reply->new_mappings[0]->segment_va_size,
+                 length = e->alloc_reply->new_mappings[0]->length;
+        gm_msg_free(e);
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        CUdeviceptr base;
+        ck_assert_int_eq(cu->MemAddressReserve(&base, va_size, 0, 0, 0), CUDA_SUCCESS);
+        CUmemGenericAllocationHandle handle;
+        ck_assert_int_eq(cu->MemImportFromShareableHandle(&handle, (void *) (uintptr_t) seg_fd,
+                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                         CUDA_SUCCESS);
+        close(seg_fd);
+        ck_assert_int_eq(cu->MemMap(base, length, 0, handle, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemRelease(handle), CUDA_SUCCESS); /* the mapping alone holds it now */
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), length);
+
+        gm_test_raw_lying_release(fd, block); /* and closed */
+        close(fd);
+
+        /* Session gone, memory not: still charged, and still on the device. */
+        usleep(500000);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), length);
+        ck_assert_uint_ge(gm_fake_device_bytes(0), length);
+        ck_assert_int_eq(cu->MemUnmap(base, length), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemAddressFree(base, va_size), CUDA_SUCCESS);
+        uint64_t charged = length;
+        for (int i = 0; i < 500 && charged; i++) {
+                usleep(20000);
+                charged = gm_test_tenant_charged(daemon_.socket_path, "uid:0");
+        }
+        ck_assert_uint_eq(charged, 0);
+        finish(connect_ok());
+}
+END_TEST
+
 /* Defect 10: the refusal's figures are one view: the broker's capacity
  * within the device, and what is free of it. */
 START_TEST(test_oom_figures_consistent) {
@@ -393,6 +458,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_disconnect_with_holes);
         tcase_add_test(tc, test_release_waits_outside_the_lock);
         tcase_add_test(tc, test_pending_events_back_off);
+        tcase_add_test(tc, test_lying_release_ack_caught_by_nvml);
         tcase_add_test(tc, test_oom_figures_consistent);
         tcase_add_test(tc, test_client_finds_daemon_gpu);
         tcase_add_test(tc, test_client_refuses_unseen_gpu);

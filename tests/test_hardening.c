@@ -598,52 +598,6 @@ END_TEST
 
 /* ---- charges end only when the memory is gone ---- */
 
-/* Receives one envelope, keeping the first fd it carries in *ret_fd (or -1). */
-static Gpumem__Envelope *recv_with_fd(int fd, int *ret_fd) {
-        static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
-        int fds[GM_IPC_MAX_FDS_LIMIT];
-        size_t len = 0, n_fds = 0;
-        *ret_fd = -1;
-        if (gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds) < 0)
-                return NULL;
-        if (n_fds > 0) {
-                *ret_fd = fds[0];
-                fds[0] = -1;
-        }
-        gm_close_fds(fds, n_fds);
-        Gpumem__Envelope *env = NULL;
-        return gm_msg_unpack(buf, len, &env) == 0 ? env : NULL;
-}
-
-/* Sends one request: `body` is the message of the oneof member `body_case`
- * names (the members share one pointer slot). */
-static void send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCase body_case, void *body) {
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.request_id = request_id;
-        env.body_case = body_case;
-        env.hello = body;
-        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
-}
-
-/* The next envelope with body `body_case` within 10 packets, each awaited
- * at most 5 s. */
-static Gpumem__Envelope *await_body(int fd, Gpumem__Envelope__BodyCase body_case) {
-        for (int i = 0; i < 10; i++) {
-                struct pollfd pf = {.fd = fd, .events = POLLIN};
-                ck_assert_msg(poll(&pf, 1, 5000) == 1, "no envelope of kind %d came", (int) body_case);
-                int ignored;
-                Gpumem__Envelope *e = recv_with_fd(fd, &ignored);
-                ck_assert_ptr_nonnull(e);
-                if (ignored >= 0)
-                        close(ignored);
-                if (e->body_case == body_case)
-                        return e;
-                gm_msg_free(e);
-        }
-        ck_abort_msg("no envelope of kind %d in 10 packets", (int) body_case);
-        return NULL;
-}
-
 START_TEST(test_lying_release_ack_keeps_charge) {
         /* A client that acknowledges a release while it keeps the mapping once
          * held 480 MiB charged 0. Host backend: the daemon asks the kernel. */
@@ -655,9 +609,9 @@ START_TEST(test_lying_release_ack_keeps_charge) {
         gm_test_raw_hello(fd, false);
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = 1 << 20;
-        send_body(fd, 2, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        gm_test_raw_send_body(fd, 2, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
         int seg_fd;
-        Gpumem__Envelope *reply = recv_with_fd(fd, &seg_fd);
+        Gpumem__Envelope *reply = gm_test_raw_recv_fd(fd, &seg_fd);
         ck_assert_ptr_nonnull(reply);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
         ck_assert_int_ge(seg_fd, 0);
@@ -669,26 +623,7 @@ START_TEST(test_lying_release_ack_keeps_charge) {
         memset(p, 0x5a, length);
         ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), length);
 
-        /* Freed and trimmed: the daemon asks for the segment back. */
-        Gpumem__Free f = GPUMEM__FREE__INIT;
-        f.block_id = block;
-        send_body(fd, 3, GPUMEM__ENVELOPE__BODY_FREE, &f);
-        Gpumem__Trim trim = GPUMEM__TRIM__INIT;
-        trim.tenant = "";
-        send_body(fd, 4, GPUMEM__ENVELOPE__BODY_TRIM, &trim);
-        Gpumem__Envelope *e = await_body(fd, GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST);
-        Gpumem__ReleaseAck ack = GPUMEM__RELEASE_ACK__INIT;
-        ack.release_id = e->release_request->release_id;
-        gm_msg_free(e);
-
-        /* "Unmapped", says the client, and keeps it. */
-        send_body(fd, 5, GPUMEM__ENVELOPE__BODY_RELEASE_ACK, &ack);
-        e = await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
-        ck_assert_int_eq(e->error->code, EBUSY);
-        ck_assert_ptr_nonnull(strstr(e->error->message, "still mapped"));
-        gm_msg_free(e);
-        int ignored;
-        ck_assert_ptr_null(recv_with_fd(fd, &ignored)); /* and closed */
+        gm_test_raw_lying_release(fd, block); /* and closed */
         close(fd);
 
         /* Session gone, memory not: still charged (and the data still there). */
@@ -724,7 +659,7 @@ static int raw_session_with_memory(const char *socket_path, uint64_t size, char 
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
         env.alloc = &alloc;
         ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
-        reply = recv_with_fd(fd, ret_seg_fd);
+        reply = gm_test_raw_recv_fd(fd, ret_seg_fd);
         ck_assert_ptr_nonnull(reply);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
         ck_assert_uint_eq(reply->alloc_reply->n_new_mappings, 1);
@@ -761,7 +696,7 @@ static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token
         ck_assert_ptr_nonnull(reply);
         if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
                 int ignored;
-                ck_assert_ptr_null(recv_with_fd(fd, &ignored)); /* and closed */
+                ck_assert_ptr_null(gm_test_raw_recv_fd(fd, &ignored)); /* and closed */
         }
         close(fd);
         return reply;

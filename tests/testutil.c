@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,17 +143,71 @@ int gm_test_raw_connect(const char *socket_path) {
         return fd;
 }
 
-Gpumem__Envelope *gm_test_raw_recv(int fd) {
+Gpumem__Envelope *gm_test_raw_recv_fd(int fd, int *ret_fd) {
         static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
         int fds[GM_IPC_MAX_FDS_LIMIT];
         size_t len, n_fds;
+        *ret_fd = -1;
         int r = gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds);
         if (r < 0)
                 return NULL;
+        if (n_fds > 0) {
+                *ret_fd = fds[0];
+                fds[0] = -1;
+        }
         gm_close_fds(fds, n_fds);
         Gpumem__Envelope *env = NULL;
         ck_assert_int_eq(gm_msg_unpack(buf, len, &env), 0);
         return env;
+}
+
+Gpumem__Envelope *gm_test_raw_recv(int fd) {
+        int kept;
+        Gpumem__Envelope *env = gm_test_raw_recv_fd(fd, &kept);
+        if (kept >= 0)
+                close(kept);
+        return env;
+}
+
+void gm_test_raw_send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCase body_case, void *body) {
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = request_id;
+        env.body_case = body_case;
+        env.hello = body; /* the oneof's members share one pointer slot */
+        ck_assert_int_eq(gm_msg_send(fd, &env, NULL, 0, GM_IPC_MAX_PACKET_DEFAULT), 0);
+}
+
+Gpumem__Envelope *gm_test_raw_await_body(int fd, Gpumem__Envelope__BodyCase body_case) {
+        for (int i = 0; i < 10; i++) {
+                struct pollfd pf = {.fd = fd, .events = POLLIN};
+                ck_assert_msg(poll(&pf, 1, 5000) == 1, "no envelope of kind %d came", (int) body_case);
+                Gpumem__Envelope *e = gm_test_raw_recv(fd);
+                ck_assert_msg(e != NULL, "connection closed before an envelope of kind %d", (int) body_case);
+                if (e->body_case == body_case)
+                        return e;
+                gm_msg_free(e);
+        }
+        ck_abort_msg("no envelope of kind %d in 10 packets", (int) body_case);
+        return NULL;
+}
+
+void gm_test_raw_lying_release(int fd, uint64_t block_id) {
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = block_id;
+        gm_test_raw_send_body(fd, 3, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+        trim.tenant = "";
+        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_TRIM, &trim);
+        Gpumem__Envelope *e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST);
+        Gpumem__ReleaseAck ack = GPUMEM__RELEASE_ACK__INIT;
+        ack.release_id = e->release_request->release_id;
+        gm_msg_free(e);
+        gm_test_raw_send_body(fd, 5, GPUMEM__ENVELOPE__BODY_RELEASE_ACK, &ack); /* "unmapped", and it is not */
+        e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EBUSY);
+        ck_assert_msg(strstr(e->error->message, "still mapped"), "%s", e->error->message);
+        gm_msg_free(e);
+        ck_assert_ptr_null(gm_test_raw_recv(fd));
 }
 
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env) {

@@ -51,6 +51,18 @@ Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
 /* Receives one envelope; NULL when the connection is closed. fds received are closed. */
 Gpumem__Envelope *gm_test_raw_recv(int fd);
+/* The same, keeping the first fd the packet carries in *ret_fd (-1 if none;
+ * the others are closed). */
+Gpumem__Envelope *gm_test_raw_recv_fd(int fd, int *ret_fd);
+/* Sends one request: `body` is the message of the oneof member `body_case` names. */
+void gm_test_raw_send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCase body_case, void *body);
+/* The next envelope of kind `body_case` within 10 packets, each awaited at
+ * most 5 s (fds it carries are closed). */
+Gpumem__Envelope *gm_test_raw_await_body(int fd, Gpumem__Envelope__BodyCase body_case);
+/* Frees block_id, trims, and acknowledges the release that follows without
+ * unmapping anything; asserts that the daemon refuses the word (EBUSY, "still
+ * mapped") and closes the connection. */
+void gm_test_raw_lying_release(int fd, uint64_t block_id);
 
 /* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
 uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);

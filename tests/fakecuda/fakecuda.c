@@ -1450,11 +1450,17 @@ typedef struct nvmlMemory {
         unsigned long long total, free, used;
 } nvmlMemory_t;
 typedef struct fake_nvml_device *nvmlDevice_t;
+typedef struct nvmlProcessInfo {
+        unsigned int pid;
+        unsigned long long usedGpuMemory;
+        unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
 enum {
         NVML_SUCCESS = 0,
         NVML_ERROR_UNINITIALIZED = 1,
         NVML_ERROR_INVALID_ARGUMENT = 2,
         NVML_ERROR_NOT_FOUND = 6,
+        NVML_ERROR_INSUFFICIENT_SIZE = 7,
         NVML_ERROR_DRIVER_NOT_LOADED = 9
 };
 
@@ -1463,6 +1469,7 @@ int nvmlShutdown(void);
 const char *nvmlErrorString(int result);
 int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
 int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos);
 
 int nvmlInit_v2(void) {
         LOCKED();
@@ -1536,6 +1543,55 @@ int nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
         memory->used = fake.pool->in_use[d - 1];
         memory->free = memory->total - memory->used;
         pool_unlock();
+        return NVML_SUCCESS;
+}
+
+/* Adds `bytes` to pid's entry of the list (a new one at the end). */
+static void fake_nvml_add(nvmlProcessInfo_t *list, unsigned int *n, unsigned int cap, int32_t pid, uint64_t bytes) {
+        for (unsigned int i = 0; i < *n; i++)
+                if (list[i].pid == (unsigned int) pid) {
+                        list[i].usedGpuMemory += bytes;
+                        return;
+                }
+        if (*n < cap)
+                list[(*n)++] = (nvmlProcessInfo_t){.pid = (unsigned int) pid, .usedGpuMemory = bytes};
+}
+
+/* Every live process with a context or memory on the device, and its bytes:
+ * its context's, and every allocation it holds by handle or mapping (each
+ * holder counts an allocation whole, as the driver attributes a mapping to
+ * the process that maps it). */
+int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
+        LOCKED();
+        uintptr_t d = (uintptr_t) device;
+        if (!fake.initialized)
+                return NVML_ERROR_UNINITIALIZED;
+        if (!count || (*count && !infos) || d == 0 || d > fake.pool->device_count)
+                return NVML_ERROR_INVALID_ARGUMENT;
+        enum { MAX = FAKE_POOL_CONTEXTS + 256 };
+        static nvmlProcessInfo_t list[MAX];
+        unsigned int n = 0;
+        int device_index = (int) d - 1;
+        pool_lock();
+        pool_sweep();
+        for (int i = 0; i < FAKE_POOL_CONTEXTS; i++) {
+                const fake_ctx_use_t *c = &fake.pool->contexts[i];
+                if (c->pid && c->device == device_index && fake_pool_alive(c->pid))
+                        fake_nvml_add(list, &n, MAX, c->pid, c->bytes);
+        }
+        for (int i = 0; i < FAKE_POOL_SLOTS; i++) {
+                const fake_slot_t *sl = &fake.pool->slots[i];
+                for (int h = 0; sl->ino && sl->device == device_index && h < FAKE_POOL_HOLDERS; h++)
+                        if (sl->holders[h].pid && fake_pool_alive(sl->holders[h].pid))
+                                fake_nvml_add(list, &n, MAX, sl->holders[h].pid, sl->size);
+        }
+        pool_unlock();
+        if (*count < n) {
+                *count = n;
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        memcpy(infos, list, n * sizeof(*infos));
+        *count = n;
         return NVML_SUCCESS;
 }
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "fuzz_broker.h"
 #include "local.h"
 #include "msg.h"
 #include "requests.h"
@@ -22,15 +23,6 @@ static int sink_send(void *userdata, gm_request_conn_t *c, uint64_t request_id, 
         for (size_t i = 0; i < n_fds; i++)
                 FUZZ_ASSERT(fcntl(fds[i], F_GETFD) >= 0); /* the daemon's own, still open */
         return 0;
-}
-
-static void check(const gm_broker_t *b) {
-        char why[512];
-        int n = gm_broker_check(b, why, sizeof(why));
-        if (n) {
-                fprintf(stderr, "broker invariants broken: %s\n", why);
-                abort();
-        }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -78,14 +70,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                 conn.closed = true; /* the server would close the connection */
                         else
                                 gm_session_flush_releases(conn.session);
-                        check(broker);
+                        fuzz_check_broker(broker);
                 }
                 data += len, size -= len;
         }
         gm_local_end(&conn);
         gm_session_free(conn.session);
         gm_local_free_all(&rq);
-        check(broker);
+        fuzz_check_broker(broker);
         broker = gm_broker_free(broker);
         FUZZ_ASSERT(backend->in_use == 0);
         gm_backend_close(backend);
