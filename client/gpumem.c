@@ -1100,31 +1100,49 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         pthread_mutex_unlock(&c->lock);
 }
 
-/* Page reuse in a local heap: moves a piece here, then tells the daemon
- * (its ledger follows; no reply). Caller holds heap_lock. */
-static int local_move(void *ctx, const gm_local_move_t *m) {
+/* Pieces one MovePieces names at most (the daemon's limit). */
+#define MAX_MOVES_PER_MESSAGE 512
+
+/* Page reuse in a local heap: moves a run of pieces here, in order, and
+ * tells the daemon, one message per MAX_MOVES_PER_MESSAGE moved (its ledger
+ * follows; no reply). Caller holds heap_lock. */
+static int64_t local_move(void *ctx, const gm_local_move_t *m) {
         gpumem_client *c = ctx;
-        Gpumem__PageMove move = GPUMEM__PAGE_MOVE__INIT;
-        move.from_segment_id = m->from_segment;
-        move.from_offset = m->from_offset;
-        move.to_segment_id = m->to_segment;
-        move.to_segment_va_size = m->to_segment_va_size;
-        move.to_offset = m->to_offset;
-        move.length = m->size;
-        move.from_whole_segment = m->from_segment_empty;
-        Gpumem__PageMove *moves[1] = {&move};
-        Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
-        mp.n_moves = 1;
-        mp.moves = moves;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
-        env.move_pieces = &mp;
+        uint64_t batch = m->n_pages < MAX_MOVES_PER_MESSAGE ? m->n_pages : MAX_MOVES_PER_MESSAGE, done = 0;
+        Gpumem__PageMove *moves = calloc(batch ? batch : 1, sizeof(*moves));
+        Gpumem__PageMove **ptrs = calloc(batch ? batch : 1, sizeof(*ptrs));
+        int r = moves && ptrs ? 0 : -ENOMEM;
         pthread_mutex_lock(&c->lock);
-        int r = move_piece(c, &move);
-        if (r == 0)
+        while (r == 0 && done < m->n_pages) {
+                size_t n = 0;
+                for (; r == 0 && n < batch && done < m->n_pages; n += r == 0) {
+                        Gpumem__PageMove *move = &moves[n];
+                        gpumem__page_move__init(move);
+                        move->from_segment_id = m->from_segment;
+                        move->from_offset = m->from_offset + done * m->page_size;
+                        move->to_segment_id = m->to_segment;
+                        move->to_segment_va_size = m->to_segment_va_size;
+                        move->to_offset = m->to_offset + done * m->page_size;
+                        move->length = m->page_size;
+                        move->from_whole_segment = m->from_segment_empty && done + 1 == m->n_pages;
+                        ptrs[n] = move;
+                        if ((r = move_piece(c, move)) == 0)
+                                done++;
+                }
+                if (n == 0)
+                        break;
+                Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
+                mp.n_moves = n;
+                mp.moves = ptrs;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
+                env.move_pieces = &mp;
                 post_locked(c, &env); /* lost with the connection: the re-attach reports where it is */
+        }
         pthread_mutex_unlock(&c->lock);
-        return r;
+        free(moves);
+        free(ptrs);
+        return done ? (int64_t) done : r;
 }
 
 static int local_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {

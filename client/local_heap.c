@@ -89,9 +89,9 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         begin(l);
 }
 
-static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
-                          uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
-                          bool from_segment_empty) {
+static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                              uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size,
+                              uint64_t to_offset, uint64_t page_size, bool from_segment_empty) {
         gm_local_t *l = userdata;
         gm_local_move_t move = {
                 .from_segment = from_segment,
@@ -99,11 +99,12 @@ static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment
                 .to_segment = to_segment,
                 .to_segment_va_size = to_segment_va_size,
                 .to_offset = to_offset,
-                .size = size,
+                .n_pages = n_pages,
+                .page_size = page_size,
                 .from_segment_empty = from_segment_empty,
         };
         end(l); /* the daemon may read the figures while it follows the move */
-        int r = l->ops.move(l->ops.ctx, &move);
+        int64_t r = l->ops.move(l->ops.ctx, &move);
         begin(l);
         return r;
 }
