@@ -21,6 +21,7 @@ struct gm_local {
         gm_stats_t figures;         /* the page's last valid read, the exact figures laid over */
         gm_stats_t applied;         /* the page's part in its tenant's and the device's local totals */
         bool page_invalid;          /* the last read failed the bounds */
+        bool ladder_waited;         /* the heap's current out-of-memory ladder already waited for reclaim */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant
