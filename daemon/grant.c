@@ -110,11 +110,19 @@ int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         };
         gm_local_refresh_conn(c); /* its figures, for a refusal's diagnosis */
         gm_outcome_t out;
+        /* num_reclaim_waits counts application allocations: a heap's first try
+         * (will_retry) starts a ladder, and its retry that waits again is the
+         * same allocation. The heap lock keeps one ladder at a time. */
+        if (g->will_retry)
+                c->local->ladder_waited = false;
         gm_session_grant(c->session, request_id, &grant, &out);
-        if (out.kind == GM_OUTCOME_PARK)
-                gm_local_count_reclaim_wait(c);
-        else
+        if (out.kind == GM_OUTCOME_PARK) {
+                if (!c->local->ladder_waited)
+                        gm_local_count_reclaim_wait(c);
+                c->local->ladder_waited = g->will_retry;
+        } else {
                 gm_local_answer_grant(c, request_id, &out);
+        }
         return 0;
 }
 
@@ -181,6 +189,18 @@ int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, 
         env.body_case = GPUMEM__ENVELOPE__BODY_RECLAIM;
         env.reclaim = &rq;
         return gm_request_send(c, 0, &env, NULL, 0);
+}
+
+void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_config_t *config) {
+        gm_request_conn_t *c = s->userdata;
+        if (!c || !c->local || c->closed)
+                return;
+        Gpumem__AllocConfUpdate up = GPUMEM__ALLOC_CONF_UPDATE__INIT;
+        up.alloc_conf = (char *) config->raw;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_CONF_UPDATE;
+        env.alloc_conf_update = &up;
+        gm_request_send(c, 0, &env, NULL, 0); /* a failure closes the connection */
 }
 
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {

@@ -616,6 +616,7 @@ gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
                 .send_reclaim = gm_local_send_reclaim,
+                .alloc_conf_changed = gm_local_push_alloc_conf,
                 .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
