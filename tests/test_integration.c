@@ -1019,9 +1019,7 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_forked_child_gets_its_own_session);
         tcase_add_test(tc, test_gpumemctl_stats_and_trim);
         tcase_add_test(tc, test_daemon_gone);
-        const char *heap = getenv("GPUMEM_HEAP");
-        if (!heap || strcmp(heap, "local") != 0) /* snapshots do not yet ask local sessions for their blocks */
-                tcase_add_test(tc, test_history_and_snapshots);
+        tcase_add_test(tc, test_history_and_snapshots);
         tcase_add_test(tc, test_alloc_conf_at_run_time);
         tcase_add_test(tc, test_reset_stats);
         tcase_add_test(tc, test_stream_ordered_free);

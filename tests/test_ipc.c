@@ -828,7 +828,7 @@ END_TEST
  * `extra` (a field or a broken one) in front. */
 static size_t envelope_with(const uint8_t *extra, size_t n_extra, uint8_t *out) {
         static const uint8_t tail[] = {0x08, 42, 14 << 3 | 2, 2, 0x08, 5}; /* request_id 42, free{block_id 5} */
-        if (n_extra)
+        if (n_extra) /* extra may be NULL then: memcpy's arguments must not be */
                 memcpy(out, extra, n_extra);
         memcpy(out + n_extra, tail, sizeof(tail));
         return n_extra + sizeof(tail);
@@ -881,7 +881,8 @@ START_TEST(test_msg_envelope_framing) {
                 ck_assert_ptr_eq(got, sentinel);
         }
         /* A body cut inside (its length says more than the packet has). */
-        n = envelope_with(NULL, 0, buf);
+        static const uint8_t nothing[1];
+        n = envelope_with(nothing, 0, buf);
         ck_assert_int_eq(gm_msg_unpack(buf, n - 1, &got), -EBADMSG);
 }
 END_TEST
