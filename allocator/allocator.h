@@ -39,20 +39,23 @@ typedef struct gm_provider {
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see
          * gm_heap_page_reuse()); NULL = the mode stays inactive with this
-         * provider. Moves one page of an expandable segment: `handle` (made
-         * by create(), `size` = the heap's small page: 2 MiB, or the backend's granularity where larger) is mapped at
-         * [from_offset, from_offset+size) of segment from_segment and must end
-         * up mapped at [to_offset, to_offset+size) of segment to_segment
-         * instead, and no longer at the old place, which becomes unmapped
-         * virtual space of from_segment. Offsets are multiples of size; the
-         * target range holds no piece; the segments may be the same, or of
-         * another stream or pool of the same heap (never of another heap).
-         * to_segment's virtual range is to_segment_va_size bytes and it may
-         * have no piece yet (as with a segment's first create()).
-         * from_segment_empty is true when this was the last piece of
-         * from_segment: its virtual range goes too (as with release()'s
-         * whole_segment). The handle keeps its value; later release() and
-         * remap() calls name it at its new place. The heap calls this only
+         * provider. Moves a run of n_pages consecutive pages of an
+         * expandable segment: page k (handle handles[k], made by create();
+         * `page_size` = the heap's small page: 2 MiB, or the backend's
+         * granularity where larger) is mapped at from_offset + k * page_size
+         * of segment from_segment and must end up mapped at to_offset + k *
+         * page_size of segment to_segment instead, and no longer at the old
+         * place, which becomes unmapped virtual space of from_segment.
+         * Offsets are multiples of page_size; the target range holds no
+         * piece; the segments may be the same (the ranges then do not
+         * overlap), or of another stream or pool of the same heap (never of
+         * another heap). to_segment's virtual range is to_segment_va_size
+         * bytes and it may have no piece yet (as with a segment's first
+         * create()). from_segment_empty is true when the run is the last of
+         * from_segment's pieces: once all of them moved, its virtual range
+         * goes too (as with release()'s whole_segment). Handles keep their
+         * values; later release() and remap() calls name them at their new
+         * place. The heap calls this only
          * from gm_heap_alloc(), only for a page that lies wholly inside a free
          * block whose device work is complete (see stream_fence), and it emits
          * the segment_unmap / segment_map trace events itself. Moves are
@@ -61,11 +64,13 @@ typedef struct gm_provider {
          * must apply the moves of a gm_heap_alloc() call before the block it
          * returns is used (central sessions: listed in the allocation reply,
          * unmap these ranges, map these handles there; local heaps: through
-         * their mapper at once). Returns 0, or a negative errno with nothing
-         * changed: the page is still at its old place and the heap creates
-         * new memory for the rest of the request. */
-        int (*remap)(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
-                     uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty);
+         * their mapper at once). Returns the number of pages moved, the
+         * first ones of the run (n_pages when all did), or a negative errno
+         * with nothing moved: pages not moved are still at their old place
+         * and the heap creates new memory for the rest of the request. */
+        int64_t (*remap)(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                         uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset,
+                         uint64_t page_size, bool from_segment_empty);
         /* Optional, for page reuse: device-work fences, never waiting
          * (cuEventRecord + cuEventQuery, not a synchronize). Marks fence
          * number `fence` on `stream` after all work queued there so far (the
@@ -183,12 +188,13 @@ typedef struct gm_page_reuse_info {
         bool configured;             /* alloc_conf asks for it */
         bool active;                 /* configured, expandable segments on, provider has remap() */
         const char *inactive_reason; /* NULL when active */
-        uint64_t pages_moved;        /* remap() calls that succeeded */
+        uint64_t pages_moved;        /* pages remap() moved */
         uint64_t ranges_moved;       /* contiguous source ranges unmapped for moves */
         uint64_t allocs_with_moves;  /* allocations that moved at least one page */
         uint64_t stream_queries;     /* stream_fence() calls */
         uint64_t refused_busy;       /* free blocks passed over: no complete fence after their free */
-        uint64_t remap_failures;     /* remap() errors (the page stayed, new memory was made) */
+        uint64_t remap_failures;     /* remap() calls that moved fewer pages than asked (the rest stayed,
+                                      * new memory was made) */
 } gm_page_reuse_info_t;
 void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);
 
@@ -247,6 +253,7 @@ typedef enum gm_block_state {
 typedef struct gm_segment_info {
         uint64_t id;
         uint64_t addr;
+        uint64_t offset; /* of this range in its segment (0 unless expandable) */
         uint64_t size;
         uint64_t stream;
         bool small_pool;

@@ -665,24 +665,23 @@ static gm_block_t *donor_candidate(pool_t *p, uint64_t page, uint64_t k[3]) {
 }
 
 /* Moves the top `n` (at most) of pages [begin, end) of free block `b` to
- * pages [dst, dst + n) of segment `ds` through the provider; the moved range
- * becomes unmapped free space (a segment left without pages is forgotten).
- * Needs two spare block structs. Returns the number moved (fewer when
- * remap() fails). */
+ * pages [dst, dst + n) of segment `ds` through the provider, in one remap()
+ * call; the moved range becomes unmapped free space (a segment left without
+ * pages is forgotten). Needs two spare block structs. Returns the number
+ * moved (fewer when remap() fails). */
 static uint64_t move_pages(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t end, gm_segment_t *ds, uint64_t dst,
                            uint64_t n) {
         gm_segment_t *s = b->seg;
         uint64_t page = s->page_size, k = end - begin < n ? end - begin : n, first = end - k, moved;
+        int64_t r = h->prov.remap(h->prov.userdata, &s->page_handle[first], k, s->id, first * page, ds->id, ds->size,
+                                  dst * page, page, s != ds && s->mapped_pages == k);
 
-        for (moved = 0; moved < k; moved++) {
-                uint64_t i = first + moved, j = dst + moved, handle = s->page_handle[i];
-                int r = h->prov.remap(h->prov.userdata, handle, s->id, i * page, ds->id, ds->size, j * page, page,
-                                      s != ds && s->mapped_pages == 1);
+        moved = r < 0 ? 0 : (uint64_t) r < k ? (uint64_t) r : k;
+        if (moved < k)
+                h->reuse.remap_failures++;
+        for (uint64_t m = 0; m < moved; m++) {
+                uint64_t i = first + m, j = dst + m, handle = s->page_handle[i];
 
-                if (r < 0) {
-                        h->reuse.remap_failures++;
-                        break;
-                }
                 s->page_mapped[i] = 0;
                 s->mapped_pages--;
                 ds->page_handle[j] = handle;
@@ -1321,6 +1320,7 @@ void gm_heap_walk(const gm_heap_t *h, const gm_heap_visitor_t *visitor) {
                         gm_segment_info_t info = {
                                 .id = s->id,
                                 .addr = block_addr(b),
+                                .offset = b->offset,
                                 .stream = s->stream,
                                 .small_pool = s->small,
                                 .expandable = s->expandable,

@@ -1,7 +1,9 @@
 /* The history ring and its interning tables.
  *
- * Invariants: the ring holds `len` entries at slots[(start + i) % cap] for
- * i in [0, len), oldest first, with len <= max and len <= cap. Each slot with
+ * Invariants: each owner (one pid) holds its own ring of o->len > 0
+ * entries, oldest first; len is the sum over owners and len <= max; the
+ * owners form a max-heap by o->len (heap[0] holds the most entries), which
+ * is where an entry is dropped when the bound is reached. Each slot with
  * frames holds one reference to its stack; each stack holds one reference to
  * every string its frames point at (once per frame). frame_bytes is the sum
  * of stack_bytes() and string_bytes() over the live stacks and strings. */
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "history.h"
+#include "u64map.h"
 
 /* Intrusive chained hash table node, first member of what it links. */
 typedef struct node {
@@ -42,14 +45,25 @@ typedef struct stack {
 typedef struct slot {
         gm_history_entry_t entry;
         frame_stack_t *stack; /* NULL = no frames */
+        uint64_t seq;         /* recording order across owners */
 } slot_t;
 
-struct gm_history {
+/* One process's entries: a ring, oldest first, at slots[(start + i) % cap]. */
+typedef struct owner {
+        uint32_t pid;
         slot_t *slots;
-        size_t cap, start, len, max;
+        size_t cap, start, len;
+        size_t heap_pos; /* in gm_history.heap */
+} owner_t;
+
+struct gm_history {
+        size_t len, max; /* entries of all owners together, and their bound */
         size_t frame_bytes, frame_bytes_limit;
-        uint64_t next_stack_id;
+        uint64_t next_stack_id, next_seq;
         table_t strings, stacks;
+        gm_u64map_t owners; /* pid + 1 -> owner_t */
+        owner_t **heap;     /* max-heap of owners by len: heap[0] holds the most entries */
+        size_t n_owners, cap_owners;
 };
 
 #define FNV_OFFSET UINT64_C(0xcbf29ce484222325)
@@ -247,29 +261,111 @@ static int stack_ref(gm_history_t *h, const gm_frame_t *frames, size_t n, frame_
         return 0;
 }
 
-static void drop_oldest(gm_history_t *h) {
-        stack_unref(h, h->slots[h->start].stack);
-        h->start = (h->start + 1) % h->cap;
-        h->len--;
+/* ---- the owners' max-heap by number of entries ---- */
+
+static void heap_set(gm_history_t *h, size_t pos, owner_t *o) {
+        h->heap[pos] = o;
+        o->heap_pos = pos;
 }
 
-/* Moves the newest `keep` (<= len, <= new_cap) entries into storage of new_cap
- * slots, oldest at 0, dropping the others. Changes nothing on failure. */
-static int relayout(gm_history_t *h, size_t new_cap, size_t keep) {
-        slot_t *slots = NULL;
+static void heap_up(gm_history_t *h, size_t pos) {
+        owner_t *o = h->heap[pos];
+        while (pos > 0 && h->heap[(pos - 1) / 2]->len < o->len) {
+                heap_set(h, pos, h->heap[(pos - 1) / 2]);
+                pos = (pos - 1) / 2;
+        }
+        heap_set(h, pos, o);
+}
 
-        if (new_cap > SIZE_MAX / sizeof(*slots))
+static void heap_down(gm_history_t *h, size_t pos) {
+        owner_t *o = h->heap[pos];
+        for (;;) {
+                size_t child = 2 * pos + 1;
+                if (child >= h->n_owners)
+                        break;
+                if (child + 1 < h->n_owners && h->heap[child + 1]->len > h->heap[child]->len)
+                        child++;
+                if (h->heap[child]->len <= o->len)
+                        break;
+                heap_set(h, pos, h->heap[child]);
+                pos = child;
+        }
+        heap_set(h, pos, o);
+}
+
+/* Forgets an owner with no entries left. */
+static void owner_remove(gm_history_t *h, owner_t *o) {
+        size_t pos = o->heap_pos;
+        gm_u64map_remove(&h->owners, (uint64_t) o->pid + 1);
+        h->n_owners--;
+        if (pos < h->n_owners) {
+                owner_t *moved = h->heap[h->n_owners];
+                heap_set(h, pos, moved);
+                heap_up(h, pos);
+                heap_down(h, moved->heap_pos);
+        }
+        free(o->slots);
+        free(o);
+}
+
+/* The owner of pid's entries, created when absent (NULL: -ENOMEM). */
+static owner_t *owner_get(gm_history_t *h, uint32_t pid) {
+        owner_t *o = gm_u64map_get(&h->owners, (uint64_t) pid + 1);
+        if (o)
+                return o;
+        if (h->n_owners == h->cap_owners) {
+                size_t cap = h->cap_owners ? 2 * h->cap_owners : 8;
+                owner_t **heap = realloc(h->heap, cap * sizeof(*heap));
+                if (!heap)
+                        return NULL;
+                h->heap = heap;
+                h->cap_owners = cap;
+        }
+        o = calloc(1, sizeof(*o));
+        if (!o || gm_u64map_put(&h->owners, (uint64_t) pid + 1, o) < 0) {
+                free(o);
+                return NULL;
+        }
+        o->pid = pid;
+        heap_set(h, h->n_owners++, o);
+        heap_up(h, o->heap_pos);
+        return o;
+}
+
+/* Drops the oldest entry of owner o (which has one); o may be freed. */
+static void drop_oldest_of(gm_history_t *h, owner_t *o) {
+        stack_unref(h, o->slots[o->start].stack);
+        o->start = (o->start + 1) % o->cap;
+        o->len--;
+        h->len--;
+        if (o->len == 0)
+                owner_remove(h, o);
+        else
+                heap_down(h, o->heap_pos);
+}
+
+/* Drops one entry of the owner holding the most: one busy process never
+ * evicts the entries of the others while it holds more than they do. */
+static void drop_one(gm_history_t *h) {
+        drop_oldest_of(h, h->heap[0]);
+}
+
+/* Makes room for one more entry in o's ring. */
+static int owner_grow(owner_t *o) {
+        if (o->len < o->cap)
+                return 0;
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        if (cap > SIZE_MAX / sizeof(slot_t))
                 return -ENOMEM;
-        if (new_cap > 0 && !(slots = malloc(new_cap * sizeof(*slots))))
+        slot_t *slots = malloc(cap * sizeof(*slots));
+        if (!slots)
                 return -ENOMEM;
-        while (h->len > keep)
-                drop_oldest(h);
-        for (size_t i = 0; i < h->len; i++)
-                slots[i] = h->slots[(h->start + i) % h->cap];
-        free(h->slots);
-        h->slots = slots;
-        h->cap = new_cap;
-        h->start = 0;
+        for (size_t i = 0; i < o->len; i++)
+                slots[i] = o->slots[(o->start + i) % o->cap];
+        free(o->slots);
+        o->slots = slots;
+        o->cap = cap;
+        o->start = 0;
         return 0;
 }
 
@@ -288,7 +384,8 @@ gm_history_t *gm_history_free(gm_history_t *h) {
         if (!h)
                 return NULL;
         gm_history_clear(h);
-        free(h->slots);
+        gm_u64map_done(&h->owners);
+        free(h->heap);
         free(h->strings.buckets);
         free(h->stacks.buckets);
         free(h);
@@ -296,58 +393,105 @@ gm_history_t *gm_history_free(gm_history_t *h) {
 }
 
 int gm_history_set_max(gm_history_t *h, size_t max_entries) {
-        if (h->cap > max_entries) {
-                size_t keep = h->len < max_entries ? h->len : max_entries;
-                int r = relayout(h, keep, keep);
-
-                if (r < 0)
-                        return r;
-        }
+        while (h->len > max_entries)
+                drop_one(h);
         h->max = max_entries;
         return 0;
 }
 
 int gm_history_record(gm_history_t *h, const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames) {
         frame_stack_t *st = NULL;
-        slot_t *s;
         int r;
 
         if (h->max == 0)
                 return 0;
-        if (h->len == h->max)
-                drop_oldest(h);
-        else if (h->len == h->cap) {
-                size_t new_cap = h->cap ? 2 * h->cap : 16;
-
-                if (new_cap > h->max || new_cap < h->cap)
-                        new_cap = h->max;
-                if ((r = relayout(h, new_cap, h->len)) < 0)
-                        return r;
-        }
-        if (n_frames > 0 && (r = stack_ref(h, frames, n_frames, &st)) < 0)
+        owner_t *o = owner_get(h, e->pid);
+        if (!o)
+                return -ENOMEM;
+        if ((r = owner_grow(o)) < 0) {
+                if (o->len == 0)
+                        owner_remove(h, o);
                 return r;
-        s = &h->slots[(h->start + h->len) % h->cap];
+        }
+        if (n_frames > 0 && (r = stack_ref(h, frames, n_frames, &st)) < 0) {
+                if (o->len == 0)
+                        owner_remove(h, o);
+                return r;
+        }
+        slot_t *s = &o->slots[(o->start + o->len) % o->cap];
         s->entry = *e;
         s->entry.frames_id = st ? st->id : 0;
         s->stack = st;
+        s->seq = h->next_seq++;
+        o->len++;
         h->len++;
+        heap_up(h, o->heap_pos);
+        if (h->len > h->max)
+                drop_one(h); /* may be o's own oldest: it holds the most */
         return 0;
 }
 
-void gm_history_foreach(const gm_history_t *h, gm_history_visit_fn fn, void *userdata) {
-        for (size_t i = 0; i < h->len; i++) {
-                const slot_t *s = &h->slots[(h->start + i) % h->cap];
+static void visit(const slot_t *s, gm_history_visit_fn fn, void *userdata) {
+        if (s->stack)
+                fn(&s->entry, s->stack->frames, s->stack->n, userdata);
+        else
+                fn(&s->entry, NULL, 0, userdata);
+}
 
-                if (s->stack)
-                        fn(&s->entry, s->stack->frames, s->stack->n, userdata);
-                else
-                        fn(&s->entry, NULL, 0, userdata);
+/* A merge cursor: the next entry of one owner. */
+typedef struct cursor {
+        const owner_t *o;
+        size_t i;
+} cursor_t;
+
+static uint64_t cursor_seq(const cursor_t *c) {
+        return c->o->slots[(c->o->start + c->i) % c->o->cap].seq;
+}
+
+static void cursor_down(cursor_t *heap, size_t n, size_t pos) {
+        cursor_t c = heap[pos];
+        for (;;) {
+                size_t child = 2 * pos + 1;
+                if (child >= n)
+                        break;
+                if (child + 1 < n && cursor_seq(&heap[child + 1]) < cursor_seq(&heap[child]))
+                        child++;
+                if (cursor_seq(&heap[child]) >= cursor_seq(&c))
+                        break;
+                heap[pos] = heap[child];
+                pos = child;
         }
+        heap[pos] = c;
+}
+
+void gm_history_foreach(const gm_history_t *h, gm_history_visit_fn fn, void *userdata) {
+        size_t n = h->n_owners;
+        cursor_t *heap = n > 1 ? malloc(n * sizeof(*heap)) : NULL;
+
+        if (!heap) { /* one owner, or no memory for the merge: owner by owner */
+                for (size_t k = 0; k < n; k++)
+                        for (size_t i = 0; i < h->heap[k]->len; i++)
+                                visit(&h->heap[k]->slots[(h->heap[k]->start + i) % h->heap[k]->cap], fn, userdata);
+                return;
+        }
+        for (size_t k = 0; k < n; k++)
+                heap[k] = (cursor_t){.o = h->heap[k]};
+        for (size_t k = n / 2; k-- > 0;)
+                cursor_down(heap, n, k);
+        while (n > 0) {
+                const owner_t *o = heap[0].o;
+                visit(&o->slots[(o->start + heap[0].i) % o->cap], fn, userdata);
+                if (++heap[0].i == o->len)
+                        heap[0] = heap[--n];
+                if (n > 0)
+                        cursor_down(heap, n, 0);
+        }
+        free(heap);
 }
 
 void gm_history_clear(gm_history_t *h) {
-        while (h->len > 0)
-                drop_oldest(h);
+        while (h->n_owners > 0)
+                drop_one(h);
 }
 
 size_t gm_history_len(const gm_history_t *h) {

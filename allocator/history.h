@@ -1,7 +1,10 @@
 /* Allocation history for memory snapshots (PyTorch's device_traces).
  *
- * A gm_history_t is a bounded ring of trace entries, oldest first: once it
- * holds max_entries, each new entry overwrites the oldest. An entry may carry
+ * A gm_history_t holds trace entries per process (the entry's pid), each
+ * process's oldest first, at most max_entries of them all together. Once it
+ * holds max_entries, each new entry drops the oldest entry of the process
+ * holding the most: one busy process evicts its own entries, never those of
+ * a process that holds fewer (PyTorch's ring, made fair). An entry may carry
  * a stack of frames. Stacks are interned: identical stacks are stored once and
  * shared by reference count, and their strings are interned as well; a stack
  * (and each string) is freed when the last entry using it is overwritten or
@@ -41,19 +44,18 @@ int gm_history_new(size_t max_entries, size_t frame_bytes_limit, gm_history_t **
 /* Frees the history and everything it holds. Accepts NULL; returns NULL. */
 gm_history_t *gm_history_free(gm_history_t *h);
 
-/* Changes the entry limit; when it shrinks below the current length the
- * oldest entries are dropped (0 drops all and disables recording). -ENOMEM
- * only if compacting the storage fails (nothing changed then). */
+/* Changes the entry limit; when it shrinks below the current length entries
+ * are dropped as by record (0 drops all and disables recording). Returns 0. */
 int gm_history_set_max(gm_history_t *h, size_t max_entries);
 
 /* Appends a copy of *e (frames_id is assigned by the history) with a copy of
  * frames[0..n_frames) (the caller keeps its strings). A no-op returning 0 when
- * disabled. On -ENOMEM nothing is recorded, though when the ring was full its
- * oldest entry may already be gone. */
+ * disabled. On -ENOMEM nothing is recorded. */
 int gm_history_record(gm_history_t *h, const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames);
 
-/* Calls fn for every entry, oldest to newest, with its frames (NULL, 0 when it
- * has none). Pointers are valid until the history is next modified. */
+/* Calls fn for every entry, oldest to newest (in the order they were
+ * recorded, across processes), with its frames (NULL, 0 when it has none).
+ * Pointers are valid until the history is next modified. */
 typedef void (*gm_history_visit_fn)(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames,
                                     void *userdata);
 void gm_history_foreach(const gm_history_t *h, gm_history_visit_fn fn, void *userdata);

@@ -21,9 +21,10 @@ static int bench_create(void *ud, uint64_t segment_id, uint64_t va, uint64_t off
 static void bench_release(void *ud, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle, bool whole) {
 }
 
-static int bench_remap(void *ud, uint64_t handle, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
-                       uint64_t to_va_size, uint64_t to_offset, uint64_t size, bool from_empty) {
-        return 0;
+static int64_t bench_remap(void *ud, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                           uint64_t from_offset, uint64_t to_segment, uint64_t to_va_size, uint64_t to_offset,
+                           uint64_t page_size, bool from_empty) {
+        return (int64_t) n_pages;
 }
 
 typedef enum heap_mode { NATIVE, EXPANDABLE, REUSE, _MODE_MAX } heap_mode_t;

@@ -8,7 +8,7 @@ set -euo pipefail
 build="${1:-build}"
 dir="$(mktemp -d)"
 trap 'kill "${daemon:-0}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "${dir}"' EXIT
-"${build}/daemon/gpumemd" --backend host --capacity 4G --socket "${dir}/gpu0.sock" \
+"${build}/daemon/gpumemd" --backend host --capacity 8G --socket "${dir}/gpu0.sock" \
         --config /dev/null --metrics-listen none 2>"${dir}/log" &
 daemon=$!
 for _ in $(seq 100); do [ -S "${dir}/gpu0.sock" ] && break; sleep 0.05; done

@@ -11,8 +11,9 @@
  *            steady state (after a first warm-up replay), and the messages the
  *            local session sent the daemon during the timed replays (from the
  *            daemon's own per-session request count)
- * Prints per round ns per pair (or per step) of each, and the medians and
- * ranges of the ratios local/core, central/pingpong, step local/core. Each
+ * Prints per round wall ns per pair (or per step) of each, and the medians
+ * and ranges of the ratios local/core, central/pingpong, step local/core;
+ * for the in-process loops also in the thread's CPU time. Each
  * in-process heap has its local counterpart in the same state: the pairs run
  * on one heap and one local session, the steps on another of each. Under
  * valgrind --tool=callgrind the functions core_pairs, local_pairs,
@@ -37,10 +38,29 @@
 
 #define MAX_ROUNDS 64
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
+        clock_gettime(clock, &ts);
         return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+/* A timed loop's start: wall time, and the calling thread's CPU time (which
+ * does not count the time other jobs had the core: on a shared machine the
+ * steadier figure for work done in this thread alone). */
+typedef struct stamp {
+        uint64_t wall, cpu;
+} stamp_t;
+
+static double last_cpu_ns; /* per unit, of the last timed loop */
+
+static stamp_t stamp(void) {
+        return (stamp_t){.wall = clock_ns(CLOCK_MONOTONIC), .cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID)};
+}
+
+/* Wall ns per unit since t0; the CPU ns per unit go to last_cpu_ns. */
+static double elapsed(stamp_t t0, double units) {
+        last_cpu_ns = (double) (clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0.cpu) / units;
+        return (double) (clock_ns(CLOCK_MONOTONIC) - t0.wall) / units;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -69,26 +89,26 @@ static gm_heap_t *core_heap(uint64_t *va_cursor) {
 
 static double core_pairs(gm_heap_t *h, size_t size, long n) {
         gm_alloc_result_t res;
-        uint64_t t0 = now_ns();
+        stamp_t t0 = stamp();
         for (long i = 0; i < n; i++) {
                 if (gm_heap_alloc(h, size, 0, &res) < 0)
                         return -1;
                 gm_heap_free(h, res.block_id, false);
         }
-        return (double) (now_ns() - t0) / (double) n;
+        return elapsed(t0, (double) n);
 }
 
 /* ---- through libgpumem ---- */
 
 static double client_pairs(gpumem_client *c, size_t size, long n) {
         void *p;
-        uint64_t t0 = now_ns();
+        stamp_t t0 = stamp();
         for (long i = 0; i < n; i++) {
                 if (gpumem_alloc(c, size, 0, &p) < 0)
                         return -1;
                 gpumem_free(c, p);
         }
-        return (double) (now_ns() - t0) / (double) n;
+        return elapsed(t0, (double) n);
 }
 
 /* Separate functions, so that an instruction profile (callgrind) tells them apart. */
@@ -124,14 +144,14 @@ static void pingpong_start(void) {
 
 static double pingpong(long n) {
         char buf[64] = {0};
-        uint64_t t0 = now_ns();
+        stamp_t t0 = stamp();
         for (long i = 0; i < n; i++) {
                 size_t len, n_fds;
                 if (gm_ipc_send(pp_sock, buf, sizeof(buf), NULL, 0) < 0 ||
                     gm_ipc_recv(pp_sock, buf, sizeof(buf), NULL, 0, &len, &n_fds) < 0)
                         return -1;
         }
-        return (double) (now_ns() - t0) / (double) n;
+        return elapsed(t0, (double) n);
 }
 
 /* ---- traces ---- */
@@ -195,7 +215,7 @@ static int trace_load(const char *path, trace_t *t) {
 /* One replay; live blocks are freed at the end, so every replay starts from
  * the same cached state. Returns ns, or -1. */
 static double step_core(gm_heap_t *h, const trace_t *t, uint64_t *slots) {
-        uint64_t t0 = now_ns();
+        stamp_t t0 = stamp();
         for (size_t i = 0; i < t->n; i++) {
                 const event_t *e = &t->ev[i];
                 gm_alloc_result_t res;
@@ -213,16 +233,18 @@ static double step_core(gm_heap_t *h, const trace_t *t, uint64_t *slots) {
                         gm_heap_free(h, slots[i], false);
                         slots[i] = 0;
                 }
-        return (double) (now_ns() - t0);
+        return elapsed(t0, 1);
 }
 
 static double step_client(gpumem_client *c, const trace_t *t, void **slots) {
-        uint64_t t0 = now_ns();
+        stamp_t t0 = stamp();
         for (size_t i = 0; i < t->n; i++) {
                 const event_t *e = &t->ev[i];
                 if (e->alloc) {
-                        if (gpumem_alloc(c, e->size, e->stream, &slots[e->slot]) < 0)
+                        if (gpumem_alloc(c, e->size, e->stream, &slots[e->slot]) < 0) {
+                                fprintf(stderr, "trace event %zu: %s\n", i, gpumem_last_error(c));
                                 return -1;
+                        }
                 } else if (slots[e->slot]) {
                         gpumem_free(c, slots[e->slot]);
                         slots[e->slot] = NULL;
@@ -233,7 +255,7 @@ static double step_client(gpumem_client *c, const trace_t *t, void **slots) {
                         gpumem_free(c, slots[i]);
                         slots[i] = NULL;
                 }
-        return (double) (now_ns() - t0);
+        return elapsed(t0, 1);
 }
 
 /* Packets the daemon received from this process's local session (its own
@@ -368,19 +390,20 @@ int main(int argc, char **argv) {
         }
         int64_t requests_before = t.n ? daemon_requests(socket_path) : 0;
         double r_local[MAX_ROUNDS], r_central[MAX_ROUNDS], r_step[MAX_ROUNDS];
+        double c_local[MAX_ROUNDS], c_step[MAX_ROUNDS]; /* the same in thread CPU time */
         uint64_t cs_central = 0, cs_pingpong = 0;
         printf("# round  core_ns  local_ns  central_ns  pingpong_ns%s\n", t.n ? "  step_core_us  step_local_us" : "");
         for (int k = 0; k < rounds; k++) {
-                double core = core_pairs(heap, size, pairs);
-                double loc = local_pairs(local, size, pairs);
+                double core = core_pairs(heap, size, pairs), core_cpu = last_cpu_ns;
+                double loc = local_pairs(local, size, pairs), loc_cpu = last_cpu_ns;
                 uint64_t cs0 = context_switches();
                 double cen = central_pairs(central, size, rt_pairs);
                 uint64_t cs1 = context_switches();
                 double pp = pingpong(rt_pairs);
                 cs_central += cs1 - cs0;
                 cs_pingpong += context_switches() - cs1;
-                double sc = t.n ? step_core(step_heap, &t, core_slots) : 0;
-                double sl = t.n ? step_client(local_step, &t, client_slots) : 0;
+                double sc = t.n ? step_core(step_heap, &t, core_slots) : 0, sc_cpu = last_cpu_ns;
+                double sl = t.n ? step_client(local_step, &t, client_slots) : 0, sl_cpu = last_cpu_ns;
                 if (core < 0 || loc < 0 || cen < 0 || pp < 0 || sc < 0 || sl < 0) {
                         fprintf(stderr, "round %d failed\n", k);
                         return 1;
@@ -390,17 +413,21 @@ int main(int argc, char **argv) {
                         printf(" %13.1f %14.1f", sc / 1e3, sl / 1e3);
                 printf("\n");
                 r_local[k] = loc / core;
+                c_local[k] = loc_cpu / core_cpu;
+                c_step[k] = t.n ? sl_cpu / sc_cpu : 0;
                 r_central[k] = cen / pp;
                 r_step[k] = t.n ? sl / sc : 0;
         }
         int64_t requests_after = t.n ? daemon_requests(socket_path) : 0;
         summary("local / core (pair)", r_local, rounds);
+        summary("local / core (pair), CPU time", c_local, rounds);
         summary("central / pingpong (pair)", r_central, rounds);
         printf("context switches in this process per central pair %.2f, per ping-pong %.2f\n",
                (double) cs_central / ((double) rt_pairs * rounds), (double) cs_pingpong / ((double) rt_pairs * rounds));
         if (t.n) {
                 printf("# trace: %zu events, %zu allocations per step\n", t.n, t.n_allocs);
                 summary("step local / in process", r_step, rounds);
+                summary("step local / in process, CPU", c_step, rounds);
                 printf("daemon messages per step after the first: %.2f (%" PRId64 " in %d steps)\n",
                        (double) (requests_after - requests_before) / rounds, requests_after - requests_before, rounds);
         }

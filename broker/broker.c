@@ -75,9 +75,12 @@ void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config)
         b->device_stats.max_split_size = mss;
         for (gm_tenant_t *t = b->tenants; t; t = t->next)
                 t->stats.max_split_size = mss;
-        for (gm_session_t *s = b->sessions; s; s = s->next)
+        for (gm_session_t *s = b->sessions; s; s = s->next) {
                 if (s->heap)
                         gm_heap_set_config(s->heap, config);
+                else if (s->local && !s->ended && b->ops.alloc_conf_changed)
+                        b->ops.alloc_conf_changed(b->ops.userdata, s, config);
+        }
 }
 
 uint64_t gm_broker_reserved(const gm_broker_t *b) {

@@ -187,6 +187,9 @@ typedef struct gm_broker_ops {
          * answers with ReturnPieces, then gm_session_reclaim_ack(). A negative
          * errno: not sent (the callback may have ended the session). */
         int (*send_reclaim)(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
+        /* The allocator settings changed: tells a local session's client (its
+         * heap runs there). */
+        void (*alloc_conf_changed)(void *userdata, gm_session_t *s, const gm_alloc_config_t *config);
         /* Fills what local sessions' clients report (zeros when unknown). */
         void (*client_view)(void *userdata, const gm_session_t *s, gm_client_view_t *ret);
         /* A parked allocation or grant is decided (REPLY or REFUSE): answer it. */
@@ -263,8 +266,9 @@ int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
  * frees tenants and history. Accepts NULL; returns NULL. */
 gm_broker_t *gm_broker_free(gm_broker_t *b);
 void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits);
-/* A new allocator configuration for every heap; the statistics'
- * max_split_size follows it. */
+/* A new allocator configuration for every heap (local sessions' clients are
+ * told through ops->alloc_conf_changed); the statistics' max_split_size
+ * follows it. */
 void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config);
 /* Physical bytes the broker accounts for: the backend's plus unbacked ones. */
 uint64_t gm_broker_reserved(const gm_broker_t *b);

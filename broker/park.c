@@ -116,8 +116,10 @@ uint64_t gm_session_ask_reclaim(gm_session_t *s) {
         if (cached == 0)
                 return 0;
         uint64_t id = s->reclaim.next_id++;
-        if (b->ops.send_reclaim(b->ops.userdata, s, id, cached) < 0)
+        if (b->ops.send_reclaim(b->ops.userdata, s, id, cached) < 0) {
+                s->reclaim.dry_until_ms = gm_now_ms() + DRY_MS; /* not picked again at once */
                 return 0;
+        }
         s->reclaim.id = id;
         s->reclaim.bytes = cached;
         s->reclaim.sent_ms = gm_now_ms();

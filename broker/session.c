@@ -51,15 +51,12 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         gm_piece_release(s, p, whole_segment);
 }
 
-/* Page reuse: the piece moves in the daemon's books at once; its client
+/* Page reuse: one piece moves in the daemon's books at once; its client
  * hears of it with the next allocation reply (a piece it was never sent is
  * sent at its new place). A place where a piece queued for release is
  * still mapped by the client cannot take it yet. */
-static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
-                          uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
-                          bool from_segment_empty) {
-        gm_session_t *s = userdata;
-        gm_piece_t *p = (gm_piece_t *) (uintptr_t) handle;
+static int move_one(gm_session_t *s, gm_piece_t *p, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
+                    uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty) {
         if (p->segment_id != from_segment || p->offset != from_offset || p->phys.size != size)
                 return -EINVAL;
         for (const gm_piece_t *q = s->rel_head; q; q = q->queue)
@@ -84,6 +81,20 @@ static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment
         }
         gm_piece_move(s->broker, p, to_segment, to_segment_va_size, to_offset);
         return 0;
+}
+
+static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                              uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size,
+                              uint64_t to_offset, uint64_t page_size, bool from_segment_empty) {
+        uint64_t k = 0;
+        int r = 0;
+        for (; k < n_pages && r == 0; k++)
+                r = move_one(userdata, (gm_piece_t *) (uintptr_t) handles[k], from_segment, from_offset + k * page_size,
+                             to_segment, to_segment_va_size, to_offset + k * page_size, page_size,
+                             from_segment_empty && k + 1 == n_pages);
+        if (r < 0)
+                k--;
+        return k ? (int64_t) k : r;
 }
 
 /* Page reuse's stream fences for a central session: the client's device

@@ -140,6 +140,8 @@ struct gpumem_client {
         _Atomic uint64_t last_call_ms;   /* CLOCK_MONOTONIC_COARSE when the last one ended */
         uint64_t reclaim_id;             /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;
+        gm_local_asks_t asks;    /* snapshot queries and history pushes to serve (local_snapshot.c) */
+        char *alloc_conf_update; /* new settings the service thread has yet to give the heap (NULL: none) */
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -491,6 +493,25 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
                 map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
                 break;
+        case GPUMEM__ENVELOPE__BODY_SNAPSHOT_QUERY:
+        case GPUMEM__ENVELOPE__BODY_HISTORY_PUSH:
+                gm_close_fds(fds, n_fds);
+                if (c->local && gm_local_asks_note(&c->asks, env))
+                        wake_service(c);
+                gm_msg_free(env);
+                return;
+        case GPUMEM__ENVELOPE__BODY_ALLOC_CONF_UPDATE: {
+                /* Given to the heap by the service thread once it holds it. */
+                gm_close_fds(fds, n_fds);
+                char *conf = c->local ? strdup(env->alloc_conf_update->alloc_conf) : NULL;
+                if (conf) {
+                        free(c->alloc_conf_update);
+                        c->alloc_conf_update = conf;
+                        wake_service(c);
+                }
+                gm_msg_free(env);
+                return;
+        }
         case GPUMEM__ENVELOPE__BODY_RECLAIM:
                 /* Served by the service thread once it holds the heap. */
                 gm_close_fds(fds, n_fds);
@@ -622,6 +643,38 @@ static bool serve_reclaim(gpumem_client *c) {
         return false;
 }
 
+/* Gives the daemon's new allocator settings to the heap. Service thread
+ * only, holding neither lock; a busy heap is tried again at the next poll.
+ * Returns true while they wait. */
+static bool serve_alloc_conf(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        char *conf = c->alloc_conf_update;
+        c->alloc_conf_update = NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!conf)
+                return false;
+        if (pthread_mutex_trylock(&c->heap_lock) != 0) {
+                pthread_mutex_lock(&c->lock);
+                if (!c->alloc_conf_update) /* a newer one wins */
+                        c->alloc_conf_update = conf;
+                else
+                        free(conf);
+                pthread_mutex_unlock(&c->lock);
+                return true;
+        }
+        char err[256];
+        int r = gm_local_set_config(c->heap, conf, err, sizeof(err));
+        pthread_mutex_unlock(&c->heap_lock);
+        free(conf);
+        if (r < 0) {
+                pthread_mutex_lock(&c->lock);
+                snprintf(c->async_error, sizeof(c->async_error), "gpumem: the daemon's new alloc_conf was refused: %s",
+                         err);
+                pthread_mutex_unlock(&c->lock);
+        }
+        return false;
+}
+
 /* Pending stream events are polled after EVENT_POLL_MIN_MS, backing off to
  * EVENT_POLL_MAX_MS while they stay pending; a new stream-ordered free starts
  * from the minimum again. */
@@ -703,8 +756,8 @@ static void *service_main(void *arg) {
         bool pending = false;
         int poll_ms = EVENT_POLL_MIN_MS;
         for (;;) {
-                bool reclaiming =
-                        c->local && (serve_reclaim(c) | finish_completed_frees(c) | local_page_replace_pending(c));
+                bool reclaiming = c->local && (serve_reclaim(c) | serve_alloc_conf(c) | finish_completed_frees(c) |
+                                               local_page_replace_pending(c) | gm_local_asks_serve(c));
                 int timeout = pending || reclaiming ? poll_ms : -1;
                 int off_ms = socket_left_to_callers(c);
                 if (off_ms > 0 && (timeout < 0 || off_ms < timeout))
@@ -1047,31 +1100,49 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         pthread_mutex_unlock(&c->lock);
 }
 
-/* Page reuse in a local heap: moves a piece here, then tells the daemon
- * (its ledger follows; no reply). Caller holds heap_lock. */
-static int local_move(void *ctx, const gm_local_move_t *m) {
+/* Pieces one MovePieces names at most (the daemon's limit). */
+#define MAX_MOVES_PER_MESSAGE 512
+
+/* Page reuse in a local heap: moves a run of pieces here, in order, and
+ * tells the daemon, one message per MAX_MOVES_PER_MESSAGE moved (its ledger
+ * follows; no reply). Caller holds heap_lock. */
+static int64_t local_move(void *ctx, const gm_local_move_t *m) {
         gpumem_client *c = ctx;
-        Gpumem__PageMove move = GPUMEM__PAGE_MOVE__INIT;
-        move.from_segment_id = m->from_segment;
-        move.from_offset = m->from_offset;
-        move.to_segment_id = m->to_segment;
-        move.to_segment_va_size = m->to_segment_va_size;
-        move.to_offset = m->to_offset;
-        move.length = m->size;
-        move.from_whole_segment = m->from_segment_empty;
-        Gpumem__PageMove *moves[1] = {&move};
-        Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
-        mp.n_moves = 1;
-        mp.moves = moves;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
-        env.move_pieces = &mp;
+        uint64_t batch = m->n_pages < MAX_MOVES_PER_MESSAGE ? m->n_pages : MAX_MOVES_PER_MESSAGE, done = 0;
+        Gpumem__PageMove *moves = calloc(batch ? batch : 1, sizeof(*moves));
+        Gpumem__PageMove **ptrs = calloc(batch ? batch : 1, sizeof(*ptrs));
+        int r = moves && ptrs ? 0 : -ENOMEM;
         pthread_mutex_lock(&c->lock);
-        int r = move_piece(c, &move);
-        if (r == 0)
+        while (r == 0 && done < m->n_pages) {
+                size_t n = 0;
+                for (; r == 0 && n < batch && done < m->n_pages; n += r == 0) {
+                        Gpumem__PageMove *move = &moves[n];
+                        gpumem__page_move__init(move);
+                        move->from_segment_id = m->from_segment;
+                        move->from_offset = m->from_offset + done * m->page_size;
+                        move->to_segment_id = m->to_segment;
+                        move->to_segment_va_size = m->to_segment_va_size;
+                        move->to_offset = m->to_offset + done * m->page_size;
+                        move->length = m->page_size;
+                        move->from_whole_segment = m->from_segment_empty && done + 1 == m->n_pages;
+                        ptrs[n] = move;
+                        if ((r = move_piece(c, move)) == 0)
+                                done++;
+                }
+                if (n == 0)
+                        break;
+                Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
+                mp.n_moves = n;
+                mp.moves = ptrs;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
+                env.move_pieces = &mp;
                 post_locked(c, &env); /* lost with the connection: the re-attach reports where it is */
+        }
         pthread_mutex_unlock(&c->lock);
-        return r;
+        free(moves);
+        free(ptrs);
+        return done ? (int64_t) done : r;
 }
 
 static int local_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
@@ -1112,6 +1183,8 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
         if (r < 0)
                 return set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
         c->local = true;
+        if (hr->history_max_entries) /* the daemon's memory history is on: record from the first allocation */
+                gm_local_history(c->heap, true, hr->history_max_entries, (uint32_t) getpid());
         return 0;
 }
 
@@ -1549,6 +1622,8 @@ static void session_close(gpumem_client *c, bool owner) {
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
         c->last_segment = NULL;
+        free(c->alloc_conf_update);
+        c->alloc_conf_update = NULL;
         close_and_forget(&c->page_fd_pending);
         while (c->spare_blocks) {
                 block_t *b = c->spare_blocks;
@@ -1560,6 +1635,7 @@ static void session_close(gpumem_client *c, bool owner) {
         c->stats_page = NULL;
         c->local = false;
         c->reclaim_id = 0;
+        c->asks = (gm_local_asks_t){0};
         for (size_t i = 0; i < c->segments.cap; i++) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)
@@ -2066,6 +2142,36 @@ int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t
         r = gm_local_snapshot(c->heap, &owner, json, ret_buf, ret_len);
         pthread_mutex_unlock(&c->heap_lock);
         return r < 0 ? set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
+}
+
+gm_local_asks_t *gm_client_asks_lock(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        return &c->asks;
+}
+
+void gm_client_asks_unlock(gpumem_client *c) {
+        pthread_mutex_unlock(&c->lock);
+}
+
+gm_local_t *gm_client_heap_trylock(gpumem_client *c) {
+        if (!c->local || pthread_mutex_trylock(&c->heap_lock) != 0)
+                return NULL;
+        return c->heap;
+}
+
+void gm_client_heap_unlock(gpumem_client *c) {
+        pthread_mutex_unlock(&c->heap_lock);
+}
+
+int gm_client_post(gpumem_client *c, Gpumem__Envelope *env) {
+        pthread_mutex_lock(&c->lock);
+        env->request_id = ++c->next_request_id;
+        pthread_mutex_unlock(&c->lock);
+        return send_env(c, env);
+}
+
+uint32_t gm_client_max_packet(const gpumem_client *c) {
+        return c->max_packet;
 }
 
 int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries) {

@@ -362,11 +362,12 @@ int gpumem_trim_tenant(gpumem_client *c, const char *tenant, uint64_t *ret_relea
 /* Largest snapshot the library reads (the daemon's history is bounded too). */
 #define MAX_SNAPSHOT_BYTES (4ull << 30)
 
-/* Reads exactly `len` bytes of fd from offset 0. */
+/* Reads exactly `len` bytes of fd (a pipe the daemon fills, or a file at
+ * offset 0). */
 static int read_all(int fd, char *buf, size_t len) {
         size_t done = 0;
         while (done < len) {
-                ssize_t n = pread(fd, buf + done, len - done, (off_t) done);
+                ssize_t n = read(fd, buf + done, len - done);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0)
@@ -377,13 +378,14 @@ static int read_all(int fd, char *buf, size_t len) {
 }
 
 int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pid, void **ret_data, size_t *ret_len) {
-        if (!c || !ret_data || !ret_len || format > GPUMEM_SNAPSHOT_JSON)
+        if (!c || !ret_data || !ret_len || format > GPUMEM_SNAPSHOT_PICKLE_1_13)
                 return -EINVAL;
         Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
-        req.format = format == GPUMEM_SNAPSHOT_JSON ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON
-                                                    : GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
+        req.format = format == GPUMEM_SNAPSHOT_JSON          ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON
+                     : format == GPUMEM_SNAPSHOT_PICKLE_1_13 ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE_1_13
+                                                             : GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
         req.pid = pid;
-        if (pid == (uint32_t) getpid()) {
+        if (pid == (uint32_t) getpid() && format != GPUMEM_SNAPSHOT_PICKLE_1_13) {
                 /* This process's memory: a local heap is here, not in the daemon. */
                 char *buf;
                 size_t len;
@@ -410,7 +412,8 @@ int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pi
         uint64_t size = reply->snapshot_reply->size;
         gm_msg_free(reply);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) < 0 || (uint64_t) st.st_size != size || size > MAX_SNAPSHOT_BYTES) {
+        if (fd < 0 || fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && (uint64_t) st.st_size != size) ||
+            size > MAX_SNAPSHOT_BYTES) {
                 if (fd >= 0)
                         close(fd);
                 return gm_client_set_error(c, -EPROTO, "gpumem: the daemon's snapshot is missing or not %llu bytes",

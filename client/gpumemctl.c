@@ -27,7 +27,7 @@ static void usage(FILE *f) {
                    "                                          the device's for an admin, else your tenant's\n"
                    "  stats --reset-peak|--reset-accumulated [--tenant T]\n"
                    "  trim [--tenant T]                       release idle cached memory\n"
-                   "  snapshot -o FILE [--format pickle|json] [--pid P]\n"
+                   "  snapshot -o FILE [--format pickle|json|pickle-1.13] [--pid P] [--category tenant|pid]\n"
                    "                                          PyTorch memory snapshot (torch.cuda.memory._snapshot())\n"
                    "  history on [--max-entries N] | off | status\n"
                    "                                          record allocation history for snapshots\n"
@@ -370,13 +370,14 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                 {"output", required_argument, NULL, 'o'},
                 {"format", required_argument, NULL, 'f'},
                 {"pid", required_argument, NULL, 'p'},
+                {"category", required_argument, NULL, 'c'},
                 {},
         };
         const char *output = NULL;
         Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
         int o;
         optind = 1;
-        while ((o = getopt_long(argc, argv, "o:f:p:", opts, NULL)) != -1) {
+        while ((o = getopt_long(argc, argv, "o:f:p:c:", opts, NULL)) != -1) {
                 switch (o) {
                 case 'o':
                         output = optarg;
@@ -386,8 +387,22 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                                 req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
                         else if (strcmp(optarg, "json") == 0)
                                 req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON;
+                        else if (strcmp(optarg, "pickle-1.13") == 0)
+                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE_1_13;
                         else {
-                                fprintf(stderr, "gpumemctl: --format is pickle or json\n");
+                                fprintf(stderr, "gpumemctl: --format is pickle, json or pickle-1.13\n");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case 'c':
+                        if (strcmp(optarg, "tenant") == 0)
+                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_TENANT;
+                        else if (strcmp(optarg, "pid") == 0)
+                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_PID;
+                        else if (strcmp(optarg, "none") == 0)
+                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_NONE;
+                        else {
+                                fprintf(stderr, "gpumemctl: --category is tenant, pid or none\n");
                                 return EXIT_USAGE;
                         }
                         break;
@@ -417,6 +432,11 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                 return r;
         bool ok = reply->body_case == GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY && fd >= 0;
         uint64_t size = ok ? reply->snapshot_reply->size : 0;
+        if (ok && reply->snapshot_reply->local_unanswered)
+                fprintf(stderr,
+                        "gpumemctl: %u of %u local sessions did not answer in time: their blocks are unknown, "
+                        "their segments are shown (marked gpumemd_blocks_unknown)\n",
+                        reply->snapshot_reply->local_unanswered, reply->snapshot_reply->local_asked);
         gm_msg_free(reply);
         if (!ok) {
                 if (fd >= 0)

@@ -28,9 +28,27 @@
 #define TOP_WINDOW_MS 10000u
 #define DIAGNOSE_WINDOW_MS 60000u
 
+/* Reads `size` bytes of a pipe (a snapshot's reply) into anonymous memory,
+ * so that callers unmap it as they unmap a mapped file. */
+static void *read_pipe_mapped(int fd, uint64_t size) {
+        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        for (uint64_t done = 0; map != MAP_FAILED && done < size;) {
+                ssize_t n = read(fd, (char *) map + done, size - done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0) {
+                        munmap(map, size);
+                        return MAP_FAILED;
+                }
+                done += (uint64_t) n;
+        }
+        return map;
+}
+
 /* Sends a request whose reply (body `want`) carries its contents in a memfd
- * of `size_of(reply)` bytes; maps them read-only into *ret_map (unmap with
- * munmap(*ret_map, *ret_len); NULL when empty). Returns 0 or an exit code. */
+ * (or a pipe) of `size_of(reply)` bytes; maps them read-only into *ret_map
+ * (unmap with munmap(*ret_map, *ret_len); NULL when empty). Returns 0 or an
+ * exit code. */
 static int call_mapped(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
                        uint64_t (*size_of)(const Gpumem__Envelope *), void **ret_map, size_t *ret_len) {
         Gpumem__Envelope *reply;
@@ -43,9 +61,12 @@ static int call_mapped(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCa
         gm_msg_free(reply);
         struct stat st;
         void *map = NULL;
-        if (ok && (size > SAMPLE_SET_MAX || fstat(fd, &st) < 0 || (uint64_t) st.st_size < size))
+        if (ok &&
+            (size > SAMPLE_SET_MAX || fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && (uint64_t) st.st_size < size)))
                 ok = false;
-        if (ok && size > 0 && (map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)
+        if (ok && size > 0 &&
+            (map = S_ISREG(st.st_mode) ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0)
+                                       : read_pipe_mapped(fd, size)) == MAP_FAILED)
                 ok = false;
         if (fd >= 0)
                 close(fd);

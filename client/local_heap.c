@@ -22,6 +22,7 @@ typedef struct fence_stream {
 
 struct gm_local {
         gm_heap_t *heap;
+        const gm_stats_t *stats; /* the heap's (they stay where they are while it lives) */
         gm_statpage_t *page;
         gm_local_ops_t ops;
         uint64_t va_cursor;     /* the heap's synthetic addresses */
@@ -63,7 +64,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 .offset = offset,
                 .size = size,
                 .largest_free = gm_heap_largest_free(l->heap),
-                .will_retry = gm_heap_stats(l->heap)->num_alloc_retries == l->retries_before,
+                .will_retry = l->stats->num_alloc_retries == l->retries_before,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -88,9 +89,9 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
         begin(l);
 }
 
-static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset,
-                          uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size,
-                          bool from_segment_empty) {
+static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                              uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size,
+                              uint64_t to_offset, uint64_t page_size, bool from_segment_empty) {
         gm_local_t *l = userdata;
         gm_local_move_t move = {
                 .from_segment = from_segment,
@@ -98,11 +99,12 @@ static int provider_remap(void *userdata, uint64_t handle, uint64_t from_segment
                 .to_segment = to_segment,
                 .to_segment_va_size = to_segment_va_size,
                 .to_offset = to_offset,
-                .size = size,
+                .n_pages = n_pages,
+                .page_size = page_size,
                 .from_segment_empty = from_segment_empty,
         };
         end(l); /* the daemon may read the figures while it follows the move */
-        int r = l->ops.move(l->ops.ctx, &move);
+        int64_t r = l->ops.move(l->ops.ctx, &move);
         begin(l);
         return r;
 }
@@ -196,7 +198,20 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 free(l);
                 return r;
         }
+        l->stats = gm_heap_stats(l->heap);
         *ret_local = l;
+        return 0;
+}
+
+int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t err_len) {
+        gm_alloc_config_t cfg;
+        int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
+        if (r < 0)
+                return r;
+        begin(l);
+        gm_heap_set_config(l->heap, &cfg);
+        end(l);
+        l->config = cfg;
         return 0;
 }
 
@@ -220,7 +235,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result) {
         l->cur_size = size;
-        l->retries_before = gm_heap_stats(l->heap)->num_alloc_retries;
+        l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;
@@ -287,6 +302,10 @@ int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t
         if (l->history)
                 return gm_history_set_max(l->history, max_entries);
         return gm_history_new(max_entries, GM_LOCAL_HISTORY_FRAME_BYTES, &l->history);
+}
+
+const gm_history_t *gm_local_history_ring(const gm_local_t *l) {
+        return l->history;
 }
 
 int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len) {

@@ -33,15 +33,17 @@ typedef struct gm_local_grant {
         bool will_retry;
 } gm_local_grant_t;
 
-/* Page reuse: one granted piece moves inside this process's mappings (the
- * heap's remap(), allocator.h): it leaves [from_offset, +size) of segment
- * from_segment and is mapped at [to_offset, +size) of to_segment, whose
- * range is to_segment_va_size bytes (reserved on first sight). When
- * from_segment_empty it was from_segment's last piece (its range goes). */
+/* Page reuse: a run of n_pages granted pieces of page_size bytes moves
+ * inside this process's mappings (the heap's remap(), allocator.h): piece k
+ * leaves from_offset + k * page_size of segment from_segment and is mapped
+ * at to_offset + k * page_size of to_segment, whose range is
+ * to_segment_va_size bytes (reserved on first sight). When
+ * from_segment_empty the run is from_segment's last pieces (once all moved,
+ * its range goes). */
 typedef struct gm_local_move {
         uint64_t from_segment, from_offset;
         uint64_t to_segment, to_segment_va_size, to_offset;
-        uint64_t size;
+        uint64_t n_pages, page_size;
         bool from_segment_empty;
 } gm_local_move_t;
 
@@ -52,9 +54,10 @@ typedef struct gm_local_ops {
         /* Unmaps the piece and gives it back to the daemon. Cannot fail. */
         void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
         /* Page reuse (optional; NULL leaves the mode inactive): moves the
-         * piece here and tells the daemon. 0, or a negative errno with
-         * nothing changed (the heap maps new memory instead). */
-        int (*move)(void *ctx, const gm_local_move_t *move);
+         * run's pieces here, in order, and tells the daemon. Returns how many
+         * moved (the first ones), or a negative errno with none moved (the
+         * heap maps new memory for the rest). */
+        int64_t (*move)(void *ctx, const gm_local_move_t *move);
         /* Device-work events for page reuse's stream fences (all NULL where
          * frees are synchronous: every free page may move). event_record
          * marks the work queued so far on `stream`; event_query returns 1
@@ -79,6 +82,10 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
 gm_local_t *gm_local_destroy(gm_local_t *l);
 
 /* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
+/* New allocator settings (the daemon changed its alloc_conf at run time), as
+ * gm_heap_set_config(); -EINVAL (reason in err) leaves the old ones. Caller
+ * holds the heap's lock. */
+int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t err_len);
 int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
                    gm_alloc_result_t *ret_result);
 int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred);
@@ -101,6 +108,9 @@ const gm_heap_t *gm_local_heap(const gm_local_t *l);
  * entries naming `pid`): on with at most max_entries entries, or off (the
  * ring is cleared). -ENOMEM. */
 int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid);
+
+/* The heap's trace ring while memory history is on, else NULL. */
+const gm_history_t *gm_local_history_ring(const gm_local_t *l);
 
 /* Who a snapshot names as the heap's owner. */
 typedef struct gm_local_owner {

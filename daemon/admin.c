@@ -1,14 +1,12 @@
 /* Administrative and observability requests: statistics at every scope,
- * their resets, memory history, snapshots, run-time allocator settings,
- * quotas and the client list. A tenant sees its own figures only; what needs
- * admin rights is declared here and checked once by the request table. */
+ * their resets, memory history, run-time allocator settings, quotas and the
+ * client list (snapshots: snapjob.c). A tenant sees its own figures only;
+ * what needs admin rights is declared here and checked once by the request
+ * table. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "clock.h"
 #include "config.h"
@@ -16,7 +14,7 @@
 #include "log.h"
 #include "msg.h"
 #include "requests.h"
-#include "snapshot.h"
+#include "snapjob.h"
 #include "text.h"
 
 /* gm_stats_foreach() names live only during the callback: they are copied. */
@@ -235,6 +233,7 @@ int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                         return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
                 log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off",
                          b->history_max_entries, (int) c->session->pid);
+                gm_snapjobs_push_history(c->rq); /* local heaps keep their own trace */
         }
         Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
         reply.enabled = b->history != NULL;
@@ -244,83 +243,6 @@ int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
         out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_REPLY;
         out.history_reply = &reply;
         gm_request_send(c, request_id, &out, NULL, 0);
-        return 0;
-}
-
-/* ---- snapshots ---- */
-
-/* Puts `len` bytes into a sealed, read-only memfd the client can read. */
-static int bytes_to_memfd(const char *buf, size_t len, int *ret_fd) {
-        int fd = memfd_create("gpumem-snapshot", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return -errno;
-        size_t done = 0;
-        while (done < len) {
-                ssize_t n = write(fd, buf + done, len - done);
-                if (n < 0) {
-                        int r = -errno;
-                        close(fd);
-                        return r;
-                }
-                done += (size_t) n;
-        }
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0 ||
-            lseek(fd, 0, SEEK_SET) < 0) {
-                int r = -errno;
-                close(fd);
-                return r;
-        }
-        *ret_fd = fd;
-        return 0;
-}
-
-int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
-        const Gpumem__Snapshot *req = env->snapshot;
-        gm_broker_t *b = c->rq->broker;
-        gm_session_t *s = c->session;
-        gm_snapshot_heap_t *heaps = calloc(b->n_sessions + 1, sizeof(*heaps));
-        if (!heaps)
-                return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
-        size_t n = 0;
-        bool everything = true;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                if (o->ended || !o->heap)
-                        continue;
-                if ((!s->admin && o->tenant != s->tenant) || (req->pid && (uint32_t) o->pid != req->pid)) {
-                        everything = false;
-                        continue;
-                }
-                heaps[n++] = (gm_snapshot_heap_t){
-                        .heap = o->heap, .pid = (uint32_t) o->pid, .tenant = o->tenant->name, .session_id = o->id};
-        }
-        gm_snapshot_source_t src = {
-                .device = b->backend->device,
-                .heaps = heaps,
-                .n_heaps = n,
-                .history = b->history,
-                .only_heap_pids = !everything,
-                .config = &b->alloc_config,
-        };
-        gm_snapshot_format_t fmt =
-                req->format == GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON ? GM_SNAPSHOT_JSON : GM_SNAPSHOT_PICKLE;
-        char *buf = NULL;
-        size_t len = 0;
-        int fd = -1;
-        int r = gm_snapshot_write(&src, fmt, &buf, &len);
-        free(heaps);
-        if (r == 0)
-                r = bytes_to_memfd(buf, len, &fd);
-        free(buf);
-        if (r < 0)
-                return gm_request_error(c, request_id, r, "snapshot failed: %s", strerror(-r)), 0;
-        Gpumem__SnapshotReply reply = GPUMEM__SNAPSHOT_REPLY__INIT;
-        reply.format = req->format;
-        reply.size = len;
-        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
-        out.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY;
-        out.snapshot_reply = &reply;
-        gm_request_send(c, request_id, &out, &fd, 1);
-        close(fd);
         return 0;
 }
 

@@ -160,6 +160,9 @@ static const daemon_key_t daemon_keys[] = {
         KEY(max_sessions_per_uid, K_UINT, 1, 1u << 20),
         KEY(hello_timeout_ms, K_UINT, 1, 3600000),
         KEY(metrics_tenants, K_BOOL, 0, 1),
+        KEY(snapshot_max_bytes, K_SIZE, 0, UINT64_MAX),
+        KEY(snapshot_max_entries, K_UINT, 0, 1ull << 32),
+        KEY(snapshot_answer_timeout_ms, K_UINT, 1, 600000),
 };
 #define N_DAEMON_KEYS (sizeof(daemon_keys) / sizeof(daemon_keys[0]))
 

@@ -96,6 +96,12 @@ typedef struct gm_config {
         uint32_t hello_timeout_ms; /* a connection's time to say Hello */
         bool has_metrics_tenants;
         bool metrics_tenants; /* /metrics names tenants in labels (default true) */
+        bool has_snapshot_max_bytes;
+        uint64_t snapshot_max_bytes; /* a non-admin's snapshot file, at most (0: no limit) */
+        bool has_snapshot_max_entries;
+        uint64_t snapshot_max_entries; /* segments + blocks + trace entries in a non-admin's (0: no limit) */
+        bool has_snapshot_answer_timeout_ms;
+        uint32_t snapshot_answer_timeout_ms; /* a local session's time to answer a snapshot query */
 
         gm_config_tenant_t *tenants; /* in file order */
         size_t n_tenants;

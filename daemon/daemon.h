@@ -13,6 +13,7 @@
 #include "ipc.h"
 #include "local.h"
 #include "requests.h"
+#include "snapjob.h"
 #include "u64map.h"
 
 typedef struct gm_limits {
@@ -111,6 +112,7 @@ struct gm_daemon {
         gm_u64map_t conns_per_uid;      /* uid + 1 -> number of its connections (as uintptr_t) */
         struct gm_metrics *metrics;     /* the Prometheus endpoint; NULL when disabled */
         gm_local_totals_t local_totals; /* local sessions' part of tenant and device statistics */
+        gm_snapjobs_t snapjobs;         /* snapshots under way, their limits and counters */
         bool shutting_down;
 };
 

@@ -183,6 +183,18 @@ int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, 
         return gm_request_send(c, 0, &env, NULL, 0);
 }
 
+void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_config_t *config) {
+        gm_request_conn_t *c = s->userdata;
+        if (!c || !c->local || c->closed)
+                return;
+        Gpumem__AllocConfUpdate up = GPUMEM__ALLOC_CONF_UPDATE__INIT;
+        up.alloc_conf = (char *) config->raw;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_CONF_UPDATE;
+        env.alloc_conf_update = &up;
+        gm_request_send(c, 0, &env, NULL, 0); /* a failure closes the connection */
+}
+
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__ReclaimAck *ack = env->reclaim_ack;
         if (c->local)

@@ -73,6 +73,8 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
 int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Answers a grant's outcome (the piece's fd, or the refusal). */
 void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
+/* The broker's ops->alloc_conf_changed: an AllocConfUpdate to the client. */
+void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_config_t *config);
 /* The broker's ops->send_reclaim (userdata unused: the session's connection). */
 int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);

@@ -235,6 +235,17 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->metrics_tenants = c->metrics_tenants;
 }
 
+/* The snapshot limits of the configuration file (defaults where unset). */
+static void snapshot_limits_from_config(gm_snapshot_limits_t *l, const gm_config_t *c) {
+        *l = GM_SNAPSHOT_DEFAULT_LIMITS;
+        if (c->has_snapshot_max_bytes)
+                l->user_max_bytes = c->snapshot_max_bytes;
+        if (c->has_snapshot_max_entries)
+                l->user_max_entries = c->snapshot_max_entries;
+        if (c->has_snapshot_answer_timeout_ms)
+                l->answer_timeout_ms = c->snapshot_answer_timeout_ms;
+}
+
 /* Without a configured state directory, a daemon run by a user keeps its
  * persistent quotas under $XDG_STATE_HOME (or ~/.local/state)/gpumem. */
 static void default_state_dir(gm_options_t *o) {
@@ -312,6 +323,7 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
+        snapshot_limits_from_config(&d->snapjobs.limits, c);
         gm_broker_limits_t limits = broker_limits(d);
         gm_broker_set_limits(d->broker, &limits);
         if (d->opts.state_dir != d->opts.state_dir_buf)
@@ -432,6 +444,7 @@ int main(int argc, char **argv) {
                 return EXIT_FAILURE;
         }
         options_from_config(&d->opts, d->config);
+        snapshot_limits_from_config(&d->snapjobs.limits, d->config);
         optind = 0;
         if (parse_args(argc, argv, &d->opts) < 0)
                 return EXIT_FAILURE;
@@ -543,7 +556,8 @@ int main(int argc, char **argv) {
                                     .device_uuid = d->opts.device_uuid,
                                     .refresh = gm_local_metrics_refresh,
                                     .tenant_extra = gm_local_metrics_tenant,
-                                    .userdata = &d->requests};
+                                    .userdata = &d->requests,
+                                    .snapshots = &d->snapjobs.counters};
         msrc.n_ops = gm_request_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {

@@ -465,6 +465,27 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         family(o, "gpumem_reclaim_wait_seconds", "histogram",
                "Time parked allocations waited for reclaimed memory before they were served or refused.");
         render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
+        const gm_snapshot_counters_t *sc = m->src.snapshots;
+        if (!sc)
+                return;
+        family(o, "gpumem_snapshots_total", "counter", "Memory snapshots sent to clients.");
+        sample(o, "gpumem_snapshots_total", dev, "", (int64_t) sc->sent);
+        family(o, "gpumem_snapshot_bytes_total", "counter", "Bytes of the memory snapshots sent.");
+        sample(o, "gpumem_snapshot_bytes_total", dev, "", (int64_t) sc->bytes);
+        family(o, "gpumem_snapshots_refused_total", "counter",
+               "Snapshots refused: over a non-admin's size limits, or too many under way.");
+        sample(o, "gpumem_snapshots_refused_total", dev, "", (int64_t) sc->refused);
+        family(o, "gpumem_snapshot_local_sessions_total", "counter",
+               "Local sessions asked for their blocks by a snapshot, by outcome (unanswered and invalid "
+               "ones appear with their segments only).");
+        const struct {
+                const char *outcome;
+                uint64_t n;
+        } outcomes[] = {{"answered", sc->answered}, {"unanswered", sc->unanswered}, {"invalid", sc->invalid}};
+        for (size_t i = 0; i < sizeof(outcomes) / sizeof(outcomes[0]); i++) {
+                snprintf(more, sizeof(more), ",outcome=\"%s\"", outcomes[i].outcome);
+                sample(o, "gpumem_snapshot_local_sessions_total", dev, more, (int64_t) outcomes[i].n);
+        }
 }
 
 /* The fields of /proc/self/stat the process_* metrics use. */

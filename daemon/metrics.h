@@ -24,6 +24,16 @@ typedef struct gm_metrics_tenant_extra {
         uint64_t unresponsive;   /* sessions (either mode) marked unresponsive */
 } gm_metrics_tenant_extra_t;
 
+/* What snapshots cost (kept by snapjob.c). */
+typedef struct gm_snapshot_counters {
+        uint64_t sent;       /* snapshots answered */
+        uint64_t bytes;      /* their size, all together */
+        uint64_t refused;    /* over a limit, or too many under way */
+        uint64_t answered;   /* local sessions that answered in time */
+        uint64_t unanswered; /* ... that did not (shown with their segments only) */
+        uint64_t invalid;    /* ... whose answer failed the checks (likewise) */
+} gm_snapshot_counters_t;
+
 /* What the endpoint reads and where it runs. */
 typedef struct gm_metrics_source {
         uv_loop_t *loop;
@@ -41,6 +51,7 @@ typedef struct gm_metrics_source {
         void (*refresh)(void *userdata);
         void (*tenant_extra)(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret);
         void *userdata;
+        const gm_snapshot_counters_t *snapshots; /* optional; outlives the endpoint */
 } gm_metrics_source_t;
 
 /* Request kinds an endpoint can time, at most. */

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "msg.h"
 #include "requests.h"
+#include "snapjob.h"
 
 /* ---- field limits (checked before a handler runs, or applied by it) ---- */
 
@@ -127,6 +128,8 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         out.hello_reply = &reply;
         log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) s->id, (int) s->pid,
                  (unsigned) s->uid, s->tenant->name, s->name, c->local ? ", local heap" : "");
+        if (c->local && c->rq->broker->history) /* its heap records its own trace */
+                reply.history_max_entries = c->rq->broker->history_max_entries;
         gm_request_send(c, request_id, &out, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
         if (page_fd >= 0)
                 close(page_fd);
@@ -428,6 +431,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
+        {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_handle_snapshot_answer},
         {BODY(SAMPLES), .op = "samples", .handle = gm_handle_samples, .admin_for = gm_admin_for_samples},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))

@@ -17,6 +17,7 @@ typedef struct gm_request_conn gm_request_conn_t;
 typedef struct gm_local gm_local_t; /* local.h: a session whose heap runs in its client */
 typedef struct gm_local_tenant gm_local_tenant_t;
 typedef struct gm_local_totals gm_local_totals_t;
+typedef struct gm_snapjobs gm_snapjobs_t; /* snapjob.h: snapshots under way */
 struct gm_config;
 
 /* The daemon settings the handlers read (kept current by the daemon). */
@@ -38,6 +39,10 @@ typedef struct gm_requests {
                     size_t n_fds);
         /* Times one request of the kind with table index `op`. */
         void (*observe)(void *userdata, unsigned op, uint64_t ns);
+        gm_snapjobs_t *snapjobs; /* NULL: snapshots are refused */
+        /* Optional: runs work(arg) off the loop, then done(arg) on it; 0, or
+         * a negative errno (nothing queued: the caller runs both itself). */
+        int (*queue_work)(void *userdata, void (*work)(void *arg), void (*done)(void *arg), void *arg);
         void *userdata;
 } gm_requests_t;
 
@@ -101,7 +106,6 @@ typedef struct gm_request_kind {
 int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);

@@ -20,6 +20,7 @@
 #include "msg.h"
 #include "requests.h"
 #include "sd.h"
+#include "snapjob.h"
 #include "text.h"
 
 /* Packets handled per readable event before yielding to other connections. */
@@ -71,6 +72,7 @@ static void conn_close(gm_conn_t *c, const char *why) {
         log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
         gm_local_end(&c->req);
+        gm_snapjobs_conn_end(&c->req);
         gm_session_end(s);
         if (c->prev)
                 c->prev->next = c->next;
@@ -214,6 +216,38 @@ static void request_observe(void *userdata, unsigned op, uint64_t ns) {
         gm_metrics_observe_request(d->metrics, op, ns);
 }
 
+/* Work the request handlers run off the loop (snapshots), on libuv's pool. */
+typedef struct queued_work {
+        uv_work_t req;
+        void (*work)(void *arg);
+        void (*done)(void *arg);
+        void *arg;
+} queued_work_t;
+
+static void queued_work_run(uv_work_t *req) {
+        queued_work_t *w = req->data;
+        w->work(w->arg);
+}
+
+static void queued_work_done(uv_work_t *req, int status) {
+        queued_work_t *w = req->data;
+        w->done(w->arg);
+        free(w);
+}
+
+static int request_queue_work(void *userdata, void (*work)(void *arg), void (*done)(void *arg), void *arg) {
+        gm_daemon_t *d = userdata;
+        queued_work_t *w = malloc(sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        *w = (queued_work_t){.work = work, .done = done, .arg = arg};
+        w->req.data = w;
+        int r = uv_queue_work(d->loop, &w->req, queued_work_run, queued_work_done);
+        if (r < 0)
+                free(w);
+        return r < 0 ? -EIO : 0;
+}
+
 void gm_server_sync_requests(gm_daemon_t *d) {
         d->request_config = (gm_request_config_t){
                 .max_packet = d->opts.limits.max_packet,
@@ -227,6 +261,8 @@ void gm_server_sync_requests(gm_daemon_t *d) {
                 .local = &d->local_totals,
                 .send = request_send,
                 .observe = request_observe,
+                .snapjobs = &d->snapjobs,
+                .queue_work = request_queue_work,
                 .userdata = d,
         };
 }
@@ -463,6 +499,7 @@ static void on_tick(uv_timer_t *t) {
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
         gm_local_tick(&d->requests);
+        gm_snapjobs_tick(&d->requests, now);
         gm_diag_tick(&d->requests, now);
         gm_daemon_debug_check(d, "a tick");
 }
@@ -506,6 +543,7 @@ void gm_server_stop(gm_daemon_t *d) {
                 conn_close(d->conns, "daemon stopping");
         gm_u64map_done(&d->conns_per_uid);
         gm_local_free_all(&d->requests);
+        gm_snapjobs_free_all(&d->requests);
         free(d->rx_buf);
         d->rx_buf = NULL;
 }
@@ -578,6 +616,7 @@ gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
         return (gm_broker_ops_t){
                 .send_release = send_release,
                 .send_reclaim = gm_local_send_reclaim,
+                .alloc_conf_changed = gm_local_push_alloc_conf,
                 .client_view = gm_local_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,

@@ -154,6 +154,10 @@ static size_t arena_size(size_t len) {
 }
 
 static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret) {
+        if (*p < end && !(**p & 0x80)) { /* most tags, ids and lengths: one byte */
+                *ret = *(*p)++;
+                return true;
+        }
         uint64_t v = 0;
         for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
                 uint8_t b = *(*p)++;

@@ -16,6 +16,7 @@ DAEMON_LAYER = {
     "server.c": "server", "daemon.h": "server",
     "requests.c": "requests", "requests.h": "requests", "admin.c": "requests",
     "local.h": "requests", "grant.c": "requests", "localstats.c": "requests",
+    "snapjob.c": "requests", "snapjob.h": "requests",
     "diag.c": "requests", "diag.h": "requests",
 }
 # What each layer may include (besides itself).

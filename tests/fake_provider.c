@@ -91,34 +91,46 @@ static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t se
         return false;
 }
 
-static int fake_remap(void *userdata, uint64_t handle, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
-                      uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty) {
+/* Moves the pages of the run in order; remap_fail_next fails single pages. */
+static int64_t fake_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
+                          uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset,
+                          uint64_t page_size, bool from_segment_empty) {
         fake_provider_t *f = userdata;
-        fake_piece_t *p;
+        uint64_t k;
 
-        if (f->remap_fail_next) {
-                f->remap_fail_next--;
-                return -EIO;
-        }
-        if (handle == 0 || handle > f->n_pieces || to_offset + size > to_segment_va_size) {
-                f->errors++;
-                return -EINVAL;
-        }
-        p = &f->pieces[handle - 1];
-        if (!p->live || p->segment_id != from_segment || p->offset != from_offset || p->size != size ||
-            (!f->no_overlap_check && overlaps_live(f, handle, to_segment, to_offset, size))) {
+        f->remap_calls++;
+        if (n_pages == 0 || to_offset + n_pages * page_size > to_segment_va_size) {
                 f->errors++;
                 return -EINVAL;
         }
         grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
-        f->seg_live[from_segment]--;
-        f->seg_live[to_segment]++;
-        if (from_segment_empty != (f->seg_live[from_segment] == 0))
+        for (k = 0; k < n_pages; k++) {
+                uint64_t handle = handles[k], from = from_offset + k * page_size, to = to_offset + k * page_size;
+                fake_piece_t *p;
+
+                if (f->remap_fail_next || f->remaps + 1 == f->remap_fail_at) {
+                        f->remap_fail_next -= f->remap_fail_next > 0;
+                        break;
+                }
+                if (handle == 0 || handle > f->n_pieces) {
+                        f->errors++;
+                        break;
+                }
+                p = &f->pieces[handle - 1];
+                if (!p->live || p->segment_id != from_segment || p->offset != from || p->size != page_size ||
+                    (!f->no_overlap_check && overlaps_live(f, handle, to_segment, to, page_size))) {
+                        f->errors++;
+                        break;
+                }
+                f->seg_live[from_segment]--;
+                f->seg_live[to_segment]++;
+                p->segment_id = to_segment;
+                p->offset = to;
+                f->remaps++;
+        }
+        if (k == n_pages && from_segment_empty != (f->seg_live[from_segment] == 0))
                 f->errors++;
-        p->segment_id = to_segment;
-        p->offset = to_offset;
-        f->remaps++;
-        return 0;
+        return k ? (int64_t) k : -EIO;
 }
 
 static int fake_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {

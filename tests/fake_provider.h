@@ -31,8 +31,10 @@ typedef struct fake_provider {
         uint64_t *seg_live; /* live pieces by segment id */
         uint64_t cap_segs;
         bool no_overlap_check;    /* skip remap's O(pieces) destination check (timed replays) */
-        uint64_t remaps;          /* successful remap calls (page moves) */
-        unsigned remap_fail_next; /* the next remap_fail_next remaps fail with -EIO */
+        uint64_t remaps;          /* pages remap moved */
+        uint64_t remap_calls;     /* remap calls (each moves a run of pages) */
+        unsigned remap_fail_next; /* the next remap_fail_next pages fail to move (-EIO for a run's first) */
+        uint64_t remap_fail_at;   /* the page that would be the remap_fail_at-th moved fails (0: none) */
         bool busy[FAKE_STREAMS];  /* fences marked on these streams stay pending until
                                   * fake_progress() (others complete at once) */
         uint64_t fence_marked[FAKE_STREAMS], fence_done[FAKE_STREAMS];

@@ -4,6 +4,12 @@ torch.cuda.memory._snapshot() schema and what the viewers need.
 
 Usage: snapshot_check.py FILE [--device N] [--segments N] [--states S,S..]
                               [--actions A,A..] [--expandable] [--same-as FILE2]
+                              [--categories] [--legacy]
+--categories: blocks and trace entries carry the `category` MemoryViz.js
+colours by, with "unknown" among the trace's (the viewer throws without it).
+--legacy: PyTorch 1.13's format, a bare list of segments; when a Python with
+PyTorch 1.x is found (this one or /usr/bin/python3), its
+torch.cuda._memory_viz `stats` and `segments` must read it too.
 Prints nothing and exits 0 when the file is valid; otherwise prints the
 problems to stderr and exits 1.
 """
@@ -11,6 +17,7 @@ import argparse
 import json
 import pickle
 import pickletools
+import subprocess
 import sys
 
 # Opcodes the unpickler in torch/utils/viz/MemoryViz.js understands.
@@ -235,6 +242,72 @@ def check_settings(c, snap):
         c.fail(f"allocator_settings.max_split_size {st['max_split_size']}")
 
 
+LEGACY_SEGMENT_KEYS = {"device": int, "address": int, "total_size": int,
+                       "allocated_size": int, "active_size": int, "stream": int,
+                       "segment_type": str, "blocks": list}
+MEMORY_VIZ_1X = """
+import pickle, sys
+import torch
+from torch.cuda import _memory_viz as mv
+if not torch.__version__.startswith("1."):
+    sys.exit(3)
+snap = pickle.load(open(sys.argv[1], "rb"))
+mv.stats(snap)
+text = mv.segments(snap, format_flamegraph=lambda lines: lines)
+if snap and not text:
+    sys.exit(2)
+"""
+
+
+def check_legacy(c, path, segments):
+    """PyTorch 1.13: segments with blocks {size, state, history?}."""
+    for i, s in enumerate(segments):
+        where = f"segments[{i}]"
+        if not c.typed(where, s, LEGACY_SEGMENT_KEYS):
+            continue
+        total = allocated = active = 0
+        for j, b in enumerate(s["blocks"]):
+            bw = f"{where}.blocks[{j}]"
+            if not c.typed(bw, b, {"size": int, "state": str}) or b["state"] not in STATES:
+                c.fail(f"{bw}: bad block {b!r}")
+                continue
+            total += b["size"]
+            allocated += b["size"] if b["state"] == "active_allocated" else 0
+            active += b["size"] if b["state"] != "inactive" else 0
+            for h in b.get("history", []):
+                c.typed(f"{bw}.history", h, {"addr": int, "real_size": int, "frames": list})
+        if (total, allocated, active) != (s["total_size"], s["allocated_size"], s["active_size"]):
+            c.fail(f"{where}: sizes do not add up")
+    if c.errors:
+        return
+    for py in (sys.executable, "/usr/bin/python3"):
+        try:
+            r = subprocess.run([py, "-c", MEMORY_VIZ_1X, path], capture_output=True, text=True, timeout=120)
+        except OSError:
+            continue
+        if r.returncode == 0:
+            return
+        if "No module named 'torch'" in r.stderr or r.returncode == 3:
+            continue
+        c.fail(f"torch.cuda._memory_viz ({py}) cannot read it: {r.stderr.strip()[-400:]}")
+        return
+
+
+def check_categories(c, segments, entries):
+    for i, s in enumerate(segments):
+        for j, b in enumerate(s.get("blocks", [])):
+            if b.get("state") != "inactive" and type(b.get("category")) is not str:
+                c.fail(f"segments[{i}].blocks[{j}]: no category")
+    cats = set()
+    for i, e in enumerate(entries):
+        if type(e.get("category")) is not str:
+            c.fail(f"device_traces[-1][{i}]: no category")
+        else:
+            cats.add(e["category"])
+    if cats and "unknown" not in cats:
+        c.fail("trace categories lack 'unknown' (MemoryViz.js throws)")
+
+
 def as_lists(v):
     """The JSON view of a value: tuples become lists."""
     if isinstance(v, (list, tuple)):
@@ -253,6 +326,8 @@ def main():
     ap.add_argument("--actions", help="the exact sequence of trace actions")
     ap.add_argument("--expandable", action="store_true", help="an expandable segment must appear")
     ap.add_argument("--same-as", help="another snapshot (e.g. the other format) that must hold the same tree")
+    ap.add_argument("--categories", action="store_true", help="blocks and trace entries carry categories")
+    ap.add_argument("--legacy", action="store_true", help="PyTorch 1.13's bare list of segments")
     args = ap.parse_args()
 
     c = Checker()
@@ -261,7 +336,14 @@ def main():
     except Exception as exc:  # any load failure is a verdict, not a crash
         print(f"{args.file}: does not load: {exc!r}", file=sys.stderr)
         return 1
-    if type(snap) is not dict:
+    if args.legacy:
+        if type(snap) is not list:
+            c.fail(f"top level is {type(snap).__name__}, not list")
+        else:
+            check_legacy(c, args.file, snap)
+            if args.segments is not None and len(snap) != args.segments:
+                c.fail(f"{len(snap)} segments, expected {args.segments}")
+    elif type(snap) is not dict:
         c.fail(f"top level is {type(snap).__name__}, not dict")
     else:
         segments = snap.get("segments")
@@ -285,6 +367,8 @@ def main():
             got = ",".join(str(e.get("action")) for e in entries)
             if got != args.actions:
                 c.fail(f"trace actions {got}, expected {args.actions}")
+        if args.categories:
+            check_categories(c, segments, entries)
         if args.expandable and not any(s.get("is_expandable") is True for s in segments):
             c.fail("no expandable segment")
         if args.same_as:

@@ -3,6 +3,7 @@
  * expandable segments. Expected figures are derived by hand from
  * PyTorch's CUDACachingAllocator policy (c10/cuda/CUDACachingAllocator.cpp). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_allocator.h"
 
@@ -839,6 +840,46 @@ START_TEST(test_destroy_live) {
 }
 END_TEST
 
+/* A heap that keeps its statistics elsewhere (a local heap's statistics
+ * page) updates them there in place, and moves them on request. */
+START_TEST(test_statistics_kept_elsewhere) {
+        gm_alloc_config_t c;
+        gm_stats_t home, moved;
+        uint64_t va = 0x100000000000ULL;
+        gm_provider_t p = fake_provider(&F);
+        gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &va, .stats = &home};
+        gm_heap_t *h = NULL;
+        gm_alloc_result_t res;
+
+        memset(&home, 0xa5, sizeof(home)); /* the heap initialises it */
+        config_default(&c);
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
+        ck_assert_ptr_eq(gm_heap_stats(h), &home);
+        ck_assert_int_eq(home.allocated_bytes[GM_STAT_ALL].current, 0);
+        ck_assert_int_eq(home.max_split_size, -1);
+        ck_assert_int_eq(gm_heap_alloc(h, 1000, 0, &res), 0);
+        ck_assert_int_eq(home.allocated_bytes[GM_STAT_SMALL_POOL].current, 1024);
+        ck_assert_int_eq(home.reserved_bytes[GM_STAT_ALL].current, 2 * MiB);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+
+        gm_heap_move_stats(h, NULL, true); /* back inside the heap, figures and all */
+        ck_assert_ptr_ne(gm_heap_stats(h), &home);
+        ck_assert_int_eq(memcmp(gm_heap_stats(h), &home, sizeof(home)), 0);
+        ck_assert_int_eq(gm_heap_free(h, res.block_id, false), 0);
+        ck_assert_int_eq(home.allocated_bytes[GM_STAT_ALL].current, 1024); /* no longer updated */
+        ck_assert_int_eq(gm_heap_stats(h)->allocated_bytes[GM_STAT_ALL].current, 0);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+
+        moved = *gm_heap_stats(h);
+        moved.num_ooms = 7;
+        gm_heap_move_stats(h, &moved, false); /* without copy: the new home keeps what it holds */
+        ck_assert_ptr_eq(gm_heap_stats(h), &moved);
+        ck_assert_int_eq(gm_heap_stats(h)->num_ooms, 7);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        gm_heap_destroy(h);
+}
+END_TEST
+
 static Suite *allocator_suite(void) {
         Suite *s = suite_create("allocator");
         TCase *tc = tcase_create("policy");
@@ -846,6 +887,7 @@ static Suite *allocator_suite(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_round_size_plain);
+        tcase_add_test(tc, test_statistics_kept_elsewhere);
         tcase_add_test(tc, test_round_size_divisions_single);
         tcase_add_test(tc, test_round_size_divisions_list);
         tcase_add_test(tc, test_allocation_size);

@@ -175,6 +175,7 @@ START_TEST(test_reuse_pattern) {
         ck_assert_int_eq(STATS->reserved_bytes[GM_STAT_ALL].peak, 192 * MiB);
         ck_assert_int_eq(STATS->requested_bytes[GM_STAT_ALL].peak, 192 * MiB);
         ck_assert_uint_eq(F.remaps, 32);
+        ck_assert_uint_eq(F.remap_calls, 4); /* one call per hole: a run of 8 pages */
         ck_assert_uint_eq(F.creates, 96);
         ck_assert_uint_eq(F.live_bytes, 192 * MiB);
         ck_assert_uint_eq(F.stream_queries, 1); /* one question answers both moves' holes */
@@ -339,6 +340,31 @@ START_TEST(test_reuse_remap_failure) {
 }
 END_TEST
 
+/* A run that fails part way: its first pages moved (the provider says how
+ * many), the rest stay in the hole and the shortfall is new memory. */
+START_TEST(test_reuse_remap_partial_run) {
+        gm_alloc_result_t a, b, c;
+
+        open_reuse(true, 1 * GiB);
+        a = alloc_ok(8 * MiB, 0);
+        b = alloc_ok(8 * MiB, 0);
+        free_ok(a.block_id, false); /* hole [0,8): 4 pages */
+        F.remap_fail_at = F.remaps + 3;
+        c = alloc_ok(10 * MiB, 0); /* 5 pages at the tail: the hole's top 4 asked in one call, 2 move */
+        ck_assert_uint_eq(c.offset, 16 * MiB);
+        ck_assert_uint_eq(F.remap_calls, 1);
+        ck_assert_uint_eq(F.remaps, 2);
+        ck_assert_uint_eq(reuse_info().pages_moved, 2);
+        ck_assert_uint_eq(reuse_info().remap_failures, 1);
+        ck_assert_uint_eq(F.creates, 8 + 3);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 22 * MiB);
+        ck_assert_uint_eq(F.live_bytes, 22 * MiB);
+        ck_assert_uint_eq(gm_heap_largest_free(H), 4 * MiB); /* the hole's mapped bottom half */
+        ck_assert_int_eq(gm_heap_check(H), 0);
+        (void) b;
+}
+END_TEST
+
 /* Limits see only the memory created: at a 128 MiB quota the two moving
  * 32 MiB requests of the pattern succeed without new memory; the third
  * needs 32 MiB more and is refused with -EDQUOT after the retry ladder (the
@@ -464,6 +490,7 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_busy_stream);
         tcase_add_test(tc, test_reuse_cross_pool);
         tcase_add_test(tc, test_reuse_remap_failure);
+        tcase_add_test(tc, test_reuse_remap_partial_run);
         tcase_add_test(tc, test_reuse_limit);
         tcase_add_test(tc, test_reuse_limit_counts_moved);
         tcase_add_test(tc, test_reuse_snapshot);

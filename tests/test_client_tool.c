@@ -15,6 +15,10 @@
  *                                         "ready A R S" (allocated, reserved, segments); on each
  *                                         "check" line verify every block, print "stats A R S",
  *                                         allocate/verify/free more, print "ok"; free all at EOF
+ *   gm-test-client SOCKET blocks N 0       alloc N blocks (sizes and streams mixed, with a stack
+ *                                         naming the block), free every third, print "ready"
+ *                                         and, on each line read, alloc and free one more; free
+ *                                         all at EOF (snapshots)
  * Exit status 0 on success, 1 on failure (message on stderr). */
 #include <errno.h>
 #include <stdbool.h>
@@ -185,6 +189,41 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < N; i++)
                         if (p[i])
                                 gpumem_free(c, p[i]);
+        } else if (strcmp(cmd, "blocks") == 0 && argc == 5) {
+                static const size_t mixed[] = {512, 3000, 700000, 3u << 20, 1000, 40000};
+                static const size_t small[] = {512, 1024, 3000, 512, 1500, 4000}; /* many blocks */
+                size_t n = size;
+                const size_t *sizes = n <= 1000 ? mixed : small;
+                void **p = calloc(n ? n : 1, sizeof(*p));
+                for (size_t i = 0; i < n; i++) {
+                        char name[32];
+                        snprintf(name, sizeof(name), "block_%zu", i % 7);
+                        const gpumem_frame frames[2] = {
+                                {.filename = "model.py", .line = (uint32_t) (i % 7), .name = name},
+                                {.filename = "train.py", .line = 1, .name = "main"}};
+                        if ((r = gpumem_alloc_frames(c, sizes[i % 6], (uint64_t) (i % 3 == 1), frames, 2, &p[i])) < 0) {
+                                fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                }
+                for (size_t i = 0; i < n; i += 3) {
+                        gpumem_free(c, p[i]);
+                        p[i] = NULL;
+                }
+                printf("ready\n");
+                fflush(stdout);
+                char line[64];
+                while (fgets(line, sizeof(line), stdin)) {
+                        void *q;
+                        if (gpumem_alloc(c, 5000, 0, &q) == 0)
+                                gpumem_free(c, q);
+                        printf("ok\n");
+                        fflush(stdout);
+                }
+                for (size_t i = 0; i < n; i++)
+                        if (p[i])
+                                gpumem_free(c, p[i]);
+                free(p);
         } else {
                 fprintf(stderr, "bad command\n");
                 status = 2;

@@ -1,5 +1,5 @@
 /* gm_history_t: ring overwrite, stack and string interning, the frame-byte
- * limit, shrinking and the disabled mode. */
+ * limit, shrinking, the disabled mode and fairness between processes. */
 #include <check.h>
 #include <errno.h>
 #include <stdint.h>
@@ -326,6 +326,62 @@ START_TEST(test_many_stacks) {
 }
 END_TEST
 
+static void record_pid(gm_history_t *h, uint64_t addr, uint32_t pid) {
+        gm_history_entry_t e = entry(addr);
+        e.pid = pid;
+        ck_assert_int_eq(gm_history_record(h, &e, NULL, 0), 0);
+}
+
+/* One busy process evicts its own entries, not the others': with 10 slots,
+ * pid 2's three entries survive pid 1 recording a thousand, and the walk
+ * keeps the order of recording across processes. */
+START_TEST(test_busy_process_evicts_its_own) {
+        gm_history_t *h;
+        ck_assert_int_eq(gm_history_new(10, SIZE_MAX, &h), 0);
+        record_pid(h, 1, 1);
+        record_pid(h, 2, 2);
+        record_pid(h, 3, 2);
+        record_pid(h, 4, 2);
+        for (uint64_t i = 100; i < 1100; i++)
+                record_pid(h, i, 1);
+        seen_t s = walk(h);
+        ck_assert_uint_eq(s.n, 10);
+        size_t of2 = 0;
+        for (size_t i = 0; i < s.n; i++) {
+                of2 += s.e[i].pid == 2;
+                if (i > 0 && s.e[i].pid == 1 && s.e[i - 1].pid == 1)
+                        ck_assert_uint_eq(s.e[i].addr, s.e[i - 1].addr + 1);
+        }
+        ck_assert_uint_eq(of2, 3);
+        ck_assert_uint_eq(s.e[0].addr, 2); /* pid 2's, recorded before pid 1's kept ones */
+        ck_assert_uint_eq(s.e[9].addr, 1099);
+        /* Equal shares: a third process takes slots from the one holding most. */
+        for (uint64_t i = 0; i < 20; i++)
+                record_pid(h, 2000 + i, 3);
+        s = walk(h);
+        size_t per[4] = {0};
+        for (size_t i = 0; i < s.n; i++)
+                per[s.e[i].pid]++;
+        ck_assert_uint_ge(per[1], 3);
+        ck_assert_uint_le(per[1], 4);
+        ck_assert_uint_eq(per[2], 3);
+        ck_assert_uint_ge(per[3], 3);
+        ck_assert_uint_le(per[3], 4);
+        /* Shrinking drops from the largest too. */
+        ck_assert_int_eq(gm_history_set_max(h, 3), 0);
+        s = walk(h);
+        ck_assert_uint_eq(s.n, 3);
+        ck_assert_uint_ne(s.e[0].pid, s.e[1].pid);
+        ck_assert_uint_ne(s.e[1].pid, s.e[2].pid);
+        ck_assert_uint_ne(s.e[0].pid, s.e[2].pid);
+        gm_history_clear(h);
+        ck_assert_uint_eq(gm_history_len(h), 0);
+        record_pid(h, 5, 5);
+        ck_assert_uint_eq(walk(h).e[0].addr, 5);
+        gm_history_free(h);
+}
+END_TEST
+
 static Suite *history_suite(void) {
         Suite *s = suite_create("history");
         TCase *tc = tcase_create("core");
@@ -338,6 +394,7 @@ static Suite *history_suite(void) {
         tcase_add_test(tc, test_frame_byte_limit);
         tcase_add_test(tc, test_set_max);
         tcase_add_test(tc, test_many_stacks);
+        tcase_add_test(tc, test_busy_process_evicts_its_own);
         suite_add_tcase(s, tc);
         return s;
 }

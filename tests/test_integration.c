@@ -614,6 +614,7 @@ END_TEST
 
 START_TEST(test_alloc_conf_at_run_time) {
         char out[4096];
+        gpumem_client *early = connect_ok(); /* connected before the change: told of it */
         const char *bad_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", "max_split_size_mb:19", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), bad_argv), 1);
         const char *set_argv[] = {GPUMEMCTL_BIN,
@@ -635,6 +636,14 @@ START_TEST(test_alloc_conf_at_run_time) {
         ck_assert_int_eq(v, 64 * (int64_t) MiB);
         ck_assert_int_eq(gpumem_free(c, p), 0);
         gpumem_disconnect(c);
+        for (int i = 0; i < 500 && (gpumem_stat(early, "max_split_size", &v) != 0 || v != 64 * (int64_t) MiB); i++)
+                usleep(10000);
+        ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        ck_assert_int_eq(gpumem_alloc(early, 600 * 1024, 0, &p), 0);
+        ck_assert_int_eq(gpumem_stat(early, "allocated_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, 640 * 1024); /* its heap rounds as the new settings say */
+        ck_assert_int_eq(gpumem_free(early, p), 0);
+        gpumem_disconnect(early);
         const char *get_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "alloc-conf", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), get_argv), 0);
         ck_assert_str_eq(out, "max_split_size_mb:64,roundup_power2_divisions:4\n");
@@ -939,8 +948,8 @@ static size_t count_in(const char *text, const char *what) {
 }
 
 /* SIGHUP takes a new alloc_conf into every statistic (device, tenant,
- * central session; a local session connected after it), and reloading an
- * unchanged file again and again stays quiet. */
+ * central and live local sessions, a session connected after it), and
+ * reloading an unchanged file again and again stays quiet. */
 START_TEST(test_sighup_reload_is_complete_and_repeatable) {
         gm_test_daemon_stop(&daemon_);
         char conf[256];
@@ -970,19 +979,17 @@ START_TEST(test_sighup_reload_is_complete_and_repeatable) {
         ck_assert_msg(!strstr(log, "need a restart"), "log: %s", log);
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "max_split_size"), 64 * (int64_t) MiB);
         ck_assert_int_eq(gpumem_stat(c, "max_split_size", &v), 0);
-        if (gpumem_heap(c) == GPUMEM_HEAP_LOCAL) {
-                /* A local heap runs in its process with the settings its Hello
-                 * brought (as PYTORCH_CUDA_ALLOC_CONF is read at start); a
-                 * session connected after the reload gets the new ones. */
-                ck_assert_int_eq(v, 32 * (int64_t) MiB);
-                gpumem_client *late = connect_ok();
-                ck_assert_int_eq(gpumem_heap(late), GPUMEM_HEAP_LOCAL);
-                ck_assert_int_eq(gpumem_stat(late, "max_split_size", &v), 0);
-                ck_assert_int_eq(v, 64 * (int64_t) MiB);
-                gpumem_disconnect(late);
-        } else {
-                ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        /* A local heap runs in its process: the daemon tells it (AllocConfUpdate),
+         * and its service thread applies it; a central one changed at once. */
+        for (int i = 0; i < 500 && v != 64 * (int64_t) MiB; i++) {
+                usleep(10000);
+                ck_assert_int_eq(gpumem_stat(c, "max_split_size", &v), 0);
         }
+        ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        gpumem_client *late = connect_ok(); /* and a session connected after it */
+        ck_assert_int_eq(gpumem_stat(late, "max_split_size", &v), 0);
+        ck_assert_int_eq(v, 64 * (int64_t) MiB);
+        gpumem_disconnect(late);
         char out[8192], tenant[32];
         snprintf(tenant, sizeof(tenant), "uid:%u", (unsigned) getuid());
         const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--json", "--tenant", tenant, NULL};
@@ -1012,9 +1019,7 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_forked_child_gets_its_own_session);
         tcase_add_test(tc, test_gpumemctl_stats_and_trim);
         tcase_add_test(tc, test_daemon_gone);
-        const char *heap = getenv("GPUMEM_HEAP");
-        if (!heap || strcmp(heap, "local") != 0) /* snapshots do not yet ask local sessions for their blocks */
-                tcase_add_test(tc, test_history_and_snapshots);
+        tcase_add_test(tc, test_history_and_snapshots);
         tcase_add_test(tc, test_alloc_conf_at_run_time);
         tcase_add_test(tc, test_reset_stats);
         tcase_add_test(tc, test_stream_ordered_free);

@@ -828,7 +828,8 @@ END_TEST
  * `extra` (a field or a broken one) in front. */
 static size_t envelope_with(const uint8_t *extra, size_t n_extra, uint8_t *out) {
         static const uint8_t tail[] = {0x08, 42, 14 << 3 | 2, 2, 0x08, 5}; /* request_id 42, free{block_id 5} */
-        memcpy(out, extra, n_extra);
+        if (n_extra) /* extra may be NULL then: memcpy's arguments must not be */
+                memcpy(out, extra, n_extra);
         memcpy(out + n_extra, tail, sizeof(tail));
         return n_extra + sizeof(tail);
 }

@@ -81,6 +81,21 @@ static int cmp_u64(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
+/* Packets the daemon has received from this process's session, this
+ * listing's request included. */
+static uint64_t session_requests(gpumem_client *c) {
+        gpumem_client_info *list = NULL;
+        size_t n = 0;
+        uint64_t requests = 0;
+        ck_assert_int_eq(gpumem_list_clients(c, &list, &n), 0);
+        for (size_t i = 0; i < n; i++)
+                if (list[i].pid == (uint32_t) getpid() && !list[i].control)
+                        requests = list[i].requests;
+        gpumem_buffer_free(list);
+        ck_assert_uint_gt(requests, 0);
+        return requests;
+}
+
 /* Occurrences of `needle` in the text. */
 static int count_in(const char *text, const char *needle) {
         int n = 0;
@@ -111,7 +126,14 @@ static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
                         want[n_want++] = tag + k;
                 ck_assert_int_eq(gpumem_free(c, small[i]), 0);
         }
-        for (int j = 0; j < 4; j++)
+        /* The first 32 MiB block takes two holes' pages: a local heap says so in
+         * one MovePieces per hole (a run of 8 pages), a central one's is the
+         * Alloc itself; the listing is one more. */
+        uint64_t before = session_requests(c);
+        big[0] = alloc_ok(c, 32 * MiB);
+        if (moves_expected)
+                ck_assert_uint_eq(session_requests(c) - before, mode == GPUMEM_HEAP_LOCAL ? 3 : 2);
+        for (int j = 1; j < 4; j++)
                 big[j] = alloc_ok(c, 32 * MiB);
 
         uint64_t reserved = moves_expected ? 192 * MiB : 256 * MiB;

@@ -352,13 +352,26 @@ typedef struct session {
         uint64_t next_handle;
         gm_history_t *history;
         uint64_t *clock_us;
+        gm_snapshot_piece_t pieces[64]; /* what a daemon would have granted, sorted */
+        size_t n_pieces;
 } session_t;
+
+static int cmp_piece(const void *a, const void *b) {
+        const gm_snapshot_piece_t *x = a, *y = b;
+        if (x->segment_id != y->segment_id)
+                return (x->segment_id > y->segment_id) - (x->segment_id < y->segment_id);
+        return (x->offset > y->offset) - (x->offset < y->offset);
+}
 
 static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
                        uint64_t *ret_handle) {
         session_t *s = userdata;
         s->live_bytes += size;
         *ret_handle = ++s->next_handle;
+        ck_assert_uint_lt(s->n_pieces, 64);
+        s->pieces[s->n_pieces++] = (gm_snapshot_piece_t){
+                .segment_id = segment_id, .va_size = segment_va_size, .offset = offset, .size = size};
+        qsort(s->pieces, s->n_pieces, sizeof(s->pieces[0]), cmp_piece);
         return 0;
 }
 
@@ -367,6 +380,12 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
         session_t *s = userdata;
         ck_assert_uint_ge(s->live_bytes, size);
         s->live_bytes -= size;
+        for (size_t i = 0; i < s->n_pieces; i++)
+                if (s->pieces[i].segment_id == segment_id && s->pieces[i].offset == offset) {
+                        memmove(&s->pieces[i], &s->pieces[i + 1], (s->n_pieces - i - 1) * sizeof(s->pieces[0]));
+                        s->n_pieces--;
+                        break;
+                }
 }
 
 static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
@@ -594,11 +613,14 @@ START_TEST(test_snapshot_empty) {
         gm_snapshot_source_t src = {.device = 0, .heaps = fx.heaps, .n_heaps = 2, .config = &fx.conf_a};
         char *buf;
         size_t len;
-        for (int f = 0; f < _GM_SNAPSHOT_FORMAT_MAX; f++) {
+        for (int f = GM_SNAPSHOT_PICKLE; f <= GM_SNAPSHOT_JSON; f++) {
                 write_snapshot(&src, f, &buf, &len);
                 ck_assert_int_eq(check_snapshot(buf, len, "--device 0 --segments 0 --actions ''"), 0);
                 free(buf);
         }
+        write_snapshot(&src, GM_SNAPSHOT_PICKLE_1_13, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--legacy --segments 0"), 0);
+        free(buf);
 }
 END_TEST
 
@@ -620,6 +642,249 @@ START_TEST(test_snapshot_bad_source) {
         ck_assert_int_eq(gm_snapshot_write(&src, GM_SNAPSHOT_JSON, &buf, &len), -EINVAL);
         ck_assert_ptr_null(buf);
         ck_assert_uint_eq(len, 0);
+}
+END_TEST
+
+/* The scenario's heaps and history collected by hand, with command names. */
+static gm_snapshot_data_t *collect_scenario(void) {
+        gm_snapshot_data_t *d;
+        uint32_t owner;
+        ck_assert_ok(gm_snapshot_data_new(&d));
+        const char *commands[2] = {"train.py", "serve\tx"};
+        for (int i = 0; i < 2; i++) {
+                gm_snapshot_owner_t o = {.pid = fx.heaps[i].pid,
+                                         .tenant = fx.heaps[i].tenant,
+                                         .command = commands[i],
+                                         .session_id = fx.heaps[i].session_id};
+                ck_assert_ok(gm_snapshot_data_add_owner(d, &o, &owner));
+                ck_assert_uint_eq(owner, (uint32_t) i);
+                ck_assert_ok(gm_snapshot_data_add_heap(d, owner, fx.heaps[i].heap));
+        }
+        ck_assert_ok(gm_snapshot_data_add_history(d, fx.history, false));
+        return d;
+}
+
+static void render(gm_snapshot_data_t *d, const gm_snapshot_options_t *o, char **ret_buf, size_t *ret_len) {
+        ck_assert_ok(gm_snapshot_render(d, o, ret_buf, ret_len));
+}
+
+/* Device scale: each block's and trace entry's category (its tenant, or
+ * "pid N"), the closing `snapshot` entry in "unknown" (MemoryViz.js throws
+ * when categories lack it), and the process named in the outermost frame. */
+START_TEST(test_snapshot_categories) {
+        run_scenario();
+        gm_snapshot_data_t *d = collect_scenario();
+        ck_assert_uint_eq(gm_snapshot_data_traces(d), gm_history_len(fx.history));
+        gm_snapshot_options_t o = {.device = 1,
+                                   .format = GM_SNAPSHOT_JSON,
+                                   .category = GM_SNAPSHOT_CATEGORY_TENANT,
+                                   .process_frames = true,
+                                   .now_us = 1800000000000000ull,
+                                   .config = &fx.conf_b};
+        char *buf, args[1024];
+        size_t len;
+        snprintf(args, sizeof(args), "--device 1 --segments 3 --categories --actions %s,%s,%s,%s,%s,oom,snapshot",
+                 A_ACTIONS_1, B_ACTIONS_1, A_ACTIONS_2, B_ACTIONS_2, FREES);
+        for (int f = GM_SNAPSHOT_PICKLE; f <= GM_SNAPSHOT_JSON; f++) {
+                o.format = f;
+                render(d, &o, &buf, &len);
+                ck_assert_int_eq(check_snapshot(buf, len, args), 0);
+                free(buf);
+        }
+        render(d, &o, &buf, &len);
+        buf[len - 1] = '\0';
+        ck_assert_ptr_nonnull(strstr(buf, "\"state\":\"active_pending_free\",\"frames\":[{\"filename\":\"model.py\""));
+        ck_assert_ptr_nonnull(strstr(buf, "{\"filename\":\"[pid 100 train.py]\",\"line\":0,"
+                                          "\"name\":\"tenant alice, session 1\"}],\"category\":\"alice\"}"));
+        ck_assert_ptr_nonnull(strstr(buf, "\"category\":\"bob \\\"the builder\\\"\\n\""));
+        ck_assert_ptr_nonnull(strstr(buf, "{\"action\":\"snapshot\",\"addr\":0,\"size\":"));
+        ck_assert_ptr_nonnull(strstr(buf, "\"time_us\":1800000000000000,\"category\":\"unknown\",\"pid\":0}"));
+        free(buf);
+        o.category = GM_SNAPSHOT_CATEGORY_PID;
+        render(d, &o, &buf, &len);
+        buf[len - 1] = '\0';
+        ck_assert_ptr_nonnull(strstr(buf, "\"category\":\"pid 200\""));
+        ck_assert_ptr_null(strstr(buf, "\"category\":\"alice\""));
+        free(buf);
+        /* Without categories nothing of it is written. */
+        o.category = GM_SNAPSHOT_CATEGORY_NONE;
+        o.process_frames = false;
+        render(d, &o, &buf, &len);
+        buf[len - 1] = '\0';
+        ck_assert_ptr_null(strstr(buf, "category"));
+        ck_assert_ptr_null(strstr(buf, "[pid "));
+        free(buf);
+        gm_snapshot_data_free(d);
+}
+END_TEST
+
+/* PyTorch 1.13 (Debian's python3-torch): a bare list of segments whose live
+ * blocks keep their stack in `history`; torch.cuda._memory_viz reads it
+ * when a PyTorch 1.x is installed. */
+START_TEST(test_snapshot_pickle_1_13) {
+        run_scenario();
+        gm_snapshot_source_t src = {
+                .device = 0, .heaps = fx.heaps, .n_heaps = 2, .history = fx.history, .config = &fx.conf_b};
+        char *buf;
+        size_t len;
+        write_snapshot(&src, GM_SNAPSHOT_PICKLE_1_13, &buf, &len);
+        ck_assert_mem_eq(buf, "\x80\x02](", 4);
+        ck_assert_int_eq(check_snapshot(buf, len, "--legacy --segments 3"), 0);
+        free(buf);
+        gm_snapshot_data_t *d = collect_scenario();
+        gm_snapshot_options_t o = {.format = GM_SNAPSHOT_PICKLE_1_13, .process_frames = true, .config = &fx.conf_b};
+        render(d, &o, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--legacy --segments 3"), 0);
+        free(buf);
+        gm_snapshot_data_free(d);
+}
+END_TEST
+
+/* A session whose blocks are not known (it did not answer in time): its
+ * segments as one marked block each; segments added by hand are checked,
+ * overlaps refused, and the output limit holds. */
+START_TEST(test_snapshot_blocks_unknown_and_limits) {
+        run_scenario();
+        gm_snapshot_data_t *d = collect_scenario();
+        uint32_t silent;
+        gm_snapshot_owner_t o = {
+                .pid = 300, .tenant = "carol", .command = "stuck", .session_id = 3, .blocks_unknown = true};
+        ck_assert_ok(gm_snapshot_data_add_owner(d, &o, &silent));
+        gm_segment_info_t seg = {.addr = 8 * GiB, .size = 4 * MiB};
+        gm_block_info_t whole = {.addr = 8 * GiB, .size = 4 * MiB, .requested_size = 4 * MiB};
+        gm_block_info_t gap[2] = {{.addr = 8 * GiB, .size = 1 * MiB}, {.addr = 8 * GiB + 2 * MiB, .size = 2 * MiB}};
+        ck_assert_int_eq(gm_snapshot_data_add_segment(d, silent, &seg, gap, 2), -EINVAL);
+        ck_assert_int_eq(gm_snapshot_data_add_segment(d, silent + 1, &seg, &whole, 1), -EINVAL);
+        ck_assert_ok(gm_snapshot_data_add_segment(d, silent, &seg, &whole, 1));
+        size_t blocks = gm_snapshot_data_blocks(d);
+        gm_snapshot_options_t opts = {.device = 1,
+                                      .format = GM_SNAPSHOT_JSON,
+                                      .category = GM_SNAPSHOT_CATEGORY_PID,
+                                      .process_frames = true,
+                                      .config = &fx.conf_b};
+        char *buf = NULL;
+        size_t len = 0;
+        render(d, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--device 1 --segments 4 --categories"), 0);
+        buf[len - 1] = '\0';
+        ck_assert_ptr_nonnull(strstr(buf, "\"session_id\":3,\"gpumemd_blocks_unknown\":true}"));
+        ck_assert_ptr_nonnull(strstr(buf, "[pid 300 stuck, blocks unknown: no answer in time]"));
+        free(buf);
+        opts.max_bytes = len - 1;
+        buf = NULL;
+        ck_assert_int_eq(gm_snapshot_render(d, &opts, &buf, &len), -EFBIG);
+        ck_assert_ptr_null(buf);
+        /* Two segments over one range: refused, or the viewers' replay breaks. */
+        gm_segment_info_t over = {.addr = 8 * GiB + 2 * MiB, .size = 4 * MiB};
+        gm_block_info_t over_block = {.addr = over.addr, .size = over.size, .requested_size = 1};
+        ck_assert_ok(gm_snapshot_data_add_segment(d, silent, &over, &over_block, 1));
+        ck_assert_uint_eq(gm_snapshot_data_blocks(d), blocks + 1);
+        opts.max_bytes = 0;
+        ck_assert_int_eq(gm_snapshot_render(d, &opts, &buf, &len), -EINVAL);
+        gm_snapshot_data_free(d);
+}
+END_TEST
+
+/* A local session's answer: its heap (addresses from 0, as a local heap's)
+ * and its own trace ring, encoded, then decoded by the daemon's checks into
+ * a device snapshot beside another session's, moved up to a window of its
+ * own. Tampered answers are refused whole. */
+START_TEST(test_snapshot_answer) {
+        uint64_t local_cursor = 0;
+        session_t c = {.pid = 300, .clock_us = &fx.clock_us};
+        ck_assert_ok(gm_history_new(100, 1 * MiB, &c.history));
+        const gm_provider_t provider = {
+                .create = fake_create, .release = fake_release, .trace = fake_trace, .userdata = &c};
+        const gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &local_cursor};
+        ck_assert_ok(gm_heap_new(&fx.conf_b, &provider, &params, &c.heap));
+        uint64_t b1 = alloc(&c, 5 * MiB), b2 = alloc(&c, 1000);
+        alloc(&c, 30 * MiB);
+        ck_assert_ok(gm_heap_free(c.heap, b1, false));
+        ck_assert_ok(gm_heap_free(c.heap, b2, true));
+        run_scenario();
+
+        char *ans;
+        size_t ans_len;
+        ck_assert_ok(gm_snapshot_answer_encode(c.heap, c.history, 0, &ans, &ans_len));
+        ck_assert_int_eq(gm_snapshot_answer_encode(c.heap, c.history, 64, &ans, &ans_len), -EFBIG);
+        gm_snapshot_data_t *d = collect_scenario();
+        uint32_t owner;
+        gm_snapshot_owner_t o = {.pid = 300, .tenant = "carol", .command = "local", .session_id = 3};
+        ck_assert_ok(gm_snapshot_data_add_owner(d, &o, &owner));
+        gm_snapshot_answer_limits_t lim = {
+                .pieces = c.pieces, .n_pieces = c.n_pieces, .max_va_span = 1ull << 40, .max_blocks = 1000, .pid = 300};
+        size_t blocks = gm_snapshot_data_blocks(d), traces = gm_snapshot_data_traces(d);
+        uint64_t span = 0, base = 1ull << 44;
+
+        /* Refused whole: bad magic, truncation, pieces not granted, limits. */
+        ans[0] ^= 1;
+        ck_assert_int_eq(gm_snapshot_data_add_answer(d, owner, ans, ans_len, &lim, base, &span), -EBADMSG);
+        ans[0] ^= 1;
+        ck_assert_int_eq(gm_snapshot_data_add_answer(d, owner, ans, ans_len - 1, &lim, base, &span), -EBADMSG);
+        gm_snapshot_answer_limits_t none = lim;
+        none.n_pieces = 0;
+        ck_assert_int_eq(gm_snapshot_data_add_answer(d, owner, ans, ans_len, &none, base, &span), -EBADMSG);
+        gm_snapshot_answer_limits_t small = lim;
+        small.max_blocks = 3;
+        ck_assert_int_eq(gm_snapshot_data_add_answer(d, owner, ans, ans_len, &small, base, &span), -E2BIG);
+        small = lim;
+        small.max_va_span = 1 * MiB;
+        ck_assert_int_eq(gm_snapshot_data_add_answer(d, owner, ans, ans_len, &small, base, &span), -EBADMSG);
+        ck_assert_uint_eq(gm_snapshot_data_blocks(d), blocks);
+        ck_assert_uint_eq(gm_snapshot_data_traces(d), traces);
+        /* Random damage: refused or taken, never a crash. */
+        char *bad = malloc(ans_len);
+        srand(7);
+        for (int i = 0; i < 3000; i++) {
+                memcpy(bad, ans, ans_len);
+                for (int k = 0; k < 1 + i % 4; k++)
+                        bad[(size_t) rand() % ans_len] = (char) rand();
+                gm_snapshot_data_t *scratch;
+                ck_assert_ok(gm_snapshot_data_new(&scratch));
+                uint32_t so;
+                ck_assert_ok(gm_snapshot_data_add_owner(scratch, &o, &so));
+                int r = gm_snapshot_data_add_answer(scratch, so, bad, ans_len, &lim, base, &span);
+                ck_assert(r == 0 || r == -EBADMSG || r == -E2BIG);
+                gm_snapshot_data_free(scratch);
+        }
+        free(bad);
+
+        ck_assert_ok(gm_snapshot_data_add_answer(d, owner, ans, ans_len, &lim, base, &span));
+        ck_assert_uint_gt(span, 30 * MiB);
+        ck_assert_uint_gt(gm_snapshot_data_traces(d), traces);
+        gm_snapshot_options_t opts = {.device = 0,
+                                      .format = GM_SNAPSHOT_JSON,
+                                      .category = GM_SNAPSHOT_CATEGORY_TENANT,
+                                      .process_frames = true,
+                                      .config = &fx.conf_b};
+        char *buf;
+        size_t len;
+        render(d, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len,
+                                        "--device 0 --segments 5 --categories --expandable "
+                                        "--states active_allocated,active_pending_free,inactive"),
+                         0);
+        buf[len - 1] = '\0';
+        ck_assert_ptr_nonnull(strstr(buf, "\"address\":17592186044416,")); /* 2^44: its window */
+        ck_assert_ptr_nonnull(strstr(buf, "\"category\":\"carol\""));
+        free(buf);
+        /* Its segments only, as when it does not answer. */
+        gm_snapshot_data_t *d2;
+        ck_assert_ok(gm_snapshot_data_new(&d2));
+        o.blocks_unknown = true;
+        ck_assert_ok(gm_snapshot_data_add_owner(d2, &o, &owner));
+        ck_assert_ok(gm_snapshot_data_add_pieces(d2, owner, c.pieces, c.n_pieces, base, &span));
+        ck_assert_uint_eq(span, c.live_bytes);
+        render(d2, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--device 0 --segments 2 --categories"), 0);
+        free(buf);
+        gm_snapshot_data_free(d2);
+        gm_snapshot_data_free(d);
+        free(ans);
+        ck_assert_ok(gm_heap_free_completed(c.heap, b2));
+        ck_assert_int_eq(gm_heap_check(c.heap), 0);
+        c.heap = gm_heap_destroy(c.heap);
+        gm_history_free(c.history);
 }
 END_TEST
 
@@ -710,6 +975,10 @@ static Suite *snapshot_suite(void) {
         tcase_add_test(tc, test_snapshot_empty);
         tcase_add_test(tc, test_snapshot_bad_source);
         tcase_add_test(tc, test_checker_rejects);
+        tcase_add_test(tc, test_snapshot_categories);
+        tcase_add_test(tc, test_snapshot_pickle_1_13);
+        tcase_add_test(tc, test_snapshot_blocks_unknown_and_limits);
+        tcase_add_test(tc, test_snapshot_answer);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -164,10 +164,13 @@ GPUMEM_EXPORT int gpumem_trim_tenant(gpumem_client *c, const char *tenant, uint6
 typedef enum gpumem_snapshot_format {
         GPUMEM_SNAPSHOT_PICKLE = 0, /* what torch.cuda.memory._dump_snapshot() writes */
         GPUMEM_SNAPSHOT_JSON = 1,
+        GPUMEM_SNAPSHOT_PICKLE_1_13 = 2, /* PyTorch 1.13's memory_snapshot(): a bare list of segments */
 } gpumem_snapshot_format;
 
 /* A torch.cuda.memory._snapshot() of the caller's tenant (of the whole device
- * with admin rights), narrowed to process `pid` unless it is 0. *ret_data
+ * with admin rights), narrowed to process `pid` unless it is 0. Local
+ * sessions are asked for their blocks; one that does not answer within the
+ * daemon's snapshot_answer_timeout_ms appears with its segments only. *ret_data
  * (*ret_len bytes) is the caller's; free it with gpumem_buffer_free(). */
 GPUMEM_EXPORT int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pid, void **ret_data,
                                   size_t *ret_len);
