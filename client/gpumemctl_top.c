@@ -24,7 +24,7 @@
 
 /* The largest SampleSet accepted from the daemon (it sends far less). */
 #define SAMPLE_SET_MAX (256u << 20)
-/* The window `top` shows trends over, and the default of diagnose. */
+/* The window `top` shows trends over by default, and the default of diagnose. */
 #define TOP_WINDOW_MS 10000u
 #define DIAGNOSE_WINDOW_MS 60000u
 
@@ -608,14 +608,15 @@ static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t 
         }
 }
 
-static void print_top_json(const ctl_t *c, const Gpumem__SampleSet *set, const row_t *rows, size_t n) {
+static void print_top_json(const ctl_t *c, const Gpumem__SampleSet *set, const row_t *rows, size_t n,
+                           uint64_t window_ms) {
         printf("{\"device\": %d, \"backend\": ", c->device);
         gm_json_print_string(stdout, c->backend);
         printf(", \"capacity_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
                ", \"free_bytes\": %" PRIu64 ", \"device_scope\": %s, \"refusals_total\": %" PRIu64
-               ", \"refusals_in_window\": %zu, \"window_ms\": %u, \"processes\": [",
+               ", \"refusals_in_window\": %zu, \"window_ms\": %" PRIu64 ", \"processes\": [",
                set->capacity, set->reserved, set->allocated, set->device_free, set->device_scope ? "true" : "false",
-               set->refusals_total, set->n_refusals, TOP_WINDOW_MS);
+               set->refusals_total, set->n_refusals, window_ms);
         for (size_t i = 0; i < n; i++) {
                 const row_t *r = &rows[i];
                 char cmd[64];
@@ -644,14 +645,12 @@ static void print_top_json(const ctl_t *c, const Gpumem__SampleSet *set, const r
 
 int cmd_top(ctl_t *c, int argc, char **argv) {
         static const struct option opts[] = {
-                {"once", no_argument, NULL, 'o'},
-                {"json", no_argument, NULL, 'j'},
-                {"interval", required_argument, NULL, 'i'},
-                {"iterations", required_argument, NULL, 'n'},
-                {},
+                {"once", no_argument, NULL, 'o'},           {"json", no_argument, NULL, 'j'},
+                {"interval", required_argument, NULL, 'i'}, {"iterations", required_argument, NULL, 'n'},
+                {"window", required_argument, NULL, 'w'},   {},
         };
         bool once = false, json = false;
-        uint64_t interval_ms = 2000, iterations = 0;
+        uint64_t interval_ms = 2000, iterations = 0, window_ms = TOP_WINDOW_MS;
         int o;
         optind = 1;
         while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -665,30 +664,34 @@ int cmd_top(ctl_t *c, int argc, char **argv) {
                 } else if (o == 'n' && gm_parse_uint(optarg, 1, UINT32_MAX, &iterations) < 0) {
                         fprintf(stderr, "gpumemctl: --iterations wants a count, not '%s'\n", optarg);
                         return EXIT_USAGE;
+                } else if (o == 'w' && (parse_duration_ms(optarg, &window_ms) < 0 || window_ms == 0)) {
+                        fprintf(stderr, "gpumemctl: --window wants a duration (10s, 5m), not '%s'\n", optarg);
+                        return EXIT_USAGE;
                 } else if (o == '?') {
                         return EXIT_USAGE;
                 }
         }
         if (optind < argc) {
-                fprintf(stderr, "gpumemctl: top [--once] [--json] [--interval DURATION] [--iterations N]\n");
+                fprintf(stderr, "gpumemctl: top [--once] [--json] [--interval DURATION] [--iterations N] [--window "
+                                "DURATION]\n");
                 return EXIT_USAGE;
         }
         uint64_t last_total = 0, last_now = 0;
         for (uint64_t round = 0;; round++) {
                 Gpumem__SampleSet *set;
-                int r = fetch_set(c, 0, NULL, TOP_WINDOW_MS, &set);
+                int r = fetch_set(c, 0, NULL, window_ms, &set);
                 if (r)
                         return r;
                 size_t n;
-                row_t *rows = build_rows(set, TOP_WINDOW_MS, &n);
+                row_t *rows = build_rows(set, window_ms, &n);
                 /* Refusals per second: since the last refresh, else over the window. */
                 double per_s = round && set->now_ms > last_now ? (double) (set->refusals_total - last_total) * 1000.0 /
                                                                          (double) (set->now_ms - last_now)
-                                                               : (double) set->n_refusals * 1000.0 / TOP_WINDOW_MS;
+                                                               : (double) set->n_refusals * 1000.0 / (double) window_ms;
                 last_total = set->refusals_total;
                 last_now = set->now_ms;
                 if (json) {
-                        print_top_json(c, set, rows, n);
+                        print_top_json(c, set, rows, n, window_ms);
                 } else {
                         if (!once)
                                 printf("\033[H\033[2J"); /* home, clear: plain ANSI, fine over ssh */
