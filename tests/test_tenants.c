@@ -458,9 +458,7 @@ static Suite *tenants_suite(void) {
         tcase_add_test(tc, test_unacknowledged_release_keeps_charge);
         tcase_add_test(tc, test_stopped_client_is_not_waited_for);
         tcase_add_test(tc, test_isolation_between_tenants);
-        const char *heap = getenv("GPUMEM_HEAP");
-        if (!heap || strcmp(heap, "local") != 0) /* snapshots do not yet ask local sessions for their blocks */
-                tcase_add_test(tc, test_snapshot_shows_own_tenant_only);
+        tcase_add_test(tc, test_snapshot_shows_own_tenant_only);
         suite_add_tcase(s, tc);
         TCase *conf = tcase_create("config");
         tcase_set_timeout(conf, 180);
