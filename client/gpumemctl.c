@@ -63,15 +63,9 @@ static int usage_error(const char *fmt, ...) {
 /* Parses the decimal value of `flag` into [min, max]: no sign, no spaces,
  * no suffix, no wrap-around. 0, or a usage error (printed). */
 static int parse_number(const char *flag, const char *text, uint64_t min, uint64_t max, uint64_t *ret) {
-        bool digits = text[0] != '\0';
-        for (const char *p = text; *p && digits; p++)
-                digits = *p >= '0' && *p <= '9';
-        errno = 0;
-        unsigned long long v = digits ? strtoull(text, NULL, 10) : 0;
-        if (!digits || errno == ERANGE || v < min || v > max)
+        if (gm_parse_uint(text, min, max, ret) < 0)
                 return usage_error("%s: expected a whole number from %" PRIu64 " to %" PRIu64 ", not '%s'", flag, min,
                                    max, text);
-        *ret = v;
         return 0;
 }
 
