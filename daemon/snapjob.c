@@ -339,18 +339,12 @@ static int copy_pieces(const gm_session_t *s, ask_t *a) {
         return 0;
 }
 
-/* The process's name as the kernel reports it (escaped), else the client's. */
-static void command_of(const gm_session_t *s, char *buf, size_t len) {
-        char path[64], comm[64] = "";
-        snprintf(path, sizeof(path), "/proc/%d/comm", (int) s->pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-                ssize_t n = read(fd, comm, sizeof(comm) - 1);
-                close(fd);
-                comm[n > 0 ? n : 0] = '\0';
-                comm[strcspn(comm, "\n")] = '\0';
-        }
-        gm_text_escape(comm[0] ? comm : s->name, buf, len);
+/* The process's name as read at connect (escaped), else the client's. */
+static void command_of(const gm_session_t *s, const gm_request_conn_t *oc, char *buf, size_t len) {
+        if (oc && oc->command[0])
+                snprintf(buf, len, "%s", oc->command);
+        else
+                gm_text_escape(s->name, buf, len);
 }
 
 static bool in_view(const gm_session_t *viewer, const gm_session_t *o, uint32_t pid) {
@@ -392,7 +386,7 @@ static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Sn
                 if (!in_view(s, o, req->pid) || (!o->heap && !(oc && oc->local)))
                         continue;
                 char command[64];
-                command_of(o, command, sizeof(command));
+                command_of(o, oc, command, sizeof(command));
                 gm_snapshot_owner_t owner = {
                         .pid = (uint32_t) o->pid, .tenant = o->tenant->name, .command = command, .session_id = o->id};
                 uint32_t idx;
