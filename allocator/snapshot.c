@@ -465,16 +465,16 @@ static void category(render_t *r, const owner_rec_t *o) {
         }
 }
 
-static void segment_totals(const seg_rec_t *s, const gm_block_info_t *blocks, bool unknown, uint64_t ret[4]) {
+static void segment_totals(const seg_rec_t *s, const gm_block_info_t *blocks, uint64_t ret[4]) {
         uint64_t total = 0, allocated = 0, active = 0, requested = 0;
         for (size_t i = 0; i < s->n_blocks; i++) {
                 const gm_block_info_t *b = &blocks[i];
                 total += b->size;
-                if (unknown || b->state == GM_BLOCK_ACTIVE_ALLOCATED)
+                if (b->state == GM_BLOCK_ACTIVE_ALLOCATED)
                         allocated += b->size;
-                if (unknown || b->state != GM_BLOCK_INACTIVE) {
+                if (b->state != GM_BLOCK_INACTIVE) {
                         active += b->size;
-                        requested += unknown ? b->size : b->requested_size;
+                        requested += b->requested_size;
                 }
         }
         ret[0] = total;
@@ -541,7 +541,7 @@ static void write_segment(render_t *r, const seg_rec_t *s) {
         const owner_rec_t *o = &r->d->owners[s->owner];
         bool legacy = r->o->format == GM_SNAPSHOT_PICKLE_1_13;
         uint64_t totals[4];
-        segment_totals(s, r->d->blocks + s->first_block, o->blocks_unknown, totals);
+        segment_totals(s, r->d->blocks + s->first_block, totals);
 
         gm_pickler_begin_dict(w);
         gm_pickler_key(w, "device");
@@ -1111,7 +1111,9 @@ int gm_snapshot_data_add_pieces(gm_snapshot_data_t *d, uint32_t owner, const gm_
                                          .size = size,
                                          .small_pool = pieces[i].va_size <= (2u << 20),
                                          .expandable = pieces[i].size < pieces[i].va_size};
-                gm_block_info_t whole = {.addr = at, .size = size, .requested_size = size};
+                /* What it holds is not known: counted as allocated, as a live block would be. */
+                gm_block_info_t whole = {
+                        .addr = at, .size = size, .requested_size = size, .state = GM_BLOCK_ACTIVE_ALLOCATED};
                 int r = gm_snapshot_data_add_segment(d, owner, &seg, &whole, 1);
                 if (r < 0) {
                         data_rewind(d, mark);

@@ -751,7 +751,8 @@ START_TEST(test_snapshot_blocks_unknown_and_limits) {
                 .pid = 300, .tenant = "carol", .command = "stuck", .session_id = 3, .blocks_unknown = true};
         ck_assert_ok(gm_snapshot_data_add_owner(d, &o, &silent));
         gm_segment_info_t seg = {.addr = 8 * GiB, .size = 4 * MiB};
-        gm_block_info_t whole = {.addr = 8 * GiB, .size = 4 * MiB, .requested_size = 4 * MiB};
+        gm_block_info_t whole = {
+                .addr = 8 * GiB, .size = 4 * MiB, .requested_size = 4 * MiB, .state = GM_BLOCK_ACTIVE_ALLOCATED};
         gm_block_info_t gap[2] = {{.addr = 8 * GiB, .size = 1 * MiB}, {.addr = 8 * GiB + 2 * MiB, .size = 2 * MiB}};
         ck_assert_int_eq(gm_snapshot_data_add_segment(d, silent, &seg, gap, 2), -EINVAL);
         ck_assert_int_eq(gm_snapshot_data_add_segment(d, silent + 1, &seg, &whole, 1), -EINVAL);
