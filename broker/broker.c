@@ -301,7 +301,15 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         violation(c, "session %llu: a pending page move names a piece its heap does not hold mapped",
                                   (unsigned long long) s->id);
         }
-        if (s->ended && (s->pieces || s->heap || s->parked || s->releases || s->n_moves))
+        for (size_t i = 0; i < s->n_fences; i++) {
+                const gm_session_fence_t *f = &s->fences[i];
+                if (s->local || f->done > f->sent || f->sent > f->asked)
+                        violation(c, "session %llu: stream fence %llu reported complete, %llu sent, %llu marked%s",
+                                  (unsigned long long) s->id, (unsigned long long) f->done,
+                                  (unsigned long long) f->sent, (unsigned long long) f->asked,
+                                  s->local ? " in a local session" : "");
+        }
+        if (s->ended && (s->pieces || s->heap || s->parked || s->releases || s->n_moves || s->n_fences))
                 violation(c, "session %llu ended but still holds memory or requests", (unsigned long long) s->id);
         if (s->heap) {
                 int hv = gm_heap_check(s->heap);

@@ -351,6 +351,19 @@ typedef struct gm_page_move {
         bool from_whole_segment; /* it was the last piece the client maps there */
 } gm_page_move_t;
 
+/* Page reuse's stream fences of a central session on a device backend: its
+ * heap marks fences (stream_fence()), the next allocation reply asks the
+ * client to record them (an event on the stream when it applies the reply:
+ * after the frees it sent), and the client reports the complete ones with
+ * its next allocations. asked >= sent >= done. */
+#define GM_SESSION_FENCE_STREAMS 64 /* streams tracked (as many as a heap tracks) */
+typedef struct gm_session_fence {
+        uint64_t stream;
+        uint64_t asked; /* highest fence number the heap marked */
+        uint64_t sent;  /* highest one the client was asked to mark */
+        uint64_t done;  /* highest one the client reported complete */
+} gm_session_fence_t;
+
 /* Read-only outside the broker. */
 struct gm_session {
         gm_broker_t *broker;
@@ -390,6 +403,9 @@ struct gm_session {
         uint64_t retry_pass;          /* the last retry that left its first parked request waiting */
         gm_page_move_t *moves;        /* pending, in the order the heap made them */
         size_t n_moves, cap_moves;
+        gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
+                                       * out with the next allocation reply */
+        size_t n_fences;
         struct gm_session *prev, *next;
 };
 
@@ -421,9 +437,16 @@ void gm_session_count_refusal(gm_session_t *s);
 void gm_session_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
 const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
-/* The reply carrying them (and the pending page moves) was sent: their
- * releases need acks from now on. */
+/* The reply carrying them (and the pending page moves and fence marks) was
+ * sent: their releases need acks from now on. */
 void gm_session_pieces_sent(gm_session_t *s);
+/* The client reports fence `fence` on `stream` complete (page reuse): its
+ * heap's stream_fence() answers from it. -EPROTO for a claim that cannot be
+ * true (a stream or number it was never asked to mark, or below what it
+ * reported before): the caller ends the connection. A false claim within
+ * these bounds only lets the session's own pages move early (they never
+ * leave it): it hurts no one but the liar. */
+int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
 /* The reply for `block_id` could not be built: the block goes back to the
  * heap; its new pieces stay listed for the next reply. */
 void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);

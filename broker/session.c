@@ -97,13 +97,43 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
         return k ? (int64_t) k : r;
 }
 
+/* The fence entry of `stream`, made on first use; NULL when the table is
+ * full or out of memory. */
+static gm_session_fence_t *session_fence(gm_session_t *s, uint64_t stream, bool make) {
+        for (size_t i = 0; i < s->n_fences; i++)
+                if (s->fences[i].stream == stream)
+                        return &s->fences[i];
+        if (!make || s->n_fences == GM_SESSION_FENCE_STREAMS)
+                return NULL;
+        if (!s->fences && !(s->fences = calloc(GM_SESSION_FENCE_STREAMS, sizeof(*s->fences))))
+                return NULL;
+        s->fences[s->n_fences] = (gm_session_fence_t){.stream = stream};
+        return &s->fences[s->n_fences++];
+}
+
 /* Page reuse's stream fences for a central session: the client's device
- * work is not visible here. Frees on the host backend are synchronous
- * (every free page may move, no callback); on a device backend nothing is
- * known complete, so only pages never handed out since they were mapped
- * move. */
+ * work is not visible here, so a new fence number goes to the client with
+ * the next allocation reply (it records an event on the stream) and what is
+ * complete is what the client last reported; a page freed after that waits
+ * (the heap maps new memory instead). Frees on the host backend are
+ * synchronous (every free page may move, no callback). */
 static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
-        *ret_done = 0;
+        gm_session_fence_t *f = session_fence(userdata, stream, true);
+        if (!f)
+                return -ENOSPC;
+        if (fence > f->asked)
+                f->asked = fence;
+        *ret_done = f->done;
+        return 0;
+}
+
+int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence) {
+        if (s->ended)
+                return 0; /* nothing moves any more */
+        gm_session_fence_t *f = session_fence(s, stream, false);
+        if (!f || fence > f->sent || fence < f->done)
+                return -EPROTO;
+        f->done = fence;
         return 0;
 }
 
@@ -248,6 +278,9 @@ void gm_session_end(gm_session_t *s) {
         free(s->moves);
         s->moves = NULL;
         s->n_moves = s->cap_moves = 0;
+        free(s->fences);
+        s->fences = NULL;
+        s->n_fences = 0;
         s->new_head = s->new_tail = NULL; /* the heap's pieces, destroyed with it */
         while (s->rel_head) {
                 gm_piece_t *p = s->rel_head;
@@ -517,6 +550,8 @@ const gm_piece_t *gm_session_new_pieces(const gm_session_t *s) {
 
 void gm_session_pieces_sent(gm_session_t *s) {
         s->n_moves = 0;
+        for (size_t i = 0; i < s->n_fences; i++)
+                s->fences[i].sent = s->fences[i].asked;
         while (s->new_head) {
                 gm_piece_t *p = s->new_head;
                 s->new_head = p->queue;

@@ -34,6 +34,7 @@
 #include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
+#include "fence.h"
 #include "local_heap.h"
 #include "mapper.h"
 #include "msg.h"
@@ -142,6 +143,10 @@ struct gpumem_client {
         uint64_t reclaim_bytes;
         gm_local_asks_t asks;    /* snapshot queries and history pushes to serve (local_snapshot.c) */
         char *alloc_conf_update; /* new settings the service thread has yet to give the heap (NULL: none) */
+        /* A central session on a device backend: the page-reuse fences its
+         * daemon asked for (AllocReply.fence_marks), reported with the next
+         * Allocs once complete (under lock). */
+        gm_fences_t fences;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -464,6 +469,17 @@ static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **mo
         }
 }
 
+/* Records the fences an allocation reply asks for (page reuse, central
+ * sessions on a device backend): an event on each stream now, after every
+ * free this client sent before the Alloc (the daemon counted those), so it
+ * covers all the work queued on the stream before them. A mark refused (the
+ * stream's FIFO full, too many streams, the driver's error) is never
+ * reported complete: its pages wait for a later mark. Caller holds lock. */
+static void mark_fences(gpumem_client *c, Gpumem__StreamFence **marks, size_t n_marks) {
+        for (size_t i = 0; i < n_marks && c->mapper->ops->event_record; i++)
+                (void) gm_fences_mark(&c->fences, marks[i]->stream, marks[i]->fence);
+}
+
 /* Handles one packet from the daemon. Caller holds lock. */
 static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
@@ -489,6 +505,7 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY:
                 move_for_waiter(c, w, env->alloc_reply->page_moves, env->alloc_reply->n_page_moves);
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
+                mark_fences(c, env->alloc_reply->fence_marks, env->alloc_reply->n_fence_marks);
                 break;
         case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
                 map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
@@ -885,6 +902,32 @@ static void calls_end(gpumem_client *c) {
         atomic_fetch_sub_explicit(&c->callers, 1, memory_order_relaxed);
 }
 
+/* Sends an Alloc with the fences complete since the last report (a central
+ * session on a device backend). Reports are built and sent under lock, so
+ * the daemon gets each stream's numbers in rising order; a resent Alloc
+ * (after a re-attach) reports what is complete for the new daemon. */
+static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
+        if (!c->mapper->ops->event_record)
+                return send_env(c, env);
+        gm_fence_done_t done[GM_FENCE_STREAMS];
+        Gpumem__StreamFence msgs[GM_FENCE_STREAMS], *ptrs[GM_FENCE_STREAMS];
+        pthread_mutex_lock(&c->lock);
+        size_t n = gm_fences_report(&c->fences, done);
+        for (size_t i = 0; i < n; i++) {
+                gpumem__stream_fence__init(&msgs[i]);
+                msgs[i].stream = done[i].stream;
+                msgs[i].fence = done[i].fence;
+                ptrs[i] = &msgs[i];
+        }
+        env->alloc->fences_done = ptrs;
+        env->alloc->n_fences_done = n;
+        int r = send_env(c, env);
+        env->alloc->fences_done = NULL;
+        env->alloc->n_fences_done = 0;
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 /* Sends `env` and waits for its reply. On success *ret_reply is the reply
  * (an Error body is turned into its negative code and message) and, when
  * ret_fd is not NULL, *ret_fd the first fd it carried or -1 (the caller's to
@@ -913,7 +956,7 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
         int r;
         for (;;) {
                 env->request_id = w.request_id;
-                r = send_env(c, env);
+                r = env->body_case == GPUMEM__ENVELOPE__BODY_ALLOC ? send_alloc(c, env) : send_env(c, env);
                 if (r < 0 && connection_lost(r))
                         r = 0; /* the service thread tells us: resend or lost */
                 bool read_it = false;
@@ -1145,17 +1188,17 @@ static int64_t local_move(void *ctx, const gm_local_move_t *m) {
         return done ? (int64_t) done : r;
 }
 
-static int local_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
+static int mapper_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
         gpumem_client *c = ctx;
         return c->mapper->ops->event_record(c->mapper, stream, ret_event);
 }
 
-static int local_event_query(void *ctx, uint64_t event) {
+static int mapper_event_query(void *ctx, uint64_t event) {
         gpumem_client *c = ctx;
         return c->mapper->ops->event_query(c->mapper, event);
 }
 
-static void local_event_destroy(void *ctx, uint64_t event) {
+static void mapper_event_destroy(void *ctx, uint64_t event) {
         gpumem_client *c = ctx;
         c->mapper->ops->event_destroy(c->mapper, event);
 }
@@ -1172,9 +1215,9 @@ static int local_heap_open(gpumem_client *c, const Gpumem__HelloReply *hr, int p
                 .grant = local_grant,
                 .give_back = local_give_back,
                 .move = c->mapper->ops->move ? local_move : NULL,
-                .event_record = events ? local_event_record : NULL,
-                .event_query = events ? local_event_query : NULL,
-                .event_destroy = events ? local_event_destroy : NULL,
+                .event_record = events ? mapper_event_record : NULL,
+                .event_query = events ? mapper_event_query : NULL,
+                .event_destroy = events ? mapper_event_destroy : NULL,
                 .ctx = c,
         };
         char err[256] = "";
@@ -1368,6 +1411,11 @@ static int session_open(gpumem_client *c) {
                                  strerror(-r), gm_cuda_last_error()[0] ? " (" : "", gm_cuda_last_error(),
                                  gm_cuda_last_error()[0] ? ")" : "");
         }
+        if (c->mapper->ops->event_record)
+                gm_fences_init(&c->fences, &(gm_fence_ops_t){.record = mapper_event_record,
+                                                             .query = mapper_event_query,
+                                                             .destroy = mapper_event_destroy,
+                                                             .ctx = c});
         if (page_fd >= 0) {
                 r = local_heap_open(c, hr, page_fd);
                 close(page_fd);
@@ -1535,6 +1583,7 @@ static int reattach_once(gpumem_client *c) {
         pthread_rwlock_unlock(&c->fd_lock);
         close(old);
         c->reconnecting = false;
+        gm_fences_clear(&c->fences, true); /* the new daemon's fence numbers start over */
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done) { /* sent to the old daemon, never answered */
                         w->resend = true;
@@ -1619,6 +1668,7 @@ static void session_close(gpumem_client *c, bool owner) {
                 c->completed_frees = p->next;
                 pending_free_destroy(c, p, owner);
         }
+        gm_fences_clear(&c->fences, owner);
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
         c->last_segment = NULL;

@@ -4,21 +4,9 @@
 #include <string.h>
 
 #include "clock.h"
+#include "fence.h"
 #include "local_heap.h"
 #include "snapshot.h"
-
-/* Page reuse's stream fences: per stream a short FIFO of (fence number,
- * event), polled from its head. */
-#define FENCE_STREAMS 64 /* streams tracked (as many as the heap tracks) */
-#define FENCE_MARKS 4    /* marks outstanding per stream; more are skipped */
-
-typedef struct fence_stream {
-        uint64_t stream;
-        uint64_t marked; /* highest fence number marked */
-        uint64_t done;   /* highest fence number known complete */
-        uint64_t fence[FENCE_MARKS], event[FENCE_MARKS];
-        unsigned head, n;
-} fence_stream_t;
 
 struct gm_local {
         gm_heap_t *heap;
@@ -34,10 +22,9 @@ struct gm_local {
         gm_history_t *history;        /* this process's trace ring while memory history is on */
         const gm_frame_t *cur_frames; /* frames of the allocation being served */
         size_t n_cur_frames;
-        uint32_t pid;           /* the process the trace entries name */
-        uint64_t last_handle;   /* pieces get distinct handles (page reuse moves them) */
-        fence_stream_t *fences; /* FENCE_STREAMS, made on first use */
-        size_t n_fences;
+        uint32_t pid;         /* the process the trace entries name */
+        uint64_t last_handle; /* pieces get distinct handles (page reuse moves them) */
+        gm_fences_t fences;   /* page reuse's stream fences */
 };
 
 /* The heap keeps its statistics in the page's payload itself (the
@@ -109,44 +96,12 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
         return r;
 }
 
-static fence_stream_t *fence_stream(gm_local_t *l, uint64_t stream) {
-        for (size_t i = 0; i < l->n_fences; i++)
-                if (l->fences[i].stream == stream)
-                        return &l->fences[i];
-        if (l->n_fences == FENCE_STREAMS)
-                return NULL;
-        if (!l->fences && !(l->fences = calloc(FENCE_STREAMS, sizeof(*l->fences))))
-                return NULL;
-        l->fences[l->n_fences] = (fence_stream_t){.stream = stream};
-        return &l->fences[l->n_fences++];
-}
-
-/* The heap's stream_fence(): marks `fence` with an event unless FENCE_MARKS
- * are outstanding, then pops the completed marks (querying, never waiting). */
+/* The heap's stream_fence(): marks `fence` with an event unless
+ * GM_FENCE_MARKS are outstanding, then pops the completed marks (querying,
+ * never waiting). */
 static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
         gm_local_t *l = userdata;
-        fence_stream_t *fs = fence_stream(l, stream);
-        if (!fs)
-                return -ENOMEM;
-        uint64_t event;
-        if (fence > fs->marked && fs->n < FENCE_MARKS && l->ops.event_record(l->ops.ctx, stream, &event) == 0) {
-                unsigned tail = (fs->head + fs->n++) % FENCE_MARKS;
-                fs->fence[tail] = fence;
-                fs->event[tail] = event;
-                fs->marked = fence;
-        }
-        while (fs->n) {
-                int done = l->ops.event_query(l->ops.ctx, fs->event[fs->head]);
-                if (done == 0)
-                        break;
-                if (done > 0) /* an event the driver refuses completes nothing */
-                        fs->done = fs->fence[fs->head];
-                l->ops.event_destroy(l->ops.ctx, fs->event[fs->head]);
-                fs->head = (fs->head + 1) % FENCE_MARKS;
-                fs->n--;
-        }
-        *ret_done = fs->done;
-        return 0;
+        return gm_fences_fence(&l->fences, stream, fence, ret_done);
 }
 
 /* Records the heap's events in its trace ring while history is on. */
@@ -179,6 +134,10 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
         l->ops = *ops;
         l->page = page;
         l->config = cfg;
+        gm_fences_init(&l->fences, &(gm_fence_ops_t){.record = ops->event_record,
+                                                     .query = ops->event_query,
+                                                     .destroy = ops->event_destroy,
+                                                     .ctx = ops->ctx});
         gm_provider_t provider = {
                 .create = provider_create,
                 .release = provider_release,
@@ -223,10 +182,7 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
          * teardown counts into the heap's own storage. */
         gm_heap_move_stats(l->heap, NULL, false);
         gm_heap_destroy(l->heap);
-        for (size_t i = 0; i < l->n_fences; i++)
-                for (unsigned k = 0; k < l->fences[i].n; k++)
-                        l->ops.event_destroy(l->ops.ctx, l->fences[i].event[(l->fences[i].head + k) % FENCE_MARKS]);
-        free(l->fences);
+        gm_fences_clear(&l->fences, true);
         gm_history_free(l->history);
         free(l);
         return NULL;

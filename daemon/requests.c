@@ -21,6 +21,8 @@
 
 /* Client-supplied frames kept with an allocation's trace event, at most. */
 #define MAX_FRAMES 64
+/* Streams one allocation may report fences of (a session tracks as many). */
+#define MAX_FENCES_DONE GM_SESSION_FENCE_STREAMS
 /* Mapped pieces one re-attached segment may report. */
 #define MAX_REATTACH_PIECES (1u << 16)
 
@@ -150,6 +152,17 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
                 n++;
         size_t n_moves = s->n_moves;
+        /* Page reuse's new fence marks (at most one per stream the session tracks). */
+        Gpumem__StreamFence marks[GM_SESSION_FENCE_STREAMS], *mark_ptrs[GM_SESSION_FENCE_STREAMS];
+        size_t n_marks = 0;
+        for (size_t k = 0; k < s->n_fences; k++)
+                if (s->fences[k].asked > s->fences[k].sent) {
+                        gpumem__stream_fence__init(&marks[n_marks]);
+                        marks[n_marks].stream = s->fences[k].stream;
+                        marks[n_marks].fence = s->fences[k].asked;
+                        mark_ptrs[n_marks] = &marks[n_marks];
+                        n_marks++;
+                }
         /* A cached block brings no piece and no move: no allocation for the common reply. */
         Gpumem__Mapping *map_ptrs_none[1];
         int fds_none[1];
@@ -215,6 +228,8 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         reply.new_mappings = map_ptrs + sent;
         reply.n_page_moves = n_moves;
         reply.page_moves = move_ptrs;
+        reply.n_fence_marks = n_marks;
+        reply.fence_marks = mark_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_REPLY;
         env.alloc_reply = &reply;
@@ -256,6 +271,17 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         const Gpumem__Alloc *alloc = env->alloc;
         if (c->local)
                 return gm_request_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
+        /* Untrusted: a claim that cannot be true ends the session (a false
+         * one within bounds only moves the liar's own pages early). */
+        int r = alloc->n_fences_done > MAX_FENCES_DONE ? -EPROTO : 0;
+        for (size_t i = 0; i < alloc->n_fences_done && r == 0; i++)
+                r = gm_session_fence_done(c->session, alloc->fences_done[i]->stream, alloc->fences_done[i]->fence);
+        if (r < 0) {
+                gm_request_error(c, request_id, EPROTO,
+                                 "allocation refused: its report of complete stream fences names a fence this "
+                                 "session was never asked to mark, or goes backwards");
+                return r;
+        }
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
         for (size_t i = 0; i < n_frames; i++)

@@ -6,6 +6,7 @@
  * device backend moves no page whose stream work is not known complete.
  * Runs on the backend $GPUMEM_TEST_BACKEND names (host, or cuda over the
  * emulated driver). */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "msg.h"
 #include "testutil.h"
 #ifdef GM_TEST_FAKECUDA
 #include "fakecuda_check.h"
@@ -106,9 +108,13 @@ static int count_in(const char *text, const char *needle) {
 
 /* The issue's pattern (bench/traces/frag_16m_32m.csv): 8 x 16 MiB, every
  * other one freed, then 4 x 32 MiB. Plain expandable segments reserve 260
- * MiB; with page reuse the first two 32 MiB requests take the 32 pages of
- * the four holes and only the last two map new memory: 192 MiB. */
+ * MiB; with page reuse two 32 MiB requests take the 32 pages of the four
+ * holes and only two map new memory: 192 MiB. The first two do, except in a
+ * central session on a device backend: the first asks its client to mark
+ * the fence after the frees (new memory meanwhile), the client reports it
+ * complete with the second, so the second and third move. */
 static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
+        int first_mover = mode == GPUMEM_HEAP_CENTRAL && on_cuda() ? 1 : 0;
         start();
         gpumem_client *c = connect_mode(mode);
         ck_assert_int_eq(gpumem_history(c, true, 100000, NULL), 0);
@@ -147,17 +153,16 @@ static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
         ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), reserved);
 
         if (moves_expected) {
-                /* The holes' own pages, now under the first two 32 MiB blocks. */
+                /* The holes' own pages, now under the two 32 MiB blocks that moved them. */
                 uint64_t got[32];
                 for (int j = 0; j < 2; j++)
                         for (size_t k = 0; k < 32 * MiB / PAGE; k++)
-                                got[j * 16 + k] = *(volatile uint64_t *) ((char *) big[j] + k * PAGE);
+                                got[j * 16 + k] = *(volatile uint64_t *) ((char *) big[first_mover + j] + k * PAGE);
                 qsort(got, 32, sizeof(*got), cmp_u64);
                 qsort(want, 32, sizeof(*want), cmp_u64);
                 for (size_t k = 0; k < 32; k++)
-                        ck_assert_msg(got[k] == want[k],
-                                      "page %zu of the first two blocks: tag %llx, not a hole's %llx", k,
-                                      (unsigned long long) got[k], (unsigned long long) want[k]);
+                        ck_assert_msg(got[k] == want[k], "page %zu of the moving blocks: tag %llx, not a hole's %llx",
+                                      k, (unsigned long long) got[k], (unsigned long long) want[k]);
         }
         for (int i = 1; i < 8; i += 2)
                 ck_assert_msg(gm_test_verify(small[i], 16 * MiB, (uint64_t) i), "live block %d lost its data", i);
@@ -191,18 +196,27 @@ START_TEST(test_frag_local) {
 }
 END_TEST
 
-/* A central session's heap cannot see its client's device work: on a device
- * backend only pages never handed out move (none here). */
+/* A central session's heap does not see its client's device work: on a
+ * device backend its pages move once the client reported the fence after
+ * their frees complete. */
 START_TEST(test_frag_central) {
-        frag_pattern(GPUMEM_HEAP_CENTRAL, !on_cuda());
+        frag_pattern(GPUMEM_HEAP_CENTRAL, true);
 }
 END_TEST
 
 #ifdef GM_TEST_FAKECUDA
-/* A local heap on a device backend: a freed block whose stream's event has
- * not completed gives no page (new memory is mapped, nothing waits); once
- * the event completes, the next allocation takes its pages. */
-START_TEST(test_move_refused_while_work_pending) {
+static long event_queries(void) {
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        return u.event_queries;
+}
+
+/* A heap on a device backend, either mode: a freed block whose stream's
+ * event has not completed gives no page (new memory is mapped, nothing
+ * waits, however often asked); once the event completes, the next
+ * allocation takes its pages. Events are queried only while marks are
+ * pending. */
+static void refused_while_work_pending(gpumem_heap_mode mode) {
         start();
         char hold[400];
         snprintf(hold, sizeof(hold), "%s/hold-events", daemon_.dir);
@@ -210,25 +224,173 @@ START_TEST(test_move_refused_while_work_pending) {
         ck_assert_int_ge(fd, 0);
         close(fd);
         setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
-        gpumem_client *c = connect_mode(GPUMEM_HEAP_LOCAL);
+        gpumem_client *c = connect_mode(mode);
+        ck_assert_int_eq(gpumem_history(c, true, 100000, NULL), 0);
         void *a = alloc_ok(c, 16 * MiB), *b = alloc_ok(c, 16 * MiB);
         ck_assert_int_eq(gpumem_free(c, a), 0);
-        void *big = alloc_ok(c, 32 * MiB); /* a's event is pending: 32 MiB new */
+        long queries = event_queries();
+        void *big = alloc_ok(c, 32 * MiB); /* a's fence is marked now, pending: 32 MiB new */
         ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (64 * MiB));
+        if (mode == GPUMEM_HEAP_CENTRAL)
+                ck_assert_int_eq(event_queries(), queries); /* nothing was pending when it was sent */
+        void *mid = alloc_ok(c, 32 * MiB);                  /* still pending: 32 MiB new again */
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (96 * MiB));
+        ck_assert_int_gt(event_queries(), queries);
         unlink(hold);
         void *big2 = alloc_ok(c, 32 * MiB); /* a's 8 pages and 8 new ones */
-        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (80 * MiB));
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (112 * MiB));
         ck_assert_int_eq(
-                gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", (int64_t) (80 * MiB)),
-                (int64_t) (80 * MiB));
+                gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", (int64_t) (112 * MiB)),
+                (int64_t) (112 * MiB));
         gm_test_fill(big2, 32 * MiB, 7);
         ck_assert(gm_test_verify(big2, 32 * MiB, 7));
+        /* The mark completed and was popped: a cached allocation queries nothing. */
+        queries = event_queries();
+        void *small = alloc_ok(c, 1 * MiB);
+        ck_assert_int_eq(event_queries(), queries);
+        char *snap = NULL;
+        size_t len = 0;
+        ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
+        ck_assert_int_eq(count_in(snap, "\"segment_unmap\""), 1); /* a's pages, one run */
+        gpumem_buffer_free(snap);
         unsetenv("FAKECUDA_HOLD_EVENTS");
+        ck_assert_int_eq(gpumem_free(c, small), 0);
         ck_assert_int_eq(gpumem_free(c, b), 0);
         ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, mid), 0);
         ck_assert_int_eq(gpumem_free(c, big2), 0);
         gpumem_disconnect(c);
         gm_fake_assert_no_objects();
+        stop();
+}
+
+START_TEST(test_move_refused_while_work_pending_local) {
+        refused_while_work_pending(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_move_refused_while_work_pending_central) {
+        refused_while_work_pending(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+#endif
+
+/* A raw central client's allocation of `size` on stream 0 (request `id`),
+ * reporting fence `fence` of `fence_stream` complete when `report`: its
+ * reply, the fds it carried closed. */
+static Gpumem__Envelope *raw_alloc_report(int fd, uint64_t id, uint64_t size, bool report, uint64_t fence_stream,
+                                          uint64_t fence) {
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = size;
+        Gpumem__StreamFence done = GPUMEM__STREAM_FENCE__INIT, *done_ptr = &done;
+        done.stream = fence_stream;
+        done.fence = fence;
+        if (report) {
+                alloc.n_fences_done = 1;
+                alloc.fences_done = &done_ptr;
+        }
+        gm_test_raw_send_body(fd, id, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        for (;;) {
+                Gpumem__Envelope *e = gm_test_raw_recv(fd);
+                if (!e || (e->request_id == id && e->body_case != GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS))
+                        return e;
+                gm_msg_free(e);
+        }
+}
+
+static Gpumem__Envelope *raw_alloc(int fd, uint64_t id, uint64_t size) {
+        return raw_alloc_report(fd, id, size, false, 0, 0);
+}
+
+/* Asserts that the daemon refuses the report (EPROTO) and closes. */
+static void assert_report_refused(int fd, Gpumem__Envelope *e) {
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EPROTO);
+        ck_assert_msg(strstr(e->error->message, "stream fences"), "%s", e->error->message);
+        gm_msg_free(e);
+        ck_assert_ptr_null(gm_test_raw_recv(fd));
+        close(fd);
+}
+
+/* The client's report of complete fences is untrusted: a fence it was never
+ * asked to mark, or one below what it reported before, ends its session
+ * (its memory goes); an honest report is taken. On the host backend no
+ * fence is ever asked for. */
+START_TEST(test_central_lying_report) {
+        start();
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        assert_report_refused(fd, raw_alloc_report(fd, 2, 16 * MiB, true, 0, 1)); /* nothing was ever marked */
+
+        fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Envelope *e = raw_alloc(fd, 2, 16 * MiB);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = e->alloc_reply->block_id;
+        gm_msg_free(e);
+        gm_msg_free(raw_alloc(fd, 3, 16 * MiB));
+        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        e = raw_alloc(fd, 5, 32 * MiB); /* the hole's fence is asked for on a device backend */
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(e->alloc_reply->n_fence_marks, on_cuda() ? 1 : 0);
+        uint64_t fence = on_cuda() ? e->alloc_reply->fence_marks[0]->fence : 0;
+        ck_assert_uint_eq(e->alloc_reply->n_page_moves, on_cuda() ? 0 : 8); /* host: frees are synchronous */
+        if (on_cuda()) {
+                ck_assert_uint_eq(e->alloc_reply->fence_marks[0]->stream, 0);
+                ck_assert_uint_gt(fence, 0);
+        }
+        gm_msg_free(e);
+        if (on_cuda()) {
+                assert_report_refused(fd,
+                                      raw_alloc_report(fd, 6, 32 * MiB, true, 7, fence)); /* a stream never marked */
+                ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+                stop();
+                return;
+        }
+        assert_report_refused(fd, raw_alloc_report(fd, 6, 32 * MiB, true, 0, 1));
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        stop();
+}
+END_TEST
+
+#ifdef GM_TEST_FAKECUDA
+/* On a device backend: the fence number asked for is taken once reported
+ * (the hole's pages move), again is fine, a number above it or going
+ * backwards is refused. */
+static int raw_session_with_fence(uint64_t *ret_fence) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Envelope *e = raw_alloc(fd, 2, 16 * MiB);
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = e->alloc_reply->block_id;
+        gm_msg_free(e);
+        gm_msg_free(raw_alloc(fd, 3, 16 * MiB));
+        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        e = raw_alloc(fd, 5, 32 * MiB);
+        ck_assert_uint_eq(e->alloc_reply->n_fence_marks, 1);
+        *ret_fence = e->alloc_reply->fence_marks[0]->fence;
+        gm_msg_free(e);
+        return fd;
+}
+
+START_TEST(test_central_report_bounds) {
+        start();
+        uint64_t fence;
+        int fd = raw_session_with_fence(&fence);
+        assert_report_refused(fd, raw_alloc_report(fd, 6, 32 * MiB, true, 0, fence + 1)); /* above what was asked */
+
+        fd = raw_session_with_fence(&fence);
+        Gpumem__Envelope *e = raw_alloc_report(fd, 6, 32 * MiB, true, 0, fence); /* honest: the hole's 8 pages move */
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(e->alloc_reply->n_page_moves, 8);
+        gm_msg_free(e);
+        e = raw_alloc_report(fd, 7, 1 * MiB, true, 0, fence); /* the same number again */
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        gm_msg_free(e);
+        assert_report_refused(fd, raw_alloc_report(fd, 8, 1 * MiB, true, 0, fence - 1)); /* backwards */
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
         stop();
 }
 END_TEST
@@ -240,9 +402,13 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_frag_local);
         tcase_add_test(tc, test_frag_central);
+        tcase_add_test(tc, test_central_lying_report);
 #ifdef GM_TEST_FAKECUDA
-        if (on_cuda())
-                tcase_add_test(tc, test_move_refused_while_work_pending);
+        if (on_cuda()) {
+                tcase_add_test(tc, test_move_refused_while_work_pending_local);
+                tcase_add_test(tc, test_move_refused_while_work_pending_central);
+                tcase_add_test(tc, test_central_report_bounds);
+        }
 #endif
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
