@@ -145,8 +145,10 @@ struct gpumem_client {
         char *alloc_conf_update; /* new settings the service thread has yet to give the heap (NULL: none) */
         /* A central session on a device backend: the page-reuse fences its
          * daemon asked for (AllocReply.fence_marks), reported with the next
-         * Allocs once complete (under lock). */
+         * Allocs once complete (under lock). fences_pending: whether marks
+         * are outstanding, read without lock (written under it). */
         gm_fences_t fences;
+        _Atomic bool fences_pending;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -476,8 +478,11 @@ static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **mo
  * stream's FIFO full, too many streams, the driver's error) is never
  * reported complete: its pages wait for a later mark. Caller holds lock. */
 static void mark_fences(gpumem_client *c, Gpumem__StreamFence **marks, size_t n_marks) {
-        for (size_t i = 0; i < n_marks && c->mapper->ops->event_record; i++)
+        if (!n_marks || !c->mapper->ops->event_record)
+                return;
+        for (size_t i = 0; i < n_marks; i++)
                 (void) gm_fences_mark(&c->fences, marks[i]->stream, marks[i]->fence);
+        atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
 }
 
 /* Handles one packet from the daemon. Caller holds lock. */
@@ -907,12 +912,15 @@ static void calls_end(gpumem_client *c) {
  * the daemon gets each stream's numbers in rising order; a resent Alloc
  * (after a re-attach) reports what is complete for the new daemon. */
 static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
-        if (!c->mapper->ops->event_record)
+        /* No mark outstanding: every complete one was reported when it was
+         * popped, and an Alloc without a report needs no order. */
+        if (!atomic_load_explicit(&c->fences_pending, memory_order_relaxed))
                 return send_env(c, env);
         gm_fence_done_t done[GM_FENCE_STREAMS];
         Gpumem__StreamFence msgs[GM_FENCE_STREAMS], *ptrs[GM_FENCE_STREAMS];
         pthread_mutex_lock(&c->lock);
         size_t n = gm_fences_report(&c->fences, done);
+        atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
         for (size_t i = 0; i < n; i++) {
                 gpumem__stream_fence__init(&msgs[i]);
                 msgs[i].stream = done[i].stream;
@@ -1584,6 +1592,7 @@ static int reattach_once(gpumem_client *c) {
         close(old);
         c->reconnecting = false;
         gm_fences_clear(&c->fences, true); /* the new daemon's fence numbers start over */
+        atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done) { /* sent to the old daemon, never answered */
                         w->resend = true;
@@ -1669,6 +1678,7 @@ static void session_close(gpumem_client *c, bool owner) {
                 pending_free_destroy(c, p, owner);
         }
         gm_fences_clear(&c->fences, owner);
+        atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
         c->last_segment = NULL;
