@@ -11,6 +11,12 @@
  *   gm-test-client SOCKET race SIZE ROUNDS alloc SIZE blocks until refused, free all, ROUNDS
  *                                         times; print "granted=G refused=R"; exit 0 if every
  *                                         refusal was -EDQUOT
+ *   gm-test-client SOCKET fenced SEED 0    page reuse on a device backend: free a block, then
+ *                                         allocate so that the daemon asks for the fence after
+ *                                         the free (the event stays pending while
+ *                                         FAKECUDA_HOLD_EVENTS holds it), print "ready"; on each
+ *                                         line read allocate 32 MiB, verify every block, print
+ *                                         "ok" (or "bad"); free all at EOF
  *   gm-test-client SOCKET survive SEED 0   hold a mix of blocks (some freed, cached), print
  *                                         "ready A R S" (allocated, reserved, segments); on each
  *                                         "check" line verify every block, print "stats A R S",
@@ -125,6 +131,41 @@ int main(int argc, char **argv) {
                                 gpumem_free(c, held[--n]);
                 }
                 printf("granted=%ld refused=%ld\n", granted, refused);
+        } else if (strcmp(cmd, "fenced") == 0 && argc == 5) {
+                enum { HALF = 16u << 20, WHOLE = 32u << 20, MORE = 8 };
+                void *a, *b, *big, *more[MORE];
+                uint64_t seed = size;
+                int n_more = 0;
+                if (gpumem_alloc(c, HALF, 0, &a) < 0 || gpumem_alloc(c, HALF, 0, &b) < 0) {
+                        fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                        return 1;
+                }
+                gm_test_fill(b, HALF, seed);
+                gpumem_free(c, a);
+                if (gpumem_alloc(c, WHOLE, 0, &big) < 0) { /* a's fence is asked for, and marked */
+                        fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                        return 1;
+                }
+                gm_test_fill(big, WHOLE, seed + 1);
+                printf("ready\n");
+                fflush(stdout);
+                char line[64];
+                while (n_more < MORE && fgets(line, sizeof(line), stdin)) {
+                        bool ok = gpumem_alloc(c, WHOLE, 0, &more[n_more]) == 0;
+                        if (!ok)
+                                fprintf(stderr, "alloc after restart: %s\n", gpumem_last_error(c));
+                        else
+                                gm_test_fill(more[n_more++], WHOLE, seed + 2);
+                        ok = ok && gm_test_verify(b, HALF, seed) && gm_test_verify(big, WHOLE, seed + 1);
+                        for (int k = 0; k < n_more; k++)
+                                ok = ok && gm_test_verify(more[k], WHOLE, seed + 2);
+                        printf("%s\n", ok ? "ok" : "bad");
+                        fflush(stdout);
+                }
+                while (n_more > 0)
+                        gpumem_free(c, more[--n_more]);
+                gpumem_free(c, big);
+                gpumem_free(c, b);
         } else if (strcmp(cmd, "survive") == 0) {
                 static const size_t sizes[] = {1000,      300000, 900000, 3u << 20, 12u << 20,
                                                25u << 20, 4096,   600000, 5u << 20, 12u << 20};

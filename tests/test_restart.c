@@ -325,6 +325,52 @@ static void restart_keeps_everything(const char *alloc_conf, bool with_fd_store)
         ck_assert_uint_eq(stored_count(), 0); /* everything released left the store */
 }
 
+#ifdef GM_TEST_FAKECUDA
+/* Page reuse on the cuda backend: a central client's fence marks belong to
+ * the daemon that asked for them. A client holding a mark (its event still
+ * pending) across a restart forgets it: the new daemon never asked for that
+ * number and would end the session on hearing it complete. */
+START_TEST(test_fence_marks_forgotten_across_restart) {
+        if (strcmp(gm_test_backend(), "cuda") != 0)
+                return;
+        const char *conf = "expandable_segments:True,gpumemd_page_reuse:True";
+        sd_start_daemon(conf, true);
+        char hold[400];
+        snprintf(hold, sizeof(hold), "%s/hold-events", sd.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1); /* the client's events only */
+        const char *argv[] = {GM_TEST_CLIENT, sd.control_path, "fenced", "9", "0", NULL};
+        gm_test_proc_t client;
+        gm_test_spawn(argv, 0, &client);
+        unsetenv("FAKECUDA_HOLD_EVENTS");
+        char line[128];
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_str_eq(line, "ready");
+        int64_t total = device_stat("reserved_bytes.all.current");
+        ck_assert_int_eq(total, 64 << 20); /* the fence is pending: 32 MiB were new */
+
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(sd.daemon, NULL, 0), sd.daemon);
+        sd.daemon = 0;
+        sd_start_daemon(conf, true);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", total), total);
+        unlink(hold); /* the old mark's event completes */
+        for (int k = 0; k < 3; k++) {
+                ck_assert_int_eq(write(client.stdin_fd, "alloc\n", 6), 6);
+                ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+                ck_assert_str_eq(line, "ok");
+        }
+        /* The new daemon's own fence after a's free moved its pages: 3 x 32 MiB
+         * more took 8 pages from the hole and 40 new ones. */
+        ck_assert_int_eq(device_stat("reserved_bytes.all.current"), total + (80 << 20));
+        ck_assert_int_eq(gm_test_proc_finish(&client), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", 0), 0);
+}
+END_TEST
+#endif
+
 START_TEST(test_sigkill_with_fd_store) {
         restart_keeps_everything("expandable_segments:False", true);
         /* The loop pinged the watchdog and reported live figures all along. */
@@ -393,6 +439,9 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_sigkill_with_fd_store);
         tcase_add_test(tc, test_sigkill_with_fd_store_expandable);
+#ifdef GM_TEST_FAKECUDA
+        tcase_add_test(tc, test_fence_marks_forgotten_across_restart);
+#endif
         tcase_add_test(tc, test_sigkill_without_fd_store);
         tcase_add_test(tc, test_unclaimed_segments_released_after_grace);
         suite_add_tcase(s, tc);
