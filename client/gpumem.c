@@ -32,9 +32,9 @@
 
 #include "client-internal.h"
 #include "cuda_loader.h"
+#include "fence.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
-#include "fence.h"
 #include "local_heap.h"
 #include "mapper.h"
 #include "msg.h"
