@@ -471,20 +471,6 @@ static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **mo
         }
 }
 
-/* Records the fences an allocation reply asks for (page reuse, central
- * sessions on a device backend): an event on each stream now, after every
- * free this client sent before the Alloc (the daemon counted those), so it
- * covers all the work queued on the stream before them. A mark refused (the
- * stream's FIFO full, too many streams, the driver's error) is never
- * reported complete: its pages wait for a later mark. Caller holds lock. */
-static void mark_fences(gpumem_client *c, Gpumem__StreamFence **marks, size_t n_marks) {
-        if (!n_marks || !c->mapper->ops->event_record)
-                return;
-        for (size_t i = 0; i < n_marks; i++)
-                (void) gm_fences_mark(&c->fences, marks[i]->stream, marks[i]->fence);
-        atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
-}
-
 /* Handles one packet from the daemon. Caller holds lock. */
 static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
@@ -510,7 +496,6 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
         case GPUMEM__ENVELOPE__BODY_ALLOC_REPLY:
                 move_for_waiter(c, w, env->alloc_reply->page_moves, env->alloc_reply->n_page_moves);
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
-                mark_fences(c, env->alloc_reply->fence_marks, env->alloc_reply->n_fence_marks);
                 break;
         case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
                 map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
@@ -1919,6 +1904,22 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         return local_alloc(c, size, stream, NULL, 0, ret_ptr);
 }
 
+/* Records the fences an allocation reply asks for (page reuse, central
+ * sessions on a device backend): an event on each stream now, after every
+ * free this client sent before the Alloc (the daemon counted those), so it
+ * covers all the work queued on the stream before them. On the allocating
+ * thread, as a local heap marks: a special stream (0, per-thread) means
+ * that thread's. A mark refused (the stream's FIFO full, too many streams,
+ * the driver's error) is never reported complete: its pages wait for a
+ * later mark. Caller holds lock. */
+static void mark_fences(gpumem_client *c, Gpumem__StreamFence **marks, size_t n_marks) {
+        if (!n_marks || !c->mapper->ops->event_record)
+                return;
+        for (size_t i = 0; i < n_marks; i++)
+                (void) gm_fences_mark(&c->fences, marks[i]->stream, marks[i]->fence);
+        atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
+}
+
 /* A central session's allocation: one Alloc round trip. */
 static __attribute__((noinline)) int central_alloc(gpumem_client *c, size_t size, uint64_t stream,
                                                    const gpumem_frame *frames, size_t n_frames, void **ret_ptr) {
@@ -1939,6 +1940,7 @@ static __attribute__((noinline)) int central_alloc(gpumem_client *c, size_t size
         const Gpumem__AllocReply *ar = reply->alloc_reply;
         block_t *b = malloc(sizeof(*b));
         pthread_mutex_lock(&c->lock);
+        mark_fences(c, ar->fence_marks, ar->n_fence_marks);
         segment_t *seg = gm_u64map_get(&c->segments, ar->segment_id);
         uint64_t ptr = seg ? seg->base + ar->offset : 0;
         if (!b || !seg || ar->offset + ar->block_size > seg->va_size) {
