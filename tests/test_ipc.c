@@ -772,6 +772,35 @@ START_TEST(test_msg_large_envelope_roundtrip) {
 }
 END_TEST
 
+START_TEST(test_msg_pack_into_caller_buffer_or_heap) {
+        /* gm_msg_pack writes protobuf-c's bytes into the caller's buffer when
+         * they fit, else into a buffer of its own; past max_packet, nothing. */
+        Gpumem__Envelope *env = stats_reply_envelope(100);
+        size_t want_len = gpumem__envelope__get_packed_size(env);
+        uint8_t *want = malloc(want_len);
+        gpumem__envelope__pack(env, want);
+        static uint8_t buf[GM_MSG_STACK_PACK_MAX];
+        uint8_t *data = NULL;
+        size_t len = 0;
+        ck_assert_ok(gm_msg_pack(env, GM_IPC_MAX_PACKET_DEFAULT, buf, sizeof(buf), &data, &len));
+        ck_assert_ptr_eq(data, buf);
+        ck_assert_uint_eq(len, want_len);
+        ck_assert_int_eq(memcmp(data, want, len), 0);
+
+        ck_assert_ok(gm_msg_pack(env, GM_IPC_MAX_PACKET_DEFAULT, buf, want_len - 1, &data, &len));
+        ck_assert_ptr_ne(data, buf);
+        ck_assert_uint_eq(len, want_len);
+        ck_assert_int_eq(memcmp(data, want, len), 0);
+        free(data);
+
+        uint8_t *untouched = (uint8_t *) &untouched;
+        data = untouched;
+        ck_assert_int_eq(gm_msg_pack(env, want_len - 1, buf, sizeof(buf), &data, &len), -EMSGSIZE);
+        ck_assert_ptr_eq(data, untouched);
+        free(want);
+}
+END_TEST
+
 START_TEST(test_msg_oversize_refused_and_nothing_sent) {
         int sv[2];
         seqpair(sv, SOCK_NONBLOCK);
@@ -1112,6 +1141,7 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_msg_roundtrip_every_body);
         tcase_add_test(tc, test_msg_alloc_reply_with_fds);
         tcase_add_test(tc, test_msg_large_envelope_roundtrip);
+        tcase_add_test(tc, test_msg_pack_into_caller_buffer_or_heap);
         tcase_add_test(tc, test_msg_oversize_refused_and_nothing_sent);
         tcase_add_test(tc, test_msg_garbage_is_ebadmsg);
         tcase_add_test(tc, test_msg_envelope_framing);
