@@ -544,8 +544,9 @@ START_TEST(test_path_checks) {
 END_TEST
 
 START_TEST(test_default_socket_path) {
-        char buf[256], want[256];
+        char buf[256], want[256], dir[200];
         unsetenv("GPUMEM_SOCKET");
+        unsetenv("GPUMEM_SYSTEM_SOCKET_DIR");
         setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
         ck_assert_ok(gm_ipc_default_socket_path(3, true, buf, sizeof(buf)));
         if (geteuid() == 0)
@@ -561,12 +562,30 @@ START_TEST(test_default_socket_path) {
                 snprintf(want, sizeof(want), "/tmp/gpumem-%u/gpu0.sock", (unsigned) geteuid());
         ck_assert_str_eq(buf, want);
 
-        /* The override is for clients only. */
+        /* $GPUMEM_SOCKET names a socket; it is no default (peer_check reads it). */
         setenv("GPUMEM_SOCKET", "/srv/custom.sock", 1);
         ck_assert_ok(gm_ipc_default_socket_path(0, true, buf, sizeof(buf)));
-        ck_assert_str_eq(buf, "/srv/custom.sock");
-        ck_assert_ok(gm_ipc_default_socket_path(0, false, buf, sizeof(buf)));
+        ck_assert_str_ne(buf, "/srv/custom.sock");
+        unsetenv("GPUMEM_SOCKET");
+
+        /* The system directory moves for the daemon (as root) and its clients
+         * alike; a client that is not root takes a system socket that exists. */
+        tmp_path(dir, sizeof(dir), "system");
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", dir, 1);
+        snprintf(want, sizeof(want), "%s/gpu1.sock", dir);
+        ck_assert_ok(gm_ipc_default_socket_path(1, false, buf, sizeof(buf)));
+        if (geteuid() == 0)
+                ck_assert_str_eq(buf, want);
+        int lfd;
+        ck_assert_ok(gm_ipc_listen(want, 0600, 16, &lfd));
+        ck_assert_ok(gm_ipc_default_socket_path(1, true, buf, sizeof(buf)));
         ck_assert_str_eq(buf, want);
+        close(lfd);
+        unlink(want);
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", "relative/dir", 1); /* not absolute: the packaged one */
+        ck_assert_ok(gm_ipc_default_socket_path(1, true, buf, sizeof(buf)));
+        ck_assert_ptr_null(strstr(buf, "relative"));
+        unsetenv("GPUMEM_SYSTEM_SOCKET_DIR");
 
         ck_assert_int_eq(gm_ipc_default_socket_path(0, true, buf, 5), -ENAMETOOLONG);
         ck_assert_int_eq(gm_ipc_default_socket_path(-1, false, buf, sizeof(buf)), -EINVAL);
@@ -1120,7 +1139,6 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_fd_to_receiver_accepting_none);
         tcase_add_test(tc, test_foreign_control_message_refused);
         tcase_add_test(tc, test_close_fds);
-        tcase_add_test(tc, test_default_socket_path);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("listener");
@@ -1134,6 +1152,7 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_listen_refuses_live_listener_of_another_type);
         tcase_add_test(tc, test_listen_never_removes_a_non_socket);
         tcase_add_test(tc, test_path_checks);
+        tcase_add_test(tc, test_default_socket_path);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("msg");

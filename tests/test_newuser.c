@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "ipc.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024ull)
@@ -123,6 +124,41 @@ START_TEST(test_default_socket_is_the_system_daemons) {
         assert_has(out, daemon_.dir);
         assert_lacks(out, "not running");
         ck_assert_int_eq(chmod(daemon_.dir, 0755), 0);
+}
+END_TEST
+
+START_TEST(test_root_daemon_listens_in_the_system_dir) {
+        /* The daemon, as root and given no socket, listens where its clients
+         * look for the system daemons: $GPUMEM_SYSTEM_SOCKET_DIR moves both. */
+        char dir[300], sock[320], conf[320], out[16384];
+        snprintf(dir, sizeof(dir), "%s/system", daemon_.dir);
+        snprintf(sock, sizeof(sock), "%s/gpu0.sock", dir);
+        snprintf(conf, sizeof(conf), "%s/system.conf", daemon_.dir);
+        FILE *f = fopen(conf, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[daemon]\nstate_dir = %s/system-state\n", daemon_.dir);
+        fclose(f);
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", dir, 1);
+        gm_test_proc_t d;
+        gm_test_spawn((const char *const[]){GPUMEMD_BIN, "--backend", gm_test_backend(), "--capacity", "16M",
+                                            "--config", conf, "--metrics-listen", "none", NULL},
+                      0, &d);
+        int fd = -1;
+        for (int i = 0; i < 1000 && gm_ipc_connect(sock, &fd) < 0; i++) /* readiness, not timing */
+                usleep(10000);
+        if (fd < 0) { /* elsewhere (the packaged /run/gpumem): stop it before failing */
+                kill(d.pid, SIGTERM);
+                gm_test_proc_finish(&d);
+                ck_abort_msg("gpumemd did not listen on %s", sock);
+        }
+        close(fd);
+        ck_assert_int_eq(CTL(NOBODY, out, "stats", "--json"), 0);
+        assert_has(out, "\"capacity_bytes\": 16777216"); /* this daemon, not the fixture's 64M */
+        ck_assert_int_eq(CTL(0, out, "stats", "--json"), 0);
+        assert_has(out, "\"capacity_bytes\": 16777216");
+        ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+        ck_assert_int_eq(gm_test_proc_finish(&d), 0);
+        ck_assert_int_ne(access(sock, F_OK), 0);
 }
 END_TEST
 
@@ -373,6 +409,7 @@ static Suite *newuser_suite(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_default_socket_is_the_system_daemons);
+        tcase_add_test(tc, test_root_daemon_listens_in_the_system_dir);
         tcase_add_test(tc, test_missing_socket_says_the_daemon_is_not_running);
         tcase_add_test(tc, test_plain_stats_shows_a_non_admin_its_tenant);
         tcase_add_test(tc, test_arguments_that_name_nothing_or_too_much_fail);
