@@ -247,6 +247,29 @@ START_TEST(test_arguments_that_name_nothing_or_too_much_fail) {
 }
 END_TEST
 
+START_TEST(test_usage_errors_need_no_daemon) {
+        /* Arguments are checked before the daemon is reached: a usage error is
+         * one (exit 2, with the usage) with no daemon running too. */
+        char out[8192];
+        const char *none = "/nonexistent-gpumemd/gpu0.sock";
+        ck_assert_int_eq(CTL(0, out, "-s", none, "stats", "--bogus"), 2);
+        assert_has(out, "Usage: gpumemctl");
+        assert_lacks(out, "not running");
+        const char *bad[][4] = {{"trim", "extra", NULL},           {"history", "on", "--max-entries", "0"},
+                                {"quota", "set", "uid:0", "lots"}, {"top", "--interval", "soon", NULL},
+                                {"diagnose", "--pid", "x", NULL},  {"status", "extra", NULL}};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                ck_assert_int_eq(run(0, out, sizeof(out),
+                                     (const char *const[]){GPUMEMCTL_BIN, "-s", none, bad[i][0], bad[i][1], bad[i][2],
+                                                           bad[i][3], NULL}),
+                                 2);
+                assert_lacks(out, "not running");
+        }
+        ck_assert_int_eq(CTL(0, out, "-s", none, "stats"), 3); /* well formed: then the daemon is missed */
+        assert_has(out, "gpumemd is not running at '/nonexistent-gpumemd/gpu0.sock'");
+}
+END_TEST
+
 START_TEST(test_device_flag_picks_that_gpus_daemon) {
         char out[8192], tmpl[400], other[400];
         snprintf(tmpl, sizeof(tmpl), "%s/gpu%%d.sock", daemon_.dir);
@@ -413,6 +436,7 @@ static Suite *newuser_suite(void) {
         tcase_add_test(tc, test_missing_socket_says_the_daemon_is_not_running);
         tcase_add_test(tc, test_plain_stats_shows_a_non_admin_its_tenant);
         tcase_add_test(tc, test_arguments_that_name_nothing_or_too_much_fail);
+        tcase_add_test(tc, test_usage_errors_need_no_daemon);
         tcase_add_test(tc, test_device_flag_picks_that_gpus_daemon);
         tcase_add_test(tc, test_history_status_and_quota_json);
         tcase_add_test(tc, test_clients_names_each_processs_command);
