@@ -98,14 +98,6 @@ static uint64_t session_requests(gpumem_client *c) {
         return requests;
 }
 
-/* Occurrences of `needle` in the text. */
-static int count_in(const char *text, const char *needle) {
-        int n = 0;
-        for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
-                n++;
-        return n;
-}
-
 /* The issue's pattern (bench/traces/frag_16m_32m.csv): 8 x 16 MiB, every
  * other one freed, then 4 x 32 MiB. Plain expandable segments reserve 260
  * MiB; with page reuse two 32 MiB requests take the 32 pages of the four
@@ -175,8 +167,8 @@ static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
         char *snap = NULL;
         size_t len = 0;
         ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
-        ck_assert_int_eq(count_in(snap, "\"segment_unmap\""), moves_expected ? 4 : 0);
-        ck_assert_int_gt(count_in(snap, "\"segment_map\""), 0);
+        ck_assert_uint_eq(gm_test_count(snap, "\"segment_unmap\""), moves_expected ? 4 : 0);
+        ck_assert_uint_gt(gm_test_count(snap, "\"segment_map\""), 0);
         gpumem_buffer_free(snap);
 
         for (int i = 1; i < 8; i += 2)
@@ -251,7 +243,7 @@ static void refused_while_work_pending(gpumem_heap_mode mode) {
         char *snap = NULL;
         size_t len = 0;
         ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
-        ck_assert_int_eq(count_in(snap, "\"segment_unmap\""), 1); /* a's pages, one run */
+        ck_assert_uint_eq(gm_test_count(snap, "\"segment_unmap\""), 1); /* a's pages, one run */
         gpumem_buffer_free(snap);
         unsetenv("FAKECUDA_HOLD_EVENTS");
         ck_assert_int_eq(gpumem_free(c, small), 0);
