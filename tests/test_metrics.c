@@ -385,6 +385,7 @@ START_TEST(test_figures_equal_gpumemctl) {
         double reserved = (double) json_value(json, "reserved_bytes.all.current");
         ck_assert(tenant_metric(body, "gpumem_charged_bytes", NULL) == reserved);
         ck_assert(tenant_metric(body, "gpumem_releasing_bytes", NULL) == 0);
+        ck_assert(tenant_metric(body, "gpumem_release_unverified_bytes", NULL) == 0);
         ck_assert(metric(body, "gpumem_device_in_use_bytes{device=\"0\"}") == reserved);
         ck_assert(metric(body, "gpumem_device_capacity_bytes{device=\"0\"}") == (double) (64 * MiB));
         ck_assert(metric(body, "gpumem_device_capacity_bytes{device=\"0\"}") ==
