@@ -227,6 +227,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
                 if (p->in_heap && p->state != GM_PIECE_LIVE)
                         violation(c, "session %llu: a released piece is still in the heap", (unsigned long long) s->id);
+                if (p->unverified && p->state != GM_PIECE_RELEASING)
+                        violation(c, "session %llu: a piece released unverified is not releasing",
+                                  (unsigned long long) s->id);
                 if (p->in_heap)
                         in_heap += p->phys.size;
                 if (p->state == GM_PIECE_RELEASING)
@@ -266,6 +269,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                                   (unsigned long long) rel->id);
                 for (const gm_piece_t *p = rel->pieces; p; p = p->queue) {
                         bytes += p->phys.size;
+                        if (p->unverified != rel->unverified)
+                                violation(c, "session %llu: release %llu and its piece disagree on unverified",
+                                          (unsigned long long) s->id, (unsigned long long) rel->id);
                         if (p->state != GM_PIECE_RELEASING || p->session != s)
                                 violation(c, "session %llu: release %llu holds a piece not releasing",
                                           (unsigned long long) s->id, (unsigned long long) rel->id);

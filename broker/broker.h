@@ -84,6 +84,7 @@ struct gm_piece {
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
         bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
+        bool unverified;       /* released on the client's unchecked word (held): not counted as mapped by it */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_session_t *session; /* NULL for orphans */

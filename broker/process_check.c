@@ -44,14 +44,16 @@ static bool process_figure(const gm_broker_t *b, pid_t pid, uint64_t *ret_bytes)
                ops->process_bytes(b->backend, (int) pid, ret_bytes) == 0;
 }
 
-/* Bytes the daemon has handed to the sessions of pid (sent, granted, or held
- * after a release) and not had back. */
+/* Bytes the daemon has handed to the sessions of pid (sent or granted) and
+ * not had back. Memory held on the client's word counts as not mapped, as
+ * the client said: a local reference noted before such a hold then still
+ * matches an honest process (a liar's kept memory only grows its figure). */
 static uint64_t mapped_into(const gm_broker_t *b, pid_t pid) {
         uint64_t n = 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next)
                 if (s->pid == pid && !s->ended)
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
-                                if (p->sent || p->granted)
+                                if ((p->sent || p->granted) && !p->unverified)
                                         n += p->phys.size;
         return n;
 }
@@ -99,6 +101,8 @@ void gm_release_hold_unverified(gm_session_t *s, gm_release_t *rel) {
                               s->id, (int) s->pid, s->tenant->name);
         rel->held = true;
         rel->unverified = true;
+        for (gm_piece_t *p = rel->pieces; p; p = p->queue)
+                p->unverified = true;
         rel->next = s->releases;
         s->releases = rel;
         s->release_unverified_bytes += rel->bytes;

@@ -501,6 +501,19 @@ static uint64_t release_one(gm_session_t *s, bool counted) {
         return host_.releases[before].id;
 }
 
+/* A fresh broker on the figured backend and one session (local or central)
+ * of tenant "a" whose process the driver gives `figure` bytes (its context
+ * and its own allocations). */
+static gm_session_t *figured_session(bool local, uint64_t figure) {
+        b_ = gm_broker_free(b_);
+        backend_.ops = &figured_backend_ops;
+        b_ = broker_new(NULL, 0);
+        gm_session_t *s = local ? local_session(b_, 1000, "a") : session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = figure;
+        return s;
+}
+
 /* Where the backend cannot tell per piece, the driver's per-process figure
  * decides: memory shown to have left the process is released; a process
  * whose figure keeps what it acknowledged (once one release has shown the
@@ -508,13 +521,8 @@ static uint64_t release_one(gm_session_t *s, bool counted) {
  * driver lists the process; anything else stays charged until the session
  * ends (issue #17: the client's word alone is not taken). */
 START_TEST(test_release_checked_by_process_figure) {
-        b_ = gm_broker_free(b_);
-        backend_.ops = &figured_backend_ops;
-        b_ = broker_new(NULL, 0);
-        gm_session_t *s = session(b_, 1000, "a");
+        gm_session_t *s = figured_session(false, 300 * MiB);
         gm_tenant_t *t = s->tenant;
-        figure_pid_ = s->pid;
-        figure_ = 300 * MiB; /* its context and its own allocations */
 
         /* A driver that does not count what a process maps: nothing shows the
          * release, so it stays charged (held, not a liar). */
@@ -582,6 +590,53 @@ START_TEST(test_release_checked_by_process_figure) {
         CHECK(b_);
         ck_assert_uint_eq(t->charged_bytes, 0);
         ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
+/* A local session's returned pieces are checked as releases are, against
+ * the reference noted at its first Grant. */
+START_TEST(test_return_checked_by_process_figure) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+
+        /* Honest: mapped, unmapped, returned: the figure shows it gone. */
+        grant_ok(s, 1, 20 * MiB);
+        return_whole(s, 1, 20 * MiB);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        /* Its own allocations meanwhile: the figure did not drop by all of
+         * it. Held until the session ends, not a liar. */
+        grant_ok(s, 2, 20 * MiB);
+        figure_ += 8 * MiB;
+        return_whole(s, 2, 20 * MiB);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_int_eq(s->grants.bytes.current, 0);
+        figure_ -= 8 * MiB;
+
+        /* Kept all of it (still mapped): a lie, though an honest return is
+         * held meanwhile. */
+        grant_ok(s, 3, 20 * MiB);
+        figure_ += 20 * MiB;
+        gm_release_range_t r = {.segment_id = 3, .offset = 0, .length = 20 * MiB};
+        size_t bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        CHECK(b_);
+        ck_assert(s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB); /* a liar's: while its process holds device memory */
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
         gm_session_free(s);
         backend_.ops = &fake_backend_ops;
@@ -1312,6 +1367,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
         tcase_add_test(tc, test_ledger_skips_impossible_records);
         tcase_add_test(tc, test_release_checked_by_process_figure);
+        tcase_add_test(tc, test_return_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
