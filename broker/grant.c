@@ -204,6 +204,8 @@ size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *range
         gm_release_verdict_t verdict = returned ? returned_verdict(s, returned, bytes) : GM_RELEASE_GONE;
         if (verdict != GM_RELEASE_GONE && hold_returned(s, returned, bytes, verdict))
                 returned = NULL;
+        else if (verdict == GM_RELEASE_KEPT)
+                s->lied = true; /* not held, but closed all the same */
         while (returned) {
                 gm_piece_t *p = returned;
                 returned = p->queue;
