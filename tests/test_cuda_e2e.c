@@ -567,7 +567,7 @@ START_TEST(test_lying_return_caught_by_nvml) {
         uint64_t released = 0;
         ck_assert_int_eq(gpumem_trim(c, &released), 0);
         ck_assert_uint_gt(released, 0);
-        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 0); /* at once */
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0); /* at once, not at the session's end */
         gpumem_disconnect(c);
 
         CUdeviceptr base;
