@@ -55,6 +55,8 @@ struct gm_tenant {
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
         uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
         uint32_t sessions;
+        uint64_t release_unverified_bytes; /* of charged_bytes: released on its clients' word only, held until their
+                                              sessions end (process_check.c) */
         struct gm_tenant *next;
 };
 
@@ -90,6 +92,7 @@ struct gm_piece {
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
         bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
+        bool unverified;       /* released on the client's unchecked word (held): not counted as mapped by it */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
@@ -373,6 +376,13 @@ typedef struct gm_session_fence {
         uint64_t done;  /* highest one the client reported complete */
 } gm_session_fence_t;
 
+/* A session's process as the driver sees it (process_check.c): its device
+ * memory less what the daemon had mapped into it, read at one moment. */
+typedef struct gm_holder_note {
+        bool noted; /* false: the driver gave no figure */
+        int64_t unaccounted;
+} gm_holder_note_t;
+
 /* Read-only outside the broker. */
 struct gm_session {
         gm_broker_t *broker;
@@ -415,6 +425,8 @@ struct gm_session {
         gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
                                        * out with the next allocation reply */
         size_t n_fences;
+        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
         struct gm_session *prev, *next;
 };
 
@@ -495,10 +507,13 @@ int gm_session_set_local(gm_session_t *s);
 /* A grant: REPLY (out->piece: hand its fd over), PARK or REFUSE (malformed
  * against what the session holds, quota, device), as gm_session_alloc(). */
 void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
-/* The client unmapped and gives back these pieces (ReturnPieces): each goes
- * back to the backend at once, parked requests are retried. Returns how many
- * ranges name no granted piece of that length (left alone); the index of the
- * first in *ret_first_bad. */
+/* The client unmapped and gives back these pieces (ReturnPieces), checked as
+ * a ReleaseAck is (process_check.c): shown gone, they go back to the backend
+ * at once and parked requests are retried; shown still mapped, they stay
+ * charged and s->lied is set (the caller ends the session); where nothing can
+ * tell, they stay charged until the session ends. Returns how many ranges
+ * name no granted piece of that length (left alone); the index of the first
+ * in *ret_first_bad. */
 size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
 /* Page reuse in the client's heap: the granted piece at (from_segment_id,
  * from_offset) now lies at `to` (its size: the piece's), checked as a grant

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "broker-internal.h"
@@ -115,6 +116,8 @@ void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g,
                 return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
         if (!s->local)
                 return gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
+        if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
+                gm_holder_note(s, &s->holder); /* what its process holds before gpumemd's memory */
         gm_request_t rq = {.is_grant = true, .grant = *g};
         if (s->parked) /* in order behind the waiting ones */
                 return gm_session_park(s, request_id, &rq, ret);
@@ -129,8 +132,63 @@ static gm_piece_t *returned_piece(const gm_session_t *s, const gm_release_range_
         return p && p->granted && p->phys.size == range->length ? p : NULL;
 }
 
+/* Checks the returned pieces (linked by ->queue) with the backend, or the
+ * driver's figure against the session's reference. */
+static gm_release_verdict_t returned_verdict(gm_session_t *s, const gm_piece_t *returned, uint64_t bytes) {
+        if (!s->broker->backend->ops->mapped)
+                return gm_release_verdict(s, &s->holder, bytes);
+        for (const gm_piece_t *p = returned; p; p = p->queue)
+                if (gm_piece_still_mapped(s->broker, p))
+                        return GM_RELEASE_KEPT;
+        return GM_RELEASE_GONE;
+}
+
+/* The returned pieces leave the session's grants. */
+static void ungrant(gm_session_t *s, gm_piece_t *p) {
+        p->granted = false;
+        gm_stat_update(&s->grants.bytes, -(int64_t) p->phys.size);
+        if (segment_view(s, p->segment_id).n == 0)
+                gm_stat_update(&s->grants.segments, -1);
+        s->grants.pieces--;
+        s->grants.returned++;
+}
+
+/* Keeps returned pieces charged in a held release (they may still be
+ * mapped: checked as a release's when the session ends); false when it
+ * cannot (they stay granted, charged all the same). */
+static bool hold_returned(gm_session_t *s, gm_piece_t *returned, uint64_t bytes, gm_release_verdict_t verdict) {
+        gm_broker_t *b = s->broker;
+        gm_release_t *rel = calloc(1, sizeof(*rel));
+        if (!rel)
+                return false;
+        rel->id = s->next_release_id++;
+        rel->pieces = returned;
+        rel->bytes = bytes;
+        for (gm_piece_t *p = returned; p; p = p->queue) {
+                ungrant(s, p);
+                p->sent = true; /* its client may map it */
+        }
+        s->releasing_bytes += bytes;
+        b->releasing_bytes += bytes;
+        if (verdict == GM_RELEASE_UNVERIFIED) {
+                gm_release_hold_unverified(s, rel);
+                return true;
+        }
+        rel->held = true;
+        rel->next = s->releases;
+        s->releases = rel;
+        s->lied = true;
+        gm_broker_log(b, LOG_WARNING,
+                      "session %" PRIu64 " (pid %d) returned %" PRIu64
+                      " bytes it still maps: they stay charged while mapped",
+                      s->id, (int) s->pid, bytes);
+        return true;
+}
+
 size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad) {
         size_t bad = 0;
+        gm_piece_t *returned = NULL, **tail = &returned;
+        uint64_t bytes = 0;
         for (size_t i = 0; i < n && !s->ended; i++) {
                 gm_piece_t *p = returned_piece(s, &ranges[i]);
                 if (!p) {
@@ -138,13 +196,26 @@ size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *range
                                 *ret_first_bad = i;
                         continue;
                 }
-                uint64_t size = p->phys.size, segment_id = p->segment_id;
-                gm_piece_release(s, p, false); /* granted, so not sent: back to the backend at once */
-                gm_stat_update(&s->grants.bytes, -(int64_t) size);
-                if (segment_view(s, segment_id).n == 0)
-                        gm_stat_update(&s->grants.segments, -1);
-                s->grants.pieces--;
-                s->grants.returned++;
+                p->state = GM_PIECE_RELEASING; /* charged still; not found again by a repeated range */
+                *tail = p;
+                tail = &p->queue;
+                bytes += p->phys.size;
+        }
+        gm_release_verdict_t verdict = returned ? returned_verdict(s, returned, bytes) : GM_RELEASE_GONE;
+        if (verdict != GM_RELEASE_GONE && hold_returned(s, returned, bytes, verdict))
+                returned = NULL;
+        else if (verdict == GM_RELEASE_KEPT)
+                s->lied = true; /* not held, but closed all the same */
+        while (returned) {
+                gm_piece_t *p = returned;
+                returned = p->queue;
+                p->queue = NULL;
+                if (verdict != GM_RELEASE_GONE) { /* could not be held: it stays granted */
+                        p->state = GM_PIECE_LIVE;
+                        continue;
+                }
+                ungrant(s, p);
+                gm_piece_destroy(s->broker, p); /* back to the backend at once */
         }
         gm_broker_retry_parked(s->broker, false);
         return bad;

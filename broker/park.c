@@ -123,6 +123,7 @@ uint64_t gm_session_ask_reclaim(gm_session_t *s) {
         s->reclaim.id = id;
         s->reclaim.bytes = cached;
         s->reclaim.sent_ms = gm_now_ms();
+        gm_holder_note(s, &s->holder); /* the pieces it returns for this are checked against now */
         gm_session_owes(s);
         if (b->ops.count_reclaim)
                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_REQUESTED);
@@ -235,6 +236,28 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                                ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
+/* Says how much of the memory that could have helped (of `tenant`, NULL:
+ * all) was released on its clients' word only and stays charged. */
+static void name_unverified(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
+        uint64_t bytes = 0;
+        unsigned tenants = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                if ((!tenant || t == tenant) && t->release_unverified_bytes) {
+                        bytes += t->release_unverified_bytes;
+                        tenants++;
+                }
+        if (!bytes)
+                return;
+        char held[32];
+        gm_text_append(buf, len,
+                       " gpumemd: %s of it is memory %s released that cannot be checked as unmapped (no per-process "
+                       "figure from the driver shows it): it stays charged until the releasing sessions end.",
+                       gm_format_size(bytes, held, sizeof(held)),
+                       tenant         ? "this tenant's clients"
+                       : tenants == 1 ? "one tenant's clients"
+                                      : "clients");
+}
+
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the
  * diagnosis) into buf; returns the reason. */
 static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq, int err, char *buf, size_t len) {
@@ -243,10 +266,14 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         client_view(s, &v);
         uint64_t device_free, device_total;
         gm_broker_device_view(b, &device_free, &device_total);
-        uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
+        /* Releases held unverified are not coming back while their sessions last. */
+        uint64_t others_cached = b->releasing_bytes - s->releasing_bytes, others_unverified = 0;
         for (gm_session_t *o = b->sessions; o; o = o->next)
-                if (o != s && !o->ended)
+                if (o != s && !o->ended) {
                         others_cached += cached_bytes(o);
+                        others_unverified += o->release_unverified_bytes;
+                }
+        others_cached -= others_unverified;
         double fraction = b->alloc_config.per_process_memory_fraction;
         gm_oom_report_t r = {
                 .device = b->backend->device,
@@ -283,6 +310,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
                          rq->is_grant ? "granting" : "allocating", rq->is_grant ? rq->grant.piece.size : rq->size);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
+        name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
 }
 

@@ -257,6 +257,12 @@ static void release_complete(gm_session_t *s, gm_release_t *rel) {
         gm_assert(s->releasing_bytes >= rel->bytes && b->releasing_bytes >= rel->bytes);
         s->releasing_bytes -= rel->bytes;
         b->releasing_bytes -= rel->bytes;
+        if (rel->unverified) {
+                gm_assert(s->release_unverified_bytes >= rel->bytes &&
+                          s->tenant->release_unverified_bytes >= rel->bytes);
+                s->release_unverified_bytes -= rel->bytes;
+                s->tenant->release_unverified_bytes -= rel->bytes;
+        }
         while (rel->pieces) {
                 gm_piece_t *p = rel->pieces;
                 rel->pieces = p->queue;
@@ -340,7 +346,7 @@ static int release_send(gm_session_t *s, gm_release_t *rel) {
                 };
         rel->sent_at_ms = gm_now_ms();
         if (rel->attempts == 0)
-                gm_release_note_holder(s, rel);
+                gm_holder_note(s, &rel->holder);
         rel->attempts++;
         gm_session_owes(s);
         int r = b->ops.send_release ? b->ops.send_release(b->ops.userdata, s, rel->id, ranges, n) : 0;
@@ -440,7 +446,10 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                 for (const gm_piece_t *p = rel->pieces; p; p = p->queue)
                         if (!range_named(p, not_released, n_not_released))
                                 acknowledged += p->phys.size;
-                if (gm_release_still_held(s, rel, acknowledged)) {
+                /* Where the backend answered per piece above, it is gone. */
+                gm_release_verdict_t verdict =
+                        b->backend->ops->mapped ? GM_RELEASE_GONE : gm_release_verdict(s, &rel->holder, acknowledged);
+                if (verdict == GM_RELEASE_KEPT) {
                         rel->held = true;
                         s->lied = true;
                         gm_broker_log(b, LOG_WARNING,
@@ -461,7 +470,10 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                         b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_ACKNOWLEDGED);
                 if (kept)
                         hold_not_released(s, rel, kept, not_released, n_not_released);
-                release_complete(s, rel);
+                if (verdict == GM_RELEASE_UNVERIFIED)
+                        gm_release_hold_unverified(s, rel); /* charged until the session ends */
+                else
+                        release_complete(s, rel);
                 gm_broker_retry_parked(b, false);
                 return 0;
         }

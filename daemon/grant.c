@@ -144,6 +144,12 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
         size_t bad = gm_session_return_pieces(c->session, ranges, ret->n_ranges, &first_bad);
         if (c->local)
                 gm_local_exact_sync(c);
+        if (c->session->lied) {
+                gm_request_error(c, request_id, EBUSY,
+                                 "pieces returned, but the memory is still mapped: it stays charged, and this "
+                                 "session ends");
+                return -EBUSY; /* as a lying ReleaseAck: closed, its memory charged while mapped */
+        }
         if (bad)
                 gm_request_error(c, request_id, EINVAL,
                                  "no piece of %" PRIu64 " bytes at %" PRIu64 " of segment %" PRIu64

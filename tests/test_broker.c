@@ -53,12 +53,18 @@ static int fake_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_tota
 static void fake_destroy(gm_backend_t *b) {
 }
 
+/* Per piece, as the host backend answers: nobody maps what was given back. */
+static int fake_mapped(gm_backend_t *b, const gm_phys_t *phys) {
+        return 0;
+}
+
 static const gm_backend_ops_t fake_backend_ops = {
         .name = "fake",
         .create = fake_create,
         .release = fake_release,
         .adopt = fake_adopt,
         .mem_info = fake_mem_info,
+        .mapped = fake_mapped,
         .destroy = fake_destroy,
 };
 
@@ -495,37 +501,59 @@ static uint64_t release_one(gm_session_t *s, bool counted) {
         return host_.releases[before].id;
 }
 
-/* Where the backend cannot tell per piece, the driver's per-process figure
- * decides: believed until one release has shown it counting mappings, then
- * a process whose figure keeps what it acknowledged is a liar, and its
- * memory stays charged while the driver lists the process. */
-START_TEST(test_release_checked_by_process_figure) {
+/* A fresh broker on the figured backend and one session (local or central)
+ * of tenant "a" whose process the driver gives `figure` bytes (its context
+ * and its own allocations). */
+static gm_session_t *figured_session(bool local, uint64_t figure) {
         b_ = gm_broker_free(b_);
         backend_.ops = &figured_backend_ops;
         b_ = broker_new(NULL, 0);
-        gm_session_t *s = session(b_, 1000, "a");
+        gm_session_t *s = local ? local_session(b_, 1000, "a") : session(b_, 1000, "a");
         figure_pid_ = s->pid;
-        figure_ = 300 * MiB; /* its context and its own allocations */
+        figure_ = figure;
+        return s;
+}
 
-        /* A driver that does not count what a process maps: never a liar. */
+/* Where the backend cannot tell per piece, the driver's per-process figure
+ * decides: memory shown to have left the process is released; a process
+ * whose figure keeps what it acknowledged (once one release has shown the
+ * driver counting mappings) is a liar, and its memory stays charged while the
+ * driver lists the process; anything else stays charged until the session
+ * ends (issue #17: the client's word alone is not taken). */
+START_TEST(test_release_checked_by_process_figure) {
+        gm_session_t *s = figured_session(false, 300 * MiB);
+        gm_tenant_t *t = s->tenant;
+
+        /* A driver that does not count what a process maps: nothing shows the
+         * release, so it stays charged (held, not a liar). */
         uint64_t id = release_one(s, false);
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(!b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_uint_eq(s->release_unverified_bytes, 20 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "stays charged until the session ends"));
         CHECK(b_);
 
-        /* An honest acknowledgement shows the figure dropping. */
+        /* An honest acknowledgement shows the figure dropping: released at
+         * once (and the driver shown to count mappings); the held one stays. */
         id = release_one(s, true);
         figure_ -= 20 * MiB;
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(b_->driver_attributes_mappings && !s->lied);
-        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
 
-        /* Other allocations of the process meanwhile (less than it let go). */
+        /* Other allocations of the process meanwhile, or part of it kept: the
+         * figure dropped by less than was acknowledged. Held, not a liar. */
         id = release_one(s, true);
         figure_ -= 20 * MiB;
         figure_ += 8 * MiB;
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(!s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
         CHECK(b_);
 
         /* A liar: its figure keeps all it acknowledged. */
@@ -533,16 +561,82 @@ START_TEST(test_release_checked_by_process_figure) {
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
         ck_assert(s->lied);
         ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
+        ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
         gm_session_end(s);
         CHECK(b_);
-        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB); /* the process still holds device memory */
-        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        /* A liar's memory, held unverified or not, stays while its process
+         * holds device memory. */
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 60 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 60 * MiB);
         gm_broker_tick(b_, gm_now_ms());
-        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 60 * MiB);
         figure_ = 0; /* it exited */
         gm_broker_tick(b_, gm_now_ms());
         CHECK(b_);
-        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+
+        /* An honest session's held release ends with the session. */
+        s = session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = 300 * MiB;
+        b_->driver_attributes_mappings = false;
+        id = release_one(s, false);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
+/* A local session's returned pieces are checked as releases are, against
+ * the reference noted at its first Grant. */
+START_TEST(test_return_checked_by_process_figure) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+
+        /* Honest: mapped, unmapped, returned: the figure shows it gone. */
+        grant_ok(s, 1, 20 * MiB);
+        return_whole(s, 1, 20 * MiB);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        /* Its own allocations meanwhile: the figure did not drop by all of
+         * it. Held until the session ends, not a liar. */
+        grant_ok(s, 2, 20 * MiB);
+        figure_ += 8 * MiB;
+        return_whole(s, 2, 20 * MiB);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_int_eq(s->grants.bytes.current, 0);
+        figure_ -= 8 * MiB;
+
+        /* Kept all of it (still mapped): a lie, though an honest return is
+         * held meanwhile. */
+        grant_ok(s, 3, 20 * MiB);
+        figure_ += 20 * MiB;
+        gm_release_range_t r = {.segment_id = 3, .offset = 0, .length = 20 * MiB};
+        size_t bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        CHECK(b_);
+        ck_assert(s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB); /* a liar's: while its process holds device memory */
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
         gm_session_free(s);
         backend_.ops = &fake_backend_ops;
@@ -1439,6 +1533,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_keeps_pools_through_moves);
         tcase_add_test(tc, test_ledger_pool_records);
         tcase_add_test(tc, test_release_checked_by_process_figure);
+        tcase_add_test(tc, test_return_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);

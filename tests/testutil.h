@@ -60,9 +60,21 @@ void gm_test_raw_send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCa
  * most 5 s (fds it carries are closed). */
 Gpumem__Envelope *gm_test_raw_await_body(int fd, Gpumem__Envelope__BodyCase body_case);
 /* Frees block_id, trims, and acknowledges the release that follows without
- * unmapping anything; asserts that the daemon refuses the word (EBUSY, "still
+ * unmapping anything. */
+void gm_test_raw_acknowledge_mapped(int fd, uint64_t block_id);
+/* The same, asserting that the daemon refuses the word (EBUSY, "still
  * mapped") and closes the connection. */
 void gm_test_raw_lying_release(int fd, uint64_t block_id);
+/* Awaits the daemon's refusal of a word that memory was unmapped (EBUSY,
+ * "still mapped") and asserts the connection closed. */
+void gm_test_raw_assert_caught(int fd);
+/* Sends Hello for a local heap and asserts a local HelloReply. */
+void gm_test_raw_hello_local(int fd);
+/* A local session's Grant of one whole segment `size`: the reply (a
+ * GrantReply or an Error), its fd in *ret_fd (-1 if none). */
+Gpumem__Envelope *gm_test_raw_grant(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, int *ret_fd);
+/* Returns that whole segment (ReturnPieces; no reply unless refused). */
+void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size);
 
 /* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
 uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);
