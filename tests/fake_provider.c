@@ -16,8 +16,9 @@ void fake_done(fake_provider_t *f) {
         *f = (fake_provider_t){0};
 }
 
-/* Grows *arr (elements of `elem` bytes, zero-filled) to hold index `i`. */
-static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
+/* Grows *arr (elements of `elem` bytes) to hold index `i`; the new part is
+ * zero-filled when `zero`. */
+static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem, bool zero) {
         uint64_t n = *cap ? *cap : 64;
 
         if (i < *cap)
@@ -27,31 +28,50 @@ static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
         *arr = realloc(*arr, n * elem);
         if (!*arr)
                 abort();
-        memset((char *) *arr + *cap * elem, 0, (n - *cap) * elem);
+        if (zero)
+                memset((char *) *arr + *cap * elem, 0, (n - *cap) * elem);
         *cap = n;
 }
 
-static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
-                       uint64_t *ret_handle) {
-        fake_provider_t *f = userdata;
-
-        if (size == 0 || offset + size > segment_va_size)
+/* One create call for n pieces of `size` bytes at offset + k * size, all or
+ * nothing; handles are written only on success. */
+static int create_pieces(fake_provider_t *f, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                         uint64_t size, uint64_t n, uint64_t *handles) {
+        if (size == 0 || n == 0 || n > segment_va_size / size || offset > segment_va_size - n * size) {
                 f->errors++;
+                return -EINVAL;
+        }
         if (f->fail_next) {
                 f->fail_next--;
                 return f->fail_error;
         }
-        if (f->live_bytes + size > f->capacity)
+        if (f->live_bytes > f->capacity || n > (f->capacity - f->live_bytes) / size)
                 return -ENOMEM;
-        grow((void **) &f->pieces, &f->cap_pieces, f->n_pieces, sizeof(*f->pieces));
-        grow((void **) &f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live));
-        f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset, size, true};
-        f->seg_live[segment_id]++;
-        f->live_handles++;
-        f->live_bytes += size;
-        f->creates++;
-        *ret_handle = f->n_pieces;
+        grow((void **) &f->pieces, &f->cap_pieces, f->n_pieces + n - 1, sizeof(*f->pieces), false);
+        grow((void **) &f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live), true);
+        for (uint64_t k = 0; k < n; k++) {
+                f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset + k * size, size, true};
+                handles[k] = f->n_pieces;
+        }
+        f->seg_live[segment_id] += n;
+        f->live_handles += n;
+        f->live_bytes += n * size;
+        f->creates += n;
         return 0;
+}
+
+static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
+                       uint64_t *ret_handle) {
+        return create_pieces(userdata, segment_id, segment_va_size, offset, size, 1, ret_handle);
+}
+
+static int fake_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                           uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
+        fake_provider_t *f = userdata;
+
+        f->create_runs++;
+        f->run_pages_max = n_pages > f->run_pages_max ? n_pages : f->run_pages_max;
+        return create_pieces(f, segment_id, segment_va_size, offset, page_size, n_pages, handles);
 }
 
 static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
@@ -103,7 +123,7 @@ static int64_t fake_remap(void *userdata, const uint64_t *handles, uint64_t n_pa
                 f->errors++;
                 return -EINVAL;
         }
-        grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
+        grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live), true);
         for (k = 0; k < n_pages; k++) {
                 uint64_t handle = handles[k], from = from_offset + k * page_size, to = to_offset + k * page_size;
                 fake_piece_t *p;
@@ -171,6 +191,7 @@ static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size,
 gm_provider_t fake_provider(fake_provider_t *f) {
         return (gm_provider_t){
                 .create = fake_create,
+                .create_run = fake_create_run,
                 .release = fake_release,
                 .trace = fake_trace,
                 .remap = fake_remap,
