@@ -225,11 +225,17 @@ void gm_test_raw_hello(int fd, bool admin) {
 }
 
 Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token) {
+        return gm_test_raw_hello_mode(fd, admin, client_name, resume_token, GPUMEM__HEAP_MODE__HEAP_MODE_UNSPECIFIED);
+}
+
+Gpumem__Envelope *gm_test_raw_hello_mode(int fd, bool admin, const char *client_name, const char *resume_token,
+                                         Gpumem__HeapMode heap_mode) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         hello.client_name = (char *) client_name;
         hello.admin = admin;
         hello.resume_token = (char *) (resume_token ? resume_token : "");
+        hello.heap_mode = heap_mode;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 1;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
