@@ -111,12 +111,14 @@ static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t se
         return false;
 }
 
-/* Moves the pages of the run in order; remap_fail_next fails single pages. */
+/* Moves the pages of the run in order, checking each against the ledger;
+ * remap_fail_next fails a whole call, remap_fail_at one page (the run stops
+ * there). */
 static int64_t fake_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
                           uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset,
                           uint64_t page_size, bool from_segment_empty) {
         fake_provider_t *f = userdata;
-        uint64_t k;
+        uint64_t limit = n_pages, k;
 
         f->remap_calls++;
         if (n_pages == 0 || to_offset + n_pages * page_size > to_segment_va_size) {
@@ -124,30 +126,28 @@ static int64_t fake_remap(void *userdata, const uint64_t *handles, uint64_t n_pa
                 return -EINVAL;
         }
         grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live), true);
-        for (k = 0; k < n_pages; k++) {
-                uint64_t handle = handles[k], from = from_offset + k * page_size, to = to_offset + k * page_size;
-                fake_piece_t *p;
+        if (f->remap_fail_next) {
+                f->remap_fail_next--;
+                limit = 0;
+        } else if (f->remap_fail_at > f->remaps && f->remap_fail_at - f->remaps <= n_pages) {
+                limit = f->remap_fail_at - f->remaps - 1;
+        }
+        for (k = 0; k < limit; k++) {
+                uint64_t handle = handles[k], to = to_offset + k * page_size;
+                fake_piece_t *p = handle - 1 < f->n_pieces ? &f->pieces[handle - 1] : NULL; /* handle 0 wraps */
 
-                if (f->remap_fail_next || f->remaps + 1 == f->remap_fail_at) {
-                        f->remap_fail_next -= f->remap_fail_next > 0;
-                        break;
-                }
-                if (handle == 0 || handle > f->n_pieces) {
-                        f->errors++;
-                        break;
-                }
-                p = &f->pieces[handle - 1];
-                if (!p->live || p->segment_id != from_segment || p->offset != from || p->size != page_size ||
+                if (!p || !p->live || p->segment_id != from_segment || p->offset != from_offset + k * page_size ||
+                    p->size != page_size ||
                     (!f->no_overlap_check && overlaps_live(f, handle, to_segment, to, page_size))) {
                         f->errors++;
                         break;
                 }
-                f->seg_live[from_segment]--;
-                f->seg_live[to_segment]++;
                 p->segment_id = to_segment;
                 p->offset = to;
-                f->remaps++;
         }
+        f->seg_live[from_segment] -= k;
+        f->seg_live[to_segment] += k;
+        f->remaps += k;
         if (k == n_pages && from_segment_empty != (f->seg_live[from_segment] == 0))
                 f->errors++;
         return k ? (int64_t) k : -EIO;

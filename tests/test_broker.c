@@ -581,6 +581,47 @@ START_TEST(test_whole_segment_travels_last) {
 }
 END_TEST
 
+/* A central allocation refused with `err`, leaving nothing made, listed or charged. */
+static void refused_with_nothing_made(gm_session_t *s, uint64_t size, int err) {
+        gm_outcome_t out;
+        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, err);
+        CHECK(s->broker);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_ptr_null(gm_session_new_pieces(s));
+}
+
+/* A central page-reuse heap creates a run of 2 MiB pages through one
+ * provider call, all or nothing: a run past the quota is refused with
+ * nothing made or charged, a backend failure part way gives back what it
+ * made, and a run that fits is 8 new pieces for the reply. */
+START_TEST(test_central_run_all_or_nothing) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new("expandable_segments:True,gpumemd_page_reuse:True", 0);
+        gm_tenant_t *t = gm_tenant_get(b_, "a");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 20 * MiB);
+        gm_session_t *s = session(b_, 1000, "a");
+
+        refused_with_nothing_made(s, 32 * MiB, -EDQUOT);
+        create_fails_in_ = 5; /* the fifth of 8 pages */
+        refused_with_nothing_made(s, 16 * MiB, -EIO);
+        ck_assert_int_eq(create_fails_in_, 0);
+
+        alloc_ok(s, 16 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 16 * MiB);
+        size_t n = 0;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                ck_assert_uint_eq(p->phys.size, 2 * MiB);
+                ck_assert(p->in_heap);
+                n++;
+        }
+        ck_assert_uint_eq(n, 8);
+}
+END_TEST
+
 /* What a client-side heap is granted: pieces without a daemon-side heap. */
 START_TEST(test_grant_without_a_heap) {
         gm_tenant_t *t = gm_tenant_get(b_, "local");
@@ -1349,6 +1390,7 @@ static Suite *broker_suite(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_quota_refuses_and_charges_exactly);
         tcase_add_test(tc, test_grant_run_all_or_nothing);
+        tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
