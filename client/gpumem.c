@@ -105,8 +105,9 @@ struct gpumem_client {
         char socket_path[108];
         uint32_t max_packet;
         uint32_t max_fds;
-        uint64_t capacity; /* of the device, from the daemon */
-        int device;        /* the daemon's device index */
+        uint32_t max_grant_pieces; /* pieces one Grant may ask for: max_fds, or 1 from a daemon without runs */
+        uint64_t capacity;         /* of the device, from the daemon */
+        int device;                /* the daemon's device index */
         uint64_t session_id;
         char tenant[64];
         char backend[16];
@@ -1074,8 +1075,8 @@ static bool granted_as_asked(const gpumem_client *c, const Gpumem__GrantReply *g
         return true;
 }
 
-/* One Grant for n pieces from `offset` (n <= max_fds: their fds come in one
- * packet); the reply's mappings are made by whichever thread reads it,
+/* One Grant for n pieces from `offset` (n <= max_grant_pieces: their fds
+ * come in one packet); the reply's mappings are made by whichever thread reads it,
  * before this returns. All or nothing: pieces that cannot all be mapped go
  * back (the run's first with whole_segment when `whole_at_first`). Caller
  * holds heap_lock. */
@@ -1111,7 +1112,7 @@ static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offse
 }
 
 /* Asks the daemon for the heap's pieces, all or nothing: a run of pages in
- * one Grant per max_fds pieces (a piece kept mapped after a failed unmap is
+ * one Grant per max_grant_pieces pieces (a piece kept mapped after a failed unmap is
  * taken back as it is). On failure what was granted goes back. Caller holds
  * heap_lock. */
 static int local_grant(void *ctx, const gm_local_grant_t *g) {
@@ -1128,7 +1129,7 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
                         done++;
                         continue;
                 }
-                while (done + n < g->n_pieces && n < c->max_fds &&
+                while (done + n < g->n_pieces && n < c->max_grant_pieces &&
                        (n == 0 || !kept_piece(c, seg, g->size, offset + n * g->size)))
                         n++;
                 r = grant_run(c, g, offset, n, new_segment && done == 0);
@@ -1399,6 +1400,7 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         const Gpumem__HelloReply *hr = reply->hello_reply;
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
+        c->max_grant_pieces = hr->grant_runs ? c->max_fds : 1;
         snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
         snprintf(c->tenant, sizeof(c->tenant), "%s", hr->tenant ? hr->tenant : "");
         c->device = hr->device;

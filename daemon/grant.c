@@ -63,6 +63,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         reply->heap_mode = GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL;
         reply->alloc_conf = d->broker->alloc_config.raw;
         reply->stats_page_size = GM_STATPAGE_SIZE;
+        reply->grant_runs = true;
         *ret_page_fd = fd;
         return 0;
 }

@@ -310,6 +310,7 @@ static int raw_local_session(uint32_t *ret_max_fds) {
         Gpumem__Envelope *reply = gm_test_raw_hello_mode(fd, false, "raw", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         ck_assert_int_eq(reply->hello_reply->heap_mode, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        ck_assert(reply->hello_reply->grant_runs);
         *ret_max_fds = reply->hello_reply->max_fds;
         gm_msg_free(reply);
         return fd;
