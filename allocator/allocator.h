@@ -48,6 +48,13 @@ typedef struct gm_provider {
          * asking the client to unmap first). Cannot fail. */
         void (*release)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
                         bool whole_segment);
+        /* Optional: gives back a run of n_pages (>= 1) consecutive pages of
+         * an expandable segment at once, page k (handle handles[k]) at
+         * offset + k * page_size, exactly as n_pages release() calls in
+         * that order would, the last carrying `whole_segment` (the others
+         * false). Cannot fail. NULL = one release() per page. */
+        void (*release_run)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size, uint64_t n_pages,
+                            const uint64_t *handles, bool whole_segment);
         /* Optional: one trace event (see gm_trace_action_t); NULL = no tracing. */
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see

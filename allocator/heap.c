@@ -477,12 +477,22 @@ static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
         return i < s->cap_pages && s->page_mapped[i];
 }
 
-/* Gives one page back; the segment's last page carries whole_segment. */
-static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
-        s->page_mapped[i] = 0;
-        s->mapped_pages--;
-        h->prov.release(h->prov.userdata, s->id, i * s->page_size, s->page_size, s->page_handle[i],
-                        s->mapped_pages == 0);
+/* Gives mapped pages [first, end) back, in one provider release_run() (or a
+ * release() per page where it has none); the run carries whole_segment when
+ * it is the segment's last. */
+static void pages_release(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t end) {
+        uint64_t page = s->page_size;
+
+        memset(&s->page_mapped[first], 0, end - first);
+        s->mapped_pages -= end - first;
+        if (h->prov.release_run) {
+                h->prov.release_run(h->prov.userdata, s->id, first * page, page, end - first, &s->page_handle[first],
+                                    s->mapped_pages == 0);
+                return;
+        }
+        for (uint64_t i = first; i < end; i++)
+                h->prov.release(h->prov.userdata, s->id, i * page, page, s->page_handle[i],
+                                s->mapped_pages == 0 && i + 1 == end);
 }
 
 /* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
@@ -567,8 +577,7 @@ static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
         if (begin >= end || reserve_blocks(h, 2) < 0)
                 return 0;
         unmap_range(h, b, begin, end);
-        for (uint64_t i = begin; i < end; i++)
-                page_release(h, s, i);
+        pages_release(h, s, begin, end);
         if (!s->mapped_pages)
                 segment_forget(h, s);
         return (end - begin) * page;
@@ -770,8 +779,8 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         if (r == 0 && i < end)
                 r = create_pages(h, s, i, end);
         if (r < 0) {
-                while (i-- > first)
-                        page_release(h, s, i);
+                if (i > first) /* the pages moved here */
+                        pages_release(h, s, first, i);
                 if (!s->mapped_pages)
                         segment_forget(h, s);
                 return r;

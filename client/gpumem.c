@@ -1040,16 +1040,8 @@ static int post(gpumem_client *c, Gpumem__Envelope *env) {
 
 /* ---- the local heap's side of the wire ---- */
 
-static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
-
-/* Gives back pieces [offset, offset + n * size) of a segment, the last
- * first; the run's first carries whole_segment when `whole_at_first`.
- * Caller holds heap_lock. */
-static void give_back_run(gpumem_client *c, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n,
-                          bool whole_at_first) {
-        while (n-- > 0)
-                local_give_back(c, segment_id, offset + n * size, size, whole_at_first && n == 0);
-}
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                            bool whole_segment);
 
 /* Whether the piece at `offset` of a segment failed to unmap and is still
  * mapped here (so still granted: the heap may take it back as it is). */
@@ -1078,8 +1070,8 @@ static bool granted_as_asked(const gpumem_client *c, const Gpumem__GrantReply *g
 /* One Grant for n pieces from `offset` (n <= max_grant_pieces: their fds
  * come in one packet); the reply's mappings are made by whichever thread reads it,
  * before this returns. All or nothing: pieces that cannot all be mapped go
- * back (the run's first with whole_segment when `whole_at_first`). Caller
- * holds heap_lock. */
+ * back (with whole_segment when `whole_at_first`: the segment had no piece
+ * before). Caller holds heap_lock. */
 static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offset, uint64_t n, bool whole_at_first) {
         Gpumem__Grant grant = GPUMEM__GRANT__INIT;
         grant.segment_id = g->segment_id;
@@ -1098,14 +1090,14 @@ static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offse
         if (r < 0 && c->grant_unmapped) {
                 /* Granted but not mappable here: the daemon takes them back. */
                 c->grant_unmapped = false;
-                give_back_run(c, g->segment_id, offset, g->size, n, whole_at_first);
+                local_give_back(c, g->segment_id, offset, g->size, n, whole_at_first);
         }
         if (r < 0)
                 return r;
         bool mapped = granted_as_asked(c, reply->grant_reply, g, offset, n);
         gm_msg_free(reply);
         if (!mapped) {
-                give_back_run(c, g->segment_id, offset, g->size, n, whole_at_first);
+                local_give_back(c, g->segment_id, offset, g->size, n, whole_at_first);
                 return set_error(c, -EPROTO, "gpumem: the daemon granted another piece than asked for");
         }
         return 0;
@@ -1136,33 +1128,48 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
                 done += r == 0 ? n : 0;
         }
         if (r < 0)
-                give_back_run(c, g->segment_id, g->offset, g->size, done, new_segment);
+                local_give_back(c, g->segment_id, g->offset, g->size, done, new_segment);
         return r;
 }
 
-/* Unmaps a piece and tells the daemon it is free. Caller holds heap_lock. */
-static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment) {
+/* Ranges one ReturnPieces names here (the daemon takes up to 512); on the
+ * stack of the application's thread. */
+#define RETURNS_PER_MESSAGE 64
+
+/* Unmaps pieces [offset, offset + n_pieces * size) of a segment and tells
+ * the daemon they are free, one ReturnPieces per RETURNS_PER_MESSAGE (the
+ * last piece carries whole_segment). Caller holds heap_lock. */
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                            bool whole_segment) {
         gpumem_client *c = ctx;
-        Gpumem__Range range = GPUMEM__RANGE__INIT;
-        range.segment_id = segment_id;
-        range.offset = offset;
-        range.length = size;
-        range.whole_segment = whole_segment;
-        Gpumem__Range *ranges[1] = {&range};
-        Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
-        ret.n_ranges = 1;
-        ret.ranges = ranges;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
-        env.return_pieces = &ret;
+        Gpumem__Range ranges[RETURNS_PER_MESSAGE], *ptrs[RETURNS_PER_MESSAGE];
+        size_t n = 0;
         pthread_mutex_lock(&c->lock);
-        /* Never acknowledged unmapped when it is not: the daemon would hand
-         * the memory to the driver (and another process) under a mapping. A
-         * segment unknown here never mapped. */
-        if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, &range))
+        for (uint64_t k = 0; k < n_pieces; k++) {
+                Gpumem__Range *range = &ranges[n];
+                gpumem__range__init(range);
+                range->segment_id = segment_id;
+                range->offset = offset + k * size;
+                range->length = size;
+                range->whole_segment = whole_segment && k + 1 == n_pieces;
+                /* Never acknowledged unmapped when it is not: the daemon would
+                 * hand the memory to the driver (and another process) under a
+                 * mapping. A segment unknown here never mapped. */
+                if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, range))
+                        ptrs[n++] = range;
+                else
+                        c->kept_bytes += size;
+                if (n == 0 || (n < RETURNS_PER_MESSAGE && k + 1 < n_pieces))
+                        continue;
+                Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
+                ret.n_ranges = n;
+                ret.ranges = ptrs;
+                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+                env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
+                env.return_pieces = &ret;
                 post_locked(c, &env);
-        else
-                c->kept_bytes += size;
+                n = 0;
+        }
         pthread_mutex_unlock(&c->lock);
 }
 

@@ -55,8 +55,11 @@ typedef struct gm_local_ops {
          * or -ENOMEM / -EDQUOT (refused; enters the heap's retry ladder), or
          * another -errno, with none of them kept. */
         int (*grant)(void *ctx, const gm_local_grant_t *grant);
-        /* Unmaps the piece and gives it back to the daemon. Cannot fail. */
-        void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
+        /* Unmaps n_pieces pieces of `size` bytes at offset + k * size of one
+         * segment and gives them back to the daemon (the last carries
+         * whole_segment). Cannot fail. */
+        void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                          bool whole_segment);
         /* Page reuse (optional; NULL leaves the mode inactive): moves the
          * run's pieces here, in order, and tells the daemon. Returns how many
          * moved (the first ones), or a negative errno with none moved (the

@@ -98,6 +98,18 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
                 f->errors++;
 }
 
+static void fake_release_run(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size, uint64_t n_pages,
+                             const uint64_t *handles, bool whole_segment) {
+        fake_provider_t *f = userdata;
+
+        f->release_runs++;
+        if (n_pages == 0)
+                f->errors++;
+        for (uint64_t k = 0; k < n_pages; k++)
+                fake_release(f, segment_id, offset + k * page_size, page_size, handles[k],
+                             whole_segment && k + 1 == n_pages);
+}
+
 /* Whether a live piece other than `handle` covers [offset, offset+size) of segment_id. */
 static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t segment_id, uint64_t offset,
                           uint64_t size) {
@@ -193,6 +205,7 @@ gm_provider_t fake_provider(fake_provider_t *f) {
                 .create = fake_create,
                 .create_run = fake_create_run,
                 .release = fake_release,
+                .release_run = fake_release_run,
                 .trace = fake_trace,
                 .remap = fake_remap,
                 .stream_fence = fake_stream_fence,

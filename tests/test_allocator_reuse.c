@@ -267,6 +267,8 @@ START_TEST(test_reuse_pattern) {
                 free_ok(big[i].block_id, false);
         ck_assert_uint_eq(gm_heap_release_cached(H), 192 * MiB);
         ck_assert_uint_eq(F.live_handles, 0);
+        ck_assert_uint_eq(F.releases, 96);
+        ck_assert_uint_eq(F.release_runs, 4); /* one call per mapped range */
         ck_assert_uint_eq(F.whole_releases, 1);
 }
 END_TEST
