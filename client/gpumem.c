@@ -1143,10 +1143,14 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
                             bool whole_segment) {
         gpumem_client *c = ctx;
         Gpumem__Range ranges[RETURNS_PER_MESSAGE], *ptrs[RETURNS_PER_MESSAGE];
-        size_t n = 0;
+        Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
+        env.return_pieces = &ret;
+        ret.ranges = ptrs;
         pthread_mutex_lock(&c->lock);
         for (uint64_t k = 0; k < n_pieces; k++) {
-                Gpumem__Range *range = &ranges[n];
+                Gpumem__Range *range = &ranges[ret.n_ranges];
                 gpumem__range__init(range);
                 range->segment_id = segment_id;
                 range->offset = offset + k * size;
@@ -1156,19 +1160,13 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
                  * hand the memory to the driver (and another process) under a
                  * mapping. A segment unknown here never mapped. */
                 if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, range))
-                        ptrs[n++] = range;
+                        ptrs[ret.n_ranges++] = range;
                 else
                         c->kept_bytes += size;
-                if (n == 0 || (n < RETURNS_PER_MESSAGE && k + 1 < n_pieces))
-                        continue;
-                Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
-                ret.n_ranges = n;
-                ret.ranges = ptrs;
-                Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-                env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
-                env.return_pieces = &ret;
-                post_locked(c, &env);
-                n = 0;
+                if (ret.n_ranges == RETURNS_PER_MESSAGE || (ret.n_ranges && k + 1 == n_pieces)) {
+                        post_locked(c, &env);
+                        ret.n_ranges = 0;
+                }
         }
         pthread_mutex_unlock(&c->lock);
 }
