@@ -74,9 +74,9 @@ static int fake_create_run(void *userdata, uint64_t segment_id, uint64_t segment
         return create_pieces(f, segment_id, segment_va_size, offset, page_size, n_pages, handles);
 }
 
-static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
-                         bool whole_segment) {
-        fake_provider_t *f = userdata;
+/* One piece goes back, checked against the ledger. */
+static void release_piece(fake_provider_t *f, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                          bool whole_segment) {
         fake_piece_t *p;
 
         f->releases++;
@@ -98,6 +98,11 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
                 f->errors++;
 }
 
+static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                         bool whole_segment) {
+        release_piece(userdata, segment_id, offset, size, handle, whole_segment);
+}
+
 static void fake_release_run(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size, uint64_t n_pages,
                              const uint64_t *handles, bool whole_segment) {
         fake_provider_t *f = userdata;
@@ -106,8 +111,8 @@ static void fake_release_run(void *userdata, uint64_t segment_id, uint64_t offse
         if (n_pages == 0)
                 f->errors++;
         for (uint64_t k = 0; k < n_pages; k++)
-                fake_release(f, segment_id, offset + k * page_size, page_size, handles[k],
-                             whole_segment && k + 1 == n_pages);
+                release_piece(f, segment_id, offset + k * page_size, page_size, handles[k],
+                              whole_segment && k + 1 == n_pages);
 }
 
 /* Whether a live piece other than `handle` covers [offset, offset+size) of segment_id. */
