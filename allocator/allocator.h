@@ -253,6 +253,11 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
  * those for small-pool segments). */
 int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                     bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces);
+/* The pool of segment `segment_id`, for whoever keeps a record to restore
+ * from (an ordinary segment is known once its create() returned, an
+ * expandable one before its first page is created). -ENOENT when the heap
+ * has no such segment. */
+int gm_heap_segment_pool(const gm_heap_t *h, uint64_t segment_id, bool *ret_small_pool);
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
                           uint64_t requested_size, bool pending);
 int gm_heap_restore_finish(gm_heap_t *h);

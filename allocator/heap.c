@@ -1583,6 +1583,14 @@ static gm_segment_t *segment_find(const gm_heap_t *h, uint64_t id) {
         return NULL;
 }
 
+int gm_heap_segment_pool(const gm_heap_t *h, uint64_t segment_id, bool *ret_small_pool) {
+        const gm_segment_t *s = segment_find(h, segment_id);
+        if (!s)
+                return -ENOENT;
+        *ret_small_pool = s->small;
+        return 0;
+}
+
 /* Blocks for runs of equally mapped pages of a restored expandable segment. */
 static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
         gm_block_t *last = NULL;

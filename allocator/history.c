@@ -61,7 +61,7 @@ struct gm_history {
         size_t frame_bytes, frame_bytes_limit;
         uint64_t next_stack_id, next_seq;
         table_t strings, stacks;
-        gm_u64map_t owners; /* pid + 1 -> owner_t */
+        gm_u64map_t owners; /* pid -> owner_t */
         owner_t **heap;     /* max-heap of owners by len: heap[0] holds the most entries */
         size_t n_owners, cap_owners;
 };
@@ -296,7 +296,7 @@ static void heap_down(gm_history_t *h, size_t pos) {
 /* Forgets an owner with no entries left. */
 static void owner_remove(gm_history_t *h, owner_t *o) {
         size_t pos = o->heap_pos;
-        gm_u64map_remove(&h->owners, (uint64_t) o->pid + 1);
+        gm_u64map_remove(&h->owners, o->pid);
         h->n_owners--;
         if (pos < h->n_owners) {
                 owner_t *moved = h->heap[h->n_owners];
@@ -310,7 +310,7 @@ static void owner_remove(gm_history_t *h, owner_t *o) {
 
 /* The owner of pid's entries, created when absent (NULL: -ENOMEM). */
 static owner_t *owner_get(gm_history_t *h, uint32_t pid) {
-        owner_t *o = gm_u64map_get(&h->owners, (uint64_t) pid + 1);
+        owner_t *o = gm_u64map_get(&h->owners, pid);
         if (o)
                 return o;
         if (h->n_owners == h->cap_owners) {
@@ -322,7 +322,7 @@ static owner_t *owner_get(gm_history_t *h, uint32_t pid) {
                 h->cap_owners = cap;
         }
         o = calloc(1, sizeof(*o));
-        if (!o || gm_u64map_put(&h->owners, (uint64_t) pid + 1, o) < 0) {
+        if (!o || gm_u64map_put(&h->owners, pid, o) < 0) {
                 free(o);
                 return NULL;
         }

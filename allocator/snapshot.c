@@ -218,24 +218,34 @@ int gm_snapshot_data_add_trace(gm_snapshot_data_t *d, const gm_history_entry_t *
         return 0;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
-        return (x > y) - (x < y);
+/* pid -> its first owner (in d->owners, which must not grow while the map
+ * is in use). */
+static int index_owners_by_pid(const gm_snapshot_data_t *d, gm_u64map_t *ret_map) {
+        gm_u64map_t m = {0};
+        int r = gm_u64map_reserve(&m, d->n_owners);
+        for (size_t i = 0; r == 0 && i < d->n_owners; i++)
+                if (!gm_u64map_find(&m, d->owners[i].pid, NULL))
+                        r = gm_u64map_put(&m, d->owners[i].pid, (void *) &d->owners[i]);
+        if (r < 0) {
+                gm_u64map_done(&m);
+                return r;
+        }
+        *ret_map = m;
+        return 0;
 }
 
 typedef struct history_copy {
         gm_snapshot_data_t *d;
-        const uint32_t *pids; /* sorted; NULL = every entry */
-        size_t n_pids;
-        gm_u64map_t stacks; /* frames_id -> index + 1 of its first trace in d */
-        uint64_t last_us;   /* times are made non-decreasing, so sorting by time keeps this order */
+        const gm_u64map_t *owners; /* the pids whose entries are copied; NULL = every entry */
+        gm_u64map_t stacks;        /* frames_id -> index + 1 of its first trace in d */
+        uint64_t last_us;          /* times are made non-decreasing, so sorting by time keeps this order */
         int error;
 } history_copy_t;
 
 static void copy_entry(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames, void *userdata) {
         history_copy_t *x = userdata;
         gm_snapshot_data_t *d = x->d;
-        if (x->error || (x->pids && !bsearch(&e->pid, x->pids, x->n_pids, sizeof(*x->pids), cmp_u32)))
+        if (x->error || (x->owners && !gm_u64map_find(x->owners, e->pid, NULL)))
                 return;
         gm_history_entry_t entry = *e;
         if (entry.time_us < x->last_us)
@@ -258,23 +268,19 @@ static void copy_entry(const gm_history_entry_t *e, const gm_frame_t *frames, si
 }
 
 int gm_snapshot_data_add_history(gm_snapshot_data_t *d, const gm_history_t *h, bool only_owned) {
-        history_copy_t x = {.d = d};
-        uint32_t *pids = NULL;
         if (!h)
                 return 0;
+        history_copy_t x = {.d = d};
+        gm_u64map_t owners = {0};
         if (only_owned) {
-                pids = malloc((d->n_owners + 1) * sizeof(*pids));
-                if (!pids)
-                        return -ENOMEM;
-                for (size_t i = 0; i < d->n_owners; i++)
-                        pids[i] = d->owners[i].pid;
-                qsort(pids, d->n_owners, sizeof(*pids), cmp_u32);
-                x.pids = pids;
-                x.n_pids = d->n_owners;
+                int r = index_owners_by_pid(d, &owners);
+                if (r < 0)
+                        return r;
+                x.owners = &owners;
         }
         gm_history_foreach(h, copy_entry, &x);
         gm_u64map_done(&x.stacks);
-        free(pids);
+        gm_u64map_done(&owners);
         return x.error;
 }
 
@@ -302,8 +308,7 @@ typedef struct render {
         const gm_snapshot_options_t *o;
         alloc_frames_t *allocs; /* sorted by address */
         size_t n_allocs;
-        uint32_t *owner_of_pid; /* sorted (pid, owner) pairs, 2 words each */
-        size_t n_pids;
+        gm_u64map_t owners_by_pid; /* pid -> its first owner_rec_t, for trace entries */
 } render_t;
 
 static int cmp_seg_addr(const void *a, const void *b) {
@@ -357,38 +362,8 @@ static const trace_rec_t *alloc_find(const render_t *r, uint64_t addr) {
         return lo < r->n_allocs && r->allocs[lo].addr == addr ? &r->d->traces[r->allocs[lo].trace] : NULL;
 }
 
-static int cmp_pid_pair(const void *a, const void *b) {
-        const uint32_t *x = a, *y = b;
-        if (x[0] != y[0])
-                return (x[0] > y[0]) - (x[0] < y[0]);
-        return (x[1] > y[1]) - (x[1] < y[1]);
-}
-
-/* pid -> its first owner, for trace entries. */
-static int build_pid_index(render_t *r) {
-        const gm_snapshot_data_t *d = r->d;
-        r->owner_of_pid = malloc((d->n_owners + 1) * 2 * sizeof(uint32_t));
-        if (!r->owner_of_pid)
-                return -ENOMEM;
-        for (size_t i = 0; i < d->n_owners; i++) {
-                r->owner_of_pid[2 * i] = d->owners[i].pid;
-                r->owner_of_pid[2 * i + 1] = (uint32_t) i;
-        }
-        qsort(r->owner_of_pid, d->n_owners, 2 * sizeof(uint32_t), cmp_pid_pair);
-        r->n_pids = d->n_owners;
-        return 0;
-}
-
 static const owner_rec_t *owner_of_pid(const render_t *r, uint32_t pid) {
-        size_t lo = 0, hi = r->n_pids;
-        while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (r->owner_of_pid[2 * mid] < pid)
-                        lo = mid + 1;
-                else
-                        hi = mid;
-        }
-        return lo < r->n_pids && r->owner_of_pid[2 * lo] == pid ? &r->d->owners[r->owner_of_pid[2 * lo + 1]] : NULL;
+        return gm_u64map_get(&r->owners_by_pid, pid);
 }
 
 static const char *state_name(gm_block_state_t state) {
@@ -679,7 +654,7 @@ int gm_snapshot_render(gm_snapshot_data_t *d, const gm_snapshot_options_t *o, ch
         /* Sources (the device's ring, each local session's) merge by time. */
         if (d->n_traces > 1)
                 qsort(d->traces, d->n_traces, sizeof(*d->traces), cmp_trace_time);
-        if ((ret = build_alloc_index(&r)) < 0 || (ret = build_pid_index(&r)) < 0)
+        if ((ret = build_alloc_index(&r)) < 0 || (ret = index_owners_by_pid(r.d, &r.owners_by_pid)) < 0)
                 goto finish;
         ret = gm_pickler_init(&r.w, o->format == GM_SNAPSHOT_JSON ? GM_PICKLE_FORMAT_JSON : GM_PICKLE_FORMAT_PICKLE);
         if (ret < 0)
@@ -709,7 +684,7 @@ int gm_snapshot_render(gm_snapshot_data_t *d, const gm_snapshot_options_t *o, ch
         }
 finish:
         free(r.allocs);
-        free(r.owner_of_pid);
+        gm_u64map_done(&r.owners_by_pid);
         return ret;
 }
 

@@ -76,6 +76,7 @@ typedef struct gm_ledger_entry {
         char token[GM_TOKEN_LEN + 1];
         unsigned uid;
         uint64_t segment_id, offset, size, va_size;
+        gm_piece_pool_t pool;
 } gm_ledger_entry_t;
 
 void gm_broker_log(const gm_broker_t *b, int priority, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -106,7 +107,7 @@ void gm_piece_granted(gm_session_t *s, gm_piece_t *p);
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
 /* A stored piece's place changed (page reuse): journalled anew. */
-void gm_ledger_moved(gm_broker_t *b, const gm_piece_t *p);
+void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p);
 /* Journals a session's token and uid at its start, and its end (unless the
  * broker is stopping: then its client may claim it from the next daemon). */
 void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);

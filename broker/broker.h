@@ -70,6 +70,14 @@ typedef enum gm_piece_state {
         GM_PIECE_RELEASING,  /* asked back, awaiting the client's ReleaseAck */
 } gm_piece_state_t;
 
+/* The heap pool of a piece's segment as the restart ledger knows it. */
+typedef enum gm_piece_pool {
+        GM_POOL_UNKNOWN, /* a local session's (its client's heap knows), an ordinary segment's (its size
+                          * tells), or journaled by a daemon that did not record pools */
+        GM_POOL_SMALL,
+        GM_POOL_LARGE,
+} gm_piece_pool_t;
+
 /* One backend allocation: a whole segment, or one page of an expandable
  * segment. Read-only outside the broker. */
 struct gm_piece {
@@ -84,6 +92,7 @@ struct gm_piece {
         bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
+        gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -517,8 +526,12 @@ typedef struct gm_reattach_range {
         uint64_t offset;
         uint64_t length;
 } gm_reattach_range_t;
+/* A central session's segment: each range must be a piece the ledger gives
+ * the session (-ENOENT), and the segment is restored in the pool its journal
+ * records name (inferred from the page size where they name none; -EINVAL
+ * with the reason in *ret_why where they name both). */
 int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                                const gm_reattach_range_t *mapped, size_t n_mapped);
+                                const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why);
 /* A re-attaching local session reports a piece it maps: checked as a grant
  * (-EINVAL), it is LIVE again, charged, granted, and released at once by
  * gm_piece_release() (its client gives pieces back unmapped). */

@@ -5,12 +5,16 @@
  * handed to the host's fd store (systemd's, through ops->store_add) as
  * "seg-<store id>" (short: every name of the store comes back in one
  * LISTEN_FDNAMES variable), and an append-only journal (<socket>.ledger) says
- * whose each one is ("+ id token uid segment offset size va_size", "- id");
- * it also keeps runtime quotas ("q tenant bytes"). After a restart (crash or
- * upgrade) the pieces come back as orphans, and each client that reconnects
- * with its session token re-attaches: it reports the segments and blocks it
- * holds, the pieces it names are adopted, the heap is rebuilt, and pointers,
- * data and accounting carry on. A piece with no handle in the store (no
+ * whose each one is ("+ id token uid segment offset size va_size [pool]",
+ * "- id"; the pool, "small" or "large", of a page of a central heap's
+ * expandable segment: with page reuse both pools have 2 MiB pages, so only
+ * the journal tells); it also keeps runtime quotas ("q tenant bytes"). After
+ * a restart (crash or upgrade) the pieces come back as orphans, and each
+ * client that reconnects with its session token re-attaches: it reports the
+ * segments and blocks it holds, the pieces it names are adopted, the heap is
+ * rebuilt (each segment in the pool its records name), and pointers, data
+ * and accounting carry on. The client reports no pool: only a session the
+ * journal names can re-attach, so the journal always has the say. A piece with no handle in the store (no
  * store, a full one) is journaled all the same: after a restart that record
  * is what the client's report must match, piece by piece, to re-register the
  * memory (accounted, with no handle here: the client's mapping is the only
@@ -82,9 +86,63 @@ static void ledger_append(gm_broker_t *b, const char *fmt, ...) {
                 b->ledger_lines++;
 }
 
+static const char *const POOL_NAMES[] = {[GM_POOL_SMALL] = "small", [GM_POOL_LARGE] = "large"};
+
 static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
-        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", e->store_id, e->token,
-                      e->uid, e->segment_id, e->offset, e->size, e->va_size);
+        bool pool = e->pool == GM_POOL_SMALL || e->pool == GM_POOL_LARGE;
+        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "%s%s\n", e->store_id,
+                      e->token, e->uid, e->segment_id, e->offset, e->size, e->va_size, pool ? " " : "",
+                      pool ? POOL_NAMES[e->pool] : "");
+}
+
+/* A "+" line as append_piece() writes it, newline included (a torn last
+ * line is no record), with or without the pool (older daemons wrote none). */
+static bool parse_piece(const char *line, gm_ledger_entry_t *e) {
+        int end = 0;
+        if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 "%n", &e->store_id,
+                   e->token, &e->uid, &e->segment_id, &e->offset, &e->size, &e->va_size, &end) != 7 ||
+            end == 0)
+                return false;
+        const char *rest = line + end;
+        e->pool = GM_POOL_UNKNOWN;
+        if (strcmp(rest, "\n") == 0)
+                return true;
+        for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
+                size_t len = strlen(POOL_NAMES[pool]);
+                if (rest[0] == ' ' && strncmp(rest + 1, POOL_NAMES[pool], len) == 0 &&
+                    strcmp(rest + 1 + len, "\n") == 0) {
+                        e->pool = (gm_piece_pool_t) pool;
+                        return true;
+                }
+        }
+        return false;
+}
+
+/* The pool of p's segment where the session's central heap is the only
+ * one to know it: a page of an expandable segment. An ordinary segment's
+ * size tells its pool, and a local session's pools are its client's heap's,
+ * which outlives the daemon. */
+static gm_piece_pool_t heap_pool(const gm_session_t *s, const gm_piece_t *p) {
+        bool small;
+        if (!s || !s->heap || (p->offset == 0 && p->phys.size == p->segment_va_size) ||
+            gm_heap_segment_pool(s->heap, p->segment_id, &small) < 0)
+                return GM_POOL_UNKNOWN;
+        return small ? GM_POOL_SMALL : GM_POOL_LARGE;
+}
+
+/* p's journal entry (id: its store or record id), owned by `token`/`uid`. */
+static gm_ledger_entry_t piece_entry(const gm_piece_t *p, uint64_t id, const char *token, uid_t uid) {
+        gm_ledger_entry_t e = {
+                .store_id = id,
+                .uid = (unsigned) uid,
+                .segment_id = p->segment_id,
+                .offset = p->offset,
+                .size = p->phys.size,
+                .va_size = p->segment_va_size,
+                .pool = p->pool,
+        };
+        snprintf(e.token, sizeof(e.token), "%s", token);
+        return e;
 }
 
 void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes) {
@@ -98,15 +156,7 @@ void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes)
 static void append_live(gm_broker_t *b, const gm_piece_t *pieces, const char *token, uid_t uid) {
         for (const gm_piece_t *p = pieces; p; p = p->next)
                 if (p->store_id || p->record_id) {
-                        gm_ledger_entry_t e = {
-                                .store_id = p->store_id ? p->store_id : p->record_id,
-                                .uid = (unsigned) uid,
-                                .segment_id = p->segment_id,
-                                .offset = p->offset,
-                                .size = p->phys.size,
-                                .va_size = p->segment_va_size,
-                        };
-                        snprintf(e.token, sizeof(e.token), "%s", token);
+                        gm_ledger_entry_t e = piece_entry(p, p->store_id ? p->store_id : p->record_id, token, uid);
                         append_piece(b, &e);
                 }
 }
@@ -200,15 +250,8 @@ void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s) {
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
         if (p->phys.fd < 0 || b->ledger_fd < 0)
                 return;
-        gm_ledger_entry_t e = {
-                .store_id = ++b->next_store_id,
-                .uid = (unsigned) s->uid,
-                .segment_id = p->segment_id,
-                .offset = p->offset,
-                .size = p->phys.size,
-                .va_size = p->segment_va_size,
-        };
-        snprintf(e.token, sizeof(e.token), "%s", s->token);
+        p->pool = heap_pool(s, p);
+        gm_ledger_entry_t e = piece_entry(p, ++b->next_store_id, s->token, s->uid);
         append_piece(b, &e);
         bool store = b->ops.store_add && b->store_max;
         if (store && b->n_stored >= b->store_max) {
@@ -259,21 +302,15 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
         ledger_forget(b, store_id);
 }
 
-void gm_ledger_moved(gm_broker_t *b, const gm_piece_t *p) {
-        if (!p->store_id || !p->session)
+void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p) {
+        uint64_t id = p->store_id ? p->store_id : p->record_id; /* a record is claimed by its place too */
+        if (!id || !p->session)
                 return;
-        gm_ledger_entry_t e = {
-                .store_id = p->store_id,
-                .uid = (unsigned) p->session->uid,
-                .segment_id = p->segment_id,
-                .offset = p->offset,
-                .size = p->phys.size,
-                .va_size = p->segment_va_size,
-        };
-        snprintf(e.token, sizeof(e.token), "%s", p->session->token);
+        p->pool = heap_pool(p->session, p); /* the pool of the segment it moved to */
+        gm_ledger_entry_t e = piece_entry(p, id, p->session->token, p->session->uid);
         /* The new entry first: a reader's "-" drops the oldest entry of an id. */
         append_piece(b, &e);
-        ledger_forget(b, p->store_id);
+        ledger_forget(b, id);
 }
 
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
@@ -290,8 +327,7 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                 gm_ledger_entry_t e = {0};
                 char tenant[64];
                 uint64_t v;
-                if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &e.store_id,
-                           e.token, &e.uid, &e.segment_id, &e.offset, &e.size, &e.va_size) == 7) {
+                if (parse_piece(line, &e)) {
                         if (!entry_valid(&e))
                                 continue; /* what no daemon writes: nobody can claim it */
                         if (b->n_ledger == cap) {
@@ -564,6 +600,7 @@ static int claim_piece(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t 
         if (!p)
                 return -ENOMEM;
         p->record_id = rec->store_id; /* its journal line stays true: same token, same coordinates */
+        p->pool = rec->pool;
         b->n_recorded++;
         *rec = b->records[--b->n_records];
         *ret_piece = p;
@@ -578,13 +615,7 @@ static void unclaim_piece(gm_session_t *s, gm_piece_t *p) {
                         gm_ledger_entry_t *n = realloc(b->records, (b->n_records + 1) * sizeof(*n));
                         if (n) {
                                 b->records = n;
-                                n[b->n_records++] = (gm_ledger_entry_t){.store_id = p->record_id,
-                                                                        .uid = (unsigned) s->uid,
-                                                                        .segment_id = p->segment_id,
-                                                                        .offset = p->offset,
-                                                                        .size = p->phys.size,
-                                                                        .va_size = p->segment_va_size};
-                                snprintf(n[b->n_records - 1].token, sizeof(n->token), "%s", s->token);
+                                n[b->n_records++] = piece_entry(p, p->record_id, s->token, s->uid);
                                 p->record_id = 0; /* still journaled, as the record */
                                 b->n_recorded--;
                         }
@@ -603,8 +634,23 @@ int gm_session_reattach_count(gm_session_t *s, uint64_t n) {
         return s->reattach_items > s->broker->limits.max_reattach_items ? -E2BIG : 0;
 }
 
+/* The pool the journal records of a segment's claimed pieces name. */
+static int claimed_pool(gm_piece_t *const *claimed, size_t n, gm_piece_pool_t *ret_pool, const char **ret_why) {
+        gm_piece_pool_t pool = GM_POOL_UNKNOWN;
+        for (size_t i = 0; i < n; i++) {
+                if (claimed[i]->pool != GM_POOL_UNKNOWN && pool != GM_POOL_UNKNOWN && claimed[i]->pool != pool) {
+                        *ret_why = "the ledger records its pieces in both pools";
+                        return -EINVAL;
+                }
+                if (claimed[i]->pool != GM_POOL_UNKNOWN)
+                        pool = claimed[i]->pool;
+        }
+        *ret_pool = pool;
+        return 0;
+}
+
 int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                                const gm_reattach_range_t *mapped, size_t n_mapped) {
+                                const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why) {
         enum { MAX_PIECES = 1 << 16 };
         if (!s->reattaching)
                 return -EPROTO;
@@ -641,13 +687,22 @@ int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t v
                 rp[i] = (gm_restore_piece_t){
                         .offset = m->offset, .size = m->length, .handle = (uint64_t) (uintptr_t) claimed[i]};
         }
+        gm_piece_pool_t pool = GM_POOL_UNKNOWN;
         if (r == 0)
+                r = claimed_pool(claimed, n_mapped, &pool, ret_why);
+        if (r == 0 && pool == GM_POOL_UNKNOWN) /* no record names it: as the page size says */
                 r = gm_heap_restore_segment(heap, segment_id, va_size, stream, rp, n_mapped);
+        else if (r == 0)
+                r = gm_heap_restore_segment_in_pool(heap, segment_id, va_size, stream, pool == GM_POOL_SMALL, rp,
+                                                    n_mapped);
         for (size_t i = 0; claimed && i < n_mapped && claimed[i]; i++) {
                 if (r < 0)
                         unclaim_piece(s, claimed[i]);
-                else
+                else {
+                        if (pool != GM_POOL_UNKNOWN) /* a piece an older daemon journaled learns it too */
+                                claimed[i]->pool = pool;
                         gm_piece_claimed(s, claimed[i]);
+                }
         }
         free(rp);
         free(claimed);

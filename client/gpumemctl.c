@@ -84,8 +84,11 @@ static int no_more_args(const char *cmd, int argc, char **argv, int first) {
 }
 
 int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
+        int r = ctl_connect(c);
+        if (r)
+                return r;
         env->request_id = ++c->next_id;
-        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         if (r == -EPIPE)
                 r = 0; /* a daemon that refused the connection at once left its reason to read */
         uint8_t *buf = malloc(c->max_packet);
@@ -153,9 +156,11 @@ int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
         return 0;
 }
 
-/* Connects to the daemon at `path`, else to the one of GPU `device` (-1: the
- * default socket, $GPUMEM_SOCKET first). */
-static int ctl_open(const char *path, int device, ctl_t *c) {
+int ctl_connect(ctl_t *c) {
+        if (c->fd >= 0)
+                return 0; /* (the hello's own request comes here too) */
+        const char *path = c->socket_path;
+        int device = c->device;
         char buf[108];
         bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
         if (!path) {
@@ -194,14 +199,17 @@ static int ctl_open(const char *path, int device, ctl_t *c) {
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
-        Gpumem__Envelope *reply;
+        Gpumem__Envelope *reply = NULL;
         r = ctl_call(c, &env, &reply);
-        if (r)
-                return r;
-        if (reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
+        if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
                 gm_msg_free(reply);
                 fprintf(stderr, "gpumemctl: unexpected hello reply\n");
-                return EXIT_UNREACHABLE;
+                r = EXIT_UNREACHABLE;
+        }
+        if (r) { /* not connected: no request goes out without a hello */
+                close(c->fd);
+                c->fd = -1;
+                return r;
         }
         c->max_packet = reply->hello_reply->max_packet;
         c->device = reply->hello_reply->device;
@@ -259,6 +267,9 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
         }
         if (no_more_args("stats", argc, argv, optind))
                 return EXIT_USAGE;
+        int r = ctl_connect(c);
+        if (r)
+                return r;
         if (!scoped && !c->admin && !reset_peak && !reset_accumulated) {
                 /* A tenant sees its own figures: those, rather than a refusal. */
                 req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
@@ -276,7 +287,7 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 renv.body_case = GPUMEM__ENVELOPE__BODY_RESET_STATS;
                 renv.reset_stats = &reset;
                 Gpumem__Envelope *reply;
-                int r = ctl_expect(c, &renv, GPUMEM__ENVELOPE__BODY_OK, &reply);
+                r = ctl_expect(c, &renv, GPUMEM__ENVELOPE__BODY_OK, &reply);
                 if (r == 0)
                         gm_msg_free(reply);
                 return r;
@@ -285,7 +296,7 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
         env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
         env.stats = &req;
         Gpumem__Envelope *reply;
-        int r = ctl_call(c, &env, &reply);
+        r = ctl_call(c, &env, &reply);
         if (r)
                 return r;
         if (reply->body_case != GPUMEM__ENVELOPE__BODY_STATS_REPLY) {
@@ -715,10 +726,8 @@ int main(int argc, char **argv) {
                 fn = cmd_status;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
-        ctl_t c = {.fd = -1};
-        int r = ctl_open(socket_path, device, &c);
-        if (r == 0)
-                r = fn(&c, sub_argc, sub_argv);
+        ctl_t c = {.socket_path = socket_path, .device = device, .fd = -1};
+        int r = fn(&c, sub_argc, sub_argv);
         if (c.fd >= 0)
                 close(c.fd);
         return r;

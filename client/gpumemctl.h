@@ -9,17 +9,22 @@
 
 enum { EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
+/* Commands parse all their arguments before they reach the daemon: the first
+ * request connects (ctl_connect), so a usage error is one with no daemon too. */
 typedef struct ctl {
-        int fd;
+        const char *socket_path; /* the daemon to reach: this socket, else */
+        int device;              /* GPU's (-1: the default socket); after connecting, the daemon's own */
+        int fd;                  /* -1 until connected */
         uint32_t max_packet;
         uint64_t next_id;
-        int device;
         char backend[16];
         char tenant[64];
         bool admin; /* the daemon grants this connection admin rights */
 } ctl_t;
 
-/* Sends a request and returns its reply (and, if ret_fd is not NULL, the first
+/* Connects and says hello, unless connected already; 0 or an exit code. */
+int ctl_connect(ctl_t *c);
+/* Sends a request (connecting first) and returns its reply (and, if ret_fd is not NULL, the first
  * fd it carried, or -1); an Error reply is printed and turned into
  * EXIT_REFUSED. Returns 0 or an exit code. */
 int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd);

@@ -4,10 +4,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -579,18 +581,54 @@ static const char *fmt_trend(int64_t t, char *buf, size_t len) {
         return buf;
 }
 
-static void print_device_line(const ctl_t *c, const Gpumem__SampleSet *set, double refusals_per_s) {
-        char cap[32], res[32], al[32], fr[32];
-        printf("GPU %d (%s)  capacity %s  reserved %s  allocated %s  free %s  refusals %.1f/s%s\n", c->device,
-               c->backend, fmt_size(set->capacity, cap, sizeof(cap)), fmt_size(set->reserved, res, sizeof(res)),
-               fmt_size(set->allocated, al, sizeof(al)), fmt_size(set->device_free, fr, sizeof(fr)), refusals_per_s,
-               set->device_scope ? "" : "  (reserved and allocated: your tenant's)");
+/* What `top` draws on: the terminal on stdout, in rows and columns; 0 for
+ * either: unlimited (stdout is no terminal, or it does not say). */
+typedef struct screen {
+        unsigned rows, cols;
+} screen_t;
+
+static screen_t stdout_screen(void) {
+        struct winsize ws;
+        if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
+                return (screen_t){ws.ws_row, ws.ws_col};
+        return (screen_t){0, 0};
 }
 
-static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t n, bool verdicts) {
-        printf("%7s %-15s %-14s %-16s %-7s %9s %9s %5s %8s %4s %8s%s\n", "PID", "COMMAND", "TENANT", "UNIT", "HEAP",
-               "ALLOCATED", "RESERVED", "FRAG", "TREND", "SEGS", "REFUSED", verdicts ? " VERDICT" : "");
-        for (size_t i = 0; i < n; i++) {
+/* Prints one line, cut to `cols` columns (0: whole; never inside a UTF-8 character). */
+static void print_line(unsigned cols, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void print_line(unsigned cols, const char *fmt, ...) {
+        char line[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(line, sizeof(line), fmt, ap);
+        va_end(ap);
+        size_t len = n < 0 ? 0 : (size_t) n < sizeof(line) ? (size_t) n : sizeof(line) - 1;
+        if (cols && len > cols) {
+                len = cols;
+                while (len && ((unsigned char) line[len] & 0xc0) == 0x80)
+                        len--;
+        }
+        fwrite(line, 1, len, stdout);
+        putchar('\n');
+}
+
+static void print_device_line(const ctl_t *c, const Gpumem__SampleSet *set, double refusals_per_s, unsigned cols) {
+        char cap[32], res[32], al[32], fr[32];
+        print_line(cols, "GPU %d (%s)  capacity %s  reserved %s  allocated %s  free %s  refusals %.1f/s%s", c->device,
+                   c->backend, fmt_size(set->capacity, cap, sizeof(cap)), fmt_size(set->reserved, res, sizeof(res)),
+                   fmt_size(set->allocated, al, sizeof(al)), fmt_size(set->device_free, fr, sizeof(fr)), refusals_per_s,
+                   set->device_scope ? "" : "  (reserved and allocated: your tenant's)");
+}
+
+/* The header and the rows, at most `max_rows` of them (0: all): when there
+ * are more, the last of those lines says how many more. Lines are cut to
+ * `cols` columns (0: whole). */
+static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t n, bool verdicts, size_t max_rows,
+                        unsigned cols) {
+        print_line(cols, "%7s %-15s %-14s %-16s %-7s %9s %9s %5s %8s %4s %8s%s", "PID", "COMMAND", "TENANT", "UNIT",
+                   "HEAP", "ALLOCATED", "RESERVED", "FRAG", "TREND", "SEGS", "REFUSED", verdicts ? " VERDICT" : "");
+        size_t shown = max_rows && n > max_rows ? max_rows - 1 : n;
+        for (size_t i = 0; i < shown; i++) {
                 const row_t *r = &rows[i];
                 char cmd[64], a[32], rs[32], tr[32], age[32];
                 command_name(r->ss, cmd, sizeof(cmd));
@@ -598,14 +636,16 @@ static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t 
                 const char *refused = "-";
                 if (r->ss->last_refusal_ms && set->now_ms >= r->ss->last_refusal_ms)
                         refused = fmt_age(set->now_ms - r->ss->last_refusal_ms, age, sizeof(age));
-                printf("%7u %-15.15s %-14.14s %-16.16s %-7s %9s %9s %5.2f %8s %4" PRIu64 " %8s", r->ss->pid, cmd,
-                       r->ss->tenant, r->ss->unit && r->ss->unit[0] ? r->ss->unit : "-", r->ss->heap_mode,
-                       fmt_size(r->last.allocated, a, sizeof(a)), fmt_size(r->last.reserved, rs, sizeof(rs)),
-                       frag < 0 ? 0 : frag, fmt_trend(r->trend, tr, sizeof(tr)), r->last.segments, refused);
-                if (verdicts)
-                        printf(" %s", r->has ? gm_diag_verdict(&r->diag) : "-");
-                printf("\n");
+                print_line(cols, "%7u %-15.15s %-14.14s %-16.16s %-7s %9s %9s %5.2f %8s %4" PRIu64 " %8s%s%s",
+                           r->ss->pid, cmd, r->ss->tenant, r->ss->unit && r->ss->unit[0] ? r->ss->unit : "-",
+                           r->ss->heap_mode, fmt_size(r->last.allocated, a, sizeof(a)),
+                           fmt_size(r->last.reserved, rs, sizeof(rs)), frag < 0 ? 0 : frag,
+                           fmt_trend(r->trend, tr, sizeof(tr)), r->last.segments, refused, verdicts ? " " : "",
+                           verdicts ? (r->has ? gm_diag_verdict(&r->diag) : "-") : "");
         }
+        if (shown < n)
+                print_line(cols, "... %zu more process%s (a taller window shows them)", n - shown,
+                           n - shown == 1 ? "" : "es");
 }
 
 static void print_top_json(const ctl_t *c, const Gpumem__SampleSet *set, const row_t *rows, size_t n,
@@ -693,10 +733,15 @@ int cmd_top(ctl_t *c, int argc, char **argv) {
                 if (json) {
                         print_top_json(c, set, rows, n, window_ms);
                 } else {
+                        /* Taken each round: the window may have been resized. The rows
+                         * left for processes: all but the device line, the header and
+                         * the cursor's last line (a newline there would scroll). */
+                        screen_t scr = stdout_screen();
+                        size_t max_rows = scr.rows ? (scr.rows > 4 ? scr.rows - 3 : 1) : 0;
                         if (!once)
                                 printf("\033[H\033[2J"); /* home, clear: plain ANSI, fine over ssh */
-                        print_device_line(c, set, per_s);
-                        print_table(set, rows, n, false);
+                        print_device_line(c, set, per_s, scr.cols);
+                        print_table(set, rows, n, false, max_rows, scr.cols);
                 }
                 fflush(stdout);
                 free(rows);
@@ -720,7 +765,7 @@ int cmd_status(ctl_t *c, int argc, char **argv) {
                 return r;
         size_t n;
         row_t *rows = build_rows(set, DIAGNOSE_WINDOW_MS, &n);
-        print_device_line(c, set, (double) set->n_refusals * 1000.0 / DIAGNOSE_WINDOW_MS);
+        print_device_line(c, set, (double) set->n_refusals * 1000.0 / DIAGNOSE_WINDOW_MS, 0);
         uint64_t by_class[GM_DIAG_REFUSAL_CLASSES] = {0};
         for (size_t i = 0; i < set->n_refusals; i++) {
                 int cls = gm_diag_refusal_class_of(set->refusals[i]->reason);
@@ -733,7 +778,7 @@ int cmd_status(ctl_t *c, int argc, char **argv) {
                 if (by_class[i])
                         printf("%s %" PRIu64 " %s", i ? "," : ":", by_class[i], gm_diag_refusal_class(i));
         printf(" (%" PRIu64 " since the daemon started)\n", set->refusals_total);
-        print_table(set, rows, n, true);
+        print_table(set, rows, n, true, 0, 0);
         size_t flagged = 0;
         for (size_t i = 0; i < n; i++)
                 flagged += rows[i].has && rows[i].diag.n_findings > 0;

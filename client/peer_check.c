@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ipc.h"
@@ -52,14 +51,7 @@ int gm_peer_default_socket(int device, bool use_env, char *buf, size_t len) {
         const char *env = use_env ? secure_getenv("GPUMEM_SOCKET") : NULL;
         if (env && *env)
                 return path_written(len, snprintf(buf, len, "%s", env));
-        const char *dir = secure_getenv("GPUMEM_SYSTEM_SOCKET_DIR");
-        if (!dir || dir[0] != '/')
-                dir = GM_SYSTEM_SOCKET_DIR;
-        int r = path_written(len, snprintf(buf, len, "%s/gpu%d.sock", dir, device));
-        struct stat st;
-        if (r < 0 || geteuid() == 0 || (stat(buf, &st) == 0 && S_ISSOCK(st.st_mode)))
-                return r;
-        return gm_ipc_default_socket_path(device, false, buf, len);
+        return gm_ipc_default_socket_path(device, true, buf, len);
 }
 
 int gm_peer_device_socket(int index, char *buf, size_t len) {

@@ -11,18 +11,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Where the packaged daemons listen: $GPUMEM_SYSTEM_SOCKET_DIR when set (an
- * absolute path; tests and relocated installs), else this. */
-#define GM_SYSTEM_SOCKET_DIR "/run/gpumem"
 /* The highest GPU index a socket is looked up for. */
 #define GM_PEER_MAX_DEVICE 63
 
 /* The socket a client uses for GPU `device` when it is given none:
- * $GPUMEM_SOCKET when `use_env` and it is set; else, as root, the system
- * socket <system dir>/gpu<N>.sock; else the system socket when it exists (a
- * packaged daemon serves everyone), else the caller's own
- * $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock (/tmp/gpumem-<uid>/gpu<N>.sock). The
- * connection's trust checks apply to whichever is picked. */
+ * $GPUMEM_SOCKET when `use_env` and it is set, else the default a client
+ * takes (gm_ipc_default_socket_path). The connection's trust checks apply to
+ * whichever is picked. */
 int gm_peer_default_socket(int device, bool use_env, char *buf, size_t len);
 
 /* The socket of device index `index`: $GPUMEM_SOCKET_TEMPLATE with its one

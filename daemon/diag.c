@@ -2,17 +2,16 @@
  * and the Samples request. Only sessions that hold memory get a ring (one
  * malloc'd block per session, freed with it by the broker). */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "clock.h"
 #include "diag.h"
 #include "local.h"
 #include "log.h"
+#include "memfd.h"
 #include "metrics.h"
 
 /* Per session: the ring, and what the request layer saw since the last tick. */
@@ -194,28 +193,9 @@ static size_t fill_refusals(const gm_request_conn_t *c, uint64_t since_ms, Gpume
         return k;
 }
 
-/* `len` bytes of `msg` packed into a sealed read-only memfd. */
-static int packed_memfd(const Gpumem__SampleSet *set, size_t len, int *ret_fd) {
-        int fd = memfd_create("gpumem-samples", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return -errno;
-        int r = 0;
-        uint8_t *map = MAP_FAILED;
-        if (ftruncate(fd, (off_t) len) < 0 ||
-            (len && (map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED))
-                r = -errno;
-        if (r == 0 && len) {
-                gpumem__sample_set__pack(set, map);
-                munmap(map, len);
-        }
-        if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-                r = -errno;
-        if (r < 0) {
-                close(fd);
-                return r;
-        }
-        *ret_fd = fd;
-        return 0;
+static void pack_set(void *dst, size_t len, const void *set) {
+        (void) len; /* gpumem__sample_set__get_packed_size's */
+        gpumem__sample_set__pack(set, dst);
 }
 
 static int send_set(gm_request_conn_t *c, uint64_t request_id, const Gpumem__SampleSet *set) {
@@ -223,7 +203,7 @@ static int send_set(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Sam
         if (len > SAMPLES_REPLY_MAX)
                 return gm_request_error(c, request_id, E2BIG, "too many samples for one reply: narrow it down"), 0;
         int fd = -1;
-        int r = packed_memfd(set, len, &fd);
+        int r = gm_memfd_sealed("gpumem-samples", len, pack_set, set, &fd);
         if (r < 0)
                 return gm_request_error(c, request_id, r, "cannot send the samples: %s", strerror(-r)), 0;
         Gpumem__SamplesReply reply = GPUMEM__SAMPLES_REPLY__INIT;

@@ -364,13 +364,14 @@ static int check_reattach(const gm_request_conn_t *c, const Gpumem__Envelope *en
         return 0;
 }
 
-static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg) {
+static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg, const char **ret_why) {
         gm_reattach_range_t *ranges = calloc(seg->n_mapped, sizeof(*ranges));
         if (!ranges)
                 return -ENOMEM;
         for (size_t i = 0; i < seg->n_mapped; i++)
                 ranges[i] = (gm_reattach_range_t){.offset = seg->mapped[i]->offset, .length = seg->mapped[i]->length};
-        int r = gm_session_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped);
+        int r = gm_session_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped,
+                                            ret_why);
         free(ranges);
         return r;
 }
@@ -382,7 +383,13 @@ static int handle_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpum
                 return gm_local_reattach(c, request_id, req);
         int r = 0;
         for (size_t i = 0; i < req->n_segments && r == 0; i++) {
-                r = reattach_segment(s, req->segments[i]);
+                const char *why = NULL;
+                r = reattach_segment(s, req->segments[i], &why);
+                if (r < 0 && why) {
+                        gm_request_error(c, request_id, -r, "re-attach refused: segment %" PRIu64 ": %s",
+                                         req->segments[i]->segment_id, why);
+                        return r;
+                }
                 if (r == -ENOENT) {
                         gm_request_error(c, request_id, ENOENT,
                                          "re-attach refused: the ledger has no record of segment %" PRIu64

@@ -103,12 +103,8 @@ static void conn_close_send_failed(gm_conn_t *c, int err) {
         conn_close(c, why);
 }
 
-/* Queues env (packed) with duplicates of its fds behind what is queued;
- * -ENOBUFS past the connection's limits. */
-static int conn_queue(gm_conn_t *c, const Gpumem__Envelope *env, const int *fds, size_t n_fds) {
-        size_t len = gpumem__envelope__get_packed_size(env);
-        if (len > c->daemon->opts.limits.max_packet)
-                return -EMSGSIZE;
+/* conn_queue() without the closing: -ENOBUFS past the limits. */
+static int conn_enqueue(gm_conn_t *c, const uint8_t *packed, size_t len, const int *fds, size_t n_fds) {
         if (c->out_packets + 1 > GM_CONN_MAX_QUEUED_PACKETS || c->out_bytes + len > GM_CONN_MAX_QUEUED_BYTES ||
             c->out_fds + n_fds > GM_CONN_MAX_QUEUED_FDS)
                 return -ENOBUFS;
@@ -120,7 +116,7 @@ static int conn_queue(gm_conn_t *c, const Gpumem__Envelope *env, const int *fds,
         o->n_fds = 0;
         o->fds = (int *) (o + 1);
         o->data = (uint8_t *) (o->fds + n_fds);
-        gpumem__envelope__pack(env, o->data);
+        memcpy(o->data, packed, len);
         for (size_t i = 0; i < n_fds; i++) {
                 int dup = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
                 if (dup < 0) {
@@ -139,6 +135,25 @@ static int conn_queue(gm_conn_t *c, const Gpumem__Envelope *env, const int *fds,
         c->out_fds += (uint32_t) n_fds;
         c->out_bytes += len;
         return 0;
+}
+
+/* Queues `len` packed bytes with duplicates of their fds behind what is
+ * queued. On failure (past the connection's limits: -ENOBUFS) the connection
+ * is closed. */
+static int conn_queue(gm_conn_t *c, const uint8_t *packed, size_t len, const int *fds, size_t n_fds) {
+        int r = conn_enqueue(c, packed, len, fds, n_fds);
+        if (r < 0) {
+                char why[160];
+                if (r == -ENOBUFS)
+                        snprintf(why, sizeof(why),
+                                 "the client does not read what it is sent (limits: %u packets, %u bytes, %u fds "
+                                 "queued)",
+                                 GM_CONN_MAX_QUEUED_PACKETS, GM_CONN_MAX_QUEUED_BYTES, GM_CONN_MAX_QUEUED_FDS);
+                else
+                        snprintf(why, sizeof(why), "cannot queue a reply: %s", strerror(-r));
+                conn_close(c, why);
+        }
+        return r;
 }
 
 /* Sends what is queued while the socket takes it; once all of it is sent,
@@ -172,32 +187,28 @@ static int conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, c
         if (c->req.closed)
                 return -ECONNRESET;
         env->request_id = request_id;
-        int r = -EAGAIN;
-        if (!c->out_head)
-                r = gm_msg_send(c->fd, env, fds, n_fds, c->daemon->opts.limits.max_packet);
-        if (r != -EAGAIN) {
-                if (r < 0) {
-                        conn_close_send_failed(c, r);
-                }
+        /* Packed once: sent now, or (the socket full, or replies before it
+         * still queued) queued as these bytes. */
+        uint8_t stack_buf[GM_MSG_STACK_PACK_MAX];
+        uint8_t *buf;
+        size_t len;
+        int r = gm_msg_pack(env, c->daemon->opts.limits.max_packet, stack_buf, sizeof(stack_buf), &buf, &len);
+        if (r < 0) {
+                conn_close_send_failed(c, r);
                 return r;
         }
         bool was_blocked = c->out_head != NULL;
-        r = conn_queue(c, env, fds, n_fds);
-        if (r < 0) {
-                char why[160];
-                if (r == -ENOBUFS)
-                        snprintf(why, sizeof(why),
-                                 "the client does not read what it is sent (limits: %u packets, %u bytes, %u fds "
-                                 "queued)",
-                                 GM_CONN_MAX_QUEUED_PACKETS, GM_CONN_MAX_QUEUED_BYTES, GM_CONN_MAX_QUEUED_FDS);
-                else
-                        snprintf(why, sizeof(why), "cannot queue a reply: %s", strerror(-r));
-                conn_close(c, why);
-                return r;
+        r = was_blocked ? -EAGAIN : gm_ipc_send(c->fd, buf, len, fds, n_fds);
+        if (r == -EAGAIN) {
+                r = conn_queue(c, buf, len, fds, n_fds);
+                if (r == 0 && !was_blocked)
+                        conn_watch(c);
+        } else if (r < 0) {
+                conn_close_send_failed(c, r);
         }
-        if (!was_blocked)
-                conn_watch(c);
-        return 0;
+        if (buf != stack_buf)
+                free(buf);
+        return r;
 }
 
 /* The connection that embeds a request conn (every session's userdata). */

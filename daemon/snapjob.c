@@ -21,12 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "clock.h"
 #include "local.h"
 #include "log.h"
+#include "memfd.h"
 #include "snapshot.h"
 #include "text.h"
 
@@ -118,29 +118,8 @@ static void job_free(gm_snapjob_t *j) {
 
 /* ---- the worker (off the loop): only the job's own data ---- */
 
-/* Puts `len` bytes into a sealed, read-only memfd the client can read. */
-static int bytes_to_memfd(const char *buf, size_t len, int *ret_fd) {
-        int fd = memfd_create("gpumem-snapshot", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return -errno;
-        size_t done = 0;
-        while (done < len) {
-                ssize_t n = write(fd, buf + done, len - done);
-                if (n < 0) {
-                        int r = -errno;
-                        close(fd);
-                        return r;
-                }
-                done += (size_t) n;
-        }
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0 ||
-            lseek(fd, 0, SEEK_SET) < 0) {
-                int r = -errno;
-                close(fd);
-                return r;
-        }
-        *ret_fd = fd;
-        return 0;
+static void copy_bytes(void *dst, size_t len, const void *src) {
+        memcpy(dst, src, len);
 }
 
 static uint64_t entries_of(const gm_snapshot_data_t *d) {
@@ -226,7 +205,7 @@ static void stream_done(void *arg) {
  * or, without a worker, a memfd. */
 static int reply_fd(gm_snapjob_t *j, int *ret_fd) {
         if (!j->rq->queue_work)
-                return bytes_to_memfd(j->buf, j->size, ret_fd);
+                return gm_memfd_sealed("gpumem-snapshot", j->size, copy_bytes, j->buf, ret_fd);
         int p[2];
         if (pipe2(p, O_CLOEXEC) < 0)
                 return -errno;

@@ -55,9 +55,15 @@ int gm_ipc_accept(int listen_fd, int *ret_fd);
 /* Connects a blocking CLOEXEC SOCK_SEQPACKET socket to `path`. */
 int gm_ipc_connect(const char *path, int *ret_fd);
 
-/* The default socket path of device `device`: /run/gpumem/gpu<N>.sock as root,
- * else $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock (else /tmp/gpumem-<uid>/gpu<N>.sock).
- * For clients, $GPUMEM_SOCKET overrides it (client_side = true). */
+/* Where the packaged (system) daemons listen: $GPUMEM_SYSTEM_SOCKET_DIR when
+ * it is an absolute path (tests, relocated installs), else this. */
+#define GM_IPC_SYSTEM_SOCKET_DIR "/run/gpumem"
+
+/* The default socket of device `device`, for the daemon and its clients alike:
+ * as root the system socket <system dir>/gpu<N>.sock; else the caller's own
+ * $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock (without it /tmp/gpumem-<uid>/gpu<N>.sock),
+ * except that a client (`client_side`) takes the system socket whenever one
+ * exists (a packaged daemon serves everyone). */
 int gm_ipc_default_socket_path(int device, bool client_side, char *buf, size_t buf_len);
 
 /* Closes every fd in fds[0..n) (ignores -1 entries). */

@@ -22,9 +22,6 @@
 
 #include "ipc.h"
 
-/* Envelopes up to this size are packed on the stack; larger ones in a heap buffer. */
-#define STACK_PACK_MAX 4096u
-
 #define FIELD_REQUEST_ID 1u
 #define WIRE_VARINT 0u
 #define WIRE_FIXED64 1u
@@ -83,7 +80,9 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
         return n;
 }
 
-int gm_msg_send(int sock, const Gpumem__Envelope *env, const int *fds, size_t n_fds, size_t max_packet) {
+/* gm_msg_pack(), inlined into gm_msg_send() (the client's every request). */
+static inline __attribute__((always_inline)) int pack(const Gpumem__Envelope *env, size_t max_packet, uint8_t *buf,
+                                                      size_t cap, uint8_t **ret_data, size_t *ret_len) {
         const ProtobufCFieldDescriptor *f = body_field(env->body_case);
         const ProtobufCMessage *body = f ? *body_slot((Gpumem__Envelope *) env, f) : NULL;
         if (env->body_case != GPUMEM__ENVELOPE__BODY__NOT_SET && !f)
@@ -94,27 +93,47 @@ int gm_msg_send(int sock, const Gpumem__Envelope *env, const int *fds, size_t n_
         size_t size = head + (body ? varint_size(body_tag) + varint_size(body_size) + body_size : 0);
         if (size > max_packet)
                 return -EMSGSIZE;
-
-        uint8_t stack_buf[STACK_PACK_MAX];
-        uint8_t *buf = stack_buf;
-        if (size > sizeof(stack_buf)) {
-                buf = malloc(size);
-                if (!buf)
+        uint8_t *out = buf;
+        if (size > cap) {
+                out = malloc(size);
+                if (!out)
                         return -ENOMEM;
         }
         size_t at = 0;
         if (env->request_id) {
-                buf[at++] = FIELD_REQUEST_ID << 3 | WIRE_VARINT;
-                at += put_varint(buf + at, env->request_id);
+                out[at++] = FIELD_REQUEST_ID << 3 | WIRE_VARINT;
+                at += put_varint(out + at, env->request_id);
         }
         if (body) {
-                at += put_varint(buf + at, body_tag);
-                at += put_varint(buf + at, body_size);
-                at += protobuf_c_message_pack(body, buf + at);
+                at += put_varint(out + at, body_tag);
+                at += put_varint(out + at, body_size);
+                at += protobuf_c_message_pack(body, out + at);
         }
-        int r = at == size ? gm_ipc_send(sock, buf, size, fds, n_fds) : -EINVAL;
-        if (buf != stack_buf)
-                free(buf);
+        if (at != size) { /* protobuf-c wrote another size than it measured */
+                if (out != buf)
+                        free(out);
+                return -EINVAL;
+        }
+        *ret_data = out;
+        *ret_len = size;
+        return 0;
+}
+
+int gm_msg_pack(const Gpumem__Envelope *env, size_t max_packet, uint8_t *buf, size_t cap, uint8_t **ret_data,
+                size_t *ret_len) {
+        return pack(env, max_packet, buf, cap, ret_data, ret_len);
+}
+
+int gm_msg_send(int sock, const Gpumem__Envelope *env, const int *fds, size_t n_fds, size_t max_packet) {
+        uint8_t stack_buf[GM_MSG_STACK_PACK_MAX];
+        uint8_t *data;
+        size_t len;
+        int r = pack(env, max_packet, stack_buf, sizeof(stack_buf), &data, &len);
+        if (r < 0)
+                return r;
+        r = gm_ipc_send(sock, data, len, fds, n_fds);
+        if (data != stack_buf)
+                free(data);
         return r;
 }
 

@@ -2,12 +2,24 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gpumem.pb-c.h"
 
 #define GM_PROTOCOL_VERSION 1u
 /* The most memory-history entries a HistoryControl may ask the daemon to keep. */
 #define GM_HISTORY_MAX_ENTRIES 100000000u
+
+/* Envelopes up to this size fit the buffer callers of gm_msg_pack() keep on the stack. */
+#define GM_MSG_STACK_PACK_MAX 4096u
+
+/* Packs `env` (its body walked once for its size, once to write it) into buf
+ * (cap bytes) or, when it is larger, into a malloc()ed buffer. *ret_data is
+ * buf or that buffer (the caller frees it when it is not buf), *ret_len the
+ * packed size. -EMSGSIZE past max_packet bytes, -EINVAL for a body this build
+ * does not know. */
+int gm_msg_pack(const Gpumem__Envelope *env, size_t max_packet, uint8_t *buf, size_t cap, uint8_t **ret_data,
+                size_t *ret_len);
 
 /* Packs `env` into a packet of at most max_packet bytes and sends it with the
  * given fds (still owned by the caller). -EMSGSIZE when it does not fit. */

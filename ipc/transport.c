@@ -311,18 +311,19 @@ int gm_ipc_connect(const char *path, int *ret_fd) {
 int gm_ipc_default_socket_path(int device, bool client_side, char *buf, size_t buf_len) {
         if (device < 0)
                 return -EINVAL;
-
-        const char *override = client_side ? secure_getenv("GPUMEM_SOCKET") : NULL;
-        const char *runtime = secure_getenv("XDG_RUNTIME_DIR");
-        int n;
-        if (override && *override)
-                n = snprintf(buf, buf_len, "%s", override);
-        else if (geteuid() == 0)
-                n = snprintf(buf, buf_len, "/run/gpumem/gpu%d.sock", device);
-        else if (runtime && *runtime == '/')
-                n = snprintf(buf, buf_len, "%s/gpumem/gpu%d.sock", runtime, device);
-        else
-                n = snprintf(buf, buf_len, "/tmp/gpumem-%u/gpu%d.sock", (unsigned) geteuid(), device);
+        const char *dir = secure_getenv("GPUMEM_SYSTEM_SOCKET_DIR");
+        if (!dir || dir[0] != '/')
+                dir = GM_IPC_SYSTEM_SOCKET_DIR;
+        int n = snprintf(buf, buf_len, "%s/gpu%d.sock", dir, device);
+        bool whole = n >= 0 && (size_t) n < buf_len;
+        struct stat st;
+        if (geteuid() != 0 && !(client_side && whole && stat(buf, &st) == 0 && S_ISSOCK(st.st_mode))) {
+                const char *runtime = secure_getenv("XDG_RUNTIME_DIR");
+                if (runtime && runtime[0] == '/')
+                        n = snprintf(buf, buf_len, "%s/gpumem/gpu%d.sock", runtime, device);
+                else
+                        n = snprintf(buf, buf_len, "/tmp/gpumem-%u/gpu%d.sock", (unsigned) geteuid(), device);
+        }
         if (n < 0)
                 return -EINVAL;
         if ((size_t) n >= buf_len)

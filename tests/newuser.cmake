@@ -3,7 +3,7 @@
 # text. Real gpumemd, gpumemctl, gm-test-client and gpumem-demo; root (setpriv).
 add_executable(test_newuser ${CMAKE_CURRENT_LIST_DIR}/test_newuser.c)
 target_link_libraries(test_newuser PRIVATE gm_testutil gpumem PkgConfig::CHECK)
-target_compile_definitions(test_newuser PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
+target_compile_definitions(test_newuser PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>" GPUMEMD_BIN="$<TARGET_FILE:gpumemd>"
   GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>" GPUMEM_DEMO_BIN="$<TARGET_FILE:gpumem-demo>"
   GPUMEM_VERSION="${PROJECT_VERSION}")
 add_dependencies(test_newuser gpumemd gpumemctl gm-test-client gpumem-demo)

@@ -832,6 +832,7 @@ END_TEST
 /* A restart: pieces stored by one broker come back to the next through the
  * ledger; the client re-attaches with its token; an unclaimed one expires. */
 START_TEST(test_ledger_replay_and_reattach) {
+        const char *why = NULL;
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 16);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
@@ -889,7 +890,7 @@ START_TEST(test_ledger_replay_and_reattach) {
         ck_assert_uint_eq(r->tenant->charged_bytes, 0); /* charged as the client vouches for it */
         ck_assert_int_eq(gm_session_reattach_count(r, 2), 0);
         gm_reattach_range_t small = {.offset = 0, .length = 2 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 2 * MiB, 0, &small, 1), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 2 * MiB, 0, &small, 1, &why), 0);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
         ck_assert_int_eq(gm_session_reattach_block(r, live, seg_small, 0, 1 * MiB, 1 * MiB, false), 0);
@@ -932,6 +933,7 @@ static gm_reattach_range_t piece_of_size(const gm_session_t *s, uint64_t size, u
  * Issue #17 item 2: any made-up token (then any made-up segment under a
  * real one) once claimed anything. */
 START_TEST(test_reattach_without_store_is_unbacked) {
+        const char *why = NULL;
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
@@ -975,10 +977,11 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         ck_assert_int_eq(gm_session_start(r, "a", token), 0);
         /* Made-up segments under the real token: none the journal gave it. */
         gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1, &why),
+                         -ENOENT);
         gm_reattach_range_t part = {.offset = small.offset, .length = small.length / 2};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1), -ENOENT);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1, &why), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1, &why), -ENOENT);
         gm_piece_spec_t granted = {.segment_id = seg_other, .segment_va_size = theirs.length, .size = theirs.length};
         gm_piece_t *gp;
         ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -EPROTO); /* not a local session */
@@ -989,19 +992,20 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
         ck_assert_uint_eq(r->tenant->charged_bytes, 0);
 
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), 0);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
         ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1), -ENOENT); /* once */
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -EDQUOT);     /* 68 > 64 MiB */
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), -ENOENT); /* once */
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why),
+                         -EDQUOT); /* 68 > 64 MiB */
         CHECK(b_);
         gm_tenant_set_quota(r->tenant, GM_QUOTA_CONFIG, false, 0);
         backend_.capacity = 64 * MiB;
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), -ENOMEM); /* the device */
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), -ENOMEM); /* the device */
         backend_.capacity = 256 * MiB;
         CHECK(b_);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), 0);
         ck_assert_int_eq(gm_session_reattach_finish(r), 0);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 68 * MiB);
@@ -1025,10 +1029,26 @@ START_TEST(test_reattach_without_store_is_unbacked) {
 }
 END_TEST
 
+/* A broker after a restart over the journal (no fd store) with `n_records`
+ * claimable records, and the session of uid 1000 resuming `token`. */
+static gm_session_t *resume_from_journal(const char *alloc_conf, const char *token, size_t n_records) {
+        b_ = broker_new(alloc_conf, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(b_->n_records, n_records);
+        gm_session_params_t params = {.pid = 7, .uid = 1000};
+        gm_session_t *r;
+        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
+        ck_assert_int_eq(gm_session_start(r, "a", token), 0);
+        return r;
+}
+
 /* Journal lines no daemon writes are not records anyone can claim: id 0
  * (a piece's "not journaled"), an empty range, one outside its segment, a
  * bad token. */
 START_TEST(test_ledger_skips_impossible_records) {
+        const char *why = NULL;
         b_ = gm_broker_free(b_);
         const char *t = "0123456789abcdef0123456789abcdef";
         FILE *f = fopen(ledger_, "we");
@@ -1041,20 +1061,164 @@ START_TEST(test_ledger_skips_impossible_records) {
         fprintf(f, "+ 5 0123 1000 1 0 2097152 2097152\n");
         fprintf(f, "+ 6 %s 1000 1 0 2097152 2097152\n", t);
         fclose(f);
-        b_ = broker_new(NULL, 0);
-        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
-        CHECK(b_);
-        ck_assert_uint_eq(b_->n_records, 1);
-        gm_session_params_t params = {.pid = 7, .uid = 1000};
-        gm_session_t *r;
-        ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
-        ck_assert_int_eq(gm_session_start(r, "a", t), 0);
+        gm_session_t *r = resume_from_journal(NULL, t, 1);
         gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1), 0); /* line 6's */
+        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1, &why), 0); /* line 6's */
         ck_assert_int_eq(gm_session_reattach_finish(r), 0);
         CHECK(b_);
         gm_session_free(r);
+}
+END_TEST
+
+/* The whole journal, NUL-terminated (malloc'd). */
+static char *read_ledger(void) {
+        FILE *f = fopen(ledger_, "re");
+        ck_assert_ptr_nonnull(f);
+        char *text = calloc(1, 1 << 16);
+        size_t n = fread(text, 1, (1 << 16) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        return text;
+}
+
+/* Page reuse gives both pools 2 MiB pages: the journal records each page's
+ * pool, at its creation and at its new place when it moves (a page taken
+ * from a small-pool hole by a large request), for records with no stored
+ * handle too; the next broker restores each segment in its pool. Issue #16:
+ * the pool was inferred from the page size (the large-pool segment came back
+ * in the small pool) and a moved record kept its old place (its client's
+ * report no longer matched it). */
+START_TEST(test_ledger_keeps_pools_through_moves) {
+        const char *why = NULL;
+        const char *conf = "expandable_segments:True,gpumemd_page_reuse:True";
+        static gm_backend_ops_t synchronous_ops; /* frees are synchronous, as on the host backend: pages move */
+        synchronous_ops = fake_backend_ops;
+        synchronous_ops.name = "host";
+        backend_.ops = &synchronous_ops;
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(conf, 0);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_session_t *s = session(b_, 1000, "a");
+        uint64_t small[4];
+        for (int i = 0; i < 4; i++)
+                small[i] = alloc_ok(s, 1 * MiB); /* two small-pool pages */
+        ck_assert_int_eq(gm_session_free_block(s, small[2], false), 0);
+        ck_assert_int_eq(gm_session_free_block(s, small[3], false), 0);
+        alloc_ok(s, 6 * MiB); /* takes the top small-pool page, maps two more */
+        gm_page_reuse_info_t reuse;
+        gm_heap_page_reuse(s->heap, &reuse);
+        ck_assert_uint_eq(reuse.pages_moved, 1);
+        const gm_stats_t *st = gm_heap_stats(s->heap);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_LARGE_POOL].current, 6 * MiB);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_SMALL_POOL].current, 2 * MiB);
+
+        /* Each record's last line names its piece's place now and that segment's pool. */
+        enum { MAX_SEGS = 4, MAX_PAGES = 8 };
+        struct {
+                uint64_t id, va_size;
+                bool small_pool;
+                gm_reattach_range_t pages[MAX_PAGES];
+                size_t n_pages;
+        } segs[MAX_SEGS] = {{0}};
+        size_t n_segs = 0;
+        char *text = read_ledger();
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                bool small_pool;
+                ck_assert_int_eq(gm_heap_segment_pool(s->heap, p->segment_id, &small_pool), 0);
+                char line[256];
+                snprintf(line, sizeof(line), "+ %llu %s 1000 %llu %llu %llu %llu %s\n",
+                         (unsigned long long) p->record_id, s->token, (unsigned long long) p->segment_id,
+                         (unsigned long long) p->offset, (unsigned long long) p->phys.size,
+                         (unsigned long long) p->segment_va_size, small_pool ? "small" : "large");
+                ck_assert_msg(strstr(text, line), "no '%s' in the journal:\n%s", line, text);
+                size_t k = 0;
+                while (k < n_segs && segs[k].id != p->segment_id)
+                        k++;
+                if (k == n_segs) {
+                        ck_assert_uint_lt(n_segs, MAX_SEGS);
+                        segs[n_segs++].id = p->segment_id;
+                }
+                segs[k].va_size = p->segment_va_size;
+                segs[k].small_pool = small_pool;
+                ck_assert_uint_lt(segs[k].n_pages, MAX_PAGES);
+                segs[k].pages[segs[k].n_pages++] = (gm_reattach_range_t){.offset = p->offset, .length = p->phys.size};
+        }
+        free(text);
+        ck_assert_uint_eq(n_segs, 2);
+        char token[GM_TOKEN_LEN + 1];
+        snprintf(token, sizeof(token), "%s", s->token);
+        b_->stopping = true; /* a daemon that dies: the session stays claimable */
+        b_ = gm_broker_free(b_);
+
+        gm_session_t *r = resume_from_journal(conf, token, segs[0].n_pages + segs[1].n_pages);
+        for (size_t k = 0; k < n_segs; k++)
+                ck_assert_int_eq(gm_session_reattach_segment(r, segs[k].id, segs[k].va_size, 0, segs[k].pages,
+                                                             segs[k].n_pages, &why),
+                                 0);
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        for (size_t k = 0; k < n_segs; k++) {
+                bool small_pool;
+                ck_assert_int_eq(gm_heap_segment_pool(r->heap, segs[k].id, &small_pool), 0);
+                ck_assert_int_eq(small_pool, segs[k].small_pool);
+        }
+        st = gm_heap_stats(r->heap);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_LARGE_POOL].current, 6 * MiB);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_SMALL_POOL].current, 2 * MiB);
+        ck_assert_ptr_null(why);
+        gm_session_free(r);
+        CHECK(b_);
+}
+END_TEST
+
+/* "+" lines with and without a pool (a journal of a daemon that recorded
+ * none: the page size tells, as before); the pool a segment's records name
+ * is the one it is restored in, and records that name both pools are
+ * refused with the reason. A line with anything else after its numbers, or
+ * with no newline (torn), is no record. */
+START_TEST(test_ledger_pool_records) {
+#define TOKEN "0123456789abcdef0123456789abcdef"
+        static const char journal[] = "t " TOKEN " 1000\n"
+                                      "+ 1 " TOKEN " 1000 1 0 2097152 67108864 large\n"
+                                      "+ 2 " TOKEN " 1000 1 2097152 2097152 67108864 large\n"
+                                      "+ 3 " TOKEN " 1000 2 0 2097152 67108864\n"
+                                      "+ 4 " TOKEN " 1000 3 0 2097152 67108864 small\n"
+                                      "+ 5 " TOKEN " 1000 3 2097152 2097152 67108864 large\n"
+                                      "+ 6 " TOKEN " 1000 4 0 2097152 67108864 huge\n"
+                                      "+ 7 " TOKEN " 1000 4 2097152 2097152 67108864 large junk\n"
+                                      "+ 8 " TOKEN " 1000 4 4194304 2097152 67108864 lar";
+        const char *why = NULL;
+        b_ = gm_broker_free(b_);
+        FILE *f = fopen(ledger_, "we");
+        ck_assert_ptr_nonnull(f);
+        fputs(journal, f);
+        fclose(f);
+        gm_session_t *r = resume_from_journal("expandable_segments:True,gpumemd_page_reuse:True", TOKEN, 5);
+#undef TOKEN
+        gm_reattach_range_t two[2] = {{.offset = 0, .length = 2 * MiB}, {.offset = 2 * MiB, .length = 2 * MiB}};
+        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 64 * MiB, 0, two, 2, &why), 0);
+        ck_assert_int_eq(gm_session_reattach_segment(r, 2, 64 * MiB, 0, two, 1, &why), 0);
+        ck_assert_ptr_null(why);
+        ck_assert_int_eq(gm_session_reattach_segment(r, 3, 64 * MiB, 0, two, 2, &why), -EINVAL);
+        ck_assert_ptr_nonnull(why);
+        ck_assert_ptr_nonnull(strstr(why, "both pools"));
+        ck_assert_uint_eq(b_->n_records, 2); /* given back: still claimable, still refused */
+        why = NULL;
+        ck_assert_int_eq(gm_session_reattach_segment(r, 3, 64 * MiB, 0, two, 1, &why), 0); /* its small page alone */
+        ck_assert_int_eq(gm_session_reattach_segment(r, 4, 64 * MiB, 0, two, 1, &why), -ENOENT);
+        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        CHECK(b_);
+        bool small_pool;
+        ck_assert_int_eq(gm_heap_segment_pool(r->heap, 1, &small_pool), 0);
+        ck_assert(!small_pool);
+        ck_assert_int_eq(gm_heap_segment_pool(r->heap, 2, &small_pool), 0);
+        ck_assert(small_pool); /* no pool recorded: inferred from its 2 MiB pages */
+        const gm_stats_t *st = gm_heap_stats(r->heap);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_LARGE_POOL].current, 4 * MiB);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_SMALL_POOL].current, 4 * MiB);
+        gm_session_free(r);
+        CHECK(b_);
 }
 END_TEST
 
@@ -1403,6 +1567,8 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_compacted_while_churning);
         tcase_add_test(tc, test_reattach_without_store_is_unbacked);
         tcase_add_test(tc, test_ledger_skips_impossible_records);
+        tcase_add_test(tc, test_ledger_keeps_pools_through_moves);
+        tcase_add_test(tc, test_ledger_pool_records);
         tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);

@@ -19,6 +19,14 @@
  *                                         naming the block), free every third, print "ready"
  *                                         and, on each line read, alloc and free one more; free
  *                                         all at EOF (snapshots)
+ *   gm-test-client SOCKET pools SEED 0     page reuse: a small-pool and a large-pool segment (one
+ *                                         page moved between them, a freed 6 MiB block cached
+ *                                         in the large one); print "ready POOLS" (reserved bytes
+ *                                         and segments per pool from the stats, segments per
+ *                                         segment_type in the JSON snapshot); on each "check"
+ *                                         line verify the blocks, print "pools POOLS", allocate
+ *                                         6 MiB, print "reused" when it lands where the freed
+ *                                         block was, else "elsewhere", free it; free all at EOF
  * Exit status 0 on success, 1 on failure (message on stderr). */
 #include <errno.h>
 #include <stdbool.h>
@@ -29,6 +37,40 @@
 
 #include "gpumem/gpumem.h"
 #include "testutil.h"
+
+/* Reserved bytes and segments per pool as the stats say, and segments per
+ * segment_type in the session's JSON snapshot. */
+static bool print_pools(gpumem_client *c, const char *tag) {
+        static const char *const keys[] = {"reserved_bytes.large_pool.current", "reserved_bytes.small_pool.current",
+                                           "segment.large_pool.current", "segment.small_pool.current"};
+        int64_t v[4];
+        for (int i = 0; i < 4; i++)
+                if (gpumem_stat(c, keys[i], &v[i]) < 0) {
+                        fprintf(stderr, "stat: %s\n", gpumem_last_error(c));
+                        return false;
+                }
+        void *snap;
+        size_t len;
+        if (gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), &snap, &len) < 0) {
+                fprintf(stderr, "snapshot: %s\n", gpumem_last_error(c));
+                return false;
+        }
+        unsigned n_large = 0, n_small = 0;
+        char *text = strndup(snap, len);
+        for (const char *t = text; t && (t = strstr(t, "\"segment_type\"")); t++) {
+                const char *value = strchr(t + strlen("\"segment_type\""), '"');
+                if (value && strncmp(value, "\"large\"", 7) == 0)
+                        n_large++;
+                else if (value && strncmp(value, "\"small\"", 7) == 0)
+                        n_small++;
+        }
+        free(text);
+        gpumem_buffer_free(snap);
+        printf("%s %lld %lld %lld %lld snapshot %u %u\n", tag, (long long) v[0], (long long) v[1], (long long) v[2],
+               (long long) v[3], n_large, n_small);
+        fflush(stdout);
+        return true;
+}
 
 static void wait_stdin_closed(void) {
         char buf[64];
@@ -189,6 +231,54 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < N; i++)
                         if (p[i])
                                 gpumem_free(c, p[i]);
+        } else if (strcmp(cmd, "pools") == 0 && argc == 5) {
+                /* Four 1 MiB small-pool blocks on two 2 MiB pages; the top
+                 * page's two are freed, so the first large request takes that
+                 * page (page reuse moves it to the large-pool segment) and
+                 * maps two new ones; a second 6 MiB block is freed (cached,
+                 * mapped, in the large pool). */
+                enum { SMALL = 1u << 20, LARGE = 6u << 20 };
+                void *small[4], *large, *cached;
+                uint64_t seed = size;
+                for (int i = 0; i < 4; i++)
+                        if (gpumem_alloc(c, SMALL, 0, &small[i]) < 0) {
+                                fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                gpumem_free(c, small[2]);
+                gpumem_free(c, small[3]);
+                if (gpumem_alloc(c, LARGE, 0, &large) < 0 || gpumem_alloc(c, LARGE, 0, &cached) < 0) {
+                        fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                        return 1;
+                }
+                gm_test_fill(small[0], SMALL, seed);
+                gm_test_fill(small[1], SMALL, seed + 1);
+                gm_test_fill(large, LARGE, seed + 2);
+                gpumem_free(c, cached);
+                if (!print_pools(c, "ready"))
+                        return 1;
+                char line[64];
+                while (fgets(line, sizeof(line), stdin)) {
+                        bool intact = gm_test_verify(small[0], SMALL, seed) &&
+                                      gm_test_verify(small[1], SMALL, seed + 1) &&
+                                      gm_test_verify(large, LARGE, seed + 2);
+                        if (!print_pools(c, "pools"))
+                                return 1;
+                        void *again;
+                        if (gpumem_alloc(c, LARGE, 0, &again) < 0) {
+                                fprintf(stderr, "alloc after restart: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                        gm_test_fill(again, LARGE, seed + 3);
+                        intact = intact && gm_test_verify(again, LARGE, seed + 3) &&
+                                 gm_test_verify(large, LARGE, seed + 2);
+                        printf("%s %s\n", again == cached ? "reused" : "elsewhere", intact ? "intact" : "corrupt");
+                        fflush(stdout);
+                        gpumem_free(c, again);
+                }
+                gpumem_free(c, large);
+                gpumem_free(c, small[0]);
+                gpumem_free(c, small[1]);
         } else if (strcmp(cmd, "blocks") == 0 && argc == 5) {
                 static const size_t mixed[] = {512, 3000, 700000, 3u << 20, 1000, 40000};
                 static const size_t small[] = {512, 1024, 3000, 512, 1500, 4000}; /* many blocks */

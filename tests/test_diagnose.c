@@ -6,10 +6,13 @@
  * end-to-end cases run in the heap mode of $GPUMEM_HEAP (both legs). */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "diagnose.h"
@@ -488,6 +491,83 @@ START_TEST(test_e2e_idle_hoarder_beside_refused) {
 }
 END_TEST
 
+/* gpumemctl ARGS on a terminal of rows x cols (a pty on its stdout): the
+ * output into out (the pty's "\r\n" as "\n"); the exit status. */
+static int ctl_on_terminal(unsigned short rows, unsigned short cols, char *out, size_t len, const char *a0,
+                           const char *a1) {
+        int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_int_ge(master, 0);
+        ck_assert_int_eq(grantpt(master), 0);
+        ck_assert_int_eq(unlockpt(master), 0);
+        char name[64];
+        ck_assert_int_eq(ptsname_r(master, name, sizeof(name)), 0);
+        int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+        ck_assert_int_ge(slave, 0);
+        struct winsize ws = {.ws_row = rows, .ws_col = cols};
+        ck_assert_int_eq(ioctl(slave, TIOCSWINSZ, &ws), 0);
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, a0, a1, NULL};
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                dup2(slave, STDOUT_FILENO);
+                execv(argv[0], (char *const *) argv);
+                _exit(127);
+        }
+        close(slave);
+        size_t at = 0;
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(master, buf, sizeof(buf))) > 0) /* EIO once the child has closed it */
+                for (ssize_t i = 0; i < n; i++)
+                        if (buf[i] != '\r' && at + 1 < len)
+                                out[at++] = buf[i];
+        out[at] = '\0';
+        close(master);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+START_TEST(test_e2e_top_fits_the_terminal) {
+        start("256M", NULL);
+        enum { PROCS = 8 };
+        gm_test_proc_t holders[PROCS];
+        char line[128], out[65536], seed[16];
+        for (int i = 0; i < PROCS; i++) {
+                snprintf(seed, sizeof(seed), "%d", i + 1);
+                const char *argv[] = {GM_TEST_CLIENT, daemon_.socket_path, "hold", "1048576", seed, NULL};
+                spawn_ready(argv, &holders[i], line, sizeof(line));
+        }
+        /* Every holder sampled (the daemon's tick): readiness, not timing. */
+        for (int tries = 0; tries < 500; tries++) {
+                ck_assert_int_eq(ctl(out, sizeof(out), "top", "--json", NULL, NULL, NULL, NULL), 0);
+                if (gm_test_count(out, "\"pid\": ") == PROCS)
+                        break;
+                usleep(20000);
+        }
+        ck_assert_int_eq(gm_test_count(out, "\"pid\": "), PROCS);
+        /* Not a terminal: every row, whole. */
+        ck_assert_int_eq(ctl(out, sizeof(out), "top", "--once", NULL, NULL, NULL, NULL), 0);
+        ck_assert_int_eq(gm_test_count(out, "gm-test-client"), PROCS);
+        ck_assert_msg(!strstr(out, "more process"), "%s", out);
+        /* 8 x 60: the device line, the header, 4 rows and "4 more" (the cursor's line left free), each
+         * line cut to 60 columns. */
+        ck_assert_int_eq(ctl_on_terminal(8, 60, out, sizeof(out), "top", "--once"), 0);
+        ck_assert_msg(gm_test_count(out, "\n") == 7 && strstr(out, "... 4 more processes"), "%s", out);
+        ck_assert_int_eq(gm_test_count(out, "gm-test-client"), 4);
+        for (const char *p = out; *p; p = strchr(p, '\n') + 1)
+                ck_assert_msg(strcspn(p, "\n") <= 60, "a line wider than 60 columns in:\n%s", out);
+        ck_assert_msg(strncmp(out, "GPU 0 (", 7) == 0, "%s", out);
+        /* A terminal tall enough: every row, no note. */
+        ck_assert_int_eq(ctl_on_terminal(40, 200, out, sizeof(out), "top", "--once"), 0);
+        ck_assert_int_eq(gm_test_count(out, "gm-test-client"), PROCS);
+        ck_assert_msg(!strstr(out, "more process"), "%s", out);
+        for (int i = 0; i < PROCS; i++)
+                ck_assert_int_eq(gm_test_proc_finish(&holders[i]), 0);
+        stop();
+}
+END_TEST
+
 START_TEST(test_e2e_scopes_and_usage) {
         start("256M", NULL);
         char out[8192];
@@ -531,6 +611,7 @@ int main(void) {
         tcase_add_test(e2e, test_e2e_fragmentation);
         tcase_add_test(e2e, test_e2e_pending_stream_free);
         tcase_add_test(e2e, test_e2e_idle_hoarder_beside_refused);
+        tcase_add_test(e2e, test_e2e_top_fits_the_terminal);
         tcase_add_test(e2e, test_e2e_scopes_and_usage);
         suite_add_tcase(s, e2e);
         return gm_test_run_suite(s);

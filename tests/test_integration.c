@@ -940,13 +940,6 @@ static void read_log(char *buf, size_t len) {
         buf[n] = '\0';
 }
 
-static size_t count_in(const char *text, const char *what) {
-        size_t n = 0;
-        for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
-                n++;
-        return n;
-}
-
 /* SIGHUP takes a new alloc_conf into every statistic (device, tenant,
  * central and live local sessions, a session connected after it), and
  * reloading an unchanged file again and again stays quiet. */
@@ -970,7 +963,7 @@ START_TEST(test_sighup_reload_is_complete_and_repeatable) {
                 size_t reloads = 0;
                 for (int i = 0; i < 500 && reloads < (size_t) round; i++) {
                         read_log(log, sizeof(log));
-                        reloads = count_in(log, "configuration reloaded");
+                        reloads = gm_test_count(log, "configuration reloaded");
                         if (reloads < (size_t) round)
                                 usleep(10000);
                 }

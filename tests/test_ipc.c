@@ -544,8 +544,9 @@ START_TEST(test_path_checks) {
 END_TEST
 
 START_TEST(test_default_socket_path) {
-        char buf[256], want[256];
+        char buf[256], want[256], dir[200];
         unsetenv("GPUMEM_SOCKET");
+        unsetenv("GPUMEM_SYSTEM_SOCKET_DIR");
         setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
         ck_assert_ok(gm_ipc_default_socket_path(3, true, buf, sizeof(buf)));
         if (geteuid() == 0)
@@ -561,12 +562,30 @@ START_TEST(test_default_socket_path) {
                 snprintf(want, sizeof(want), "/tmp/gpumem-%u/gpu0.sock", (unsigned) geteuid());
         ck_assert_str_eq(buf, want);
 
-        /* The override is for clients only. */
+        /* $GPUMEM_SOCKET names a socket; it is no default (peer_check reads it). */
         setenv("GPUMEM_SOCKET", "/srv/custom.sock", 1);
         ck_assert_ok(gm_ipc_default_socket_path(0, true, buf, sizeof(buf)));
-        ck_assert_str_eq(buf, "/srv/custom.sock");
-        ck_assert_ok(gm_ipc_default_socket_path(0, false, buf, sizeof(buf)));
+        ck_assert_str_ne(buf, "/srv/custom.sock");
+        unsetenv("GPUMEM_SOCKET");
+
+        /* The system directory moves for the daemon (as root) and its clients
+         * alike; a client that is not root takes a system socket that exists. */
+        tmp_path(dir, sizeof(dir), "system");
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", dir, 1);
+        snprintf(want, sizeof(want), "%s/gpu1.sock", dir);
+        ck_assert_ok(gm_ipc_default_socket_path(1, false, buf, sizeof(buf)));
+        if (geteuid() == 0)
+                ck_assert_str_eq(buf, want);
+        int lfd;
+        ck_assert_ok(gm_ipc_listen(want, 0600, 16, &lfd));
+        ck_assert_ok(gm_ipc_default_socket_path(1, true, buf, sizeof(buf)));
         ck_assert_str_eq(buf, want);
+        close(lfd);
+        unlink(want);
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", "relative/dir", 1); /* not absolute: the packaged one */
+        ck_assert_ok(gm_ipc_default_socket_path(1, true, buf, sizeof(buf)));
+        ck_assert_ptr_null(strstr(buf, "relative"));
+        unsetenv("GPUMEM_SYSTEM_SOCKET_DIR");
 
         ck_assert_int_eq(gm_ipc_default_socket_path(0, true, buf, 5), -ENAMETOOLONG);
         ck_assert_int_eq(gm_ipc_default_socket_path(-1, false, buf, sizeof(buf)), -EINVAL);
@@ -769,6 +788,35 @@ START_TEST(test_msg_large_envelope_roundtrip) {
         ck_assert_int_eq(got->stats_reply->stats[999]->value, 999);
         assert_same_envelope(got, env);
         gm_msg_free(got);
+}
+END_TEST
+
+START_TEST(test_msg_pack_into_caller_buffer_or_heap) {
+        /* gm_msg_pack writes protobuf-c's bytes into the caller's buffer when
+         * they fit, else into a buffer of its own; past max_packet, nothing. */
+        Gpumem__Envelope *env = stats_reply_envelope(100);
+        size_t want_len = gpumem__envelope__get_packed_size(env);
+        uint8_t *want = malloc(want_len);
+        gpumem__envelope__pack(env, want);
+        static uint8_t buf[GM_MSG_STACK_PACK_MAX];
+        uint8_t *data = NULL;
+        size_t len = 0;
+        ck_assert_ok(gm_msg_pack(env, GM_IPC_MAX_PACKET_DEFAULT, buf, sizeof(buf), &data, &len));
+        ck_assert_ptr_eq(data, buf);
+        ck_assert_uint_eq(len, want_len);
+        ck_assert_int_eq(memcmp(data, want, len), 0);
+
+        ck_assert_ok(gm_msg_pack(env, GM_IPC_MAX_PACKET_DEFAULT, buf, want_len - 1, &data, &len));
+        ck_assert_ptr_ne(data, buf);
+        ck_assert_uint_eq(len, want_len);
+        ck_assert_int_eq(memcmp(data, want, len), 0);
+        free(data);
+
+        uint8_t *untouched = (uint8_t *) &untouched;
+        data = untouched;
+        ck_assert_int_eq(gm_msg_pack(env, want_len - 1, buf, sizeof(buf), &data, &len), -EMSGSIZE);
+        ck_assert_ptr_eq(data, untouched);
+        free(want);
 }
 END_TEST
 
@@ -1091,7 +1139,6 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_fd_to_receiver_accepting_none);
         tcase_add_test(tc, test_foreign_control_message_refused);
         tcase_add_test(tc, test_close_fds);
-        tcase_add_test(tc, test_default_socket_path);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("listener");
@@ -1105,6 +1152,7 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_listen_refuses_live_listener_of_another_type);
         tcase_add_test(tc, test_listen_never_removes_a_non_socket);
         tcase_add_test(tc, test_path_checks);
+        tcase_add_test(tc, test_default_socket_path);
         suite_add_tcase(s, tc);
 
         tc = tcase_create("msg");
@@ -1112,6 +1160,7 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_msg_roundtrip_every_body);
         tcase_add_test(tc, test_msg_alloc_reply_with_fds);
         tcase_add_test(tc, test_msg_large_envelope_roundtrip);
+        tcase_add_test(tc, test_msg_pack_into_caller_buffer_or_heap);
         tcase_add_test(tc, test_msg_oversize_refused_and_nothing_sent);
         tcase_add_test(tc, test_msg_garbage_is_ebadmsg);
         tcase_add_test(tc, test_msg_envelope_framing);

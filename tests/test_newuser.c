@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "ipc.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024ull)
@@ -126,6 +127,41 @@ START_TEST(test_default_socket_is_the_system_daemons) {
 }
 END_TEST
 
+START_TEST(test_root_daemon_listens_in_the_system_dir) {
+        /* The daemon, as root and given no socket, listens where its clients
+         * look for the system daemons: $GPUMEM_SYSTEM_SOCKET_DIR moves both. */
+        char dir[300], sock[320], conf[320], out[16384];
+        snprintf(dir, sizeof(dir), "%s/system", daemon_.dir);
+        snprintf(sock, sizeof(sock), "%s/gpu0.sock", dir);
+        snprintf(conf, sizeof(conf), "%s/system.conf", daemon_.dir);
+        FILE *f = fopen(conf, "we");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[daemon]\nstate_dir = %s/system-state\n", daemon_.dir);
+        fclose(f);
+        setenv("GPUMEM_SYSTEM_SOCKET_DIR", dir, 1);
+        gm_test_proc_t d;
+        gm_test_spawn((const char *const[]){GPUMEMD_BIN, "--backend", gm_test_backend(), "--capacity", "16M",
+                                            "--config", conf, "--metrics-listen", "none", NULL},
+                      0, &d);
+        int fd = -1;
+        for (int i = 0; i < 1000 && gm_ipc_connect(sock, &fd) < 0; i++) /* readiness, not timing */
+                usleep(10000);
+        if (fd < 0) { /* elsewhere (the packaged /run/gpumem): stop it before failing */
+                kill(d.pid, SIGTERM);
+                gm_test_proc_finish(&d);
+                ck_abort_msg("gpumemd did not listen on %s", sock);
+        }
+        close(fd);
+        ck_assert_int_eq(CTL(NOBODY, out, "stats", "--json"), 0);
+        assert_has(out, "\"capacity_bytes\": 16777216"); /* this daemon, not the fixture's 64M */
+        ck_assert_int_eq(CTL(0, out, "stats", "--json"), 0);
+        assert_has(out, "\"capacity_bytes\": 16777216");
+        ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+        ck_assert_int_eq(gm_test_proc_finish(&d), 0);
+        ck_assert_int_ne(access(sock, F_OK), 0);
+}
+END_TEST
+
 START_TEST(test_missing_socket_says_the_daemon_is_not_running) {
         char out[4096], path[400], stale[100];
         snprintf(path, sizeof(path), "%s/gpu7.sock", daemon_.dir);
@@ -208,6 +244,29 @@ START_TEST(test_arguments_that_name_nothing_or_too_much_fail) {
         ck_assert_str_eq(out, "gpumemctl " GPUMEM_VERSION "\n");
         ck_assert_int_eq(CTL(0, out, "--help"), 0);
         assert_has(out, "history on [--max-entries N] | off | status");
+}
+END_TEST
+
+START_TEST(test_usage_errors_need_no_daemon) {
+        /* Arguments are checked before the daemon is reached: a usage error is
+         * one (exit 2, with the usage) with no daemon running too. */
+        char out[8192];
+        const char *none = "/nonexistent-gpumemd/gpu0.sock";
+        ck_assert_int_eq(CTL(0, out, "-s", none, "stats", "--bogus"), 2);
+        assert_has(out, "Usage: gpumemctl");
+        assert_lacks(out, "not running");
+        const char *bad[][4] = {{"trim", "extra", NULL},           {"history", "on", "--max-entries", "0"},
+                                {"quota", "set", "uid:0", "lots"}, {"top", "--interval", "soon", NULL},
+                                {"diagnose", "--pid", "x", NULL},  {"status", "extra", NULL}};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                ck_assert_int_eq(run(0, out, sizeof(out),
+                                     (const char *const[]){GPUMEMCTL_BIN, "-s", none, bad[i][0], bad[i][1], bad[i][2],
+                                                           bad[i][3], NULL}),
+                                 2);
+                assert_lacks(out, "not running");
+        }
+        ck_assert_int_eq(CTL(0, out, "-s", none, "stats"), 3); /* well formed: then the daemon is missed */
+        assert_has(out, "gpumemd is not running at '/nonexistent-gpumemd/gpu0.sock'");
 }
 END_TEST
 
@@ -373,9 +432,11 @@ static Suite *newuser_suite(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_default_socket_is_the_system_daemons);
+        tcase_add_test(tc, test_root_daemon_listens_in_the_system_dir);
         tcase_add_test(tc, test_missing_socket_says_the_daemon_is_not_running);
         tcase_add_test(tc, test_plain_stats_shows_a_non_admin_its_tenant);
         tcase_add_test(tc, test_arguments_that_name_nothing_or_too_much_fail);
+        tcase_add_test(tc, test_usage_errors_need_no_daemon);
         tcase_add_test(tc, test_device_flag_picks_that_gpus_daemon);
         tcase_add_test(tc, test_history_status_and_quota_json);
         tcase_add_test(tc, test_clients_names_each_processs_command);

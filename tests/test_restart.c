@@ -347,6 +347,70 @@ START_TEST(test_sigkill_without_fd_store) {
 }
 END_TEST
 
+/* Page reuse gives both pools 2 MiB pages, so a restart cannot tell a
+ * segment's pool from its pages: the ledger keeps it. A client holds a
+ * small-pool segment and a large-pool one (one page moved into it from the
+ * small pool, a freed block cached in it); after a SIGKILL and restart its
+ * stats and snapshot show the same pools, the device's per-pool figures are
+ * back, and a large request lands in the cached block of the large-pool
+ * segment (restored in the small pool, it would map a new segment). */
+static void restart_keeps_pools(bool with_fd_store) {
+        static const char *const POOLS[] = {"reserved_bytes.large_pool.current", "reserved_bytes.small_pool.current",
+                                            "segment.large_pool.current", "segment.small_pool.current"};
+        const char *conf = "expandable_segments:True,gpumemd_page_reuse:True";
+        sd_start_daemon(conf, with_fd_store);
+        const char *argv[] = {GM_TEST_CLIENT, sd.control_path, "pools", "41", "0", NULL};
+        gm_test_proc_t client;
+        gm_test_spawn(argv, 0, &client);
+        char ready[128], line[128];
+        ck_assert(gm_test_proc_read_line(&client, ready, sizeof(ready)));
+        long long large, small, n_large, n_small;
+        unsigned snap_large, snap_small;
+        ck_assert_msg(sscanf(ready, "ready %lld %lld %lld %lld snapshot %u %u", &large, &small, &n_large, &n_small,
+                             &snap_large, &snap_small) == 6,
+                      "client: %s", ready);
+        /* Six pages in the large pool; on the host backend one of them was
+         * moved from the small pool, which keeps one (on cuda a central heap
+         * moves no page it handed out: it keeps two). */
+        long long small_pages = strcmp(gm_test_backend(), "host") == 0 ? 1 : 2;
+        ck_assert_msg(large == 12 << 20 && small == small_pages << 21 && snap_large > 0 && snap_small > 0, "client: %s",
+                      ready);
+        int64_t total = device_stat("reserved_bytes.all.current"), before[4];
+        for (size_t k = 0; k < 4; k++)
+                before[k] = device_stat(POOLS[k]);
+        ck_assert_int_eq(total, large + small);
+
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(sd.daemon, NULL, 0), sd.daemon);
+        sd.daemon = 0;
+        sd_start_daemon(conf, with_fd_store);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", total), total);
+        for (size_t k = 0; k < 4; k++)
+                ck_assert_msg(device_stat(POOLS[k]) == before[k], "device %s: %lld after, %lld before", POOLS[k],
+                              (long long) device_stat(POOLS[k]), (long long) before[k]);
+        ck_assert_int_eq(write(client.stdin_fd, "check\n", 6), 6);
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_msg(strncmp(line, "pools ", 6) == 0 && strcmp(line + 6, ready + 6) == 0, "after: %s, before: %s",
+                      line, ready);
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_str_eq(line, "reused intact");
+        ck_assert_int_eq(gm_test_proc_finish(&client), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", 0), 0);
+        usleep(100000);
+        sd_pump();
+        ck_assert_uint_eq(stored_count(), 0);
+}
+
+START_TEST(test_page_reuse_pools_with_fd_store) {
+        restart_keeps_pools(true);
+}
+END_TEST
+
+START_TEST(test_page_reuse_pools_without_fd_store) {
+        restart_keeps_pools(false);
+}
+END_TEST
+
 /* Stored segments whose client never comes back are released after the grace. */
 START_TEST(test_unclaimed_segments_released_after_grace) {
         sd_start_daemon("expandable_segments:False", true);
@@ -395,6 +459,8 @@ int main(void) {
         tcase_add_test(tc, test_sigkill_with_fd_store_expandable);
         tcase_add_test(tc, test_sigkill_without_fd_store);
         tcase_add_test(tc, test_unclaimed_segments_released_after_grace);
+        tcase_add_test(tc, test_page_reuse_pools_with_fd_store);
+        tcase_add_test(tc, test_page_reuse_pools_without_fd_store);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }

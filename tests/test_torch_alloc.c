@@ -180,13 +180,6 @@ static void capture_stderr(void (*fn)(void), char *buf, size_t len) {
         close(fd);
 }
 
-static size_t count(const char *hay, const char *needle) {
-        size_t n = 0;
-        for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
-                n++;
-        return n;
-}
-
 static void refuse_three_times(void) {
         for (int i = 0; i < 3; i++)
                 ck_assert_ptr_null(gpumem_torch_alloc(1ull << 40, 1, NULL));
@@ -204,7 +197,7 @@ START_TEST(test_refusal_null_diagnosis_logged_once) {
         ck_assert_int_eq(gpumem_torch_last_refusal(1, why, sizeof(why), &n), -ENOMEM);
         ck_assert_uint_eq(n, 3);
         ck_assert_msg(strstr(why, "tried to allocate 1.00 TiB"), "diagnosis: %s", why);
-        ck_assert_msg(count(err, "refused") == 1, "one stderr report for three refusals: %s", err);
+        ck_assert_msg(gm_test_count(err, "refused") == 1, "one stderr report for three refusals: %s", err);
         ck_assert_ptr_nonnull(strstr(err, "cuda:1"));
         ck_assert_ptr_nonnull(strstr(err, why));                          /* the same diagnosis */
         ck_assert_int_eq(gpumem_torch_last_refusal(0, NULL, 0, NULL), 0); /* the other device is untouched */
@@ -218,7 +211,7 @@ START_TEST(test_refusal_null_diagnosis_logged_once) {
         ck_assert_int_eq(gpumem_torch_last_refusal(1, why, sizeof(why), &n), -EDQUOT);
         ck_assert_uint_eq(n, 4);
         ck_assert_msg(strstr(why, "quota"), "diagnosis: %s", why);
-        ck_assert_msg(count(err, "refused") == 1, "quota refusal reported: %s", err);
+        ck_assert_msg(gm_test_count(err, "refused") == 1, "quota refusal reported: %s", err);
 
         /* Within the quota it works, and size 0 is NULL without a refusal. */
         void *p = gpumem_torch_alloc(8 * MiB, 1, NULL);

@@ -429,3 +429,10 @@ int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv
         buf[len] = '\0';
         return gm_test_proc_finish(&p);
 }
+
+size_t gm_test_count(const char *text, const char *what) {
+        size_t n = 0;
+        for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+                n++;
+        return n;
+}

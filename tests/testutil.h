@@ -97,6 +97,9 @@ int gm_test_proc_finish(gm_test_proc_t *p);
 /* gm_test_run as another user. */
 int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv);
 
+/* How often `what` occurs in `text` (not overlapping). */
+size_t gm_test_count(const char *text, const char *what);
+
 /* Fills / verifies a pattern derived from seed. */
 void gm_test_fill(void *p, size_t n, uint64_t seed);
 bool gm_test_verify(const void *p, size_t n, uint64_t seed);

@@ -3,9 +3,10 @@
  * write there can write anything), opened by a broker over the host backend
  * with no fd store. Properties: the broker's checker holds; every record a
  * re-attach could claim has a session token and a non-empty range inside its
- * segment, and an id below the next one handed out; every known session has
- * a token; the journal the open rewrote reads back to the same records,
- * sessions and runtime quotas; nothing is left in the backend. */
+ * segment, an id below the next one handed out, and a pool that is small,
+ * large or not recorded; every known session has a token; the journal the
+ * open rewrote reads back to the same records (pools included), sessions and
+ * runtime quotas; nothing is left in the backend. */
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -47,6 +48,7 @@ static gm_broker_t *open_ledger(gm_backend_t *backend) {
                 const gm_ledger_entry_t *e = &b->records[i];
                 FUZZ_ASSERT(token_ok(e->token) && e->store_id != 0 && e->store_id <= b->next_store_id);
                 FUZZ_ASSERT(e->size != 0 && e->offset + e->size > e->offset && e->offset + e->size <= e->va_size);
+                FUZZ_ASSERT(e->pool == GM_POOL_UNKNOWN || e->pool == GM_POOL_SMALL || e->pool == GM_POOL_LARGE);
         }
         for (size_t i = 0; i < b->n_known_tokens; i++)
                 FUZZ_ASSERT(token_ok(b->known_tokens[i].token));
@@ -56,7 +58,7 @@ static gm_broker_t *open_ledger(gm_backend_t *backend) {
 static bool same_entry(const gm_ledger_entry_t *x, const gm_ledger_entry_t *y) {
         return x->store_id == y->store_id && strcmp(x->token, y->token) == 0 && x->uid == y->uid &&
                x->segment_id == y->segment_id && x->offset == y->offset && x->size == y->size &&
-               x->va_size == y->va_size;
+               x->va_size == y->va_size && x->pool == y->pool;
 }
 
 /* Every record, known session and runtime quota of a is in b (as many times). */
