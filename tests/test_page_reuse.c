@@ -6,6 +6,7 @@
  * device backend moves no page whose stream work is not known complete.
  * Runs on the backend $GPUMEM_TEST_BACKEND names (host, or cuda over the
  * emulated driver). */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +211,44 @@ START_TEST(test_frag_central) {
 }
 END_TEST
 
+/* A run of new pages past the tenant's quota is refused as a whole: a 32 MiB
+ * block (16 new pages in one Grant or one central create_run) at a 24 MiB
+ * quota with 8 MiB held leaves nothing more charged or reserved, and the
+ * same block fits once the quota allows it. */
+static void run_past_quota(gpumem_heap_mode mode) {
+        start();
+        gpumem_client *admin = connect_mode(GPUMEM_HEAP_CENTRAL); /* uid 0: may set quotas */
+        gpumem_client *c = connect_mode(mode);
+        void *small = alloc_ok(c, 8 * MiB), *big = NULL;
+        ck_assert_int_eq(gpumem_quota_set(admin, "uid:0", 24 * MiB, true), 0);
+        int r = gpumem_alloc(c, 32 * MiB, 0, &big);
+        ck_assert_msg(r == -EDQUOT, "gpumem_alloc: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (8 * MiB));
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 8 * MiB), 8 * MiB);
+        ck_assert_int_eq(gpumem_quota_set(admin, "uid:0", 40 * MiB, true), 0);
+        big = alloc_ok(c, 32 * MiB);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 40 * MiB);
+        gm_test_fill(big, 32 * MiB, 3);
+        ck_assert(gm_test_verify(big, 32 * MiB, 3));
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        ck_assert_int_eq(gpumem_quota_set(admin, "uid:0", 0, true), 0);
+        gpumem_disconnect(c);
+        gpumem_disconnect(admin);
+        stop();
+}
+
+START_TEST(test_run_past_quota_local) {
+        run_past_quota(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_run_past_quota_central) {
+        run_past_quota(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+
 #ifdef GM_TEST_FAKECUDA
 /* A local heap on a device backend: a freed block whose stream's event has
  * not completed gives no page (new memory is mapped, nothing waits); once
@@ -252,6 +291,8 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_frag_local);
         tcase_add_test(tc, test_frag_central);
+        tcase_add_test(tc, test_run_past_quota_local);
+        tcase_add_test(tc, test_run_past_quota_central);
 #ifdef GM_TEST_FAKECUDA
         if (on_cuda())
                 tcase_add_test(tc, test_move_refused_while_work_pending);
