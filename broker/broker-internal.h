@@ -151,6 +151,9 @@ void gm_session_hand_over(gm_session_t *s, gm_piece_t *p);
 /* The session ends: its granted figures go to zero (its pieces are destroyed). */
 void gm_session_drop_grants(gm_session_t *s);
 void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out);
+/* A grant's pieces (n_pieces, 0 meaning 1) and bytes (all of them). */
+uint64_t gm_grant_pieces(const gm_grant_t *g);
+uint64_t gm_grant_bytes(const gm_grant_t *g);
 /* Bytes a local session's heap caches by its client's word (bounded by what it was granted). */
 uint64_t gm_session_client_cached(const gm_session_t *s);
 

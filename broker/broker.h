@@ -116,6 +116,13 @@ typedef struct gm_piece_spec {
  * LIVE, not yet sent; it is listed by gm_session_new_pieces() until
  * gm_session_pieces_sent() or gm_piece_release(). */
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+/* n pieces of first->size bytes at first->offset + k * first->size of one
+ * segment, as n gm_piece_create() calls would make them, all or nothing:
+ * the quota and the device are checked for the run as a whole, and a
+ * backend failure part way gives back what was made. On success pieces[k]
+ * is piece k; on failure nothing of the run is left (the contents of
+ * pieces[] are then meaningless). */
+int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t n, gm_piece_t **pieces);
 /* The one release path. A piece the client may have mapped (sent, session
  * alive) is queued for a ReleaseRequest (see gm_session_flush_releases());
  * anything else returns to the backend at once. `whole_segment`: this is the
@@ -158,6 +165,10 @@ typedef struct gm_release_range {
         bool whole_segment;
 } gm_release_range_t;
 
+/* Pieces one grant may ask for at once: its reply carries their fds in one
+ * packet (the kernel's SCM_RIGHTS cap; the daemon's max_fds may be lower). */
+#define GM_MAX_GRANT_PIECES 253u
+
 /* What a request comes to. */
 typedef enum gm_outcome_kind {
         GM_OUTCOME_REPLY,  /* done: answer it (an allocation: with its new pieces) */
@@ -175,7 +186,9 @@ typedef struct gm_outcome {
         bool oom;
         gm_oom_reason_t oom_reason;
         uint64_t oom_size;
-        const gm_piece_t *piece; /* REPLY to a grant: the piece whose fd the reply carries */
+        /* REPLY to a grant: its pieces, in order, whose fds the reply carries. */
+        const gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
+        size_t n_pieces;
 } gm_outcome_t;
 
 /* What a local session's client reports of heaps (its statistics page, as the
@@ -493,9 +506,12 @@ void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_tot
 
 /* ---- local sessions: the heap runs in the client ---- */
 
-/* A request for one piece of physical memory for the client's heap. */
+/* A request for physical memory for the client's heap: one piece, or a run
+ * of n_pieces consecutive pieces of piece.size bytes from piece.offset (the
+ * pages of an expandable segment), granted all or nothing. */
 typedef struct gm_grant {
-        gm_piece_spec_t piece;
+        gm_piece_spec_t piece; /* the first */
+        uint64_t n_pieces;     /* 0 or 1: one; at most GM_MAX_GRANT_PIECES */
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
@@ -504,8 +520,9 @@ typedef struct gm_grant {
 /* Makes a started session local (at Hello): -EBUSY when it already has a
  * heap or memory. */
 int gm_session_set_local(gm_session_t *s);
-/* A grant: REPLY (out->piece: hand its fd over), PARK or REFUSE (malformed
- * against what the session holds, quota, device), as gm_session_alloc(). */
+/* A grant: REPLY (out->pieces: hand their fds over), PARK or REFUSE
+ * (malformed against what the session holds, quota, device: for a run, as
+ * a whole, and nothing of it is then charged), as gm_session_alloc(). */
 void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
 /* The client unmapped and gives back these pieces (ReturnPieces), checked as
  * a ReleaseAck is (process_check.c): shown gone, they go back to the backend

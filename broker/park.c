@@ -290,7 +290,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 .caller_admin = s->admin,
         };
         if (rq->is_grant) {
-                r.alloc_size = rq->grant.piece.size;
+                r.alloc_size = gm_grant_bytes(&rq->grant);
                 r.block_size = rq->grant.block_size;
                 r.largest_free = rq->grant.largest_free;
                 r.session_allocated = v.session_allocated;
@@ -308,7 +308,8 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
         if (gm_oom_format(&r, buf, len) < 0)
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
-                         rq->is_grant ? "granting" : "allocating", rq->is_grant ? rq->grant.piece.size : rq->size);
+                         rq->is_grant ? "granting" : "allocating",
+                         rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
@@ -329,7 +330,7 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         gm_broker_t *b = s->broker;
         gm_tenant_t *scope = err == -EDQUOT ? s->tenant : NULL;
         /* Memory reclaimed from other sessions arrives once their clients answer. */
-        uint64_t need = rq->is_grant ? rq->grant.piece.size : rq->size;
+        uint64_t need = rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size;
         uint64_t asked = reclaim_from_others(b, s, scope, need);
         if (may_park && (asked > 0 || help_coming(b, scope)) && s->n_parked < b->limits.max_parked_per_session) {
                 out->kind = GM_OUTCOME_PARK;
@@ -340,7 +341,9 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         gm_oom_reason_t reason = describe_refusal(s, rq, err, out->message, sizeof(out->message));
         out->oom = !(rq->is_grant && rq->grant.will_retry); /* one the application sees */
         out->oom_reason = reason;
-        out->oom_size = !rq->is_grant ? rq->size : rq->grant.block_size ? rq->grant.block_size : rq->grant.piece.size;
+        out->oom_size = !rq->is_grant          ? rq->size
+                        : rq->grant.block_size ? rq->grant.block_size
+                                               : gm_grant_bytes(&rq->grant);
         if (b->ops.count_refusal && out->oom)
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }

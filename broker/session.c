@@ -29,6 +29,23 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
         return 0;
 }
 
+/* A run of pages: the backend has no batch, so one piece each, made and
+ * charged as one (gm_piece_create_run: all or nothing). */
+static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                               uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
+        gm_session_t *s = userdata;
+        gm_piece_spec_t first = {
+                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = page_size};
+        gm_piece_t **pieces = n_pages <= SIZE_MAX / sizeof(*pieces) ? malloc(n_pages * sizeof(*pieces)) : NULL;
+        int r = pieces ? gm_piece_create_run(s, &first, n_pages, pieces) : -ENOMEM;
+        for (uint64_t k = 0; r == 0 && k < n_pages; k++) {
+                pieces[k]->in_heap = true;
+                handles[k] = (uint64_t) (uintptr_t) pieces[k];
+        }
+        free(pieces);
+        return r;
+}
+
 static gm_page_move_t *pending_move(gm_session_t *s, const gm_piece_t *p) {
         for (size_t i = 0; i < s->n_moves; i++)
                 if (s->moves[i].piece == p)
@@ -174,6 +191,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         bool synchronous = strcmp(b->backend->ops->name, "host") == 0;
         gm_provider_t provider = {
                 .create = provider_create,
+                .create_run = provider_create_run,
                 .release = provider_release,
                 .trace = provider_trace,
                 .remap = provider_remap,

@@ -20,7 +20,11 @@
 
 /* ---- a fake backend: real fds (of /dev/null), counted bytes ---- */
 
+static unsigned create_fails_in_; /* the backend create that many calls from now fails with -EIO (0: none) */
+
 static int fake_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret) {
+        if (create_fails_in_ && --create_fails_in_ == 0)
+                return -EIO;
         if (size > b->capacity - b->in_use)
                 return -ENOMEM;
         int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -259,6 +263,7 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
 static void setup(void) {
         backend_ = (gm_backend_t){.ops = &fake_backend_ops, .capacity = 256 * MiB, .granularity = 2 * MiB};
         memset(&host_, 0, sizeof(host_));
+        create_fails_in_ = 0;
         snprintf(dir_, sizeof(dir_), "/tmp/gm-broker-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
         snprintf(ledger_, sizeof(ledger_), "%s/ledger", dir_);
@@ -325,10 +330,10 @@ static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t
         gm_session_grant(s, 1, &g, &out);
         ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "grant of %llu: kind %d: %s", (unsigned long long) size, out.kind,
                       out.message);
-        ck_assert_ptr_nonnull(out.piece);
-        ck_assert(out.piece->granted);
+        ck_assert_uint_eq(out.n_pieces, 1);
+        ck_assert(out.pieces[0]->granted);
         CHECK(s->broker);
-        return out.piece;
+        return out.pieces[0];
 }
 
 static void return_whole(gm_session_t *s, uint64_t segment_id, uint64_t size) {
@@ -670,6 +675,47 @@ START_TEST(test_whole_segment_travels_last) {
 }
 END_TEST
 
+/* A central allocation refused with `err`, leaving nothing made, listed or charged. */
+static void refused_with_nothing_made(gm_session_t *s, uint64_t size, int err) {
+        gm_outcome_t out;
+        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, err);
+        CHECK(s->broker);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_ptr_null(gm_session_new_pieces(s));
+}
+
+/* A central page-reuse heap creates a run of 2 MiB pages through one
+ * provider call, all or nothing: a run past the quota is refused with
+ * nothing made or charged, a backend failure part way gives back what it
+ * made, and a run that fits is 8 new pieces for the reply. */
+START_TEST(test_central_run_all_or_nothing) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new("expandable_segments:True,gpumemd_page_reuse:True", 0);
+        gm_tenant_t *t = gm_tenant_get(b_, "a");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 20 * MiB);
+        gm_session_t *s = session(b_, 1000, "a");
+
+        refused_with_nothing_made(s, 32 * MiB, -EDQUOT);
+        create_fails_in_ = 5; /* the fifth of 8 pages */
+        refused_with_nothing_made(s, 16 * MiB, -EIO);
+        ck_assert_int_eq(create_fails_in_, 0);
+
+        alloc_ok(s, 16 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 16 * MiB);
+        size_t n = 0;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                ck_assert_uint_eq(p->phys.size, 2 * MiB);
+                ck_assert(p->in_heap);
+                n++;
+        }
+        ck_assert_uint_eq(n, 8);
+}
+END_TEST
+
 /* What a client-side heap is granted: pieces without a daemon-side heap. */
 START_TEST(test_grant_without_a_heap) {
         gm_tenant_t *t = gm_tenant_get(b_, "local");
@@ -724,6 +770,89 @@ START_TEST(test_grant_without_a_heap) {
         CHECK(b_);
         ck_assert_uint_eq(backend_.in_use, 0);
         ck_assert_uint_eq(t->charged_bytes, 0);
+}
+END_TEST
+
+/* A run of pages is granted all or nothing: a quota or the device too small
+ * for the whole run refuses it with nothing charged or made, a backend
+ * failure part way gives back what it made, a malformed run is refused at
+ * once, and a run that fits is n pieces in order in one reply. */
+START_TEST(test_grant_run_all_or_nothing) {
+        backend_.capacity = 40 * MiB;
+        gm_tenant_t *t = gm_tenant_get(b_, "r");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 20 * MiB);
+        gm_session_t *s = local_session(b_, 1000, "r");
+        gm_grant_t g = {.piece = {.segment_id = 1, .segment_va_size = 64 * MiB, .offset = 0, .size = 2 * MiB},
+                        .n_pieces = 16};
+        gm_outcome_t out;
+
+        gm_session_grant(s, 1, &g, &out); /* 32 MiB at a 20 MiB quota */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "quota"), "message: %s", out.message);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_uint_eq(s->grants.pieces, 0);
+        ck_assert_ptr_null(s->pieces);
+
+        g.n_pieces = 8;
+        gm_session_grant(s, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(out.n_pieces, 8);
+        for (size_t k = 0; k < 8; k++) {
+                ck_assert_uint_eq(out.pieces[k]->segment_id, 1);
+                ck_assert_uint_eq(out.pieces[k]->offset, k * 2 * MiB);
+                ck_assert(out.pieces[k]->granted);
+        }
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(s->grants.pieces, 8);
+        ck_assert_int_eq(s->grants.segments.current, 1);
+
+        /* Malformed: overlapping a granted piece, past the segment, unaligned, too many. */
+        static const struct {
+                uint64_t offset, n;
+                const char *why;
+        } bad[] = {{14 * MiB, 2, "already granted"},
+                   {60 * MiB, 4, "outside"},
+                   {17 * MiB, 2, "granularity"},
+                   {16 * MiB, GM_MAX_GRANT_PIECES + 1, "too many"}};
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 0); /* unlimited */
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                gm_grant_t m = g;
+                m.piece.offset = bad[i].offset;
+                m.n_pieces = bad[i].n;
+                gm_session_grant(s, 3, &m, &out);
+                ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(out.error, -EINVAL);
+                ck_assert_msg(strstr(out.message, bad[i].why), "%zu: %s", i, out.message);
+        }
+
+        /* The device: 24 MiB left, a run of 26 MiB is refused whole. */
+        g.piece.offset = 16 * MiB;
+        g.n_pieces = 13;
+        gm_session_grant(s, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -ENOMEM);
+        /* The backend fails on the third piece of four: the two made go back. */
+        create_fails_in_ = 3;
+        g.n_pieces = 4;
+        gm_session_grant(s, 5, &g, &out);
+        ck_assert_int_eq(create_fails_in_, 0);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EIO);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 16 * MiB);
+        ck_assert_uint_eq(s->grants.pieces, 8);
+        ck_assert_ptr_null(gm_session_find_piece(s, 1, 16 * MiB));
+        gm_session_grant(s, 6, &g, &out); /* the same run now fits */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(out.n_pieces, 4);
+        ck_assert_uint_eq(backend_.in_use, 24 * MiB);
+        ck_assert_int_eq(s->grants.segments.current, 1);
+        CHECK(b_);
 }
 END_TEST
 
@@ -1248,7 +1377,7 @@ START_TEST(test_grants_park_until_reclaimed) {
         ck_assert_uint_eq(host_.n_done, 1);
         ck_assert_uint_eq(host_.done[0].request_id, 41);
         ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
-        ck_assert_ptr_nonnull(host_.done[0].outcome.piece);
+        ck_assert_ptr_nonnull(host_.done[0].outcome.pieces[0]);
         ck_assert_uint_eq(busy->n_parked, 2);
         ck_assert_uint_eq(busy->tenant->charged_bytes, 20 * MiB);
         ck_assert_int_eq(idle->grants.segments.current, 2);
@@ -1518,6 +1647,8 @@ static Suite *broker_suite(void) {
         TCase *tc = tcase_create("core");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_quota_refuses_and_charges_exactly);
+        tcase_add_test(tc, test_grant_run_all_or_nothing);
+        tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);

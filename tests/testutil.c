@@ -261,15 +261,15 @@ void gm_test_raw_hello(int fd, bool admin) {
         gm_test_raw_hello_named(fd, admin, "test");
 }
 
-/* Sends Hello asking for `mode` and returns the reply. */
-static Gpumem__Envelope *raw_hello(int fd, bool admin, const char *client_name, const char *resume_token,
-                                   Gpumem__HeapMode mode) {
+/* Sends Hello asking for `heap_mode` and returns the reply. */
+Gpumem__Envelope *gm_test_raw_hello_mode(int fd, bool admin, const char *client_name, const char *resume_token,
+                                         Gpumem__HeapMode heap_mode) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         hello.client_name = (char *) client_name;
         hello.admin = admin;
         hello.resume_token = (char *) (resume_token ? resume_token : "");
-        hello.heap_mode = mode;
+        hello.heap_mode = heap_mode;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 1;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
@@ -280,11 +280,11 @@ static Gpumem__Envelope *raw_hello(int fd, bool admin, const char *client_name, 
 }
 
 Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token) {
-        return raw_hello(fd, admin, client_name, resume_token, GPUMEM__HEAP_MODE__HEAP_MODE_UNSPECIFIED);
+        return gm_test_raw_hello_mode(fd, admin, client_name, resume_token, GPUMEM__HEAP_MODE__HEAP_MODE_UNSPECIFIED);
 }
 
 void gm_test_raw_hello_local(int fd) {
-        Gpumem__Envelope *reply = raw_hello(fd, false, "raw-local", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        Gpumem__Envelope *reply = gm_test_raw_hello_mode(fd, false, "raw-local", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         ck_assert_int_eq(reply->hello_reply->heap_mode, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
         gm_msg_free(reply); /* its statistics page's fd was closed */

@@ -46,6 +46,9 @@ void gm_test_raw_hello(int fd, bool admin);
 void gm_test_raw_hello_named(int fd, bool admin, const char *client_name);
 /* Sends Hello (resume_token may be NULL) and returns the reply, whatever it is. */
 Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token);
+/* The same asking for a heap mode (a local one's statistics page fd is closed). */
+Gpumem__Envelope *gm_test_raw_hello_mode(int fd, bool admin, const char *client_name, const char *resume_token,
+                                         Gpumem__HeapMode heap_mode);
 /* Sends env (request_id set by caller) and returns the next envelope with that
  * request id (skipping others), or NULL if the connection closed. */
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
