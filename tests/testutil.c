@@ -284,7 +284,8 @@ Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client
 }
 
 void gm_test_raw_hello_local(int fd) {
-        Gpumem__Envelope *reply = gm_test_raw_hello_mode(fd, false, "raw-local", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        Gpumem__Envelope *reply =
+                gm_test_raw_hello_mode(fd, false, "raw-local", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
         ck_assert_int_eq(reply->hello_reply->heap_mode, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
         gm_msg_free(reply); /* its statistics page's fd was closed */
