@@ -307,6 +307,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         if (s->reclaim.id && (s->ended || !s->local))
                 violation(c, "session %llu: a Reclaim pending in a %s session", (unsigned long long) s->id,
                           s->ended ? "ended" : "central");
+        if (s->return_intent_open && (!s->local || !s->return_intents))
+                violation(c, "session %llu: a return intent open in a %s session", (unsigned long long) s->id,
+                          s->local ? "local session that never sent one" : "central");
         if (parked != s->n_parked || last != s->parked_tail)
                 violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
                           parked);

@@ -440,6 +440,8 @@ struct gm_session {
         size_t n_fences;
         uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
         gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
+        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
+        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
         struct gm_session *prev, *next;
 };
 
@@ -532,6 +534,18 @@ void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g,
  * name no granted piece of that length (left alone); the index of the first
  * in *ret_first_bad. */
 size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
+/* The client is about to unmap pieces and return them (ReturnIntent): the
+ * reference its returns are checked against is noted now, before its figure
+ * drops, and stands until gm_session_close_return_intent() (its closing
+ * ReturnPieces): neither a Reclaim nor another intent renews it meanwhile.
+ * -EPROTO for a central session, -EBUSY while one is open, -ESHUTDOWN once
+ * ended. A client that never closes its intent only hurts itself: its later
+ * returns are judged against that old reference. */
+int gm_session_open_return_intent(gm_session_t *s);
+void gm_session_close_return_intent(gm_session_t *s);
+/* Whether its returns are checked against its process's device memory
+ * figure (cuda with NVML), so that a give-back needs a ReturnIntent first. */
+bool gm_session_returns_need_intent(const gm_session_t *s);
 /* Page reuse in the client's heap: the granted piece at (from_segment_id,
  * from_offset) now lies at `to` (its size: the piece's), checked as a grant
  * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */

@@ -256,6 +256,23 @@ size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *range
         return bad;
 }
 
+int gm_session_open_return_intent(gm_session_t *s) {
+        if (s->ended)
+                return -ESHUTDOWN;
+        if (!s->local)
+                return -EPROTO;
+        if (s->return_intent_open)
+                return -EBUSY;
+        gm_holder_note(s, &s->holder);
+        s->return_intent_open = true;
+        s->return_intents = true;
+        return 0;
+}
+
+void gm_session_close_return_intent(gm_session_t *s) {
+        s->return_intent_open = false;
+}
+
 void gm_session_drop_grants(gm_session_t *s) {
         gm_stat_update(&s->grants.bytes, -s->grants.bytes.current);
         gm_stat_update(&s->grants.segments, -s->grants.segments.current);

@@ -123,7 +123,8 @@ uint64_t gm_session_ask_reclaim(gm_session_t *s) {
         s->reclaim.id = id;
         s->reclaim.bytes = cached;
         s->reclaim.sent_ms = gm_now_ms();
-        gm_holder_note(s, &s->holder); /* the pieces it returns for this are checked against now */
+        if (!s->return_intents) /* an older client's: the pieces it returns for this are checked against now */
+                gm_holder_note(s, &s->holder);
         gm_session_owes(s);
         if (b->ops.count_reclaim)
                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_REQUESTED);

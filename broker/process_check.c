@@ -86,6 +86,11 @@ gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t 
         return GM_RELEASE_UNVERIFIED;
 }
 
+bool gm_session_returns_need_intent(const gm_session_t *s) {
+        uint64_t figure;
+        return process_figure(s->broker, s->pid, &figure);
+}
+
 bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid) {
         uint64_t figure;
         return b->driver_attributes_mappings && process_figure(b, pid, &figure) && figure > 0;

@@ -160,6 +160,7 @@ struct gpumem_client {
         gpumem_heap_mode heap_choice; /* what the application asked for */
         bool local;
         bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
+        bool return_intents; /* local: the daemon checks returns by the process's figure: ReturnIntent first */
         pthread_mutex_t heap_lock;
         gm_local_t *heap;
         gm_statpage_t *stats_page;
@@ -985,6 +986,10 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 pthread_mutex_lock(&c->lock);
                 if (read_it)
                         reader_done_locked(c);
+                /* A call the service thread makes (a Reclaim's give-back)
+                 * cannot wait for itself to reconnect. */
+                if (r == 0 && !w.done && c->reader_lost && pthread_equal(pthread_self(), c->service))
+                        r = -ECONNRESET;
                 while (r == 0 && !w.done)
                         pthread_cond_wait(&w.cond, &c->lock);
                 if (r < 0 || !w.resend)
@@ -1172,9 +1177,28 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
  * stack of the application's thread. */
 #define RETURNS_PER_MESSAGE 64
 
+/* Where the daemon asks for it, announces a give-back before anything is
+ * unmapped (the daemon notes the process's device memory then) and waits for
+ * its answer; whether one is open now. */
+static bool open_return_intent(gpumem_client *c) {
+        if (!c->return_intents)
+                return false;
+        Gpumem__ReturnIntent intent = GPUMEM__RETURN_INTENT__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_INTENT;
+        env.return_intent = &intent;
+        Gpumem__Envelope *reply = NULL;
+        if (call_expect(c, &env, GPUMEM__ENVELOPE__BODY_OK, &reply) < 0)
+                return false; /* returned all the same, checked against an older reference */
+        gm_msg_free(reply);
+        return true;
+}
+
 /* Unmaps pieces [offset, offset + n_pieces * size) of a segment and tells
  * the daemon they are free, one ReturnPieces per RETURNS_PER_MESSAGE (the
- * last piece carries whole_segment). Caller holds heap_lock. */
+ * last piece carries whole_segment; the last message closes the intent,
+ * naming no range when nothing could be unmapped). Caller holds heap_lock,
+ * which keeps one give-back at a time. */
 static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
                             bool whole_segment) {
         gpumem_client *c = ctx;
@@ -1184,6 +1208,7 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
         env.return_pieces = &ret;
         ret.ranges = ptrs;
+        bool intent = n_pieces > 0 && open_return_intent(c);
         pthread_mutex_lock(&c->lock);
         for (uint64_t k = 0; k < n_pieces; k++) {
                 Gpumem__Range *range = &ranges[ret.n_ranges];
@@ -1199,7 +1224,8 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
                         ptrs[ret.n_ranges++] = range;
                 else
                         c->kept_bytes += size;
-                if (ret.n_ranges == RETURNS_PER_MESSAGE || (ret.n_ranges && k + 1 == n_pieces)) {
+                ret.closes_intent = intent && k + 1 == n_pieces;
+                if (ret.n_ranges == RETURNS_PER_MESSAGE || ((ret.n_ranges || intent) && k + 1 == n_pieces)) {
                         post_locked(c, &env);
                         ret.n_ranges = 0;
                 }
@@ -1442,6 +1468,7 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
         c->max_grant_pieces = hr->grant_runs ? c->max_fds : 1;
+        c->return_intents = hr->return_intents;
         snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
         snprintf(c->tenant, sizeof(c->tenant), "%s", hr->tenant ? hr->tenant : "");
         c->device = hr->device;

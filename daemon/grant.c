@@ -64,6 +64,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         reply->alloc_conf = d->broker->alloc_config.raw;
         reply->stats_page_size = GM_STATPAGE_SIZE;
         reply->grant_runs = true;
+        reply->return_intents = gm_session_returns_need_intent(c->session);
         *ret_page_fd = fd;
         return 0;
 }
@@ -154,6 +155,8 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
         size_t first_bad = 0;
         /* The memory is back before parked requests are retried: the figures first. */
         size_t bad = gm_session_return_pieces(c->session, ranges, ret->n_ranges, &first_bad);
+        if (ret->closes_intent)
+                gm_session_close_return_intent(c->session);
         if (c->local)
                 gm_local_exact_sync(c);
         if (c->session->lied) {
@@ -168,6 +171,20 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
                                  " was granted (%zu such ranges)",
                                  ranges[first_bad].length, ranges[first_bad].offset, ranges[first_bad].segment_id, bad);
         return 0;
+}
+
+int gm_handle_return_intent(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        (void) env;
+        if (!c->local)
+                return refuse_central(c, request_id, "ReturnIntent");
+        int r = gm_session_open_return_intent(c->session);
+        if (r == -EBUSY)
+                return gm_request_error(c, request_id, EBUSY,
+                                        "a ReturnIntent is open: its last ReturnPieces (closes_intent) ends it"),
+                       0;
+        if (r < 0)
+                return gm_request_error(c, request_id, -r, "ReturnIntent refused: %s", strerror(-r)), 0;
+        return gm_reply_ok(c, request_id);
 }
 
 int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {

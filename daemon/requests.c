@@ -466,6 +466,7 @@ static const gm_request_kind_t kinds[] = {
          .close_on_refusal = true},
         {BODY(GRANT), .op = "grant", .handle = gm_handle_grant},
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
+        {BODY(RETURN_INTENT), .op = "return_intent", .handle = gm_handle_return_intent},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_handle_snapshot_answer},

@@ -354,8 +354,10 @@ static raw_segment_t raw_alloc_mapped(int fd, uint64_t request_id, uint64_t size
 }
 
 /* A raw local session granted one segment of `size`, which it maps through
- * the driver (*ret_base) and returns all the same; its connection. */
-static int raw_local_return_mapped(uint64_t size, CUdeviceptr *ret_base) {
+ * the driver (*ret_base) and returns all the same, with a ReturnIntent first
+ * (noted while the piece is mapped, as it stays) when `announced`; its
+ * connection. */
+static int raw_local_return_mapped(uint64_t size, bool announced, CUdeviceptr *ret_base) {
         int fd = gm_test_raw_connect(daemon_.socket_path);
         gm_test_raw_hello_local(fd);
         int seg_fd;
@@ -363,7 +365,13 @@ static int raw_local_return_mapped(uint64_t size, CUdeviceptr *ret_base) {
         ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
         gm_msg_free(e);
         *ret_base = driver_map(seg_fd, size, size);
-        gm_test_raw_return(fd, 3, 1, size); /* "unmapped", and it is not */
+        for (uint64_t id = 3; announced && id < 5; id++) {
+                e = gm_test_raw_return_intent(fd, id); /* Ok, then refused: one is open */
+                ck_assert_int_eq(e->body_case, id == 3 ? GPUMEM__ENVELOPE__BODY_OK : GPUMEM__ENVELOPE__BODY_ERROR);
+                ck_assert_int_eq(id == 3 ? 0 : e->error->code, id == 3 ? 0 : EBUSY);
+                gm_msg_free(e);
+        }
+        gm_test_raw_return_closing(fd, 5, 1, size, announced); /* "unmapped", and it is not */
         return fd;
 }
 
@@ -504,7 +512,7 @@ END_TEST
 START_TEST(test_liar_held_to_quota_local) {
         start_unchecked_with_quota();
         CUdeviceptr base;
-        int fd = raw_local_return_mapped(48 * MiB, &base);
+        int fd = raw_local_return_mapped(48 * MiB, false, &base);
         int seg_fd;
         Gpumem__Envelope *e = gm_test_raw_grant(fd, 4, 2, 48 * MiB, &seg_fd);
         ck_assert_int_eq(seg_fd, -1);
@@ -554,12 +562,9 @@ START_TEST(test_first_liar_held_until_driver_confirms) {
 }
 END_TEST
 
-/* With NVML, a local session: an honest return drops at once (and shows the
- * driver counting mappings); pieces returned while still mapped are caught
- * as a lying ReleaseAck is: the session is closed and their memory stays
- * charged while the process holds device memory. */
-START_TEST(test_lying_return_caught_by_nvml) {
-        start_daemon("256M", NULL, NULL, NULL);
+/* A local session's honest return with NVML: its charge drops at once, not
+ * at the session's end (and shows the driver counting mappings). */
+static gpumem_client *honest_local_return(void) {
         gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
@@ -567,18 +572,69 @@ START_TEST(test_lying_return_caught_by_nvml) {
         uint64_t released = 0;
         ck_assert_int_eq(gpumem_trim(c, &released), 0);
         ck_assert_uint_gt(released, 0);
-        ck_assert_uint_eq(wait_charged("uid:0", 0), 0); /* at once, not at the session's end */
-        gpumem_disconnect(c);
-
-        CUdeviceptr base;
-        int fd = raw_local_return_mapped(8 * MiB, &base);
-        gm_test_raw_assert_caught(fd); /* and closed */
-        close(fd);
-        usleep(200000);
-        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
-        driver_unmap(base, 8 * MiB, 8 * MiB);
         ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+        return c;
+}
+
+/* With NVML, a local session: an honest return drops at once (and shows the
+ * driver counting mappings); pieces returned while still mapped are caught
+ * as a lying ReleaseAck is, with or without a ReturnIntent first: the
+ * session is closed and their memory stays charged while the process holds
+ * device memory. A second intent while one is open is refused, and so is one
+ * from a central session. */
+START_TEST(test_lying_return_caught_by_nvml) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_disconnect(honest_local_return());
+
+        for (int announced = 0; announced < 2; announced++) { /* an older client's, then one with a ReturnIntent */
+                CUdeviceptr base;
+                int fd = raw_local_return_mapped(8 * MiB, announced, &base);
+                gm_test_raw_assert_caught(fd); /* and closed */
+                close(fd);
+                usleep(200000);
+                ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
+                driver_unmap(base, 8 * MiB, 8 * MiB);
+                ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+        }
+        int central = gm_test_raw_connect(daemon_.socket_path); /* a central session has no intent */
+        gm_test_raw_hello(central, false);
+        Gpumem__Envelope *e = gm_test_raw_return_intent(central, 2);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EPROTO);
+        gm_msg_free(e);
+        close(central);
         finish(connect_ok());
+}
+END_TEST
+
+/* Issue #17, the local reference: an honest local client's own give-back
+ * (empty_cache) was checked against the reference of its first Grant, so
+ * device memory its process allocated itself since (lazily loaded kernels,
+ * cuBLAS handles: here a cuMemCreate of its own) read as memory it kept: held
+ * until the session ended, or, grown past the returned bytes, a lie that
+ * closed it. Now each give-back announces itself (ReturnIntent) and is
+ * checked against the figure of that moment: the charge drops at once and
+ * the session carries on. */
+START_TEST(test_own_device_memory_does_not_hold_returns) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = honest_local_return();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
+        CUmemGenericAllocationHandle own;
+        ck_assert_int_eq(cu->MemCreate(&own, 16 * MiB, &prop, 0), CUDA_SUCCESS); /* outside gpumemd */
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_ge(released, 8 * MiB);
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0); /* at once, not at the session's end */
+        ck_assert_int_eq(client_field("release_unverified_bytes"), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0); /* still open */
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(cu->MemRelease(own), CUDA_SUCCESS);
+        finish(c);
 }
 END_TEST
 
@@ -695,6 +751,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_liar_held_to_quota_local);
         tcase_add_test(tc, test_first_liar_held_until_driver_confirms);
         tcase_add_test(tc, test_lying_return_caught_by_nvml);
+        tcase_add_test(tc, test_own_device_memory_does_not_hold_returns);
         tcase_add_test(tc, test_oom_figures_consistent);
         tcase_add_test(tc, test_client_finds_daemon_gpu);
         tcase_add_test(tc, test_client_refuses_unseen_gpu);

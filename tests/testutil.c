@@ -237,6 +237,10 @@ Gpumem__Envelope *gm_test_raw_grant(int fd, uint64_t request_id, uint64_t segmen
 }
 
 void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size) {
+        gm_test_raw_return_closing(fd, request_id, segment_id, size, false);
+}
+
+void gm_test_raw_return_closing(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, bool closes_intent) {
         Gpumem__Range range = GPUMEM__RANGE__INIT;
         range.segment_id = segment_id;
         range.length = size;
@@ -244,7 +248,17 @@ void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64
         Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
         ret.n_ranges = 1;
         ret.ranges = ranges;
+        ret.closes_intent = closes_intent;
         gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_RETURN_PIECES, &ret);
+}
+
+Gpumem__Envelope *gm_test_raw_return_intent(int fd, uint64_t request_id) {
+        Gpumem__ReturnIntent intent = GPUMEM__RETURN_INTENT__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_INTENT;
+        env.return_intent = &intent;
+        return gm_test_raw_call(fd, &env);
 }
 
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env) {

@@ -78,6 +78,10 @@ void gm_test_raw_hello_local(int fd);
 Gpumem__Envelope *gm_test_raw_grant(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, int *ret_fd);
 /* Returns that whole segment (ReturnPieces; no reply unless refused). */
 void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size);
+/* The same, the last of a give-back a ReturnIntent began when `closes_intent`. */
+void gm_test_raw_return_closing(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, bool closes_intent);
+/* Sends a ReturnIntent and returns its reply (Ok, or an Error). */
+Gpumem__Envelope *gm_test_raw_return_intent(int fd, uint64_t request_id);
 
 /* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
 uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);
