@@ -5,14 +5,20 @@
  * cuda nobody can see who maps an exported handle, but NVML reports each
  * process's device memory. That figure covers more than the daemon's memory
  * (the process's context, its own allocations, other sessions of the same
- * process), so changes are compared: a reference is noted (central: when a
- * release is first asked for; local: at the session's first Grant and when
- * a Reclaim is sent), the figure less the bytes the daemon has handed to the
- * sessions of that pid; when memory comes back the same difference has grown
- * by all the returned bytes if the client kept them, and by none if it let
- * go. A local reference is not renewed by returns: pieces an honest client
- * unmapped but has not returned yet lower the difference, and would make its
- * next return look kept. The verdict:
+ * process), so changes are compared: a reference is noted, the figure less
+ * the bytes the daemon has handed to the sessions of that pid; when memory
+ * comes back the same difference has grown by all the returned bytes if the
+ * client kept them, and by none if it let go. Central: when a release is
+ * first asked for. Local: when the client announces a give-back
+ * (ReturnIntent, grant.c), before it unmaps anything, so the process's own
+ * allocations since its last return do not count; it stands until the
+ * give-back's closing ReturnPieces, renewed by neither a Reclaim nor another
+ * intent: pieces an honest client unmapped but has not returned yet lower
+ * the difference, and a reference noted then would make that return look
+ * kept. A client that never announces (an older one) has its reference
+ * noted at its first Grant and when a Reclaim is sent; one that announces
+ * and never closes only hurts itself (its later returns are judged against
+ * that old reference). The verdict:
  *   - gone: it did not grow at all: the charge ends at once. That drop also
  *     shows that this driver attributes mapped memory to the process mapping
  *     it (kept memory is taken as a lie only after one such confirmation, by

@@ -648,6 +648,64 @@ START_TEST(test_return_checked_by_process_figure) {
 }
 END_TEST
 
+/* Issue #17, the local reference: a give-back announced by a ReturnIntent
+ * is checked against the figure of that moment, so device memory the process
+ * allocated itself since its first Grant (noted before) is no lie; while the
+ * intent is open neither a Reclaim (sent after the client unmapped, before
+ * its return came) nor a second intent renews it. Here the figure counts
+ * what the client maps, as a driver does. */
+START_TEST(test_return_intent_notes_reference) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+        gm_session_t *central = session(b_, 1001, "a");
+        ck_assert_int_eq(gm_session_open_return_intent(central), -EPROTO);
+        grant_ok(s, 1, 20 * MiB);
+        grant_ok(s, 2, 20 * MiB);
+        figure_ += 40 * MiB;
+        figure_ -= 20 * MiB; /* unmaps piece 1 and returns it: gone, the driver shown counting mappings */
+        return_whole(s, 1, 20 * MiB);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+
+        figure_ += 30 * MiB; /* its own allocations: kernels, library handles */
+        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        ck_assert(s->return_intent_open);
+        CHECK(b_);
+        ck_assert_int_eq(gm_session_open_return_intent(s), -EBUSY);
+        figure_ -= 20 * MiB; /* it unmaps piece 2 */
+        client_uses(s, 0);
+        gm_outcome_t out; /* the device is full: s is sent a Reclaim while its return is on the way */
+        gm_session_alloc(central, 7, 240 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_ptr_eq(host_.reclaims[0].session, s);
+        return_whole(s, 2, 20 * MiB);
+        gm_session_close_return_intent(s);
+        ck_assert(!s->lied && !s->return_intent_open);
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 240 * MiB); /* the waiting allocation got it */
+        gm_session_end(central);
+        gm_session_free(central);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        CHECK(b_);
+
+        /* A liar announcing its return is caught as before. */
+        grant_ok(s, 3, 20 * MiB);
+        figure_ += 20 * MiB;
+        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        return_whole(s, 3, 20 * MiB); /* still mapped */
+        ck_assert(s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        gm_session_end(s);
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
 /* A release covering more pieces of an expandable segment than one request
  * carries: the piece flagged whole_segment travels in the last batch only. */
 START_TEST(test_whole_segment_travels_last) {
@@ -1559,6 +1617,10 @@ START_TEST(test_checker_catches_broken_books) {
         s->releasing_bytes = 1;
         ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
         s->releasing_bytes = 0;
+        s->return_intent_open = true;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "a return intent open in a central session"), "why: %s", why);
+        s->return_intent_open = false;
         CHECK(b_);
         gm_session_t *l = local_session(b_, 1001, "l");
         grant_ok(l, 1, 2 * MiB);
@@ -1665,6 +1727,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_pool_records);
         tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_return_checked_by_process_figure);
+        tcase_add_test(tc, test_return_intent_notes_reference);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
