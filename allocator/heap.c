@@ -432,16 +432,11 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         return size;
 }
 
-/* Merges free neighbour `src` into `dst` when both are free with the same
- * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
- * any set, or in the unmapped set when `src` follows it (that key, stream and
- * address, does not change). The merged block keeps the newer free_seq. */
-static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
+/* Joins neighbour `src`, already outside any set, into `dst` and drops it;
+ * returns the bytes taken over. The joined block keeps the newer free_seq. */
+static uint64_t join(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
-        if (!src || src->state != GM_BSTATE_FREE || src->mapped != dst->mapped)
-                return 0;
-        set_remove(h, src);
         if (src == dst->prev) {
                 dst->offset = src->offset;
                 dst->prev = src->prev;
@@ -460,6 +455,17 @@ static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
                 dst->free_seq = src->free_seq;
         block_drop(h, src);
         return size;
+}
+
+/* Merges free neighbour `src` into `dst` when both are free with the same
+ * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
+ * any set, or in the unmapped set when `src` follows it (that key, stream and
+ * address, does not change). */
+static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
+        if (!src || src->state != GM_BSTATE_FREE || src->mapped != dst->mapped)
+                return 0;
+        set_remove(h, src);
+        return join(h, dst, src);
 }
 
 /* ---- expandable segments ---- */
@@ -779,11 +785,13 @@ static int create_pages(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t 
  * provider create_run for the new pages; with page reuse, pages moved from
  * free blocks first, outside target `t`, and only the shortfall is created,
  * within the limits); the mapped part joins its free neighbours (taking them
- * out of the free set) and is returned in *ret_block outside any set, for the
- * caller to hand out. What stays unmapped of `b` keeps its place in the
- * unmapped set. On failure the pages placed here go back; a segment left
- * without pages is forgotten. */
-static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t, gm_block_t **ret_block) {
+ * out of the free set; `taken`, when not NULL, is b's free mapped previous
+ * block that the caller already took out) and is returned in *ret_block
+ * outside any set, for the caller to hand out. What stays unmapped of `b`
+ * keeps its place in the unmapped set. On failure the pages placed here go
+ * back; a segment left without pages is forgotten. */
+static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t, gm_block_t *taken,
+                     gm_block_t **ret_block) {
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
@@ -818,7 +826,10 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
                 b->mapped = true;
         }
         b->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
-        try_merge(h, b, b->prev);
+        if (taken)
+                join(h, b, taken);
+        else
+                try_merge(h, b, b->prev);
         try_merge(h, b, b->next);
         *ret_block = b;
         STAT(h, reserved_bytes, s->small, mapped);
@@ -844,7 +855,6 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
         uint64_t key[3] = {stream, 0, 0};
         gm_block_t *c = NULL, *u;
         reuse_target_t target, *t = NULL;
-        bool in_set;
         int r;
 
         for (u = block_of(gm_tree_lower_bound(p->unmapped, key)); u && u->seg->stream == stream;
@@ -868,27 +878,25 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 };
                 t = &target;
         }
-        in_set = c->mapped;
-        if (!c->mapped) {
-                r = map_block(h, c, c->size < rsize ? c->size : rsize, t, &c);
+        if (c->mapped)
+                set_remove(h, c); /* taken now: it lies in the target, so it is no donor */
+        else {
+                r = map_block(h, c, c->size < rsize ? c->size : rsize, t, NULL, &c);
                 if (r < 0)
                         return r;
         }
         while (c->size < rsize) {
-                /* c is free and mapped, its next is unmapped and has the rest;
-                 * map_block() takes c out of the free set as it joins them */
+                /* c is free and mapped (outside the free set), its next is
+                 * unmapped and has the rest */
                 gm_block_t *n = c->next;
                 uint64_t need = rsize - c->size;
 
-                if (!in_set)
-                        set_insert(h, c);
-                r = map_block(h, n, need < n->size ? need : n->size, t, &c);
-                if (r < 0)
+                r = map_block(h, n, need < n->size ? need : n->size, t, c, &c);
+                if (r < 0) {
+                        set_insert(h, c); /* still free */
                         return r;
-                in_set = false;
+                }
         }
-        if (in_set)
-                set_remove(h, c);
         *ret_block = c;
         return 0;
 }
