@@ -795,6 +795,7 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
+        gm_block_t *m = b; /* the mapped run */
         int r = pages_reserve(s, end);
 
         if (t && r == 0)
@@ -813,25 +814,24 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         }
         if (mapped < b->size) {
                 /* the mapped front is a new block; b keeps the unmapped rest */
-                gm_block_t *m = block_new(h, s, b->offset, mapped, true);
-
+                m = block_new(h, s, b->offset, mapped, true);
                 link_before(b, m);
                 b->offset += mapped;
                 b->size -= mapped;
                 b->free_seq = 0;
                 unmapped_rekey(b);
-                b = m;
         } else {
                 set_remove(h, b);
                 b->mapped = true;
         }
-        b->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
+        m->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
         if (taken)
-                join(h, b, taken);
+                join(h, m, taken);
         else
-                try_merge(h, b, b->prev);
-        try_merge(h, b, b->next);
-        *ret_block = b;
+                try_merge(h, m, m->prev);
+        if (m == b) /* else its next is b, unmapped */
+                try_merge(h, m, m->next);
+        *ret_block = m;
         STAT(h, reserved_bytes, s->small, mapped);
         COUNT(h, num_device_alloc);
         trace(h, GM_TRACE_SEGMENT_MAP, addr, mapped, s->stream);
