@@ -4,7 +4,7 @@
  * mapped page by page). Its blocks tile it exactly, linked by address through
  * prev/next. A free, mapped block sits in its pool's free set ordered by
  * (stream, size, address); a free unmapped range of an expandable
- * segment sits in the pool's unmapped set ordered by (stream, address).
+ * segment sits in the pool's unmapped set ordered by (stream, 0, address).
  * Allocated and pending-free blocks sit in the id map instead. */
 #pragma once
 

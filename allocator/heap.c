@@ -29,7 +29,7 @@
 
 typedef struct pool {
         gm_tnode_t *free_set; /* free mapped blocks by (stream, size, addr) */
-        gm_tnode_t *unmapped; /* free unmapped ranges by (stream, addr) */
+        gm_tnode_t *unmapped; /* free unmapped ranges by (stream, 0, addr) */
         uint64_t gc_calls;    /* get_free_block calls while GC is active */
         bool small;
 } pool_t;
@@ -234,6 +234,17 @@ static void link_after(gm_block_t *b, gm_block_t *n) {
         b->next = n;
 }
 
+/* Links `n` into its segment right before `b`. */
+static void link_before(gm_block_t *b, gm_block_t *n) {
+        if (b->prev) {
+                link_after(b->prev, n);
+                return;
+        }
+        n->next = b;
+        b->prev = n;
+        b->seg->first = n;
+}
+
 static gm_block_t *block_of(gm_tnode_t *n) {
         return n ? (gm_block_t *) ((char *) n - offsetof(gm_block_t, node)) : NULL;
 }
@@ -256,10 +267,12 @@ static void free_key(const gm_block_t *b, uint64_t key[3]) {
         key[2] = block_addr(b);
 }
 
+/* The address is the last word, so the subtree maxima of key[1] stay 0 and
+ * an unmapped block may move its start in place (unmapped_rekey()). */
 static void unmapped_key(const gm_block_t *b, uint64_t key[3]) {
         key[0] = b->seg->stream;
-        key[1] = block_addr(b);
-        key[2] = 0;
+        key[1] = 0;
+        key[2] = block_addr(b);
 }
 
 /* Puts a free block into its pool's set (free set when mapped, else unmapped). */
@@ -280,6 +293,13 @@ static void set_remove(gm_heap_t *h, gm_block_t *b) {
         pool_t *p = pool_of(h, b->seg);
 
         gm_tree_remove(b->mapped ? &p->free_set : &p->unmapped, &b->node);
+}
+
+/* Refreshes the key of unmapped block `b` (in its set) after its start moved
+ * within the range it covered before: no other unmapped block of the stream
+ * lies in between, so the set's order holds without a remove and insert. */
+static void unmapped_rekey(gm_block_t *b) {
+        b->node.key[2] = block_addr(b);
 }
 
 static gm_tnode_t *tree_first(gm_tnode_t *root) {
@@ -412,16 +432,11 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         return size;
 }
 
-/* Merges free neighbour `src` into `dst` when both are free with the same
- * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
- * any set, or in the unmapped set when `src` follows it (that key, stream and
- * address, does not change). The merged block keeps the newer free_seq. */
-static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
+/* Joins neighbour `src`, already outside any set, into `dst` and drops it;
+ * returns the bytes taken over. The joined block keeps the newer free_seq. */
+static uint64_t join(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
-        if (!src || src->state != GM_BSTATE_FREE || src->mapped != dst->mapped)
-                return 0;
-        set_remove(h, src);
         if (src == dst->prev) {
                 dst->offset = src->offset;
                 dst->prev = src->prev;
@@ -440,6 +455,17 @@ static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
                 dst->free_seq = src->free_seq;
         block_drop(h, src);
         return size;
+}
+
+/* Merges free neighbour `src` into `dst` when both are free with the same
+ * mapped state; returns the bytes taken over (0 = no merge). `dst` is outside
+ * any set, or in the unmapped set when `src` follows it (that key, stream and
+ * address, does not change). */
+static uint64_t try_merge(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
+        if (!src || src->state != GM_BSTATE_FREE || src->mapped != dst->mapped)
+                return 0;
+        set_remove(h, src);
+        return join(h, dst, src);
 }
 
 /* ---- expandable segments ---- */
@@ -538,13 +564,7 @@ static void unmap_range(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t en
                 gm_block_t *x = block_new(h, s, b->offset, before, true);
 
                 x->free_seq = b->free_seq;
-                if (b->prev)
-                        link_after(b->prev, x);
-                else {
-                        x->next = b;
-                        b->prev = x;
-                        s->first = x;
-                }
+                link_before(b, x);
                 set_insert(h, x);
         }
         if (after) {
@@ -660,6 +680,8 @@ static bool donor_pages(const gm_block_t *b, const reuse_target_t *t, uint64_t *
 static gm_block_t *donor_candidate(pool_t *p, uint64_t page, uint64_t k[3]) {
         gm_block_t *b;
 
+        if (!p->free_set || p->free_set->max_key1 < page)
+                return NULL; /* no free block of the pool is a page */
         while ((b = block_of(gm_tree_lower_bound(p->free_set, k)))) {
                 if (b->size >= page) {
                         memcpy(k, b->node.key, 3 * sizeof(*k));
@@ -762,13 +784,18 @@ static int create_pages(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t 
 /* Maps the pages under the first `size` bytes of unmapped block `b` (one
  * provider create_run for the new pages; with page reuse, pages moved from
  * free blocks first, outside target `t`, and only the shortfall is created,
- * within the limits); the mapped part joins its free neighbours in the free
- * set. On failure the pages placed here go back; a segment left without
- * pages is forgotten. */
-static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t) {
+ * within the limits); the mapped part joins its free neighbours (taking them
+ * out of the free set; `taken`, when not NULL, is b's free mapped previous
+ * block that the caller already took out) and is returned in *ret_block
+ * outside any set, for the caller to hand out. What stays unmapped of `b`
+ * keeps its place in the unmapped set. On failure the pages placed here go
+ * back; a segment left without pages is forgotten. */
+static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t, gm_block_t *taken,
+                     gm_block_t **ret_block) {
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
+        gm_block_t *m = b; /* the mapped run */
         int r = pages_reserve(s, end);
 
         if (t && r == 0)
@@ -785,17 +812,26 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
                         segment_forget(h, s);
                 return r;
         }
-        set_remove(h, b);
-        b->mapped = true;
-        b->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
         if (mapped < b->size) {
-                link_after(b, block_new(h, s, b->offset + mapped, b->size - mapped, false));
-                set_insert(h, b->next);
-                b->size = mapped;
+                /* the mapped front is a new block; b keeps the unmapped rest */
+                m = block_new(h, s, b->offset, mapped, true);
+                link_before(b, m);
+                b->offset += mapped;
+                b->size -= mapped;
+                b->free_seq = 0;
+                unmapped_rekey(b);
+        } else {
+                set_remove(h, b);
+                b->mapped = true;
         }
-        try_merge(h, b, b->prev);
-        try_merge(h, b, b->next);
-        set_insert(h, b);
+        m->free_seq = 0; /* fresh pages, or moved ones whose old work is done */
+        if (taken)
+                join(h, m, taken);
+        else
+                try_merge(h, m, m->prev);
+        if (m == b) /* else its next is b, unmapped */
+                try_merge(h, m, m->next);
+        *ret_block = m;
         STAT(h, reserved_bytes, s->small, mapped);
         COUNT(h, num_device_alloc);
         trace(h, GM_TRACE_SEGMENT_MAP, addr, mapped, s->stream);
@@ -842,22 +878,25 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 };
                 t = &target;
         }
-        if (!c->mapped) {
-                r = map_block(h, c, c->size < rsize ? c->size : rsize, t);
+        if (c->mapped)
+                set_remove(h, c); /* taken now: it lies in the target, so it is no donor */
+        else {
+                r = map_block(h, c, c->size < rsize ? c->size : rsize, t, NULL, &c);
                 if (r < 0)
                         return r;
         }
         while (c->size < rsize) {
-                /* c is free and mapped, its next is unmapped and has the rest */
+                /* c is free and mapped (outside the free set), its next is
+                 * unmapped and has the rest */
                 gm_block_t *n = c->next;
                 uint64_t need = rsize - c->size;
 
-                r = map_block(h, n, need < n->size ? need : n->size, t);
-                if (r < 0)
+                r = map_block(h, n, need < n->size ? need : n->size, t, c, &c);
+                if (r < 0) {
+                        set_insert(h, c); /* still free */
                         return r;
-                c = n;
+                }
         }
-        set_remove(h, c);
         *ret_block = c;
         return 0;
 }

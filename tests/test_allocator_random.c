@@ -17,8 +17,9 @@ typedef struct live {
 
 static live_t live[LIVE_MAX];
 static unsigned n_live;
-static bool toggle_busy;     /* page reuse: streams' device work comes and goes, and the
-                          * mode is switched off and on at run time now and then */
+static bool toggle_busy;     /* page reuse: streams' device work comes and goes, the mode
+                          * is switched off and on at run time now and then, and page
+                          * creations fail now and then */
 static uint64_t limit_bytes; /* gm_heap_set_limit(), 0 = none */
 static uint64_t rng;
 
@@ -86,6 +87,8 @@ static void step(void) {
                 F.busy[rnd() % 3] ^= true;
         if (toggle_busy && rnd() % 8 == 0)
                 fake_progress(&F, rnd() % 3);
+        if (toggle_busy && rnd() % 32 == 0)
+                F.fail_next = 1; /* the next page creation fails (after any moves): the retry ladder */
         if (toggle_busy && rnd() % 4096 == 0) {
                 gm_alloc_config_t c;
 

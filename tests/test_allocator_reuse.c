@@ -538,6 +538,44 @@ START_TEST(test_reuse_snapshot) {
 }
 END_TEST
 
+/* An allocation that starts in a free mapped block and maps the unmapped
+ * pages after it: that block lies in the target, so it gives no pages (one
+ * new page, no move); when mapping the rest fails it is free again, in the
+ * free set, so the retry's release of cached memory gives its pages back
+ * (the heap check after every step sees it in the set). x (4 MiB) and y (3
+ * MiB, 1 MiB of its second page left over) are freed into one 8 MiB free
+ * mapped block before the unmapped rest of the segment. */
+START_TEST(test_reuse_start_in_free_block) {
+        gm_alloc_result_t x, y, a;
+
+        for (int fail = 0; fail < 2; fail++) {
+                open_reuse(true, 1 * GiB);
+                x = alloc_ok(4 * MiB, 0);
+                y = alloc_ok(3 * MiB, 0);
+                ck_assert_uint_eq(y.offset, 4 * MiB);
+                free_ok(x.block_id, false);
+                free_ok(y.block_id, false);
+                ck_assert_int_eq(RESERVED(GM_STAT_ALL), 8 * MiB);
+                F.fail_next = (unsigned) fail;
+                a = alloc_ok(10 * MiB, 0);
+                ck_assert_uint_eq(reuse_info().pages_moved, 0);
+                ck_assert_int_eq(RESERVED(GM_STAT_ALL), 10 * MiB);
+                ck_assert_uint_eq(F.live_bytes, 10 * MiB);
+                if (!fail) {
+                        ck_assert_uint_eq(a.offset, 0); /* 4 pages kept, 1 new */
+                        ck_assert_uint_eq(F.creates, 5);
+                        ck_assert_int_eq(STATS->num_alloc_retries, 0);
+                } else {
+                        ck_assert_uint_eq(F.creates, 4 + 5); /* the 4 went back, 5 new in a new segment */
+                        ck_assert_int_eq(STATS->num_alloc_retries, 1);
+                        ck_assert_int_eq(STATS->num_device_free, 1);
+                }
+                free_ok(a.block_id, false);
+                heap_close();
+        }
+}
+END_TEST
+
 static void setup(void) {
         H = NULL;
 }
@@ -567,6 +605,7 @@ Suite *allocator_reuse_suite(void) {
         tcase_add_test(tc, test_reuse_limit_counts_moved);
         tcase_add_test(tc, test_reuse_snapshot);
         tcase_add_test(tc, test_reuse_restore_pool);
+        tcase_add_test(tc, test_reuse_start_in_free_block);
         suite_add_tcase(s, tc);
         return s;
 }
