@@ -18,7 +18,9 @@
  * kept. A client that never announces (an older one) has its reference
  * noted at its first Grant and when a Reclaim is sent; one that announces
  * and never closes only hurts itself (its later returns are judged against
- * that old reference). The verdict:
+ * that old reference). For the same reason, while any give-back of the same
+ * pid is under way (a release asked and not acknowledged, an open intent), a
+ * new reference is that give-back's, not a new reading. The verdict:
  *   - gone: it did not grow at all: the charge ends at once. That drop also
  *     shows that this driver attributes mapped memory to the process mapping
  *     it (kept memory is taken as a lie only after one such confirmation, by
@@ -64,8 +66,31 @@ static uint64_t mapped_into(const gm_broker_t *b, pid_t pid) {
         return n;
 }
 
+/* The note of a give-back of pid's memory under way (a release asked and not
+ * acknowledged, or a local give-back announced by its ReturnIntent), if any:
+ * its client may have unmapped already, so the figure now is below what the
+ * daemon still books as mapped, and a note taken now would make the next
+ * honest acknowledgement look kept. That note, taken before, still holds. */
+static const gm_holder_note_t *note_under_way(const gm_broker_t *b, pid_t pid) {
+        for (const gm_session_t *s = b->sessions; s; s = s->next) {
+                if (s->pid != pid || s->ended)
+                        continue;
+                if (s->return_intent_open)
+                        return &s->holder;
+                for (const gm_release_t *rel = s->releases; rel; rel = rel->next)
+                        if (!rel->held && rel->attempts > 0)
+                                return &rel->holder;
+        }
+        return NULL;
+}
+
 void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret) {
         uint64_t figure;
+        const gm_holder_note_t *under_way = note_under_way(s->broker, s->pid);
+        if (under_way) {
+                *ret = *under_way;
+                return;
+        }
         *ret = (gm_holder_note_t){0};
         if (!process_figure(s->broker, s->pid, &figure))
                 return;

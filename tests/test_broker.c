@@ -601,6 +601,37 @@ START_TEST(test_release_checked_by_process_figure) {
 }
 END_TEST
 
+/* A release asked while an earlier one of the same process is under way
+ * (its client unmapped, its ack not in yet) is judged against the earlier
+ * one's reference: a reading then would be short of the first release's
+ * bytes, and the second honest ack would look kept. */
+START_TEST(test_release_during_release_keeps_reference) {
+        gm_session_t *s = figured_session(false, 300 * MiB);
+        gm_tenant_t *t = s->tenant;
+        b_->driver_attributes_mappings = true; /* confirmed before: a kept release would read as a lie */
+        uint64_t a = alloc_ok(s, 20 * MiB), c = alloc_ok(s, 20 * MiB);
+        figure_ += 40 * MiB; /* its client maps both */
+        ck_assert_int_eq(gm_session_free_block(s, a, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        uint64_t first = host_.releases[host_.n_releases - 1].id;
+        figure_ -= 20 * MiB; /* the client unmaps the first; its ack is on the way */
+        ck_assert_int_eq(gm_session_free_block(s, c, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        uint64_t second = host_.releases[host_.n_releases - 1].id;
+        ck_assert_uint_ne(first, second);
+        ck_assert_int_eq(gm_session_release_ack(s, first, NULL, 0), 0);
+        figure_ -= 20 * MiB;
+        ck_assert_int_eq(gm_session_release_ack(s, second, NULL, 0), 0);
+        CHECK(b_);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        gm_session_end(s);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
 /* A local session's returned pieces are checked as releases are, against
  * the reference noted at its first Grant. */
 START_TEST(test_return_checked_by_process_figure) {
@@ -1728,6 +1759,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_return_checked_by_process_figure);
         tcase_add_test(tc, test_return_intent_notes_reference);
+        tcase_add_test(tc, test_release_during_release_keeps_reference);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
