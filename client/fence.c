@@ -108,22 +108,20 @@ void gm_fences_freed(gm_fences_t *f, uint64_t stream) {
 }
 
 size_t gm_fences_check_freed(gm_fences_t *f, uint64_t *out) {
-        size_t n = 0, seen = 0;
-        for (size_t i = 0; i < f->n_streams && seen < f->n_freed; i++) {
+        size_t n = 0;
+        for (size_t i = 0; i < f->n_streams && f->n_freed; i++) {
                 gm_fence_stream_t *fs = &f->streams[i];
                 uint64_t event;
                 if (!fs->freed)
                         continue;
-                seen++;
+                fs->freed = false;
+                f->n_freed--;
                 if (fs->n || f->ops.record(f->ops.ctx, fs->stream, &event) < 0)
                         continue;
                 int done = f->ops.query(f->ops.ctx, event);
                 f->ops.destroy(f->ops.ctx, event);
-                if (done > 0) {
-                        fs->freed = false;
+                if (done > 0)
                         out[n++] = fs->stream;
-                }
         }
-        f->n_freed -= n;
         return n;
 }

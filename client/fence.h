@@ -29,7 +29,7 @@ typedef struct gm_fence_stream {
         uint64_t marked;   /* highest fence number marked */
         uint64_t done;     /* highest fence number known complete */
         uint64_t reported; /* the done last handed out by gm_fences_report() */
-        bool freed;        /* frees on it since its last complete gm_fences_check_freed() */
+        bool freed;        /* frees on it since the last gm_fences_check_freed() */
         uint64_t fence[GM_FENCE_MARKS], event[GM_FENCE_MARKS];
         unsigned head, n;
 } gm_fence_stream_t;
@@ -73,10 +73,12 @@ size_t gm_fences_report(gm_fences_t *f, gm_fence_done_t *out);
  * the completion of a deferred one). A stream that cannot be tracked is
  * never checked: its pages wait for a fence the daemon asks for. */
 void gm_fences_freed(gm_fences_t *f, uint64_t stream);
-/* Its own check before an Alloc: records an event on each stream freed on
- * since its last complete check and queries it at once, never waiting; the
- * streams found past their frees go to out (room for GM_FENCE_STREAMS) and
- * are no longer `freed`. A stream with marks outstanding is skipped (a later
- * event cannot be complete before them) and stays `freed`, as does one whose
- * event is pending or refused. No event is kept. Returns how many. */
+/* Its own check before an Alloc, once per stream freed on since the last
+ * one: records an event there and queries it at once, never waiting; the
+ * streams found past their frees go to out (room for GM_FENCE_STREAMS). A
+ * stream with marks outstanding is not recorded on (a later event cannot be
+ * complete before them). Every stream is clean afterwards, whatever the
+ * answer: frees whose check was pending wait for a mark the daemon asks for,
+ * so the cost stays one check per stream and Alloc after frees. No event is
+ * kept. Returns how many. */
 size_t gm_fences_check_freed(gm_fences_t *f, uint64_t *out);

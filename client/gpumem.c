@@ -929,8 +929,16 @@ static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         size_t n = gm_fences_report(&c->fences, done);
         atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
         uint64_t fenced[GM_FENCE_STREAMS];
-        env->alloc->n_frees_fenced = gm_fences_check_freed(&c->fences, fenced);
-        env->alloc->frees_fenced = fenced;
+        size_t n_fenced = gm_fences_check_freed(&c->fences, fenced);
+        /* The Alloc's own stream, the usual one, is a flag (no repeated field to pack and unpack). */
+        for (size_t i = 0; i < n_fenced; i++)
+                if (fenced[i] == env->alloc->stream) {
+                        env->alloc->frees_fenced = true;
+                        fenced[i] = fenced[--n_fenced];
+                        break;
+                }
+        env->alloc->n_other_frees_fenced = n_fenced;
+        env->alloc->other_frees_fenced = fenced;
         atomic_store_explicit(&c->fences_freed, c->fences.n_freed > 0, memory_order_relaxed);
         for (size_t i = 0; i < n; i++) {
                 gpumem__stream_fence__init(&msgs[i]);
@@ -943,8 +951,9 @@ static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         int r = send_env(c, env);
         env->alloc->fences_done = NULL;
         env->alloc->n_fences_done = 0;
-        env->alloc->frees_fenced = NULL;
-        env->alloc->n_frees_fenced = 0;
+        env->alloc->frees_fenced = false;
+        env->alloc->other_frees_fenced = NULL;
+        env->alloc->n_other_frees_fenced = 0;
         pthread_mutex_unlock(&c->lock);
         return r;
 }

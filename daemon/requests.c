@@ -274,17 +274,19 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 return gm_request_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
         /* Untrusted: a claim that cannot be true ends the session (a false
          * one within bounds only moves the liar's own pages early). */
-        int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_frees_fenced > MAX_FENCES_DONE ? -EPROTO : 0;
+        int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_other_frees_fenced > MAX_FENCES_DONE ? -EPROTO : 0;
         for (size_t i = 0; i < alloc->n_fences_done && r == 0; i++)
                 r = gm_session_fence_done(c->session, alloc->fences_done[i]->stream, alloc->fences_done[i]->fence);
         if (r < 0) {
                 gm_request_error(c, request_id, EPROTO,
-                                 "allocation refused: its report of complete stream fences names a fence this "
-                                 "session was never asked to mark");
+                                 "allocation refused: its report of complete stream fences is too long or "
+                                 "names a fence this session was never asked to mark");
                 return r;
         }
-        for (size_t i = 0; i < alloc->n_frees_fenced; i++)
-                gm_session_frees_fenced(c->session, alloc->frees_fenced[i]);
+        if (alloc->frees_fenced)
+                gm_session_frees_fenced(c->session, alloc->stream);
+        for (size_t i = 0; i < alloc->n_other_frees_fenced; i++)
+                gm_session_frees_fenced(c->session, alloc->other_frees_fenced[i]);
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
         for (size_t i = 0; i < n_frames; i++)

@@ -200,6 +200,38 @@ START_TEST(test_frag_central) {
 }
 END_TEST
 
+/* A block freed on another stream than the request's gives its pages to
+ * that very allocation in both heap modes (a central client on a device
+ * backend checks every stream it freed on, not only the Alloc's). */
+static void other_stream(gpumem_heap_mode mode) {
+        start();
+        gpumem_client *c = connect_mode(mode);
+        void *a = NULL, *b = NULL;
+        ck_assert_int_eq(gpumem_alloc(c, 16 * MiB, 1, &a), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 16 * MiB, 1, &b), 0);
+        gm_test_fill(b, 16 * MiB, 3);
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        void *big = alloc_ok(c, 32 * MiB); /* stream 0: a's 8 pages and 8 new ones */
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (48 * MiB));
+        gm_test_fill(big, 32 * MiB, 4);
+        ck_assert(gm_test_verify(big, 32 * MiB, 4));
+        ck_assert(gm_test_verify(b, 16 * MiB, 3));
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        gpumem_disconnect(c);
+        stop();
+}
+
+START_TEST(test_other_stream_local) {
+        other_stream(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_other_stream_central) {
+        other_stream(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+
 #ifdef GM_TEST_FAKECUDA
 static long event_queries(void) {
         fakecuda_usage_t u;
@@ -318,11 +350,7 @@ static Gpumem__Envelope *raw_alloc_claim(int fd, uint64_t id, uint64_t size, boo
                                          uint64_t fence, bool fenced) {
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
-        uint64_t fenced_stream = 0;
-        if (fenced) {
-                alloc.n_frees_fenced = 1;
-                alloc.frees_fenced = &fenced_stream;
-        }
+        alloc.frees_fenced = fenced;
         Gpumem__StreamFence done = GPUMEM__STREAM_FENCE__INIT, *done_ptr = &done;
         done.stream = fence_stream;
         done.fence = fence;
@@ -402,6 +430,21 @@ START_TEST(test_central_frees_fenced) {
                 close(fd);
         }
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+
+        /* More streams than a session tracks: refused, on either backend. */
+        fd = raw_session_with_hole(&fences);
+        uint64_t streams[65] = {0};
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 1 * MiB;
+        alloc.n_other_frees_fenced = 65;
+        alloc.other_frees_fenced = streams;
+        gm_test_raw_send_body(fd, 5, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        e = gm_test_raw_recv(fd);
+        while (e && e->request_id != 5) {
+                gm_msg_free(e);
+                e = gm_test_raw_recv(fd);
+        }
+        assert_report_refused(fd, e);
         stop();
 }
 END_TEST
@@ -485,6 +528,8 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_frag_local);
         tcase_add_test(tc, test_frag_central);
+        tcase_add_test(tc, test_other_stream_local);
+        tcase_add_test(tc, test_other_stream_central);
         tcase_add_test(tc, test_central_lying_report);
         tcase_add_test(tc, test_central_frees_fenced);
 #ifdef GM_TEST_FAKECUDA
