@@ -250,10 +250,13 @@ static int send_env(gpumem_client *c, const Gpumem__Envelope *env) {
         return r;
 }
 
-/* The free of a block of `stream` went out (a Free or FreeCompleted): the
- * next Alloc checks that stream (client_fences). Caller holds lock. */
-static void fences_freed(gpumem_client *c, uint64_t stream) {
-        if (!atomic_load_explicit(&c->client_fences, memory_order_relaxed))
+/* The free of a block of `stream`, `size` bytes, went out (a Free or
+ * FreeCompleted): the next Alloc checks that stream (client_fences). A
+ * block smaller than a page holds no whole page: its free is not checked
+ * (the cost of a cached small pair stays nil; a page it completes by
+ * merging waits for a mark the daemon asks for). Caller holds lock. */
+static void fences_freed(gpumem_client *c, uint64_t stream, uint64_t size) {
+        if (size < c->mapper->granularity || !atomic_load_explicit(&c->client_fences, memory_order_relaxed))
                 return;
         gm_fences_freed(&c->fences, stream);
         atomic_store_explicit(&c->fences_freed, c->fences.n_freed > 0, memory_order_relaxed);
@@ -592,7 +595,7 @@ static bool complete_pending_frees(gpumem_client *c) {
                         env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
                         env.free_completed = &fc;
                         send_env(c, &env);
-                        fences_freed(c, p->block.stream);
+                        fences_freed(c, p->block.stream, p->block.size);
                 }
                 pending_free_destroy(c, p, true);
         }
@@ -2104,7 +2107,7 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
         Gpumem__Free f = GPUMEM__FREE__INIT;
         f.block_id = b->id;
         f.deferred = p != NULL;
-        uint64_t stream_of_block = b->stream;
+        uint64_t stream_of_block = b->stream, size_of_block = b->size;
         block_free(b);
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
@@ -2112,7 +2115,7 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
         if (!p) {
                 pthread_mutex_lock(&c->lock);
                 r = post_locked(c, &env);
-                fences_freed(c, stream_of_block);
+                fences_freed(c, stream_of_block, size_of_block);
                 pthread_mutex_unlock(&c->lock);
                 return r;
         }

@@ -295,6 +295,10 @@ static void refused_while_work_pending(gpumem_heap_mode mode) {
         void *small = alloc_ok(c, 1 * MiB);
         ck_assert_int_eq(event_queries(), queries);
         ck_assert_int_eq(event_records(), records);
+        /* Nor one after the free of a block smaller than a page (central: not checked). */
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        small = alloc_ok(c, 1 * MiB);
+        ck_assert_int_eq(event_records(), records);
         char *snap = NULL;
         size_t len = 0;
         ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
