@@ -152,8 +152,8 @@ struct gpumem_client {
         /* Its heap moves pages behind stream fences (HelloReply.client_fences,
          * or the daemon asked for a mark): before an Alloc that follows frees
          * the client checks on its own whether their streams are past them
-         * (Alloc.frees_fenced). fences_freed: whether frees were sent since
-         * (read without lock, written under it). */
+         * (Alloc.frees_fenced). fences_freed: whether streams freed on wait
+         * for that check (read without lock, written under it). */
         _Atomic bool client_fences;
         _Atomic bool fences_freed;
 
@@ -916,10 +916,10 @@ static void calls_end(gpumem_client *c) {
  * session on a device backend). Reports are built and sent under lock, so
  * the daemon gets each stream's numbers in rising order; a resent Alloc
  * (after a re-attach) reports what is complete for the new daemon. After
- * frees (client_fences), an event recorded on the Alloc's stream under lock
- * follows every free sent before the Alloc (they are sent under lock too):
- * complete at once, it says so (frees_fenced) and their pages may move in
- * this allocation. */
+ * frees (client_fences), an event recorded under lock on each stream freed
+ * on follows every free sent before the Alloc (they are sent under lock
+ * too): those complete at once are named (frees_fenced for the Alloc's own
+ * stream, other_frees_fenced) and their pages may move in this allocation. */
 static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         /* No mark outstanding: every complete one was reported when it was
          * popped, and an Alloc without a report needs no order. */
