@@ -23,18 +23,38 @@ typedef struct gm_provider {
         /* Creates `size` bytes of physical memory at [offset, offset+size) of
          * segment `segment_id`, whose virtual range is `segment_va_size` bytes
          * (a whole ordinary segment: offset 0, size == segment_va_size; an
-         * expandable segment: one call per page). On success stores an opaque
+         * expandable segment: one page, where create_run is NULL). On success stores an opaque
          * handle in *ret_handle. -ENOMEM (device full) and -EDQUOT (tenant
          * quota) enter the retry ladder; any other error fails the request at
          * once. */
         int (*create)(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
                       uint64_t *ret_handle);
+        /* Optional: creates a run of n_pages (>= 1) consecutive pages of
+         * expandable segment `segment_id` at once: page k is page_size bytes
+         * at offset + k * page_size, each its own piece, exactly as n_pages
+         * create() calls would make them (each later given back by its own
+         * release() or moved by remap()). All or nothing: on success stores
+         * page k's handle in handles[k] and returns 0; on failure nothing
+         * of the run stays created, the contents of handles[] are
+         * meaningless, and the error is create()'s (-ENOMEM and -EDQUOT
+         * enter the retry ladder, the limits seeing the run as a whole). The
+         * heap calls it once per run of new pages a mapping needs; NULL =
+         * one create() per page. */
+        int (*create_run)(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                          uint64_t page_size, uint64_t n_pages, uint64_t *handles);
         /* Gives back what one create() made; `whole_segment` is true when this
          * is the segment's last piece (its virtual range goes too). The heap has
          * already forgotten it; the provider owns the rest of the release (e.g.
          * asking the client to unmap first). Cannot fail. */
         void (*release)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
                         bool whole_segment);
+        /* Optional: gives back a run of n_pages (>= 1) consecutive pages of
+         * an expandable segment at once, page k (handle handles[k]) at
+         * offset + k * page_size, exactly as n_pages release() calls in
+         * that order would, the last carrying `whole_segment` (the others
+         * false). Cannot fail. NULL = one release() per page. */
+        void (*release_run)(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size, uint64_t n_pages,
+                            const uint64_t *handles, bool whole_segment);
         /* Optional: one trace event (see gm_trace_action_t); NULL = no tracing. */
         void (*trace)(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream);
         /* Optional, for page reuse (alloc_conf gpumemd_page_reuse:True, see

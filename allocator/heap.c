@@ -477,12 +477,22 @@ static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
         return i < s->cap_pages && s->page_mapped[i];
 }
 
-/* Gives one page back; the segment's last page carries whole_segment. */
-static void page_release(gm_heap_t *h, gm_segment_t *s, uint64_t i) {
-        s->page_mapped[i] = 0;
-        s->mapped_pages--;
-        h->prov.release(h->prov.userdata, s->id, i * s->page_size, s->page_size, s->page_handle[i],
-                        s->mapped_pages == 0);
+/* Gives mapped pages [first, end) back, in one provider release_run() (or a
+ * release() per page where it has none); the run carries whole_segment when
+ * it is the segment's last. */
+static void pages_release(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t end) {
+        uint64_t page = s->page_size;
+
+        memset(&s->page_mapped[first], 0, end - first);
+        s->mapped_pages -= end - first;
+        if (h->prov.release_run) {
+                h->prov.release_run(h->prov.userdata, s->id, first * page, page, end - first, &s->page_handle[first],
+                                    s->mapped_pages == 0);
+                return;
+        }
+        for (uint64_t i = first; i < end; i++)
+                h->prov.release(h->prov.userdata, s->id, i * page, page, s->page_handle[i],
+                                s->mapped_pages == 0 && i + 1 == end);
 }
 
 /* A new expandable segment of the pool for `stream`: 1 1/8 of the device in
@@ -567,8 +577,7 @@ static uint64_t unmap_block(gm_heap_t *h, gm_block_t *b) {
         if (begin >= end || reserve_blocks(h, 2) < 0)
                 return 0;
         unmap_range(h, b, begin, end);
-        for (uint64_t i = begin; i < end; i++)
-                page_release(h, s, i);
+        pages_release(h, s, begin, end);
         if (!s->mapped_pages)
                 segment_forget(h, s);
         return (end - begin) * page;
@@ -679,17 +688,13 @@ static uint64_t move_pages(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t
         moved = r < 0 ? 0 : (uint64_t) r < k ? (uint64_t) r : k;
         if (moved < k)
                 h->reuse.remap_failures++;
-        for (uint64_t m = 0; m < moved; m++) {
-                uint64_t i = first + m, j = dst + m, handle = s->page_handle[i];
-
-                s->page_mapped[i] = 0;
-                s->mapped_pages--;
-                ds->page_handle[j] = handle;
-                ds->page_mapped[j] = 1;
-                ds->mapped_pages++;
-        }
         if (!moved)
                 return 0;
+        memmove(&ds->page_handle[dst], &s->page_handle[first], moved * sizeof(*s->page_handle));
+        memset(&s->page_mapped[first], 0, moved);
+        memset(&ds->page_mapped[dst], 1, moved);
+        s->mapped_pages -= moved;
+        ds->mapped_pages += moved;
         unmap_range(h, b, first, first + moved);
         h->reuse.pages_moved += moved;
         h->reuse.ranges_moved++;
@@ -730,12 +735,36 @@ static uint64_t reuse_pages(gm_heap_t *h, const reuse_target_t *t, uint64_t firs
         return filled;
 }
 
+/* Creates pages [first, end) of `s` (unmapped, arrays reserved), all or
+ * nothing: one provider create_run(), or a create() per page where it has
+ * none. */
+static int create_pages(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t end) {
+        uint64_t page = s->page_size, i = first;
+        int r = 0;
+
+        if (h->prov.create_run)
+                r = h->prov.create_run(h->prov.userdata, s->id, s->size, first * page, page, end - first,
+                                       &s->page_handle[first]);
+        else
+                for (; i < end && r == 0; i += r == 0)
+                        r = h->prov.create(h->prov.userdata, s->id, s->size, i * page, page, &s->page_handle[i]);
+        if (r < 0) {
+                while (!h->prov.create_run && i-- > first) /* the created ones, the run's first last */
+                        h->prov.release(h->prov.userdata, s->id, i * page, page, s->page_handle[i],
+                                        s->mapped_pages == 0 && i == first);
+                return r;
+        }
+        memset(&s->page_mapped[first], 1, end - first);
+        s->mapped_pages += end - first;
+        return 0;
+}
+
 /* Maps the pages under the first `size` bytes of unmapped block `b` (one
- * provider create per page; with page reuse, pages moved from free blocks
- * first, outside target `t`, and only the shortfall is created, within the
- * limits); the mapped part joins its free neighbours in the free set. On
- * failure the pages placed here go back; a segment left without pages is
- * forgotten. */
+ * provider create_run for the new pages; with page reuse, pages moved from
+ * free blocks first, outside target `t`, and only the shortfall is created,
+ * within the limits); the mapped part joins its free neighbours in the free
+ * set. On failure the pages placed here go back; a segment left without
+ * pages is forgotten. */
 static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_target_t *t) {
         gm_segment_t *s = b->seg;
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
@@ -747,17 +776,11 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         /* the moved pages left the reserved total and come back with this range */
         if (r == 0 && reuse_active(h) && i < end)
                 r = over_limit(h, (end - first) * s->page_size);
-        for (; r == 0 && i < end; i++) {
-                r = h->prov.create(h->prov.userdata, s->id, s->size, i * s->page_size, s->page_size,
-                                   &s->page_handle[i]);
-                if (r < 0)
-                        break;
-                s->page_mapped[i] = 1;
-                s->mapped_pages++;
-        }
+        if (r == 0 && i < end)
+                r = create_pages(h, s, i, end);
         if (r < 0) {
-                while (i-- > first)
-                        page_release(h, s, i);
+                if (i > first) /* the pages moved here */
+                        pages_release(h, s, first, i);
                 if (!s->mapped_pages)
                         segment_forget(h, s);
                 return r;

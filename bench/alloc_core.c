@@ -18,6 +18,13 @@ static int bench_create(void *ud, uint64_t segment_id, uint64_t va, uint64_t off
         return 0;
 }
 
+static int bench_create_run(void *ud, uint64_t segment_id, uint64_t va, uint64_t offset, uint64_t page_size,
+                            uint64_t n_pages, uint64_t *handles) {
+        for (uint64_t k = 0; k < n_pages; k++)
+                handles[k] = segment_id;
+        return 0;
+}
+
 static void bench_release(void *ud, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle, bool whole) {
 }
 
@@ -42,7 +49,8 @@ static uint64_t rnd(void) {
 
 static void run(uint64_t n_live, uint64_t pairs, heap_mode_t mode) {
         gm_alloc_config_t cfg;
-        gm_provider_t prov = {.create = bench_create, .release = bench_release, .remap = bench_remap};
+        gm_provider_t prov = {
+                .create = bench_create, .create_run = bench_create_run, .release = bench_release, .remap = bench_remap};
         uint64_t cursor = 1ULL << 40, *ids = malloc(n_live * sizeof(*ids));
         gm_heap_params_t params = {.capacity = 1ULL << 44, .va_cursor = &cursor};
         gm_alloc_result_t r;

@@ -10,9 +10,9 @@ thousand allocations and the replay's median ns per event (--runs 5). With
 gm_heap_free (valgrind --tool=callgrind, inclusive, load-independent) and
 prints instructions per operation for expandable and page reuse and their
 ratio, in all and without the in-memory provider's callbacks (the backend's
-share: fake_create, fake_release, fake_remap, fake_stream_fence). A
-page-reuse replay makes one extra timing run, so its counts are divided by
-twice the events.
+share: fake_create, fake_create_run, fake_release, fake_release_run, fake_remap,
+fake_stream_fence). A page-reuse replay makes one extra timing run, so its
+counts are divided by twice the events.
 """
 import glob
 import json
@@ -32,7 +32,9 @@ def replay(tool, conf, trace, runs=5):
     return json.loads(out)
 
 
-PROVIDER = re.compile(r"^\s*([\d,]+) .*fake_provider\.c:fake_(create|release|remap|stream_fence) ")
+# Only the function list's lines (they name the binary): the auto-annotated
+# source's call lines name the callees again and would count them twice.
+PROVIDER = re.compile(r"^\s*([\d,]+) .*fake_provider\.c:fake_(create|create_run|release|release_run|remap|stream_fence) \[")
 
 
 def instructions(tool, conf, trace):

@@ -15,9 +15,10 @@ typedef struct gm_release {
         uint64_t bytes;
         uint64_t sent_at_ms;
         uint32_t attempts;
-        bool held;         /* the client could not unmap these: charged, never asked again, until the session ends */
-        bool holder_noted; /* process_check.c: the driver's figure was read at the first request */
-        int64_t holder_unaccounted; /* then: the process's figure less what the daemon had mapped into it */
+        bool held;       /* charged, never asked again, until the session ends: the client could not unmap these,
+                            or (unverified) said it did where nothing could check it */
+        bool unverified; /* held: acknowledged, and counted in release_unverified_bytes */
+        gm_holder_note_t holder; /* process_check.c: read when the release was first asked for */
         struct gm_release *next;
 } gm_release_t;
 
@@ -116,15 +117,25 @@ void gm_ledger_free_orphans(gm_broker_t *b);
 /* A resuming start: the orphan with that token becomes s's adopting pieces. */
 int gm_ledger_claim(gm_session_t *s, const char *token);
 
-/* process_check.c: where the backend cannot tell per piece but the driver
- * gives each process's device memory. Notes the process's figure when a
- * release is first asked for. */
-void gm_release_note_holder(gm_session_t *s, gm_release_t *rel);
-/* Whether the process's figure says it kept the `acknowledged` bytes of rel. */
-bool gm_release_still_held(gm_session_t *s, const gm_release_t *rel, uint64_t acknowledged);
+/* process_check.c: whether released memory left its process, where the
+ * backend cannot tell per piece. */
+typedef enum gm_release_verdict {
+        GM_RELEASE_GONE,       /* the driver's figure shows the memory left the process */
+        GM_RELEASE_KEPT,       /* it shows the process still holds all of it: the client lied */
+        GM_RELEASE_UNVERIFIED, /* nothing shows either: charged until the session ends */
+} gm_release_verdict_t;
+/* Reads the reference for a later verdict on what s's process gives back
+ * (not noted where the driver gives no figure). */
+void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret);
+/* The verdict on `acknowledged` bytes given back by s against `note` (the
+ * pieces are still listed on the session). */
+gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged);
 /* Whether the driver (once it has shown that it counts mappings) lists pid
  * with any device memory. */
 bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid);
+/* Holds `rel` (pieces RELEASING, not on s->releases) until the session ends,
+ * counted as released on the client's word. */
+void gm_release_hold_unverified(gm_session_t *s, gm_release_t *rel);
 
 /* session.c */
 /* One try of an allocation: REPLY, REFUSE, or PARK (only when `may_park`). */
@@ -140,6 +151,9 @@ void gm_session_hand_over(gm_session_t *s, gm_piece_t *p);
 /* The session ends: its granted figures go to zero (its pieces are destroyed). */
 void gm_session_drop_grants(gm_session_t *s);
 void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out);
+/* A grant's pieces (n_pieces, 0 meaning 1) and bytes (all of them). */
+uint64_t gm_grant_pieces(const gm_grant_t *g);
+uint64_t gm_grant_bytes(const gm_grant_t *g);
 /* Bytes a local session's heap caches by its client's word (bounded by what it was granted). */
 uint64_t gm_session_client_cached(const gm_session_t *s);
 

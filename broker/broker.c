@@ -227,6 +227,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                         violation(c, "session %llu holds an orphan piece", (unsigned long long) s->id);
                 if (p->in_heap && p->state != GM_PIECE_LIVE)
                         violation(c, "session %llu: a released piece is still in the heap", (unsigned long long) s->id);
+                if (p->unverified && p->state != GM_PIECE_RELEASING)
+                        violation(c, "session %llu: a piece released unverified is not releasing",
+                                  (unsigned long long) s->id);
                 if (p->in_heap)
                         in_heap += p->phys.size;
                 if (p->state == GM_PIECE_RELEASING)
@@ -258,11 +261,17 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         if (q != n_adopting)
                 violation(c, "session %llu: %zu pieces adopting, %zu listed", (unsigned long long) s->id, n_adopting,
                           q);
-        uint64_t rel_bytes = 0;
+        uint64_t rel_bytes = 0, unverified = 0;
         for (const gm_release_t *rel = s->releases; rel; rel = rel->next) {
                 uint64_t bytes = 0;
+                if (rel->unverified && !rel->held)
+                        violation(c, "session %llu: release %llu unverified but not held", (unsigned long long) s->id,
+                                  (unsigned long long) rel->id);
                 for (const gm_piece_t *p = rel->pieces; p; p = p->queue) {
                         bytes += p->phys.size;
+                        if (p->unverified != rel->unverified)
+                                violation(c, "session %llu: release %llu and its piece disagree on unverified",
+                                          (unsigned long long) s->id, (unsigned long long) rel->id);
                         if (p->state != GM_PIECE_RELEASING || p->session != s)
                                 violation(c, "session %llu: release %llu holds a piece not releasing",
                                           (unsigned long long) s->id, (unsigned long long) rel->id);
@@ -272,7 +281,13 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
                                   (unsigned long long) rel->id, (unsigned long long) rel->bytes,
                                   (unsigned long long) bytes);
                 rel_bytes += bytes;
+                if (rel->unverified)
+                        unverified += bytes;
         }
+        if (unverified != s->release_unverified_bytes)
+                violation(c, "session %llu: %llu bytes released unverified counted, its releases hold %llu",
+                          (unsigned long long) s->id, (unsigned long long) s->release_unverified_bytes,
+                          (unsigned long long) unverified);
         if (rel_bytes != releasing || s->releasing_bytes != releasing)
                 violation(c, "session %llu: releasing %llu bytes, its pieces %llu, its releases %llu",
                           (unsigned long long) s->id, (unsigned long long) s->releasing_bytes,
@@ -292,6 +307,9 @@ static void check_session(checker_t *c, const gm_session_t *s, uint64_t *backed,
         if (s->reclaim.id && (s->ended || !s->local))
                 violation(c, "session %llu: a Reclaim pending in a %s session", (unsigned long long) s->id,
                           s->ended ? "ended" : "central");
+        if (s->return_intent_open && (!s->local || !s->return_intents))
+                violation(c, "session %llu: a return intent open in a %s session", (unsigned long long) s->id,
+                          s->local ? "local session that never sent one" : "central");
         if (parked != s->n_parked || last != s->parked_tail)
                 violation(c, "session %llu: %u parked counted, %u queued", (unsigned long long) s->id, s->n_parked,
                           parked);
@@ -371,7 +389,7 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         uint32_t n_tenants = 0;
         for (const gm_tenant_t *t = b->tenants; t; t = t->next) {
                 n_tenants++;
-                uint64_t charged = 0;
+                uint64_t charged = 0, unverified = 0;
                 int64_t reserved = 0;
                 uint32_t sessions = 0;
                 for (const gm_session_t *s = b->sessions; s; s = s->next) {
@@ -379,6 +397,7 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                                 continue;
                         if (!s->ended)
                                 sessions++;
+                        unverified += s->release_unverified_bytes;
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
                                 if (gm_piece_charged(p))
                                         charged += p->phys.size;
@@ -391,6 +410,9 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 if (charged != t->charged_bytes)
                         violation(&c, "tenant '%s' charged %llu bytes, its sessions' pieces %llu", t->name,
                                   (unsigned long long) t->charged_bytes, (unsigned long long) charged);
+                if (unverified != t->release_unverified_bytes || unverified > charged)
+                        violation(&c, "tenant '%s' counts %llu bytes released unverified, its sessions %llu", t->name,
+                                  (unsigned long long) t->release_unverified_bytes, (unsigned long long) unverified);
                 if (sessions != t->sessions)
                         violation(&c, "tenant '%s' counts %u sessions, %u are live", t->name, t->sessions, sessions);
                 if (reserved != t->stats.reserved_bytes[GM_STAT_ALL].current)

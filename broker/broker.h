@@ -55,6 +55,8 @@ struct gm_tenant {
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
         uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
         uint32_t sessions;
+        uint64_t release_unverified_bytes; /* of charged_bytes: released on its clients' word only, held until their
+                                              sessions end (process_check.c) */
         struct gm_tenant *next;
 };
 
@@ -90,6 +92,7 @@ struct gm_piece {
         bool sent;             /* its fd reached the client, so its release needs an ack */
         bool whole_segment;    /* set at release: the client drops the reservation too */
         bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
+        bool unverified;       /* released on the client's unchecked word (held): not counted as mapped by it */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
@@ -113,6 +116,13 @@ typedef struct gm_piece_spec {
  * LIVE, not yet sent; it is listed by gm_session_new_pieces() until
  * gm_session_pieces_sent() or gm_piece_release(). */
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+/* n pieces of first->size bytes at first->offset + k * first->size of one
+ * segment, as n gm_piece_create() calls would make them, all or nothing:
+ * the quota and the device are checked for the run as a whole, and a
+ * backend failure part way gives back what was made. On success pieces[k]
+ * is piece k; on failure nothing of the run is left (the contents of
+ * pieces[] are then meaningless). */
+int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t n, gm_piece_t **pieces);
 /* The one release path. A piece the client may have mapped (sent, session
  * alive) is queued for a ReleaseRequest (see gm_session_flush_releases());
  * anything else returns to the backend at once. `whole_segment`: this is the
@@ -155,6 +165,10 @@ typedef struct gm_release_range {
         bool whole_segment;
 } gm_release_range_t;
 
+/* Pieces one grant may ask for at once: its reply carries their fds in one
+ * packet (the kernel's SCM_RIGHTS cap; the daemon's max_fds may be lower). */
+#define GM_MAX_GRANT_PIECES 253u
+
 /* What a request comes to. */
 typedef enum gm_outcome_kind {
         GM_OUTCOME_REPLY,  /* done: answer it (an allocation: with its new pieces) */
@@ -172,7 +186,9 @@ typedef struct gm_outcome {
         bool oom;
         gm_oom_reason_t oom_reason;
         uint64_t oom_size;
-        const gm_piece_t *piece; /* REPLY to a grant: the piece whose fd the reply carries */
+        /* REPLY to a grant: its pieces, in order, whose fds the reply carries. */
+        const gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
+        size_t n_pieces;
 } gm_outcome_t;
 
 /* What a local session's client reports of heaps (its statistics page, as the
@@ -375,6 +391,13 @@ typedef struct gm_session_fence {
         uint64_t done;  /* highest one the client reported complete */
 } gm_session_fence_t;
 
+/* A session's process as the driver sees it (process_check.c): its device
+ * memory less what the daemon had mapped into it, read at one moment. */
+typedef struct gm_holder_note {
+        bool noted; /* false: the driver gave no figure */
+        int64_t unaccounted;
+} gm_holder_note_t;
+
 /* Read-only outside the broker. */
 struct gm_session {
         gm_broker_t *broker;
@@ -417,6 +440,10 @@ struct gm_session {
         gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
                                        * out with the next allocation reply */
         size_t n_fences;
+        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
+        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
+        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
         struct gm_session *prev, *next;
 };
 
@@ -493,9 +520,12 @@ void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_tot
 
 /* ---- local sessions: the heap runs in the client ---- */
 
-/* A request for one piece of physical memory for the client's heap. */
+/* A request for physical memory for the client's heap: one piece, or a run
+ * of n_pieces consecutive pieces of piece.size bytes from piece.offset (the
+ * pages of an expandable segment), granted all or nothing. */
 typedef struct gm_grant {
-        gm_piece_spec_t piece;
+        gm_piece_spec_t piece; /* the first */
+        uint64_t n_pieces;     /* 0 or 1: one; at most GM_MAX_GRANT_PIECES */
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
@@ -504,14 +534,30 @@ typedef struct gm_grant {
 /* Makes a started session local (at Hello): -EBUSY when it already has a
  * heap or memory. */
 int gm_session_set_local(gm_session_t *s);
-/* A grant: REPLY (out->piece: hand its fd over), PARK or REFUSE (malformed
- * against what the session holds, quota, device), as gm_session_alloc(). */
+/* A grant: REPLY (out->pieces: hand their fds over), PARK or REFUSE
+ * (malformed against what the session holds, quota, device: for a run, as
+ * a whole, and nothing of it is then charged), as gm_session_alloc(). */
 void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
-/* The client unmapped and gives back these pieces (ReturnPieces): each goes
- * back to the backend at once, parked requests are retried. Returns how many
- * ranges name no granted piece of that length (left alone); the index of the
- * first in *ret_first_bad. */
+/* The client unmapped and gives back these pieces (ReturnPieces), checked as
+ * a ReleaseAck is (process_check.c): shown gone, they go back to the backend
+ * at once and parked requests are retried; shown still mapped, they stay
+ * charged and s->lied is set (the caller ends the session); where nothing can
+ * tell, they stay charged until the session ends. Returns how many ranges
+ * name no granted piece of that length (left alone); the index of the first
+ * in *ret_first_bad. */
 size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
+/* The client is about to unmap pieces and return them (ReturnIntent): the
+ * reference its returns are checked against is noted now, before its figure
+ * drops, and stands until gm_session_close_return_intent() (its closing
+ * ReturnPieces): neither a Reclaim nor another intent renews it meanwhile.
+ * -EPROTO for a central session, -EBUSY while one is open, -ESHUTDOWN once
+ * ended. A client that never closes its intent only hurts itself: its later
+ * returns are judged against that old reference. */
+int gm_session_open_return_intent(gm_session_t *s);
+void gm_session_close_return_intent(gm_session_t *s);
+/* Whether its returns are checked against its process's device memory
+ * figure (cuda with NVML), so that a give-back needs a ReturnIntent first. */
+bool gm_session_returns_need_intent(const gm_session_t *s);
 /* Page reuse in the client's heap: the granted piece at (from_segment_id,
  * from_offset) now lies at `to` (its size: the piece's), checked as a grant
  * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */

@@ -1,5 +1,6 @@
 /* Local sessions: the heap runs in the client, and asks for pieces of
- * physical memory (a whole segment, or one page of an expandable one). Every
+ * physical memory (a whole segment, or a run of pages of an expandable one,
+ * granted all or nothing). Every
  * piece is created, charged and stored as a central segment is
  * (gm_piece_create), handed over (granted: not listed for a reply, never
  * "sent" in the release sense) and released at once when the client gives it
@@ -8,6 +9,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "broker-internal.h"
@@ -61,13 +63,42 @@ static const char *grant_invalid(const gm_session_t *s, const gm_piece_spec_t *g
         return NULL;
 }
 
-void gm_session_hand_over(gm_session_t *s, gm_piece_t *p) {
-        bool new_segment = segment_view(s, p->segment_id).n == 0;
-        gm_piece_granted(s, p);
-        gm_stat_update(&s->grants.bytes, (int64_t) p->phys.size);
+uint64_t gm_grant_pieces(const gm_grant_t *g) {
+        return g->n_pieces ? g->n_pieces : 1;
+}
+
+uint64_t gm_grant_bytes(const gm_grant_t *g) {
+        return gm_grant_pieces(g) * g->piece.size; /* checked not to overflow before anything is made */
+}
+
+/* Why a run of n > 1 pieces cannot be granted, beyond its first piece
+ * (grant_invalid), or NULL: one walk over the session's pieces. */
+static const char *run_invalid(const gm_session_t *s, const gm_piece_spec_t *g, uint64_t n) {
+        if (n > GM_MAX_GRANT_PIECES)
+                return "too many pieces in one grant";
+        if (g->offset % g->size || n > (g->segment_va_size - g->offset) / g->size)
+                return "pieces outside their segment";
+        uint64_t end = g->offset + n * g->size;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next)
+                if (p->granted && p->segment_id == g->segment_id && p->offset >= g->offset && p->offset < end)
+                        return "piece already granted";
+        return NULL;
+}
+
+/* Hands n LIVE pieces of one segment over to the client's heap and counts them. */
+static void hand_over_run(gm_session_t *s, gm_piece_t *const *pieces, size_t n) {
+        bool new_segment = segment_view(s, pieces[0]->segment_id).n == 0;
+        for (size_t k = 0; k < n; k++) {
+                gm_piece_granted(s, pieces[k]);
+                gm_stat_update(&s->grants.bytes, (int64_t) pieces[k]->phys.size);
+        }
         if (new_segment)
                 gm_stat_update(&s->grants.segments, 1);
-        s->grants.pieces++;
+        s->grants.pieces += n;
+}
+
+void gm_session_hand_over(gm_session_t *s, gm_piece_t *p) {
+        hand_over_run(s, &p, 1);
 }
 
 int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
@@ -80,21 +111,24 @@ int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
 
 void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
+        uint64_t n = gm_grant_pieces(g);
         const char *bad = grant_invalid(s, &g->piece);
+        if (!bad && n > 1)
+                bad = run_invalid(s, &g->piece, n);
         if (bad)
                 return gm_outcome_refuse(out, -EINVAL, "gpumemd: grant refused: %s", bad);
-        if (g->piece.size > b->backend->capacity) {
+        if (gm_grant_bytes(g) > b->backend->capacity) {
                 char a[32], cap[32];
                 return gm_outcome_refuse(out, -ENOMEM,
                                          "gpumemd: tried to allocate %s, more than the device's capacity of %s",
-                                         gm_format_size(g->piece.size, a, sizeof(a)),
+                                         gm_format_size(gm_grant_bytes(g), a, sizeof(a)),
                                          gm_format_size(b->backend->capacity, cap, sizeof(cap)));
         }
-        if (s->grants.pieces >= GM_MAX_GRANTED_PIECES)
+        if (n > GM_MAX_GRANTED_PIECES - s->grants.pieces)
                 return gm_outcome_refuse(out, -ENOBUFS, "gpumemd: session limit of %u pieces reached",
                                          GM_MAX_GRANTED_PIECES);
-        gm_piece_t *p = NULL;
-        int r = gm_piece_create(s, &g->piece, &p);
+        gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
+        int r = gm_piece_create_run(s, &g->piece, n, pieces);
         if (r == -ENOMEM || r == -EDQUOT) {
                 gm_request_t rq = {.is_grant = true, .grant = *g};
                 return gm_session_out_of_memory(s, &rq, r, may_park, out);
@@ -104,9 +138,11 @@ void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, g
                 return gm_outcome_refuse(out, r, "gpumemd: grant failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
                                          detail);
         }
-        gm_session_hand_over(s, p);
+        hand_over_run(s, pieces, n);
         out->kind = GM_OUTCOME_REPLY;
-        out->piece = p;
+        for (size_t k = 0; k < n; k++)
+                out->pieces[k] = pieces[k];
+        out->n_pieces = n;
 }
 
 void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
@@ -115,6 +151,8 @@ void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g,
                 return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
         if (!s->local)
                 return gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
+        if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
+                gm_holder_note(s, &s->holder); /* what its process holds before gpumemd's memory */
         gm_request_t rq = {.is_grant = true, .grant = *g};
         if (s->parked) /* in order behind the waiting ones */
                 return gm_session_park(s, request_id, &rq, ret);
@@ -129,8 +167,63 @@ static gm_piece_t *returned_piece(const gm_session_t *s, const gm_release_range_
         return p && p->granted && p->phys.size == range->length ? p : NULL;
 }
 
+/* Checks the returned pieces (linked by ->queue) with the backend, or the
+ * driver's figure against the session's reference. */
+static gm_release_verdict_t returned_verdict(gm_session_t *s, const gm_piece_t *returned, uint64_t bytes) {
+        if (!s->broker->backend->ops->mapped)
+                return gm_release_verdict(s, &s->holder, bytes);
+        for (const gm_piece_t *p = returned; p; p = p->queue)
+                if (gm_piece_still_mapped(s->broker, p))
+                        return GM_RELEASE_KEPT;
+        return GM_RELEASE_GONE;
+}
+
+/* The returned pieces leave the session's grants. */
+static void ungrant(gm_session_t *s, gm_piece_t *p) {
+        p->granted = false;
+        gm_stat_update(&s->grants.bytes, -(int64_t) p->phys.size);
+        if (segment_view(s, p->segment_id).n == 0)
+                gm_stat_update(&s->grants.segments, -1);
+        s->grants.pieces--;
+        s->grants.returned++;
+}
+
+/* Keeps returned pieces charged in a held release (they may still be
+ * mapped: checked as a release's when the session ends); false when it
+ * cannot (they stay granted, charged all the same). */
+static bool hold_returned(gm_session_t *s, gm_piece_t *returned, uint64_t bytes, gm_release_verdict_t verdict) {
+        gm_broker_t *b = s->broker;
+        gm_release_t *rel = calloc(1, sizeof(*rel));
+        if (!rel)
+                return false;
+        rel->id = s->next_release_id++;
+        rel->pieces = returned;
+        rel->bytes = bytes;
+        for (gm_piece_t *p = returned; p; p = p->queue) {
+                ungrant(s, p);
+                p->sent = true; /* its client may map it */
+        }
+        s->releasing_bytes += bytes;
+        b->releasing_bytes += bytes;
+        if (verdict == GM_RELEASE_UNVERIFIED) {
+                gm_release_hold_unverified(s, rel);
+                return true;
+        }
+        rel->held = true;
+        rel->next = s->releases;
+        s->releases = rel;
+        s->lied = true;
+        gm_broker_log(b, LOG_WARNING,
+                      "session %" PRIu64 " (pid %d) returned %" PRIu64
+                      " bytes it still maps: they stay charged while mapped",
+                      s->id, (int) s->pid, bytes);
+        return true;
+}
+
 size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad) {
         size_t bad = 0;
+        gm_piece_t *returned = NULL, **tail = &returned;
+        uint64_t bytes = 0;
         for (size_t i = 0; i < n && !s->ended; i++) {
                 gm_piece_t *p = returned_piece(s, &ranges[i]);
                 if (!p) {
@@ -138,16 +231,46 @@ size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *range
                                 *ret_first_bad = i;
                         continue;
                 }
-                uint64_t size = p->phys.size, segment_id = p->segment_id;
-                gm_piece_release(s, p, false); /* granted, so not sent: back to the backend at once */
-                gm_stat_update(&s->grants.bytes, -(int64_t) size);
-                if (segment_view(s, segment_id).n == 0)
-                        gm_stat_update(&s->grants.segments, -1);
-                s->grants.pieces--;
-                s->grants.returned++;
+                p->state = GM_PIECE_RELEASING; /* charged still; not found again by a repeated range */
+                *tail = p;
+                tail = &p->queue;
+                bytes += p->phys.size;
+        }
+        gm_release_verdict_t verdict = returned ? returned_verdict(s, returned, bytes) : GM_RELEASE_GONE;
+        if (verdict != GM_RELEASE_GONE && hold_returned(s, returned, bytes, verdict))
+                returned = NULL;
+        else if (verdict == GM_RELEASE_KEPT)
+                s->lied = true; /* not held, but closed all the same */
+        while (returned) {
+                gm_piece_t *p = returned;
+                returned = p->queue;
+                p->queue = NULL;
+                if (verdict != GM_RELEASE_GONE) { /* could not be held: it stays granted */
+                        p->state = GM_PIECE_LIVE;
+                        continue;
+                }
+                ungrant(s, p);
+                gm_piece_destroy(s->broker, p); /* back to the backend at once */
         }
         gm_broker_retry_parked(s->broker, false);
         return bad;
+}
+
+int gm_session_open_return_intent(gm_session_t *s) {
+        if (s->ended)
+                return -ESHUTDOWN;
+        if (!s->local)
+                return -EPROTO;
+        if (s->return_intent_open)
+                return -EBUSY;
+        gm_holder_note(s, &s->holder);
+        s->return_intent_open = true;
+        s->return_intents = true;
+        return 0;
+}
+
+void gm_session_close_return_intent(gm_session_t *s) {
+        s->return_intent_open = false;
 }
 
 void gm_session_drop_grants(gm_session_t *s) {

@@ -123,6 +123,8 @@ uint64_t gm_session_ask_reclaim(gm_session_t *s) {
         s->reclaim.id = id;
         s->reclaim.bytes = cached;
         s->reclaim.sent_ms = gm_now_ms();
+        if (!s->return_intents) /* an older client's: the pieces it returns for this are checked against now */
+                gm_holder_note(s, &s->holder);
         gm_session_owes(s);
         if (b->ops.count_reclaim)
                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_REQUESTED);
@@ -235,6 +237,28 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                                ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
+/* Says how much of the memory that could have helped (of `tenant`, NULL:
+ * all) was released on its clients' word only and stays charged. */
+static void name_unverified(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
+        uint64_t bytes = 0;
+        unsigned tenants = 0;
+        for (const gm_tenant_t *t = b->tenants; t; t = t->next)
+                if ((!tenant || t == tenant) && t->release_unverified_bytes) {
+                        bytes += t->release_unverified_bytes;
+                        tenants++;
+                }
+        if (!bytes)
+                return;
+        char held[32];
+        gm_text_append(buf, len,
+                       " gpumemd: %s of it is memory %s released that cannot be checked as unmapped (no per-process "
+                       "figure from the driver shows it): it stays charged until the releasing sessions end.",
+                       gm_format_size(bytes, held, sizeof(held)),
+                       tenant         ? "this tenant's clients"
+                       : tenants == 1 ? "one tenant's clients"
+                                      : "clients");
+}
+
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the
  * diagnosis) into buf; returns the reason. */
 static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq, int err, char *buf, size_t len) {
@@ -243,10 +267,14 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         client_view(s, &v);
         uint64_t device_free, device_total;
         gm_broker_device_view(b, &device_free, &device_total);
-        uint64_t others_cached = b->releasing_bytes - s->releasing_bytes;
+        /* Releases held unverified are not coming back while their sessions last. */
+        uint64_t others_cached = b->releasing_bytes - s->releasing_bytes, others_unverified = 0;
         for (gm_session_t *o = b->sessions; o; o = o->next)
-                if (o != s && !o->ended)
+                if (o != s && !o->ended) {
                         others_cached += cached_bytes(o);
+                        others_unverified += o->release_unverified_bytes;
+                }
+        others_cached -= others_unverified;
         double fraction = b->alloc_config.per_process_memory_fraction;
         gm_oom_report_t r = {
                 .device = b->backend->device,
@@ -263,7 +291,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 .caller_admin = s->admin,
         };
         if (rq->is_grant) {
-                r.alloc_size = rq->grant.piece.size;
+                r.alloc_size = gm_grant_bytes(&rq->grant);
                 r.block_size = rq->grant.block_size;
                 r.largest_free = rq->grant.largest_free;
                 r.session_allocated = v.session_allocated;
@@ -281,8 +309,10 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
         if (gm_oom_format(&r, buf, len) < 0)
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
-                         rq->is_grant ? "granting" : "allocating", rq->is_grant ? rq->grant.piece.size : rq->size);
+                         rq->is_grant ? "granting" : "allocating",
+                         rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
+        name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
 }
 
@@ -301,7 +331,7 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         gm_broker_t *b = s->broker;
         gm_tenant_t *scope = err == -EDQUOT ? s->tenant : NULL;
         /* Memory reclaimed from other sessions arrives once their clients answer. */
-        uint64_t need = rq->is_grant ? rq->grant.piece.size : rq->size;
+        uint64_t need = rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size;
         uint64_t asked = reclaim_from_others(b, s, scope, need);
         if (may_park && (asked > 0 || help_coming(b, scope)) && s->n_parked < b->limits.max_parked_per_session) {
                 out->kind = GM_OUTCOME_PARK;
@@ -312,7 +342,9 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         gm_oom_reason_t reason = describe_refusal(s, rq, err, out->message, sizeof(out->message));
         out->oom = !(rq->is_grant && rq->grant.will_retry); /* one the application sees */
         out->oom_reason = reason;
-        out->oom_size = !rq->is_grant ? rq->size : rq->grant.block_size ? rq->grant.block_size : rq->grant.piece.size;
+        out->oom_size = !rq->is_grant          ? rq->size
+                        : rq->grant.block_size ? rq->grant.block_size
+                                               : gm_grant_bytes(&rq->grant);
         if (b->ops.count_refusal && out->oom)
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }

@@ -54,23 +54,33 @@ static void detach(gm_piece_t *p) {
         p->session = NULL;
 }
 
+/* 0 when `bytes` more fit the quota of session s's tenant and the device,
+ * else -EDQUOT or -ENOMEM. */
+static int room_for(const gm_session_t *s, uint64_t bytes) {
+        const gm_broker_t *b = s->broker;
+        const gm_tenant_t *t = s->tenant;
+        if (t->quota && (t->charged_bytes > t->quota || bytes > t->quota - t->charged_bytes))
+                return -EDQUOT;
+        if (b->unbacked_bytes > b->backend->capacity - b->backend->in_use ||
+            bytes > b->backend->capacity - b->backend->in_use - b->unbacked_bytes)
+                return -ENOMEM; /* the unbacked pieces' memory is the device's too */
+        return 0;
+}
+
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
         gm_broker_t *b = s->broker;
-        gm_tenant_t *t = s->tenant;
-        if (!t || s->ended)
+        if (!s->tenant || s->ended)
                 return -ESHUTDOWN;
         if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
             spec->offset + spec->size > spec->segment_va_size)
                 return -EINVAL;
-        if (t->quota && t->charged_bytes + spec->size > t->quota)
-                return -EDQUOT;
-        if (b->unbacked_bytes > b->backend->capacity - b->backend->in_use ||
-            spec->size > b->backend->capacity - b->backend->in_use - b->unbacked_bytes)
-                return -ENOMEM; /* the unbacked pieces' memory is the device's too */
+        int r = room_for(s, spec->size);
+        if (r < 0)
+                return r;
         gm_piece_t *p = calloc(1, sizeof(*p));
         if (!p)
                 return -ENOMEM;
-        int r = gm_backend_create(b->backend, spec->size, &p->phys);
+        r = gm_backend_create(b->backend, spec->size, &p->phys);
         if (r < 0) {
                 free(p);
                 return r;
@@ -83,6 +93,24 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         gm_piece_list_unsent(s, p); /* for the reply that hands it to the client */
         *ret_piece = p;
         return 0;
+}
+
+int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t n, gm_piece_t **pieces) {
+        if (!s->tenant || s->ended)
+                return -ESHUTDOWN;
+        if (n == 0 || first->size == 0 || first->offset > first->segment_va_size ||
+            n > (first->segment_va_size - first->offset) / first->size)
+                return -EINVAL;
+        int r = room_for(s, n * first->size); /* the run as a whole */
+        uint64_t k = 0;
+        for (; k < n && r == 0; k += r == 0) {
+                gm_piece_spec_t spec = *first;
+                spec.offset += k * first->size;
+                r = gm_piece_create(s, &spec, &pieces[k]);
+        }
+        while (r < 0 && k-- > 0) /* never sent: back to the backend at once */
+                gm_piece_release(s, pieces[k], false);
+        return r;
 }
 
 void gm_piece_list_unsent(gm_session_t *s, gm_piece_t *p) {

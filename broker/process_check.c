@@ -1,19 +1,45 @@
-/* Whether a client that acknowledged a release still holds the memory, where
- * the backend cannot tell per piece (cuda: nobody can see who maps an
- * exported handle) but the driver reports each process's device memory
- * (NVML's running processes).
+/* Whether memory a client gave back (a ReleaseAck, or a local session's
+ * ReturnPieces) is no longer mapped, and what its charge does meanwhile.
  *
- * A process's figure covers more than the daemon's memory (its context, its
- * own allocations, other sessions of the same process), so changes are
- * compared: when a release is first asked for, the process's figure and the
- * bytes the daemon has mapped into it (every session of that pid) are noted;
- * at the acknowledgement, the part of the figure the daemon does not account
- * for has grown by all the acknowledged bytes if the client kept them, and by
- * none if it let go. An acknowledgement that shows the drop also shows that
- * this driver attributes mapped memory to the process that maps it: only
- * after one such confirmation (by any session) is a kept release taken as a
- * lie, since with a driver that does not, every client would look like one. */
+ * The host backend answers per piece (session.c, grant.c ask it first). On
+ * cuda nobody can see who maps an exported handle, but NVML reports each
+ * process's device memory. That figure covers more than the daemon's memory
+ * (the process's context, its own allocations, other sessions of the same
+ * process), so changes are compared: a reference is noted, the figure less
+ * the bytes the daemon has handed to the sessions of that pid; when memory
+ * comes back the same difference has grown by all the returned bytes if the
+ * client kept them, and by none if it let go. Central: when a release is
+ * first asked for. Local: when the client announces a give-back
+ * (ReturnIntent, grant.c), before it unmaps anything, so the process's own
+ * allocations since its last return do not count; it stands until the
+ * give-back's closing ReturnPieces, renewed by neither a Reclaim nor another
+ * intent: pieces an honest client unmapped but has not returned yet lower
+ * the difference, and a reference noted then would make that return look
+ * kept. A client that never announces (an older one) has its reference
+ * noted at its first Grant and when a Reclaim is sent; one that announces
+ * and never closes only hurts itself (its later returns are judged against
+ * that old reference). The verdict:
+ *   - gone: it did not grow at all: the charge ends at once. That drop also
+ *     shows that this driver attributes mapped memory to the process mapping
+ *     it (kept memory is taken as a lie only after one such confirmation, by
+ *     any session: with a driver that does not, every client would look
+ *     like one); a growth under half of the returned bytes confirms it too;
+ *   - kept: it grew by all of them, the driver counting mappings: a lie; the
+ *     caller closes the session and the memory stays charged while the driver
+ *     lists the process (piece.c);
+ *   - unverified: anything else (no NVML, no per-process figure, no
+ *     reference, attribution not yet confirmed, part of it kept, or the
+ *     process's own allocations meanwhile): the client's word is not taken;
+ *     the memory stays charged (tenant, quota, the device's in-use count) and
+ *     held here (its handle kept) until the session ends, when its process
+ *     has usually exited and its mappings with it. Beyond this check: a
+ *     process that ends its session and keeps running (and mapping), and an
+ *     fd passed to another process.
+ * A release held unverified stays held when a later one confirms
+ * attribution: its own acknowledgement showed no drop, which from then on
+ * reads as kept, not as honest. */
 #include <errno.h>
+#include <inttypes.h>
 
 #include "broker-internal.h"
 
@@ -24,41 +50,72 @@ static bool process_figure(const gm_broker_t *b, pid_t pid, uint64_t *ret_bytes)
                ops->process_bytes(b->backend, (int) pid, ret_bytes) == 0;
 }
 
-/* Bytes the daemon has handed to the sessions of pid and not had back. */
+/* Bytes the daemon has handed to the sessions of pid (sent or granted) and
+ * not had back. Memory held on the client's word counts as not mapped, as
+ * the client said: a local reference noted before such a hold then still
+ * matches an honest process (a liar's kept memory only grows its figure). */
 static uint64_t mapped_into(const gm_broker_t *b, pid_t pid) {
         uint64_t n = 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next)
                 if (s->pid == pid && !s->ended)
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
-                                if (p->sent)
+                                if ((p->sent || p->granted) && !p->unverified)
                                         n += p->phys.size;
         return n;
 }
 
-void gm_release_note_holder(gm_session_t *s, gm_release_t *rel) {
+void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret) {
         uint64_t figure;
+        *ret = (gm_holder_note_t){0};
         if (!process_figure(s->broker, s->pid, &figure))
                 return;
-        rel->holder_noted = true;
-        rel->holder_unaccounted = (int64_t) figure - (int64_t) mapped_into(s->broker, s->pid);
+        ret->noted = true;
+        ret->unaccounted = (int64_t) figure - (int64_t) mapped_into(s->broker, s->pid);
 }
 
-bool gm_release_still_held(gm_session_t *s, const gm_release_t *rel, uint64_t acknowledged) {
+gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged) {
         gm_broker_t *b = s->broker;
         uint64_t figure;
-        if (!rel->holder_noted || acknowledged == 0 || !process_figure(b, s->pid, &figure))
-                return false;
+        if (acknowledged == 0)
+                return GM_RELEASE_GONE;
+        if (!note->noted || !process_figure(b, s->pid, &figure))
+                return GM_RELEASE_UNVERIFIED;
         /* The acknowledged pieces are still listed (they are freed after this). */
         int64_t unaccounted = (int64_t) figure - ((int64_t) mapped_into(b, s->pid) - (int64_t) acknowledged);
-        int64_t growth = unaccounted - rel->holder_unaccounted;
-        if (growth < (int64_t) (acknowledged / 2)) {
+        int64_t growth = unaccounted - note->unaccounted;
+        if (growth < (int64_t) (acknowledged / 2))
                 b->driver_attributes_mappings = true; /* the memory left the process's figure */
-                return false;
-        }
-        return b->driver_attributes_mappings && growth >= (int64_t) acknowledged;
+        if (growth <= 0)
+                return GM_RELEASE_GONE;
+        if (b->driver_attributes_mappings && growth >= (int64_t) acknowledged)
+                return GM_RELEASE_KEPT;
+        return GM_RELEASE_UNVERIFIED;
+}
+
+bool gm_session_returns_need_intent(const gm_session_t *s) {
+        uint64_t figure;
+        return process_figure(s->broker, s->pid, &figure);
 }
 
 bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid) {
         uint64_t figure;
         return b->driver_attributes_mappings && process_figure(b, pid, &figure) && figure > 0;
+}
+
+void gm_release_hold_unverified(gm_session_t *s, gm_release_t *rel) {
+        gm_broker_t *b = s->broker;
+        if (s->release_unverified_bytes == 0) /* once per session: on some hosts it is every release */
+                gm_broker_log(b, LOG_NOTICE,
+                              "session %" PRIu64 " (pid %d, tenant '%s') released memory that cannot be checked "
+                              "as unmapped (no per-process figure from the driver, or one that did not drop by "
+                              "it): it stays charged until the session ends",
+                              s->id, (int) s->pid, s->tenant->name);
+        rel->held = true;
+        rel->unverified = true;
+        for (gm_piece_t *p = rel->pieces; p; p = p->queue)
+                p->unverified = true;
+        rel->next = s->releases;
+        s->releases = rel;
+        s->release_unverified_bytes += rel->bytes;
+        s->tenant->release_unverified_bytes += rel->bytes;
 }

@@ -29,6 +29,23 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
         return 0;
 }
 
+/* A run of pages: the backend has no batch, so one piece each, made and
+ * charged as one (gm_piece_create_run: all or nothing). */
+static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                               uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
+        gm_session_t *s = userdata;
+        gm_piece_spec_t first = {
+                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = page_size};
+        gm_piece_t **pieces = n_pages <= SIZE_MAX / sizeof(*pieces) ? malloc(n_pages * sizeof(*pieces)) : NULL;
+        int r = pieces ? gm_piece_create_run(s, &first, n_pages, pieces) : -ENOMEM;
+        for (uint64_t k = 0; r == 0 && k < n_pages; k++) {
+                pieces[k]->in_heap = true;
+                handles[k] = (uint64_t) (uintptr_t) pieces[k];
+        }
+        free(pieces);
+        return r;
+}
+
 static gm_page_move_t *pending_move(gm_session_t *s, const gm_piece_t *p) {
         for (size_t i = 0; i < s->n_moves; i++)
                 if (s->moves[i].piece == p)
@@ -195,6 +212,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
         bool synchronous = strcmp(b->backend->ops->name, "host") == 0;
         gm_provider_t provider = {
                 .create = provider_create,
+                .create_run = provider_create_run,
                 .release = provider_release,
                 .trace = provider_trace,
                 .remap = provider_remap,
@@ -278,6 +296,12 @@ static void release_complete(gm_session_t *s, gm_release_t *rel) {
         gm_assert(s->releasing_bytes >= rel->bytes && b->releasing_bytes >= rel->bytes);
         s->releasing_bytes -= rel->bytes;
         b->releasing_bytes -= rel->bytes;
+        if (rel->unverified) {
+                gm_assert(s->release_unverified_bytes >= rel->bytes &&
+                          s->tenant->release_unverified_bytes >= rel->bytes);
+                s->release_unverified_bytes -= rel->bytes;
+                s->tenant->release_unverified_bytes -= rel->bytes;
+        }
         while (rel->pieces) {
                 gm_piece_t *p = rel->pieces;
                 rel->pieces = p->queue;
@@ -361,7 +385,7 @@ static int release_send(gm_session_t *s, gm_release_t *rel) {
                 };
         rel->sent_at_ms = gm_now_ms();
         if (rel->attempts == 0)
-                gm_release_note_holder(s, rel);
+                gm_holder_note(s, &rel->holder);
         rel->attempts++;
         gm_session_owes(s);
         int r = b->ops.send_release ? b->ops.send_release(b->ops.userdata, s, rel->id, ranges, n) : 0;
@@ -461,7 +485,10 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                 for (const gm_piece_t *p = rel->pieces; p; p = p->queue)
                         if (!range_named(p, not_released, n_not_released))
                                 acknowledged += p->phys.size;
-                if (gm_release_still_held(s, rel, acknowledged)) {
+                /* Where the backend answered per piece above, it is gone. */
+                gm_release_verdict_t verdict =
+                        b->backend->ops->mapped ? GM_RELEASE_GONE : gm_release_verdict(s, &rel->holder, acknowledged);
+                if (verdict == GM_RELEASE_KEPT) {
                         rel->held = true;
                         s->lied = true;
                         gm_broker_log(b, LOG_WARNING,
@@ -482,7 +509,10 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                         b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_ACKNOWLEDGED);
                 if (kept)
                         hold_not_released(s, rel, kept, not_released, n_not_released);
-                release_complete(s, rel);
+                if (verdict == GM_RELEASE_UNVERIFIED)
+                        gm_release_hold_unverified(s, rel); /* charged until the session ends */
+                else
+                        release_complete(s, rel);
                 gm_broker_retry_parked(b, false);
                 return 0;
         }

@@ -106,8 +106,9 @@ struct gpumem_client {
         char socket_path[108];
         uint32_t max_packet;
         uint32_t max_fds;
-        uint64_t capacity; /* of the device, from the daemon */
-        int device;        /* the daemon's device index */
+        uint32_t max_grant_pieces; /* pieces one Grant may ask for: max_fds, or 1 from a daemon without runs */
+        uint64_t capacity;         /* of the device, from the daemon */
+        int device;                /* the daemon's device index */
         uint64_t session_id;
         char tenant[64];
         char backend[16];
@@ -166,6 +167,7 @@ struct gpumem_client {
         gpumem_heap_mode heap_choice; /* what the application asked for */
         bool local;
         bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
+        bool return_intents; /* local: the daemon checks returns by the process's figure: ReturnIntent first */
         pthread_mutex_t heap_lock;
         gm_local_t *heap;
         gm_statpage_t *stats_page;
@@ -516,9 +518,19 @@ static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n
                 move_for_waiter(c, w, env->alloc_reply->page_moves, env->alloc_reply->n_page_moves);
                 map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
                 break;
-        case GPUMEM__ENVELOPE__BODY_GRANT_REPLY:
-                map_for_waiter(c, w, &env->grant_reply->mapping, env->grant_reply->mapping ? 1 : 0, fds, n_fds);
+        case GPUMEM__ENVELOPE__BODY_GRANT_REPLY: {
+                /* A run's pieces in order; more than one packet's fds can hold maps none (-EPROTO). */
+                const Gpumem__GrantReply *gr = env->grant_reply;
+                Gpumem__Mapping *maps[GM_IPC_MAX_FDS_LIMIT];
+                size_t n = 0;
+                if (gr->mapping && gr->n_more_mappings < GM_IPC_MAX_FDS_LIMIT) {
+                        maps[n++] = gr->mapping;
+                        for (size_t i = 0; i < gr->n_more_mappings; i++)
+                                maps[n++] = gr->more_mappings[i];
+                }
+                map_for_waiter(c, w, maps, n, fds, n_fds);
                 break;
+        }
         case GPUMEM__ENVELOPE__BODY_SNAPSHOT_QUERY:
         case GPUMEM__ENVELOPE__BODY_HISTORY_PUSH:
                 gm_close_fds(fds, n_fds);
@@ -1014,6 +1026,10 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, Gpumem__Envelo
                 pthread_mutex_lock(&c->lock);
                 if (read_it)
                         reader_done_locked(c);
+                /* A call the service thread makes (a Reclaim's give-back)
+                 * cannot wait for itself to reconnect. */
+                if (r == 0 && !w.done && c->reader_lost && pthread_equal(pthread_self(), c->service))
+                        r = -ECONNRESET;
                 while (r == 0 && !w.done)
                         pthread_cond_wait(&w.cond, &c->lock);
                 if (r < 0 || !w.resend)
@@ -1105,24 +1121,45 @@ static int post(gpumem_client *c, Gpumem__Envelope *env) {
 
 /* ---- the local heap's side of the wire ---- */
 
-static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                            bool whole_segment);
 
-/* Asks the daemon for one piece; its reply's mapping is made by whichever
- * thread reads it, before this returns. Caller holds heap_lock. */
-static int local_grant(void *ctx, const gm_local_grant_t *g) {
-        gpumem_client *c = ctx;
-        const segment_t *kept = gm_u64map_get(&c->segments, g->segment_id);
-        for (size_t i = 0; kept && kept->piece_size == g->size && i < kept->n_pieces; i++)
-                if (kept->pieces[i] == g->offset) {
-                        /* A piece that failed to unmap: still mapped, still granted. */
-                        c->kept_bytes -= g->size;
-                        return 0;
-                }
+/* Whether the piece at `offset` of a segment failed to unmap and is still
+ * mapped here (so still granted: the heap may take it back as it is). */
+static bool kept_piece(const gpumem_client *c, const segment_t *seg, uint64_t size, uint64_t offset) {
+        for (size_t i = 0; c->kept_bytes && seg && seg->piece_size == size && i < seg->n_pieces; i++)
+                if (seg->pieces[i] == offset)
+                        return true;
+        return false;
+}
+
+/* Whether a grant reply brings exactly the n pieces asked for at `offset`
+ * on, and they are mapped here. */
+static bool granted_as_asked(const gpumem_client *c, const Gpumem__GrantReply *gr, const gm_local_grant_t *g,
+                             uint64_t offset, uint64_t n) {
+        const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
+        if (!gr->mapping || gr->n_more_mappings != n - 1 || !seg || seg->va_size != g->segment_va_size)
+                return false;
+        for (uint64_t k = 0; k < n; k++) {
+                const Gpumem__Mapping *m = k ? gr->more_mappings[k - 1] : gr->mapping;
+                if (m->segment_id != g->segment_id || m->offset != offset + k * g->size || m->length != g->size)
+                        return false;
+        }
+        return true;
+}
+
+/* One Grant for n pieces from `offset` (n <= max_grant_pieces: their fds
+ * come in one packet); the reply's mappings are made by whichever thread reads it,
+ * before this returns. All or nothing: pieces that cannot all be mapped go
+ * back (with whole_segment when `whole_at_first`: the segment had no piece
+ * before). Caller holds heap_lock. */
+static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offset, uint64_t n, bool whole_at_first) {
         Gpumem__Grant grant = GPUMEM__GRANT__INIT;
         grant.segment_id = g->segment_id;
         grant.segment_va_size = g->segment_va_size;
-        grant.offset = g->offset;
+        grant.offset = offset;
         grant.size = g->size;
+        grant.n_pieces = (uint32_t) n;
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
         grant.will_retry = g->will_retry;
@@ -1132,47 +1169,107 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
         Gpumem__Envelope *reply = NULL;
         int r = call_expect(c, &env, GPUMEM__ENVELOPE__BODY_GRANT_REPLY, &reply);
         if (r < 0 && c->grant_unmapped) {
-                /* Granted but not mappable here: the daemon takes it back. */
+                /* Granted but not mappable here: the daemon takes them back. */
                 c->grant_unmapped = false;
-                local_give_back(c, g->segment_id, g->offset, g->size, !gm_u64map_get(&c->segments, g->segment_id));
+                local_give_back(c, g->segment_id, offset, g->size, n, whole_at_first);
         }
         if (r < 0)
                 return r;
-        const Gpumem__Mapping *m = reply->grant_reply->mapping;
-        const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
-        bool mapped = m && m->segment_id == g->segment_id && m->offset == g->offset && m->length == g->size && seg &&
-                      seg->va_size == g->segment_va_size;
+        bool mapped = granted_as_asked(c, reply->grant_reply, g, offset, n);
         gm_msg_free(reply);
         if (!mapped) {
-                local_give_back(c, g->segment_id, g->offset, g->size, seg && seg->n_pieces <= 1);
+                local_give_back(c, g->segment_id, offset, g->size, n, whole_at_first);
                 return set_error(c, -EPROTO, "gpumem: the daemon granted another piece than asked for");
         }
         return 0;
 }
 
-/* Unmaps a piece and tells the daemon it is free. Caller holds heap_lock. */
-static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment) {
+/* Asks the daemon for the heap's pieces, all or nothing: a run of pages in
+ * one Grant per max_grant_pieces pieces (a piece kept mapped after a failed unmap is
+ * taken back as it is). On failure what was granted goes back. Caller holds
+ * heap_lock. */
+static int local_grant(void *ctx, const gm_local_grant_t *g) {
         gpumem_client *c = ctx;
-        Gpumem__Range range = GPUMEM__RANGE__INIT;
-        range.segment_id = segment_id;
-        range.offset = offset;
-        range.length = size;
-        range.whole_segment = whole_segment;
-        Gpumem__Range *ranges[1] = {&range};
+        const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
+        bool new_segment = !seg || seg->n_pieces == 0;
+        uint64_t done = 0;
+        int r = 0;
+        while (r == 0 && done < g->n_pieces) {
+                uint64_t offset = g->offset + done * g->size, n = 0;
+                seg = gm_u64map_get(&c->segments, g->segment_id);
+                if (kept_piece(c, seg, g->size, offset)) {
+                        c->kept_bytes -= g->size;
+                        done++;
+                        continue;
+                }
+                while (done + n < g->n_pieces && n < c->max_grant_pieces &&
+                       (n == 0 || !kept_piece(c, seg, g->size, offset + n * g->size)))
+                        n++;
+                r = grant_run(c, g, offset, n, new_segment && done == 0);
+                done += r == 0 ? n : 0;
+        }
+        if (r < 0)
+                local_give_back(c, g->segment_id, g->offset, g->size, done, new_segment);
+        return r;
+}
+
+/* Ranges one ReturnPieces names here (the daemon takes up to 512); on the
+ * stack of the application's thread. */
+#define RETURNS_PER_MESSAGE 64
+
+/* Where the daemon asks for it, announces a give-back before anything is
+ * unmapped (the daemon notes the process's device memory then) and waits for
+ * its answer; whether one is open now. */
+static bool open_return_intent(gpumem_client *c) {
+        if (!c->return_intents)
+                return false;
+        Gpumem__ReturnIntent intent = GPUMEM__RETURN_INTENT__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_INTENT;
+        env.return_intent = &intent;
+        Gpumem__Envelope *reply = NULL;
+        if (call_expect(c, &env, GPUMEM__ENVELOPE__BODY_OK, &reply) < 0)
+                return false; /* returned all the same, checked against an older reference */
+        gm_msg_free(reply);
+        return true;
+}
+
+/* Unmaps pieces [offset, offset + n_pieces * size) of a segment and tells
+ * the daemon they are free, one ReturnPieces per RETURNS_PER_MESSAGE (the
+ * last piece carries whole_segment; the last message closes the intent,
+ * naming no range when nothing could be unmapped). Caller holds heap_lock,
+ * which keeps one give-back at a time. */
+static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                            bool whole_segment) {
+        gpumem_client *c = ctx;
+        Gpumem__Range ranges[RETURNS_PER_MESSAGE], *ptrs[RETURNS_PER_MESSAGE];
         Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
-        ret.n_ranges = 1;
-        ret.ranges = ranges;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
         env.return_pieces = &ret;
+        ret.ranges = ptrs;
+        bool intent = n_pieces > 0 && open_return_intent(c);
         pthread_mutex_lock(&c->lock);
-        /* Never acknowledged unmapped when it is not: the daemon would hand
-         * the memory to the driver (and another process) under a mapping. A
-         * segment unknown here never mapped. */
-        if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, &range))
-                post_locked(c, &env);
-        else
-                c->kept_bytes += size;
+        for (uint64_t k = 0; k < n_pieces; k++) {
+                Gpumem__Range *range = &ranges[ret.n_ranges];
+                gpumem__range__init(range);
+                range->segment_id = segment_id;
+                range->offset = offset + k * size;
+                range->length = size;
+                range->whole_segment = whole_segment && k + 1 == n_pieces;
+                /* Never acknowledged unmapped when it is not: the daemon would
+                 * hand the memory to the driver (and another process) under a
+                 * mapping. A segment unknown here never mapped. */
+                if (!gm_u64map_get(&c->segments, segment_id) || unmap_range(c, range))
+                        ptrs[ret.n_ranges++] = range;
+                else
+                        c->kept_bytes += size;
+                ret.closes_intent = intent && k + 1 == n_pieces;
+                if (ret.n_ranges == RETURNS_PER_MESSAGE || ((ret.n_ranges || intent) && k + 1 == n_pieces)) {
+                        post_locked(c, &env);
+                        ret.n_ranges = 0;
+                }
+        }
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -1410,6 +1507,8 @@ static int hello_exchange(gpumem_client *c, int fd, const char *resume_token, Gp
         const Gpumem__HelloReply *hr = reply->hello_reply;
         c->max_packet = hr->max_packet ? hr->max_packet : GM_IPC_MAX_PACKET_DEFAULT;
         c->max_fds = hr->max_fds && hr->max_fds <= GM_IPC_MAX_FDS_LIMIT ? hr->max_fds : GM_IPC_MAX_FDS_LIMIT;
+        c->max_grant_pieces = hr->grant_runs ? c->max_fds : 1;
+        c->return_intents = hr->return_intents;
         snprintf(c->token, sizeof(c->token), "%s", hr->session_token ? hr->session_token : "");
         snprintf(c->tenant, sizeof(c->tenant), "%s", hr->tenant ? hr->tenant : "");
         c->device = hr->device;

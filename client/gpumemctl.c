@@ -537,8 +537,8 @@ static void print_quota_json(const Gpumem__QuotaReply *qr) {
                 printf(", \"quota_bytes\": %" PRIu64 ", \"quota_source\": ", t->quota);
                 print_json_string(t->quota_source);
                 printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64 ", \"cached_bytes\": %" PRIu64
-                       ", \"sessions\": %u}",
-                       t->charged, t->allocated, t->cached, t->sessions);
+                       ", \"sessions\": %u, \"release_unverified_bytes\": %" PRIu64 "}",
+                       t->charged, t->allocated, t->cached, t->sessions, t->release_unverified);
         }
         printf("]\n");
 }
@@ -640,20 +640,24 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                                ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
-                               ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64 "}",
+                               ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64
+                               ", \"release_unverified_bytes\": %" PRIu64 "}",
                                ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
                                ci->admin ? "true" : "false", heap_mode_name(ci),
                                ci->stats_page_invalid ? "true" : "false", ci->requests,
-                               ci->unresponsive ? "true" : "false", ci->unresponsive_ms);
+                               ci->unresponsive ? "true" : "false", ci->unresponsive_ms, ci->release_unverified);
                         continue;
                 }
-                char rs[32], a[32], ca[32];
-                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s\n", ci->pid, ci->tenant,
+                char rs[32], a[32], ca[32], uv[48] = "";
+                if (ci->release_unverified)
+                        snprintf(uv, sizeof(uv), " (%s released, unverified)",
+                                 fmt_size(ci->release_unverified, rs, sizeof(rs)));
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s\n", ci->pid, ci->tenant,
                        ci->unit[0] ? ci->unit : (ci->admin ? "(control)" : "-"), fmt_size(ci->reserved, rs, sizeof(rs)),
                        fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments,
                        heap_mode_name(ci), ci->command[0] ? ci->command : "-",
-                       ci->stats_page_invalid ? " (stats page invalid)" : "",
-                       ci->unresponsive ? " (unresponsive)" : "");
+                       ci->stats_page_invalid ? " (stats page invalid)" : "", ci->unresponsive ? " (unresponsive)" : "",
+                       uv);
         }
         if (json)
                 printf("]\n");

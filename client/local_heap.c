@@ -42,14 +42,16 @@ static void end(gm_local_t *l) {
                 gm_statpage_write_end(l->page);
 }
 
-static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
-                           uint64_t size, uint64_t *ret_handle) {
+/* The heap's create_run(): one grant for the run (create(): a run of one). */
+static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                               uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
         gm_local_t *l = userdata;
         gm_local_grant_t g = {
                 .segment_id = segment_id,
                 .segment_va_size = segment_va_size,
                 .offset = offset,
-                .size = size,
+                .size = page_size,
+                .n_pieces = n_pages,
                 .largest_free = gm_heap_largest_free(l->heap),
                 .will_retry = l->stats->num_alloc_retries == l->retries_before,
         };
@@ -62,18 +64,30 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
                 l->refused_by_daemon = true;
         if (r < 0)
                 return r;
-        *ret_handle = ++l->last_handle;
+        for (uint64_t k = 0; k < n_pages; k++)
+                handles[k] = ++l->last_handle;
         return 0;
 }
 
-static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
-                             bool whole_segment) {
+static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                           uint64_t size, uint64_t *ret_handle) {
+        return provider_create_run(userdata, segment_id, segment_va_size, offset, size, 1, ret_handle);
+}
+
+/* The heap's release_run(): the run goes back at once (release(): a run of one). */
+static void provider_release_run(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size,
+                                 uint64_t n_pages, const uint64_t *handles, bool whole_segment) {
         gm_local_t *l = userdata;
         if (l->destroying)
                 return;
         end(l); /* the page never claims more than what is still granted */
-        l->ops.give_back(l->ops.ctx, segment_id, offset, size, whole_segment);
+        l->ops.give_back(l->ops.ctx, segment_id, offset, page_size, n_pages, whole_segment);
         begin(l);
+}
+
+static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                             bool whole_segment) {
+        provider_release_run(userdata, segment_id, offset, size, 1, &handle, whole_segment);
 }
 
 static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
@@ -140,7 +154,9 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                                                      .ctx = ops->ctx});
         gm_provider_t provider = {
                 .create = provider_create,
+                .create_run = provider_create_run,
                 .release = provider_release,
+                .release_run = provider_release_run,
                 .trace = provider_trace,
                 .remap = ops->move ? provider_remap : NULL,
                 .stream_fence = ops->move && ops->event_record ? provider_stream_fence : NULL,

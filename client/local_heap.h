@@ -1,7 +1,7 @@
 /* A local heap: the session's caching allocator (allocator/, PyTorch's
  * policy, knobs and statistics) running inside libgpumem. Cached allocations
  * and frees never leave the process; physical memory is asked of the daemon
- * (a whole segment, or one page of an expandable segment) and given back to
+ * (a whole segment, or a run of pages of an expandable segment) and given back to
  * it through the ops the session supplies. The heap's statistics live in the
  * session's statistics page, every change under its sequence lock, so the
  * daemon reads block figures without a message.
@@ -20,14 +20,17 @@
 
 typedef struct gm_local gm_local_t;
 
-/* One piece of physical memory the heap needs. block_size and largest_free
- * only inform the daemon's out-of-memory diagnosis; will_retry says that a
- * refusal would not end the allocation (the heap's ladder goes on). */
+/* Physical memory the heap needs: n_pieces (>= 1) pieces of `size` bytes
+ * at offset + k * size of one segment (a whole segment, or a run of pages
+ * of an expandable one). block_size and largest_free only inform the
+ * daemon's out-of-memory diagnosis; will_retry says that a refusal would
+ * not end the allocation (the heap's ladder goes on). */
 typedef struct gm_local_grant {
         uint64_t segment_id;
         uint64_t segment_va_size;
         uint64_t offset;
         uint64_t size;
+        uint64_t n_pieces;
         uint64_t block_size;
         uint64_t largest_free;
         bool will_retry;
@@ -48,11 +51,15 @@ typedef struct gm_local_move {
 } gm_local_move_t;
 
 typedef struct gm_local_ops {
-        /* Gets the piece from the daemon and maps it: 0, or -ENOMEM / -EDQUOT
-         * (refused; enters the heap's retry ladder), or another -errno. */
+        /* Gets the pieces from the daemon and maps them, all or nothing: 0,
+         * or -ENOMEM / -EDQUOT (refused; enters the heap's retry ladder), or
+         * another -errno, with none of them kept. */
         int (*grant)(void *ctx, const gm_local_grant_t *grant);
-        /* Unmaps the piece and gives it back to the daemon. Cannot fail. */
-        void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, bool whole_segment);
+        /* Unmaps n_pieces pieces of `size` bytes at offset + k * size of one
+         * segment and gives them back to the daemon (the last carries
+         * whole_segment). Cannot fail. */
+        void (*give_back)(void *ctx, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t n_pieces,
+                          bool whole_segment);
         /* Page reuse (optional; NULL leaves the mode inactive): moves the
          * run's pieces here, in order, and tells the daemon. Returns how many
          * moved (the first ones), or a negative errno with none moved (the

@@ -287,6 +287,7 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         info->quota = t->quota;
         info->quota_source = (char *) gm_quota_source_name(t);
         info->charged = t->charged_bytes;
+        info->release_unverified = t->release_unverified_bytes;
         info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
         int64_t cached = st.reserved_bytes[GM_STAT_ALL].current - st.active_bytes[GM_STAT_ALL].current;
         info->cached = cached > 0 ? (uint64_t) cached : 0;
@@ -392,6 +393,7 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->name = o->name;
                 ci->admin = o->admin_conn;
                 ci->releasing = o->releasing_bytes;
+                ci->release_unverified = o->release_unverified_bytes;
                 const gm_request_conn_t *oc = o->userdata;
                 ci->heap_mode = oc && oc->local ? "local" : "central";
                 ci->stats_page_invalid = gm_conn_page_invalid(o);

@@ -63,6 +63,8 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         reply->heap_mode = GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL;
         reply->alloc_conf = d->broker->alloc_config.raw;
         reply->stats_page_size = GM_STATPAGE_SIZE;
+        reply->grant_runs = true;
+        reply->return_intents = gm_session_returns_need_intent(c->session);
         *ret_page_fd = fd;
         return 0;
 }
@@ -81,29 +83,40 @@ void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_o
                 return;
         }
         gm_local_exact_sync(c);
-        const gm_piece_t *p = out->piece;
-        Gpumem__Mapping m = GPUMEM__MAPPING__INIT;
-        m.segment_id = p->segment_id;
-        m.segment_va_size = p->segment_va_size;
-        m.offset = p->offset;
-        m.length = p->phys.size;
+        Gpumem__Mapping maps[GM_MAX_GRANT_PIECES], *more[GM_MAX_GRANT_PIECES];
+        int fds[GM_MAX_GRANT_PIECES];
+        for (size_t k = 0; k < out->n_pieces; k++) {
+                gm_request_piece_mapping(&maps[k], out->pieces[k]);
+                more[k] = &maps[k];
+                fds[k] = out->pieces[k]->phys.fd;
+        }
         Gpumem__GrantReply gr = GPUMEM__GRANT_REPLY__INIT;
-        gr.mapping = &m;
+        gr.mapping = &maps[0];
+        gr.n_more_mappings = out->n_pieces - 1;
+        gr.more_mappings = more + 1;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_GRANT_REPLY;
         env.grant_reply = &gr;
-        gm_request_send(c, request_id, &env, &p->phys.fd, 1); /* a failure closes the connection */
+        gm_request_send(c, request_id, &env, fds, out->n_pieces); /* a failure closes the connection */
 }
 
 int gm_handle_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         if (!c->local)
                 return refuse_central(c, request_id, "Grant");
         const Gpumem__Grant *g = env->grant;
+        /* Its reply carries every piece's fd in one packet. */
+        uint32_t max_pieces =
+                c->rq->config->max_fds < GM_MAX_GRANT_PIECES ? c->rq->config->max_fds : GM_MAX_GRANT_PIECES;
+        if (g->n_pieces > max_pieces) {
+                gm_request_error(c, request_id, E2BIG, "at most %u pieces in one Grant (max_fds)", max_pieces);
+                return 0;
+        }
         gm_grant_t grant = {
                 .piece = {.segment_id = g->segment_id,
                           .segment_va_size = g->segment_va_size,
                           .offset = g->offset,
                           .size = g->size},
+                .n_pieces = g->n_pieces,
                 .block_size = g->block_size,
                 .largest_free = g->largest_free,
                 .will_retry = g->will_retry,
@@ -142,14 +155,36 @@ int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpu
         size_t first_bad = 0;
         /* The memory is back before parked requests are retried: the figures first. */
         size_t bad = gm_session_return_pieces(c->session, ranges, ret->n_ranges, &first_bad);
+        if (ret->closes_intent)
+                gm_session_close_return_intent(c->session);
         if (c->local)
                 gm_local_exact_sync(c);
+        if (c->session->lied) {
+                gm_request_error(c, request_id, EBUSY,
+                                 "pieces returned, but the memory is still mapped: it stays charged, and this "
+                                 "session ends");
+                return -EBUSY; /* as a lying ReleaseAck: closed, its memory charged while mapped */
+        }
         if (bad)
                 gm_request_error(c, request_id, EINVAL,
                                  "no piece of %" PRIu64 " bytes at %" PRIu64 " of segment %" PRIu64
                                  " was granted (%zu such ranges)",
                                  ranges[first_bad].length, ranges[first_bad].offset, ranges[first_bad].segment_id, bad);
         return 0;
+}
+
+int gm_handle_return_intent(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        (void) env;
+        if (!c->local)
+                return refuse_central(c, request_id, "ReturnIntent");
+        int r = gm_session_open_return_intent(c->session);
+        if (r == -EBUSY)
+                return gm_request_error(c, request_id, EBUSY,
+                                        "a ReturnIntent is open: its last ReturnPieces (closes_intent) ends it"),
+                       0;
+        if (r < 0)
+                return gm_request_error(c, request_id, -r, "ReturnIntent refused: %s", strerror(-r)), 0;
+        return gm_reply_ok(c, request_id);
 }
 
 int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {

@@ -79,6 +79,7 @@ void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_co
 /* The broker's ops->send_reclaim (userdata unused: the session's connection). */
 int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
 int gm_handle_return_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+int gm_handle_return_intent(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Page reuse in a local heap: pieces moved inside the client's mappings. */
 int gm_handle_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 int gm_handle_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);

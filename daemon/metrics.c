@@ -381,6 +381,12 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
                "Bytes asked back from the tenant's clients, not yet acknowledged.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_releasing_bytes", rows[i].labels, "", (int64_t) rows[i].releasing_bytes);
+        family(o, "gpumem_release_unverified_bytes", "gauge",
+               "Of the charged bytes: memory the tenant's clients released that could not be checked as unmapped, "
+               "charged until their sessions end.");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_release_unverified_bytes", rows[i].labels, "",
+                       (int64_t) rows[i].tenant->release_unverified_bytes);
         family(o, "gpumem_sessions", "gauge", "Connected client sessions.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_sessions", rows[i].labels, "", rows[i].tenant->sessions);

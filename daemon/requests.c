@@ -66,6 +66,14 @@ int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const c
         return send_error_text(c, request_id, err, message);
 }
 
+void gm_request_piece_mapping(Gpumem__Mapping *m, const gm_piece_t *p) {
+        gpumem__mapping__init(m);
+        m->segment_id = p->segment_id;
+        m->segment_va_size = p->segment_va_size;
+        m->offset = p->offset;
+        m->length = p->phys.size;
+}
+
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
         gm_diag_note_refusal(c, out);
         return send_error_text(c, request_id, out->error, out->message);
@@ -199,11 +207,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         }
         size_t i = 0; /* creation order: the client maps them so */
         for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue, i++) {
-                gpumem__mapping__init(&maps[i]);
-                maps[i].segment_id = p->segment_id;
-                maps[i].segment_va_size = p->segment_va_size;
-                maps[i].offset = p->offset;
-                maps[i].length = p->phys.size;
+                gm_request_piece_mapping(&maps[i], p);
                 map_ptrs[i] = &maps[i];
                 fds[i] = p->phys.fd;
         }
@@ -467,6 +471,7 @@ static const gm_request_kind_t kinds[] = {
          .close_on_refusal = true},
         {BODY(GRANT), .op = "grant", .handle = gm_handle_grant},
         {BODY(RETURN_PIECES), .op = "return_pieces", .handle = gm_handle_return_pieces},
+        {BODY(RETURN_INTENT), .op = "return_intent", .handle = gm_handle_return_intent},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_handle_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_handle_reclaim_ack},
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_handle_snapshot_answer},

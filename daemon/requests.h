@@ -81,6 +81,8 @@ void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int 
 void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap);
 /* Sends a broker refusal as it is (its message is whole). */
 int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
+/* The Mapping that hands piece p to its client (m initialised here). */
+void gm_request_piece_mapping(Gpumem__Mapping *m, const gm_piece_t *p);
 /* Replies Ok; 0 (a failed send closes the connection). */
 int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id);
 

@@ -16,8 +16,9 @@ void fake_done(fake_provider_t *f) {
         *f = (fake_provider_t){0};
 }
 
-/* Grows *arr (elements of `elem` bytes, zero-filled) to hold index `i`. */
-static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
+/* Grows *arr (elements of `elem` bytes) to hold index `i`; the new part is
+ * zero-filled when `zero`. */
+static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem, bool zero) {
         uint64_t n = *cap ? *cap : 64;
 
         if (i < *cap)
@@ -27,36 +28,55 @@ static void grow(void **arr, uint64_t *cap, uint64_t i, size_t elem) {
         *arr = realloc(*arr, n * elem);
         if (!*arr)
                 abort();
-        memset((char *) *arr + *cap * elem, 0, (n - *cap) * elem);
+        if (zero)
+                memset((char *) *arr + *cap * elem, 0, (n - *cap) * elem);
         *cap = n;
 }
 
-static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
-                       uint64_t *ret_handle) {
-        fake_provider_t *f = userdata;
-
-        if (size == 0 || offset + size > segment_va_size)
+/* One create call for n pieces of `size` bytes at offset + k * size, all or
+ * nothing; handles are written only on success. */
+static int create_pieces(fake_provider_t *f, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                         uint64_t size, uint64_t n, uint64_t *handles) {
+        if (size == 0 || n == 0 || n > segment_va_size / size || offset > segment_va_size - n * size) {
                 f->errors++;
+                return -EINVAL;
+        }
         if (f->fail_next) {
                 f->fail_next--;
                 return f->fail_error;
         }
-        if (f->live_bytes + size > f->capacity)
+        if (f->live_bytes > f->capacity || n > (f->capacity - f->live_bytes) / size)
                 return -ENOMEM;
-        grow((void **) &f->pieces, &f->cap_pieces, f->n_pieces, sizeof(*f->pieces));
-        grow((void **) &f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live));
-        f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset, size, true};
-        f->seg_live[segment_id]++;
-        f->live_handles++;
-        f->live_bytes += size;
-        f->creates++;
-        *ret_handle = f->n_pieces;
+        grow((void **) &f->pieces, &f->cap_pieces, f->n_pieces + n - 1, sizeof(*f->pieces), false);
+        grow((void **) &f->seg_live, &f->cap_segs, segment_id, sizeof(*f->seg_live), true);
+        for (uint64_t k = 0; k < n; k++) {
+                f->pieces[f->n_pieces++] = (fake_piece_t){segment_id, offset + k * size, size, true};
+                handles[k] = f->n_pieces;
+        }
+        f->seg_live[segment_id] += n;
+        f->live_handles += n;
+        f->live_bytes += n * size;
+        f->creates += n;
         return 0;
 }
 
-static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
-                         bool whole_segment) {
+static int fake_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset, uint64_t size,
+                       uint64_t *ret_handle) {
+        return create_pieces(userdata, segment_id, segment_va_size, offset, size, 1, ret_handle);
+}
+
+static int fake_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
+                           uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
         fake_provider_t *f = userdata;
+
+        f->create_runs++;
+        f->run_pages_max = n_pages > f->run_pages_max ? n_pages : f->run_pages_max;
+        return create_pieces(f, segment_id, segment_va_size, offset, page_size, n_pages, handles);
+}
+
+/* One piece goes back, checked against the ledger. */
+static void release_piece(fake_provider_t *f, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                          bool whole_segment) {
         fake_piece_t *p;
 
         f->releases++;
@@ -78,6 +98,23 @@ static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, u
                 f->errors++;
 }
 
+static void fake_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
+                         bool whole_segment) {
+        release_piece(userdata, segment_id, offset, size, handle, whole_segment);
+}
+
+static void fake_release_run(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size, uint64_t n_pages,
+                             const uint64_t *handles, bool whole_segment) {
+        fake_provider_t *f = userdata;
+
+        f->release_runs++;
+        if (n_pages == 0)
+                f->errors++;
+        for (uint64_t k = 0; k < n_pages; k++)
+                release_piece(f, segment_id, offset + k * page_size, page_size, handles[k],
+                              whole_segment && k + 1 == n_pages);
+}
+
 /* Whether a live piece other than `handle` covers [offset, offset+size) of segment_id. */
 static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t segment_id, uint64_t offset,
                           uint64_t size) {
@@ -91,43 +128,43 @@ static bool overlaps_live(const fake_provider_t *f, uint64_t handle, uint64_t se
         return false;
 }
 
-/* Moves the pages of the run in order; remap_fail_next fails single pages. */
+/* Moves the pages of the run in order, checking each against the ledger;
+ * remap_fail_next fails a whole call, remap_fail_at one page (the run stops
+ * there). */
 static int64_t fake_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
                           uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size, uint64_t to_offset,
                           uint64_t page_size, bool from_segment_empty) {
         fake_provider_t *f = userdata;
-        uint64_t k;
+        uint64_t limit = n_pages, k;
 
         f->remap_calls++;
         if (n_pages == 0 || to_offset + n_pages * page_size > to_segment_va_size) {
                 f->errors++;
                 return -EINVAL;
         }
-        grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live));
-        for (k = 0; k < n_pages; k++) {
-                uint64_t handle = handles[k], from = from_offset + k * page_size, to = to_offset + k * page_size;
-                fake_piece_t *p;
+        grow((void **) &f->seg_live, &f->cap_segs, to_segment, sizeof(*f->seg_live), true);
+        if (f->remap_fail_next) {
+                f->remap_fail_next--;
+                limit = 0;
+        } else if (f->remap_fail_at > f->remaps && f->remap_fail_at - f->remaps <= n_pages) {
+                limit = f->remap_fail_at - f->remaps - 1;
+        }
+        for (k = 0; k < limit; k++) {
+                uint64_t handle = handles[k], to = to_offset + k * page_size;
+                fake_piece_t *p = handle - 1 < f->n_pieces ? &f->pieces[handle - 1] : NULL; /* handle 0 wraps */
 
-                if (f->remap_fail_next || f->remaps + 1 == f->remap_fail_at) {
-                        f->remap_fail_next -= f->remap_fail_next > 0;
-                        break;
-                }
-                if (handle == 0 || handle > f->n_pieces) {
-                        f->errors++;
-                        break;
-                }
-                p = &f->pieces[handle - 1];
-                if (!p->live || p->segment_id != from_segment || p->offset != from || p->size != page_size ||
+                if (!p || !p->live || p->segment_id != from_segment || p->offset != from_offset + k * page_size ||
+                    p->size != page_size ||
                     (!f->no_overlap_check && overlaps_live(f, handle, to_segment, to, page_size))) {
                         f->errors++;
                         break;
                 }
-                f->seg_live[from_segment]--;
-                f->seg_live[to_segment]++;
                 p->segment_id = to_segment;
                 p->offset = to;
-                f->remaps++;
         }
+        f->seg_live[from_segment] -= k;
+        f->seg_live[to_segment] += k;
+        f->remaps += k;
         if (k == n_pages && from_segment_empty != (f->seg_live[from_segment] == 0))
                 f->errors++;
         return k ? (int64_t) k : -EIO;
@@ -171,7 +208,9 @@ static void fake_trace(void *userdata, int action, uint64_t addr, uint64_t size,
 gm_provider_t fake_provider(fake_provider_t *f) {
         return (gm_provider_t){
                 .create = fake_create,
+                .create_run = fake_create_run,
                 .release = fake_release,
+                .release_run = fake_release_run,
                 .trace = fake_trace,
                 .remap = fake_remap,
                 .stream_fence = fake_stream_fence,

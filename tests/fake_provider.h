@@ -21,10 +21,13 @@ typedef struct fake_piece {
 
 typedef struct fake_provider {
         uint64_t capacity;  /* create beyond this many live bytes fails with -ENOMEM */
-        unsigned fail_next; /* the next fail_next creates fail with fail_error */
+        unsigned fail_next; /* the next fail_next create / create_run calls fail with fail_error */
         int fail_error;     /* default -ENOMEM */
         uint64_t live_handles, live_bytes;
-        uint64_t creates, releases, whole_releases; /* successful create / release calls */
+        uint64_t creates, releases, whole_releases; /* pieces created, pieces released */
+        uint64_t release_runs;                      /* release_run calls (each gives back a run of pages) */
+        uint64_t create_runs;                       /* create_run calls (each creates a run of pages) */
+        uint64_t run_pages_max;                     /* the longest run asked for */
         uint64_t errors;                            /* protocol violations seen */
         fake_piece_t *pieces;                       /* by handle - 1 */
         uint64_t n_pieces, cap_pieces;
@@ -46,7 +49,8 @@ typedef struct fake_provider {
 
 void fake_init(fake_provider_t *f, uint64_t capacity);
 void fake_done(fake_provider_t *f);
-/* The callback table; userdata is f. It has remap and stream_fence. */
+/* The callback table; userdata is f. It has create_run, release_run, remap and
+ * stream_fence. */
 gm_provider_t fake_provider(fake_provider_t *f);
 /* The device passes every fence marked on `stream` so far (the stream may
  * stay busy with newer work). */

@@ -24,10 +24,10 @@ add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
 set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
-  add_dependencies(test_integration fakecuda)
+  add_dependencies(test_integration fakecuda fakenvml)
   add_test(NAME integration_cuda COMMAND test_integration)
   set_tests_properties(integration_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration"
     TIMEOUT 900 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 
@@ -37,7 +37,7 @@ set_tests_properties(integration_host_local PROPERTIES ENVIRONMENT "GPUMEM_TEST_
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_test(NAME integration_cuda_local COMMAND test_integration)
   set_tests_properties(integration_cuda_local PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=local;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration-local"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=local;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration-local"
     TIMEOUT 900 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 
@@ -56,10 +56,10 @@ add_dependencies(test_tenants gpumemd gpumemctl gm-test-client)
 add_test(NAME tenants_host COMMAND test_tenants)
 set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900 SKIP_RETURN_CODE 77)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
-  add_dependencies(test_tenants fakecuda)
+  add_dependencies(test_tenants fakecuda fakenvml)
   add_test(NAME tenants_cuda COMMAND test_tenants)
   set_tests_properties(tenants_cuda PROPERTIES
-    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
     TIMEOUT 900 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 

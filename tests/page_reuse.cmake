@@ -7,10 +7,10 @@ add_dependencies(test_page_reuse gpumemd)
 add_test(NAME page_reuse_host COMMAND test_page_reuse)
 set_tests_properties(page_reuse_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 300)
 if(GPUMEM_HAVE_CUDA)
-  add_dependencies(test_page_reuse fakecuda)
+  add_dependencies(test_page_reuse fakecuda fakenvml)
   add_test(NAME page_reuse_cuda COMMAND test_page_reuse)
   set_tests_properties(page_reuse_cuda PROPERTIES TIMEOUT 300 ENVIRONMENT
-    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};FAKECUDA_CAPACITY=4G")
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
 endif()
 
 # The client's fence FIFO (client/fence.c) on its own, over a table of events.

@@ -70,34 +70,99 @@ START_TEST(test_reuse_conf) {
 }
 END_TEST
 
+/* A page-reuse heap of its own (1 GiB device) on `f`, which holds
+ * fake_capacity bytes, without remap() or create_run() where asked. */
+static uint64_t own_cursor;
+
+static gm_heap_t *own_heap(fake_provider_t *f, uint64_t fake_capacity, bool remap, bool create_run) {
+        gm_alloc_config_t c;
+        gm_provider_t p;
+        gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &own_cursor};
+        gm_heap_t *h;
+
+        own_cursor = 1ULL << 40;
+        config_default(&c);
+        c.expandable_segments = c.page_reuse = true;
+        fake_init(f, fake_capacity);
+        p = fake_provider(f);
+        if (!remap)
+                p.remap = NULL;
+        if (!create_run)
+                p.create_run = NULL;
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
+        return h;
+}
+
+/* Checks, destroys, and verifies that everything came back correctly. */
+static void own_heap_close(gm_heap_t *h, fake_provider_t *f) {
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        gm_heap_destroy(h);
+        ck_assert_uint_eq(f->live_handles, 0);
+        ck_assert_uint_eq(f->errors, 0);
+        fake_done(f);
+}
+
 /* A provider without remap(): the key is accepted, the mode says it is
  * inactive, and the heap is plain expandable (20 MiB large pages). */
 START_TEST(test_reuse_needs_remap) {
-        gm_alloc_config_t c;
-        gm_provider_t p;
-        uint64_t cursor = 1ULL << 40;
-        gm_heap_params_t params = {.capacity = 1 * GiB, .va_cursor = &cursor};
         fake_provider_t f;
-        gm_heap_t *h;
+        gm_heap_t *h = own_heap(&f, 1 * GiB, false, true);
         gm_alloc_result_t r;
         gm_page_reuse_info_t info;
 
-        config_default(&c);
-        c.expandable_segments = c.page_reuse = true;
-        fake_init(&f, 1 * GiB);
-        p = fake_provider(&f);
-        p.remap = NULL;
-        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &h), 0);
         gm_heap_page_reuse(h, &info);
         ck_assert(info.configured && !info.active);
         ck_assert_str_eq(info.inactive_reason, "the memory provider cannot move pages (no remap)");
         ck_assert_int_eq(gm_heap_alloc(h, 16 * MiB, 0, &r), 0);
         ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_ALL].current, 20 * MiB);
+        own_heap_close(h, &f);
+}
+END_TEST
+
+/* A run of new pages is one create_run() call, all or nothing: a 32 MiB
+ * block in a fresh heap is 16 pages in one call; a refused call leaves
+ * nothing created and the retry ladder's second try makes the run again. */
+START_TEST(test_reuse_create_run) {
+        gm_alloc_result_t a, b;
+
+        open_reuse(true, 1 * GiB);
+        a = alloc_ok(32 * MiB, 0);
+        ck_assert_uint_eq(F.create_runs, 1);
+        ck_assert_uint_eq(F.creates, 16);
+        ck_assert_uint_eq(F.run_pages_max, 16);
+        F.fail_next = 1;
+        b = alloc_ok(48 * MiB, 0); /* 24 pages: refused once, then made at once */
+        ck_assert_uint_eq(F.create_runs, 3);
+        ck_assert_uint_eq(F.creates, 16 + 24);
+        ck_assert_uint_eq(F.live_bytes, 80 * MiB);
+        ck_assert_int_eq(STATS->num_alloc_retries, 1);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 80 * MiB);
+        ck_assert_int_eq(STATS->num_device_alloc, 2); /* one segment_map per block */
+        free_ok(a.block_id, false);
+        free_ok(b.block_id, false);
+}
+END_TEST
+
+/* Without create_run() the heap makes one create() per page and, when one
+ * fails, gives back those it made (the last with whole_segment): at a 20
+ * MiB device a 32 MiB block makes 10 pages, fails on the 11th, and nothing
+ * stays (the fake ledger checks every release's whole_segment flag). */
+START_TEST(test_reuse_create_per_page) {
+        fake_provider_t f;
+        gm_heap_t *h = own_heap(&f, 20 * MiB, true, false);
+        gm_alloc_result_t r;
+
+        ck_assert_int_eq(gm_heap_alloc(h, 32 * MiB, 0, &r), -ENOMEM);
         ck_assert_int_eq(gm_heap_check(h), 0);
-        gm_heap_destroy(h);
+        ck_assert_uint_eq(f.create_runs, 0);
+        ck_assert_uint_eq(f.creates, 2 * 10); /* the ladder's retry makes the same 10 */
+        ck_assert_uint_eq(f.releases, 2 * 10);
+        ck_assert_uint_eq(f.whole_releases, 2);
         ck_assert_uint_eq(f.live_handles, 0);
-        ck_assert_uint_eq(f.errors, 0);
-        fake_done(&f);
+        ck_assert_int_eq(gm_heap_stats(h)->reserved_bytes[GM_STAT_ALL].current, 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 16 * MiB, 0, &r), 0);
+        ck_assert_uint_eq(f.live_bytes, 16 * MiB);
+        own_heap_close(h, &f);
 }
 END_TEST
 
@@ -163,6 +228,7 @@ START_TEST(test_reuse_pattern) {
         }
         ck_assert_int_eq(RESERVED(GM_STAT_ALL), 128 * MiB);
         ck_assert_uint_eq(F.creates, 64);
+        ck_assert_uint_eq(F.create_runs, 8); /* each block's 8 new pages in one call */
         for (int i = 0; i < 8; i += 2)
                 free_ok(r[i].block_id, false);
         for (int i = 0; i < 4; i++) {
@@ -177,6 +243,8 @@ START_TEST(test_reuse_pattern) {
         ck_assert_uint_eq(F.remaps, 32);
         ck_assert_uint_eq(F.remap_calls, 4); /* one call per hole: a run of 8 pages */
         ck_assert_uint_eq(F.creates, 96);
+        ck_assert_uint_eq(F.create_runs, 10); /* the last two blocks' 16 new pages: a call each */
+        ck_assert_uint_eq(F.run_pages_max, 16);
         ck_assert_uint_eq(F.live_bytes, 192 * MiB);
         ck_assert_uint_eq(F.stream_queries, 1); /* one question answers both moves' holes */
         ck_assert_uint_eq(F.traces[GM_TRACE_SEGMENT_MAP], 12);
@@ -199,6 +267,8 @@ START_TEST(test_reuse_pattern) {
                 free_ok(big[i].block_id, false);
         ck_assert_uint_eq(gm_heap_release_cached(H), 192 * MiB);
         ck_assert_uint_eq(F.live_handles, 0);
+        ck_assert_uint_eq(F.releases, 96);
+        ck_assert_uint_eq(F.release_runs, 4); /* one call per mapped range */
         ck_assert_uint_eq(F.whole_releases, 1);
 }
 END_TEST
@@ -485,6 +555,8 @@ Suite *allocator_reuse_suite(void) {
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_reuse_conf);
         tcase_add_test(tc, test_reuse_needs_remap);
+        tcase_add_test(tc, test_reuse_create_run);
+        tcase_add_test(tc, test_reuse_create_per_page);
         tcase_add_test(tc, test_reuse_pattern);
         tcase_add_test(tc, test_reuse_sawtooth);
         tcase_add_test(tc, test_reuse_busy_stream);

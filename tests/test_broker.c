@@ -20,7 +20,11 @@
 
 /* ---- a fake backend: real fds (of /dev/null), counted bytes ---- */
 
+static unsigned create_fails_in_; /* the backend create that many calls from now fails with -EIO (0: none) */
+
 static int fake_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret) {
+        if (create_fails_in_ && --create_fails_in_ == 0)
+                return -EIO;
         if (size > b->capacity - b->in_use)
                 return -ENOMEM;
         int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -53,12 +57,18 @@ static int fake_mem_info(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_tota
 static void fake_destroy(gm_backend_t *b) {
 }
 
+/* Per piece, as the host backend answers: nobody maps what was given back. */
+static int fake_mapped(gm_backend_t *b, const gm_phys_t *phys) {
+        return 0;
+}
+
 static const gm_backend_ops_t fake_backend_ops = {
         .name = "fake",
         .create = fake_create,
         .release = fake_release,
         .adopt = fake_adopt,
         .mem_info = fake_mem_info,
+        .mapped = fake_mapped,
         .destroy = fake_destroy,
 };
 
@@ -253,6 +263,7 @@ static gm_broker_t *broker_new(const char *alloc_conf, uint32_t store_max) {
 static void setup(void) {
         backend_ = (gm_backend_t){.ops = &fake_backend_ops, .capacity = 256 * MiB, .granularity = 2 * MiB};
         memset(&host_, 0, sizeof(host_));
+        create_fails_in_ = 0;
         snprintf(dir_, sizeof(dir_), "/tmp/gm-broker-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
         snprintf(ledger_, sizeof(ledger_), "%s/ledger", dir_);
@@ -319,10 +330,10 @@ static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t
         gm_session_grant(s, 1, &g, &out);
         ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "grant of %llu: kind %d: %s", (unsigned long long) size, out.kind,
                       out.message);
-        ck_assert_ptr_nonnull(out.piece);
-        ck_assert(out.piece->granted);
+        ck_assert_uint_eq(out.n_pieces, 1);
+        ck_assert(out.pieces[0]->granted);
         CHECK(s->broker);
-        return out.piece;
+        return out.pieces[0];
 }
 
 static void return_whole(gm_session_t *s, uint64_t segment_id, uint64_t size) {
@@ -495,37 +506,59 @@ static uint64_t release_one(gm_session_t *s, bool counted) {
         return host_.releases[before].id;
 }
 
-/* Where the backend cannot tell per piece, the driver's per-process figure
- * decides: believed until one release has shown it counting mappings, then
- * a process whose figure keeps what it acknowledged is a liar, and its
- * memory stays charged while the driver lists the process. */
-START_TEST(test_release_checked_by_process_figure) {
+/* A fresh broker on the figured backend and one session (local or central)
+ * of tenant "a" whose process the driver gives `figure` bytes (its context
+ * and its own allocations). */
+static gm_session_t *figured_session(bool local, uint64_t figure) {
         b_ = gm_broker_free(b_);
         backend_.ops = &figured_backend_ops;
         b_ = broker_new(NULL, 0);
-        gm_session_t *s = session(b_, 1000, "a");
+        gm_session_t *s = local ? local_session(b_, 1000, "a") : session(b_, 1000, "a");
         figure_pid_ = s->pid;
-        figure_ = 300 * MiB; /* its context and its own allocations */
+        figure_ = figure;
+        return s;
+}
 
-        /* A driver that does not count what a process maps: never a liar. */
+/* Where the backend cannot tell per piece, the driver's per-process figure
+ * decides: memory shown to have left the process is released; a process
+ * whose figure keeps what it acknowledged (once one release has shown the
+ * driver counting mappings) is a liar, and its memory stays charged while the
+ * driver lists the process; anything else stays charged until the session
+ * ends (issue #17: the client's word alone is not taken). */
+START_TEST(test_release_checked_by_process_figure) {
+        gm_session_t *s = figured_session(false, 300 * MiB);
+        gm_tenant_t *t = s->tenant;
+
+        /* A driver that does not count what a process maps: nothing shows the
+         * release, so it stays charged (held, not a liar). */
         uint64_t id = release_one(s, false);
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(!b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_uint_eq(s->release_unverified_bytes, 20 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "stays charged until the session ends"));
         CHECK(b_);
 
-        /* An honest acknowledgement shows the figure dropping. */
+        /* An honest acknowledgement shows the figure dropping: released at
+         * once (and the driver shown to count mappings); the held one stays. */
         id = release_one(s, true);
         figure_ -= 20 * MiB;
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(b_->driver_attributes_mappings && !s->lied);
-        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
 
-        /* Other allocations of the process meanwhile (less than it let go). */
+        /* Other allocations of the process meanwhile, or part of it kept: the
+         * figure dropped by less than was acknowledged. Held, not a liar. */
         id = release_one(s, true);
         figure_ -= 20 * MiB;
         figure_ += 8 * MiB;
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
         ck_assert(!s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
         CHECK(b_);
 
         /* A liar: its figure keeps all it acknowledged. */
@@ -533,17 +566,141 @@ START_TEST(test_release_checked_by_process_figure) {
         ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
         ck_assert(s->lied);
         ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
+        ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
         gm_session_end(s);
         CHECK(b_);
-        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB); /* the process still holds device memory */
-        ck_assert_uint_eq(backend_.in_use, 20 * MiB);
+        /* A liar's memory, held unverified or not, stays while its process
+         * holds device memory. */
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 60 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 60 * MiB);
         gm_broker_tick(b_, gm_now_ms());
-        ck_assert_uint_eq(s->tenant->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 60 * MiB);
         figure_ = 0; /* it exited */
         gm_broker_tick(b_, gm_now_ms());
         CHECK(b_);
-        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+
+        /* An honest session's held release ends with the session. */
+        s = session(b_, 1000, "a");
+        figure_pid_ = s->pid;
+        figure_ = 300 * MiB;
+        b_->driver_attributes_mappings = false;
+        id = release_one(s, false);
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
+/* A local session's returned pieces are checked as releases are, against
+ * the reference noted at its first Grant. */
+START_TEST(test_return_checked_by_process_figure) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+
+        /* Honest: mapped, unmapped, returned: the figure shows it gone. */
+        grant_ok(s, 1, 20 * MiB);
+        return_whole(s, 1, 20 * MiB);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        /* Its own allocations meanwhile: the figure did not drop by all of
+         * it. Held until the session ends, not a liar. */
+        grant_ok(s, 2, 20 * MiB);
+        figure_ += 8 * MiB;
+        return_whole(s, 2, 20 * MiB);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_int_eq(s->grants.bytes.current, 0);
+        figure_ -= 8 * MiB;
+
+        /* Kept all of it (still mapped): a lie, though an honest return is
+         * held meanwhile. */
+        grant_ok(s, 3, 20 * MiB);
+        figure_ += 20 * MiB;
+        gm_release_range_t r = {.segment_id = 3, .offset = 0, .length = 20 * MiB};
+        size_t bad = 99;
+        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        CHECK(b_);
+        ck_assert(s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        gm_session_end(s);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB); /* a liar's: while its process holds device memory */
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
+/* Issue #17, the local reference: a give-back announced by a ReturnIntent
+ * is checked against the figure of that moment, so device memory the process
+ * allocated itself since its first Grant (noted before) is no lie; while the
+ * intent is open neither a Reclaim (sent after the client unmapped, before
+ * its return came) nor a second intent renews it. Here the figure counts
+ * what the client maps, as a driver does. */
+START_TEST(test_return_intent_notes_reference) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+        gm_session_t *central = session(b_, 1001, "a");
+        ck_assert_int_eq(gm_session_open_return_intent(central), -EPROTO);
+        grant_ok(s, 1, 20 * MiB);
+        grant_ok(s, 2, 20 * MiB);
+        figure_ += 40 * MiB;
+        figure_ -= 20 * MiB; /* unmaps piece 1 and returns it: gone, the driver shown counting mappings */
+        return_whole(s, 1, 20 * MiB);
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+
+        figure_ += 30 * MiB; /* its own allocations: kernels, library handles */
+        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        ck_assert(s->return_intent_open);
+        CHECK(b_);
+        ck_assert_int_eq(gm_session_open_return_intent(s), -EBUSY);
+        figure_ -= 20 * MiB; /* it unmaps piece 2 */
+        client_uses(s, 0);
+        gm_outcome_t out; /* the device is full: s is sent a Reclaim while its return is on the way */
+        gm_session_alloc(central, 7, 240 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_reclaims, 1);
+        ck_assert_ptr_eq(host_.reclaims[0].session, s);
+        return_whole(s, 2, 20 * MiB);
+        gm_session_close_return_intent(s);
+        ck_assert(!s->lied && !s->return_intent_open);
+        ck_assert_uint_eq(t->release_unverified_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 240 * MiB); /* the waiting allocation got it */
+        gm_session_end(central);
+        gm_session_free(central);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        CHECK(b_);
+
+        /* A liar announcing its return is caught as before. */
+        grant_ok(s, 3, 20 * MiB);
+        figure_ += 20 * MiB;
+        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        return_whole(s, 3, 20 * MiB); /* still mapped */
+        ck_assert(s->lied);
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        gm_session_end(s);
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
         gm_session_free(s);
         backend_.ops = &fake_backend_ops;
 }
@@ -573,6 +730,47 @@ START_TEST(test_whole_segment_travels_last) {
         ck_assert_uint_eq(pieces, 5);
         ack_all(s);
         ck_assert_uint_eq(backend_.in_use, 0);
+}
+END_TEST
+
+/* A central allocation refused with `err`, leaving nothing made, listed or charged. */
+static void refused_with_nothing_made(gm_session_t *s, uint64_t size, int err) {
+        gm_outcome_t out;
+        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, err);
+        CHECK(s->broker);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_ptr_null(gm_session_new_pieces(s));
+}
+
+/* A central page-reuse heap creates a run of 2 MiB pages through one
+ * provider call, all or nothing: a run past the quota is refused with
+ * nothing made or charged, a backend failure part way gives back what it
+ * made, and a run that fits is 8 new pieces for the reply. */
+START_TEST(test_central_run_all_or_nothing) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new("expandable_segments:True,gpumemd_page_reuse:True", 0);
+        gm_tenant_t *t = gm_tenant_get(b_, "a");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 20 * MiB);
+        gm_session_t *s = session(b_, 1000, "a");
+
+        refused_with_nothing_made(s, 32 * MiB, -EDQUOT);
+        create_fails_in_ = 5; /* the fifth of 8 pages */
+        refused_with_nothing_made(s, 16 * MiB, -EIO);
+        ck_assert_int_eq(create_fails_in_, 0);
+
+        alloc_ok(s, 16 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 16 * MiB);
+        size_t n = 0;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                ck_assert_uint_eq(p->phys.size, 2 * MiB);
+                ck_assert(p->in_heap);
+                n++;
+        }
+        ck_assert_uint_eq(n, 8);
 }
 END_TEST
 
@@ -630,6 +828,89 @@ START_TEST(test_grant_without_a_heap) {
         CHECK(b_);
         ck_assert_uint_eq(backend_.in_use, 0);
         ck_assert_uint_eq(t->charged_bytes, 0);
+}
+END_TEST
+
+/* A run of pages is granted all or nothing: a quota or the device too small
+ * for the whole run refuses it with nothing charged or made, a backend
+ * failure part way gives back what it made, a malformed run is refused at
+ * once, and a run that fits is n pieces in order in one reply. */
+START_TEST(test_grant_run_all_or_nothing) {
+        backend_.capacity = 40 * MiB;
+        gm_tenant_t *t = gm_tenant_get(b_, "r");
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 20 * MiB);
+        gm_session_t *s = local_session(b_, 1000, "r");
+        gm_grant_t g = {.piece = {.segment_id = 1, .segment_va_size = 64 * MiB, .offset = 0, .size = 2 * MiB},
+                        .n_pieces = 16};
+        gm_outcome_t out;
+
+        gm_session_grant(s, 1, &g, &out); /* 32 MiB at a 20 MiB quota */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "quota"), "message: %s", out.message);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+        ck_assert_uint_eq(s->grants.pieces, 0);
+        ck_assert_ptr_null(s->pieces);
+
+        g.n_pieces = 8;
+        gm_session_grant(s, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(out.n_pieces, 8);
+        for (size_t k = 0; k < 8; k++) {
+                ck_assert_uint_eq(out.pieces[k]->segment_id, 1);
+                ck_assert_uint_eq(out.pieces[k]->offset, k * 2 * MiB);
+                ck_assert(out.pieces[k]->granted);
+        }
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(s->grants.pieces, 8);
+        ck_assert_int_eq(s->grants.segments.current, 1);
+
+        /* Malformed: overlapping a granted piece, past the segment, unaligned, too many. */
+        static const struct {
+                uint64_t offset, n;
+                const char *why;
+        } bad[] = {{14 * MiB, 2, "already granted"},
+                   {60 * MiB, 4, "outside"},
+                   {17 * MiB, 2, "granularity"},
+                   {16 * MiB, GM_MAX_GRANT_PIECES + 1, "too many"}};
+        gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 0); /* unlimited */
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                gm_grant_t m = g;
+                m.piece.offset = bad[i].offset;
+                m.n_pieces = bad[i].n;
+                gm_session_grant(s, 3, &m, &out);
+                ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+                ck_assert_int_eq(out.error, -EINVAL);
+                ck_assert_msg(strstr(out.message, bad[i].why), "%zu: %s", i, out.message);
+        }
+
+        /* The device: 24 MiB left, a run of 26 MiB is refused whole. */
+        g.piece.offset = 16 * MiB;
+        g.n_pieces = 13;
+        gm_session_grant(s, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -ENOMEM);
+        /* The backend fails on the third piece of four: the two made go back. */
+        create_fails_in_ = 3;
+        g.n_pieces = 4;
+        gm_session_grant(s, 5, &g, &out);
+        ck_assert_int_eq(create_fails_in_, 0);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EIO);
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 16 * MiB);
+        ck_assert_uint_eq(s->grants.pieces, 8);
+        ck_assert_ptr_null(gm_session_find_piece(s, 1, 16 * MiB));
+        gm_session_grant(s, 6, &g, &out); /* the same run now fits */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(out.n_pieces, 4);
+        ck_assert_uint_eq(backend_.in_use, 24 * MiB);
+        ck_assert_int_eq(s->grants.segments.current, 1);
+        CHECK(b_);
 }
 END_TEST
 
@@ -1154,7 +1435,7 @@ START_TEST(test_grants_park_until_reclaimed) {
         ck_assert_uint_eq(host_.n_done, 1);
         ck_assert_uint_eq(host_.done[0].request_id, 41);
         ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
-        ck_assert_ptr_nonnull(host_.done[0].outcome.piece);
+        ck_assert_ptr_nonnull(host_.done[0].outcome.pieces[0]);
         ck_assert_uint_eq(busy->n_parked, 2);
         ck_assert_uint_eq(busy->tenant->charged_bytes, 20 * MiB);
         ck_assert_int_eq(idle->grants.segments.current, 2);
@@ -1336,6 +1617,10 @@ START_TEST(test_checker_catches_broken_books) {
         s->releasing_bytes = 1;
         ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
         s->releasing_bytes = 0;
+        s->return_intent_open = true;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_msg(strstr(why, "a return intent open in a central session"), "why: %s", why);
+        s->return_intent_open = false;
         CHECK(b_);
         gm_session_t *l = local_session(b_, 1001, "l");
         grant_ok(l, 1, 2 * MiB);
@@ -1424,6 +1709,8 @@ static Suite *broker_suite(void) {
         TCase *tc = tcase_create("core");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_quota_refuses_and_charges_exactly);
+        tcase_add_test(tc, test_grant_run_all_or_nothing);
+        tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
@@ -1439,6 +1726,8 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_ledger_keeps_pools_through_moves);
         tcase_add_test(tc, test_ledger_pool_records);
         tcase_add_test(tc, test_release_checked_by_process_figure);
+        tcase_add_test(tc, test_return_checked_by_process_figure);
+        tcase_add_test(tc, test_return_intent_notes_reference);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);

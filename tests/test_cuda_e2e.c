@@ -289,6 +289,92 @@ START_TEST(test_pending_events_back_off) {
 }
 END_TEST
 
+/* Maps a segment's fd (consumed) through the driver itself, as a client that
+ * keeps what it acknowledges would; the range's base. */
+static CUdeviceptr driver_map(int seg_fd, uint64_t va_size, uint64_t length) {
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        CUdeviceptr base;
+        ck_assert_int_eq(cu->MemAddressReserve(&base, va_size, 0, 0, 0), CUDA_SUCCESS);
+        CUmemGenericAllocationHandle handle;
+        ck_assert_int_eq(cu->MemImportFromShareableHandle(&handle, (void *) (uintptr_t) seg_fd,
+                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                         CUDA_SUCCESS);
+        close(seg_fd);
+        ck_assert_int_eq(cu->MemMap(base, length, 0, handle, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemRelease(handle), CUDA_SUCCESS); /* the mapping alone holds it now */
+        return base;
+}
+
+static void driver_unmap(CUdeviceptr base, uint64_t va_size, uint64_t length) {
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        ck_assert_int_eq(cu->MemUnmap(base, length), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemAddressFree(base, va_size), CUDA_SUCCESS);
+}
+
+/* Polls a tenant's charge until it is `want` or ~10 s pass; the last figure. */
+static uint64_t wait_charged(const char *tenant, uint64_t want) {
+        uint64_t charged = gm_test_tenant_charged(daemon_.socket_path, tenant);
+        for (int i = 0; i < 500 && charged != want; i++) {
+                usleep(20000);
+                charged = gm_test_tenant_charged(daemon_.socket_path, tenant);
+        }
+        return charged;
+}
+
+/* A raw central session's allocation of `size`, mapped through the driver. */
+typedef struct raw_segment {
+        uint64_t block, va_size, length;
+        CUdeviceptr base;
+} raw_segment_t;
+
+static raw_segment_t raw_alloc_mapped(int fd, uint64_t request_id, uint64_t size) {
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = size;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        int seg_fd;
+        Gpumem__Envelope *e;
+        while ((e = gm_test_raw_recv_fd(fd, &seg_fd)) && e->request_id != request_id) { /* earlier replies */
+                if (seg_fd >= 0)
+                        close(seg_fd);
+                gm_msg_free(e);
+        }
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_int_ge(seg_fd, 0);
+        raw_segment_t seg = {
+                .block = e->alloc_reply->block_id,
+                .va_size = e->alloc_reply->new_mappings[0]->segment_va_size,
+                .length = e->alloc_reply->new_mappings[0]->length,
+        };
+        gm_msg_free(e);
+        seg.base = driver_map(seg_fd, seg.va_size, seg.length);
+        return seg;
+}
+
+/* A raw local session granted one segment of `size`, which it maps through
+ * the driver (*ret_base) and returns all the same, with a ReturnIntent first
+ * (noted while the piece is mapped, as it stays) when `announced`; its
+ * connection. */
+static int raw_local_return_mapped(uint64_t size, bool announced, CUdeviceptr *ret_base) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello_local(fd);
+        int seg_fd;
+        Gpumem__Envelope *e = gm_test_raw_grant(fd, 2, 1, size, &seg_fd);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+        gm_msg_free(e);
+        *ret_base = driver_map(seg_fd, size, size);
+        for (uint64_t id = 3; announced && id < 5; id++) {
+                e = gm_test_raw_return_intent(fd, id); /* Ok, then refused: one is open */
+                ck_assert_int_eq(e->body_case, id == 3 ? GPUMEM__ENVELOPE__BODY_OK : GPUMEM__ENVELOPE__BODY_ERROR);
+                ck_assert_int_eq(id == 3 ? 0 : e->error->code, id == 3 ? 0 : EBUSY);
+                gm_msg_free(e);
+        }
+        gm_test_raw_return_closing(fd, 5, 1, size, announced); /* "unmapped", and it is not */
+        return fd;
+}
+
 /* Issue #17 item 1 on cuda: nobody can see who maps an exported handle, but
  * NVML gives each process's device memory. A client that acknowledges a
  * release while it keeps the mapping (a raw client mapping through the
@@ -309,46 +395,246 @@ START_TEST(test_lying_release_ack_caught_by_nvml) {
 
         int fd = gm_test_raw_connect(daemon_.socket_path);
         gm_test_raw_hello(fd, false);
-        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
-        alloc.size = MiB;
-        gm_test_raw_send_body(fd, 2, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
-        int seg_fd;
-        Gpumem__Envelope *e = gm_test_raw_recv_fd(fd, &seg_fd);
-        ck_assert_ptr_nonnull(e);
-        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
-        ck_assert_int_ge(seg_fd, 0);
-        uint64_t block = e->alloc_reply->block_id, va_size = e->alloc_reply->new_mappings[0]->segment_va_size,
-                 length = e->alloc_reply->new_mappings[0]->length;
-        gm_msg_free(e);
-        const gm_cuda_t *cu;
-        ck_assert_int_eq(gm_cuda_load(&cu), 0);
-        CUdeviceptr base;
-        ck_assert_int_eq(cu->MemAddressReserve(&base, va_size, 0, 0, 0), CUDA_SUCCESS);
-        CUmemGenericAllocationHandle handle;
-        ck_assert_int_eq(cu->MemImportFromShareableHandle(&handle, (void *) (uintptr_t) seg_fd,
-                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                         CUDA_SUCCESS);
-        close(seg_fd);
-        ck_assert_int_eq(cu->MemMap(base, length, 0, handle, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->MemRelease(handle), CUDA_SUCCESS); /* the mapping alone holds it now */
-        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), length);
+        raw_segment_t seg = raw_alloc_mapped(fd, 2, MiB);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), seg.length);
 
-        gm_test_raw_lying_release(fd, block); /* and closed */
+        gm_test_raw_lying_release(fd, seg.block); /* and closed */
         close(fd);
 
         /* Session gone, memory not: still charged, and still on the device. */
         usleep(500000);
-        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), length);
-        ck_assert_uint_ge(gm_fake_device_bytes(0), length);
-        ck_assert_int_eq(cu->MemUnmap(base, length), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->MemAddressFree(base, va_size), CUDA_SUCCESS);
-        uint64_t charged = length;
-        for (int i = 0; i < 500 && charged; i++) {
-                usleep(20000);
-                charged = gm_test_tenant_charged(daemon_.socket_path, "uid:0");
-        }
-        ck_assert_uint_eq(charged, 0);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), seg.length);
+        ck_assert_uint_ge(gm_fake_device_bytes(0), seg.length);
+        driver_unmap(seg.base, seg.va_size, seg.length);
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
         finish(connect_ok());
+}
+END_TEST
+
+/* ---- issue #17: where nothing can check a release, its charge stays ---- */
+
+/* The daemon's environment for "nothing can check": no NVML at all, or NVML
+ * whose process list gives no per-process figure. */
+static const char *const unchecked_env[][2] = {
+        {"GPUMEM_LIBNVML", "/nonexistent/libnvidia-ml.so.1"},
+        {"FAKENVML_NO_PROCESS_MEMORY", "1"},
+};
+
+/* The libgpumem session's released-but-unverified bytes, once they show. */
+static long long wait_unverified(void) {
+        long long unverified = client_field("release_unverified_bytes");
+        for (int i = 0; i < 500 && unverified == 0; i++) {
+                usleep(10000);
+                unverified = client_field("release_unverified_bytes");
+        }
+        return unverified;
+}
+
+/* An honest client's release stays charged (and its memory held by the
+ * daemon) until its session ends; then the charge goes to 0. */
+static void check_unchecked_release(gpumem_heap_mode heap) {
+        size_t n = sizeof(unchecked_env) / sizeof(unchecked_env[0]);
+        for (size_t k = 0; k < n; k++) {
+                start_daemon("256M", NULL, unchecked_env[k][0], unchecked_env[k][1]);
+                gpumem_client *c = connect_heap(heap);
+                void *p;
+                ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
+                gm_test_fill(p, 8 * MiB, 5);
+                ck_assert_int_eq(gpumem_free(c, p), 0);
+                uint64_t released = 0;
+                ck_assert_int_eq(gpumem_trim(c, &released), 0);
+                ck_assert_uint_gt(released, 0);
+                ck_assert_int_eq(usage().mappings, 0); /* honest: nothing mapped here */
+                ck_assert_int_eq(wait_unverified(), (long long) released);
+                ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), released);
+                ck_assert_uint_eq(gm_fake_device_bytes(0), released); /* the daemon keeps its handle */
+                gpumem_disconnect(c);
+                ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+                if (k + 1 < n)
+                        gm_test_daemon_stop(&daemon_); /* the next one on the same device */
+        }
+        finish(connect_ok());
+}
+
+START_TEST(test_unchecked_release_charged_until_session_ends_central) {
+        check_unchecked_release(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+
+START_TEST(test_unchecked_release_charged_until_session_ends_local) {
+        check_unchecked_release(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+/* The issue's case: a client that acknowledged releases while keeping the
+ * mapping held 480 MiB under a 64 MiB quota, charged 0. Where nothing can
+ * check it, what it released stays charged: the quota holds, and the refusal
+ * says why. */
+static const char liar_tenant[] = "[tenant liar]\nuser = 0\nquota = 64M\n";
+
+static void start_unchecked_with_quota(void) {
+        setenv(unchecked_env[0][0], unchecked_env[0][1], 1);
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, liar_tenant);
+        unsetenv(unchecked_env[0][0]);
+}
+
+static void assert_refused_unverified(const Gpumem__Envelope *e) {
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_msg(strstr(e->error->message, "released that cannot be checked as unmapped"), "%s",
+                      e->error->message);
+}
+
+START_TEST(test_liar_held_to_quota_central) {
+        start_unchecked_with_quota();
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        raw_segment_t seg = raw_alloc_mapped(fd, 2, 48 * MiB);
+        gm_test_raw_acknowledge_mapped(fd, seg.block); /* nothing shows the lie: not closed, not believed */
+        usleep(200000);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "liar"), seg.length);
+
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 48 * MiB;
+        gm_test_raw_send_body(fd, 6, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        Gpumem__Envelope *e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_uint_eq(e->request_id, 6);
+        assert_refused_unverified(e);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "liar"), seg.length);
+
+        driver_unmap(seg.base, seg.va_size, seg.length);
+        close(fd); /* the session ends: the charge with it */
+        ck_assert_uint_eq(wait_charged("liar", 0), 0);
+        finish(connect_ok());
+}
+END_TEST
+
+START_TEST(test_liar_held_to_quota_local) {
+        start_unchecked_with_quota();
+        CUdeviceptr base;
+        int fd = raw_local_return_mapped(48 * MiB, false, &base);
+        int seg_fd;
+        Gpumem__Envelope *e = gm_test_raw_grant(fd, 4, 2, 48 * MiB, &seg_fd);
+        ck_assert_int_eq(seg_fd, -1);
+        assert_refused_unverified(e);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "liar"), 48 * MiB);
+
+        driver_unmap(base, 48 * MiB, 48 * MiB);
+        close(fd);
+        ck_assert_uint_eq(wait_charged("liar", 0), 0);
+        finish(connect_ok());
+}
+END_TEST
+
+/* With NVML: a liar among the first releases after the daemon starts (the
+ * driver not yet shown to count mappings) is held, not believed; an honest
+ * release then drops at once and confirms it, and the next lie is caught. */
+START_TEST(test_first_liar_held_until_driver_confirms) {
+        start_daemon("256M", NULL, NULL, NULL);
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        raw_segment_t first = raw_alloc_mapped(fd, 2, MiB);
+        gm_test_raw_acknowledge_mapped(fd, first.block); /* not closed, not believed */
+        usleep(200000);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), first.length);
+
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_CENTRAL);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0); /* honest: its figure drops */
+        ck_assert_uint_gt(released, 0);
+        ck_assert_uint_eq(wait_charged("uid:0", first.length), first.length);
+        ck_assert_int_eq(client_field("release_unverified_bytes"), 0);
+        gpumem_disconnect(c);
+
+        raw_segment_t second = raw_alloc_mapped(fd, 6, MiB);
+        gm_test_raw_lying_release(fd, second.block); /* caught now, and closed */
+        close(fd);
+        usleep(200000);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), first.length + second.length);
+        driver_unmap(first.base, first.va_size, first.length);
+        driver_unmap(second.base, second.va_size, second.length);
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+        finish(connect_ok());
+}
+END_TEST
+
+/* A local session's honest return with NVML: its charge drops at once, not
+ * at the session's end (and shows the driver counting mappings). */
+static gpumem_client *honest_local_return(void) {
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_gt(released, 0);
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+        return c;
+}
+
+/* With NVML, a local session: an honest return drops at once (and shows the
+ * driver counting mappings); pieces returned while still mapped are caught
+ * as a lying ReleaseAck is, with or without a ReturnIntent first: the
+ * session is closed and their memory stays charged while the process holds
+ * device memory. A second intent while one is open is refused, and so is one
+ * from a central session. */
+START_TEST(test_lying_return_caught_by_nvml) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_disconnect(honest_local_return());
+
+        for (int announced = 0; announced < 2; announced++) { /* an older client's, then one with a ReturnIntent */
+                CUdeviceptr base;
+                int fd = raw_local_return_mapped(8 * MiB, announced, &base);
+                gm_test_raw_assert_caught(fd); /* and closed */
+                close(fd);
+                usleep(200000);
+                ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
+                driver_unmap(base, 8 * MiB, 8 * MiB);
+                ck_assert_uint_eq(wait_charged("uid:0", 0), 0);
+        }
+        int central = gm_test_raw_connect(daemon_.socket_path); /* a central session has no intent */
+        gm_test_raw_hello(central, false);
+        Gpumem__Envelope *e = gm_test_raw_return_intent(central, 2);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EPROTO);
+        gm_msg_free(e);
+        close(central);
+        finish(connect_ok());
+}
+END_TEST
+
+/* Issue #17, the local reference: an honest local client's own give-back
+ * (empty_cache) was checked against the reference of its first Grant, so
+ * device memory its process allocated itself since (lazily loaded kernels,
+ * cuBLAS handles: here a cuMemCreate of its own) read as memory it kept: held
+ * until the session ended, or, grown past the returned bytes, a lie that
+ * closed it. Now each give-back announces itself (ReturnIntent) and is
+ * checked against the figure of that moment: the charge drops at once and
+ * the session carries on. */
+START_TEST(test_own_device_memory_does_not_hold_returns) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = honest_local_return();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
+        CUmemGenericAllocationHandle own;
+        ck_assert_int_eq(cu->MemCreate(&own, 16 * MiB, &prop, 0), CUDA_SUCCESS); /* outside gpumemd */
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_ge(released, 8 * MiB);
+        ck_assert_uint_eq(wait_charged("uid:0", 0), 0); /* at once, not at the session's end */
+        ck_assert_int_eq(client_field("release_unverified_bytes"), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0); /* still open */
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        ck_assert_int_eq(cu->MemRelease(own), CUDA_SUCCESS);
+        finish(c);
 }
 END_TEST
 
@@ -459,6 +745,13 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_release_waits_outside_the_lock);
         tcase_add_test(tc, test_pending_events_back_off);
         tcase_add_test(tc, test_lying_release_ack_caught_by_nvml);
+        tcase_add_test(tc, test_unchecked_release_charged_until_session_ends_central);
+        tcase_add_test(tc, test_unchecked_release_charged_until_session_ends_local);
+        tcase_add_test(tc, test_liar_held_to_quota_central);
+        tcase_add_test(tc, test_liar_held_to_quota_local);
+        tcase_add_test(tc, test_first_liar_held_until_driver_confirms);
+        tcase_add_test(tc, test_lying_return_caught_by_nvml);
+        tcase_add_test(tc, test_own_device_memory_does_not_hold_returns);
         tcase_add_test(tc, test_oom_figures_consistent);
         tcase_add_test(tc, test_client_finds_daemon_gpu);
         tcase_add_test(tc, test_client_refuses_unseen_gpu);

@@ -598,6 +598,32 @@ END_TEST
 
 /* ---- charges end only when the memory is gone ---- */
 
+/* Maps a segment's fd (consumed) and fills it with `byte`; it is charged to uid:0. */
+static char *map_filled(const char *socket_path, int seg_fd, size_t length, int byte) {
+        ck_assert_int_ge(seg_fd, 0);
+        char *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+        ck_assert_ptr_ne(p, MAP_FAILED);
+        close(seg_fd);
+        memset(p, byte, length);
+        ck_assert_uint_eq(gm_test_tenant_charged(socket_path, "uid:0"), length);
+        return p;
+}
+
+/* After a lying session is gone: its memory is still charged (and the data
+ * still there) until this process unmaps it, then the charge goes. */
+static void charged_until_unmapped(const char *socket_path, char *p, size_t length, int byte) {
+        sleep_ms(500);
+        ck_assert_uint_eq(gm_test_tenant_charged(socket_path, "uid:0"), length);
+        ck_assert_int_eq(p[length - 1], byte);
+        munmap(p, length);
+        uint64_t charged = length;
+        for (int i = 0; i < 500 && charged; i++) {
+                sleep_ms(20);
+                charged = gm_test_tenant_charged(socket_path, "uid:0");
+        }
+        ck_assert_uint_eq(charged, 0);
+}
+
 START_TEST(test_lying_release_ack_keeps_charge) {
         /* A client that acknowledges a release while it keeps the mapping once
          * held 480 MiB charged 0. Host backend: the daemon asks the kernel. */
@@ -614,29 +640,37 @@ START_TEST(test_lying_release_ack_keeps_charge) {
         Gpumem__Envelope *reply = gm_test_raw_recv_fd(fd, &seg_fd);
         ck_assert_ptr_nonnull(reply);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
-        ck_assert_int_ge(seg_fd, 0);
         uint64_t block = reply->alloc_reply->block_id, length = reply->alloc_reply->new_mappings[0]->length;
         gm_msg_free(reply);
-        char *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
-        ck_assert_ptr_ne(p, MAP_FAILED);
-        close(seg_fd);
-        memset(p, 0x5a, length);
-        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), length);
+        char *p = map_filled(d.socket_path, seg_fd, length, 0x5a);
 
         gm_test_raw_lying_release(fd, block); /* and closed */
         close(fd);
+        charged_until_unmapped(d.socket_path, p, length, 0x5a);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
 
-        /* Session gone, memory not: still charged (and the data still there). */
-        sleep_ms(500);
-        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:0"), length);
-        ck_assert_int_eq(p[length - 1], 0x5a);
-        munmap(p, length);
-        uint64_t charged = length;
-        for (int i = 0; i < 500 && charged; i++) {
-                sleep_ms(20);
-                charged = gm_test_tenant_charged(d.socket_path, "uid:0");
-        }
-        ck_assert_uint_eq(charged, 0);
+START_TEST(test_lying_return_keeps_charge) {
+        /* A local session gives back memory it still maps (ReturnPieces): its
+         * word is checked as a ReleaseAck's, on the host backend per piece. */
+        if (strcmp(gm_test_backend(), "host") != 0)
+                return;
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        int fd = gm_test_raw_connect(d.socket_path);
+        gm_test_raw_hello_local(fd);
+        const size_t length = 2 << 20;
+        int seg_fd;
+        Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2, 1, length, &seg_fd);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+        gm_msg_free(reply);
+        char *p = map_filled(d.socket_path, seg_fd, length, 0x3c);
+
+        gm_test_raw_return(fd, 3, 1, length); /* "unmapped", and it is not */
+        gm_test_raw_assert_caught(fd);        /* and closed */
+        close(fd);
+        charged_until_unmapped(d.socket_path, p, length, 0x3c);
         gm_test_daemon_stop(&d);
 }
 END_TEST
@@ -936,6 +970,7 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
         tcase_add_test(daemon, test_made_up_segment_claims_nothing);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
+        tcase_add_test(daemon, test_lying_return_keeps_charge);
         suite_add_tcase(s, daemon);
         /* Run again with GPUMEM_HEAP=local (hardening.cmake's second leg). */
         TCase *sessions = tcase_create("sessions");

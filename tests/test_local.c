@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "msg.h"
 #include "testutil.h"
 
 #define MiB (1024ull * 1024ull)
@@ -301,6 +304,102 @@ START_TEST(test_tenant_required_central) {
 }
 END_TEST
 
+/* A raw local session (its statistics page's fd closed); its max_fds. */
+static int raw_local_session(uint32_t *ret_max_fds) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        Gpumem__Envelope *reply = gm_test_raw_hello_mode(fd, false, "raw", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        ck_assert_int_eq(reply->hello_reply->heap_mode, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        ck_assert(reply->hello_reply->grant_runs);
+        *ret_max_fds = reply->hello_reply->max_fds;
+        gm_msg_free(reply);
+        return fd;
+}
+
+/* Grants n 2 MiB pages of segment 7 (64 MiB) from `offset`: the answer,
+ * with the fds it carried counted (each checked to be a 2 MiB piece) and
+ * closed. */
+static Gpumem__Envelope *raw_grant(int fd, uint64_t request_id, uint64_t offset, uint32_t n, size_t *ret_n_fds) {
+        Gpumem__Grant g = GPUMEM__GRANT__INIT;
+        g.segment_id = 7;
+        g.segment_va_size = 64 * MiB;
+        g.offset = offset;
+        g.size = 2 * MiB;
+        g.n_pieces = n;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_GRANT, &g);
+        for (;;) {
+                static uint8_t buf[GM_IPC_MAX_PACKET_DEFAULT];
+                int fds[GM_IPC_MAX_FDS_LIMIT];
+                size_t len, n_fds;
+                Gpumem__Envelope *env = NULL;
+                ck_assert_int_eq(gm_ipc_recv(fd, buf, sizeof(buf), fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds), 0);
+                for (size_t i = 0; i < n_fds; i++) {
+                        struct stat st;
+                        ck_assert_int_eq(fstat(fds[i], &st), 0);
+                        ck_assert_int_eq(st.st_size, (off_t) (2 * MiB));
+                }
+                gm_close_fds(fds, n_fds);
+                ck_assert_int_eq(gm_msg_unpack(buf, len, &env), 0);
+                if (env->request_id == request_id) {
+                        *ret_n_fds = n_fds;
+                        return env;
+                }
+                gm_msg_free(env);
+        }
+}
+
+/* A Grant's error code (asserting it is one). */
+static int grant_error(int fd, uint64_t request_id, uint64_t offset, uint32_t n) {
+        size_t n_fds;
+        Gpumem__Envelope *e = raw_grant(fd, request_id, offset, n, &n_fds);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_uint_eq(n_fds, 0);
+        int code = (int) e->error->code;
+        gm_msg_free(e);
+        return code;
+}
+
+/* A run of pages in one Grant, on the wire: its reply carries every piece
+ * and fd in one packet; more pieces than max_fds, a run over a granted
+ * piece and a run past the quota are refused with nothing charged. */
+START_TEST(test_grant_run_on_the_wire) {
+        uint32_t max_fds;
+        int fd = raw_local_session(&max_fds);
+        ck_assert_uint_ge(max_fds, 4);
+        size_t n_fds;
+
+        ck_assert_int_eq(grant_error(fd, 2, 0, max_fds + 1), E2BIG);
+        Gpumem__Envelope *e = raw_grant(fd, 3, 0, 4, &n_fds);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+        ck_assert_uint_eq(n_fds, 4);
+        ck_assert_uint_eq(e->grant_reply->n_more_mappings, 3);
+        for (size_t k = 0; k < 4; k++) {
+                const Gpumem__Mapping *m = k ? e->grant_reply->more_mappings[k - 1] : e->grant_reply->mapping;
+                ck_assert_uint_eq(m->segment_id, 7);
+                ck_assert_uint_eq(m->offset, k * 2 * MiB);
+                ck_assert_uint_eq(m->length, 2 * MiB);
+        }
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
+
+        ck_assert_int_eq(grant_error(fd, 4, 6 * MiB, 2), EINVAL); /* over the granted piece at 6 MiB */
+        gpumem_client *admin = connect_mode(GPUMEM_HEAP_CENTRAL); /* uid 0: may set quotas */
+        ck_assert_int_eq(gpumem_quota_set(admin, "uid:0", 16 * MiB, true), 0);
+        ck_assert_int_eq(grant_error(fd, 5, 8 * MiB, 8), EDQUOT); /* 16 MiB more at 8 of 16 */
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 8 * MiB);
+        e = raw_grant(fd, 6, 8 * MiB, 4, &n_fds); /* what fits is granted */
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+        ck_assert_uint_eq(n_fds, 4);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 16 * MiB);
+        close(fd);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 0);
+        ck_assert_int_eq(gpumem_quota_set(admin, "uid:0", 0, true), 0);
+        gpumem_disconnect(admin);
+}
+END_TEST
+
 /* Out of memory in a local heap: the heap's ladder runs in the client and
  * the daemon's diagnosis reaches the application. */
 START_TEST(test_local_refusal_explained) {
@@ -362,6 +461,7 @@ static Suite *local_suite(void) {
         tcase_add_test(tc, test_sigkilled_local_client_leaks_nothing);
         tcase_add_test(tc, test_tenant_required_central);
         tcase_add_test(tc, test_local_refusal_explained);
+        tcase_add_test(tc, test_grant_run_on_the_wire);
         tcase_add_test(tc, test_local_cache_reclaimed_for_local);
         tcase_add_test(tc, test_local_cache_reclaimed_for_central);
         suite_add_tcase(s, tc);

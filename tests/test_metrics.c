@@ -81,6 +81,7 @@ static void setup_uuid(void) {
 
 static void setup_cuda_uuid(void) {
         expected_uuid_ = FAKECUDA_UUID;
+        setenv("FAKENVML_NO_PROCESS_MEMORY", "1", 1); /* nothing can check a release here */
         setup();
 }
 
@@ -385,6 +386,7 @@ START_TEST(test_figures_equal_gpumemctl) {
         double reserved = (double) json_value(json, "reserved_bytes.all.current");
         ck_assert(tenant_metric(body, "gpumem_charged_bytes", NULL) == reserved);
         ck_assert(tenant_metric(body, "gpumem_releasing_bytes", NULL) == 0);
+        ck_assert(tenant_metric(body, "gpumem_release_unverified_bytes", NULL) == 0);
         ck_assert(metric(body, "gpumem_device_in_use_bytes{device=\"0\"}") == reserved);
         ck_assert(metric(body, "gpumem_device_capacity_bytes{device=\"0\"}") == (double) (64 * MiB));
         ck_assert(metric(body, "gpumem_device_capacity_bytes{device=\"0\"}") ==
@@ -597,6 +599,41 @@ START_TEST(test_uuid_on_every_series) {
         char series[256];
         snprintf(series, sizeof(series), "gpumem_allocations_total%s,tenant=\"%s\",pool=\"large\"}", labels, tenant_);
         ck_assert(metric(body, series) == 1);
+        free(body);
+}
+END_TEST
+
+/* Where nothing can check a release (no per-process figure from NVML),
+ * the released memory shows in gpumem_release_unverified_bytes, charged,
+ * until its session ends. */
+START_TEST(test_release_unverified_gauge) {
+        gpumem_client *c = connect_client();
+        void *p;
+        uint64_t released = 0;
+        ck_assert(gpumem_alloc(c, 3 * MiB, 0, &p) == 0 && gpumem_free(c, p) == 0);
+        ck_assert(gpumem_trim(c, &released) == 0 && released > 0); /* its cache, given back */
+        char unverified[256], charged[256];
+        snprintf(unverified, sizeof(unverified),
+                 "gpumem_release_unverified_bytes{device=\"0\",UUID=\"%s\",tenant=\"%s\"}", expected_uuid_, tenant_);
+        snprintf(charged, sizeof(charged), "gpumem_charged_bytes{device=\"0\",UUID=\"%s\",tenant=\"%s\"}",
+                 expected_uuid_, tenant_);
+        char *body = scrape();
+        for (int i = 0; i < 500 && metric(body, unverified) != (double) released; i++) { /* the ack follows */
+                free(body);
+                sleep_ms(10);
+                body = scrape();
+        }
+        ck_assert(metric(body, unverified) == (double) released);
+        ck_assert(metric(body, charged) == (double) released);
+        free(body);
+        gpumem_disconnect(c);
+        body = scrape();
+        for (int i = 0; i < 500 && metric(body, charged) != 0; i++) {
+                free(body);
+                sleep_ms(10);
+                body = scrape();
+        }
+        ck_assert(metric(body, unverified) == 0 && metric(body, charged) == 0);
         free(body);
 }
 END_TEST
@@ -853,11 +890,11 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_bucket{device=\"0\",le=\"0.005\"}") == 1);
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
         /* Every request kind of the table has its series, timed or not yet. */
-        static const char *const every_op[] = {"hello",       "alloc",       "free",        "free_completed",
-                                               "trim",        "stats",       "release_ack", "reset_stats",
-                                               "history",     "snapshot",    "alloc_conf",  "quota",
-                                               "clients",     "reattach",    "grant",       "return_pieces",
-                                               "reclaim_ack", "move_pieces", "samples",     "snapshot_answer"};
+        static const char *const every_op[] = {
+                "hello",       "alloc",           "free",         "free_completed", "trim",        "stats",
+                "release_ack", "reset_stats",     "history",      "snapshot",       "alloc_conf",  "quota",
+                "clients",     "reattach",        "grant",        "return_pieces",  "reclaim_ack", "move_pieces",
+                "samples",     "snapshot_answer", "return_intent"};
         ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
         for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
                 char series[128];
@@ -950,6 +987,7 @@ static Suite *metrics_suite(void) {
                 tcase_add_checked_fixture(tc, setup_cuda_uuid, teardown);
                 tcase_set_timeout(tc, 180);
                 tcase_add_test(tc, test_uuid_on_every_series);
+                tcase_add_test(tc, test_release_unverified_gauge);
                 suite_add_tcase(s, tc);
                 return s;
         }

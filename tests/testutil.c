@@ -191,7 +191,7 @@ Gpumem__Envelope *gm_test_raw_await_body(int fd, Gpumem__Envelope__BodyCase body
         return NULL;
 }
 
-void gm_test_raw_lying_release(int fd, uint64_t block_id) {
+void gm_test_raw_acknowledge_mapped(int fd, uint64_t block_id) {
         Gpumem__Free f = GPUMEM__FREE__INIT;
         f.block_id = block_id;
         gm_test_raw_send_body(fd, 3, GPUMEM__ENVELOPE__BODY_FREE, &f);
@@ -203,11 +203,62 @@ void gm_test_raw_lying_release(int fd, uint64_t block_id) {
         ack.release_id = e->release_request->release_id;
         gm_msg_free(e);
         gm_test_raw_send_body(fd, 5, GPUMEM__ENVELOPE__BODY_RELEASE_ACK, &ack); /* "unmapped", and it is not */
-        e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
+}
+
+void gm_test_raw_assert_caught(int fd) {
+        Gpumem__Envelope *e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR);
         ck_assert_int_eq(e->error->code, EBUSY);
         ck_assert_msg(strstr(e->error->message, "still mapped"), "%s", e->error->message);
         gm_msg_free(e);
         ck_assert_ptr_null(gm_test_raw_recv(fd));
+}
+
+void gm_test_raw_lying_release(int fd, uint64_t block_id) {
+        gm_test_raw_acknowledge_mapped(fd, block_id);
+        gm_test_raw_assert_caught(fd);
+}
+
+Gpumem__Envelope *gm_test_raw_grant(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, int *ret_fd) {
+        Gpumem__Grant g = GPUMEM__GRANT__INIT;
+        g.segment_id = segment_id;
+        g.segment_va_size = size;
+        g.size = size;
+        g.block_size = size;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_GRANT, &g);
+        for (;;) {
+                Gpumem__Envelope *e = gm_test_raw_recv_fd(fd, ret_fd);
+                ck_assert_ptr_nonnull(e);
+                if (e->request_id == request_id)
+                        return e;
+                if (*ret_fd >= 0)
+                        close(*ret_fd);
+                gm_msg_free(e);
+        }
+}
+
+void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size) {
+        gm_test_raw_return_closing(fd, request_id, segment_id, size, false);
+}
+
+void gm_test_raw_return_closing(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, bool closes_intent) {
+        Gpumem__Range range = GPUMEM__RANGE__INIT;
+        range.segment_id = segment_id;
+        range.length = size;
+        Gpumem__Range *ranges[] = {&range};
+        Gpumem__ReturnPieces ret = GPUMEM__RETURN_PIECES__INIT;
+        ret.n_ranges = 1;
+        ret.ranges = ranges;
+        ret.closes_intent = closes_intent;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_RETURN_PIECES, &ret);
+}
+
+Gpumem__Envelope *gm_test_raw_return_intent(int fd, uint64_t request_id) {
+        Gpumem__ReturnIntent intent = GPUMEM__RETURN_INTENT__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_INTENT;
+        env.return_intent = &intent;
+        return gm_test_raw_call(fd, &env);
 }
 
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env) {
@@ -224,12 +275,15 @@ void gm_test_raw_hello(int fd, bool admin) {
         gm_test_raw_hello_named(fd, admin, "test");
 }
 
-Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token) {
+/* Sends Hello asking for `heap_mode` and returns the reply. */
+Gpumem__Envelope *gm_test_raw_hello_mode(int fd, bool admin, const char *client_name, const char *resume_token,
+                                         Gpumem__HeapMode heap_mode) {
         Gpumem__Hello hello = GPUMEM__HELLO__INIT;
         hello.protocol_version = GM_PROTOCOL_VERSION;
         hello.client_name = (char *) client_name;
         hello.admin = admin;
         hello.resume_token = (char *) (resume_token ? resume_token : "");
+        hello.heap_mode = heap_mode;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 1;
         env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
@@ -237,6 +291,18 @@ Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client
         Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
         ck_assert_ptr_nonnull(reply);
         return reply;
+}
+
+Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token) {
+        return gm_test_raw_hello_mode(fd, admin, client_name, resume_token, GPUMEM__HEAP_MODE__HEAP_MODE_UNSPECIFIED);
+}
+
+void gm_test_raw_hello_local(int fd) {
+        Gpumem__Envelope *reply =
+                gm_test_raw_hello_mode(fd, false, "raw-local", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        ck_assert_int_eq(reply->hello_reply->heap_mode, GPUMEM__HEAP_MODE__HEAP_MODE_LOCAL);
+        gm_msg_free(reply); /* its statistics page's fd was closed */
 }
 
 void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {

@@ -46,6 +46,9 @@ void gm_test_raw_hello(int fd, bool admin);
 void gm_test_raw_hello_named(int fd, bool admin, const char *client_name);
 /* Sends Hello (resume_token may be NULL) and returns the reply, whatever it is. */
 Gpumem__Envelope *gm_test_raw_hello_reply(int fd, bool admin, const char *client_name, const char *resume_token);
+/* The same asking for a heap mode (a local one's statistics page fd is closed). */
+Gpumem__Envelope *gm_test_raw_hello_mode(int fd, bool admin, const char *client_name, const char *resume_token,
+                                         Gpumem__HeapMode heap_mode);
 /* Sends env (request_id set by caller) and returns the next envelope with that
  * request id (skipping others), or NULL if the connection closed. */
 Gpumem__Envelope *gm_test_raw_call(int fd, Gpumem__Envelope *env);
@@ -60,9 +63,25 @@ void gm_test_raw_send_body(int fd, uint64_t request_id, Gpumem__Envelope__BodyCa
  * most 5 s (fds it carries are closed). */
 Gpumem__Envelope *gm_test_raw_await_body(int fd, Gpumem__Envelope__BodyCase body_case);
 /* Frees block_id, trims, and acknowledges the release that follows without
- * unmapping anything; asserts that the daemon refuses the word (EBUSY, "still
+ * unmapping anything. */
+void gm_test_raw_acknowledge_mapped(int fd, uint64_t block_id);
+/* The same, asserting that the daemon refuses the word (EBUSY, "still
  * mapped") and closes the connection. */
 void gm_test_raw_lying_release(int fd, uint64_t block_id);
+/* Awaits the daemon's refusal of a word that memory was unmapped (EBUSY,
+ * "still mapped") and asserts the connection closed. */
+void gm_test_raw_assert_caught(int fd);
+/* Sends Hello for a local heap and asserts a local HelloReply. */
+void gm_test_raw_hello_local(int fd);
+/* A local session's Grant of one whole segment `size`: the reply (a
+ * GrantReply or an Error), its fd in *ret_fd (-1 if none). */
+Gpumem__Envelope *gm_test_raw_grant(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, int *ret_fd);
+/* Returns that whole segment (ReturnPieces; no reply unless refused). */
+void gm_test_raw_return(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size);
+/* The same, the last of a give-back a ReturnIntent began when `closes_intent`. */
+void gm_test_raw_return_closing(int fd, uint64_t request_id, uint64_t segment_id, uint64_t size, bool closes_intent);
+/* Sends a ReturnIntent and returns its reply (Ok, or an Error). */
+Gpumem__Envelope *gm_test_raw_return_intent(int fd, uint64_t request_id);
 
 /* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
 uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);

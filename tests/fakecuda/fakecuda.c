@@ -1562,7 +1562,8 @@ static void fake_nvml_add(nvmlProcessInfo_t *list, unsigned int *n, unsigned int
 /* Every live process with a context or memory on the device, and its bytes:
  * its context's, and every allocation it holds by handle or mapping (each
  * holder counts an allocation whole, as the driver attributes a mapping to
- * the process that maps it). */
+ * the process that maps it). With FAKENVML_NO_PROCESS_MEMORY=1 the bytes are
+ * NVML_VALUE_NOT_AVAILABLE, as drivers that keep them from a container give. */
 int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos) {
         LOCKED();
         uintptr_t d = (uintptr_t) device;
@@ -1592,6 +1593,9 @@ int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *c
                 *count = n;
                 return NVML_ERROR_INSUFFICIENT_SIZE;
         }
+        const char *hidden = getenv("FAKENVML_NO_PROCESS_MEMORY");
+        for (unsigned int i = 0; hidden && strcmp(hidden, "1") == 0 && i < n; i++)
+                list[i].usedGpuMemory = ~0ull; /* NVML_VALUE_NOT_AVAILABLE */
         memcpy(infos, list, n * sizeof(*infos));
         *count = n;
         return NVML_SUCCESS;
