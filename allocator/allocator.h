@@ -220,6 +220,9 @@ void gm_heap_page_reuse(const gm_heap_t *h, gm_page_reuse_info_t *ret_info);
 
 /* Number of live blocks (allocated or pending free). */
 uint64_t gm_heap_live_blocks(const gm_heap_t *h);
+/* Frees so far: the fence number stream_fence() would be passed now (a
+ * fence at it covers every free made so far). */
+uint64_t gm_heap_free_count(const gm_heap_t *h);
 /* Largest free block, in bytes, over both pools (0 if none). */
 uint64_t gm_heap_largest_free(const gm_heap_t *h);
 /* This heap's own statistics. */

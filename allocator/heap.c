@@ -1338,6 +1338,10 @@ uint64_t gm_heap_live_blocks(const gm_heap_t *h) {
         return h->live.count;
 }
 
+uint64_t gm_heap_free_count(const gm_heap_t *h) {
+        return h->free_seq;
+}
+
 uint64_t gm_heap_largest_free(const gm_heap_t *h) {
         uint64_t s = h->small.free_set ? h->small.free_set->max_key1 : 0;
         uint64_t l = h->large.free_set ? h->large.free_set->max_key1 : 0;

@@ -380,12 +380,14 @@ typedef struct gm_page_move {
  * heap marks fences (stream_fence()), the next allocation reply asks the
  * client to record them (an event on the stream when it applies the reply:
  * after the frees it sent), and the client reports the complete ones with
- * its next allocations. asked >= sent >= done. */
+ * its next allocations; or the client marks one on its own before an
+ * allocation and finds it complete (gm_session_frees_fenced()). asked >=
+ * sent >= done. */
 #define GM_SESSION_FENCE_STREAMS 64 /* streams tracked (as many as a heap tracks) */
 typedef struct gm_session_fence {
         uint64_t stream;
         uint64_t asked; /* highest fence number the heap marked */
-        uint64_t sent;  /* highest one the client was asked to mark */
+        uint64_t sent;  /* highest one the client was asked to mark, or marked on its own */
         uint64_t done;  /* highest one the client reported complete */
 } gm_session_fence_t;
 
@@ -478,11 +480,21 @@ const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
 void gm_session_pieces_sent(gm_session_t *s);
 /* The client reports fence `fence` on `stream` complete (page reuse): its
  * heap's stream_fence() answers from it. -EPROTO for a claim that cannot be
- * true (a stream or number it was never asked to mark, or below what it
- * reported before): the caller ends the connection. A false claim within
- * these bounds only lets the session's own pages move early (they never
- * leave it): it hurts no one but the liar. */
+ * true (a stream or number it was never asked to mark, nor marked on its
+ * own): the caller ends the connection. A number below one known complete
+ * is stale (its own later mark was complete at once) and changes nothing. A
+ * false claim within these bounds only lets the session's own pages move
+ * early (they never leave it): it hurts no one but the liar. */
 int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
+/* Whether the session's client marks fences on its own (HelloReply
+ * client_fences): a central session whose heap moves pages behind stream
+ * fences (page reuse on a device backend). */
+bool gm_session_client_fences(const gm_session_t *s);
+/* The client found complete an event it recorded on `stream` after every
+ * free it sent before this allocation (Alloc.frees_fenced): a fence at the
+ * heap's free count now is marked, sent and done at once (asked >= sent >=
+ * done stay true), so the frees' pages may move in this very allocation. */
+void gm_session_frees_fenced(gm_session_t *s, uint64_t stream);
 /* The reply for `block_id` could not be built: the block goes back to the
  * heap; its new pieces stay listed for the next reply. */
 void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);

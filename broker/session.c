@@ -148,10 +148,31 @@ int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence) {
         if (s->ended)
                 return 0; /* nothing moves any more */
         gm_session_fence_t *f = session_fence(s, stream, false);
-        if (!f || fence > f->sent || fence < f->done)
+        if (!f || fence > f->sent)
                 return -EPROTO;
-        f->done = fence;
+        if (fence > f->done) /* a lower one is stale: a later event on the stream was found complete */
+                f->done = fence;
         return 0;
+}
+
+bool gm_session_client_fences(const gm_session_t *s) {
+        const gm_alloc_config_t *conf = &s->broker->alloc_config;
+        return !s->local && conf->page_reuse && conf->expandable_segments &&
+               strcmp(s->broker->backend->ops->name, "host") != 0;
+}
+
+void gm_session_frees_fenced(gm_session_t *s, uint64_t stream) {
+        if (s->ended || !s->heap)
+                return; /* nothing was ever freed (a host heap never asks: entries made here stay unused) */
+        gm_session_fence_t *f = session_fence(s, stream, true);
+        uint64_t fence = gm_heap_free_count(s->heap);
+        if (!f || fence <= f->done)
+                return; /* a full table only loses the claim: those pages wait for an asked fence */
+        f->done = fence;
+        if (f->sent < fence)
+                f->sent = fence;
+        if (f->asked < fence)
+                f->asked = fence;
 }
 
 /* Records allocator events in the device's memory history while it is on. */

@@ -18,6 +18,7 @@ void gm_fences_clear(gm_fences_t *f, bool destroy_events) {
         f->streams = NULL;
         f->n_streams = 0;
         f->n_pending = 0;
+        f->n_freed = 0;
 }
 
 /* The entry of `stream`, made on first use; NULL when the table is full or
@@ -94,6 +95,33 @@ size_t gm_fences_report(gm_fences_t *f, gm_fence_done_t *out) {
                         out[n++] = (gm_fence_done_t){.stream = fs->stream, .fence = fs->done};
                         fs->reported = fs->done;
                 }
+        }
+        return n;
+}
+
+void gm_fences_freed(gm_fences_t *f, uint64_t stream) {
+        gm_fence_stream_t *fs = fence_stream(f, stream);
+        if (fs && !fs->freed) {
+                fs->freed = true;
+                f->n_freed++;
+        }
+}
+
+size_t gm_fences_check_freed(gm_fences_t *f, uint64_t *out) {
+        size_t n = 0;
+        for (size_t i = 0; i < f->n_streams && f->n_freed; i++) {
+                gm_fence_stream_t *fs = &f->streams[i];
+                uint64_t event;
+                if (!fs->freed)
+                        continue;
+                fs->freed = false;
+                f->n_freed--;
+                if (fs->n || f->ops.record(f->ops.ctx, fs->stream, &event) < 0)
+                        continue;
+                int done = f->ops.query(f->ops.ctx, event);
+                f->ops.destroy(f->ops.ctx, event);
+                if (done > 0)
+                        out[n++] = fs->stream;
         }
         return n;
 }

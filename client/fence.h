@@ -3,7 +3,8 @@
  * work queued so far and polled from its head, never waiting. A local heap
  * marks and polls from its provider's stream_fence(); a central session
  * marks what the daemon's AllocReply asks and reports the completed numbers
- * with its next Alloc. Not thread-safe: the caller serialises every call. */
+ * with its next Alloc, and before an Alloc that follows frees checks on its
+ * own whether their streams are past them (gm_fences_check_freed()). Not thread-safe: the caller serialises every call. */
 #pragma once
 
 #include <stdbool.h>
@@ -28,6 +29,7 @@ typedef struct gm_fence_stream {
         uint64_t marked;   /* highest fence number marked */
         uint64_t done;     /* highest fence number known complete */
         uint64_t reported; /* the done last handed out by gm_fences_report() */
+        bool freed;        /* frees on it since the last gm_fences_check_freed() */
         uint64_t fence[GM_FENCE_MARKS], event[GM_FENCE_MARKS];
         unsigned head, n;
 } gm_fence_stream_t;
@@ -37,6 +39,7 @@ typedef struct gm_fences {
         gm_fence_stream_t *streams; /* GM_FENCE_STREAMS, made on first use */
         size_t n_streams;
         size_t n_pending; /* marks outstanding over every stream */
+        size_t n_freed;   /* streams with `freed` set */
 } gm_fences_t;
 
 void gm_fences_init(gm_fences_t *f, const gm_fence_ops_t *ops);
@@ -65,3 +68,17 @@ typedef struct gm_fence_done {
  * writes to out (room for GM_FENCE_STREAMS) each stream whose highest
  * complete fence rose since the last report; returns how many. */
 size_t gm_fences_report(gm_fences_t *f, gm_fence_done_t *out);
+
+/* A central session sent the free of a block of `stream` (a plain free, or
+ * the completion of a deferred one). A stream that cannot be tracked is
+ * never checked: its pages wait for a fence the daemon asks for. */
+void gm_fences_freed(gm_fences_t *f, uint64_t stream);
+/* Its own check before an Alloc, once per stream freed on since the last
+ * one: records an event there and queries it at once, never waiting; the
+ * streams found past their frees go to out (room for GM_FENCE_STREAMS). A
+ * stream with marks outstanding is not recorded on (a later event cannot be
+ * complete before them). Every stream is clean afterwards, whatever the
+ * answer: frees whose check was pending wait for a mark the daemon asks for,
+ * so the cost stays one check per stream and Alloc after frees. No event is
+ * kept. Returns how many. */
+size_t gm_fences_check_freed(gm_fences_t *f, uint64_t *out);

@@ -150,6 +150,13 @@ struct gpumem_client {
          * are outstanding, read without lock (written under it). */
         gm_fences_t fences;
         _Atomic bool fences_pending;
+        /* Its heap moves pages behind stream fences (HelloReply.client_fences,
+         * or the daemon asked for a mark): before an Alloc that follows frees
+         * the client checks on its own whether their streams are past them
+         * (Alloc.frees_fenced). fences_freed: whether streams freed on wait
+         * for that check (read without lock, written under it). */
+        _Atomic bool client_fences;
+        _Atomic bool fences_freed;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -243,6 +250,18 @@ static int send_env(gpumem_client *c, const Gpumem__Envelope *env) {
         int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         pthread_rwlock_unlock(&c->fd_lock);
         return r;
+}
+
+/* The free of a block of `stream`, `size` bytes, went out (a Free or
+ * FreeCompleted): the next Alloc checks that stream (client_fences). A
+ * block smaller than a page holds no whole page: its free is not checked
+ * (the cost of a cached small pair stays nil; a page it completes by
+ * merging waits for a mark the daemon asks for). Caller holds lock. */
+static void fences_freed(gpumem_client *c, uint64_t stream, uint64_t size) {
+        if (size < c->mapper->granularity || !atomic_load_explicit(&c->client_fences, memory_order_relaxed))
+                return;
+        gm_fences_freed(&c->fences, stream);
+        atomic_store_explicit(&c->fences_freed, c->fences.n_freed > 0, memory_order_relaxed);
 }
 
 /* A send failing this way means the daemon went away: the service thread
@@ -588,6 +607,7 @@ static bool complete_pending_frees(gpumem_client *c) {
                         env.body_case = GPUMEM__ENVELOPE__BODY_FREE_COMPLETED;
                         env.free_completed = &fc;
                         send_env(c, &env);
+                        fences_freed(c, p->block.stream, p->block.size);
                 }
                 pending_free_destroy(c, p, true);
         }
@@ -907,17 +927,34 @@ static void calls_end(gpumem_client *c) {
 /* Sends an Alloc with the fences complete since the last report (a central
  * session on a device backend). Reports are built and sent under lock, so
  * the daemon gets each stream's numbers in rising order; a resent Alloc
- * (after a re-attach) reports what is complete for the new daemon. */
+ * (after a re-attach) reports what is complete for the new daemon. After
+ * frees (client_fences), an event recorded under lock on each stream freed
+ * on follows every free sent before the Alloc (they are sent under lock
+ * too): those complete at once are named (frees_fenced for the Alloc's own
+ * stream, other_frees_fenced) and their pages may move in this allocation. */
 static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         /* No mark outstanding: every complete one was reported when it was
          * popped, and an Alloc without a report needs no order. */
-        if (!atomic_load_explicit(&c->fences_pending, memory_order_relaxed))
+        if (!atomic_load_explicit(&c->fences_pending, memory_order_relaxed) &&
+            !atomic_load_explicit(&c->fences_freed, memory_order_relaxed))
                 return send_env(c, env);
         gm_fence_done_t done[GM_FENCE_STREAMS];
         Gpumem__StreamFence msgs[GM_FENCE_STREAMS], *ptrs[GM_FENCE_STREAMS];
         pthread_mutex_lock(&c->lock);
         size_t n = gm_fences_report(&c->fences, done);
         atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
+        uint64_t fenced[GM_FENCE_STREAMS];
+        size_t n_fenced = gm_fences_check_freed(&c->fences, fenced);
+        /* The Alloc's own stream, the usual one, is a flag (no repeated field to pack and unpack). */
+        for (size_t i = 0; i < n_fenced; i++)
+                if (fenced[i] == env->alloc->stream) {
+                        env->alloc->frees_fenced = true;
+                        fenced[i] = fenced[--n_fenced];
+                        break;
+                }
+        env->alloc->n_other_frees_fenced = n_fenced;
+        env->alloc->other_frees_fenced = fenced;
+        atomic_store_explicit(&c->fences_freed, c->fences.n_freed > 0, memory_order_relaxed);
         for (size_t i = 0; i < n; i++) {
                 gpumem__stream_fence__init(&msgs[i]);
                 msgs[i].stream = done[i].stream;
@@ -929,6 +966,9 @@ static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         int r = send_env(c, env);
         env->alloc->fences_done = NULL;
         env->alloc->n_fences_done = 0;
+        env->alloc->frees_fenced = false;
+        env->alloc->other_frees_fenced = NULL;
+        env->alloc->n_other_frees_fenced = 0;
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -1503,11 +1543,13 @@ static int session_open(gpumem_client *c) {
                                  strerror(-r), gm_cuda_last_error()[0] ? " (" : "", gm_cuda_last_error(),
                                  gm_cuda_last_error()[0] ? ")" : "");
         }
-        if (c->mapper->ops->event_record)
+        if (c->mapper->ops->event_record) {
                 gm_fences_init(&c->fences, &(gm_fence_ops_t){.record = mapper_event_record,
                                                              .query = mapper_event_query,
                                                              .destroy = mapper_event_destroy,
                                                              .ctx = c});
+                atomic_store_explicit(&c->client_fences, hr->client_fences, memory_order_relaxed);
+        }
         if (page_fd >= 0) {
                 r = local_heap_open(c, hr, page_fd);
                 close(page_fd);
@@ -1677,6 +1719,7 @@ static int reattach_once(gpumem_client *c) {
         c->reconnecting = false;
         gm_fences_clear(&c->fences, true); /* the new daemon's fence numbers start over */
         atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
+        atomic_store_explicit(&c->fences_freed, false, memory_order_relaxed);
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done) { /* sent to the old daemon, never answered */
                         w->resend = true;
@@ -1763,6 +1806,8 @@ static void session_close(gpumem_client *c, bool owner) {
         }
         gm_fences_clear(&c->fences, owner);
         atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
+        atomic_store_explicit(&c->fences_freed, false, memory_order_relaxed);
+        atomic_store_explicit(&c->client_fences, false, memory_order_relaxed);
         /* The daemon releases the session's pieces; the heap only forgets them. */
         c->heap = gm_local_destroy(c->heap);
         c->last_segment = NULL;
@@ -2017,6 +2062,7 @@ static void mark_fences(gpumem_client *c, Gpumem__StreamFence **marks, size_t n_
         for (size_t i = 0; i < n_marks; i++)
                 (void) gm_fences_mark(&c->fences, marks[i]->stream, marks[i]->fence);
         atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
+        atomic_store_explicit(&c->client_fences, true, memory_order_relaxed); /* its heap moves pages */
 }
 
 /* A central session's allocation: one Alloc round trip. */
@@ -2160,12 +2206,18 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
         Gpumem__Free f = GPUMEM__FREE__INIT;
         f.block_id = b->id;
         f.deferred = p != NULL;
+        uint64_t stream_of_block = b->stream, size_of_block = b->size;
         block_free(b);
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
         env.free = &f;
-        if (!p)
-                return post(c, &env);
+        if (!p) {
+                pthread_mutex_lock(&c->lock);
+                r = post_locked(c, &env);
+                fences_freed(c, stream_of_block, size_of_block);
+                pthread_mutex_unlock(&c->lock);
+                return r;
+        }
         /* Queue the completion before the free is sent, so the service thread
          * cannot send FreeCompleted ahead of Free: it takes the lock to send. */
         pthread_mutex_lock(&c->lock);

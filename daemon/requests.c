@@ -133,6 +133,7 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         reply.session_token = s->token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
         reply.admin = s->admin;
+        reply.client_fences = gm_session_client_fences(s);
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -277,15 +278,19 @@ static int handle_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                 return gm_request_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
         /* Untrusted: a claim that cannot be true ends the session (a false
          * one within bounds only moves the liar's own pages early). */
-        int r = alloc->n_fences_done > MAX_FENCES_DONE ? -EPROTO : 0;
+        int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_other_frees_fenced > MAX_FENCES_DONE ? -EPROTO : 0;
         for (size_t i = 0; i < alloc->n_fences_done && r == 0; i++)
                 r = gm_session_fence_done(c->session, alloc->fences_done[i]->stream, alloc->fences_done[i]->fence);
         if (r < 0) {
                 gm_request_error(c, request_id, EPROTO,
-                                 "allocation refused: its report of complete stream fences names a fence this "
-                                 "session was never asked to mark, or goes backwards");
+                                 "allocation refused: its report of complete stream fences is too long or "
+                                 "names a fence this session was never asked to mark");
                 return r;
         }
+        if (alloc->frees_fenced)
+                gm_session_frees_fenced(c->session, alloc->stream);
+        for (size_t i = 0; i < alloc->n_other_frees_fenced; i++)
+                gm_session_frees_fenced(c->session, alloc->other_frees_fenced[i]);
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
         for (size_t i = 0; i < n_frames; i++)

@@ -2,7 +2,8 @@
  * its own: at most GM_FENCE_MARKS marks per stream (newer ones refused, never
  * reported), GM_FENCE_STREAMS streams, completion popped from the head only,
  * queries only while marks are pending, reports only when a stream's highest
- * complete fence rose, and every event destroyed once. */
+ * complete fence rose, every event destroyed once, and a central session's
+ * own check before an Alloc (gm_fences_check_freed) keeps no event. */
 #include <check.h>
 #include <errno.h>
 
@@ -16,6 +17,7 @@ typedef struct events {
         uint64_t stream[MAX_EVENTS];
         unsigned n, queries, destroyed;
         int fail_record; /* the next record fails with this */
+        bool idle;       /* events are complete once recorded (the device is idle) */
 } events_t;
 
 static events_t E;
@@ -29,6 +31,7 @@ static int ev_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
         }
         ck_assert_uint_lt(e->n, MAX_EVENTS);
         e->live[e->n] = true;
+        e->done[e->n] = e->idle;
         e->stream[e->n] = stream;
         *ret_event = e->n++;
         return 0;
@@ -132,6 +135,51 @@ START_TEST(test_clear) {
 }
 END_TEST
 
+/* A central session's own check before an Alloc: only the streams freed on
+ * since the last check are checked, once (an event recorded and queried at
+ * once, none kept), those complete come out; a stream with marks pending
+ * is not recorded on; every stream is clean afterwards, whatever the
+ * answer; nothing is ever reported for a check. */
+START_TEST(test_check_freed) {
+        gm_fence_done_t done[GM_FENCE_STREAMS];
+        uint64_t out[GM_FENCE_STREAMS];
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 0); /* no frees: nothing recorded */
+        ck_assert_uint_eq(E.n, 0);
+        gm_fences_freed(&F, 3);
+        gm_fences_freed(&F, 3);
+        ck_assert_uint_eq(F.n_freed, 1);
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 0); /* busy: pending */
+        ck_assert_uint_eq(E.n, 1);
+        ck_assert_uint_eq(E.destroyed, 1);
+        ck_assert_uint_eq(F.n_freed, 0);
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 0); /* checked once: nothing recorded */
+        ck_assert_uint_eq(E.n, 1);
+        E.idle = true;
+        gm_fences_freed(&F, 3);
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 1);
+        ck_assert_uint_eq(out[0], 3);
+        ck_assert_uint_eq(E.destroyed, 2);
+        ck_assert_uint_eq(F.n_pending, 0);
+        ck_assert_uint_eq(gm_fences_report(&F, done), 0);
+        E.idle = false;
+        ck_assert_int_eq(gm_fences_mark(&F, 3, 7), 0);
+        E.idle = true;
+        gm_fences_freed(&F, 3);
+        gm_fences_freed(&F, 4);
+        unsigned recorded = E.n, queries = E.queries;
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 1); /* 3 has a mark pending: only 4 */
+        ck_assert_uint_eq(out[0], 4);
+        ck_assert_uint_eq(E.n, recorded + 1);
+        ck_assert_uint_eq(E.queries, queries + 1);
+        ck_assert_uint_eq(F.n_freed, 0);
+        gm_fences_freed(&F, 4);
+        E.fail_record = -EIO;
+        ck_assert_uint_eq(gm_fences_check_freed(&F, out), 0); /* refused: not complete */
+        ck_assert_uint_eq(F.n_freed, 0);
+        ck_assert_uint_eq(F.n_pending, 1);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("fence");
         TCase *tc = tcase_create("fifo");
@@ -140,6 +188,7 @@ int main(void) {
         tcase_add_test(tc, test_bounded_streams);
         tcase_add_test(tc, test_local_fence);
         tcase_add_test(tc, test_clear);
+        tcase_add_test(tc, test_check_freed);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }

@@ -33,14 +33,18 @@ static bool on_cuda(void) {
         return strcmp(gm_test_backend(), "cuda") == 0;
 }
 
-static void start(void) {
+static void start_with(const char *const *args) {
 #ifdef GM_TEST_FAKECUDA
         if (on_cuda()) {
                 gm_fake_new_pool(pool_path, sizeof(pool_path));
                 setenv("FAKECUDA_CONTEXT_BYTES", "0", 1);
         }
 #endif
-        gm_test_daemon_start(&daemon_, "1G", reuse_args);
+        gm_test_daemon_start(&daemon_, "1G", args);
+}
+
+static void start(void) {
+        start_with(reuse_args);
 }
 
 static void stop(void) {
@@ -101,12 +105,12 @@ static uint64_t session_requests(gpumem_client *c) {
 /* The issue's pattern (bench/traces/frag_16m_32m.csv): 8 x 16 MiB, every
  * other one freed, then 4 x 32 MiB. Plain expandable segments reserve 260
  * MiB; with page reuse two 32 MiB requests take the 32 pages of the four
- * holes and only two map new memory: 192 MiB. The first two do, except in a
- * central session on a device backend: the first asks its client to mark
- * the fence after the frees (new memory meanwhile), the client reports it
- * complete with the second, so the second and third move. */
+ * holes and only two map new memory: 192 MiB. The first two do, in both
+ * heap modes and on both backends: on a device backend a local heap's fence
+ * after the frees is complete at once, and a central client's Alloc says
+ * its stream is past the frees it sent (an event recorded and found
+ * complete before it), so its pages move in that very allocation. */
 static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
-        int first_mover = mode == GPUMEM_HEAP_CENTRAL && on_cuda() ? 1 : 0;
         start();
         gpumem_client *c = connect_mode(mode);
         ck_assert_int_eq(gpumem_history(c, true, 100000, NULL), 0);
@@ -155,7 +159,7 @@ static void frag_pattern(gpumem_heap_mode mode, bool moves_expected) {
                 uint64_t got[32];
                 for (int j = 0; j < 2; j++)
                         for (size_t k = 0; k < 32 * MiB / PAGE; k++)
-                                got[j * 16 + k] = *(volatile uint64_t *) ((char *) big[first_mover + j] + k * PAGE);
+                                got[j * 16 + k] = *(volatile uint64_t *) ((char *) big[j] + k * PAGE);
                 qsort(got, 32, sizeof(*got), cmp_u64);
                 qsort(want, 32, sizeof(*want), cmp_u64);
                 for (size_t k = 0; k < 32; k++)
@@ -203,10 +207,42 @@ START_TEST(test_frag_local) {
 END_TEST
 
 /* A central session's heap does not see its client's device work: on a
- * device backend its pages move once the client reported the fence after
- * their frees complete. */
+ * device backend its pages move once the client says an event it recorded
+ * on the stream after their frees is complete. */
 START_TEST(test_frag_central) {
         frag_pattern(GPUMEM_HEAP_CENTRAL, true);
+}
+END_TEST
+
+/* A block freed on another stream than the request's gives its pages to
+ * that very allocation in both heap modes (a central client on a device
+ * backend checks every stream it freed on, not only the Alloc's). */
+static void other_stream(gpumem_heap_mode mode) {
+        start();
+        gpumem_client *c = connect_mode(mode);
+        void *a = NULL, *b = NULL;
+        ck_assert_int_eq(gpumem_alloc(c, 16 * MiB, 1, &a), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 16 * MiB, 1, &b), 0);
+        gm_test_fill(b, 16 * MiB, 3);
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        void *big = alloc_ok(c, 32 * MiB); /* stream 0: a's 8 pages and 8 new ones */
+        ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (48 * MiB));
+        gm_test_fill(big, 32 * MiB, 4);
+        ck_assert(gm_test_verify(big, 32 * MiB, 4));
+        ck_assert(gm_test_verify(b, 16 * MiB, 3));
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        gpumem_disconnect(c);
+        stop();
+}
+
+START_TEST(test_other_stream_local) {
+        other_stream(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_other_stream_central) {
+        other_stream(GPUMEM_HEAP_CENTRAL);
 }
 END_TEST
 
@@ -255,11 +291,20 @@ static long event_queries(void) {
         return u.event_queries;
 }
 
+static long event_records(void) {
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        return u.event_records;
+}
+
 /* A heap on a device backend, either mode: a freed block whose stream's
  * event has not completed gives no page (new memory is mapped, nothing
  * waits, however often asked); once the event completes, the next
- * allocation takes its pages. Events are queried only while marks are
- * pending. */
+ * allocation takes its pages. Events are recorded only after frees and
+ * queried only then or while marks are pending: a central client checks
+ * its stream once before an Alloc that follows frees (found pending here,
+ * so the daemon asks for a mark), not while a mark there is pending (a
+ * later event cannot be complete before it). */
 static void refused_while_work_pending(gpumem_heap_mode mode) {
         start();
         char hold[400];
@@ -270,16 +315,23 @@ static void refused_while_work_pending(gpumem_heap_mode mode) {
         setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
         gpumem_client *c = connect_mode(mode);
         ck_assert_int_eq(gpumem_history(c, true, 100000, NULL), 0);
+        long records = event_records(), queries = event_queries();
         void *a = alloc_ok(c, 16 * MiB), *b = alloc_ok(c, 16 * MiB);
+        ck_assert_int_eq(event_records(), records); /* no frees before them */
+        ck_assert_int_eq(event_queries(), queries);
         ck_assert_int_eq(gpumem_free(c, a), 0);
-        long queries = event_queries();
         void *big = alloc_ok(c, 32 * MiB); /* a's fence is marked now, pending: 32 MiB new */
         ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (64 * MiB));
-        if (mode == GPUMEM_HEAP_CENTRAL)
-                ck_assert_int_eq(event_queries(), queries); /* nothing was pending when it was sent */
-        void *mid = alloc_ok(c, 32 * MiB);                  /* still pending: 32 MiB new again */
+        if (mode == GPUMEM_HEAP_CENTRAL) { /* its own check (pending), then the mark the daemon asked for */
+                ck_assert_int_eq(event_records(), records + 2);
+                ck_assert_int_eq(event_queries(), queries + 1);
+        }
+        records = event_records();
+        void *mid = alloc_ok(c, 32 * MiB); /* still pending: 32 MiB new again */
         ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (96 * MiB));
-        ck_assert_int_gt(event_queries(), queries);
+        ck_assert_int_gt(event_queries(), queries + 1);
+        if (mode == GPUMEM_HEAP_CENTRAL)
+                ck_assert_int_eq(event_records(), records); /* a mark is pending there: no check */
         unlink(hold);
         void *big2 = alloc_ok(c, 32 * MiB); /* a's 8 pages and 8 new ones */
         ck_assert_int_eq(stat_of(c, "reserved_bytes.all.current"), (int64_t) (112 * MiB));
@@ -288,10 +340,17 @@ static void refused_while_work_pending(gpumem_heap_mode mode) {
                 (int64_t) (112 * MiB));
         gm_test_fill(big2, 32 * MiB, 7);
         ck_assert(gm_test_verify(big2, 32 * MiB, 7));
-        /* The mark completed and was popped: a cached allocation queries nothing. */
+        /* The mark completed and was popped: a cached allocation with no free
+         * before it records and queries nothing. */
         queries = event_queries();
+        records = event_records();
         void *small = alloc_ok(c, 1 * MiB);
         ck_assert_int_eq(event_queries(), queries);
+        ck_assert_int_eq(event_records(), records);
+        /* Nor one after the free of a block smaller than a page (central: not checked). */
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        small = alloc_ok(c, 1 * MiB);
+        ck_assert_int_eq(event_records(), records);
         char *snap = NULL;
         size_t len = 0;
         ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, (uint32_t) getpid(), (void **) &snap, &len), 0);
@@ -317,15 +376,37 @@ START_TEST(test_move_refused_while_work_pending_central) {
         refused_while_work_pending(GPUMEM_HEAP_CENTRAL);
 }
 END_TEST
+
+/* Without page reuse a central client on a device backend records and
+ * queries no event for its frees (plain frees, then allocations). */
+START_TEST(test_no_fences_without_page_reuse) {
+        static const char *const plain_args[] = {"--alloc-conf", "expandable_segments:True", NULL};
+        start_with(plain_args);
+        gpumem_client *c = connect_mode(GPUMEM_HEAP_CENTRAL);
+        long records = event_records(), queries = event_queries();
+        void *a = alloc_ok(c, 16 * MiB), *b = alloc_ok(c, 16 * MiB);
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        void *big = alloc_ok(c, 32 * MiB);
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        void *small = alloc_ok(c, 1 * MiB);
+        ck_assert_int_eq(event_records(), records);
+        ck_assert_int_eq(event_queries(), queries);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, small), 0);
+        gpumem_disconnect(c);
+        stop();
+}
+END_TEST
 #endif
 
 /* A raw central client's allocation of `size` on stream 0 (request `id`),
- * reporting fence `fence` of `fence_stream` complete when `report`: its
- * reply, the fds it carried closed. */
-static Gpumem__Envelope *raw_alloc_report(int fd, uint64_t id, uint64_t size, bool report, uint64_t fence_stream,
-                                          uint64_t fence) {
+ * reporting fence `fence` of `fence_stream` complete when `report`, and its
+ * stream past its frees when `fenced`: its reply, the fds it carried closed. */
+static Gpumem__Envelope *raw_alloc_claim(int fd, uint64_t id, uint64_t size, bool report, uint64_t fence_stream,
+                                         uint64_t fence, bool fenced) {
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
+        alloc.frees_fenced = fenced;
         Gpumem__StreamFence done = GPUMEM__STREAM_FENCE__INIT, *done_ptr = &done;
         done.stream = fence_stream;
         done.fence = fence;
@@ -340,6 +421,11 @@ static Gpumem__Envelope *raw_alloc_report(int fd, uint64_t id, uint64_t size, bo
                         return e;
                 gm_msg_free(e);
         }
+}
+
+static Gpumem__Envelope *raw_alloc_report(int fd, uint64_t id, uint64_t size, bool report, uint64_t fence_stream,
+                                          uint64_t fence) {
+        return raw_alloc_claim(fd, id, size, report, fence_stream, fence, false);
 }
 
 static Gpumem__Envelope *raw_alloc(int fd, uint64_t id, uint64_t size) {
@@ -357,9 +443,71 @@ static void assert_report_refused(int fd, Gpumem__Envelope *e) {
         close(fd);
 }
 
+/* A raw central session with two 16 MiB blocks, the first freed: its fd;
+ * *ret_fences whether its HelloReply says the client marks fences. */
+static int raw_session_with_hole(bool *ret_fences) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        Gpumem__Envelope *e = gm_test_raw_hello_reply(fd, false, "page-reuse-test", NULL);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        *ret_fences = e->hello_reply->client_fences;
+        gm_msg_free(e);
+        e = raw_alloc(fd, 2, 16 * MiB);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = e->alloc_reply->block_id;
+        gm_msg_free(e);
+        gm_msg_free(raw_alloc(fd, 3, 16 * MiB));
+        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        return fd;
+}
+
+/* The client's claim that its stream is past its frees (Alloc.frees_fenced):
+ * on a device backend the hole's pages move in that very allocation and no
+ * mark is asked for; the number it stands for is the last it may report
+ * (one above is refused). On the host backend (frees are synchronous, the
+ * HelloReply asks for no such claim) it changes nothing. */
+START_TEST(test_central_frees_fenced) {
+        start();
+        bool fences;
+        int fd = raw_session_with_hole(&fences);
+        ck_assert(fences == on_cuda());
+        Gpumem__Envelope *e = raw_alloc_claim(fd, 5, 32 * MiB, false, 0, 0, true);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(e->alloc_reply->n_page_moves, 8);
+        ck_assert_uint_eq(e->alloc_reply->n_fence_marks, 0);
+        gm_msg_free(e);
+        if (on_cuda()) {
+                /* Frees so far: 1 (the hole), so fence 1 is the most it may report. */
+                e = raw_alloc_report(fd, 6, 1 * MiB, true, 0, 1);
+                ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+                gm_msg_free(e);
+                assert_report_refused(fd, raw_alloc_report(fd, 7, 1 * MiB, true, 0, 2));
+        } else {
+                close(fd);
+        }
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+
+        /* More streams than a session tracks: refused, on either backend. */
+        fd = raw_session_with_hole(&fences);
+        uint64_t streams[65] = {0};
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 1 * MiB;
+        alloc.n_other_frees_fenced = 65;
+        alloc.other_frees_fenced = streams;
+        gm_test_raw_send_body(fd, 5, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        e = gm_test_raw_recv(fd);
+        while (e && e->request_id != 5) {
+                gm_msg_free(e);
+                e = gm_test_raw_recv(fd);
+        }
+        assert_report_refused(fd, e);
+        stop();
+}
+END_TEST
+
 /* The client's report of complete fences is untrusted: a fence it was never
- * asked to mark, or one below what it reported before, ends its session
- * (its memory goes); an honest report is taken. On the host backend no
+ * asked to mark (nor marked on its own, see test_central_frees_fenced) ends
+ * its session (its memory goes); an honest report is taken. On the host backend no
  * fence is ever asked for. */
 START_TEST(test_central_lying_report) {
         start();
@@ -367,16 +515,9 @@ START_TEST(test_central_lying_report) {
         gm_test_raw_hello(fd, false);
         assert_report_refused(fd, raw_alloc_report(fd, 2, 16 * MiB, true, 0, 1)); /* nothing was ever marked */
 
-        fd = gm_test_raw_connect(daemon_.socket_path);
-        gm_test_raw_hello(fd, false);
-        Gpumem__Envelope *e = raw_alloc(fd, 2, 16 * MiB);
-        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
-        Gpumem__Free f = GPUMEM__FREE__INIT;
-        f.block_id = e->alloc_reply->block_id;
-        gm_msg_free(e);
-        gm_msg_free(raw_alloc(fd, 3, 16 * MiB));
-        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_FREE, &f);
-        e = raw_alloc(fd, 5, 32 * MiB); /* the hole's fence is asked for on a device backend */
+        bool fences;
+        fd = raw_session_with_hole(&fences);
+        Gpumem__Envelope *e = raw_alloc(fd, 5, 32 * MiB); /* the hole's fence is asked for on a device backend */
         ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
         ck_assert_uint_eq(e->alloc_reply->n_fence_marks, on_cuda() ? 1 : 0);
         uint64_t fence = on_cuda() ? e->alloc_reply->fence_marks[0]->fence : 0;
@@ -401,18 +542,12 @@ END_TEST
 
 #ifdef GM_TEST_FAKECUDA
 /* On a device backend: the fence number asked for is taken once reported
- * (the hole's pages move), again is fine, a number above it or going
- * backwards is refused. */
+ * (the hole's pages move), again is fine, a number below it is stale and
+ * changes nothing, a number above it is refused. */
 static int raw_session_with_fence(uint64_t *ret_fence) {
-        int fd = gm_test_raw_connect(daemon_.socket_path);
-        gm_test_raw_hello(fd, false);
-        Gpumem__Envelope *e = raw_alloc(fd, 2, 16 * MiB);
-        Gpumem__Free f = GPUMEM__FREE__INIT;
-        f.block_id = e->alloc_reply->block_id;
-        gm_msg_free(e);
-        gm_msg_free(raw_alloc(fd, 3, 16 * MiB));
-        gm_test_raw_send_body(fd, 4, GPUMEM__ENVELOPE__BODY_FREE, &f);
-        e = raw_alloc(fd, 5, 32 * MiB);
+        bool fences;
+        int fd = raw_session_with_hole(&fences);
+        Gpumem__Envelope *e = raw_alloc(fd, 5, 32 * MiB);
         ck_assert_uint_eq(e->alloc_reply->n_fence_marks, 1);
         *ret_fence = e->alloc_reply->fence_marks[0]->fence;
         gm_msg_free(e);
@@ -433,7 +568,10 @@ START_TEST(test_central_report_bounds) {
         e = raw_alloc_report(fd, 7, 1 * MiB, true, 0, fence); /* the same number again */
         ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
         gm_msg_free(e);
-        assert_report_refused(fd, raw_alloc_report(fd, 8, 1 * MiB, true, 0, fence - 1)); /* backwards */
+        e = raw_alloc_report(fd, 8, 1 * MiB, true, 0, fence - 1); /* below: stale, it changes nothing */
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        gm_msg_free(e);
+        assert_report_refused(fd, raw_alloc_report(fd, 9, 1 * MiB, true, 0, fence + 1)); /* still above */
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
         stop();
 }
@@ -446,13 +584,17 @@ int main(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_frag_local);
         tcase_add_test(tc, test_frag_central);
+        tcase_add_test(tc, test_other_stream_local);
+        tcase_add_test(tc, test_other_stream_central);
         tcase_add_test(tc, test_central_lying_report);
+        tcase_add_test(tc, test_central_frees_fenced);
         tcase_add_test(tc, test_run_past_quota_local);
         tcase_add_test(tc, test_run_past_quota_central);
 #ifdef GM_TEST_FAKECUDA
         if (on_cuda()) {
                 tcase_add_test(tc, test_move_refused_while_work_pending_local);
                 tcase_add_test(tc, test_move_refused_while_work_pending_central);
+                tcase_add_test(tc, test_no_fences_without_page_reuse);
                 tcase_add_test(tc, test_central_report_bounds);
         }
 #endif

@@ -124,7 +124,7 @@ static struct {
         /* the shared pool */
         fake_pool_t *pool;
         /* state */
-        long creates, imports, maps, unmaps, event_queries;
+        long creates, imports, maps, unmaps, event_queries, event_records;
         uint64_t next_block_id;
         struct CUctx_st ctx[FAKE_MAX_DEVICES];
         alloc_t *allocs;
@@ -1198,6 +1198,7 @@ CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
         if (ctx != e->ctx)
                 return CUDA_ERROR_INVALID_HANDLE;
         e->recorded = true;
+        fake.event_records++;
         return CUDA_SUCCESS;
 }
 
@@ -1296,7 +1297,8 @@ int fakecuda_usage(fakecuda_usage_t *ret) {
         LOCKED();
         if (!fake.initialized || fake.init_pid != getpid())
                 return -1;
-        fakecuda_usage_t u = {.stack_depth = depth, .event_queries = fake.event_queries};
+        fakecuda_usage_t u = {
+                .stack_depth = depth, .event_queries = fake.event_queries, .event_records = fake.event_records};
         for (alloc_t *a = fake.allocs; a; a = a->next)
                 if (a->handle_open || a->retains > 0) {
                         u.handles++;

@@ -16,6 +16,7 @@ typedef struct fakecuda_usage {
         long rdma_handles;  /* of `handles`, those created GPUDirect-RDMA capable */
         long stack_depth;   /* the calling thread's context stack */
         long event_queries; /* cuEventQuery calls so far (how hard pending events are polled) */
+        long event_records; /* cuEventRecord calls so far */
 } fakecuda_usage_t;
 
 /* This process's driver objects. 0, or -1 before cuInit. */
