@@ -93,6 +93,7 @@ struct gm_piece {
         bool whole_segment;    /* set at release: the client drops the reservation too */
         bool granted;          /* handed to a local session's heap: its client maps it and gives it back unmapped */
         bool unverified;       /* released on the client's unchecked word (held): not counted as mapped by it */
+        uint64_t handed_ms;    /* when its fd was last sent or granted to the client (gm_now_ms) */
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
@@ -396,6 +397,7 @@ typedef struct gm_session_fence {
 typedef struct gm_holder_note {
         bool noted; /* false: the driver gave no figure */
         int64_t unaccounted;
+        uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
 } gm_holder_note_t;
 
 /* Read-only outside the broker. */

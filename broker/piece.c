@@ -165,6 +165,7 @@ void gm_piece_granted(gm_session_t *s, gm_piece_t *p) {
         p->in_heap = false;
         p->sent = false; /* released at once: its client gives it back unmapped (or is gone) */
         p->granted = true;
+        p->handed_ms = gm_now_ms();
 }
 
 bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {

@@ -26,9 +26,11 @@
  *     it (kept memory is taken as a lie only after one such confirmation, by
  *     any session: with a driver that does not, every client would look
  *     like one); a growth under half of the returned bytes confirms it too;
- *   - kept: it grew by all of them, the driver counting mappings: a lie; the
- *     caller closes the session and the memory stays charged while the driver
- *     lists the process (piece.c);
+ *   - kept: it grew by all of them, the driver counting mappings, and by
+ *     more than what was handed to the process just before the reference
+ *     (maybe not mapped when the figure was read): a lie; the caller closes
+ *     the session and the memory stays charged while the driver lists the
+ *     process (piece.c);
  *   - unverified: anything else (no NVML, no per-process figure, no
  *     reference, attribution not yet confirmed, part of it kept, or the
  *     process's own allocations meanwhile): the client's word is not taken;
@@ -52,17 +54,31 @@ static bool process_figure(const gm_broker_t *b, pid_t pid, uint64_t *ret_bytes)
                ops->process_bytes(b->backend, (int) pid, ret_bytes) == 0;
 }
 
+/* How long after a hand-out its client may still be about to map it. */
+#define HANDOUT_SETTLE_MS 1000
+
 /* Bytes the daemon has handed to the sessions of pid (sent or granted) and
  * not had back. Memory held on the client's word counts as not mapped, as
  * the client said: a local reference noted before such a hold then still
- * matches an honest process (a liar's kept memory only grows its figure). */
-static uint64_t mapped_into(const gm_broker_t *b, pid_t pid) {
-        uint64_t n = 0;
+ * matches an honest process (a liar's kept memory only grows its figure).
+ * ret_in_flight, if given: of those, the live ones handed out less than
+ * HANDOUT_SETTLE_MS ago, which the figure may not show yet (a reply on its
+ * way), but for those of `settled` (a local session: its heap maps a Grant's
+ * pieces before it can announce a give-back); pieces being given back were
+ * mapped, or their blocks would not have been freed. */
+static uint64_t mapped_into(const gm_broker_t *b, pid_t pid, const gm_session_t *settled, uint64_t *ret_in_flight) {
+        uint64_t n = 0, in_flight = 0, now_ms = ret_in_flight ? gm_now_ms() : 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next)
                 if (s->pid == pid && !s->ended)
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
-                                if ((p->sent || p->granted) && !p->unverified)
+                                if ((p->sent || p->granted) && !p->unverified) {
                                         n += p->phys.size;
+                                        if (s != settled && p->state == GM_PIECE_LIVE &&
+                                            now_ms < p->handed_ms + HANDOUT_SETTLE_MS)
+                                                in_flight += p->phys.size;
+                                }
+        if (ret_in_flight)
+                *ret_in_flight = in_flight;
         return n;
 }
 
@@ -95,7 +111,8 @@ void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret) {
         if (!process_figure(s->broker, s->pid, &figure))
                 return;
         ret->noted = true;
-        ret->unaccounted = (int64_t) figure - (int64_t) mapped_into(s->broker, s->pid);
+        ret->unaccounted =
+                (int64_t) figure - (int64_t) mapped_into(s->broker, s->pid, s->local ? s : NULL, &ret->in_flight);
 }
 
 gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged) {
@@ -106,13 +123,16 @@ gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t 
         if (!note->noted || !process_figure(b, s->pid, &figure))
                 return GM_RELEASE_UNVERIFIED;
         /* The acknowledged pieces are still listed (they are freed after this). */
-        int64_t unaccounted = (int64_t) figure - ((int64_t) mapped_into(b, s->pid) - (int64_t) acknowledged);
+        int64_t unaccounted =
+                (int64_t) figure - ((int64_t) mapped_into(b, s->pid, NULL, NULL) - (int64_t) acknowledged);
         int64_t growth = unaccounted - note->unaccounted;
         if (growth < (int64_t) (acknowledged / 2))
                 b->driver_attributes_mappings = true; /* the memory left the process's figure */
         if (growth <= 0)
                 return GM_RELEASE_GONE;
-        if (b->driver_attributes_mappings && growth >= (int64_t) acknowledged)
+        /* Memory in flight at the note may have been mapped since: only the
+         * growth beyond it can be a lie (short of that: held, not closed). */
+        if (b->driver_attributes_mappings && growth >= (int64_t) (acknowledged + note->in_flight))
                 return GM_RELEASE_KEPT;
         return GM_RELEASE_UNVERIFIED;
 }

@@ -603,11 +603,13 @@ void gm_session_pieces_sent(gm_session_t *s) {
         s->n_moves = 0;
         for (size_t i = 0; i < s->n_fences; i++)
                 s->fences[i].sent = s->fences[i].asked;
+        uint64_t now_ms = s->new_head ? gm_now_ms() : 0;
         while (s->new_head) {
                 gm_piece_t *p = s->new_head;
                 s->new_head = p->queue;
                 p->queue = NULL;
                 p->sent = true;
+                p->handed_ms = now_ms;
         }
         s->new_tail = NULL;
 }

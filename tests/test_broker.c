@@ -632,6 +632,54 @@ START_TEST(test_release_during_release_keeps_reference) {
 }
 END_TEST
 
+/* A release's reference noted while another segment's reply is on its way
+ * to the same process (sent, not mapped yet) is short of that segment: the
+ * honest ack then reads as grown by it. Growth up to the memory in flight is
+ * held, not taken for a lie; beyond it, a lie is still caught. */
+START_TEST(test_release_with_reply_in_flight_not_a_lie) {
+        gm_session_t *s = figured_session(false, 300 * MiB);
+        gm_tenant_t *t = s->tenant;
+        b_->driver_attributes_mappings = true;
+        uint64_t a = alloc_ok(s, 20 * MiB);
+        figure_ += 20 * MiB;                /* mapped */
+        uint64_t c = alloc_ok(s, 20 * MiB); /* its reply is on the way: not mapped yet */
+        ck_assert_int_eq(gm_session_free_block(s, a, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        uint64_t id = host_.releases[host_.n_releases - 1].id;
+        figure_ += 20 * MiB; /* the client maps c, */
+        figure_ -= 20 * MiB; /* unmaps a and acknowledges */
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        CHECK(b_);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+
+        /* Nothing else in flight: an honest ack is gone, a kept one a lie. */
+        uint64_t d = alloc_ok(s, 20 * MiB);
+        figure_ += 20 * MiB; /* mapped */
+        ck_assert_int_eq(gm_session_free_block(s, c, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        id = host_.releases[host_.n_releases - 1].id;
+        figure_ -= 20 * MiB; /* unmaps c */
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert(!s->lied);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB); /* a's, as before */
+        ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
+        ck_assert_int_eq(gm_session_free_block(s, d, false), 0);
+        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        id = host_.releases[host_.n_releases - 1].id;
+        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY); /* still mapped */
+        ck_assert(s->lied);
+        gm_session_end(s);
+        figure_ = 0;
+        gm_broker_tick(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        gm_session_free(s);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
 /* A local session's returned pieces are checked as releases are, against
  * the reference noted at its first Grant. */
 START_TEST(test_return_checked_by_process_figure) {
@@ -1760,6 +1808,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_return_checked_by_process_figure);
         tcase_add_test(tc, test_return_intent_notes_reference);
         tcase_add_test(tc, test_release_during_release_keeps_reference);
+        tcase_add_test(tc, test_release_with_reply_in_flight_not_a_lie);
         tcase_add_test(tc, test_checker_catches_broken_books);
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
