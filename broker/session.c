@@ -114,6 +114,12 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
         return k ? (int64_t) k : r;
 }
 
+/* Whether a client's frees are done when it sends them: the host backend's
+ * memory has no device work queued on it (no stream fences needed). */
+static bool frees_synchronous(const gm_broker_t *b) {
+        return strcmp(b->backend->ops->name, "host") == 0;
+}
+
 /* The fence entry of `stream`, made on first use; NULL when the table is
  * full or out of memory. */
 static gm_session_fence_t *session_fence(gm_session_t *s, uint64_t stream, bool make) {
@@ -157,8 +163,7 @@ int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence) {
 
 bool gm_session_client_fences(const gm_session_t *s) {
         const gm_alloc_config_t *conf = &s->broker->alloc_config;
-        return !s->local && conf->page_reuse && conf->expandable_segments &&
-               strcmp(s->broker->backend->ops->name, "host") != 0;
+        return !s->local && conf->page_reuse && conf->expandable_segments && !frees_synchronous(s->broker);
 }
 
 void gm_session_frees_fenced(gm_session_t *s, uint64_t stream) {
@@ -209,7 +214,7 @@ int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
                 return -ESHUTDOWN;
         if (s->local)
                 return -EPROTO; /* its heap runs in its client */
-        bool synchronous = strcmp(b->backend->ops->name, "host") == 0;
+        bool synchronous = frees_synchronous(b);
         gm_provider_t provider = {
                 .create = provider_create,
                 .create_run = provider_create_run,
