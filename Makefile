@@ -48,7 +48,7 @@ build: deps
 # Runs gpumemd in the foreground on the embedded default (host backend), with a
 # short demo workload from a few client processes once it is up.
 run: build
-	@GPUMEMD=$(BUILD)/daemon/gpumemd GPUMEMCTL=$(BUILD)/client/gpumemctl DEMO=$(BUILD)/client/gpumem-demo \
+	@GPUMEMD=$(BUILD)/daemon/gpumemd GPUMEMCTL=$(BUILD)/ctl/gpumemctl DEMO=$(BUILD)/examples/gpumem-demo \
 		./scripts/run.sh
 
 test: build

@@ -3,7 +3,7 @@
 
 Needs PyTorch 2.x with CUDA, a running gpumemd for the GPU (systemctl start
 gpumemd@0, or gpumemd --backend cuda) and the gpumem package (installed with
-gpumemd, or PYTHONPATH=python GPUMEM_LIBRARY_DIR=build/client from a build).
+gpumemd, or PYTHONPATH=python GPUMEM_LIBRARY_DIR=build/lib from a build).
 
     python3 examples/train_with_gpumemd.py [--steps 50] [--snapshot train.pickle]
 

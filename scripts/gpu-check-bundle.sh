@@ -30,9 +30,9 @@ cmake --build "$BUILD" -j "$(nproc)" --target gpumemd gpumemctl gpumem gpu_check
 
 rm -rf "$OUT"
 mkdir -p "$OUT"/{bin,libexec,lib,gpumem-lib,glibc,emulator}
-install -m755 "$BUILD/daemon/gpumemd" "$BUILD/client/gpumemctl" "$OUT/libexec/"
+install -m755 "$BUILD/daemon/gpumemd" "$BUILD/ctl/gpumemctl" "$OUT/libexec/"
 install -m755 "$BUILD/tests/gpu_check_client" "$OUT/libexec/gpu_client"
-cp -P "$BUILD"/client/libgpumem.so* "$OUT/lib/"
+cp -P "$BUILD"/lib/libgpumem.so* "$OUT/lib/"
 cp -P "$BUILD"/tests/fakecuda/lib*.so* "$OUT/emulator/"
 
 # glibc's libraries must come from one glibc: the machine's, or all of ours.
@@ -48,8 +48,8 @@ for bin in "$OUT"/libexec/* "$OUT"/lib/libgpumem.so.*[0-9]; do
                 if is_glibc "$lib"; then cp -L "$lib" "$OUT/glibc/"; else cp -L "$lib" "$OUT/lib/"; fi
         done
 done
-cp -P "$BUILD"/client/libgpumem.so* "$OUT/gpumem-lib/"
-ldd "$BUILD"/client/libgpumem.so.*[0-9] | awk '/=> \//{print $3}' | while read -r lib; do
+cp -P "$BUILD"/lib/libgpumem.so* "$OUT/gpumem-lib/"
+ldd "$BUILD"/lib/libgpumem.so.*[0-9] | awk '/=> \//{print $3}' | while read -r lib; do
         is_glibc "$lib" || cp -L "$lib" "$OUT/gpumem-lib/"
 done
 NEEDS=$(for f in "$OUT"/libexec/* "$OUT"/lib/*; do objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_2\.[0-9]*'; done |

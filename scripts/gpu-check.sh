@@ -39,7 +39,7 @@
 #
 # usage: scripts/gpu-check.sh [--emulator] [--bundle DIR | --build DIR]
 #   --bundle DIR  the bundle (default: gpu-check-bundle/ in the repository)
-#   --build DIR   a build tree instead (its daemon/, client/, tests/)
+#   --build DIR   a build tree instead (its daemon/, ctl/, lib/, tests/)
 # Environment: GPUMEM_CHECK_KEEP=1 keeps the work directory. Exit status 0
 # when no stage failed. The torch stage runs torch_train.py with
 # GPUMEM_SOCKET (the daemon's socket) and GPUMEM_LIBRARY_DIR (libgpumem and
@@ -79,8 +79,8 @@ json_number() { sed -n "s/.*\"$1\": *\(-\{0,1\}[0-9][0-9]*\).*/\1/p" <<<"$2" | h
 
 # ---- the binaries ----
 if [ -n "$BUILD" ]; then
-        GPUMEMD=$BUILD/daemon/gpumemd GPUMEMCTL=$BUILD/client/gpumemctl CLIENT=$BUILD/tests/gpu_check_client
-        LIBDIR=$BUILD/client FAKELIB=$BUILD/tests/fakecuda PTX=
+        GPUMEMD=$BUILD/daemon/gpumemd GPUMEMCTL=$BUILD/ctl/gpumemctl CLIENT=$BUILD/tests/gpu_check_client
+        LIBDIR=$BUILD/lib FAKELIB=$BUILD/tests/fakecuda PTX=
 else # the bundle's bin/ wrappers put its lib/ on LD_LIBRARY_PATH for themselves only
         GPUMEMD=$BUNDLE/bin/gpumemd GPUMEMCTL=$BUNDLE/bin/gpumemctl CLIENT=$BUNDLE/bin/gpu_client
         LIBDIR=$BUNDLE/gpumem-lib FAKELIB=$BUNDLE/emulator PTX=$BUNDLE/kernels.ptx

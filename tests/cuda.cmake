@@ -30,8 +30,8 @@ if(GPUMEM_HAVE_CUDA)
 
   add_executable(test_cuda_backend
     ${CMAKE_CURRENT_SOURCE_DIR}/test_cuda_backend.c
-    ${CMAKE_SOURCE_DIR}/client/mapper_cuda.c)
-  target_include_directories(test_cuda_backend PRIVATE ${CMAKE_SOURCE_DIR}/client ${CMAKE_CURRENT_SOURCE_DIR}/fakecuda
+    ${CMAKE_SOURCE_DIR}/backend/cuda/mapper_cuda.c)
+  target_include_directories(test_cuda_backend PRIVATE ${CMAKE_SOURCE_DIR}/backend ${CMAKE_CURRENT_SOURCE_DIR}/fakecuda
     ${CUDA_INCLUDE_DIR})
   target_link_libraries(test_cuda_backend PRIVATE gm_ipc gm_backend gm_testutil gm_fakecuda_check PkgConfig::CHECK)
   add_dependencies(test_cuda_backend fakecuda)

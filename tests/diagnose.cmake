@@ -4,9 +4,9 @@
 add_executable(gm-diag-workload ${CMAKE_CURRENT_LIST_DIR}/diag_workload.c)
 target_link_libraries(gm-diag-workload PRIVATE gm_testutil gpumem gm_ipc)
 
-add_executable(test_diagnose ${CMAKE_CURRENT_LIST_DIR}/test_diagnose.c ${CMAKE_SOURCE_DIR}/client/diagnose.c
-  ${CMAKE_SOURCE_DIR}/client/json_read.c)
-target_include_directories(test_diagnose PRIVATE ${CMAKE_SOURCE_DIR}/client)
+add_executable(test_diagnose ${CMAKE_CURRENT_LIST_DIR}/test_diagnose.c ${CMAKE_SOURCE_DIR}/ctl/diagnose.c
+  ${CMAKE_SOURCE_DIR}/ctl/json_read.c)
+target_include_directories(test_diagnose PRIVATE ${CMAKE_SOURCE_DIR}/ctl)
 target_link_libraries(test_diagnose PRIVATE gm_testutil gm_allocator gm_common PkgConfig::CHECK)
 target_compile_definitions(test_diagnose PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GM_DIAG_WORKLOAD="$<TARGET_FILE:gm-diag-workload>" GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>")

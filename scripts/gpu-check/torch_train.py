@@ -7,8 +7,8 @@ PyTorch's CUDA allocator and with PyTorch's own, on a real GPU.
 With --socket (or $GPUMEM_SOCKET, as scripts/gpu-check.sh passes it) it uses
 that running gpumemd, the one of GPU N (--device, else $GPUMEM_CHECK_DEVICE,
 else 0); without, it starts `gpumemd --backend cuda` of BUILD (a build
-directory: daemon/gpumemd, client/libgpumem*.so) on a temporary socket and
-stops it at the end. libgpumem comes from BUILD/client, else
+directory: daemon/gpumemd, lib/libgpumem*.so) on a temporary socket and
+stops it at the end. libgpumem comes from BUILD/lib, else
 $GPUMEM_LIBRARY_DIR, else where it was installed. Each run is a subprocess of
 its own, since PyTorch takes its allocator before the first CUDA tensor.
 
@@ -183,7 +183,7 @@ def parent(args):
     report.stage(os.path.exists(sock), f"gpumemd for cuda:{args.device} at {sock}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.build:
-        env["GPUMEM_LIBRARY_DIR"] = os.path.join(args.build, "client")
+        env["GPUMEM_LIBRARY_DIR"] = os.path.join(args.build, "lib")
     name = os.path.basename(sock)
     if name == f"gpu{args.device}.sock":
         env["GPUMEM_SOCKET_TEMPLATE"] = os.path.join(os.path.dirname(sock), "gpu%d.sock")
