@@ -1,6 +1,5 @@
 /* Backend selection and helpers shared by every backend. */
 #include "backend.h"
-#include "cuda_loader.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -52,7 +51,7 @@ gm_backend_t *gm_backend_close(gm_backend_t *b) {
 }
 
 const char *gm_backend_last_error(const gm_backend_t *b) {
-        return b && strcmp(b->ops->name, "cuda") == 0 ? gm_cuda_last_error() : "";
+        return b && b->ops->last_error ? b->ops->last_error() : "";
 }
 
 uint64_t gm_round_up(uint64_t size, uint64_t granularity) {

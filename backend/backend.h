@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kind.h"
+
 typedef struct gm_backend gm_backend_t;
 
 typedef struct gm_phys {
@@ -19,7 +21,8 @@ typedef struct gm_phys {
 } gm_phys_t;
 
 typedef struct gm_backend_ops {
-        const char *name; /* "host" or "cuda" */
+        const char *name;           /* "host" or "cuda": for logs, metrics and the HelloReply */
+        const gm_kind_caps_t *caps; /* what the kind can do (kind.h) */
         /* Creates `size` bytes (a multiple of granularity). -ENOMEM when the
          * device (or the configured capacity) is full. */
         int (*create)(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys);
@@ -39,6 +42,9 @@ typedef struct gm_backend_ops {
          * it); 0 when the driver does not list it. -ENOSYS (or NULL) when the
          * driver cannot tell. */
         int (*process_bytes)(gm_backend_t *b, int pid, uint64_t *ret_bytes);
+        /* The driver's text for the calling thread's last failure; NULL
+         * for kinds with no driver of their own. */
+        const char *(*last_error)(void);
         /* Driver-reported free and total bytes. */
         int (*mem_info)(gm_backend_t *b, uint64_t *ret_free, uint64_t *ret_total);
         void (*destroy)(gm_backend_t *b);

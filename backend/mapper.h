@@ -5,10 +5,13 @@
 
 #include <stdint.h>
 
+#include "kind.h"
+
 typedef struct gm_mapper gm_mapper_t;
 
 typedef struct gm_mapper_ops {
-        const char *backend; /* matches HelloReply.backend */
+        const char *backend;        /* the kind's name, as in HelloReply.backend */
+        const gm_kind_caps_t *caps; /* the same record as the kind's daemon half */
         /* Reserves `va_size` bytes of address space; *ret_base is its start. */
         int (*reserve)(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base);
         /* Maps `length` bytes of the physical memory behind `fd` at base+offset,
@@ -47,6 +50,19 @@ struct gm_mapper {
         const gm_mapper_ops_t *ops;
         uint64_t granularity;
 };
+
+/* What a client knows of the daemon's memory when it opens its mapper (all
+ * from the HelloReply). */
+typedef struct gm_mapper_params {
+        int device;              /* the daemon's device ordinal */
+        const char *device_uuid; /* cuda: the GPU's UUID; NULL or "" when none was sent */
+        uint64_t granularity;    /* every piece is a multiple of this */
+} gm_mapper_params_t;
+
+/* Opens the client half of memory kind `kind` (HelloReply.backend): the one
+ * place a kind is chosen by its name. -EPROTONOSUPPORT for a kind this
+ * library does not know; otherwise what the kind's own constructor returns. */
+int gm_mapper_open(const char *kind, const gm_mapper_params_t *params, gm_mapper_t **ret);
 
 /* Host backend: mmap(MAP_SHARED) of memfds inside a PROT_NONE reservation,
  * MADV_DONTFORK. */

@@ -114,10 +114,10 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
         return k ? (int64_t) k : r;
 }
 
-/* Whether a client's frees are done when it sends them: the host backend's
- * memory has no device work queued on it (no stream fences needed). */
+/* Whether a client's frees are done when it sends them: memory of a kind
+ * with no device streams has no work queued on it (no stream fences needed). */
 static bool frees_synchronous(const gm_broker_t *b) {
-        return strcmp(b->backend->ops->name, "host") == 0;
+        return !b->backend->ops->caps->device_streams;
 }
 
 /* The fence entry of `stream`, made on first use; NULL when the table is

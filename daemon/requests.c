@@ -124,6 +124,11 @@ static int handle_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         reply.protocol_version = GM_PROTOCOL_VERSION;
         reply.session_id = s->id;
         reply.backend = (char *) c->rq->broker->backend->ops->name;
+        const gm_kind_caps_t *kc = c->rq->broker->backend->ops->caps;
+        Gpumem__KindCaps caps = GPUMEM__KIND_CAPS__INIT;
+        caps.device_streams = kc->device_streams;
+        caps.cpu_accessible = kc->cpu_accessible;
+        reply.caps = &caps;
         reply.device = c->rq->broker->backend->device;
         reply.capacity = c->rq->broker->backend->capacity;
         reply.max_packet = c->rq->config->max_packet;

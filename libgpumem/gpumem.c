@@ -1531,10 +1531,13 @@ static int session_open(gpumem_client *c) {
         const Gpumem__HelloReply *hr = reply->hello_reply;
         snprintf(c->backend, sizeof(c->backend), "%s", hr->backend);
         c->capacity = hr->capacity;
-        if (strcmp(hr->backend, "cuda") == 0)
-                r = gm_mapper_cuda_new(hr->device, hr->device_uuid, hr->granularity, &c->mapper);
-        else
-                r = gm_mapper_host_new(hr->granularity, &c->mapper);
+        r = gm_mapper_open(hr->backend,
+                           &(gm_mapper_params_t){.device = hr->device,
+                                                 .device_uuid = hr->device_uuid,
+                                                 .granularity = hr->granularity},
+                           &c->mapper);
+        if (r == 0 && hr->caps && hr->caps->device_streams != c->mapper->ops->caps->device_streams)
+                r = -EPROTO; /* the daemon's kind of that name is not this library's */
         if (r < 0) {
                 gm_msg_free(reply);
                 if (page_fd >= 0)

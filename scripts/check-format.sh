@@ -3,5 +3,5 @@
 # Usage: check-format.sh [SOURCE_DIR]
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
-mapfile -t files < <(find allocator backend bench broker client common daemon ipc tests -name '*.[ch]' | sort)
+mapfile -t files < <(find allocator backend bench broker common ctl daemon examples ipc libgpumem tests torch -name '*.[ch]' | sort)
 clang-format --dry-run --Werror "${files[@]}"

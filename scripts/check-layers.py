@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The module arrows point one way: main -> server -> requests -> broker ->
-{allocator, backend}; client -> {allocator, ipc, common} (a local session's heap
-and memory_summary() formatting run in the client). Fails (exit 1) naming every
+{allocator, backend}; torch -> libgpumem -> {allocator, mapper, ipc, common}
+(a local session's heap and memory_summary() formatting run in the client);
+ctl -> {allocator, ipc, common}. Fails (exit 1) naming every
 project include of a header from a module above, or beside, the includer's.
 Usage: check-layers.py [SOURCE_DIR]"""
 import os
@@ -25,12 +26,17 @@ MAY_USE = {
     "server": {"requests", "daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
     "requests": {"daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
     "daemon-leaf": {"broker", "allocator", "backend", "ipc", "common", "proto"},
-    "broker": {"allocator", "backend", "common"},
+    "broker": {"allocator", "backend", "backend-kind", "common"},
     "allocator": {"common"},
-    "backend": {"common"},
+    "backend-kind": set(),
+    "backend": {"common", "backend-kind"},
     "ipc": {"common", "proto"},
     "common": set(),
-    "client": {"allocator", "ipc", "common", "proto", "backend-loader"},
+    "libgpumem": {"allocator", "ipc", "common", "proto", "backend-loader", "mapper"},
+    "ctl": {"libgpumem", "allocator", "ipc", "common", "proto"},
+    "torch": {"libgpumem"},
+    "examples": {"libgpumem"},
+    "mapper": {"backend-loader", "backend-kind", "common"},
 }
 KNOWN = set()
 
@@ -39,13 +45,16 @@ def layer_of(rel):
     top, _, rest = rel.partition("/")
     if top == "daemon":
         return DAEMON_LAYER.get(rest, "daemon-leaf")
-    if top == "backend" and rest.startswith("cuda_loader"):
+    if top == "backend" and os.path.basename(rest).startswith("cuda_loader"):
         return "backend-loader"
+    if top == "backend" and (os.path.basename(rest).startswith("mapper") or rest == "kind.h"):
+        return "mapper" if rest != "kind.h" else "backend-kind"
     return top
 
 
 headers = {}
-for top in ("common", "allocator", "backend", "ipc", "broker", "daemon", "client"):
+MODULES = ("common", "allocator", "backend", "ipc", "broker", "daemon", "libgpumem", "ctl", "torch", "examples")
+for top in MODULES:
     for dirpath, _, files in os.walk(os.path.join(root, top)):
         for f in files:
             if f.endswith(".h"):
@@ -55,7 +64,7 @@ headers["gpumem.pb-c.h"] = "proto/gpumem.pb-c.h"
 bad = []
 for dirpath, _, files in os.walk(root):
     rel_dir = os.path.relpath(dirpath, root)
-    if rel_dir.split("/")[0] not in ("common", "allocator", "backend", "ipc", "broker", "daemon", "client"):
+    if rel_dir.split("/")[0] not in MODULES:
         continue
     for f in files:
         if not f.endswith((".c", ".h")):
@@ -75,7 +84,7 @@ for dirpath, _, files in os.walk(root):
                 if not target:
                     continue
                 theirs = layer_of(target)
-                if theirs == "backend-loader" and mine != "client":
+                if theirs == "backend-loader" and mine not in ("libgpumem", "mapper"):
                     theirs = "backend"
                 if theirs not in allowed and (rel, name) not in KNOWN:
                     bad.append(f"{rel}:{n}: {mine} includes {target} ({theirs})")

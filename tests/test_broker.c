@@ -64,6 +64,7 @@ static int fake_mapped(gm_backend_t *b, const gm_phys_t *phys) {
 
 static const gm_backend_ops_t fake_backend_ops = {
         .name = "fake",
+        .caps = &gm_kind_cuda_caps, /* frees need stream fences, as on a device */
         .create = fake_create,
         .release = fake_release,
         .adopt = fake_adopt,
@@ -84,6 +85,7 @@ static int fake_process_bytes(gm_backend_t *b, int pid, uint64_t *ret_bytes) {
 
 static const gm_backend_ops_t figured_backend_ops = {
         .name = "fake-figured",
+        .caps = &gm_kind_cuda_caps,
         .create = fake_create,
         .release = fake_release,
         .adopt = fake_adopt,
@@ -1324,7 +1326,7 @@ START_TEST(test_ledger_keeps_pools_through_moves) {
         const char *conf = "expandable_segments:True,gpumemd_page_reuse:True";
         static gm_backend_ops_t synchronous_ops; /* frees are synchronous, as on the host backend: pages move */
         synchronous_ops = fake_backend_ops;
-        synchronous_ops.name = "host";
+        synchronous_ops.caps = &gm_kind_host_caps;
         backend_.ops = &synchronous_ops;
         b_ = gm_broker_free(b_);
         b_ = broker_new(conf, 0);

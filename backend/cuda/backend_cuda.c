@@ -251,6 +251,8 @@ static void cuda_destroy(gm_backend_t *b) {
 
 static const gm_backend_ops_t cuda_ops = {
         .name = "cuda",
+        .caps = &gm_kind_cuda_caps,
+        .last_error = gm_cuda_last_error,
         .create = cuda_create,
         .release = cuda_release,
         .adopt = cuda_adopt,

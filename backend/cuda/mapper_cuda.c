@@ -220,6 +220,7 @@ static void cuda_destroy(gm_mapper_t *m) {
 
 static const gm_mapper_ops_t cuda_mapper_ops = {
         .backend = "cuda",
+        .caps = &gm_kind_cuda_caps,
         .reserve = cuda_reserve,
         .map = cuda_map,
         .unmap = cuda_unmap,

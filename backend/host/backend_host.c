@@ -80,6 +80,7 @@ static int host_mapped(gm_backend_t *b, const gm_phys_t *phys) {
 
 static const gm_backend_ops_t host_ops = {
         .name = "host",
+        .caps = &gm_kind_host_caps,
         .create = host_create,
         .release = host_release,
         .adopt = host_adopt,

@@ -60,6 +60,7 @@ static void host_destroy(gm_mapper_t *m) {
 
 static const gm_mapper_ops_t host_ops = {
         .backend = "host",
+        .caps = &gm_kind_host_caps,
         .reserve = host_reserve,
         .map = host_map,
         .unmap = host_unmap,
