@@ -19,6 +19,7 @@
 #include "peer_check.h"
 #include "stats.h"
 
+/* moves to the central heap at the merge */
 size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
         size_t n = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
         for (size_t i = 0; i < n; i++) {
