@@ -1,5 +1,5 @@
 /* What the files of libgpumem share beyond the public header: gpumem.c owns
- * the session (connection, service thread, blocks); gpumem_ext.c builds the
+ * the session (connection, service thread, blocks); admin.c builds the
  * observability and administration calls on its request path. Not installed. */
 #pragma once
 
