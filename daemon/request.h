@@ -33,7 +33,9 @@ typedef struct gm_requests {
         const gm_request_config_t *config;
         gm_local_totals_t *local; /* the local sessions' part of the statistics */
         /* The one way out: sends env (request_id set here) with fds. A negative
-         * errno means the connection is gone (closed by the server). */
+         * errno means the connection is closed: nothing more is sent, but its
+         * state (session, local heap) stays valid until the loop frees it,
+         * never while a handler or callback that sent is on the stack. */
         int (*send)(void *userdata, gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds,
                     size_t n_fds);
         /* Times one request of the kind with table index `op`. */
@@ -52,12 +54,12 @@ struct gm_request_conn {
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         char command[64];     /* the peer's command name at connect, escaped ("" unknown) */
         bool hello_done;
-        bool closed;       /* the server closed it: nothing more is sent */
+        bool closed;       /* the server closed it: nothing more is sent (its state stays valid) */
         uint64_t requests; /* packets received */
         gm_local_t *local; /* a local session (its heap runs in the client: localstats.h); NULL: central */
 };
 
-/* Sends a reply; a failure closes the connection. */
+/* Sends a reply; a failure closes the connection (its state stays valid). */
 int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
 /* Sends an Error: `err` in either sign, the message prefixed "gpumemd: ". */
 int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...)

@@ -1,6 +1,10 @@
 /* The listener and the connections: accept, read packets, dispatch, send,
- * close. The only file that does socket I/O. A connection (and its broker
- * session) is freed only in its poll handle's close callback. */
+ * close. The only file that does socket I/O. Closing a connection (a failed
+ * send, a hang-up, a protocol violation) only stops its I/O; its state (broker
+ * session, local heap, snapshot asks) is torn down and freed in its poll
+ * handle's close callback, which libuv runs from the loop, never from inside
+ * a handler: so no handler or callback on the stack ever sees that state
+ * freed, whatever it sent. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -42,9 +46,32 @@ static int count_conn_of_uid(gm_daemon_t *d, uid_t uid, int delta) {
         return gm_u64map_put(&d->conns_per_uid, (uint64_t) uid + 1, (void *) (uintptr_t) n);
 }
 
+/* Ends a closed connection's state: its session releases all its memory at
+ * once. Runs with no handler of it on the stack (close callback, or stop). */
+static void conn_end(gm_conn_t *c) {
+        gm_daemon_t *d = c->daemon;
+        gm_session_t *s = c->req.session;
+        gm_local_end(&c->req);
+        gm_req_snapshot_conn_end(&c->req);
+        gm_session_end(s);
+        if (c->prev)
+                c->prev->next = c->next;
+        else
+                d->conns = c->next;
+        if (c->next)
+                c->next->prev = c->prev;
+        d->n_conns--;
+        count_conn_of_uid(d, s->uid, -1);
+        gm_session_free(s);
+        c->req.session = NULL;
+}
+
 static void on_conn_closed(uv_handle_t *handle) {
         gm_conn_t *c = handle->data;
-        gm_session_free(c->req.session);
+        if (c->req.session) {
+                conn_end(c);
+                gm_daemon_debug_check(c->daemon, "a connection's end");
+        }
         free(c);
 }
 
@@ -64,26 +91,15 @@ static void conn_drop_queue(gm_conn_t *c) {
         c->out_bytes = 0;
 }
 
-/* Ends a connection: its session releases all its memory at once. */
+/* Closes a connection: nothing more is read or sent. Its state stays valid
+ * for whoever is on the stack; conn_end() follows from the loop. */
 static void conn_close(gm_conn_t *c, const char *why) {
         if (c->req.closed)
                 return;
-        gm_daemon_t *d = c->daemon;
         gm_session_t *s = c->req.session;
         c->req.closed = true;
         log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
-        gm_local_end(&c->req);
-        gm_req_snapshot_conn_end(&c->req);
-        gm_session_end(s);
-        if (c->prev)
-                c->prev->next = c->next;
-        else
-                d->conns = c->next;
-        if (c->next)
-                c->next->prev = c->prev;
-        d->n_conns--;
-        count_conn_of_uid(d, s->uid, -1);
         uv_poll_stop(&c->poll);
         conn_drop_queue(c);
         close(c->fd);
@@ -552,8 +568,11 @@ void gm_server_stop(gm_daemon_t *d) {
         }
         uv_timer_stop(&d->tick);
         uv_close((uv_handle_t *) &d->tick, NULL);
-        while (d->conns)
-                conn_close(d->conns, "daemon stopping");
+        while (d->conns) {
+                gm_conn_t *c = d->conns;
+                conn_close(c, "daemon stopping");
+                conn_end(c);
+        }
         gm_u64map_done(&d->conns_per_uid);
         gm_localstats_free_all(&d->requests);
         gm_req_snapshot_free_all(&d->requests);
