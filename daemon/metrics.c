@@ -103,7 +103,8 @@ struct gm_metrics {
         histogram_t requests[GM_METRICS_MAX_OPS];
         histogram_t reclaim_wait; /* parked allocations, from park to answer */
         uint64_t reclaims[_GM_RECLAIM_OUTCOME_MAX];
-        refusal_entry_t *refusals; /* REFUSAL_TENANTS_MAX entries, n_refusals used */
+        uint64_t notify_queued, notify_dropped, notify_stuck_ms; /* the service manager's backlog */
+        refusal_entry_t *refusals;                               /* REFUSAL_TENANTS_MAX entries, n_refusals used */
         uint32_t n_refusals;
         uint16_t refusal_slots[REFUSAL_SLOTS]; /* index + 1 into refusals; 0 = empty */
 };
@@ -127,6 +128,14 @@ void gm_metrics_observe_request(gm_metrics_t *m, unsigned op, uint64_t ns) {
 void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns) {
         if (m)
                 histogram_observe(&m->reclaim_wait, ns);
+}
+
+void gm_metrics_set_notify_backlog(gm_metrics_t *m, uint64_t queued, uint64_t dropped, uint64_t stuck_ms) {
+        if (!m)
+                return;
+        m->notify_queued = queued;
+        m->notify_dropped = dropped;
+        m->notify_stuck_ms = stuck_ms;
 }
 
 void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome) {
@@ -471,6 +480,15 @@ static void render_counters(out_t *o, const char *dev, const gm_metrics_t *m) {
         family(o, "gpumem_reclaim_wait_seconds", "histogram",
                "Time parked allocations waited for reclaimed memory before they were served or refused.");
         render_histogram(o, "gpumem_reclaim_wait_seconds", dev, &m->reclaim_wait);
+        family(o, "gpumem_notify_queued", "gauge",
+               "Notifications (fd store, status) the service manager has not read yet, queued by the daemon.");
+        sample(o, "gpumem_notify_queued", dev, "", (int64_t) m->notify_queued);
+        family(o, "gpumem_notify_dropped_total", "counter",
+               "Notifications dropped: the queue for a service manager that does not read was full.");
+        sample(o, "gpumem_notify_dropped_total", dev, "", (int64_t) m->notify_dropped);
+        family(o, "gpumem_notify_stuck_seconds", "gauge",
+               "How long the oldest queued notification has waited for the service manager (0: none waits).");
+        sample(o, "gpumem_notify_stuck_seconds", dev, "", (int64_t) (m->notify_stuck_ms / 1000u));
         const gm_snapshot_counters_t *sc = m->src.snapshots;
         if (!sc)
                 return;

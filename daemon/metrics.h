@@ -83,6 +83,9 @@ void gm_metrics_count_reclaim(gm_metrics_t *m, gm_reclaim_outcome_t outcome);
 /* Records that a parked allocation waited `ns` nanoseconds for reclaimed
  * memory before it was served or refused. */
 void gm_metrics_observe_reclaim_wait(gm_metrics_t *m, uint64_t ns);
+/* The service manager's backlog: notifications queued, dropped since start,
+ * and how long the oldest has waited (ms; 0 none). */
+void gm_metrics_set_notify_backlog(gm_metrics_t *m, uint64_t queued, uint64_t dropped, uint64_t stuck_ms);
 
 /* Builds the whole exposition text from b's current state and m's counters
  * (m == NULL: the state only, no counters, histograms or UUID). Tenants are

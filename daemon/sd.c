@@ -4,10 +4,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
@@ -204,10 +206,157 @@ void gm_sd_fds_done(gm_sd_fds_t *fds) {
         *fds = (gm_sd_fds_t){.control_fd = -1, .metrics_fd = -1};
 }
 
-/* sd_notify() returns > 0 when sent and 0 without a service manager. */
+/* ---- notifications: never blocking, queued with a bound ---- */
+
+/* One notification the service manager's socket had no room for: its text
+ * and the daemon's own duplicate of the fd it carries (-1 none). */
+typedef struct queued_note {
+        struct queued_note *next;
+        int fd;
+        uint64_t queued_ms;
+        char state[]; /* NUL-terminated */
+} queued_note_t;
+
+/* The one queue (loop thread only, like every caller): in order, behind
+ * whatever is queued, nothing overtakes (an FDSTOREREMOVE never passes its
+ * FDSTORE). */
+static struct {
+        queued_note_t *head, *tail;
+        size_t queued;
+        uint64_t dropped;
+} notes;
+
+/* NOTIFY_SOCKET's address ("/path" or "@abstract"); -EAFNOSUPPORT for any
+ * other kind (vsock), which only libsystemd's blocking sender speaks. */
+static int notify_address(const char *e, struct sockaddr_un *sa, socklen_t *ret_len) {
+        size_t n = strlen(e);
+        if ((e[0] != '/' && e[0] != '@') || n < 2)
+                return -EAFNOSUPPORT;
+        if (n >= sizeof(sa->sun_path))
+                return -EINVAL;
+        *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+        memcpy(sa->sun_path, e, n);
+        if (e[0] == '@')
+                sa->sun_path[0] = '\0';
+        *ret_len = (socklen_t) (offsetof(struct sockaddr_un, sun_path) + n + (e[0] == '/'));
+        return 0;
+}
+
+/* One datagram to the service manager without waiting: 0 sent (or nobody
+ * listens for notifications), -EAGAIN its socket is full, or the error. */
+static int send_now(const char *state, int fd) {
+        const char *e = getenv("NOTIFY_SOCKET");
+        if (!e || !*e)
+                return 0;
+        struct sockaddr_un sa;
+        socklen_t sa_len;
+        int r = notify_address(e, &sa, &sa_len);
+        if (r == -EAFNOSUPPORT) {
+                r = fd >= 0 ? sd_pid_notify_with_fds(0, 0, state, &fd, 1) : sd_notify(0, state);
+                return r < 0 ? r : 0;
+        }
+        if (r < 0)
+                return r;
+        int s = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (s < 0)
+                return -errno;
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        struct iovec iov = {.iov_base = (void *) state, .iov_len = strlen(state)};
+        struct msghdr msg = {.msg_name = &sa, .msg_namelen = sa_len, .msg_iov = &iov, .msg_iovlen = 1};
+        if (fd >= 0) {
+                memset(&control, 0, sizeof(control));
+                msg.msg_control = &control;
+                msg.msg_controllen = sizeof(control);
+                struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        r = sendmsg(s, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -errno : 0;
+        close(s);
+        return r == -EWOULDBLOCK ? -EAGAIN : r;
+}
+
+static void note_free(queued_note_t *n) {
+        if (n->fd >= 0)
+                close(n->fd);
+        free(n);
+}
+
+/* Queues state (and a duplicate of fd) behind the queue; past
+ * GM_SD_NOTIFY_QUEUE_MAX it is dropped and counted. */
+static int enqueue(const char *state, int fd) {
+        if (notes.queued >= GM_SD_NOTIFY_QUEUE_MAX) {
+                notes.dropped++;
+                return -ENOBUFS;
+        }
+        size_t len = strlen(state) + 1;
+        queued_note_t *n = malloc(sizeof(*n) + len);
+        if (!n) {
+                notes.dropped++;
+                return -ENOMEM;
+        }
+        memcpy(n->state, state, len);
+        n->next = NULL;
+        n->queued_ms = gm_now_ms();
+        n->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : -1;
+        if (fd >= 0 && n->fd < 0) {
+                int r = -errno;
+                free(n);
+                notes.dropped++;
+                return r;
+        }
+        if (notes.tail)
+                notes.tail->next = n;
+        else
+                notes.head = n;
+        notes.tail = n;
+        notes.queued++;
+        return 0;
+}
+
+size_t gm_sd_notify_flush(void) {
+        while (notes.head) {
+                queued_note_t *n = notes.head;
+                int r = send_now(n->state, n->fd);
+                if (r == -EAGAIN)
+                        break;
+                if (r < 0)
+                        notes.dropped++; /* the manager went away: nothing will take it */
+                notes.head = n->next;
+                if (!notes.head)
+                        notes.tail = NULL;
+                notes.queued--;
+                note_free(n);
+        }
+        return notes.queued;
+}
+
+void gm_sd_notify_backlog(gm_sd_backlog_t *ret) {
+        *ret = (gm_sd_backlog_t){
+                .queued = notes.queued,
+                .dropped = notes.dropped,
+                .oldest_ms = notes.head ? notes.head->queued_ms : 0,
+        };
+}
+
+/* Sends state (with fd, still the caller's) now, or queues it while the
+ * manager's socket is full or older notifications wait. */
+static int notify_fd(const char *state, int fd) {
+        if (notes.head && gm_sd_notify_flush() > 0)
+                return enqueue(state, fd) == -ENOBUFS ? -ENOBUFS : 0;
+        int r = send_now(state, fd);
+        if (r == -EAGAIN)
+                return enqueue(state, fd) == -ENOBUFS ? -ENOBUFS : 0;
+        return r;
+}
+
 static int notify(const char *state) {
-        int r = sd_notify(0, state);
-        return r < 0 ? r : 0;
+        return notify_fd(state, -1);
 }
 
 int gm_sd_notify_ready(void) {
@@ -286,8 +435,7 @@ int gm_sd_fdstore_add(int fd, const char *name) {
         if (r < 0)
                 return r;
         snprintf(state, sizeof(state), "FDSTORE=1\nFDPOLL=0\nFDNAME=%s", name);
-        r = sd_pid_notify_with_fds(0, 0, state, &fd, 1);
-        return r < 0 ? r : 0;
+        return notify_fd(state, fd);
 }
 
 int gm_sd_fdstore_remove(const char *name) {

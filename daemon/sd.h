@@ -4,8 +4,10 @@
  *
  * Outside systemd (NOTIFY_SOCKET unset, no LISTEN_FDS) every function is a
  * no-op returning 0, so call sites need no checks. Errors are negative errno;
- * nothing here logs. Loop thread only: libsystemd's notify calls are blocking
- * datagram sends to a local socket and never wait on the service manager. */
+ * nothing here logs. Loop thread only. Notifications never wait on the
+ * service manager: each is sent without blocking, or, while its socket is
+ * full, queued in order (at most GM_SD_NOTIFY_QUEUE_MAX, then dropped and
+ * counted) until gm_sd_notify_flush() gets it out. */
 #pragma once
 
 #include <stdbool.h>
@@ -24,6 +26,17 @@
  * FileDescriptorStoreMax= in gpumemd@.service equal to GM_SD_FDSTORE_MAX. */
 #define GM_SD_FDSTORE_NAME_MAX 14
 #define GM_SD_FDSTORE_MAX 8192
+
+/* Notifications kept while the service manager does not read, at most; each
+ * FDSTORE one holds its own duplicate of the fd meanwhile. */
+#define GM_SD_NOTIFY_QUEUE_MAX 1024
+
+/* The notifications the service manager has not taken yet. */
+typedef struct gm_sd_backlog {
+        size_t queued;      /* waiting for room in its socket */
+        uint64_t dropped;   /* since start: past the bound, or its socket gone before they were sent */
+        uint64_t oldest_ms; /* gm_now_ms() when the oldest waiting one was queued; 0 none */
+} gm_sd_backlog_t;
 
 typedef struct gm_sd_named_fd {
         int fd; /* owned by the gm_sd_fds_t until the caller sets it to -1 */
@@ -86,8 +99,15 @@ int gm_sd_watchdog_ping(void);
  * start is harmless. The store survives a crash, Restart= and systemctl
  * restart, but not a stop followed by a start. -EINVAL for a name systemd
  * would reject (empty, ':' or a byte outside printable ASCII),
- * -ENAMETOOLONG over GM_SD_FDSTORE_NAME_MAX, -EBADF for fd < 0. systemd does
+ * -ENAMETOOLONG over GM_SD_FDSTORE_NAME_MAX, -EBADF for fd < 0, -ENOBUFS
+ * when the queue of unsent notifications is full (not stored). systemd does
  * not answer: past FileDescriptorStoreMax= it drops the fd and logs. */
 int gm_sd_fdstore_add(int fd, const char *name);
 /* Drops every fd stored under `name` from systemd's fd store (FDSTOREREMOVE=1). */
 int gm_sd_fdstore_remove(const char *name);
+
+/* Sends what is queued while the manager's socket takes it, in order;
+ * returns how many still wait. */
+size_t gm_sd_notify_flush(void);
+/* The backlog now. */
+void gm_sd_notify_backlog(gm_sd_backlog_t *ret);

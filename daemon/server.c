@@ -522,9 +522,36 @@ static void expire_silent_conns(gm_daemon_t *d, uint64_t now_ms) {
         }
 }
 
+/* A service manager whose socket stays full this long is reported stuck. */
+#define NOTIFY_STUCK_MS 5000u
+
+/* Gets queued notifications out; a manager that stopped reading shows in
+ * the log (once, and again when it reads) and in the metrics, and never
+ * stops the loop. */
+static void watch_notify_backlog(gm_daemon_t *d, uint64_t now_ms) {
+        static bool reported_stuck; /* the notification queue is one per process, like this */
+        gm_sd_notify_flush();
+        gm_sd_backlog_t b;
+        gm_sd_notify_backlog(&b);
+        uint64_t waited = b.oldest_ms && now_ms > b.oldest_ms ? now_ms - b.oldest_ms : 0;
+        gm_metrics_set_notify_backlog(d->metrics, b.queued, b.dropped, waited);
+        if (waited >= NOTIFY_STUCK_MS && !reported_stuck) {
+                log_warning("the service manager has read no notification for %llu s: %zu queued (at most %u, "
+                            "%llu dropped); serving on",
+                            (unsigned long long) (waited / 1000u), b.queued, GM_SD_NOTIFY_QUEUE_MAX,
+                            (unsigned long long) b.dropped);
+                reported_stuck = true;
+        } else if (b.queued == 0 && reported_stuck) {
+                log_notice("the service manager reads notifications again (%llu dropped meanwhile)",
+                           (unsigned long long) b.dropped);
+                reported_stuck = false;
+        }
+}
+
 static void on_tick(uv_timer_t *t) {
         gm_daemon_t *d = t->data;
         uint64_t now = gm_now_ms();
+        watch_notify_backlog(d, now);
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
         gm_localstats_tick(&d->requests);

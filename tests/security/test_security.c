@@ -6,10 +6,13 @@
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +51,34 @@ static int attack_move_unknown_piece(const char *socket_path) {
         return 0;
 }
 
+/* Replies not in within this long count as a daemon that stopped serving. */
+#define REPLY_TIMEOUT_S 5
+
+static void set_reply_timeout(int fd) {
+        struct timeval tv = {.tv_sec = REPLY_TIMEOUT_S};
+        ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+}
+
+/* Segments granted one by one: each is a notification to the service
+ * manager (FDSTORE), more than its socket queues while nobody reads. */
+#define FDSTORE_FLOOD 64
+
+static int attack_fdstore_flood(const char *socket_path) {
+        int fd = gm_test_raw_connect(socket_path);
+        set_reply_timeout(fd);
+        gm_test_raw_hello_local(fd);
+        for (uint64_t i = 0; i < FDSTORE_FLOOD; i++) {
+                int seg_fd = -1;
+                Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, 2 << 20, &seg_fd);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+                gm_msg_free(reply);
+                if (seg_fd >= 0)
+                        close(seg_fd);
+        }
+        close(fd);
+        return 0;
+}
+
 static const char *attack_name, *attack_socket;
 
 /* The testutil helpers assert with check: an attack runs as a test of its own. */
@@ -55,6 +86,8 @@ START_TEST(test_attack) {
         int r = 64;
         if (strcmp(attack_name, "move-unknown-piece") == 0)
                 r = attack_move_unknown_piece(attack_socket);
+        else if (strcmp(attack_name, "fdstore-flood") == 0)
+                r = attack_fdstore_flood(attack_socket);
         ck_assert_msg(r == 0, "attack %s: %d", attack_name, r);
 }
 END_TEST
@@ -62,6 +95,8 @@ END_TEST
 static int attack_main(int argc, char **argv) {
         if (argc < 3)
                 return 64;
+        unsetenv("CK_RUN_SUITE"); /* the parent's choice of its own cases */
+        unsetenv("CK_RUN_CASE");
         attack_name = argv[1];
         attack_socket = argv[2];
         Suite *s = suite_create("attack");
@@ -113,12 +148,93 @@ START_TEST(test_refusal_to_hung_up_local_session) {
 }
 END_TEST
 
+/* ---- 2: the daemon never blocks on the service manager ---- */
+
+/* A stand-in service manager that never reads: an abstract datagram socket
+ * whose queue (net.unix.max_dgram_qlen datagrams) is filled here first. */
+static int stuck_manager(char *name, size_t len) {
+        snprintf(name, len, "@gpumem-test-stuck-%d", (int) getpid());
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        memcpy(sa.sun_path + 1, name + 1, strlen(name) - 1);
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(
+                bind(fd, (struct sockaddr *) &sa, (socklen_t) (offsetof(struct sockaddr_un, sun_path) + strlen(name))),
+                0);
+        /* Each sender's own buffer bounds what it queues: fresh senders until
+         * the first datagram of one finds the queue full. */
+        socklen_t sa_len = (socklen_t) (offsetof(struct sockaddr_un, sun_path) + strlen(name));
+        for (int sent = 1; sent > 0;) {
+                int filler = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+                ck_assert_int_ge(filler, 0);
+                for (sent = 0; sendto(filler, "X=1", 3, 0, (struct sockaddr *) &sa, sa_len) == 3;)
+                        sent++;
+                ck_assert_int_eq(errno, EAGAIN);
+                close(filler);
+        }
+        return fd;
+}
+
+/* Polls d's log for `what` for up to ~10 s. */
+static bool log_shows(const gm_test_daemon_t *d, const char *what) {
+        char cmd[512], out[64];
+        snprintf(cmd, sizeof(cmd), "grep -c -F '%s' '%s'", what, d->log_path);
+        const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        for (int i = 0; i < 100; i++) {
+                if (gm_test_run(out, sizeof(out), argv) == 0)
+                        return true;
+                sleep_ms(100);
+        }
+        return false;
+}
+
+START_TEST(test_stuck_service_manager_does_not_stop_loop) {
+        char name[64], metrics[400];
+        int manager = stuck_manager(name, sizeof(name));
+        ck_assert_int_eq(setenv("NOTIFY_SOCKET", name, 1), 0);
+        gm_test_daemon_t d;
+        memset(&d, 0, sizeof(d));
+        snprintf(d.dir, sizeof(d.dir), "/tmp/gpumemd-test-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d.dir));
+        snprintf(metrics, sizeof(metrics), "unix:%s/metrics.sock", d.dir);
+        const char *args[] = {"--metrics-listen", metrics, NULL};
+        gm_test_daemon_launch(&d, "1G", args);
+        unsetenv("NOTIFY_SOCKET");
+        run_attack(&d, "fdstore-flood"); /* each of its grants answered in time */
+        int fd = gm_test_raw_connect(d.socket_path);
+        set_reply_timeout(fd);
+        gm_test_raw_hello(fd, false); /* and the loop serves everyone else */
+        close(fd);
+        char cmd[600], out[16384];
+        if (!log_shows(&d, "the service manager has read no notification")) {
+                snprintf(cmd, sizeof(cmd), "tail -20 '%s' >&2", d.log_path);
+                gm_test_shell(cmd);
+                ck_abort_msg("no log line for the stuck manager");
+        }
+        snprintf(cmd, sizeof(cmd),
+                 "curl -s --unix-socket '%s/metrics.sock' http://localhost/metrics | grep '^gpumem_notify_queued{'",
+                 d.dir);
+        const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        char *q = strchr(out, '}');
+        ck_assert_msg(q, "no gpumem_notify_queued in the scrape");
+        long queued = strtol(q + 1, NULL, 10);
+        ck_assert_int_gt(queued, 0);
+        close(manager); /* the manager gone: the queue drains (dropped) */
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 static Suite *security_suite(void) {
         Suite *s = suite_create("security");
         TCase *conn = tcase_create("connections");
         tcase_set_timeout(conn, 60);
         tcase_add_test(conn, test_refusal_to_hung_up_local_session);
         suite_add_tcase(s, conn);
+        TCase *sd = tcase_create("service-manager");
+        tcase_set_timeout(sd, 60);
+        tcase_add_test(sd, test_stuck_service_manager_does_not_stop_loop);
+        suite_add_tcase(s, sd);
         return s;
 }
 
