@@ -1,8 +1,10 @@
 /* The state of one client, shared by libgpumem's floors (bottom to top: the
  * connection conn.c, the segment table mapping.c, the session session.c,
  * the heaps frees.c, central.c, local_heap.c and local_session.c, the public
- * API gpumem.c). Every field belongs to one floor, which writes it; a floor
- * reads only its own fields and those of the floors below it. Not installed. */
+ * API gpumem.c). A floor calls only the floors below it; it touches a field
+ * of a floor above only where the field's users are named: the segment
+ * table forgets last_segment with its segment, a re-attach reports the
+ * blocks and pending frees and starts the fences over. Not installed. */
 #pragma once
 
 #include <pthread.h>
@@ -127,7 +129,7 @@ struct gpumem_client {
         pending_free_t *completed_frees; /* local mode: stream work done, the heap not yet told */
         uint64_t reader_generation;      /* bumped whenever a reader lets read_lock go */
         bool reader_lost;                /* a caller's read failed: the service thread reads until it knows why */
-        _Atomic int callers;             /* call()s in flight */
+        _Atomic int callers;             /* gm_conn_call_fd()s in flight */
         _Atomic uint64_t last_call_ms;   /* CLOCK_MONOTONIC_COARSE when the last one ended */
         uint64_t reclaim_id;             /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;

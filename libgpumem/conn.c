@@ -73,11 +73,10 @@ static const gm_conn_push_t *push_for(const gpumem_client *c, Gpumem__Envelope__
         return NULL;
 }
 
-/* Handles one packet from the daemon: its handler, or as the reply of its
- * waiter (which gets its first fd). Caller holds lock. */
-static void dispatch(gpumem_client *c, Gpumem__Envelope *env, int *fds, size_t n_fds) {
+/* Handles one packet from the daemon: its handler (push_for()), or as the
+ * reply of its waiter (which gets its first fd). Caller holds lock. */
+static void dispatch(gpumem_client *c, const gm_conn_push_t *push, Gpumem__Envelope *env, int *fds, size_t n_fds) {
         waiter_t *w = env->request_id ? waiter_find(c, env->request_id) : NULL;
-        const gm_conn_push_t *push = push_for(c, env->body_case);
         if (push && push->handle(c, env, w, fds, n_fds))
                 return;
         if (!push) {
@@ -138,7 +137,7 @@ static int read_packet(gpumem_client *c, bool *ret_pending, const waiter_t *mine
         if (push && push->before)
                 push->before(c, env);
         pthread_mutex_lock(&c->lock);
-        dispatch(c, env, fds, n_fds);
+        dispatch(c, push, env, fds, n_fds);
         bool pending = c->handlers->poll(c);
         if (mine)
                 *ret_mine_done = mine->done;

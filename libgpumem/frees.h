@@ -1,7 +1,7 @@
 /* libgpumem's fourth floor, shared by both heaps: stream-ordered frees (a
  * free waits in c->pending_frees for its streams' events) and the note of
- * a free sent, for the central heap's fence checks. Over the segment table
- * and the connection. Not installed. */
+ * a free sent, for the central heap's fence checks. Over the connection.
+ * Not installed. */
 #pragma once
 
 #include <stdbool.h>

@@ -113,6 +113,7 @@ static int local_grant(void *ctx, const gm_local_grant_t *g) {
                 uint64_t offset = g->offset + done * g->size, n = 0;
                 seg = gm_u64map_get(&c->segments, g->segment_id);
                 if (kept_piece(c, seg, g->size, offset)) {
+                        gm_assert(c->kept_bytes >= g->size); /* it counts every kept piece */
                         c->kept_bytes -= g->size;
                         done++;
                         continue;
@@ -297,7 +298,7 @@ int gm_local_session_page_replace(gpumem_client *c, int page_fd) {
         return 0;
 }
 
-/* The service thread's part of local_page_replace(), holding neither lock;
+/* The service thread's part of gm_local_session_page_replace(), holding neither lock;
  * a busy heap is tried again at the next poll. Returns true while a page
  * waits. */
 static bool local_page_replace_pending(gpumem_client *c) {
@@ -347,6 +348,7 @@ static bool finish_completed_frees(gpumem_client *c) {
 uint64_t gm_local_session_release_cached(gpumem_client *c) {
         uint64_t kept = c->kept_bytes;
         uint64_t released = gm_local_release_cached(c->heap);
+        gm_assert(c->kept_bytes >= kept); /* a give-back only adds to it */
         uint64_t newly_kept = c->kept_bytes - kept;
         return released > newly_kept ? released - newly_kept : 0;
 }
@@ -443,6 +445,7 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
         segment_t *seg = c->last_segment;
         if (!seg || seg->id != res.segment_id)
                 c->last_segment = seg = gm_u64map_get(&c->segments, res.segment_id);
+        gm_assert(!seg || res.offset + res.size <= seg->va_size); /* the heap carves inside its segment */
         uint64_t ptr = seg ? seg->base + res.offset : 0;
         *b = (block_t){.id = res.block_id,
                        .size = res.size,
