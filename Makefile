@@ -22,7 +22,7 @@ DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-
 # only `make fuzz` installs it.
 FUZZ_PACKAGES := clang libclang-rt-dev
 
-.PHONY: all deps deps-fuzz build run test test-asan fuzz install deb clean
+.PHONY: all deps deps-fuzz build run test test-unit test-integration test-stress test-asan fuzz install deb clean
 
 all: build
 
@@ -53,6 +53,19 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
+
+# One group of the suite each (tests/CMakeLists.txt labels every test by its
+# folder). test-unit: the pure modules in one process and the tree checks
+# (format, layers), no daemon, seconds; test-integration: real daemons, client
+# processes and packaging tools; test-stress: the random and replayed workloads.
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^(unit|checks)$$'
+
+test-integration: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^integration$$'
+
+test-stress: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^stress$$'
 
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer, with
 # the debug checks (gm_heap_check, gm_broker_check after every operation).

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Packaging checks, one per ctest entry (tests/sd.cmake):
+# Packaging checks, one per ctest entry (tests/integration/packaging.cmake):
 #   packaging_check.sh units|security|man|deb|maintscripts|k8s SOURCE_DIR BUILD_DIR GPUMEMD_BIN
 # Exit 0 pass, 1 fail, 77 skipped (a tool is missing). Works offline, in a
 # container without a running systemd.
@@ -236,8 +236,8 @@ $(cat "$tmp/dpkg.log")"
         flags=$(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs gpumem) || fail "pkg-config gpumem"
         case $flags in *"$root"*) ;; *) fail "gpumem.pc does not point into the root: $flags" ;; esac
         # shellcheck disable=SC2086 # flags are words
-        cc -Wall -Werror -o "$tmp/example-pc" "$src/tests/install/example.c" $flags || fail "building with pkg-config"
-        cmake -S "$src/tests/install" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$root/usr" >"$tmp/cmake.log" 2>&1 &&
+        cc -Wall -Werror -o "$tmp/example-pc" "$src/tests/integration/install/example.c" $flags || fail "building with pkg-config"
+        cmake -S "$src/tests/integration/install" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$root/usr" >"$tmp/cmake.log" 2>&1 &&
                 cmake --build "$tmp/consumer" >>"$tmp/cmake.log" 2>&1 ||
                 fail "building with find_package(gpumem):
 $(cat "$tmp/cmake.log")"

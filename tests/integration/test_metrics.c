@@ -68,7 +68,7 @@ static void teardown(void) {
 
 /* The UUID label the uuid cases expect: the one configured on host; on cuda
  * the emulated driver's device 0 under FAKECUDA_UUID_PREFIX=0123456789abcdef
- * (tests/metrics.cmake), the daemon selecting it by index. */
+ * (tests/integration/metrics.cmake), the daemon selecting it by index. */
 #define TEST_UUID "GPU-8f6c2a3e-1b2c-4d5e-8f90-0123456789ab"
 #define FAKECUDA_UUID "GPU-01234567-89ab-cdef-0000-000000000000"
 static const char *expected_uuid_;
@@ -982,7 +982,7 @@ END_TEST
 static Suite *metrics_suite(void) {
         Suite *s = suite_create("metrics");
         TCase *tc;
-        if (strcmp(gm_test_backend(), "cuda") == 0) { /* tests/metrics.cmake: metrics_cuda_uuid */
+        if (strcmp(gm_test_backend(), "cuda") == 0) { /* tests/integration/metrics.cmake: metrics_cuda_uuid */
                 tc = tcase_create("cuda_uuid");
                 tcase_add_checked_fixture(tc, setup_cuda_uuid, teardown);
                 tcase_set_timeout(tc, 180);

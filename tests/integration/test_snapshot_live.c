@@ -3,7 +3,7 @@
  * blocks and trace, a stopped one shown with its segments only, categories
  * and process frames, PyTorch 1.13's format, history kept per process, the
  * non-admin limits, and another client served while a large snapshot is
- * rendered. Files are judged by tests/snapshot_check.py. Needs root (clients
+ * rendered. Files are judged by tests/lib/snapshot_check.py. Needs root (clients
  * of another uid run under setpriv). */
 #include <check.h>
 #include <errno.h>

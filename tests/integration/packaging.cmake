@@ -1,9 +1,5 @@
-# daemon/sd.c (sd-daemon glue), socket activation of the real gpumemd, and the
-# packaging checks (units, man pages, .deb).
-add_executable(test_sd ${CMAKE_CURRENT_LIST_DIR}/test_sd.c)
-target_link_libraries(test_sd PRIVATE gm_daemon PkgConfig::CHECK)
-add_test(NAME sd COMMAND test_sd)
-
+# Socket activation of the real gpumemd, and the packaging checks (units, man
+# pages, .deb).
 # Needs gpumemd to take its control socket from LISTEN_FDS (daemon/main.c).
 find_program(SYSTEMD_SOCKET_ACTIVATE systemd-socket-activate PATHS /usr/bin /lib/systemd /usr/lib/systemd)
 if(SYSTEMD_SOCKET_ACTIVATE)

@@ -1,5 +1,5 @@
 /* gm-diag-workload: client processes that produce each case of `gpumemctl
- * diagnose` (docs/diagnosis.md), for tests/test_diagnose.c.
+ * diagnose` (docs/diagnosis.md), for tests/integration/test_diagnose.c.
  *
  *   gm-diag-workload SOCKET leak BYTES STEP_MS N  allocate N blocks of BYTES, STEP_MS apart, and keep
  *                                                 them all (a growing live list; frames train.py:42

@@ -3,10 +3,6 @@ add_executable(test_broker ${CMAKE_CURRENT_LIST_DIR}/test_broker.c)
 target_link_libraries(test_broker PRIVATE gm_testutil gm_broker PkgConfig::CHECK)
 add_test(NAME broker COMMAND test_broker)
 
-# The module arrows point one way: no file includes a header from a module above it.
-find_package(Python3 REQUIRED COMPONENTS Interpreter)
-add_test(NAME layers COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/check-layers.py ${PROJECT_SOURCE_DIR})
-
 # The request table in process (calloc wrapped to fail on demand).
 add_executable(test_requests ${CMAKE_CURRENT_LIST_DIR}/test_requests.c)
 target_link_libraries(test_requests PRIVATE gm_testutil gm_daemon PkgConfig::CHECK)

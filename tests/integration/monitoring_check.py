@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks of the packaged monitoring files (tests/metrics.cmake).
+"""Checks of the packaged monitoring files (tests/integration/metrics.cmake).
 
   monitoring_check.py rules ALERTS_YML TESTS_YML RUNBOOK_MD
       Every alert has a summary, a description and a runbook_url naming a
@@ -9,7 +9,7 @@
   monitoring_check.py dashboard DASHBOARD_JSON ALERTS_YML PROMETHEUS GPUMEMD GPUMEMCTL CLIENT
       A real gpumemd (host backend, a configured GPU UUID, this script playing
       systemd's notification socket and fd store) with real clients (CLIENT:
-      gm-test-client, tests/test_client_tool.c), scraped by a real Prometheus that also loads
+      gm-test-client, tests/integration/test_client_tool.c), scraped by a real Prometheus that also loads
       the alert rules. The clients cache memory, take it back through a
       reclaim, and are refused by a quota. Every query of the Grafana
       dashboard (panels and template variables) must return data, and every

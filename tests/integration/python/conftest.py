@@ -2,7 +2,7 @@
 backend, devices 0 and 1) found through GPUMEM_SOCKET_TEMPLATE, and
 gpumemctl to read their figures independently.
 
-The paths come from the environment ctest sets (tests/torch.cmake):
+The paths come from the environment ctest sets (tests/integration/torch.cmake):
 GPUMEMD_BIN, GPUMEMCTL_BIN, GPUMEM_LIBRARY_DIR, GM_SNAPSHOT_CHECK.
 """
 import json

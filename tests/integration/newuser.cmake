@@ -1,4 +1,4 @@
-# What a new user meets first (tests/test_newuser.c): the default socket,
+# What a new user meets first (tests/integration/test_newuser.c): the default socket,
 # gpumemctl as a non-admin, messages, argument checks, refusal counters and
 # text. Real gpumemd, gpumemctl, gm-test-client and gpumem-demo; root (setpriv).
 add_executable(test_newuser ${CMAKE_CURRENT_LIST_DIR}/test_newuser.c)

@@ -4,7 +4,7 @@
  * Lib/pickletools.py's opcode table), JSON escaping and number forms, misuse
  * detection. Snapshots: real heaps on a small private provider whose trace
  * callback feeds a gm_history_t, written in both formats to temp files and
- * judged by tests/snapshot_check.py (schema, states, sums, cumulative and
+ * judged by tests/lib/snapshot_check.py (schema, states, sums, cumulative and
  * non-overlapping addresses, MemoryViz.js opcodes, traces agreeing with
  * blocks, both formats holding the same tree). */
 #ifndef _GNU_SOURCE

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, builds tests/install/example.c
+# Installs the build into a temporary prefix, builds tests/integration/install/example.c
 # against it twice (pkg-config, and CMake's find_package), runs both against
 # the installed gpumemd, and checks the figures in the installed gpumemctl.
 # Usage: install_check.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS [PYTHON_ENV]]
@@ -30,10 +30,10 @@ pydir="$(dirname "$(dirname "${pkg}")")"
 # 1. pkg-config
 # shellcheck disable=SC2046
 # shellcheck disable=SC2086
-cc -Wall -Werror ${extra} -o "${work}/example-pc" "${src}/tests/install/example.c" \
+cc -Wall -Werror ${extra} -o "${work}/example-pc" "${src}/tests/integration/install/example.c" \
         $(PKG_CONFIG_PATH="${pcdir}" pkg-config --cflags --libs gpumem) -Wl,-rpath,"${libdir}"
 # 2. find_package(gpumem)
-cmake -S "${src}/tests/install" -B "${work}/consumer" -DCMAKE_PREFIX_PATH="${prefix}" \
+cmake -S "${src}/tests/integration/install" -B "${work}/consumer" -DCMAKE_PREFIX_PATH="${prefix}" \
         -DCMAKE_BUILD_RPATH="${libdir}" -DCMAKE_C_FLAGS="${extra}" >/dev/null
 cmake --build "${work}/consumer" >/dev/null
 

@@ -12,9 +12,3 @@ if(GPUMEM_HAVE_CUDA)
   set_tests_properties(page_reuse_cuda PROPERTIES TIMEOUT 300 ENVIRONMENT
     "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
 endif()
-
-# The client's fence FIFO (libgpumem/fence.c) on its own, over a table of events.
-add_executable(test_fence ${CMAKE_CURRENT_LIST_DIR}/test_fence.c ${PROJECT_SOURCE_DIR}/libgpumem/fence.c)
-target_include_directories(test_fence PRIVATE ${PROJECT_SOURCE_DIR}/libgpumem)
-target_link_libraries(test_fence PRIVATE gm_testutil PkgConfig::CHECK)
-add_test(NAME page_reuse_fence COMMAND test_fence)

@@ -565,7 +565,7 @@ START_TEST(test_daemon_gone) {
 END_TEST
 
 /* History and snapshots through the daemon: the files load in Python's pickle
- * and json and pass the viewer checks (tests/snapshot_check.py). */
+ * and json and pass the viewer checks (tests/lib/snapshot_check.py). */
 START_TEST(test_history_and_snapshots) {
         char out[16384], file[400], cmd[1024];
         const char *on_argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "history", "on", "--max-entries",

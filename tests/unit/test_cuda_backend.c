@@ -1,6 +1,6 @@
 /* Check suite for the cuda backend (backend/backend_cuda.c), the cuda mapper
  * (client/mapper_cuda.c) and their loader, run over the emulated driver
- * (tests/fakecuda, selected by GPUMEM_LIBCUDA). Each test runs in its own
+ * (tests/lib/fakecuda, selected by GPUMEM_LIBCUDA). Each test runs in its own
  * forked process (CK_FORK), so each loads the driver afresh and may set the
  * FAKECUDA_* configuration before its first CUDA call; each gets its own
  * device pool file, and at its end holds no driver object and the device has

@@ -1,12 +1,6 @@
 # End-to-end suite: real gpumemd + client processes. Runs on the host backend,
 # and again on the cuda backend over the emulated driver when it is built.
-add_library(gm_testutil STATIC ${CMAKE_CURRENT_LIST_DIR}/testutil.c)
-target_include_directories(gm_testutil PUBLIC ${CMAKE_CURRENT_LIST_DIR})
-target_link_libraries(gm_testutil PUBLIC gm_ipc gm_backend PkgConfig::CHECK)
-target_compile_definitions(gm_testutil PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>")
-if(TARGET gm_fakecuda_check) # stopping a daemon asserts the emulated device drained
-  target_link_libraries(gm_testutil PUBLIC gm_fakecuda_check)
-  target_compile_definitions(gm_testutil PUBLIC GM_TEST_FAKECUDA=1)
+if(TARGET gm_fakecuda_check)
   # The cuda legs share one emulated device each (its pool file): a fresh one every run.
   set(GM_FAKE_POOLS ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants
       ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-restart ${CMAKE_BINARY_DIR}/tests/fakecuda/pool-integration-local)
@@ -19,7 +13,7 @@ target_link_libraries(test_integration PRIVATE gm_testutil gpumem gm_ipc gm_back
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 target_compile_definitions(test_integration PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GM_PYTHON3="${Python3_EXECUTABLE}" GPUMEMD_BIN_PATH="$<TARGET_FILE:gpumemd>"
-  GPUMEM_LIB_PATH="$<TARGET_FILE:gpumem>" GM_SNAPSHOT_CHECK="${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py")
+  GPUMEM_LIB_PATH="$<TARGET_FILE:gpumem>" GM_SNAPSHOT_CHECK="${GM_SNAPSHOT_CHECK}")
 add_dependencies(test_integration gpumemd gpumemctl)
 add_test(NAME integration_host COMMAND test_integration)
 set_tests_properties(integration_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 900)

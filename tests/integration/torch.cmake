@@ -1,6 +1,6 @@
 # PyTorch integration: libgpumem_torch's entry points from a C harness (threads,
 # two daemons, refusals, fork, restarts), and the gpumem Python package under
-# Debian's python3 and pytest against real daemons (tests/python).
+# Debian's python3 and pytest against real daemons (tests/integration/python).
 add_executable(test_torch_alloc ${CMAKE_CURRENT_LIST_DIR}/test_torch_alloc.c)
 target_link_libraries(test_torch_alloc PRIVATE gm_testutil gpumem_torch gpumem PkgConfig::CHECK Threads::Threads)
 target_compile_definitions(test_torch_alloc PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
@@ -13,7 +13,7 @@ find_program(GM_TEST_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 # The whole suite twice: central sessions (the heap in the daemon) and local
 # ones (the heap in the process).
 if(GM_TEST_PYTHON3)
-  set(GM_PY_ENV "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;GPUMEM_LIBRARY_DIR=$<TARGET_FILE_DIR:gpumem>;GPUMEMD_BIN=$<TARGET_FILE:gpumemd>;GPUMEMCTL_BIN=$<TARGET_FILE:gpumemctl>;GM_SNAPSHOT_CHECK=${CMAKE_CURRENT_LIST_DIR}/snapshot_check.py;GM_TORCH_TRAIN=${PROJECT_SOURCE_DIR}/scripts/gpu-check/torch_train.py;PYTHONDONTWRITEBYTECODE=1")
+  set(GM_PY_ENV "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;GPUMEM_LIBRARY_DIR=$<TARGET_FILE_DIR:gpumem>;GPUMEMD_BIN=$<TARGET_FILE:gpumemd>;GPUMEMCTL_BIN=$<TARGET_FILE:gpumemctl>;GM_SNAPSHOT_CHECK=${GM_SNAPSHOT_CHECK};GM_TORCH_TRAIN=${PROJECT_SOURCE_DIR}/scripts/gpu-check/torch_train.py;PYTHONDONTWRITEBYTECODE=1")
   add_test(NAME python_gpumem
     COMMAND ${GM_TEST_PYTHON3} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/python)
   # Python is not built with the sanitizers: integration.cmake's runtimes are
