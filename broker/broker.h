@@ -114,8 +114,8 @@ typedef struct gm_piece_spec {
  * needed: this is also how a client-side heap is granted memory), charges
  * them to its tenant and keeps the fd in the store. -EDQUOT when the tenant's
  * quota would be exceeded, -ENOMEM when the device is full. The piece is
- * LIVE, not yet sent; it is listed by gm_session_new_pieces() until
- * gm_session_pieces_sent() or gm_piece_release(). */
+ * LIVE, not yet sent; it is listed by gm_session_central_new_pieces() until
+ * gm_session_central_pieces_sent() or gm_piece_release(). */
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
 /* n pieces of first->size bytes at first->offset + k * first->size of one
  * segment, as n gm_piece_create() calls would make them, all or nothing:
@@ -134,7 +134,7 @@ void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment);
  * ledger journals the new place. */
 void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset);
 /* A LIVE piece of `s` at (segment_id, offset), or NULL. */
-gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
+gm_piece_t *gm_piece_find(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
 
 /* ---- the broker ---- */
 
@@ -210,7 +210,7 @@ typedef struct gm_broker_ops {
         int (*send_release)(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
                             size_t n);
         /* Asks a local session's client for `bytes` of its cache (a Reclaim); it
-         * answers with ReturnPieces, then gm_session_reclaim_ack(). A negative
+         * answers with ReturnPieces, then gm_reclaim_ack(). A negative
          * errno: not sent (the callback may have ended the session). */
         int (*send_reclaim)(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
         /* The allocator settings changed: tells a local session's client (its
@@ -261,7 +261,7 @@ struct gm_broker {
         bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
         bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
         uint64_t next_park_seq;          /* parked requests, in order across sessions */
-        uint64_t retry_pass;             /* retries of parked requests (park.c) */
+        uint64_t retry_pass;             /* retries of parked requests (reclaim.c) */
         gm_history_t *history;           /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
@@ -297,7 +297,7 @@ void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits);
  * follows it. */
 void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config);
 /* Physical bytes the broker accounts for: the backend's plus unbacked ones. */
-uint64_t gm_broker_reserved(const gm_broker_t *b);
+uint64_t gm_piece_reserved(const gm_broker_t *b);
 /* Periodic work: re-asks unacknowledged releases, times Reclaims and parked
  * requests out, marks sessions unresponsive, releases orphans whose grace ran
  * out. `now_ms`: a monotonic clock. */
@@ -325,7 +325,7 @@ gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
 /* Sets (has = true) or clears one source of a tenant's quota. */
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
-const char *gm_quota_source_name(const gm_tenant_t *t);
+const char *gm_tenant_quota_source(const gm_tenant_t *t);
 /* A quota set by an admin (bytes 0: removed), creating the tenant: a runtime
  * one is journalled in the ledger (it lasts until restart), a persistent one
  * saved in state_dir; a failed save keeps the old one. 0, -ENOSPC (already
@@ -333,8 +333,8 @@ const char *gm_quota_source_name(const gm_tenant_t *t);
 int gm_broker_set_quota(gm_broker_t *b, const char *tenant, bool runtime, uint64_t bytes, const char *state_dir);
 /* Persistent quotas: <state_dir>/quotas ("TENANT BYTES" lines), written
  * atomically. Load applies them (creating tenants). */
-int gm_quotas_load(gm_broker_t *b, const char *state_dir);
-int gm_quotas_save(const gm_broker_t *b, const char *state_dir);
+int gm_tenant_quotas_load(gm_broker_t *b, const char *state_dir);
+int gm_tenant_quotas_save(const gm_broker_t *b, const char *state_dir);
 
 /* ---- sessions ---- */
 
@@ -382,7 +382,7 @@ typedef struct gm_page_move {
  * client to record them (an event on the stream when it applies the reply:
  * after the frees it sent), and the client reports the complete ones with
  * its next allocations; or the client marks one on its own before an
- * allocation and finds it complete (gm_session_frees_fenced()). asked >=
+ * allocation and finds it complete (gm_session_central_frees_fenced()). asked >=
  * sent >= done. */
 #define GM_SESSION_FENCE_STREAMS 64 /* streams tracked (as many as a heap tracks) */
 typedef struct gm_session_fence {
@@ -394,7 +394,7 @@ typedef struct gm_session_fence {
 
 /* A session's process as the driver sees it (process_check.c): its device
  * memory less what the daemon had mapped into it, read at one moment. */
-typedef struct gm_holder_note {
+typedef struct gm_process_check_note {
         bool noted; /* false: the driver gave no figure */
         int64_t unaccounted;
         uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
@@ -465,21 +465,21 @@ void gm_session_touch(gm_session_t *s, uint64_t now_ms);
 /* Ends it if needed and frees it. Accepts NULL. */
 void gm_session_free(gm_session_t *s);
 /* The session's heap, created on first use. */
-int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
+int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 
-/* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
-                      size_t n_frames, gm_outcome_t *ret);
+/* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
+void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                     size_t n_frames, gm_outcome_t *ret);
 /* An allocation's refusal reaches its client: num_ooms (its heap's, when the
  * heap refused it; the heap does not count refusals that may still wait). */
-void gm_session_count_refusal(gm_session_t *s);
+void gm_session_central_count_refusal(gm_session_t *s);
 /* An allocation waits for reclaimed memory: num_reclaim_waits. */
-void gm_session_count_reclaim_wait(gm_session_t *s);
+void gm_session_central_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
-const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
+const gm_piece_t *gm_session_central_new_pieces(const gm_session_t *s);
 /* The reply carrying them (and the pending page moves and fence marks) was
  * sent: their releases need acks from now on. */
-void gm_session_pieces_sent(gm_session_t *s);
+void gm_session_central_pieces_sent(gm_session_t *s);
 /* The client reports fence `fence` on `stream` complete (page reuse): its
  * heap's stream_fence() answers from it. -EPROTO for a claim that cannot be
  * true (a stream or number it was never asked to mark, nor marked on its
@@ -487,38 +487,38 @@ void gm_session_pieces_sent(gm_session_t *s);
  * is stale (its own later mark was complete at once) and changes nothing. A
  * false claim within these bounds only lets the session's own pages move
  * early (they never leave it): it hurts no one but the liar. */
-int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
+int gm_session_central_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
 /* Whether the session's client marks fences on its own (HelloReply
  * client_fences): a central session whose heap moves pages behind stream
  * fences (page reuse on a device backend). */
-bool gm_session_client_fences(const gm_session_t *s);
+bool gm_session_central_client_fences(const gm_session_t *s);
 /* The client found complete an event it recorded on `stream` after every
  * free it sent before this allocation (Alloc.frees_fenced): a fence at the
  * heap's free count now is marked, sent and done at once (asked >= sent >=
  * done stay true), so the frees' pages may move in this very allocation. */
-void gm_session_frees_fenced(gm_session_t *s, uint64_t stream);
+void gm_session_central_frees_fenced(gm_session_t *s, uint64_t stream);
 /* The reply for `block_id` could not be built: the block goes back to the
  * heap; its new pieces stay listed for the next reply. */
-void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);
+void gm_session_central_alloc_undo(gm_session_t *s, uint64_t block_id);
 /* 0, or -ENOENT: not an allocated block of this session. */
-int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
-int gm_session_free_completed(gm_session_t *s, uint64_t block_id);
+int gm_session_central_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
+int gm_session_central_free_completed(gm_session_t *s, uint64_t block_id);
 /* A ReleaseAck: the pieces return to the backend and parked allocations are
  * retried. The pieces named in `not_released` (by segment and offset: the
  * client could not unmap them) stay charged, in a held release that is never
  * asked again, until the session ends. -ENOENT: no such release pending. */
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
-                           size_t n_not_released);
+int gm_broker_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                          size_t n_not_released);
 /* Releases the session's cached memory; the bytes. */
-uint64_t gm_session_trim(gm_session_t *s);
+uint64_t gm_session_central_trim(gm_session_t *s);
 /* Releases cached memory of every session of `tenant` (NULL: all): central
  * heaps release theirs, local sessions are asked (Reclaim); the bytes. */
-uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant);
+uint64_t gm_reclaim_trim(gm_broker_t *b, const char *tenant);
 /* Sends ReleaseRequests for everything queued (ops->send_release). */
 void gm_session_flush_releases(gm_session_t *s);
 /* The device as refusals describe it: what the broker may use of it (its
  * capacity within the driver's total), and what is free of that. */
-void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
+void gm_reclaim_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
 
 /* ---- local sessions: the heap runs in the client ---- */
 
@@ -535,11 +535,11 @@ typedef struct gm_grant {
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a
  * heap or memory. */
-int gm_session_set_local(gm_session_t *s);
+int gm_session_local_enable(gm_session_t *s);
 /* A grant: REPLY (out->pieces: hand their fds over), PARK or REFUSE
  * (malformed against what the session holds, quota, device: for a run, as
- * a whole, and nothing of it is then charged), as gm_session_alloc(). */
-void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
+ * a whole, and nothing of it is then charged), as gm_broker_alloc(). */
+void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
 /* The client unmapped and gives back these pieces (ReturnPieces), checked as
  * a ReleaseAck is (process_check.c): shown gone, they go back to the backend
  * at once and parked requests are retried; shown still mapped, they stay
@@ -547,32 +547,32 @@ void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g,
  * tell, they stay charged until the session ends. Returns how many ranges
  * name no granted piece of that length (left alone); the index of the first
  * in *ret_first_bad. */
-size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
+size_t gm_broker_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
 /* The client is about to unmap pieces and return them (ReturnIntent): the
  * reference its returns are checked against is noted now, before its figure
- * drops, and stands until gm_session_close_return_intent() (its closing
+ * drops, and stands until gm_session_local_close_return_intent() (its closing
  * ReturnPieces): neither a Reclaim nor another intent renews it meanwhile.
  * -EPROTO for a central session, -EBUSY while one is open, -ESHUTDOWN once
  * ended. A client that never closes its intent only hurts itself: its later
  * returns are judged against that old reference. */
-int gm_session_open_return_intent(gm_session_t *s);
-void gm_session_close_return_intent(gm_session_t *s);
+int gm_session_local_open_return_intent(gm_session_t *s);
+void gm_session_local_close_return_intent(gm_session_t *s);
 /* Whether its returns are checked against its process's device memory
  * figure (cuda with NVML), so that a give-back needs a ReturnIntent first. */
-bool gm_session_returns_need_intent(const gm_session_t *s);
+bool gm_process_check_needs_intent(const gm_session_t *s);
 /* Page reuse in the client's heap: the granted piece at (from_segment_id,
  * from_offset) now lies at `to` (its size: the piece's), checked as a grant
  * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */
-int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
-                            const char **ret_why);
+int gm_session_local_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset,
+                                  const gm_piece_spec_t *to, const char **ret_why);
 /* The client answered Reclaim `reclaim_id` (what it gave back came before,
  * with ReturnPieces): parked requests are retried. -ENOENT: none pending. */
-int gm_session_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
+int gm_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
 
 /* ---- restarts: the ledger ---- */
 
 /* A random session token. */
-void gm_token_new(char token[GM_TOKEN_LEN + 1]);
+void gm_ledger_token_new(char token[GM_TOKEN_LEN + 1]);
 /* Reads and compacts the journal at `path` and opens it for appending;
  * applies the runtime quotas it holds. */
 int gm_ledger_open(gm_broker_t *b, const char *path);
@@ -580,12 +580,12 @@ void gm_ledger_close(gm_broker_t *b);
 /* Journals a runtime quota (bytes 0: removed). */
 void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes);
 /* Takes one stored fd systemd handed back (consumed in any case); after the
- * last, gm_ledger_adopt_done() forgets journal entries whose fd did not come
+ * last, gm_orphan_adopt_done() forgets journal entries whose fd did not come
  * back and starts the re-attach grace. */
-void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd);
-void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms);
+void gm_orphan_adopt(gm_broker_t *b, const char *name, int fd);
+void gm_orphan_adopt_done(gm_broker_t *b, uint64_t now_ms);
 /* Releases orphans whose grace ran out (all of them when `all`). */
-void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all);
+void gm_orphan_expire(gm_broker_t *b, uint64_t now_ms, bool all);
 
 /* What a re-attaching client reports, piece by piece. */
 typedef struct gm_reattach_range {
@@ -596,18 +596,18 @@ typedef struct gm_reattach_range {
  * the session (-ENOENT), and the segment is restored in the pool its journal
  * records name (inferred from the page size where they name none; -EINVAL
  * with the reason in *ret_why where they name both). */
-int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                                const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why);
+int gm_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                        const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why);
 /* A re-attaching local session reports a piece it maps: checked as a grant
  * (-EINVAL), it is LIVE again, charged, granted, and released at once by
  * gm_piece_release() (its client gives pieces back unmapped). */
-int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
-                              uint64_t requested_size, bool pending_free);
+int gm_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                      uint64_t requested_size, bool pending_free);
 /* The last report: the heap is checked, unclaimed stored pieces released. */
-int gm_session_reattach_finish(gm_session_t *s);
+int gm_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */
-int gm_session_reattach_count(gm_session_t *s, uint64_t n);
+int gm_reattach_count(gm_session_t *s, uint64_t n);
 
 /* ---- snapshots for metrics and listings ---- */
 
@@ -620,3 +620,44 @@ typedef struct gm_tenant_view {
 
 /* One row per tenant, sorted by name (malloc'd). -ENOMEM. */
 int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, size_t *ret_n);
+
+/* ---- old names ---- */
+
+/* The names the daemon still calls, until its call sites follow the floors
+ * (issue 22, the step after the daemon's request files). */
+#define gm_quota_source_name gm_tenant_quota_source
+#define gm_quotas_load gm_tenant_quotas_load
+#define gm_quotas_save gm_tenant_quotas_save
+#define gm_token_new gm_ledger_token_new
+#define gm_ledger_adopt_done gm_orphan_adopt_done
+#define gm_ledger_adopt gm_orphan_adopt
+#define gm_ledger_expire gm_orphan_expire
+#define gm_session_find_piece gm_piece_find
+#define gm_broker_reserved gm_piece_reserved
+#define gm_session_returns_need_intent gm_process_check_needs_intent
+#define gm_session_fence_done gm_session_central_fence_done
+#define gm_session_client_fences gm_session_central_client_fences
+#define gm_session_frees_fenced gm_session_central_frees_fenced
+#define gm_session_trim gm_session_central_trim
+#define gm_session_count_refusal gm_session_central_count_refusal
+#define gm_session_new_pieces gm_session_central_new_pieces
+#define gm_session_pieces_sent gm_session_central_pieces_sent
+#define gm_session_alloc_undo gm_session_central_alloc_undo
+#define gm_session_free_block gm_session_central_free_block
+#define gm_session_free_completed gm_session_central_free_completed
+#define gm_session_set_local gm_session_local_enable
+#define gm_session_open_return_intent gm_session_local_open_return_intent
+#define gm_session_close_return_intent gm_session_local_close_return_intent
+#define gm_session_move_granted gm_session_local_move_granted
+#define gm_session_reclaim_ack gm_reclaim_ack
+#define gm_broker_trim gm_reclaim_trim
+#define gm_broker_device_view gm_reclaim_device_view
+#define gm_session_reattach_count gm_reattach_count
+#define gm_session_reattach_segment gm_reattach_segment
+#define gm_session_reattach_grant gm_reattach_grant
+#define gm_session_reattach_block gm_reattach_block
+#define gm_session_reattach_finish gm_reattach_finish
+#define gm_session_alloc gm_broker_alloc
+#define gm_session_grant gm_broker_grant
+#define gm_session_release_ack gm_broker_release_ack
+#define gm_session_return_pieces gm_broker_return_pieces
