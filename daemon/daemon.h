@@ -11,9 +11,9 @@
 #include "clock.h"
 #include "gpumem.pb-c.h"
 #include "ipc.h"
-#include "local.h"
-#include "requests.h"
-#include "snapjob.h"
+#include "localstats.h"
+#include "request.h"
+#include "req_snapshot.h"
 #include "u64map.h"
 
 typedef struct gm_limits {

@@ -1,37 +1,18 @@
-/* Diagnosis in the daemon (diag.h): samples on the tick, the refusal record,
- * and the Samples request. Only sessions that hold memory get a ring (one
- * malloc'd block per session, freed with it by the broker). */
+/* Diagnosis in the daemon (diag.h): samples on the tick and the refusal
+ * record. Only sessions that hold memory get a ring (one malloc'd block per
+ * session, freed with it by the broker). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "clock.h"
 #include "diag.h"
-#include "local.h"
+#include "localstats.h"
 #include "log.h"
-#include "memfd.h"
-#include "metrics.h"
-
-/* Per session: the ring, and what the request layer saw since the last tick. */
-typedef struct gm_diag_session {
-        gm_sample_ring_t ring;
-        uint64_t request_max;         /* largest request since the last sample */
-        uint64_t refusals;            /* out-of-memory refusals sent to it */
-        uint64_t last_refusal_ms;     /* 0: none */
-        uint64_t client_largest_free; /* local sessions: the largest free block its last Grant claimed */
-} gm_diag_session_t;
-
-/* The reply's size limit: a SampleSet is far smaller (sessions x 240 samples). */
-#define SAMPLES_REPLY_MAX (256u << 20)
 
 static uint64_t min_u64(uint64_t a, uint64_t b) {
         return a < b ? a : b;
-}
-
-static uint64_t positive(int64_t v) {
-        return v > 0 ? (uint64_t) v : 0;
 }
 
 /* The session's diagnosis state, created on first use (NULL: out of memory). */
@@ -85,20 +66,20 @@ void gm_diag_note_refusal(gm_request_conn_t *c, const gm_outcome_t *out) {
 
 /* The session's figures now, as one sample. */
 static void sample_session(const gm_session_t *s, const gm_stats_t *st, const gm_diag_session_t *d, gm_sample_t *ret) {
-        uint64_t allocated = positive(st->allocated_bytes[GM_STAT_ALL].current);
-        uint64_t active = positive(st->active_bytes[GM_STAT_ALL].current);
-        uint64_t reserved = positive(st->reserved_bytes[GM_STAT_ALL].current);
+        uint64_t allocated = gm_diag_positive(st->allocated_bytes[GM_STAT_ALL].current);
+        uint64_t active = gm_diag_positive(st->active_bytes[GM_STAT_ALL].current);
+        uint64_t reserved = gm_diag_positive(st->reserved_bytes[GM_STAT_ALL].current);
         uint64_t inactive = reserved > active ? reserved - active : 0;
         *ret = (gm_sample_t){
                 .allocated = allocated,
                 .pending = active > allocated ? active - allocated : 0,
                 .reserved = reserved,
-                .inactive_split = min_u64(positive(st->inactive_split_bytes[GM_STAT_ALL].current), inactive),
+                .inactive_split = min_u64(gm_diag_positive(st->inactive_split_bytes[GM_STAT_ALL].current), inactive),
                 /* A local heap's is its client's word at its last grant, at most what it caches. */
                 .largest_free = s->heap ? gm_heap_largest_free(s->heap) : min_u64(d->client_largest_free, inactive),
-                .segments = positive(st->segment[GM_STAT_ALL].current),
-                .retries = positive(st->num_alloc_retries),
-                .allocations = positive(st->allocation[GM_STAT_ALL].allocated),
+                .segments = gm_diag_positive(st->segment[GM_STAT_ALL].current),
+                .retries = gm_diag_positive(st->num_alloc_retries),
+                .allocations = gm_diag_positive(st->allocation[GM_STAT_ALL].allocated),
                 .request_max = d->request_max,
                 .refusals = d->refusals,
                 .releasing = s->releasing_bytes + (s->reclaim.id ? s->reclaim.bytes : 0),
@@ -109,7 +90,7 @@ void gm_diag_tick(const gm_requests_t *rq, uint64_t now_ms) {
         for (gm_session_t *s = rq->broker->sessions; s; s = s->next) {
                 if (s->ended || !s->tenant || s->admin_conn)
                         continue;
-                const gm_stats_t *st = gm_conn_stats(s);
+                const gm_stats_t *st = gm_localstats_session(s);
                 if (!st || (!s->diag && st->reserved_bytes[GM_STAT_ALL].current <= 0))
                         continue; /* no ring until it holds memory or asks for some */
                 gm_diag_session_t *d = diag_of(s);
@@ -120,158 +101,4 @@ void gm_diag_tick(const gm_requests_t *rq, uint64_t now_ms) {
                 gm_sample_ring_record(&d->ring, now_ms, &f);
                 d->request_max = 0;
         }
-}
-
-/* ---- the Samples request ---- */
-
-static const char *tenant_asked(const Gpumem__Samples *req) {
-        return req->tenant && req->tenant[0] ? req->tenant : NULL;
-}
-
-const char *gm_admin_for_samples(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
-        const char *t = tenant_asked(env->samples);
-        return t && strcmp(t, c->session->tenant->name) != 0 ? "reading another tenant's samples" : NULL;
-}
-
-static bool visible(const gm_session_t *caller, const gm_session_t *o, const Gpumem__Samples *req) {
-        if (o->ended || !o->tenant || o->admin_conn || !o->diag)
-                return false;
-        if (!caller->admin && o->tenant != caller->tenant)
-                return false;
-        const char *t = tenant_asked(req);
-        return (!req->pid || (uint32_t) o->pid == req->pid) && (!t || strcmp(t, o->tenant->name) == 0);
-}
-
-/* Packs one session's samples ending within the window; -ENOMEM. */
-static int fill_session(const gm_session_t *o, uint64_t since_ms, Gpumem__SessionSamples *ss, uint64_t **ret_values) {
-        const gm_diag_session_t *d = o->diag;
-        size_t first = 0;
-        while (first < d->ring.n && gm_sample_ring_at(&d->ring, first)->until_ms < since_ms)
-                first++;
-        size_t n = d->ring.n - first;
-        uint64_t *v = calloc(n ? n * GM_SAMPLE_FIELDS : 1, sizeof(*v));
-        if (!v)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++)
-                gm_sample_pack(gm_sample_ring_at(&d->ring, first + i), v + i * GM_SAMPLE_FIELDS);
-        gpumem__session_samples__init(ss);
-        ss->session_id = o->id;
-        ss->pid = (uint32_t) o->pid;
-        ss->tenant = (char *) o->tenant->name;
-        ss->unit = (char *) o->unit;
-        ss->name = (char *) o->name;
-        ss->heap_mode = o->local ? "local" : "central";
-        ss->stride = GM_SAMPLE_FIELDS;
-        ss->n_samples = n * GM_SAMPLE_FIELDS;
-        ss->samples = v;
-        ss->last_refusal_ms = d->last_refusal_ms;
-        *ret_values = v;
-        return 0;
-}
-
-/* The refusals within the window; another tenant's are anonymous to a non-admin. */
-static size_t fill_refusals(const gm_request_conn_t *c, uint64_t since_ms, Gpumem__RefusalEvent *evs,
-                            Gpumem__RefusalEvent **ptrs) {
-        const gm_refusal_ring_t *ring = &c->rq->broker->refusals;
-        const gm_session_t *s = c->session;
-        size_t k = 0;
-        for (size_t i = 0; i < ring->n; i++) {
-                const gm_refusal_t *r = gm_refusal_ring_at(ring, i);
-                if (r->t_ms < since_ms)
-                        continue;
-                bool shown = s->admin || strcmp(r->tenant, s->tenant->name) == 0;
-                Gpumem__RefusalEvent *e = &evs[k];
-                gpumem__refusal_event__init(e);
-                e->t_ms = r->t_ms;
-                e->session_id = shown ? r->session_id : 0;
-                e->pid = shown ? r->pid : 0;
-                e->tenant = shown ? (char *) r->tenant : "";
-                e->reason = (char *) gm_metrics_reason_name((gm_oom_reason_t) r->reason);
-                e->size = r->size;
-                ptrs[k++] = e;
-        }
-        return k;
-}
-
-static void pack_set(void *dst, size_t len, const void *set) {
-        (void) len; /* gpumem__sample_set__get_packed_size's */
-        gpumem__sample_set__pack(set, dst);
-}
-
-static int send_set(gm_request_conn_t *c, uint64_t request_id, const Gpumem__SampleSet *set) {
-        size_t len = gpumem__sample_set__get_packed_size(set);
-        if (len > SAMPLES_REPLY_MAX)
-                return gm_request_error(c, request_id, E2BIG, "too many samples for one reply: narrow it down"), 0;
-        int fd = -1;
-        int r = gm_memfd_sealed("gpumem-samples", len, pack_set, set, &fd);
-        if (r < 0)
-                return gm_request_error(c, request_id, r, "cannot send the samples: %s", strerror(-r)), 0;
-        Gpumem__SamplesReply reply = GPUMEM__SAMPLES_REPLY__INIT;
-        reply.size = len;
-        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
-        out.body_case = GPUMEM__ENVELOPE__BODY_SAMPLES_REPLY;
-        out.samples_reply = &reply;
-        gm_request_send(c, request_id, &out, &fd, 1);
-        close(fd);
-        return 0;
-}
-
-int gm_handle_samples(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
-        const Gpumem__Samples *req = env->samples;
-        gm_broker_t *b = c->rq->broker;
-        gm_session_t *s = c->session;
-        uint64_t now = gm_now_ms();
-        uint64_t since = req->window_ms && req->window_ms < now ? now - req->window_ms : 0;
-        gm_local_refresh(c->rq);
-        gm_diag_tick(c->rq, now); /* the figures as of this request */
-
-        Gpumem__SampleSet set = GPUMEM__SAMPLE_SET__INIT;
-        Gpumem__SessionSamples *sess = calloc(b->n_sessions + 1, sizeof(*sess));
-        Gpumem__SessionSamples **sess_ptrs = calloc(b->n_sessions + 1, sizeof(*sess_ptrs));
-        uint64_t **values = calloc(b->n_sessions + 1, sizeof(*values));
-        Gpumem__RefusalEvent *evs = calloc(GM_REFUSALS_CAP, sizeof(*evs));
-        Gpumem__RefusalEvent **ev_ptrs = calloc(GM_REFUSALS_CAP, sizeof(*ev_ptrs));
-        int r = sess && sess_ptrs && values && evs && ev_ptrs ? 0 : -ENOMEM;
-        size_t n = 0;
-        for (gm_session_t *o = b->sessions; o && r == 0 && n <= b->n_sessions; o = o->next) {
-                if (!visible(s, o, req))
-                        continue;
-                r = fill_session(o, since, &sess[n], &values[n]);
-                if (r == 0) {
-                        sess_ptrs[n] = &sess[n];
-                        n++;
-                }
-        }
-        if (r == 0) {
-                gm_stats_t st;
-                if (s->admin)
-                        gm_local_device_stats(c->rq, &st);
-                else
-                        gm_local_tenant_stats(c->rq, s->tenant, &st);
-                uint64_t device_free = 0, device_total = 0;
-                gm_broker_device_view(b, &device_free, &device_total);
-                set.now_ms = now;
-                set.period_ms = GM_SAMPLE_PERIOD_MS;
-                set.capacity = b->backend->capacity;
-                set.device_free = device_free;
-                set.reserved = positive(st.reserved_bytes[GM_STAT_ALL].current);
-                set.allocated = positive(st.allocated_bytes[GM_STAT_ALL].current);
-                set.refusals_total = b->refusals.total;
-                set.device_scope = s->admin;
-                set.n_sessions = n;
-                set.sessions = sess_ptrs;
-                set.n_refusals = fill_refusals(c, since, evs, ev_ptrs);
-                set.refusals = ev_ptrs;
-                send_set(c, request_id, &set);
-        } else {
-                gm_request_error(c, request_id, ENOMEM, "out of memory");
-        }
-        for (size_t i = 0; values && i < n; i++)
-                free(values[i]);
-        free(values);
-        free(sess);
-        free(sess_ptrs);
-        free(evs);
-        free(ev_ptrs);
-        return 0;
 }

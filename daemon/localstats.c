@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "local.h"
+#include "localstats.h"
 #include "log.h"
 
 /* The statistics page is read at most this many times per refresh. */
@@ -46,7 +46,7 @@ static int64_t max64(int64_t a, int64_t b) {
         return a > b ? a : b;
 }
 
-void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied) {
+void gm_localstats_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied) {
         for (size_t i = 0; i < N_STATS; i++) {
                 gm_stat_t *d = stat_at(sink, i);
                 const gm_stat_t *w = cstat_at(want, i), *a = cstat_at(applied, i);
@@ -61,7 +61,7 @@ void gm_local_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *a
                 *counter_at(sink, i) += max64(0, ccounter_at(want, i) - ccounter_at(applied, i));
 }
 
-void gm_local_stats_add(gm_stats_t *sum, const gm_stats_t *add) {
+void gm_localstats_add(gm_stats_t *sum, const gm_stats_t *add) {
         for (size_t i = 0; i < N_STATS; i++) {
                 gm_stat_t *d = stat_at(sum, i);
                 const gm_stat_t *a = cstat_at(add, i);
@@ -74,12 +74,12 @@ void gm_local_stats_add(gm_stats_t *sum, const gm_stats_t *add) {
                 *counter_at(sum, i) += ccounter_at(add, i);
 }
 
-void gm_local_zero_currents(gm_stats_t *stats) {
+void gm_localstats_zero_currents(gm_stats_t *stats) {
         for (size_t i = 0; i < N_STATS; i++)
                 stat_at(stats, i)->current = 0;
 }
 
-gm_local_tenant_t *gm_local_tenant(const gm_requests_t *d, const char *name) {
+gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name) {
         for (gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
                 if (strcmp(lt->name, name) == 0)
                         return lt;
@@ -148,7 +148,7 @@ static void overlay_exact(gm_local_t *l) {
         l->figures.num_reclaim_waits = l->exact.num_reclaim_waits;
 }
 
-void gm_local_refresh_conn(gm_request_conn_t *c) {
+void gm_localstats_refresh_conn(gm_request_conn_t *c) {
         gm_local_t *l = c->local;
         const gm_requests_t *d = c->rq;
         gm_stats_t page;
@@ -169,10 +169,10 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
         page.segment[GM_STAT_ALL] = (gm_stat_t){0};
         page.num_device_alloc = page.num_device_free = page.num_reclaim_waits = 0;
         page.max_split_size = d->broker->device_stats.max_split_size;
-        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        gm_local_tenant_t *lt = gm_localstats_tenant(d, c->session->tenant->name);
         if (lt)
-                gm_local_fold(&lt->stats, &page, &l->applied);
-        gm_local_fold(&d->local->device, &page, &l->applied);
+                gm_localstats_fold(&lt->stats, &page, &l->applied);
+        gm_localstats_fold(&d->local->device, &page, &l->applied);
         l->applied = page;
         l->figures = page;
         overlay_exact(l);
@@ -182,7 +182,7 @@ void gm_local_refresh_conn(gm_request_conn_t *c) {
  * totals by `bytes` and `segments`, counting `allocs` and `frees` of pieces. */
 static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, int64_t allocs, int64_t frees) {
         const gm_requests_t *d = c->rq;
-        gm_local_tenant_t *lt = gm_local_tenant(d, c->session->tenant->name);
+        gm_local_tenant_t *lt = gm_localstats_tenant(d, c->session->tenant->name);
         gm_stats_t *sinks[] = {&c->local->exact, &d->local->device, lt ? &lt->stats : NULL};
         for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
                 if (bytes)
@@ -195,7 +195,7 @@ static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, i
         overlay_exact(c->local);
 }
 
-void gm_local_exact_sync(gm_request_conn_t *c) {
+void gm_localstats_exact_sync(gm_request_conn_t *c) {
         gm_local_t *l = c->local;
         const gm_session_grants_t *now = &c->session->grants, *was = &l->synced;
         exact_apply(c, now->bytes.current - was->bytes.current, now->segments.current - was->segments.current,
@@ -204,19 +204,19 @@ void gm_local_exact_sync(gm_request_conn_t *c) {
         l->synced = *now;
 }
 
-void gm_local_exact_gone(gm_request_conn_t *c) {
+void gm_localstats_exact_gone(gm_request_conn_t *c) {
         gm_local_t *l = c->local;
         exact_apply(c, -l->synced.bytes.current, -l->synced.segments.current, 0, (int64_t) l->synced.pieces);
         l->synced = (gm_session_grants_t){0};
 }
 
-void gm_local_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
+void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
         gm_request_conn_t *c = s->userdata;
         *ret = (gm_client_view_t){0};
         if (!c || !s->tenant)
                 return;
         if (c->local && !c->closed) {
-                gm_local_refresh_conn(c);
+                gm_localstats_refresh_conn(c);
                 const gm_stats_t *st = &c->local->figures;
                 ret->session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                 ret->session_active = (uint64_t) st->active_bytes[GM_STAT_ALL].current;
@@ -226,12 +226,12 @@ void gm_local_client_view(void *userdata, const gm_session_t *s, gm_client_view_
         ret->device_active = (uint64_t) c->rq->local->device.active_bytes[GM_STAT_ALL].current;
 }
 
-void gm_local_tick(const gm_requests_t *d) {
-        gm_local_refresh(d);
+void gm_localstats_tick(const gm_requests_t *d) {
+        gm_localstats_refresh(d);
 }
 
-void gm_local_count_reclaim_wait(gm_request_conn_t *c) {
-        gm_local_tenant_t *lt = gm_local_tenant(c->rq, c->session->tenant->name);
+void gm_localstats_count_reclaim_wait(gm_request_conn_t *c) {
+        gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, c->session->tenant->name);
         c->local->exact.num_reclaim_waits++;
         c->rq->local->device.num_reclaim_waits++;
         if (lt)
@@ -239,39 +239,39 @@ void gm_local_count_reclaim_wait(gm_request_conn_t *c) {
         overlay_exact(c->local);
 }
 
-void gm_local_refresh(const gm_requests_t *d) {
+void gm_localstats_refresh(const gm_requests_t *d) {
         for (gm_session_t *s = d->broker->sessions; s; s = s->next) {
                 gm_request_conn_t *c = s->userdata;
                 if (c && c->local && !c->closed)
-                        gm_local_refresh_conn(c);
+                        gm_localstats_refresh_conn(c);
         }
 }
 
-const gm_stats_t *gm_conn_stats(const gm_session_t *s) {
+const gm_stats_t *gm_localstats_session(const gm_session_t *s) {
         const gm_request_conn_t *c = s->userdata;
         if (c && c->local)
                 return &c->local->figures;
         return s->heap ? gm_heap_stats(s->heap) : NULL;
 }
 
-bool gm_conn_page_invalid(const gm_session_t *s) {
+bool gm_localstats_page_invalid(const gm_session_t *s) {
         const gm_request_conn_t *c = s->userdata;
         return c && c->local && c->local->page_invalid;
 }
 
-void gm_local_tenant_stats(const gm_requests_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
+void gm_localstats_tenant_stats(const gm_requests_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
         *ret = t->stats;
         const gm_local_tenant_t *lt = find_local_tenant(d, t->name);
         if (lt)
-                gm_local_stats_add(ret, &lt->stats);
+                gm_localstats_add(ret, &lt->stats);
 }
 
-void gm_local_device_stats(const gm_requests_t *d, gm_stats_t *ret) {
+void gm_localstats_device_stats(const gm_requests_t *d, gm_stats_t *ret) {
         *ret = d->broker->device_stats;
-        gm_local_stats_add(ret, &d->local->device);
+        gm_localstats_add(ret, &d->local->device);
 }
 
-void gm_local_free_all(const gm_requests_t *d) {
+void gm_localstats_free_all(const gm_requests_t *d) {
         while (d->local->tenants) {
                 gm_local_tenant_t *lt = d->local->tenants;
                 d->local->tenants = lt->next;
@@ -279,13 +279,13 @@ void gm_local_free_all(const gm_requests_t *d) {
         }
 }
 
-void gm_local_metrics_refresh(void *userdata) {
-        gm_local_refresh(userdata);
+void gm_localstats_metrics_refresh(void *userdata) {
+        gm_localstats_refresh(userdata);
 }
 
-void gm_local_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret) {
+void gm_localstats_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret) {
         const gm_requests_t *d = userdata;
-        gm_local_tenant_stats(d, t, &ret->stats);
+        gm_localstats_tenant_stats(d, t, &ret->stats);
         for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
                 const gm_request_conn_t *c = os->userdata;
                 if (c && !c->closed && os->tenant == t)

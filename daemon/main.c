@@ -11,7 +11,7 @@
 
 #include "config.h"
 #include "daemon.h"
-#include "local.h"
+#include "localstats.h"
 #include "log.h"
 #include "sd.h"
 #include "metrics.h"
@@ -554,11 +554,11 @@ int main(int argc, char **argv) {
                                     .broker = d->broker,
                                     .hide_tenants = !d->opts.metrics_tenants,
                                     .device_uuid = d->opts.device_uuid,
-                                    .refresh = gm_local_metrics_refresh,
-                                    .tenant_extra = gm_local_metrics_tenant,
+                                    .refresh = gm_localstats_metrics_refresh,
+                                    .tenant_extra = gm_localstats_metrics_tenant,
                                     .userdata = &d->requests,
                                     .snapshots = &d->snapjobs.counters};
-        msrc.n_ops = gm_request_op_names(&op_names);
+        msrc.n_ops = gm_requests_op_names(&op_names);
         msrc.op_names = op_names;
         if (sdfds.metrics_fd >= 0) {
                 r = gm_metrics_start_fd(&msrc, sdfds.metrics_fd, &d->metrics, err, sizeof(err));

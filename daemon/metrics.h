@@ -24,7 +24,7 @@ typedef struct gm_metrics_tenant_extra {
         uint64_t unresponsive;   /* sessions (either mode) marked unresponsive */
 } gm_metrics_tenant_extra_t;
 
-/* What snapshots cost (kept by snapjob.c). */
+/* What snapshots cost (kept by req_snapshot.c). */
 typedef struct gm_snapshot_counters {
         uint64_t sent;       /* snapshots answered */
         uint64_t bytes;      /* their size, all together */

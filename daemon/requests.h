@@ -1,90 +1,21 @@
-/* The request table: per request kind its handler, whether (and for what) it
- * needs admin rights, its metric name and its field limits. Dispatch checks
- * permissions once, applies the limits before a handler runs and times every
- * request. Handlers decode, call the broker, and answer through the one
- * sender the server provides; nothing here touches a socket. */
+/* The request table: per request kind its handler (in a req_*.c), whether
+ * (and for what) it needs admin rights, its metric name and its field
+ * limits. Dispatch checks the order rules and permissions once, applies the
+ * limits before a handler runs and times every request. */
 #pragma once
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
-#include "broker.h"
-#include "gpumem.pb-c.h"
-
-typedef struct gm_request_conn gm_request_conn_t;
-typedef struct gm_local gm_local_t; /* local.h: a session whose heap runs in its client */
-typedef struct gm_local_tenant gm_local_tenant_t;
-typedef struct gm_local_totals gm_local_totals_t;
-typedef struct gm_snapjobs gm_snapjobs_t; /* snapjob.h: snapshots under way */
-struct gm_config;
-
-/* The daemon settings the handlers read (kept current by the daemon). */
-typedef struct gm_request_config {
-        uint32_t max_packet;          /* told to clients in HelloReply */
-        uint32_t max_fds;             /* fds in one packet: mappings beyond go in MapSegments packets */
-        const char *state_dir;        /* persistent quotas; NULL = none kept */
-        const struct gm_config *file; /* the configuration file's contents (tenant rules) */
-} gm_request_config_t;
-
-/* What the server gives the handlers. */
-typedef struct gm_requests {
-        gm_broker_t *broker;
-        const gm_request_config_t *config;
-        gm_local_totals_t *local; /* the local sessions' part of the statistics */
-        /* The one way out: sends env (request_id set here) with fds. A negative
-         * errno means the connection is gone (closed by the server). */
-        int (*send)(void *userdata, gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds,
-                    size_t n_fds);
-        /* Times one request of the kind with table index `op`. */
-        void (*observe)(void *userdata, unsigned op, uint64_t ns);
-        gm_snapjobs_t *snapjobs; /* NULL: snapshots are refused */
-        /* Optional: runs work(arg) off the loop, then done(arg) on it; 0, or
-         * a negative errno (nothing queued: the caller runs both itself). */
-        int (*queue_work)(void *userdata, void (*work)(void *arg), void (*done)(void *arg), void *arg);
-        void *userdata;
-} gm_requests_t;
-
-/* One connection as the handlers see it; the server embeds it in its own. */
-struct gm_request_conn {
-        const gm_requests_t *rq;
-        gm_session_t *session;
-        char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
-        char command[64];     /* the peer's command name at connect, escaped ("" unknown) */
-        bool hello_done;
-        bool closed;       /* the server closed it: nothing more is sent */
-        uint64_t requests; /* packets received */
-        gm_local_t *local; /* a local session (its heap runs in the client: local.h); NULL: central */
-};
+#include "request.h"
 
 /* One request. Returns 0, or a negative errno when the connection must be
  * closed (protocol abuse). */
 int gm_requests_dispatch(gm_request_conn_t *c, Gpumem__Envelope *env, int *fds, size_t n_fds);
-/* Answers an allocation's or a grant's outcome (reply with its new pieces
- * or its piece, or refusal): the broker's ops->alloc_done. */
-void gm_requests_answer_alloc(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
 /* The table's metric names, by request index (for the metrics endpoint). */
-size_t gm_request_op_names(const char *const **ret_names);
+size_t gm_requests_op_names(const char *const **ret_names);
 /* The index of a body's kind, or -1 when it is not a request. */
-int gm_request_index(Gpumem__Envelope__BodyCase body);
-
-/* Sends a reply; a failure closes the connection. */
-int gm_request_send(gm_request_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, const int *fds, size_t n_fds);
-/* Sends an Error: `err` in either sign, the message prefixed "gpumemd: ". */
-int gm_request_error(gm_request_conn_t *c, uint64_t request_id, int err, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-/* An Error envelope in env (pointing at error and text; `err` in either sign),
- * and the daemon's message prefix before a formatted text (len > the prefix):
- * for refusals the server sends before a connection has a session. */
-void gm_request_error_envelope(Gpumem__Envelope *env, Gpumem__Error *error, int err, const char *text);
-void gm_request_format_message(char *message, size_t len, const char *fmt, va_list ap);
-/* Sends a broker refusal as it is (its message is whole). */
-int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out);
-/* The Mapping that hands piece p to its client (m initialised here). */
-void gm_request_piece_mapping(Gpumem__Mapping *m, const gm_piece_t *p);
-/* Replies Ok; 0 (a failed send closes the connection). */
-int gm_reply_ok(gm_request_conn_t *c, uint64_t request_id);
+int gm_requests_index(Gpumem__Envelope__BodyCase body);
 
 /* ---- the table's rows ---- */
 
@@ -103,19 +34,3 @@ typedef struct gm_request_kind {
         int (*check)(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);
         bool close_on_refusal; /* a refused check ends the connection */
 } gm_request_kind_t;
-
-/* admin.c: statistics, snapshots, history, settings, quotas and clients. */
-int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env);
-const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env);
-const char *gm_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env);
-const char *gm_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem__Envelope *env);
-const char *gm_admin_for_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env);
-int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);
-int gm_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);
-int gm_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len);

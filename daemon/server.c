@@ -20,7 +20,9 @@
 #include "msg.h"
 #include "requests.h"
 #include "sd.h"
-#include "snapjob.h"
+#include "local.h"
+#include "req_central.h"
+#include "req_snapshot.h"
 #include "text.h"
 
 /* Packets handled per readable event before yielding to other connections. */
@@ -72,7 +74,7 @@ static void conn_close(gm_conn_t *c, const char *why) {
         log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
                  s->tenant ? s->tenant->name : "-", why);
         gm_local_end(&c->req);
-        gm_snapjobs_conn_end(&c->req);
+        gm_req_snapshot_conn_end(&c->req);
         gm_session_end(s);
         if (c->prev)
                 c->prev->next = c->next;
@@ -509,8 +511,8 @@ static void on_tick(uv_timer_t *t) {
         uint64_t now = gm_now_ms();
         expire_silent_conns(d, now);
         gm_broker_tick(d->broker, now);
-        gm_local_tick(&d->requests);
-        gm_snapjobs_tick(&d->requests, now);
+        gm_localstats_tick(&d->requests);
+        gm_req_snapshot_tick(&d->requests, now);
         gm_diag_tick(&d->requests, now);
         gm_daemon_debug_check(d, "a tick");
 }
@@ -553,8 +555,8 @@ void gm_server_stop(gm_daemon_t *d) {
         while (d->conns)
                 conn_close(d->conns, "daemon stopping");
         gm_u64map_done(&d->conns_per_uid);
-        gm_local_free_all(&d->requests);
-        gm_snapjobs_free_all(&d->requests);
+        gm_localstats_free_all(&d->requests);
+        gm_req_snapshot_free_all(&d->requests);
         free(d->rx_buf);
         d->rx_buf = NULL;
 }
@@ -593,7 +595,7 @@ static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, co
 }
 
 static void alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
-        gm_requests_answer_alloc(s->userdata, request_id, out);
+        gm_req_central_answer_alloc(s->userdata, request_id, out);
 }
 
 static int store_add(void *userdata, int fd, const char *name) {
@@ -628,7 +630,7 @@ gm_broker_ops_t gm_server_broker_ops(gm_daemon_t *d) {
                 .send_release = send_release,
                 .send_reclaim = gm_local_send_reclaim,
                 .alloc_conf_changed = gm_local_push_alloc_conf,
-                .client_view = gm_local_client_view,
+                .client_view = gm_localstats_client_view,
                 .alloc_done = alloc_done,
                 .store_add = store_add,
                 .store_remove = store_remove,

@@ -15,20 +15,32 @@ import sys
 root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
 
 # Layer of a file: the daemon's files by role, every other module by directory.
+# The daemon's floors, top down: main -> server -> the request table ->
+# one floor per request family (req_*.c: none may include another's) ->
+# the request side's bottom floor (the connection type and reply helpers,
+# local sessions' life and figures, sampling) -> the daemon's leaves.
+REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples")
+REQ_LAYERS = {f"req-{f}" for f in REQUEST_FAMILIES}
 DAEMON_LAYER = {
     "main.c": "main",
     "server.c": "server", "daemon.h": "server",
-    "requests.c": "requests", "requests.h": "requests", "admin.c": "requests",
-    "local.h": "requests", "grant.c": "requests", "localstats.c": "requests",
-    "snapjob.c": "requests", "snapjob.h": "requests",
-    "diag.c": "requests", "diag.h": "requests",
+    "requests.c": "table", "requests.h": "table",
+    "request.c": "request", "request.h": "request",
+    "local.c": "request", "local.h": "request",
+    "localstats.c": "request", "localstats.h": "request",
+    "diag.c": "request", "diag.h": "request",
 }
+for family in REQUEST_FAMILIES:
+    DAEMON_LAYER[f"req_{family}.c"] = DAEMON_LAYER[f"req_{family}.h"] = f"req-{family}"
+BELOW_DAEMON = {"broker", "allocator", "backend", "ipc", "common", "proto"}
 # What each layer may include (besides itself).
 MAY_USE = {
-    "main": {"server", "requests", "daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
-    "server": {"requests", "daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
-    "requests": {"daemon-leaf", "broker", "allocator", "backend", "ipc", "common", "proto"},
-    "daemon-leaf": {"broker", "allocator", "backend", "ipc", "common", "proto"},
+    "main": {"server", "table", "request", "daemon-leaf"} | REQ_LAYERS | BELOW_DAEMON,
+    "server": {"table", "request", "daemon-leaf"} | REQ_LAYERS | BELOW_DAEMON,
+    "table": {"request", "daemon-leaf"} | REQ_LAYERS | BELOW_DAEMON,
+    **{req: {"request", "daemon-leaf"} | BELOW_DAEMON for req in REQ_LAYERS},
+    "request": {"daemon-leaf"} | BELOW_DAEMON,
+    "daemon-leaf": set(BELOW_DAEMON),
     "broker": {"allocator", "backend", "backend-kind", "common"},
     "allocator": {"common"},
     "backend-kind": set(),

@@ -776,7 +776,7 @@ static gm_backend_t *fake_backend_;
 
 /* The op index of a request body, as the daemon's request table numbers it. */
 static unsigned op_of(Gpumem__Envelope__BodyCase body) {
-        return (unsigned) gm_request_index(body);
+        return (unsigned) gm_requests_index(body);
 }
 
 static void setup_fake(void) {
@@ -791,7 +791,7 @@ static void setup_fake(void) {
         ck_assert_int_eq(gm_broker_new(&params, &b), 0);
         fake_.loop = uv_default_loop();
         fake_.broker = b;
-        fake_.n_ops = gm_request_op_names(&fake_.op_names);
+        fake_.n_ops = gm_requests_op_names(&fake_.op_names);
         /* Synthetic figures: written straight into the broker's tenants. */
         gm_tenant_t *plain = gm_tenant_get(b, "plain"), *weird = gm_tenant_get(b, "we\"ird\\na\nme");
         ck_assert_ptr_nonnull(plain);

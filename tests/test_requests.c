@@ -101,7 +101,7 @@ static void setup(void) {
 static void teardown(void) {
         gm_local_end(&conn_);
         gm_session_free(conn_.session);
-        gm_local_free_all(&rq_);
+        gm_localstats_free_all(&rq_);
         char why[256];
         ck_assert_msg(gm_broker_check(broker_, why, sizeof(why)) == 0, "%s", why);
         broker_ = gm_broker_free(broker_);
@@ -160,7 +160,7 @@ START_TEST(test_order_admin_and_limits) {
         ck_assert_str_eq(sent_[n_sent_ - 1].message,
                          "gpumemd: setting quotas needs admin rights (uid 0 or the admin group)");
         ck_assert_uint_eq(gm_tenant_find(broker_, "t")->quota, 0);
-        ck_assert_uint_eq(observed_[gm_request_index(GPUMEM__ENVELOPE__BODY_QUOTA)], 1);
+        ck_assert_uint_eq(observed_[gm_requests_index(GPUMEM__ENVELOPE__BODY_QUOTA)], 1);
 
         /* A limit refused before the handler; history needs admin first. */
         gm_session_t *s = conn_.session;
@@ -197,9 +197,9 @@ START_TEST(test_order_admin_and_limits) {
         env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
         env.reattach = &ra;
         ck_assert_int_eq(dispatch(&env, 5), -EPROTO);
-        ck_assert_uint_eq(observed_[gm_request_index(GPUMEM__ENVELOPE__BODY_REATTACH)], 1);
-        ck_assert_uint_eq(observed_[gm_request_index(GPUMEM__ENVELOPE__BODY_HELLO)], 1);
-        ck_assert_uint_eq(observed_[gm_request_index(GPUMEM__ENVELOPE__BODY_CLIENTS)], 0); /* refused by order */
+        ck_assert_uint_eq(observed_[gm_requests_index(GPUMEM__ENVELOPE__BODY_REATTACH)], 1);
+        ck_assert_uint_eq(observed_[gm_requests_index(GPUMEM__ENVELOPE__BODY_HELLO)], 1);
+        ck_assert_uint_eq(observed_[gm_requests_index(GPUMEM__ENVELOPE__BODY_CLIENTS)], 0); /* refused by order */
 }
 END_TEST
 
@@ -226,7 +226,7 @@ START_TEST(test_unbuildable_reply_gives_an_error_and_the_block_back) {
         ck_assert_uint_eq(e->n_mappings, 1); /* the segment made for request 10 */
         ck_assert_uint_eq(e->n_fds, 1);
         ck_assert_int_eq(st->allocated_bytes[GM_STAT_ALL].current, 1 * (int64_t) MiB);
-        ck_assert_uint_eq(observed_[gm_request_index(GPUMEM__ENVELOPE__BODY_ALLOC)], 2);
+        ck_assert_uint_eq(observed_[gm_requests_index(GPUMEM__ENVELOPE__BODY_ALLOC)], 2);
 }
 END_TEST
 

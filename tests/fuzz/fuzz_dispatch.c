@@ -76,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         gm_local_end(&conn);
         gm_session_free(conn.session);
-        gm_local_free_all(&rq);
+        gm_localstats_free_all(&rq);
         fuzz_check_broker(broker);
         broker = gm_broker_free(broker);
         FUZZ_ASSERT(backend->in_use == 0);

@@ -1,6 +1,6 @@
 /* Administrative and observability requests: statistics at every scope,
  * their resets, memory history, run-time allocator settings, quotas and the
- * client list (snapshots: snapjob.c). A tenant sees its own figures only;
+ * client list (snapshots: req_snapshot.c). A tenant sees its own figures only;
  * what needs admin rights is declared here and checked once by the request
  * table. */
 #include <errno.h>
@@ -13,8 +13,7 @@
 #include "local.h"
 #include "log.h"
 #include "msg.h"
-#include "requests.h"
-#include "snapjob.h"
+#include "req_admin.h"
 #include "text.h"
 
 /* gm_stats_foreach() names live only during the callback: they are copied. */
@@ -51,7 +50,7 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
 /* Statistic names one request may ask for, at most. */
 #define STATS_MAX_NAMES 1024
 
-int gm_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+int gm_req_admin_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         if (env->stats->n_names > STATS_MAX_NAMES)
                 return snprintf(why, why_len, "at most %u statistic names in one request", STATS_MAX_NAMES), -E2BIG;
         return 0;
@@ -62,7 +61,7 @@ static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
         return name && name[0] ? name : c->session->tenant->name;
 }
 
-const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_req_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE)
                 return "reading device-wide statistics";
@@ -72,18 +71,18 @@ const char *gm_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelop
         return NULL;
 }
 
-int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Stats *req = env->stats;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
         uint64_t sessions = 0;
-        gm_local_refresh(c->rq);
+        gm_localstats_refresh(c->rq);
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (gm_conn_stats(s)) {
-                        st = gm_conn_stats(s);
+                if (gm_localstats_session(s)) {
+                        st = gm_localstats_session(s);
                 } else {
                         gm_stats_init(&scratch);
                         scratch.max_split_size = b->device_stats.max_split_size;
@@ -92,7 +91,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 sessions = 1;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
-                gm_local_device_stats(c->rq, &scratch);
+                gm_localstats_device_stats(c->rq, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
                 st = &scratch;
                 sessions = b->n_sessions;
@@ -102,7 +101,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 gm_tenant_t *t = gm_tenant_find(b, name);
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", name), 0;
-                gm_local_tenant_stats(c->rq, t, &scratch);
+                gm_localstats_tenant_stats(c->rq, t, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &t->shown_base);
                 st = &scratch;
                 sessions = t->sessions;
@@ -114,9 +113,10 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
                 for (gm_session_t *o = b->sessions; o; o = o->next) {
                         /* Another tenant's pid reads as a pid without a session:
                          * a non-admin learns nothing of who holds sessions. */
-                        if ((uint32_t) o->pid != req->pid || !gm_conn_stats(o) || (!s->admin && o->tenant != s->tenant))
+                        if ((uint32_t) o->pid != req->pid || !gm_localstats_session(o) ||
+                            (!s->admin && o->tenant != s->tenant))
                                 continue;
-                        gm_local_stats_add(&scratch, gm_conn_stats(o));
+                        gm_localstats_add(&scratch, gm_localstats_session(o));
                         sessions++;
                 }
                 st = &scratch;
@@ -150,7 +150,7 @@ int gm_handle_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         return 0;
 }
 
-const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_req_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         switch (env->reset_stats->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 return "resetting device statistics";
@@ -161,12 +161,12 @@ const char *gm_admin_for_reset_stats(const gm_request_conn_t *c, const Gpumem__E
         }
 }
 
-int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__ResetStats *req = env->reset_stats;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         gm_stats_t *st = NULL;
-        gm_local_refresh(c->rq); /* the local sessions' part as of now */
+        gm_localstats_refresh(c->rq); /* the local sessions' part as of now */
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
                 if (s->heap)
@@ -184,21 +184,21 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
                         gm_stats_reset_peak(&c->rq->local->device);
                 }
                 if (req->accumulated)
-                        gm_local_device_stats(c->rq, &b->device_shown_base);
-                return gm_reply_ok(c, request_id);
+                        gm_localstats_device_stats(c->rq, &b->device_shown_base);
+                return gm_request_ok(c, request_id);
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                gm_local_tenant_t *lt = gm_local_tenant(c->rq, t->name);
+                gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, t->name);
                 if (req->peak) {
                         gm_stats_reset_peak(&t->stats);
                         if (lt)
                                 gm_stats_reset_peak(&lt->stats);
                 }
                 if (req->accumulated)
-                        gm_local_tenant_stats(c->rq, t, &t->shown_base);
-                return gm_reply_ok(c, request_id);
+                        gm_localstats_tenant_stats(c->rq, t, &t->shown_base);
+                return gm_request_ok(c, request_id);
         }
         default:
                 return gm_request_error(c, request_id, EINVAL, "cannot reset statistics of that scope"), 0;
@@ -208,23 +208,23 @@ int gm_handle_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gpume
         if (st && req->accumulated)
                 gm_stats_reset_accumulated(st);
         if (c->local)
-                gm_local_refresh_conn(c); /* the figures shown: the page's with the exact ones laid over */
-        return gm_reply_ok(c, request_id);
+                gm_localstats_refresh_conn(c); /* the figures shown: the page's with the exact ones laid over */
+        return gm_request_ok(c, request_id);
 }
 
 /* ---- memory history ---- */
 
-const char *gm_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_req_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return env->history_control->status_only ? "reading the state of memory history" : "controlling memory history";
 }
 
-int gm_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+int gm_req_admin_check_history(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         if (env->history_control->max_entries > GM_HISTORY_MAX_ENTRIES)
                 return snprintf(why, why_len, "at most %u history entries", GM_HISTORY_MAX_ENTRIES), -EINVAL;
         return 0;
 }
 
-int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__HistoryControl *req = env->history_control;
         gm_broker_t *b = c->rq->broker;
         if (!req->status_only) {
@@ -233,7 +233,7 @@ int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                         return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
                 log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off",
                          b->history_max_entries, (int) c->session->pid);
-                gm_snapjobs_push_history(c->rq); /* local heaps keep their own trace */
+                gm_local_push_history(c->rq); /* local heaps keep their own trace */
         }
         Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
         reply.enabled = b->history != NULL;
@@ -248,11 +248,11 @@ int gm_handle_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
 
 /* ---- allocator settings at run time ---- */
 
-const char *gm_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_req_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return env->alloc_conf->set ? "changing allocator settings" : NULL;
 }
 
-int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__AllocConf *req = env->alloc_conf;
         gm_broker_t *b = c->rq->broker;
         if (req->set) {
@@ -281,7 +281,7 @@ int gm_handle_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 
 static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__TenantInfo *info) {
         gm_stats_t st;
-        gm_local_tenant_stats(d, t, &st);
+        gm_localstats_tenant_stats(d, t, &st);
         gpumem__tenant_info__init(info);
         info->tenant = (char *) t->name;
         info->quota = t->quota;
@@ -294,11 +294,11 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         info->sessions = t->sessions;
 }
 
-const char *gm_admin_for_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+const char *gm_req_admin_for_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
         return env->quota->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET ? "setting quotas" : NULL;
 }
 
-int gm_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+int gm_req_admin_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         const Gpumem__Quota *req = env->quota;
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && !gm_tenant_name_valid(tenant_named(c, req->tenant)))
                 return snprintf(why, why_len, "invalid tenant name"), -EINVAL; /* what the config accepts */
@@ -322,14 +322,14 @@ static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Qu
         return 0;
 }
 
-int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Quota *req = env->quota;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         const char *name = tenant_named(c, req->tenant);
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && set_quota(c, request_id, req, name) < 0)
                 return 0;
-        gm_local_refresh(c->rq);
+        gm_localstats_refresh(c->rq);
         size_t n = b->n_tenants;
         Gpumem__TenantInfo *infos = calloc(n ? n : 1, sizeof(*infos));
         Gpumem__TenantInfo **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
@@ -368,7 +368,7 @@ int gm_handle_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Env
         return 0;
 }
 
-int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
         Gpumem__ClientInfo *infos = calloc(b->n_sessions + 1, sizeof(*infos));
@@ -379,7 +379,7 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
-        gm_local_refresh(c->rq);
+        gm_localstats_refresh(c->rq);
         for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = o->next) {
                 if (o->ended || !o->tenant || (!s->admin && o->tenant != s->tenant))
                         continue;
@@ -396,12 +396,12 @@ int gm_handle_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__E
                 ci->release_unverified = o->release_unverified_bytes;
                 const gm_request_conn_t *oc = o->userdata;
                 ci->heap_mode = oc && oc->local ? "local" : "central";
-                ci->stats_page_invalid = gm_conn_page_invalid(o);
+                ci->stats_page_invalid = gm_localstats_page_invalid(o);
                 ci->requests = oc ? oc->requests : 0;
                 ci->unresponsive = o->unresponsive;
                 ci->unresponsive_ms = o->unresponsive ? gm_now_ms() - o->owing_since_ms : 0;
                 ci->command = oc ? (char *) oc->command : "";
-                const gm_stats_t *st = gm_conn_stats(o);
+                const gm_stats_t *st = gm_localstats_session(o);
                 if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
                         ci->allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;

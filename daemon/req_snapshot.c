@@ -1,6 +1,6 @@
-/* Asynchronous snapshots: see snapjob.h.
+/* Asynchronous snapshots: see req_snapshot.h.
  *
- * A job's life: collecting (on the loop, in gm_handle_snapshot), waiting
+ * A job's life: collecting (on the loop, in gm_req_snapshot_handle), waiting
  * (for its asks: local sessions' answers), rendering (its data belongs to
  * the worker; the loop touches only `conn`), done (answered and freed on
  * the loop). An ask ends answered (its bytes in `answer`), or silent (late,
@@ -13,7 +13,7 @@
  * daemon made stays behind in a file the client holds; the daemon keeps
  * the rendered bytes only until they are read or STREAM_TIMEOUT_MS pass.
  * Without a worker (request-layer test harnesses) they go in a sealed memfd. */
-#include "snapjob.h"
+#include "req_snapshot.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "local.h"
+#include "localstats.h"
 #include "log.h"
 #include "memfd.h"
 #include "snapshot.h"
@@ -78,7 +78,7 @@ struct gm_snapjob {
         ask_t *asks;
         size_t n_asks, n_waiting;
         uint64_t answer_bytes; /* of all its answers: at most twice answer_max_bytes */
-        bool collecting;       /* still in gm_handle_snapshot: not finished from callbacks */
+        bool collecting;       /* still in gm_req_snapshot_handle: not finished from callbacks */
         bool rendering;
         /* The worker's results: the bytes (or, without a worker, a memfd). */
         int result;
@@ -420,7 +420,7 @@ static bool conn_has_job(const gm_snapjobs_t *js, const gm_request_conn_t *c) {
         return false;
 }
 
-int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_snapshot_handle(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Snapshot *req = env->snapshot;
         gm_snapjobs_t *js = c->rq->snapjobs;
         gm_broker_t *b = c->rq->broker;
@@ -528,7 +528,7 @@ static bool ask_over(const gm_requests_t *rq, gm_snapjob_t *j, ask_t *a, ask_sta
         return true;
 }
 
-int gm_handle_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+int gm_req_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__SnapshotAnswer *ans = env->snapshot_answer;
         gm_snapjobs_t *js = c->rq->snapjobs;
         gm_snapjob_t *j = NULL;
@@ -571,22 +571,7 @@ int gm_handle_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const G
 
 /* ---- the daemon's callbacks ---- */
 
-void gm_snapjobs_push_history(const gm_requests_t *rq) {
-        gm_broker_t *b = rq->broker;
-        Gpumem__HistoryControl h = GPUMEM__HISTORY_CONTROL__INIT;
-        h.enabled = b->history != NULL;
-        h.max_entries = b->history_max_entries;
-        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
-        out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_PUSH;
-        out.history_push = &h;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                gm_request_conn_t *oc = o->userdata;
-                if (oc && oc->local && !oc->closed && !o->ended)
-                        gm_request_send(oc, 0, &out, NULL, 0);
-        }
-}
-
-void gm_snapjobs_tick(const gm_requests_t *rq, uint64_t now_ms) {
+void gm_req_snapshot_tick(const gm_requests_t *rq, uint64_t now_ms) {
         gm_snapjobs_t *js = rq->snapjobs;
         if (!js)
                 return;
@@ -597,7 +582,7 @@ void gm_snapjobs_tick(const gm_requests_t *rq, uint64_t now_ms) {
         }
 }
 
-void gm_snapjobs_conn_end(gm_request_conn_t *c) {
+void gm_req_snapshot_conn_end(gm_request_conn_t *c) {
         gm_snapjobs_t *js = c->rq ? c->rq->snapjobs : NULL;
         if (!js)
                 return;
@@ -622,7 +607,7 @@ void gm_snapjobs_conn_end(gm_request_conn_t *c) {
         }
 }
 
-void gm_snapjobs_free_all(const gm_requests_t *rq) {
+void gm_req_snapshot_free_all(const gm_requests_t *rq) {
         gm_snapjobs_t *js = rq->snapjobs;
         if (!js)
                 return;

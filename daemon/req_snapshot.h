@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "metrics.h"
-#include "requests.h"
+#include "request.h"
 
 typedef struct gm_snapshot_limits {
         uint32_t answer_timeout_ms; /* a local session's time to answer */
@@ -42,15 +42,12 @@ struct gm_snapjobs {
 };
 
 /* The Snapshot request (table handler). */
-int gm_handle_snapshot(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
+int gm_req_snapshot_handle(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* A local session's SnapshotAnswer packet (table handler). */
-int gm_handle_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
-/* Memory history changed: tells every local session to record its own trace
- * or stop (a new one learns it from its HelloReply). */
-void gm_snapjobs_push_history(const gm_requests_t *rq);
+int gm_req_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env);
 /* Periodic: jobs whose deadline passed are rendered with what came. */
-void gm_snapjobs_tick(const gm_requests_t *rq, uint64_t now_ms);
+void gm_req_snapshot_tick(const gm_requests_t *rq, uint64_t now_ms);
 /* A connection ends: its jobs lose their asker, its answers are not awaited. */
-void gm_snapjobs_conn_end(gm_request_conn_t *c);
+void gm_req_snapshot_conn_end(gm_request_conn_t *c);
 /* At stop: frees jobs that wait for answers (those being rendered finish). */
-void gm_snapjobs_free_all(const gm_requests_t *rq);
+void gm_req_snapshot_free_all(const gm_requests_t *rq);
