@@ -36,7 +36,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         }
         gm_local_t *l = calloc(1, sizeof(*l));
         int fd = -1;
-        int r = l ? gm_session_set_local(c->session) : -ENOMEM;
+        int r = l ? gm_session_local_enable(c->session) : -ENOMEM;
         if (r == 0)
                 r = gm_statpage_create(sizeof(gm_stats_t), &fd);
         if (r == 0)
@@ -57,7 +57,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         reply->alloc_conf = d->broker->alloc_config.raw;
         reply->stats_page_size = GM_STATPAGE_SIZE;
         reply->grant_runs = true;
-        reply->return_intents = gm_session_returns_need_intent(c->session);
+        reply->return_intents = gm_process_check_needs_intent(c->session);
         *ret_page_fd = fd;
         return 0;
 }
@@ -144,12 +144,12 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
                                                 .offset = seg->mapped[k]->offset,
                                                 .size = seg->mapped[k]->length};
                         gm_piece_t *p;
-                        r = gm_session_reattach_grant(s, &spec, &p);
+                        r = gm_reattach_grant(s, &spec, &p);
                 }
         }
         gm_localstats_exact_sync(c);
         if (r == 0 && req->last)
-                r = gm_session_reattach_finish(s);
+                r = gm_reattach_finish(s);
         if (r < 0) {
                 gm_request_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
                 return r;

@@ -285,7 +285,7 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         gpumem__tenant_info__init(info);
         info->tenant = (char *) t->name;
         info->quota = t->quota;
-        info->quota_source = (char *) gm_quota_source_name(t);
+        info->quota_source = (char *) gm_tenant_quota_source(t);
         info->charged = t->charged_bytes;
         info->release_unverified = t->release_unverified_bytes;
         info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;

@@ -140,7 +140,7 @@ int gm_req_samples_handle(gm_request_conn_t *c, uint64_t request_id, const Gpume
                 else
                         gm_localstats_tenant_stats(c->rq, s->tenant, &st);
                 uint64_t device_free = 0, device_total = 0;
-                gm_broker_device_view(b, &device_free, &device_total);
+                gm_reclaim_device_view(b, &device_free, &device_total);
                 set.now_ms = now;
                 set.period_ms = GM_SAMPLE_PERIOD_MS;
                 set.capacity = b->backend->capacity;

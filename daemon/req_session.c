@@ -65,7 +65,7 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         reply.session_token = s->token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
         reply.admin = s->admin;
-        reply.client_fences = gm_session_client_fences(s);
+        reply.client_fences = gm_session_central_client_fences(s);
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
@@ -85,7 +85,7 @@ int gm_req_session_check_reattach(const gm_request_conn_t *c, const Gpumem__Enve
         const Gpumem__Reattach *req = env->reattach;
         if (!c->session->reattaching)
                 return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
-        int r = gm_session_reattach_count(c->session, req->n_segments + req->n_blocks);
+        int r = gm_reattach_count(c->session, req->n_segments + req->n_blocks);
         if (r < 0)
                 return snprintf(why, why_len, "re-attach reports too much"), r;
         for (size_t i = 0; i < req->n_segments; i++)
@@ -100,8 +100,7 @@ static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg,
                 return -ENOMEM;
         for (size_t i = 0; i < seg->n_mapped; i++)
                 ranges[i] = (gm_reattach_range_t){.offset = seg->mapped[i]->offset, .length = seg->mapped[i]->length};
-        int r = gm_session_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped,
-                                            ret_why);
+        int r = gm_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped, ret_why);
         free(ranges);
         return r;
 }
@@ -130,11 +129,11 @@ int gm_req_session_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpu
         }
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
-                r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
-                                              b->pending_free);
+                r = gm_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
+                                      b->pending_free);
         }
         if (r == 0 && req->last)
-                r = gm_session_reattach_finish(s);
+                r = gm_reattach_finish(s);
         if (r < 0) {
                 /* A report that contradicts itself ends the session; its memory
                  * is released (the client starts over). */
