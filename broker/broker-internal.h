@@ -21,6 +21,56 @@
 #include "clock.h"
 #include "debug.h"
 
+/* A session: opaque outside the broker (the daemon reads it through
+ * gm_session_view() and a few accessors). */
+struct gm_session {
+        gm_broker_t *broker;
+        uint64_t id;
+        pid_t pid;
+        uid_t uid;
+        char name[64];
+        char unit[256];
+        bool admin;
+        bool admin_conn;
+        void *userdata;
+        gm_tenant_t *tenant; /* set at start */
+        char token[GM_TOKEN_LEN + 1];
+        bool reattaching;             /* between a resuming start and the last re-attach report */
+        bool lied;                    /* acknowledged a release it had not done: its memory is checked when it ends */
+        bool local;                   /* its heap runs in its client: granted pieces, no heap here */
+        bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
+        uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
+        gm_session_grants_t grants;   /* local */
+        gm_session_reclaim_t reclaim; /* local */
+        uint64_t reattach_items;
+        bool ended;      /* memory released; no request is served any more */
+        gm_heap_t *heap; /* created at the first allocation */
+        uint64_t last_active_ms;
+        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
+        size_t n_cur_frames;
+        gm_piece_t *pieces;              /* every piece it owns (any state) */
+        gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */
+        gm_piece_t *rel_head, *rel_tail; /* TO_RELEASE, in release order */
+        gm_piece_t *adopting;            /* ADOPTING */
+        struct gm_release *releases;     /* sent, awaiting ReleaseAck */
+        uint64_t releasing_bytes;
+        uint64_t next_release_id;
+        struct gm_parked *parked, *parked_tail;
+        uint32_t n_parked;
+        void *owned;           /* the daemon's one block for it (gm_session_owned()): opaque here, freed with it */
+        uint64_t retry_pass;   /* the last retry that left its first parked request waiting */
+        gm_page_move_t *moves; /* pending, in the order the heap made them */
+        size_t n_moves, cap_moves;
+        gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
+                                       * out with the next allocation reply */
+        size_t n_fences;
+        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
+        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
+        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
+        struct gm_session *prev, *next;
+};
+
 /* A ReleaseRequest sent to a client and not yet acknowledged: its pieces stay
  * charged to the tenant and held in the backend until the ack. */
 typedef struct gm_release {

@@ -138,6 +138,15 @@ void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
                 gm_reclaim_park(s, request_id, &rq, ret);
 }
 
+void gm_broker_commit(gm_session_t *s, const gm_outcome_t *out) {
+        gm_assert(out->kind == GM_OUTCOME_REPLY && out->new_pieces == gm_session_central_new_pieces(s));
+        gm_session_central_pieces_sent(s);
+}
+
+void gm_broker_undo(gm_session_t *s, const gm_outcome_t *out) {
+        gm_session_central_alloc_undo(s, out->alloc.block_id);
+}
+
 void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
         *ret = (gm_outcome_t){0};
         if (s->ended || !s->tenant) {

@@ -170,6 +170,26 @@ typedef struct gm_release_range {
  * packet (the kernel's SCM_RIGHTS cap; the daemon's max_fds may be lower). */
 #define GM_MAX_GRANT_PIECES 253u
 
+/* A page the session's heap moved (page reuse) that its client has not been
+ * told of yet: the client maps `piece` at from_segment_id/from_offset still.
+ * Pending moves go out with the next allocation reply, in order; a piece
+ * released meanwhile is released where its client maps it (the move is
+ * dropped). */
+typedef struct gm_page_move {
+        gm_piece_t *piece; /* at its new place */
+        uint64_t from_segment_id, from_va_size, from_offset;
+        bool from_whole_segment; /* it was the last piece the client maps there */
+} gm_page_move_t;
+
+/* Streams a central session tracks fences of (as many as a heap tracks). */
+#define GM_SESSION_FENCE_STREAMS 64
+
+/* A stream fence an allocation reply asks the client to record. */
+typedef struct gm_fence_mark {
+        uint64_t stream;
+        uint64_t fence;
+} gm_fence_mark_t;
+
 /* What a request comes to. */
 typedef enum gm_outcome_kind {
         GM_OUTCOME_REPLY,  /* done: answer it (an allocation: with its new pieces) */
@@ -190,6 +210,16 @@ typedef struct gm_outcome {
         /* REPLY to a grant: its pieces, in order, whose fds the reply carries. */
         const gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
         size_t n_pieces;
+        /* REPLY to an allocation, the rest of its reply: the new pieces whose
+         * mappings and fds it carries (creation order, linked by ->queue), the
+         * pending page moves (applied first) and the stream fences the client
+         * is to record. Valid until gm_broker_commit() (the reply was sent) or
+         * gm_broker_undo() (it could not be built). */
+        const gm_piece_t *new_pieces;
+        const gm_page_move_t *moves;
+        size_t n_moves;
+        gm_fence_mark_t marks[GM_SESSION_FENCE_STREAMS];
+        size_t n_marks;
 } gm_outcome_t;
 
 /* What a local session's client reports of heaps (its statistics page, as the
@@ -366,17 +396,6 @@ typedef struct gm_session_reclaim {
         uint64_t dry_until_ms; /* its last one brought nothing back: not asked again before */
 } gm_session_reclaim_t;
 
-/* A page the session's heap moved (page reuse) that its client has not been
- * told of yet: the client maps `piece` at from_segment_id/from_offset still.
- * Pending moves go out with the next allocation reply, in order; a piece
- * released meanwhile is released where its client maps it (the move is
- * dropped). */
-typedef struct gm_page_move {
-        gm_piece_t *piece; /* at its new place */
-        uint64_t from_segment_id, from_va_size, from_offset;
-        bool from_whole_segment; /* it was the last piece the client maps there */
-} gm_page_move_t;
-
 /* Page reuse's stream fences of a central session on a device backend: its
  * heap marks fences (stream_fence()), the next allocation reply asks the
  * client to record them (an event on the stream when it applies the reply:
@@ -384,7 +403,6 @@ typedef struct gm_page_move {
  * its next allocations; or the client marks one on its own before an
  * allocation and finds it complete (gm_session_central_frees_fenced()). asked >=
  * sent >= done. */
-#define GM_SESSION_FENCE_STREAMS 64 /* streams tracked (as many as a heap tracks) */
 typedef struct gm_session_fence {
         uint64_t stream;
         uint64_t asked; /* highest fence number the heap marked */
@@ -400,54 +418,44 @@ typedef struct gm_process_check_note {
         uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
 } gm_holder_note_t;
 
-/* Read-only outside the broker. */
-struct gm_session {
-        gm_broker_t *broker;
+/* What the daemon reads of a session (gm_session_t is opaque outside the
+ * broker): plain fields, copied at the call; the pointers are the broker's
+ * and stay valid while the session does. */
+typedef struct gm_session_view {
         uint64_t id;
         pid_t pid;
         uid_t uid;
-        char name[64];
-        char unit[256];
-        bool admin;
-        bool admin_conn;
-        void *userdata;
-        gm_tenant_t *tenant; /* set at start */
-        char token[GM_TOKEN_LEN + 1];
-        bool reattaching;             /* between a resuming start and the last re-attach report */
-        bool lied;                    /* acknowledged a release it had not done: its memory is checked when it ends */
-        bool local;                   /* its heap runs in its client: granted pieces, no heap here */
-        bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
-        uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
-        gm_session_grants_t grants;   /* local */
-        gm_session_reclaim_t reclaim; /* local */
-        uint64_t reattach_items;
-        bool ended;      /* memory released; no request is served any more */
-        gm_heap_t *heap; /* created at the first allocation */
-        uint64_t last_active_ms;
-        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
-        size_t n_cur_frames;
-        gm_piece_t *pieces;              /* every piece it owns (any state) */
-        gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */
-        gm_piece_t *rel_head, *rel_tail; /* TO_RELEASE, in release order */
-        gm_piece_t *adopting;            /* ADOPTING */
-        struct gm_release *releases;     /* sent, awaiting ReleaseAck */
-        uint64_t releasing_bytes;
-        uint64_t next_release_id;
-        struct gm_parked *parked, *parked_tail;
-        uint32_t n_parked;
-        struct gm_diag_session *diag; /* the daemon's samples of it (daemon/diag.c): one block, freed with it */
-        uint64_t retry_pass;          /* the last retry that left its first parked request waiting */
-        gm_page_move_t *moves;        /* pending, in the order the heap made them */
-        size_t n_moves, cap_moves;
-        gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
-                                       * out with the next allocation reply */
-        size_t n_fences;
-        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
-        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
-        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
-        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
-        struct gm_session *prev, *next;
-};
+        const char *name; /* what the client says of itself, escaped (gm_session_describe()) */
+        const char *unit; /* its systemd unit, "" if none */
+        const char *token;
+        bool admin;                        /* kernel-verified right to administer */
+        bool admin_conn;                   /* an administration tool's connection (Hello) */
+        gm_tenant_t *tenant;               /* NULL until it starts */
+        bool local;                        /* its heap runs in its client */
+        bool ended;                        /* memory released; no request is served any more */
+        bool reattaching;                  /* between a resuming start and the last re-attach report */
+        bool lied;                         /* acknowledged a release it had not done: the caller ends it */
+        bool unresponsive;                 /* answered nothing it owes for unresponsive_timeout_ms */
+        uint64_t owing_since_ms;           /* since when it owes an answer (0: nothing) */
+        uint64_t releasing_bytes;          /* asked back with release requests, not yet acknowledged */
+        uint64_t reclaim_bytes;            /* asked back with its pending Reclaim (0: none) */
+        uint64_t release_unverified_bytes; /* released on its word only: held until it ends */
+        gm_heap_t *heap;                   /* central: created at its first allocation (NULL before) */
+        gm_session_grants_t grants;        /* local: what its client's heap holds */
+        const gm_piece_t *pieces;          /* every piece it owns (any state), linked by ->next */
+        void *userdata;                    /* gm_session_params_t's */
+        void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
+} gm_session_view_t;
+
+void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
+/* gm_session_params_t's userdata (the daemon's connection). */
+void *gm_session_userdata(const gm_session_t *s);
+/* The next session of the broker's list (b->sessions, newest first), or NULL. */
+gm_session_t *gm_session_next(const gm_session_t *s);
+/* The one slot the daemon may hang a malloc'd block of its own on (its
+ * diagnosis samples): NULL at first, opaque to the broker, freed with the
+ * session. */
+void **gm_session_owned(gm_session_t *s);
 
 /* A session for a new connection (no tenant yet). */
 int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session_t **ret_session);
@@ -470,6 +478,13 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret);
+/* The reply built from allocation outcome `out` was sent: its pieces are
+ * the client's (their releases need acks from now on), its moves and fence
+ * marks are done. */
+void gm_broker_commit(gm_session_t *s, const gm_outcome_t *out);
+/* The reply of allocation outcome `out` could not be built: the block goes
+ * back to the heap; its new pieces stay listed for the next reply. */
+void gm_broker_undo(gm_session_t *s, const gm_outcome_t *out);
 /* An allocation's refusal reaches its client: num_ooms (its heap's, when the
  * heap refused it; the heap does not count refusals that may still wait). */
 void gm_session_central_count_refusal(gm_session_t *s);

@@ -149,7 +149,7 @@ void gm_session_free(gm_session_t *s) {
         if (s->next)
                 s->next->prev = s->prev;
         b->n_sessions--;
-        free(s->diag);
+        free(s->owned);
         free(s);
 }
 
@@ -403,4 +403,46 @@ void gm_session_unpark_all(gm_session_t *s) {
                 free(gm_session_parked_pop(s));
         s->reclaim.id = 0;
         s->reclaim.bytes = 0;
+}
+
+/* ---- what the daemon reads ---- */
+
+void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
+        *ret = (gm_session_view_t){
+                .id = s->id,
+                .pid = s->pid,
+                .uid = s->uid,
+                .name = s->name,
+                .unit = s->unit,
+                .token = s->token,
+                .admin = s->admin,
+                .admin_conn = s->admin_conn,
+                .tenant = s->tenant,
+                .local = s->local,
+                .ended = s->ended,
+                .reattaching = s->reattaching,
+                .lied = s->lied,
+                .unresponsive = s->unresponsive,
+                .owing_since_ms = s->owing_since_ms,
+                .releasing_bytes = s->releasing_bytes,
+                .reclaim_bytes = s->reclaim.id ? s->reclaim.bytes : 0,
+                .release_unverified_bytes = s->release_unverified_bytes,
+                .heap = s->heap,
+                .grants = s->grants,
+                .pieces = s->pieces,
+                .userdata = s->userdata,
+                .owned = s->owned,
+        };
+}
+
+void *gm_session_userdata(const gm_session_t *s) {
+        return s->userdata;
+}
+
+gm_session_t *gm_session_next(const gm_session_t *s) {
+        return s->next;
+}
+
+void **gm_session_owned(gm_session_t *s) {
+        return &s->owned;
 }

@@ -246,6 +246,18 @@ uint64_t gm_session_central_trim(gm_session_t *s) {
 
 /* ---- allocations ---- */
 
+/* The rest of an allocation's reply: what the session has to tell its client. */
+static void reply_of(const gm_session_t *s, gm_outcome_t *out) {
+        out->new_pieces = s->new_head;
+        out->moves = s->moves;
+        out->n_moves = s->n_moves;
+        out->n_marks = 0;
+        for (size_t k = 0; k < s->n_fences; k++)
+                if (s->fences[k].asked > s->fences[k].sent)
+                        out->marks[out->n_marks++] =
+                                (gm_fence_mark_t){.stream = s->fences[k].stream, .fence = s->fences[k].asked};
+}
+
 int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_heap_t *heap;
@@ -271,6 +283,7 @@ int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream
         r = gm_heap_alloc(heap, size, stream, &out->alloc);
         if (r == 0) {
                 out->kind = GM_OUTCOME_REPLY;
+                reply_of(s, out);
                 return 0;
         }
         if (r != -ENOMEM && r != -EDQUOT) {

@@ -92,7 +92,7 @@ void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_o
 /* ---- pushes ---- */
 
 int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes) {
-        gm_request_conn_t *c = s->userdata;
+        gm_request_conn_t *c = gm_session_userdata(s);
         if (!c || !c->local || c->closed)
                 return -ENOTCONN;
         Gpumem__Reclaim rq = GPUMEM__RECLAIM__INIT;
@@ -105,7 +105,7 @@ int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, 
 }
 
 void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_config_t *config) {
-        gm_request_conn_t *c = s->userdata;
+        gm_request_conn_t *c = gm_session_userdata(s);
         if (!c || !c->local || c->closed)
                 return;
         Gpumem__AllocConfUpdate up = GPUMEM__ALLOC_CONF_UPDATE__INIT;
@@ -124,9 +124,11 @@ void gm_local_push_history(const gm_requests_t *rq) {
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_PUSH;
         out.history_push = &h;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                gm_request_conn_t *oc = o->userdata;
-                if (oc && oc->local && !oc->closed && !o->ended)
+        for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                gm_request_conn_t *oc = gm_session_userdata(o);
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                if (oc && oc->local && !oc->closed && !ov.ended)
                         gm_request_send(oc, 0, &out, NULL, 0);
         }
 }
@@ -167,11 +169,13 @@ void gm_local_end(gm_request_conn_t *c) {
         /* Its figures leave the local totals (the broker releases its pieces). */
         gm_stats_t gone = l->applied;
         gm_localstats_zero_currents(&gone);
-        gm_local_tenant_t *lt = c->session->tenant ? gm_localstats_tenant(d, c->session->tenant->name) : NULL;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_local_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
         if (lt)
                 gm_localstats_fold(&lt->stats, &gone, &l->applied);
         gm_localstats_fold(&d->local->device, &gone, &l->applied);
-        if (c->session->tenant)
+        if (sv.tenant)
                 gm_localstats_exact_gone(c);
         gm_statpage_unmap(l->page);
         free(l);

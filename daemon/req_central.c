@@ -21,24 +21,23 @@
  * pending page moves (with the AllocReply, applied first). -ENOMEM when
  * the reply cannot be built (nothing sent), or the send's error (the
  * connection is closed). */
-static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
-        gm_session_t *s = c->session;
+static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        const gm_alloc_result_t *res = &out->alloc;
         uint32_t max_fds = c->rq->config->max_fds;
         size_t n = 0;
-        for (const gm_piece_t *p = gm_session_central_new_pieces(s); p; p = p->queue)
+        for (const gm_piece_t *p = out->new_pieces; p; p = p->queue)
                 n++;
-        size_t n_moves = s->n_moves;
+        size_t n_moves = out->n_moves;
         /* Page reuse's new fence marks (at most one per stream the session tracks). */
         Gpumem__StreamFence marks[GM_SESSION_FENCE_STREAMS], *mark_ptrs[GM_SESSION_FENCE_STREAMS];
         size_t n_marks = 0;
-        for (size_t k = 0; k < s->n_fences; k++)
-                if (s->fences[k].asked > s->fences[k].sent) {
-                        gpumem__stream_fence__init(&marks[n_marks]);
-                        marks[n_marks].stream = s->fences[k].stream;
-                        marks[n_marks].fence = s->fences[k].asked;
-                        mark_ptrs[n_marks] = &marks[n_marks];
-                        n_marks++;
-                }
+        for (size_t k = 0; k < out->n_marks; k++) {
+                gpumem__stream_fence__init(&marks[n_marks]);
+                marks[n_marks].stream = out->marks[k].stream;
+                marks[n_marks].fence = out->marks[k].fence;
+                mark_ptrs[n_marks] = &marks[n_marks];
+                n_marks++;
+        }
         /* A cached block brings no piece and no move: no allocation for the common reply. */
         Gpumem__Mapping *map_ptrs_none[1];
         int fds_none[1];
@@ -61,7 +60,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
                 goto out;
         }
         for (size_t k = 0; k < n_moves; k++) {
-                const gm_page_move_t *m = &s->moves[k];
+                const gm_page_move_t *m = &out->moves[k];
                 gpumem__page_move__init(&moves[k]);
                 moves[k].from_segment_id = m->from_segment_id;
                 moves[k].from_offset = m->from_offset;
@@ -73,7 +72,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
                 move_ptrs[k] = &moves[k];
         }
         size_t i = 0; /* creation order: the client maps them so */
-        for (const gm_piece_t *p = gm_session_central_new_pieces(s); p; p = p->queue, i++) {
+        for (const gm_piece_t *p = out->new_pieces; p; p = p->queue, i++) {
                 gm_request_piece_mapping(&maps[i], p);
                 map_ptrs[i] = &maps[i];
                 fds[i] = p->phys.fd;
@@ -108,7 +107,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         r = gm_request_send(c, request_id, &env, fds + sent, n - sent);
 out:
         if (r == 0)
-                gm_session_central_pieces_sent(s);
+                gm_broker_commit(c->session, out);
         if (n > 0) {
                 free(maps);
                 free(map_ptrs);
@@ -131,10 +130,10 @@ void gm_req_central_answer_alloc(gm_request_conn_t *c, uint64_t request_id, cons
                 gm_request_refusal(c, request_id, out);
                 return;
         }
-        int r = send_alloc_reply(c, request_id, &out->alloc);
+        int r = send_alloc_reply(c, request_id, out);
         if (r == -ENOMEM && !c->closed) {
                 /* Nothing was sent: the block goes back, the client hears why. */
-                gm_session_central_alloc_undo(c->session, out->alloc.block_id);
+                gm_broker_undo(c->session, out);
                 gm_request_error(c, request_id, ENOMEM, "out of memory building the allocation's reply");
         }
 }
@@ -218,7 +217,9 @@ int gm_req_central_release_ack(gm_request_conn_t *c, uint64_t request_id, const 
 
 /* A tenant named, or an admin's connection without memory: other sessions. */
 static bool trims_others(const gm_request_conn_t *c, const Gpumem__Trim *trim) {
-        return (trim->tenant && trim->tenant[0]) || (!c->session->heap && c->session->admin);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        return (trim->tenant && trim->tenant[0]) || (!sv.heap && sv.admin);
 }
 
 const char *gm_req_central_admin_for_trim(const gm_request_conn_t *c, const Gpumem__Envelope *env) {

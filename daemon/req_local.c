@@ -78,7 +78,9 @@ int gm_req_local_return_pieces(gm_request_conn_t *c, uint64_t request_id, const 
                 gm_session_local_close_return_intent(c->session);
         if (c->local)
                 gm_localstats_exact_sync(c);
-        if (c->session->lied) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        if (sv.lied) {
                 gm_request_error(c, request_id, EBUSY,
                                  "pieces returned, but the memory is still mapped: it stays charged, and this "
                                  "session ends");

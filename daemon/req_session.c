@@ -47,9 +47,11 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         if (r < 0)
                 return r;
         c->hello_done = true;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
 
         reply.protocol_version = GM_PROTOCOL_VERSION;
-        reply.session_id = s->id;
+        reply.session_id = sv.id;
         reply.backend = (char *) c->rq->broker->backend->ops->name;
         const gm_kind_caps_t *kc = c->rq->broker->backend->ops->caps;
         Gpumem__KindCaps caps = GPUMEM__KIND_CAPS__INIT;
@@ -60,17 +62,17 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         reply.capacity = c->rq->broker->backend->capacity;
         reply.max_packet = c->rq->config->max_packet;
         reply.max_fds = c->rq->config->max_fds;
-        reply.tenant = s->tenant->name;
+        reply.tenant = sv.tenant->name;
         reply.granularity = c->rq->broker->backend->granularity;
-        reply.session_token = s->token;
+        reply.session_token = (char *) sv.token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
-        reply.admin = s->admin;
+        reply.admin = sv.admin;
         reply.client_fences = gm_session_central_client_fences(s);
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
-        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) s->id, (int) s->pid,
-                 (unsigned) s->uid, s->tenant->name, s->name, c->local ? ", local heap" : "");
+        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) sv.id, (int) sv.pid,
+                 (unsigned) sv.uid, sv.tenant->name, sv.name, c->local ? ", local heap" : "");
         if (c->local && c->rq->broker->history) /* its heap records its own trace */
                 reply.history_max_entries = c->rq->broker->history_max_entries;
         gm_request_send(c, request_id, &out, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
@@ -82,8 +84,10 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 /* ---- re-attach ---- */
 
 int gm_req_session_check_reattach(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const Gpumem__Reattach *req = env->reattach;
-        if (!c->session->reattaching)
+        if (!sv.reattaching)
                 return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
         int r = gm_reattach_count(c->session, req->n_segments + req->n_blocks);
         if (r < 0)

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "broker-internal.h"
 #include "clock.h"
 #include "testutil.h"
 
