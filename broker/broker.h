@@ -387,37 +387,6 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
-/* The Reclaim a local session's client was asked (one at a time). */
-typedef struct gm_session_reclaim {
-        uint64_t id;    /* outstanding (0: none) */
-        uint64_t bytes; /* what it should bring back */
-        uint64_t sent_ms;
-        uint64_t next_id;
-        uint64_t dry_until_ms; /* its last one brought nothing back: not asked again before */
-} gm_session_reclaim_t;
-
-/* Page reuse's stream fences of a central session on a device backend: its
- * heap marks fences (stream_fence()), the next allocation reply asks the
- * client to record them (an event on the stream when it applies the reply:
- * after the frees it sent), and the client reports the complete ones with
- * its next allocations; or the client marks one on its own before an
- * allocation and finds it complete (gm_session_central_frees_fenced()). asked >=
- * sent >= done. */
-typedef struct gm_session_fence {
-        uint64_t stream;
-        uint64_t asked; /* highest fence number the heap marked */
-        uint64_t sent;  /* highest one the client was asked to mark, or marked on its own */
-        uint64_t done;  /* highest one the client reported complete */
-} gm_session_fence_t;
-
-/* A session's process as the driver sees it (process_check.c): its device
- * memory less what the daemon had mapped into it, read at one moment. */
-typedef struct gm_process_check_note {
-        bool noted; /* false: the driver gave no figure */
-        int64_t unaccounted;
-        uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
-} gm_holder_note_t;
-
 /* What the daemon reads of a session (gm_session_t is opaque outside the
  * broker): plain fields, copied at the call; the pointers are the broker's
  * and stay valid while the session does. */

@@ -27,6 +27,7 @@ static void charge(gm_piece_t *p, bool on) {
 }
 
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state) {
+        gm_assert(!p->session); /* a piece has one owner */
         p->session = s;
         p->state = state;
         p->prev = NULL;

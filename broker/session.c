@@ -142,6 +142,7 @@ void gm_session_free(gm_session_t *s) {
                 return;
         gm_broker_t *b = s->broker;
         gm_session_end(s);
+        gm_assert(!s->pieces && !s->releases && !s->parked); /* an ended session holds nothing */
         if (s->prev)
                 s->prev->next = s->next;
         else
@@ -389,6 +390,7 @@ void gm_session_parked_push(gm_session_t *s, gm_parked_t *p, bool front) {
 }
 
 gm_parked_t *gm_session_parked_pop(gm_session_t *s) {
+        gm_assert(s->parked && s->n_parked > 0);
         gm_parked_t *p = s->parked;
         s->parked = p->next;
         if (!s->parked)

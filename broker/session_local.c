@@ -163,6 +163,7 @@ static gm_release_verdict_t returned_verdict(gm_session_t *s, const gm_piece_t *
 
 /* The returned pieces leave the session's grants. */
 static void ungrant(gm_session_t *s, gm_piece_t *p) {
+        gm_assert(p->granted && s->grants.pieces > 0);
         p->granted = false;
         gm_stat_update(&s->grants.bytes, -(int64_t) p->phys.size);
         if (segment_view(s, p->segment_id).n == 0)
