@@ -12,12 +12,8 @@
 #include <unistd.h>
 
 #include "gpumemctl.h"
-#include "ipc.h"
 #include "json.h"
-#include "msg.h"
-#include "peer_check.h"
 #include "size.h"
-#include "stats.h"
 
 static void usage(FILE *f) {
         fprintf(f, "Usage: gpumemctl [-s SOCKET | -d N] COMMAND [ARGS]\n"
@@ -83,89 +79,31 @@ static int no_more_args(const char *cmd, int argc, char **argv, int first) {
         return first < argc ? usage_error("%s: unexpected argument '%s'", cmd, argv[first]) : 0;
 }
 
-int ctl_call_fd(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply, int *ret_fd) {
-        int r = ctl_connect(c);
-        if (r)
-                return r;
-        env->request_id = ++c->next_id;
-        r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
-        if (r == -EPIPE)
-                r = 0; /* a daemon that refused the connection at once left its reason to read */
-        uint8_t *buf = malloc(c->max_packet);
-        if (!buf)
+int ctl_failed(const ctl_t *c, int r) {
+        const char *why = gpumem_admin_error(c->admin);
+        switch (gpumem_admin_failure_kind(c->admin)) {
+        case GPUMEM_ADMIN_REFUSED:
+                fprintf(stderr, "gpumemctl: %s (%s)\n", why, strerror(-r));
                 return EXIT_REFUSED;
-        for (;;) {
-                int fds[GM_IPC_MAX_FDS_LIMIT];
-                size_t len = 0, n_fds = 0;
-                if (r == 0)
-                        r = gm_ipc_recv(c->fd, buf, c->max_packet, fds, GM_IPC_MAX_FDS_LIMIT, &len, &n_fds);
-                Gpumem__Envelope *reply = NULL;
-                int kept_fd = -1;
-                if (r == 0) {
-                        if (ret_fd && n_fds > 0) {
-                                kept_fd = fds[0];
-                                fds[0] = -1;
-                        }
-                        gm_close_fds(fds, n_fds);
-                        r = gm_msg_unpack(buf, len, &reply);
-                        if (r < 0 && kept_fd >= 0)
-                                close(kept_fd);
-                }
-                if (r < 0) {
-                        free(buf);
-                        fprintf(stderr, "gpumemctl: lost the connection to gpumemd: %s\n", strerror(-r));
-                        return EXIT_UNREACHABLE;
-                }
-                /* Request id 0: an error about the connection itself (a refusal). */
-                bool for_connection = reply->request_id == 0 && reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR;
-                if (reply->request_id != env->request_id && !for_connection) {
-                        if (kept_fd >= 0)
-                                close(kept_fd);
-                        gm_msg_free(reply);
-                        continue;
-                }
-                free(buf);
-                if (reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR) {
-                        fprintf(stderr, "gpumemctl: %s (%s)\n", reply->error->message,
-                                strerror((int) reply->error->code));
-                        if (kept_fd >= 0)
-                                close(kept_fd);
-                        gm_msg_free(reply);
-                        return EXIT_REFUSED;
-                }
-                if (ret_fd)
-                        *ret_fd = kept_fd;
-                *ret_reply = reply;
-                return 0;
-        }
-}
-
-static int ctl_call(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope **ret_reply) {
-        return ctl_call_fd(c, env, ret_reply, NULL);
-}
-
-int ctl_expect(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply) {
-        int r = ctl_call(c, env, ret_reply);
-        if (r)
-                return r;
-        if ((*ret_reply)->body_case != want) {
-                fprintf(stderr, "gpumemctl: unexpected reply from gpumemd\n");
-                gm_msg_free(*ret_reply);
+        case GPUMEM_ADMIN_UNREACHABLE:
+        case GPUMEM_ADMIN_LOST:
+                fprintf(stderr, "gpumemctl: %s\n", why);
+                return EXIT_UNREACHABLE;
+        default:
+                fprintf(stderr, "gpumemctl: %s\n", why[0] ? why : strerror(-r));
                 return EXIT_REFUSED;
         }
-        return 0;
 }
 
 int ctl_connect(ctl_t *c) {
-        if (c->fd >= 0)
-                return 0; /* (the hello's own request comes here too) */
+        if (c->admin)
+                return 0;
         const char *path = c->socket_path;
         int device = c->device;
         char buf[108];
         bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
         if (!path) {
-                int r = device >= 0 ? gm_peer_device_socket(device, buf, sizeof(buf))
-                                    : gm_peer_default_socket(0, true, buf, sizeof(buf));
+                int r = gpumem_admin_socket(device, buf, sizeof(buf));
                 if (r < 0) {
                         fprintf(stderr, "gpumemctl: no socket path%s: %s\n",
                                 r == -EINVAL && device >= 0 ? " ($GPUMEM_SOCKET_TEMPLATE needs one %d)" : "",
@@ -174,50 +112,36 @@ int ctl_connect(ctl_t *c) {
                 }
                 path = buf;
         }
-        char why[512];
-        int r = gm_peer_connect(path, &c->fd, why, sizeof(why));
+        gpumem_admin *a;
+        int r = gpumem_admin_new(path, "gpumemctl", &a);
         if (r < 0) {
-                fprintf(stderr, "gpumemctl: %s\n", why);
-                if ((r == -ENOENT || r == -ECONNREFUSED) && named)
-                        fprintf(stderr,
-                                "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
-                                "daemon with -s SOCKET or -d N\n",
-                                path);
-                else if (r == -ENOENT || r == -ECONNREFUSED)
-                        fprintf(stderr,
-                                "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
-                                "(gpumemd --device %d), or name another daemon with -s SOCKET or "
-                                "$GPUMEM_SOCKET\n",
-                                device >= 0 ? device : 0, device >= 0 ? device : 0);
+                fprintf(stderr, "gpumemctl: %s\n", strerror(-r));
                 return EXIT_UNREACHABLE;
         }
-        c->max_packet = GM_IPC_MAX_PACKET_DEFAULT;
-        Gpumem__Hello hello = GPUMEM__HELLO__INIT;
-        hello.protocol_version = GM_PROTOCOL_VERSION;
-        hello.client_name = "gpumemctl";
-        hello.admin = true;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_HELLO;
-        env.hello = &hello;
-        Gpumem__Envelope *reply = NULL;
-        r = ctl_call(c, &env, &reply);
-        if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_HELLO_REPLY) {
-                gm_msg_free(reply);
-                fprintf(stderr, "gpumemctl: unexpected hello reply\n");
-                r = EXIT_UNREACHABLE;
+        r = gpumem_admin_connect(a);
+        if (r == 0) {
+                c->admin = a;
+                return 0;
         }
-        if (r) { /* not connected: no request goes out without a hello */
-                close(c->fd);
-                c->fd = -1;
-                return r;
-        }
-        c->max_packet = reply->hello_reply->max_packet;
-        c->device = reply->hello_reply->device;
-        snprintf(c->backend, sizeof(c->backend), "%s", reply->hello_reply->backend);
-        snprintf(c->tenant, sizeof(c->tenant), "%s", reply->hello_reply->tenant);
-        c->admin = reply->hello_reply->admin;
-        gm_msg_free(reply);
-        return 0;
+        /* Not connected: no request goes out without a hello. */
+        gpumem_admin_failure kind = gpumem_admin_failure_kind(a);
+        const ctl_t failed = {.admin = a};
+        int code = kind == GPUMEM_ADMIN_UNEXPECTED ? EXIT_UNREACHABLE : ctl_failed(&failed, r);
+        if (kind == GPUMEM_ADMIN_UNEXPECTED)
+                fprintf(stderr, "gpumemctl: %s\n", gpumem_admin_error(a));
+        else if ((r == -ENOENT || r == -ECONNREFUSED) && kind == GPUMEM_ADMIN_UNREACHABLE && named)
+                fprintf(stderr,
+                        "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
+                        "daemon with -s SOCKET or -d N\n",
+                        path);
+        else if ((r == -ENOENT || r == -ECONNREFUSED) && kind == GPUMEM_ADMIN_UNREACHABLE)
+                fprintf(stderr,
+                        "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
+                        "(gpumemd --device %d), or name another daemon with -s SOCKET or "
+                        "$GPUMEM_SOCKET\n",
+                        device >= 0 ? device : 0, device >= 0 ? device : 0);
+        gpumem_admin_free(a);
+        return code;
 }
 
 static void print_json_string(const char *s) {
@@ -234,8 +158,9 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 {},
         };
         bool json = false, reset_peak = false, reset_accumulated = false, scoped = false;
-        Gpumem__Stats req = GPUMEM__STATS__INIT;
-        req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE;
+        gpumem_scope scope = GPUMEM_SCOPE_DEVICE;
+        const char *tenant = "";
+        uint32_t pid = 0;
         int o;
         optind = 1;
         while ((o = getopt_long(argc, argv, "jt:p:", opts, NULL)) != -1) {
@@ -250,14 +175,14 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                         reset_accumulated = true;
                         break;
                 case 't':
-                        req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
-                        req.tenant = optarg;
+                        scope = GPUMEM_SCOPE_TENANT;
+                        tenant = optarg;
                         scoped = true;
                         break;
                 case 'p':
-                        if (parse_pid(optarg, &req.pid))
+                        if (parse_pid(optarg, &pid))
                                 return EXIT_USAGE;
-                        req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_PID;
+                        scope = GPUMEM_SCOPE_PID;
                         scoped = true;
                         break;
                 default:
@@ -270,80 +195,58 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
         int r = ctl_connect(c);
         if (r)
                 return r;
-        if (!scoped && !c->admin && !reset_peak && !reset_accumulated) {
+        if (!scoped && !gpumem_admin_rights(c->admin) && !reset_peak && !reset_accumulated) {
                 /* A tenant sees its own figures: those, rather than a refusal. */
-                req.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT;
-                req.tenant = c->tenant;
-                fprintf(stderr, "gpumemctl: statistics of your tenant '%s' (the device's need admin rights)\n",
-                        c->tenant);
+                scope = GPUMEM_SCOPE_TENANT;
+                tenant = gpumem_admin_tenant(c->admin);
+                fprintf(stderr, "gpumemctl: statistics of your tenant '%s' (the device's need admin rights)\n", tenant);
         }
         if (reset_peak || reset_accumulated) {
-                Gpumem__ResetStats reset = GPUMEM__RESET_STATS__INIT;
-                reset.scope = req.scope;
-                reset.tenant = req.tenant;
-                reset.peak = reset_peak;
-                reset.accumulated = reset_accumulated;
-                Gpumem__Envelope renv = GPUMEM__ENVELOPE__INIT;
-                renv.body_case = GPUMEM__ENVELOPE__BODY_RESET_STATS;
-                renv.reset_stats = &reset;
-                Gpumem__Envelope *reply;
-                r = ctl_expect(c, &renv, GPUMEM__ENVELOPE__BODY_OK, &reply);
-                if (r == 0)
-                        gm_msg_free(reply);
-                return r;
+                r = gpumem_admin_reset_stats(c->admin, scope, tenant, reset_peak, reset_accumulated);
+                return r < 0 ? ctl_failed(c, r) : 0;
         }
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_STATS;
-        env.stats = &req;
-        Gpumem__Envelope *reply;
-        r = ctl_call(c, &env, &reply);
-        if (r)
-                return r;
-        if (reply->body_case != GPUMEM__ENVELOPE__BODY_STATS_REPLY) {
-                gm_msg_free(reply);
-                return EXIT_REFUSED;
-        }
-        const Gpumem__StatsReply *sr = reply->stats_reply;
-        if (req.scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_PID && sr->sessions == 0) {
+        gpumem_stats *st;
+        r = gpumem_admin_stats(c->admin, scope, tenant, pid, &st);
+        if (r < 0)
+                return ctl_failed(c, r);
+        if (scope == GPUMEM_SCOPE_PID && gpumem_stats_sessions(st) == 0) {
                 fprintf(stderr, "gpumemctl: --pid names no session on this daemon%s\n",
-                        c->admin ? "" : " (that your tenant may see)");
-                gm_msg_free(reply);
+                        gpumem_admin_rights(c->admin) ? "" : " (that your tenant may see)");
+                gpumem_stats_free(st);
                 return EXIT_REFUSED;
         }
         if (json) {
-                printf("{\"device\": %d, \"backend\": ", sr->device);
-                print_json_string(c->backend);
-                printf(", \"capacity_bytes\": %" PRIu64 ", \"sessions\": %" PRIu64, sr->capacity, sr->sessions);
-                if (req.scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT) {
+                printf("{\"device\": %d, \"backend\": ", gpumem_stats_device(st));
+                print_json_string(gpumem_admin_backend(c->admin));
+                printf(", \"capacity_bytes\": %" PRIu64 ", \"sessions\": %" PRIu64, gpumem_stats_capacity(st),
+                       gpumem_stats_sessions(st));
+                if (scope == GPUMEM_SCOPE_TENANT) {
                         printf(", \"tenant\": ");
-                        print_json_string(req.tenant);
+                        print_json_string(tenant);
                 }
-                for (size_t i = 0; i < sr->n_stats; i++) {
+                for (size_t i = 0; i < gpumem_stats_count(st); i++) {
                         printf(", ");
-                        print_json_string(sr->stats[i]->name);
-                        printf(": %" PRId64, sr->stats[i]->value);
+                        print_json_string(gpumem_stats_name(st, i));
+                        printf(": %" PRId64, gpumem_stats_value(st, i));
                 }
                 printf("}\n");
         } else {
-                gm_stats_t st;
-                gm_stats_init(&st);
-                for (size_t i = 0; i < sr->n_stats; i++)
-                        gm_stats_set(&st, sr->stats[i]->name, sr->stats[i]->value);
-                char text[8192];
-                if (gm_stats_summary(&st, sr->device, false, text, sizeof(text)) < 0) {
-                        gm_msg_free(reply);
+                char *text;
+                r = gpumem_stats_summary(st, false, &text);
+                if (r < 0) {
+                        gpumem_stats_free(st);
                         return EXIT_REFUSED;
                 }
                 fputs(text, stdout);
+                gpumem_buffer_free(text);
         }
-        gm_msg_free(reply);
+        gpumem_stats_free(st);
         return 0;
 }
 
 static int cmd_trim(ctl_t *c, int argc, char **argv) {
         static const struct option opts[] = {{"tenant", required_argument, NULL, 't'}, {}};
-        Gpumem__Trim req = GPUMEM__TRIM__INIT;
-        req.tenant = "*";
+        const char *tenant = "*";
         int o;
         optind = 1;
         while ((o = getopt_long(argc, argv, "t:", opts, NULL)) != -1) {
@@ -351,22 +254,19 @@ static int cmd_trim(ctl_t *c, int argc, char **argv) {
                         usage(stderr);
                         return EXIT_USAGE;
                 }
-                req.tenant = optarg;
+                tenant = optarg;
         }
         if (no_more_args("trim", argc, argv, optind))
                 return EXIT_USAGE;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_TRIM;
-        env.trim = &req;
-        Gpumem__Envelope *reply;
-        int r = ctl_call(c, &env, &reply);
+        int r = ctl_connect(c);
         if (r)
                 return r;
+        uint64_t released;
+        r = gpumem_admin_trim(c->admin, tenant, &released);
+        if (r < 0)
+                return ctl_failed(c, r);
         char buf[32];
-        uint64_t released =
-                reply->body_case == GPUMEM__ENVELOPE__BODY_TRIM_REPLY ? reply->trim_reply->released_bytes : 0;
         printf("released %s (%" PRIu64 " bytes)\n", gm_format_size(released, buf, sizeof(buf)), released);
-        gm_msg_free(reply);
         return 0;
 }
 
@@ -379,7 +279,9 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                 {},
         };
         const char *output = NULL;
-        Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
+        gpumem_snapshot_format format = GPUMEM_SNAPSHOT_PICKLE;
+        gpumem_snapshot_category category = GPUMEM_SNAPSHOT_CATEGORY_NONE;
+        uint32_t pid = 0;
         int o;
         optind = 1;
         while ((o = getopt_long(argc, argv, "o:f:p:c:", opts, NULL)) != -1) {
@@ -389,11 +291,11 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                         break;
                 case 'f':
                         if (strcmp(optarg, "pickle") == 0)
-                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
+                                format = GPUMEM_SNAPSHOT_PICKLE;
                         else if (strcmp(optarg, "json") == 0)
-                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON;
+                                format = GPUMEM_SNAPSHOT_JSON;
                         else if (strcmp(optarg, "pickle-1.13") == 0)
-                                req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE_1_13;
+                                format = GPUMEM_SNAPSHOT_PICKLE_1_13;
                         else {
                                 fprintf(stderr, "gpumemctl: --format is pickle, json or pickle-1.13\n");
                                 return EXIT_USAGE;
@@ -401,19 +303,19 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                         break;
                 case 'c':
                         if (strcmp(optarg, "tenant") == 0)
-                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_TENANT;
+                                category = GPUMEM_SNAPSHOT_CATEGORY_TENANT;
                         else if (strcmp(optarg, "pid") == 0)
-                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_PID;
+                                category = GPUMEM_SNAPSHOT_CATEGORY_PID;
                         else if (strcmp(optarg, "none") == 0)
-                                req.category = GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_NONE;
+                                category = GPUMEM_SNAPSHOT_CATEGORY_NONE;
                         else {
                                 fprintf(stderr, "gpumemctl: --category is tenant, pid or none\n");
                                 return EXIT_USAGE;
                         }
                         break;
                 case 'p':
-                        req.pid = (uint32_t) strtoul(optarg, NULL, 10);
-                        if (!req.pid) {
+                        pid = (uint32_t) strtoul(optarg, NULL, 10);
+                        if (!pid) {
                                 fprintf(stderr, "gpumemctl: invalid pid '%s'\n", optarg);
                                 return EXIT_USAGE;
                         }
@@ -427,28 +329,20 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                 fprintf(stderr, "gpumemctl: snapshot needs -o FILE\n");
                 return EXIT_USAGE;
         }
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT;
-        env.snapshot = &req;
-        Gpumem__Envelope *reply;
-        int fd = -1;
-        int r = ctl_call_fd(c, &env, &reply, &fd);
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        bool ok = reply->body_case == GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY && fd >= 0;
-        uint64_t size = ok ? reply->snapshot_reply->size : 0;
-        if (ok && reply->snapshot_reply->local_unanswered)
+        int fd;
+        gpumem_snapshot_info info;
+        r = gpumem_admin_snapshot(c->admin, format, category, pid, &fd, &info);
+        if (r < 0)
+                return ctl_failed(c, r);
+        uint64_t size = info.size;
+        if (info.local_unanswered)
                 fprintf(stderr,
                         "gpumemctl: %u of %u local sessions did not answer in time: their blocks are unknown, "
                         "their segments are shown (marked gpumemd_blocks_unknown)\n",
-                        reply->snapshot_reply->local_unanswered, reply->snapshot_reply->local_asked);
-        gm_msg_free(reply);
-        if (!ok) {
-                if (fd >= 0)
-                        close(fd);
-                fprintf(stderr, "gpumemctl: the daemon sent no snapshot\n");
-                return EXIT_REFUSED;
-        }
+                        info.local_unanswered, info.local_asked);
         FILE *out = strcmp(output, "-") == 0 ? stdout : fopen(output, "wbe");
         if (!out) {
                 fprintf(stderr, "gpumemctl: cannot write '%s': %s\n", output, strerror(errno));
@@ -472,54 +366,50 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
 }
 
 static int cmd_history(ctl_t *c, int argc, char **argv) {
-        Gpumem__HistoryControl req = GPUMEM__HISTORY_CONTROL__INIT;
         const char *what = argc >= 2 ? argv[1] : "";
         if (strcmp(what, "on") != 0 && strcmp(what, "off") != 0 && strcmp(what, "status") != 0)
                 return usage_error("history on [--max-entries N] | off | status");
-        req.enabled = strcmp(what, "on") == 0;
-        req.status_only = strcmp(what, "status") == 0;
+        gpumem_history_op op = strcmp(what, "on") == 0       ? GPUMEM_HISTORY_ON
+                               : strcmp(what, "status") == 0 ? GPUMEM_HISTORY_STATUS
+                                                             : GPUMEM_HISTORY_OFF;
+        uint64_t max_entries = 0;
         int i = 2;
-        if (req.enabled && i < argc && strcmp(argv[i], "--max-entries") == 0) {
+        if (op == GPUMEM_HISTORY_ON && i < argc && strcmp(argv[i], "--max-entries") == 0) {
                 if (i + 1 >= argc)
                         return usage_error("--max-entries needs a number");
-                if (parse_number("--max-entries", argv[i + 1], 1, GM_HISTORY_MAX_ENTRIES, &req.max_entries))
+                if (parse_number("--max-entries", argv[i + 1], 1, GPUMEM_HISTORY_MAX_ENTRIES, &max_entries))
                         return EXIT_USAGE;
                 i += 2;
         }
-        if (no_more_args(req.enabled       ? "history on"
-                         : req.status_only ? "history status"
-                                           : "history off",
+        if (no_more_args(op == GPUMEM_HISTORY_ON       ? "history on"
+                         : op == GPUMEM_HISTORY_STATUS ? "history status"
+                                                       : "history off",
                          argc, argv, i))
                 return EXIT_USAGE;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL;
-        env.history_control = &req;
-        Gpumem__Envelope *reply;
-        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply);
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        printf("history %s (max %" PRIu64 " entries, %" PRIu64 " recorded)\n",
-               reply->history_reply->enabled ? "on" : "off", reply->history_reply->max_entries,
-               reply->history_reply->entries);
-        gm_msg_free(reply);
+        gpumem_history_state st;
+        r = gpumem_admin_history(c->admin, op, max_entries, &st);
+        if (r < 0)
+                return ctl_failed(c, r);
+        printf("history %s (max %" PRIu64 " entries, %" PRIu64 " recorded)\n", st.enabled ? "on" : "off",
+               st.max_entries, st.entries);
         return 0;
 }
 
 static int cmd_alloc_conf(ctl_t *c, int argc, char **argv) {
         if (no_more_args("alloc-conf", argc, argv, 2))
                 return EXIT_USAGE;
-        Gpumem__AllocConf req = GPUMEM__ALLOC_CONF__INIT;
-        req.set = argc == 2;
-        req.conf = argc == 2 ? argv[1] : "";
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC_CONF;
-        env.alloc_conf = &req;
-        Gpumem__Envelope *reply;
-        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_ALLOC_CONF_REPLY, &reply);
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        printf("%s\n", reply->alloc_conf_reply->conf);
-        gm_msg_free(reply);
+        char *conf;
+        r = gpumem_admin_alloc_conf(c->admin, argc == 2 ? argv[1] : NULL, &conf);
+        if (r < 0)
+                return ctl_failed(c, r);
+        printf("%s\n", conf);
+        gpumem_buffer_free(conf);
         return 0;
 }
 
@@ -528,39 +418,42 @@ static const char *fmt_size(uint64_t v, char *buf, size_t len) {
         return gm_format_size_as(v, GM_SIZE_COMPACT, buf, len);
 }
 
-static void print_quota_json(const Gpumem__QuotaReply *qr) {
+static void print_quota_json(const gpumem_tenant_usage *list, size_t n) {
         printf("[");
-        for (size_t i = 0; i < qr->n_tenants; i++) {
-                const Gpumem__TenantInfo *t = qr->tenants[i];
+        for (size_t i = 0; i < n; i++) {
+                const gpumem_tenant_info *t = &list[i].info;
                 printf("%s{\"tenant\": ", i ? ", " : "");
                 print_json_string(t->tenant);
                 printf(", \"quota_bytes\": %" PRIu64 ", \"quota_source\": ", t->quota);
                 print_json_string(t->quota_source);
                 printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64 ", \"cached_bytes\": %" PRIu64
                        ", \"sessions\": %u, \"release_unverified_bytes\": %" PRIu64 "}",
-                       t->charged, t->allocated, t->cached, t->sessions, t->release_unverified);
+                       t->charged_bytes, t->allocated_bytes, t->cached_bytes, t->sessions,
+                       list[i].release_unverified_bytes);
         }
         printf("]\n");
 }
 
 static int cmd_quota(ctl_t *c, int argc, char **argv) {
-        Gpumem__Quota req = GPUMEM__QUOTA__INIT;
-        bool json = false;
+        gpumem_quota_op op;
+        const char *tenant = NULL;
+        uint64_t bytes = 0;
+        bool json = false, runtime = false;
         if (argc >= 2 && strcmp(argv[1], "list") == 0) {
-                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
+                op = GPUMEM_QUOTA_LIST;
                 json = argc >= 3 && strcmp(argv[2], "--json") == 0;
                 if (no_more_args("quota list", argc, argv, json ? 3 : 2))
                         return EXIT_USAGE;
         } else if (argc >= 3 && strcmp(argv[1], "get") == 0) {
-                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
-                req.tenant = argv[2];
+                op = GPUMEM_QUOTA_GET;
+                tenant = argv[2];
                 json = argc >= 4 && strcmp(argv[3], "--json") == 0;
                 if (no_more_args("quota get", argc, argv, json ? 4 : 3))
                         return EXIT_USAGE;
         } else if ((argc == 4 || argc == 5) && strcmp(argv[1], "set") == 0) {
-                req.op = GPUMEM__QUOTA_OP__QUOTA_OP_SET;
-                req.tenant = argv[2];
-                if (gm_parse_size(argv[3], &req.bytes) < 0) {
+                op = GPUMEM_QUOTA_SET;
+                tenant = argv[2];
+                if (gm_parse_size(argv[3], &bytes) < 0) {
                         fprintf(stderr, "gpumemctl: invalid size '%s' (e.g. 8G, 512M, 0 to remove)\n", argv[3]);
                         return EXIT_USAGE;
                 }
@@ -569,63 +462,59 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
                                 usage(stderr);
                                 return EXIT_USAGE;
                         }
-                        req.runtime = true;
+                        runtime = true;
                 }
         } else {
                 usage(stderr);
                 return EXIT_USAGE;
         }
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
-        env.quota = &req;
-        Gpumem__Envelope *reply;
-        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_QUOTA_REPLY, &reply);
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        const Gpumem__QuotaReply *qr = reply->quota_reply;
+        gpumem_tenant_usage *list;
+        size_t n;
+        r = gpumem_admin_quota(c->admin, op, tenant, bytes, runtime, &list, &n);
+        if (r < 0)
+                return ctl_failed(c, r);
         if (json) {
-                print_quota_json(qr);
-                gm_msg_free(reply);
+                print_quota_json(list, n);
+                gpumem_buffer_free(list);
                 return 0;
         }
         printf("%-20s %8s %-10s %8s %9s %8s %4s\n", "TENANT", "QUOTA", "SOURCE", "RESERVED", "ALLOCATED", "CACHED",
                "SESS");
-        for (size_t i = 0; i < qr->n_tenants; i++) {
-                const Gpumem__TenantInfo *t = qr->tenants[i];
+        for (size_t i = 0; i < n; i++) {
+                const gpumem_tenant_info *t = &list[i].info;
                 char q[32], ch[32], a[32], ca[32];
                 printf("%-20.20s %8s %-10s %8s %9s %8s %4u\n", t->tenant,
                        t->quota ? fmt_size(t->quota, q, sizeof(q)) : "-", t->quota_source,
-                       fmt_size(t->charged, ch, sizeof(ch)), fmt_size(t->allocated, a, sizeof(a)),
-                       fmt_size(t->cached, ca, sizeof(ca)), t->sessions);
+                       fmt_size(t->charged_bytes, ch, sizeof(ch)), fmt_size(t->allocated_bytes, a, sizeof(a)),
+                       fmt_size(t->cached_bytes, ca, sizeof(ca)), t->sessions);
         }
-        gm_msg_free(reply);
+        gpumem_buffer_free(list);
         return 0;
-}
-
-static const char *heap_mode_name(const Gpumem__ClientInfo *ci) {
-        return ci->heap_mode && ci->heap_mode[0] ? ci->heap_mode : "central";
 }
 
 static int cmd_clients(ctl_t *c, int argc, char **argv) {
         bool json = argc >= 2 && strcmp(argv[1], "--json") == 0;
         if (no_more_args("clients", argc, argv, json ? 2 : 1))
                 return EXIT_USAGE;
-        Gpumem__Clients req = GPUMEM__CLIENTS__INIT;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_CLIENTS;
-        env.clients = &req;
-        Gpumem__Envelope *reply;
-        int r = ctl_expect(c, &env, GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY, &reply);
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        const Gpumem__ClientsReply *cr = reply->clients_reply;
+        gpumem_session_info *list;
+        size_t n;
+        r = gpumem_admin_list_clients(c->admin, &list, &n);
+        if (r < 0)
+                return ctl_failed(c, r);
         if (json)
                 printf("[");
         else
                 printf("%7s %-16s %-18s %8s %9s %8s %5s %-7s %s\n", "PID", "TENANT", "UNIT", "RESERVED", "ALLOCATED",
                        "CACHED", "SEGS", "HEAP", "COMMAND");
-        for (size_t i = 0; i < cr->n_clients; i++) {
-                const Gpumem__ClientInfo *ci = cr->clients[i];
+        for (size_t i = 0; i < n; i++) {
+                const gpumem_session_info *si = &list[i];
+                const gpumem_client_info *ci = &si->info;
                 if (json) {
                         printf("%s{\"session_id\": %" PRIu64 ", \"pid\": %u, \"uid\": %u, \"tenant\": ", i ? ", " : "",
                                ci->session_id, ci->pid, ci->uid);
@@ -635,33 +524,33 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         printf(", \"name\": ");
                         print_json_string(ci->name);
                         printf(", \"command\": ");
-                        print_json_string(ci->command);
+                        print_json_string(si->command);
                         printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
                                ", \"cached_bytes\": %" PRIu64 ", \"segments\": %" PRIu64
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
                                ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64
                                ", \"release_unverified_bytes\": %" PRIu64 "}",
-                               ci->reserved, ci->allocated, ci->cached, ci->segments, ci->releasing,
-                               ci->admin ? "true" : "false", heap_mode_name(ci),
+                               ci->reserved_bytes, ci->allocated_bytes, ci->cached_bytes, ci->segments,
+                               ci->releasing_bytes, ci->control ? "true" : "false", ci->heap,
                                ci->stats_page_invalid ? "true" : "false", ci->requests,
-                               ci->unresponsive ? "true" : "false", ci->unresponsive_ms, ci->release_unverified);
+                               si->unresponsive ? "true" : "false", si->unresponsive_ms, si->release_unverified_bytes);
                         continue;
                 }
                 char rs[32], a[32], ca[32], uv[48] = "";
-                if (ci->release_unverified)
+                if (si->release_unverified_bytes)
                         snprintf(uv, sizeof(uv), " (%s released, unverified)",
-                                 fmt_size(ci->release_unverified, rs, sizeof(rs)));
+                                 fmt_size(si->release_unverified_bytes, rs, sizeof(rs)));
                 printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s\n", ci->pid, ci->tenant,
-                       ci->unit[0] ? ci->unit : (ci->admin ? "(control)" : "-"), fmt_size(ci->reserved, rs, sizeof(rs)),
-                       fmt_size(ci->allocated, a, sizeof(a)), fmt_size(ci->cached, ca, sizeof(ca)), ci->segments,
-                       heap_mode_name(ci), ci->command[0] ? ci->command : "-",
-                       ci->stats_page_invalid ? " (stats page invalid)" : "", ci->unresponsive ? " (unresponsive)" : "",
-                       uv);
+                       ci->unit[0] ? ci->unit : (ci->control ? "(control)" : "-"),
+                       fmt_size(ci->reserved_bytes, rs, sizeof(rs)), fmt_size(ci->allocated_bytes, a, sizeof(a)),
+                       fmt_size(ci->cached_bytes, ca, sizeof(ca)), ci->segments, ci->heap,
+                       si->command[0] ? si->command : "-", ci->stats_page_invalid ? " (stats page invalid)" : "",
+                       si->unresponsive ? " (unresponsive)" : "", uv);
         }
         if (json)
                 printf("]\n");
-        gm_msg_free(reply);
+        gpumem_buffer_free(list);
         return 0;
 }
 
@@ -681,7 +570,7 @@ int main(int argc, char **argv) {
                         if (socket_opt) {
                                 socket_path = v;
                                 socket_given = true;
-                        } else if (parse_number(a, v, 0, GM_PEER_MAX_DEVICE, &n)) {
+                        } else if (parse_number(a, v, 0, GPUMEM_MAX_DEVICE, &n)) {
                                 return EXIT_USAGE;
                         } else {
                                 device = (int) n;
@@ -730,9 +619,8 @@ int main(int argc, char **argv) {
                 fn = cmd_status;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
-        ctl_t c = {.socket_path = socket_path, .device = device, .fd = -1};
+        ctl_t c = {.socket_path = socket_path, .device = device};
         int r = fn(&c, sub_argc, sub_argv);
-        if (c.fd >= 0)
-                close(c.fd);
+        gpumem_admin_free(c.admin);
         return r;
 }

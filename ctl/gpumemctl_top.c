@@ -1,5 +1,5 @@
-/* gpumemctl diagnose, top and status: the daemon's sample rings (the Samples
- * request) read back, judged by the rules of diagnose.c and shown as a
+/* gpumemctl diagnose, top and status: the daemon's sample rings
+ * (gpumem_admin_samples()) read back, judged by the rules of diagnose.c and shown as a
  * verdict per process, a live table, or a one-screen summary. */
 #include <errno.h>
 #include <getopt.h>
@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,98 +18,21 @@
 #include "gpumemctl.h"
 #include "json.h"
 #include "json_read.h"
-#include "msg.h"
+#include "samples.h"
 #include "size.h"
 #include "text.h"
 
-/* The largest SampleSet accepted from the daemon (it sends far less). */
-#define SAMPLE_SET_MAX (256u << 20)
 /* The window `top` shows trends over by default, and the default of diagnose. */
 #define TOP_WINDOW_MS 10000u
 #define DIAGNOSE_WINDOW_MS 60000u
 
-/* Reads `size` bytes of a pipe (a snapshot's reply) into anonymous memory,
- * so that callers unmap it as they unmap a mapped file. */
-static void *read_pipe_mapped(int fd, uint64_t size) {
-        void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        for (uint64_t done = 0; map != MAP_FAILED && done < size;) {
-                ssize_t n = read(fd, (char *) map + done, size - done);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0) {
-                        munmap(map, size);
-                        return MAP_FAILED;
-                }
-                done += (uint64_t) n;
-        }
-        return map;
-}
-
-/* Sends a request whose reply (body `want`) carries its contents in a memfd
- * (or a pipe) of `size_of(reply)` bytes; maps them read-only into *ret_map
- * (unmap with munmap(*ret_map, *ret_len); NULL when empty). Returns 0 or an
- * exit code. */
-static int call_mapped(ctl_t *c, Gpumem__Envelope *env, Gpumem__Envelope__BodyCase want,
-                       uint64_t (*size_of)(const Gpumem__Envelope *), void **ret_map, size_t *ret_len) {
-        Gpumem__Envelope *reply;
-        int fd = -1;
-        int r = ctl_call_fd(c, env, &reply, &fd);
+/* Asks for the samples; *ret_set is freed with gpumem_sample_set_free(). */
+static int fetch_set(ctl_t *c, uint32_t pid, const char *tenant, uint64_t window_ms, gpumem_sample_set **ret_set) {
+        int r = ctl_connect(c);
         if (r)
                 return r;
-        bool ok = reply->body_case == want && fd >= 0;
-        uint64_t size = ok ? size_of(reply) : 0;
-        gm_msg_free(reply);
-        struct stat st;
-        void *map = NULL;
-        if (ok &&
-            (size > SAMPLE_SET_MAX || fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && (uint64_t) st.st_size < size)))
-                ok = false;
-        if (ok && size > 0 &&
-            (map = S_ISREG(st.st_mode) ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0)
-                                       : read_pipe_mapped(fd, size)) == MAP_FAILED)
-                ok = false;
-        if (fd >= 0)
-                close(fd);
-        if (!ok) {
-                fprintf(stderr, "gpumemctl: unexpected reply from gpumemd\n");
-                return EXIT_REFUSED;
-        }
-        *ret_map = size ? map : NULL;
-        *ret_len = size;
-        return 0;
-}
-
-static uint64_t samples_size(const Gpumem__Envelope *reply) {
-        return reply->samples_reply->size;
-}
-
-static uint64_t snapshot_size(const Gpumem__Envelope *reply) {
-        return reply->snapshot_reply->size;
-}
-
-/* Asks for the samples; *ret_set is freed with gpumem__sample_set__free_unpacked. */
-static int fetch_set(ctl_t *c, uint32_t pid, const char *tenant, uint64_t window_ms, Gpumem__SampleSet **ret_set) {
-        Gpumem__Samples req = GPUMEM__SAMPLES__INIT;
-        req.pid = pid;
-        req.tenant = (char *) (tenant ? tenant : "");
-        req.window_ms = window_ms;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_SAMPLES;
-        env.samples = &req;
-        void *map;
-        size_t size;
-        int r = call_mapped(c, &env, GPUMEM__ENVELOPE__BODY_SAMPLES_REPLY, samples_size, &map, &size);
-        if (r)
-                return r;
-        Gpumem__SampleSet *set = gpumem__sample_set__unpack(NULL, size, map ? map : (const uint8_t *) "");
-        if (map)
-                munmap(map, size);
-        if (!set) {
-                fprintf(stderr, "gpumemctl: unexpected samples reply from gpumemd\n");
-                return EXIT_REFUSED;
-        }
-        *ret_set = set;
-        return 0;
+        r = gpumem_admin_samples(c->admin, pid, tenant, window_ms, ret_set);
+        return r < 0 ? ctl_failed(c, r) : 0;
 }
 
 /* ---- who still holds it: live blocks allocated in the window ---- */
@@ -234,21 +155,18 @@ out:
  * within the window. Returns 0 or an exit code. */
 static int find_holders(ctl_t *c, uint32_t pid, uint64_t window_ms, holders_t *h) {
         *h = (holders_t){0};
-        Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
-        req.format = GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON;
-        req.pid = pid;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.body_case = GPUMEM__ENVELOPE__BODY_SNAPSHOT;
-        env.snapshot = &req;
-        void *map;
-        size_t size;
-        int r = call_mapped(c, &env, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, snapshot_size, &map, &size);
+        int r = ctl_connect(c);
         if (r)
                 return r;
+        void *data;
+        size_t size;
+        r = gpumem_admin_snapshot_data(c->admin, GPUMEM_SNAPSHOT_JSON, GPUMEM_SNAPSHOT_CATEGORY_NONE, pid, &data,
+                                       &size);
+        if (r < 0)
+                return ctl_failed(c, r);
         gm_json_t *snap = NULL;
-        r = map ? gm_json_parse(map, size, &snap, NULL) : -EINVAL;
-        if (map)
-                munmap(map, size);
+        r = size ? gm_json_parse(data, size, &snap, NULL) : -EINVAL;
+        gpumem_buffer_free(data);
         if (r < 0) {
                 fprintf(stderr, "gpumemctl: cannot read the snapshot: %s\n", strerror(-r));
                 return EXIT_REFUSED;
@@ -260,7 +178,7 @@ static int find_holders(ctl_t *c, uint32_t pid, uint64_t window_ms, holders_t *h
 }
 
 /* One session's samples, unpacked (malloc'd; NULL when it has none). */
-static gm_sample_t *session_samples(const Gpumem__SessionSamples *ss, size_t *ret_n) {
+static gm_sample_t *session_samples(const gpumem_session_samples *ss, size_t *ret_n) {
         size_t stride = ss->stride, n = stride ? ss->n_samples / stride : 0;
         gm_sample_t *v = n ? calloc(n, sizeof(*v)) : NULL;
         for (size_t i = 0; v && i < n; i++)
@@ -270,7 +188,7 @@ static gm_sample_t *session_samples(const Gpumem__SessionSamples *ss, size_t *re
 }
 
 /* The process's command name (/proc/PID/comm), else what its client said. */
-static void command_name(const Gpumem__SessionSamples *ss, char *buf, size_t len) {
+static void command_name(const gpumem_session_samples *ss, char *buf, size_t len) {
         char path[64], raw[64] = "";
         snprintf(path, sizeof(path), "/proc/%u/comm", ss->pid);
         FILE *f = fopen(path, "re");
@@ -318,13 +236,13 @@ static int parse_duration_ms(const char *s, uint64_t *ret_ms) {
 }
 
 /* The diagnosis of one session of `set`. */
-static int diagnose_session(const Gpumem__SampleSet *set, const Gpumem__SessionSamples *ss, uint64_t window_ms,
+static int diagnose_session(const gpumem_sample_set *set, const gpumem_session_samples *ss, uint64_t window_ms,
                             gm_diagnosis_t *ret) {
         size_t n;
         gm_sample_t *samples = session_samples(ss, &n);
         gm_diag_input_t in = {.samples = samples, .n_samples = n, .now_ms = set->now_ms, .window_ms = window_ms};
         for (size_t i = 0; i < set->n_refusals; i++) {
-                const Gpumem__RefusalEvent *e = set->refusals[i];
+                const gpumem_refusal *e = &set->refusals[i];
                 int cls = gm_diag_refusal_class_of(e->reason);
                 if (e->session_id != ss->session_id) {
                         in.others_refused++;
@@ -341,7 +259,7 @@ static int diagnose_session(const Gpumem__SampleSet *set, const Gpumem__SessionS
 
 /* ---- diagnose ---- */
 
-static void print_text_holders(const Gpumem__SessionSamples *ss, const holders_t *h) {
+static void print_text_holders(const gpumem_session_samples *ss, const holders_t *h) {
         if (!h->history || !h->any_blocks) {
                 printf("    %s\n", !h->any_blocks ? "its blocks are in its own process (a local heap): its snapshot "
                                                     "(gpumem._snapshot() in it) names them"
@@ -377,7 +295,7 @@ static void print_json_holders(const holders_t *h) {
         printf("]}");
 }
 
-static void print_text_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d, const holders_t *h) {
+static void print_text_diagnosis(const gpumem_session_samples *ss, const gm_diagnosis_t *d, const holders_t *h) {
         const gm_diag_figures_t *f = &d->fig;
         char cmd[64], b[8][32];
         command_name(ss, cmd, sizeof(cmd));
@@ -416,7 +334,7 @@ static void print_json_figures(const gm_diag_figures_t *f) {
         printf("}}");
 }
 
-static void print_json_diagnosis(const Gpumem__SessionSamples *ss, const gm_diagnosis_t *d, const holders_t *h) {
+static void print_json_diagnosis(const gpumem_session_samples *ss, const gm_diagnosis_t *d, const holders_t *h) {
         char cmd[64];
         command_name(ss, cmd, sizeof(cmd));
         printf("{\"pid\": %u, \"session_id\": %" PRIu64 ", \"command\": ", ss->pid, ss->session_id);
@@ -440,10 +358,10 @@ static void print_json_diagnosis(const Gpumem__SessionSamples *ss, const gm_diag
         printf("}");
 }
 
-static void print_json_refusals(const Gpumem__SampleSet *set) {
+static void print_json_refusals(const gpumem_sample_set *set) {
         printf("[");
         for (size_t i = 0; i < set->n_refusals; i++) {
-                const Gpumem__RefusalEvent *e = set->refusals[i];
+                const gpumem_refusal *e = &set->refusals[i];
                 printf("%s{\"age_ms\": %" PRIu64 ", \"pid\": %u, \"tenant\": ", i ? ", " : "",
                        set->now_ms > e->t_ms ? set->now_ms - e->t_ms : 0, e->pid);
                 gm_json_print_string(stdout, e->tenant);
@@ -486,7 +404,7 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
                 fprintf(stderr, "gpumemctl: diagnose [--pid P | --tenant T] [--window DURATION] [--json]\n");
                 return EXIT_USAGE;
         }
-        Gpumem__SampleSet *set;
+        gpumem_sample_set *set;
         int r = fetch_set(c, (uint32_t) pid, tenant, window_ms, &set);
         if (r)
                 return r;
@@ -501,7 +419,7 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
                                 "gpumemctl: no process of tenant '%.64s' holds memory on this GPU "
                                 "(or it is not yours to see)\n",
                                 tenant);
-                gpumem__sample_set__free_unpacked(set, NULL);
+                gpumem_sample_set_free(set);
                 return EXIT_REFUSED;
         }
         if (json)
@@ -511,17 +429,17 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
         size_t shown = 0;
         for (size_t i = 0; i < set->n_sessions; i++) {
                 gm_diagnosis_t d;
-                if (diagnose_session(set, set->sessions[i], window_ms, &d) < 0)
+                if (diagnose_session(set, &set->sessions[i], window_ms, &d) < 0)
                         continue; /* no sample in the window */
                 holders_t h;
                 bool leak = d.n_findings && d.findings[0].kind == GM_DIAG_LEAK;
-                if (leak && (r = find_holders(c, set->sessions[i]->pid, window_ms, &h)) != 0)
+                if (leak && (r = find_holders(c, set->sessions[i].pid, window_ms, &h)) != 0)
                         break;
                 if (json) {
                         printf("%s", shown ? ", " : "");
-                        print_json_diagnosis(set->sessions[i], &d, leak ? &h : NULL);
+                        print_json_diagnosis(&set->sessions[i], &d, leak ? &h : NULL);
                 } else {
-                        print_text_diagnosis(set->sessions[i], &d, leak ? &h : NULL);
+                        print_text_diagnosis(&set->sessions[i], &d, leak ? &h : NULL);
                 }
                 shown++;
         }
@@ -530,14 +448,14 @@ int cmd_diagnose(ctl_t *c, int argc, char **argv) {
                 print_json_refusals(set);
                 printf("}\n");
         }
-        gpumem__sample_set__free_unpacked(set, NULL);
+        gpumem_sample_set_free(set);
         return r;
 }
 
 /* ---- top and status ---- */
 
 typedef struct row {
-        const Gpumem__SessionSamples *ss;
+        const gpumem_session_samples *ss;
         gm_sample_t last;
         int64_t trend; /* allocated now minus at the window's start */
         bool has;
@@ -552,19 +470,19 @@ static int by_reserved(const void *a, const void *b) {
 }
 
 /* One row per session with samples, sorted by reserved (malloc'd). */
-static row_t *build_rows(const Gpumem__SampleSet *set, uint64_t window_ms, size_t *ret_n) {
+static row_t *build_rows(const gpumem_sample_set *set, uint64_t window_ms, size_t *ret_n) {
         row_t *rows = calloc(set->n_sessions + 1, sizeof(*rows));
         size_t k = 0;
         for (size_t i = 0; rows && i < set->n_sessions; i++) {
                 size_t n;
-                gm_sample_t *s = session_samples(set->sessions[i], &n);
+                gm_sample_t *s = session_samples(&set->sessions[i], &n);
                 if (!s)
                         continue;
                 row_t *r = &rows[k++];
-                r->ss = set->sessions[i];
+                r->ss = &set->sessions[i];
                 r->last = s[n - 1];
                 r->trend = (int64_t) s[n - 1].allocated - (int64_t) s[0].allocated;
-                r->has = diagnose_session(set, set->sessions[i], window_ms, &r->diag) == 0;
+                r->has = diagnose_session(set, &set->sessions[i], window_ms, &r->diag) == 0;
                 free(s);
         }
         if (rows)
@@ -612,10 +530,11 @@ static void print_line(unsigned cols, const char *fmt, ...) {
         putchar('\n');
 }
 
-static void print_device_line(const ctl_t *c, const Gpumem__SampleSet *set, double refusals_per_s, unsigned cols) {
+static void print_device_line(const ctl_t *c, const gpumem_sample_set *set, double refusals_per_s, unsigned cols) {
         char cap[32], res[32], al[32], fr[32];
-        print_line(cols, "GPU %d (%s)  capacity %s  reserved %s  allocated %s  free %s  refusals %.1f/s%s", c->device,
-                   c->backend, fmt_size(set->capacity, cap, sizeof(cap)), fmt_size(set->reserved, res, sizeof(res)),
+        print_line(cols, "GPU %d (%s)  capacity %s  reserved %s  allocated %s  free %s  refusals %.1f/s%s",
+                   gpumem_admin_device(c->admin), gpumem_admin_backend(c->admin),
+                   fmt_size(set->capacity, cap, sizeof(cap)), fmt_size(set->reserved, res, sizeof(res)),
                    fmt_size(set->allocated, al, sizeof(al)), fmt_size(set->device_free, fr, sizeof(fr)), refusals_per_s,
                    set->device_scope ? "" : "  (reserved and allocated: your tenant's)");
 }
@@ -623,7 +542,7 @@ static void print_device_line(const ctl_t *c, const Gpumem__SampleSet *set, doub
 /* The header and the rows, at most `max_rows` of them (0: all): when there
  * are more, the last of those lines says how many more. Lines are cut to
  * `cols` columns (0: whole). */
-static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t n, bool verdicts, size_t max_rows,
+static void print_table(const gpumem_sample_set *set, const row_t *rows, size_t n, bool verdicts, size_t max_rows,
                         unsigned cols) {
         print_line(cols, "%7s %-15s %-14s %-16s %-7s %9s %9s %5s %8s %4s %8s%s", "PID", "COMMAND", "TENANT", "UNIT",
                    "HEAP", "ALLOCATED", "RESERVED", "FRAG", "TREND", "SEGS", "REFUSED", verdicts ? " VERDICT" : "");
@@ -648,10 +567,10 @@ static void print_table(const Gpumem__SampleSet *set, const row_t *rows, size_t 
                            n - shown == 1 ? "" : "es");
 }
 
-static void print_top_json(const ctl_t *c, const Gpumem__SampleSet *set, const row_t *rows, size_t n,
+static void print_top_json(const ctl_t *c, const gpumem_sample_set *set, const row_t *rows, size_t n,
                            uint64_t window_ms) {
-        printf("{\"device\": %d, \"backend\": ", c->device);
-        gm_json_print_string(stdout, c->backend);
+        printf("{\"device\": %d, \"backend\": ", gpumem_admin_device(c->admin));
+        gm_json_print_string(stdout, gpumem_admin_backend(c->admin));
         printf(", \"capacity_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64
                ", \"free_bytes\": %" PRIu64 ", \"device_scope\": %s, \"refusals_total\": %" PRIu64
                ", \"refusals_in_window\": %zu, \"window_ms\": %" PRIu64 ", \"processes\": [",
@@ -718,7 +637,7 @@ int cmd_top(ctl_t *c, int argc, char **argv) {
         }
         uint64_t last_total = 0, last_now = 0;
         for (uint64_t round = 0;; round++) {
-                Gpumem__SampleSet *set;
+                gpumem_sample_set *set;
                 int r = fetch_set(c, 0, NULL, window_ms, &set);
                 if (r)
                         return r;
@@ -745,7 +664,7 @@ int cmd_top(ctl_t *c, int argc, char **argv) {
                 }
                 fflush(stdout);
                 free(rows);
-                gpumem__sample_set__free_unpacked(set, NULL);
+                gpumem_sample_set_free(set);
                 if (once || json || (iterations && round + 1 >= iterations))
                         return 0;
                 struct timespec ts = {.tv_sec = (time_t) (interval_ms / 1000),
@@ -759,7 +678,7 @@ int cmd_status(ctl_t *c, int argc, char **argv) {
                 fprintf(stderr, "gpumemctl: status takes no arguments\n");
                 return EXIT_USAGE;
         }
-        Gpumem__SampleSet *set;
+        gpumem_sample_set *set;
         int r = fetch_set(c, 0, NULL, DIAGNOSE_WINDOW_MS, &set);
         if (r)
                 return r;
@@ -768,7 +687,7 @@ int cmd_status(ctl_t *c, int argc, char **argv) {
         print_device_line(c, set, (double) set->n_refusals * 1000.0 / DIAGNOSE_WINDOW_MS, 0);
         uint64_t by_class[GM_DIAG_REFUSAL_CLASSES] = {0};
         for (size_t i = 0; i < set->n_refusals; i++) {
-                int cls = gm_diag_refusal_class_of(set->refusals[i]->reason);
+                int cls = gm_diag_refusal_class_of(set->refusals[i].reason);
                 if (cls >= 0)
                         by_class[cls]++;
         }
@@ -786,6 +705,6 @@ int cmd_status(ctl_t *c, int argc, char **argv) {
                 printf("%zu process%s need%s a look: gpumemctl diagnose\n", flagged, flagged == 1 ? "" : "es",
                        flagged == 1 ? "s" : "");
         free(rows);
-        gpumem__sample_set__free_unpacked(set, NULL);
+        gpumem_sample_set_free(set);
         return 0;
 }

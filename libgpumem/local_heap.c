@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "debug.h"
 #include "fence.h"
 #include "local_heap.h"
 #include "snapshot.h"
@@ -42,10 +43,19 @@ static void end(gm_local_t *l) {
                 gm_statpage_write_end(l->page);
 }
 
+/* The debug tier (GPUMEMD_DEBUG builds): the heap's integrity after every
+ * operation, the grants, give-backs and moves inside it included; a
+ * violation aborts. Nothing in other builds. */
+static void check(const gm_local_t *l) {
+        if (GM_DEBUG)
+                gm_assert(gm_heap_check(l->heap) == 0);
+}
+
 /* The heap's create_run(): one grant for the run (create(): a run of one). */
 static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                                uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
         gm_local_t *l = userdata;
+        gm_assert(n_pages > 0);
         gm_local_grant_t g = {
                 .segment_id = segment_id,
                 .segment_va_size = segment_va_size,
@@ -174,6 +184,7 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 return r;
         }
         l->stats = gm_heap_stats(l->heap);
+        check(l);
         *ret_local = l;
         return 0;
 }
@@ -186,6 +197,7 @@ int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t
         begin(l);
         gm_heap_set_config(l->heap, &cfg);
         end(l);
+        check(l);
         l->config = cfg;
         return 0;
 }
@@ -214,6 +226,8 @@ int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame
         begin(l);
         int r = gm_heap_alloc(l->heap, size, stream, ret_result);
         end(l);
+        gm_assert(r < 0 || ret_result->size >= size);
+        check(l);
         l->cur_frames = NULL;
         l->n_cur_frames = 0;
         return r;
@@ -223,6 +237,7 @@ int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred) {
         begin(l);
         int r = gm_heap_free(l->heap, block_id, deferred);
         end(l);
+        check(l);
         return r;
 }
 
@@ -230,6 +245,7 @@ int gm_local_free_completed(gm_local_t *l, uint64_t block_id) {
         begin(l);
         int r = gm_heap_free_completed(l->heap, block_id);
         end(l);
+        check(l);
         return r;
 }
 
@@ -237,6 +253,7 @@ uint64_t gm_local_release_cached(gm_local_t *l) {
         begin(l);
         uint64_t released = gm_heap_release_cached(l->heap);
         end(l);
+        check(l);
         return released;
 }
 
@@ -255,6 +272,7 @@ void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated) {
         if (accumulated)
                 gm_stats_reset_accumulated(gm_heap_stats_mut(l->heap));
         end(l);
+        check(l);
 }
 
 bool gm_local_refused_by_daemon(const gm_local_t *l) {

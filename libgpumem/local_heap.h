@@ -80,7 +80,7 @@ typedef struct gm_local_ops {
  * for a device of `capacity` bytes whose backend maps in multiples of
  * `granularity` (0: 2 MiB), keeping its statistics in `page` (may be NULL),
  * which must stay mapped at its address while the heap lives (it may be
- * replaced there: see local_page_replace()). -EINVAL with a reason in err for settings
+ * replaced there: see gm_local_session_page_replace()). -EINVAL with a reason in err for settings
  * this library cannot parse. */
 int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
                  const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len);

@@ -48,7 +48,7 @@ MAY_USE = {
     "ipc": {"common", "proto"},
     "common": set(),
     "libgpumem": {"allocator", "ipc", "common", "proto", "backend-loader", "mapper"},
-    "ctl": {"libgpumem", "allocator", "ipc", "common", "proto"},
+    "ctl": {"libgpumem", "allocator", "common"},  # libgpumem's admin API only: no wire code
     "torch": {"libgpumem"},
     "examples": {"libgpumem"},
     "mapper": {"backend-loader", "backend-kind", "common"},

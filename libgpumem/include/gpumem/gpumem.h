@@ -241,4 +241,6 @@ GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
 }
 #endif
 
+#include <gpumem/admin.h> /* the administration connection gpumemctl uses */
+
 #endif

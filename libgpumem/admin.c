@@ -1,9 +1,11 @@
 /* libgpumem beyond allocation: the device a CUDA ordinal names, statistics
  * as a set and as memory_summary() text, resets, trims, snapshots, memory
  * history, sessions and quotas. Each call is one request of the wire protocol
- * (the ones gpumemctl sends) on the client's own session, so the daemon
- * applies the caller's kernel-verified rights. */
+ * on a channel: a client's own session (gpumem_*) or a control connection
+ * (gpumem_admin_*, control.c: the requests gpumemctl sends), so the daemon
+ * applies the caller's kernel-verified rights either way. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,37 +15,54 @@
 #include <unistd.h>
 
 #include "client-internal.h"
+#include "control.h"
 #include "cuda_loader.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "peer_check.h"
 #include "stats.h"
 
-size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
-        size_t n = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
-        for (size_t i = 0; i < n; i++) {
-                gpumem__frame__init(&wire[i]);
-                wire[i].filename = (char *) (frames[i].filename ? frames[i].filename : "");
-                wire[i].line = frames[i].line;
-                wire[i].name = (char *) (frames[i].name ? frames[i].name : "");
-                ptrs[i] = &wire[i];
-        }
-        return n;
-}
-
 void gpumem_buffer_free(void *buf) {
         free(buf);
 }
 
-/* One request on c's session: `body` is the message of oneof case
+/* Where a call's requests go: a client's session, or else a control
+ * connection. */
+typedef struct channel {
+        gpumem_client *client;
+        gpumem_admin *admin;
+} channel_t;
+
+#define CLIENT_CHANNEL(c) (&(channel_t){.client = (c)})
+#define ADMIN_CHANNEL(a) (&(channel_t){.admin = (a)})
+
+/* Records a failure's text where the channel's caller reads it
+ * (gpumem_last_error() or gpumem_admin_error()); returns err. */
+static int channel_error(const channel_t *ch, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int channel_error(const channel_t *ch, int err, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        if (ch->client) {
+                char msg[1024];
+                vsnprintf(msg, sizeof(msg), fmt, ap);
+                gm_client_set_error(ch->client, err, "%s", msg);
+        } else {
+                gm_control_vfail(ch->admin, GPUMEM_ADMIN_FAILED, err, fmt, ap);
+        }
+        va_end(ap);
+        return err;
+}
+
+/* One request on the channel: `body` is the message of oneof case
  * `body_case` (every body of the envelope is a pointer in one union), and the
- * reply must be of case `want`; see gm_client_call(). */
-static int request(gpumem_client *c, Gpumem__Envelope__BodyCase body_case, void *body, Gpumem__Envelope__BodyCase want,
-                   Gpumem__Envelope **ret_reply, int *ret_fd) {
+ * reply must be of case `want`; see gm_client_call() and gm_control_call(). */
+static int request(const channel_t *ch, Gpumem__Envelope__BodyCase body_case, void *body,
+                   Gpumem__Envelope__BodyCase want, Gpumem__Envelope **ret_reply, int *ret_fd) {
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = body_case;
         env.hello = body;
-        return gm_client_call(c, &env, want, ret_reply, ret_fd);
+        return ch->client ? gm_client_call(ch->client, &env, want, ret_reply, ret_fd)
+                          : gm_control_call(ch->admin, &env, want, ret_reply, ret_fd);
 }
 
 /* ---- the daemon of a CUDA ordinal ---- */
@@ -219,20 +238,15 @@ static int local_session_stats(gpumem_client *c, gpumem_stats **ret) {
         return 0;
 }
 
-int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
-        if (!c || !ret || scope > GPUMEM_SCOPE_PID)
-                return -EINVAL;
-        if (scope == GPUMEM_SCOPE_SESSION) {
-                int r = local_session_stats(c, ret);
-                if (r != -EOPNOTSUPP)
-                        return r;
-        }
+/* The daemon's statistics of `scope` as a set. */
+static int stats_request(const channel_t *ch, gpumem_scope scope, const char *tenant, uint32_t pid,
+                         gpumem_stats **ret) {
         Gpumem__Stats req = GPUMEM__STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (scope == GPUMEM_SCOPE_TENANT && tenant ? tenant : "");
         req.pid = scope == GPUMEM_SCOPE_PID ? pid : 0;
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_STATS, &req, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply, NULL);
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_STATS, &req, GPUMEM__ENVELOPE__BODY_STATS_REPLY, &reply, NULL);
         if (r < 0)
                 return r;
         const Gpumem__StatsReply *sr = reply->stats_reply;
@@ -242,7 +256,7 @@ int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, u
         gpumem_stats *s = malloc(sizeof(*s) + sr->n_stats * sizeof(s->entries[0]) + text);
         if (!s) {
                 gm_msg_free(reply);
-                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+                return channel_error(ch, -ENOMEM, "gpumem: out of memory");
         }
         s->device = sr->device;
         s->capacity = sr->capacity;
@@ -258,6 +272,23 @@ int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, u
         gm_msg_free(reply);
         *ret = s;
         return 0;
+}
+
+int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
+        if (!c || !ret || scope > GPUMEM_SCOPE_PID)
+                return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION) {
+                int r = local_session_stats(c, ret);
+                if (r != -EOPNOTSUPP)
+                        return r;
+        }
+        return stats_request(CLIENT_CHANNEL(c), scope, tenant, pid, ret);
+}
+
+int gpumem_admin_stats(gpumem_admin *a, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
+        if (!a || !ret || scope > GPUMEM_SCOPE_PID)
+                return -EINVAL;
+        return stats_request(ADMIN_CHANNEL(a), scope, tenant, pid, ret);
 }
 
 void gpumem_stats_free(gpumem_stats *s) {
@@ -322,20 +353,43 @@ int gpumem_stats_summary(const gpumem_stats *s, bool abbreviated, char **ret_tex
         return -ENOSPC;
 }
 
-int gpumem_reset_stats(gpumem_client *c, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
-        if (!c || scope == GPUMEM_SCOPE_PID || scope > GPUMEM_SCOPE_PID)
-                return -EINVAL;
-        if (scope == GPUMEM_SCOPE_SESSION)
-                gm_client_reset_local_stats(c, peak, accumulated); /* a local heap's figures are here */
+static int reset_request(const channel_t *ch, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
         Gpumem__ResetStats req = GPUMEM__RESET_STATS__INIT;
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (tenant ? tenant : "");
         req.peak = peak;
         req.accumulated = accumulated;
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_RESET_STATS, &req, GPUMEM__ENVELOPE__BODY_OK, &reply, NULL);
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_RESET_STATS, &req, GPUMEM__ENVELOPE__BODY_OK, &reply, NULL);
         gm_msg_free(r == 0 ? reply : NULL);
         return r;
+}
+
+int gpumem_reset_stats(gpumem_client *c, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
+        if (!c || scope == GPUMEM_SCOPE_PID || scope > GPUMEM_SCOPE_PID)
+                return -EINVAL;
+        if (scope == GPUMEM_SCOPE_SESSION)
+                gm_client_reset_local_stats(c, peak, accumulated); /* a local heap's figures are here */
+        return reset_request(CLIENT_CHANNEL(c), scope, tenant, peak, accumulated);
+}
+
+int gpumem_admin_reset_stats(gpumem_admin *a, gpumem_scope scope, const char *tenant, bool peak, bool accumulated) {
+        if (!a || scope > GPUMEM_SCOPE_PID)
+                return -EINVAL;
+        return reset_request(ADMIN_CHANNEL(a), scope, tenant, peak, accumulated);
+}
+
+static int trim_request(const channel_t *ch, const char *tenant, uint64_t *ret_released_bytes) {
+        Gpumem__Trim req = GPUMEM__TRIM__INIT;
+        req.tenant = (char *) tenant;
+        Gpumem__Envelope *reply;
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_TRIM, &req, GPUMEM__ENVELOPE__BODY_TRIM_REPLY, &reply, NULL);
+        if (r < 0)
+                return r;
+        if (ret_released_bytes)
+                *ret_released_bytes = reply->trim_reply->released_bytes;
+        gm_msg_free(reply);
+        return 0;
 }
 
 int gpumem_trim_tenant(gpumem_client *c, const char *tenant, uint64_t *ret_released_bytes) {
@@ -345,16 +399,13 @@ int gpumem_trim_tenant(gpumem_client *c, const char *tenant, uint64_t *ret_relea
                 return gpumem_trim(c, ret_released_bytes);
         if (!*tenant)
                 return gm_client_set_error(c, -EINVAL, "gpumem: trim: empty tenant name (NULL is this session)");
-        Gpumem__Trim req = GPUMEM__TRIM__INIT;
-        req.tenant = (char *) tenant;
-        Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_TRIM, &req, GPUMEM__ENVELOPE__BODY_TRIM_REPLY, &reply, NULL);
-        if (r < 0)
-                return r;
-        if (ret_released_bytes)
-                *ret_released_bytes = reply->trim_reply->released_bytes;
-        gm_msg_free(reply);
-        return 0;
+        return trim_request(CLIENT_CHANNEL(c), tenant, ret_released_bytes);
+}
+
+int gpumem_admin_trim(gpumem_admin *a, const char *tenant, uint64_t *ret_released_bytes) {
+        if (!a || !tenant)
+                return -EINVAL;
+        return trim_request(ADMIN_CHANNEL(a), tenant, ret_released_bytes);
 }
 
 /* ---- snapshots and history ---- */
@@ -377,14 +428,73 @@ static int read_all(int fd, char *buf, size_t len) {
         return 0;
 }
 
-int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pid, void **ret_data, size_t *ret_len) {
-        if (!c || !ret_data || !ret_len || format > GPUMEM_SNAPSHOT_PICKLE_1_13)
-                return -EINVAL;
+/* Reads the `size` bytes a reply's fd carries (a sealed memfd, or a pipe the
+ * daemon fills) into a NUL-terminated buffer, and closes the fd. -EPROTO when
+ * there is none (fd -1), or it is a file of another size, or size is over
+ * `max`; else a read's error. */
+static int reply_fd_read(int fd, uint64_t size, uint64_t max, char **ret_data) {
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && (uint64_t) st.st_size != size) || size > max) {
+                if (fd >= 0)
+                        close(fd);
+                return -EPROTO;
+        }
+        char *data = malloc(size + 1);
+        int r = data ? read_all(fd, data, size) : -ENOMEM;
+        close(fd);
+        if (r < 0) {
+                free(data);
+                return r;
+        }
+        data[size] = '\0';
+        *ret_data = data;
+        return 0;
+}
+
+/* The daemon's snapshot: its reply's figures and the fd its bytes come in
+ * (-1: the reply carried none). */
+static int snapshot_request(const channel_t *ch, gpumem_snapshot_format format, gpumem_snapshot_category category,
+                            uint32_t pid, int *ret_fd, gpumem_snapshot_info *ret_info) {
         Gpumem__Snapshot req = GPUMEM__SNAPSHOT__INIT;
         req.format = format == GPUMEM_SNAPSHOT_JSON          ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_JSON
                      : format == GPUMEM_SNAPSHOT_PICKLE_1_13 ? GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE_1_13
                                                              : GPUMEM__SNAPSHOT_FORMAT__SNAPSHOT_FORMAT_PICKLE;
+        req.category = (Gpumem__SnapshotCategory) category;
         req.pid = pid;
+        Gpumem__Envelope *reply;
+        int fd = -1;
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_SNAPSHOT, &req, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, &reply, &fd);
+        if (r < 0)
+                return r;
+        gpumem_snapshot_info info = {.size = reply->snapshot_reply->size,
+                                     .local_asked = reply->snapshot_reply->local_asked,
+                                     .local_unanswered = reply->snapshot_reply->local_unanswered};
+        gm_msg_free(reply);
+        *ret_fd = fd;
+        *ret_info = info;
+        return 0;
+}
+
+int gpumem_admin_snapshot(gpumem_admin *a, gpumem_snapshot_format format, gpumem_snapshot_category category,
+                          uint32_t pid, int *ret_fd, gpumem_snapshot_info *ret_info) {
+        if (!a || !ret_fd || !ret_info || format > GPUMEM_SNAPSHOT_PICKLE_1_13 ||
+            category > GPUMEM_SNAPSHOT_CATEGORY_PID)
+                return -EINVAL;
+        int fd;
+        gpumem_snapshot_info info;
+        int r = snapshot_request(ADMIN_CHANNEL(a), format, category, pid, &fd, &info);
+        if (r < 0)
+                return r;
+        if (fd < 0)
+                return gm_control_fail(a, GPUMEM_ADMIN_FAILED, -EPROTO, "the daemon sent no snapshot");
+        *ret_fd = fd;
+        *ret_info = info;
+        return 0;
+}
+
+int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pid, void **ret_data, size_t *ret_len) {
+        if (!c || !ret_data || !ret_len || format > GPUMEM_SNAPSHOT_PICKLE_1_13)
+                return -EINVAL;
         if (pid == (uint32_t) getpid() && format != GPUMEM_SNAPSHOT_PICKLE_1_13) {
                 /* This process's memory: a local heap is here, not in the daemon. */
                 char *buf;
@@ -404,47 +514,171 @@ int gpumem_snapshot(gpumem_client *c, gpumem_snapshot_format format, uint32_t pi
                 if (r != -EOPNOTSUPP)
                         return r;
         }
-        Gpumem__Envelope *reply;
         int fd = -1;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_SNAPSHOT, &req, GPUMEM__ENVELOPE__BODY_SNAPSHOT_REPLY, &reply, &fd);
+        gpumem_snapshot_info info;
+        int r = snapshot_request(CLIENT_CHANNEL(c), format, GPUMEM_SNAPSHOT_CATEGORY_NONE, pid, &fd, &info);
         if (r < 0)
                 return r;
-        uint64_t size = reply->snapshot_reply->size;
-        gm_msg_free(reply);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && (uint64_t) st.st_size != size) ||
-            size > MAX_SNAPSHOT_BYTES) {
-                if (fd >= 0)
-                        close(fd);
+        uint64_t size = info.size;
+        char *data;
+        r = reply_fd_read(fd, size, MAX_SNAPSHOT_BYTES, &data); /* a JSON snapshot reads as a C string too */
+        if (r == -EPROTO)
                 return gm_client_set_error(c, -EPROTO, "gpumem: the daemon's snapshot is missing or not %llu bytes",
                                            (unsigned long long) size);
-        }
-        char *data = malloc(size + 1);
-        r = data ? read_all(fd, data, size) : -ENOMEM;
-        close(fd);
-        if (r < 0) {
-                free(data);
+        if (r < 0)
                 return gm_client_set_error(c, r, "gpumem: cannot read the snapshot: %s", strerror(-r));
-        }
-        data[size] = '\0'; /* a JSON snapshot reads as a C string too */
         *ret_data = data;
         *ret_len = size;
         return 0;
 }
 
-int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_history_state *ret_state) {
-        if (!c)
+int gpumem_admin_snapshot_data(gpumem_admin *a, gpumem_snapshot_format format, gpumem_snapshot_category category,
+                               uint32_t pid, void **ret_data, size_t *ret_len) {
+        if (!ret_data || !ret_len)
                 return -EINVAL;
+        int fd;
+        gpumem_snapshot_info info;
+        int r = gpumem_admin_snapshot(a, format, category, pid, &fd, &info);
+        if (r < 0)
+                return r;
+        char *data;
+        r = reply_fd_read(fd, info.size, MAX_SNAPSHOT_BYTES, &data);
+        if (r < 0)
+                return gm_control_fail(a, GPUMEM_ADMIN_UNEXPECTED, r, "unexpected reply from gpumemd");
+        *ret_data = data;
+        *ret_len = info.size;
+        return 0;
+}
+
+/* ---- samples ---- */
+
+/* The largest SampleSet accepted from the daemon (it sends far less). */
+#define MAX_SAMPLE_SET_BYTES (256u << 20)
+
+/* A gpumem_sample_set over the unpacked message its strings and samples are in. */
+typedef struct sample_set {
+        gpumem_sample_set set; /* first: what the caller holds */
+        Gpumem__SampleSet *msg;
+        gpumem_session_samples *sessions;
+        gpumem_refusal *refusals;
+} sample_set_t;
+
+void gpumem_sample_set_free(gpumem_sample_set *set) {
+        sample_set_t *s = (sample_set_t *) set;
+        if (!s)
+                return;
+        if (s->msg)
+                gpumem__sample_set__free_unpacked(s->msg, NULL);
+        free(s->sessions);
+        free(s->refusals);
+        free(s);
+}
+
+/* The set as the caller reads it; NULL when out of memory. */
+static gpumem_sample_set *sample_set_of(Gpumem__SampleSet *m) {
+        sample_set_t *s = calloc(1, sizeof(*s));
+        if (!s)
+                return NULL;
+        s->msg = m;
+        s->sessions = calloc(m->n_sessions + 1, sizeof(*s->sessions));
+        s->refusals = calloc(m->n_refusals + 1, sizeof(*s->refusals));
+        if (!s->sessions || !s->refusals) {
+                s->msg = NULL;
+                gpumem_sample_set_free(&s->set);
+                return NULL;
+        }
+        for (size_t i = 0; i < m->n_sessions; i++) {
+                const Gpumem__SessionSamples *ss = m->sessions[i];
+                s->sessions[i] = (gpumem_session_samples){
+                        .session_id = ss->session_id,
+                        .pid = ss->pid,
+                        .tenant = ss->tenant,
+                        .unit = ss->unit,
+                        .name = ss->name,
+                        .heap_mode = ss->heap_mode,
+                        .stride = ss->stride,
+                        .samples = ss->samples,
+                        .n_samples = ss->n_samples,
+                        .last_refusal_ms = ss->last_refusal_ms,
+                };
+        }
+        for (size_t i = 0; i < m->n_refusals; i++) {
+                const Gpumem__RefusalEvent *e = m->refusals[i];
+                s->refusals[i] = (gpumem_refusal){.t_ms = e->t_ms,
+                                                  .session_id = e->session_id,
+                                                  .pid = e->pid,
+                                                  .tenant = e->tenant,
+                                                  .reason = e->reason,
+                                                  .size = e->size};
+        }
+        s->set = (gpumem_sample_set){
+                .now_ms = m->now_ms,
+                .period_ms = m->period_ms,
+                .capacity = m->capacity,
+                .device_free = m->device_free,
+                .reserved = m->reserved,
+                .allocated = m->allocated,
+                .refusals_total = m->refusals_total,
+                .device_scope = m->device_scope,
+                .sessions = s->sessions,
+                .n_sessions = m->n_sessions,
+                .refusals = s->refusals,
+                .n_refusals = m->n_refusals,
+        };
+        return &s->set;
+}
+
+int gpumem_admin_samples(gpumem_admin *a, uint32_t pid, const char *tenant, uint64_t window_ms,
+                         gpumem_sample_set **ret) {
+        if (!a || !ret)
+                return -EINVAL;
+        Gpumem__Samples req = GPUMEM__SAMPLES__INIT;
+        req.pid = pid;
+        req.tenant = (char *) (tenant ? tenant : "");
+        req.window_ms = window_ms;
+        Gpumem__Envelope *reply;
+        int fd = -1;
+        int r = request(ADMIN_CHANNEL(a), GPUMEM__ENVELOPE__BODY_SAMPLES, &req, GPUMEM__ENVELOPE__BODY_SAMPLES_REPLY,
+                        &reply, &fd);
+        if (r < 0)
+                return r;
+        uint64_t size = reply->samples_reply->size;
+        gm_msg_free(reply);
+        char *data;
+        r = reply_fd_read(fd, size, MAX_SAMPLE_SET_BYTES, &data);
+        if (r < 0)
+                return gm_control_fail(a, GPUMEM_ADMIN_UNEXPECTED, r, "unexpected reply from gpumemd");
+        Gpumem__SampleSet *m = gpumem__sample_set__unpack(NULL, size, (const uint8_t *) data);
+        free(data);
+        if (!m)
+                return gm_control_fail(a, GPUMEM_ADMIN_UNEXPECTED, -EPROTO, "unexpected samples reply from gpumemd");
+        gpumem_sample_set *set = sample_set_of(m);
+        if (!set) {
+                gpumem__sample_set__free_unpacked(m, NULL);
+                return gm_control_fail(a, GPUMEM_ADMIN_FAILED, -ENOMEM, "out of memory");
+        }
+        *ret = set;
+        return 0;
+}
+
+_Static_assert(GPUMEM_HISTORY_MAX_ENTRIES == GM_HISTORY_MAX_ENTRIES, "the public bound is the daemon's");
+
+/* HistoryControl: on, off, or (status_only) the state alone. */
+static int history_request(const channel_t *ch, gpumem_history_op op, uint64_t max_entries,
+                           gpumem_history_state *ret_state) {
         Gpumem__HistoryControl req = GPUMEM__HISTORY_CONTROL__INIT;
-        req.enabled = enabled;
+        req.enabled = op == GPUMEM_HISTORY_ON;
+        req.status_only = op == GPUMEM_HISTORY_STATUS;
         req.max_entries = max_entries;
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply,
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_HISTORY_CONTROL, &req, GPUMEM__ENVELOPE__BODY_HISTORY_REPLY, &reply,
                         NULL);
         if (r < 0)
                 return r;
         /* The daemon's ring holds central heaps' events; a local heap keeps its own. */
-        r = gm_client_local_history(c, reply->history_reply->enabled, reply->history_reply->max_entries);
+        r = ch->client ? gm_client_local_history(ch->client, reply->history_reply->enabled,
+                                                 reply->history_reply->max_entries)
+                       : 0;
         if (r < 0) {
                 gm_msg_free(reply);
                 return r;
@@ -454,6 +688,38 @@ int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_
                                                     .max_entries = reply->history_reply->max_entries,
                                                     .entries = reply->history_reply->entries};
         gm_msg_free(reply);
+        return 0;
+}
+
+int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_history_state *ret_state) {
+        if (!c)
+                return -EINVAL;
+        return history_request(CLIENT_CHANNEL(c), enabled ? GPUMEM_HISTORY_ON : GPUMEM_HISTORY_OFF, max_entries,
+                               ret_state);
+}
+
+int gpumem_admin_history(gpumem_admin *a, gpumem_history_op op, uint64_t max_entries, gpumem_history_state *ret_state) {
+        if (!a || op > GPUMEM_HISTORY_STATUS)
+                return -EINVAL;
+        return history_request(ADMIN_CHANNEL(a), op, max_entries, ret_state);
+}
+
+int gpumem_admin_alloc_conf(gpumem_admin *a, const char *conf, char **ret_conf) {
+        if (!a || !ret_conf)
+                return -EINVAL;
+        Gpumem__AllocConf req = GPUMEM__ALLOC_CONF__INIT;
+        req.set = conf != NULL;
+        req.conf = (char *) (conf ? conf : "");
+        Gpumem__Envelope *reply;
+        int r = request(ADMIN_CHANNEL(a), GPUMEM__ENVELOPE__BODY_ALLOC_CONF, &req,
+                        GPUMEM__ENVELOPE__BODY_ALLOC_CONF_REPLY, &reply, NULL);
+        if (r < 0)
+                return r;
+        char *text = strdup(reply->alloc_conf_reply->conf ? reply->alloc_conf_reply->conf : "");
+        gm_msg_free(reply);
+        if (!text)
+                return gm_control_fail(a, GPUMEM_ADMIN_FAILED, -ENOMEM, "out of memory");
+        *ret_conf = text;
         return 0;
 }
 
@@ -476,28 +742,31 @@ static const char *heap_name(const Gpumem__ClientInfo *ci) {
         return ci->heap_mode && ci->heap_mode[0] ? ci->heap_mode : "central";
 }
 
-int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t *ret_n) {
-        if (!c || !ret_list || !ret_n)
-                return -EINVAL;
+/* The Clients reply as one buffer of entries of `stride` bytes: a
+ * gpumem_client_info each, or (`detailed`) a gpumem_session_info. */
+static int clients_request(const channel_t *ch, bool detailed, void **ret_list, size_t *ret_n) {
         Gpumem__Clients req = GPUMEM__CLIENTS__INIT;
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_CLIENTS, &req, GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY, &reply, NULL);
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_CLIENTS, &req, GPUMEM__ENVELOPE__BODY_CLIENTS_REPLY, &reply, NULL);
         if (r < 0)
                 return r;
         const Gpumem__ClientsReply *cr = reply->clients_reply;
+        size_t stride = detailed ? sizeof(gpumem_session_info) : sizeof(gpumem_client_info);
         size_t text = 0;
         for (size_t i = 0; i < cr->n_clients; i++)
                 text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) +
-                        str_size(cr->clients[i]->name) + str_size(heap_name(cr->clients[i]));
-        gpumem_client_info *list = malloc(cr->n_clients * sizeof(*list) + text + 1);
+                        str_size(cr->clients[i]->name) + str_size(heap_name(cr->clients[i])) +
+                        (detailed ? str_size(cr->clients[i]->command) : 0);
+        char *list = malloc(cr->n_clients * stride + text + 1);
         if (!list) {
                 gm_msg_free(reply);
-                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+                return channel_error(ch, -ENOMEM, "gpumem: out of memory");
         }
-        char *area = (char *) &list[cr->n_clients];
+        char *area = list + cr->n_clients * stride;
         for (size_t i = 0; i < cr->n_clients; i++) {
                 const Gpumem__ClientInfo *ci = cr->clients[i];
-                list[i] = (gpumem_client_info){
+                gpumem_session_info *e = (gpumem_session_info *) (list + i * stride);
+                e->info = (gpumem_client_info){
                         .session_id = ci->session_id,
                         .pid = ci->pid,
                         .uid = ci->uid,
@@ -514,6 +783,12 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
                         .stats_page_invalid = ci->stats_page_invalid,
                         .requests = ci->requests,
                 };
+                if (detailed) {
+                        e->command = put_str(&area, ci->command);
+                        e->unresponsive = ci->unresponsive;
+                        e->unresponsive_ms = ci->unresponsive_ms;
+                        e->release_unverified_bytes = ci->release_unverified;
+                }
         }
         *ret_n = cr->n_clients;
         *ret_list = list;
@@ -521,24 +796,40 @@ int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t 
         return 0;
 }
 
-static int quota_call(gpumem_client *c, Gpumem__Quota *req, gpumem_tenant_info **ret_list, size_t *ret_n) {
+int gpumem_list_clients(gpumem_client *c, gpumem_client_info **ret_list, size_t *ret_n) {
+        if (!c || !ret_list || !ret_n)
+                return -EINVAL;
+        return clients_request(CLIENT_CHANNEL(c), false, (void **) ret_list, ret_n);
+}
+
+int gpumem_admin_list_clients(gpumem_admin *a, gpumem_session_info **ret_list, size_t *ret_n) {
+        if (!a || !ret_list || !ret_n)
+                return -EINVAL;
+        return clients_request(ADMIN_CHANNEL(a), true, (void **) ret_list, ret_n);
+}
+
+/* One Quota request; with ret_list, its tenants as one buffer of
+ * gpumem_tenant_info or (`detailed`) gpumem_tenant_usage entries. */
+static int quota_call(const channel_t *ch, Gpumem__Quota *req, bool detailed, void **ret_list, size_t *ret_n) {
         Gpumem__Envelope *reply;
-        int r = request(c, GPUMEM__ENVELOPE__BODY_QUOTA, req, GPUMEM__ENVELOPE__BODY_QUOTA_REPLY, &reply, NULL);
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_QUOTA, req, GPUMEM__ENVELOPE__BODY_QUOTA_REPLY, &reply, NULL);
         if (r < 0)
                 return r;
         const Gpumem__QuotaReply *qr = reply->quota_reply;
+        size_t stride = detailed ? sizeof(gpumem_tenant_usage) : sizeof(gpumem_tenant_info);
         size_t text = 0;
         for (size_t i = 0; i < qr->n_tenants; i++)
                 text += str_size(qr->tenants[i]->tenant) + str_size(qr->tenants[i]->quota_source);
-        gpumem_tenant_info *list = ret_list ? malloc(qr->n_tenants * sizeof(*list) + text + 1) : NULL;
+        char *list = ret_list ? malloc(qr->n_tenants * stride + text + 1) : NULL;
         if (ret_list && !list) {
                 gm_msg_free(reply);
-                return gm_client_set_error(c, -ENOMEM, "gpumem: out of memory");
+                return channel_error(ch, -ENOMEM, "gpumem: out of memory");
         }
-        char *area = list ? (char *) &list[qr->n_tenants] : NULL;
+        char *area = list ? list + qr->n_tenants * stride : NULL;
         for (size_t i = 0; i < qr->n_tenants && list; i++) {
                 const Gpumem__TenantInfo *t = qr->tenants[i];
-                list[i] = (gpumem_tenant_info){
+                gpumem_tenant_usage *e = (gpumem_tenant_usage *) (list + i * stride);
+                e->info = (gpumem_tenant_info){
                         .tenant = put_str(&area, t->tenant),
                         .quota = t->quota,
                         .quota_source = put_str(&area, t->quota_source),
@@ -547,6 +838,8 @@ static int quota_call(gpumem_client *c, Gpumem__Quota *req, gpumem_tenant_info *
                         .cached_bytes = t->cached,
                         .sessions = t->sessions,
                 };
+                if (detailed)
+                        e->release_unverified_bytes = t->release_unverified;
         }
         if (ret_list) {
                 *ret_list = list;
@@ -562,7 +855,7 @@ int gpumem_quota_list(gpumem_client *c, const char *tenant, gpumem_tenant_info *
         Gpumem__Quota req = GPUMEM__QUOTA__INIT;
         req.op = tenant ? GPUMEM__QUOTA_OP__QUOTA_OP_GET : GPUMEM__QUOTA_OP__QUOTA_OP_LIST;
         req.tenant = (char *) (tenant ? tenant : "");
-        return quota_call(c, &req, ret_list, ret_n);
+        return quota_call(CLIENT_CHANNEL(c), &req, false, (void **) ret_list, ret_n);
 }
 
 int gpumem_quota_set(gpumem_client *c, const char *tenant, uint64_t bytes, bool runtime) {
@@ -573,7 +866,19 @@ int gpumem_quota_set(gpumem_client *c, const char *tenant, uint64_t bytes, bool 
         req.tenant = (char *) tenant;
         req.bytes = bytes;
         req.runtime = runtime;
-        return quota_call(c, &req, NULL, NULL);
+        return quota_call(CLIENT_CHANNEL(c), &req, false, NULL, NULL);
+}
+
+int gpumem_admin_quota(gpumem_admin *a, gpumem_quota_op op, const char *tenant, uint64_t bytes, bool runtime,
+                       gpumem_tenant_usage **ret_list, size_t *ret_n) {
+        if (!a || op > GPUMEM_QUOTA_SET || !ret_list || !ret_n)
+                return -EINVAL;
+        Gpumem__Quota req = GPUMEM__QUOTA__INIT;
+        req.op = (Gpumem__QuotaOp) op;
+        req.tenant = (char *) (tenant ? tenant : "");
+        req.bytes = bytes;
+        req.runtime = runtime;
+        return quota_call(ADMIN_CHANNEL(a), &req, true, (void **) ret_list, ret_n);
 }
 
 /* The caller's own tenant: its quota (0: none) and charged bytes. */
@@ -583,7 +888,7 @@ static int own_tenant(gpumem_client *c, uint64_t *ret_quota, uint64_t *ret_charg
         Gpumem__Quota req = GPUMEM__QUOTA__INIT;
         req.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
         req.tenant = ""; /* the daemon reads it as the caller's */
-        int r = quota_call(c, &req, &list, &n);
+        int r = quota_call(CLIENT_CHANNEL(c), &req, false, (void **) &list, &n);
         if (r < 0)
                 return r;
         *ret_quota = n ? list[0].quota : 0;
