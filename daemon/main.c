@@ -367,7 +367,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         d->broker->stopping = true; /* the sessions' clients may re-attach to the next daemon */
         gm_sd_notify_stopping();
         gm_server_stop(d);
-        gm_ledger_expire(d->broker, gm_now_ms(), true);
+        gm_orphan_expire(d->broker, gm_now_ms(), true);
         if (d->watchdog_running) {
                 uv_timer_stop(&d->watchdog);
                 uv_close((uv_handle_t *) &d->watchdog, NULL);
@@ -390,7 +390,7 @@ static void on_watchdog(uv_timer_t *t) {
         if (gm_sd_watchdog_interval_usec(&usec) > 0)
                 gm_sd_watchdog_ping();
         gm_sd_notify_status("%u sessions, %s of %s in use", d->n_conns,
-                            gm_format_size(gm_broker_reserved(d->broker), used, sizeof(used)),
+                            gm_format_size(gm_piece_reserved(d->broker), used, sizeof(used)),
                             gm_format_size(d->backend->capacity, cap, sizeof(cap)));
 }
 
@@ -520,11 +520,11 @@ int main(int argc, char **argv) {
         if (r < 0)
                 log_warning_errno(r, "No ledger journal at '%s': restarts will rely on clients alone", ledger_path);
         for (size_t i = 0; i < sdfds.n_segments; i++) {
-                gm_ledger_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
+                gm_orphan_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
                 sdfds.segments[i].fd = -1; /* consumed */
         }
-        gm_ledger_adopt_done(d->broker, gm_now_ms());
-        r = gm_quotas_load(d->broker, d->opts.state_dir);
+        gm_orphan_adopt_done(d->broker, gm_now_ms());
+        r = gm_tenant_quotas_load(d->broker, d->opts.state_dir);
         if (r < 0)
                 log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
         apply_config_quotas(d);

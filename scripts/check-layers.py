@@ -4,6 +4,9 @@
 (a local session's heap and memory_summary() formatting run in the client);
 ctl -> {allocator, ipc, common}. Fails (exit 1) naming every
 project include of a header from a module above, or beside, the includer's.
+Inside broker/ the files stand on floors (BROKER_FLOOR): a file includes
+only headers of its floor or below, calls only functions defined on its
+floor or below, and no two files call each other.
 Usage: check-layers.py [SOURCE_DIR]"""
 import os
 import re
@@ -51,6 +54,19 @@ MAY_USE = {
     "mapper": {"backend-loader", "backend-kind", "common"},
 }
 KNOWN = set()
+
+# The broker's floors, bottom up (broker/broker-internal.h draws them).
+# broker.h (the public API and types) and broker-internal.h (the private
+# structures) are shared by every floor; session_central.c and
+# session_local.c stand on session.c within the holders' floor.
+BROKER_FLOOR = {
+    "broker.h": 0, "broker-internal.h": 0,
+    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1,
+    "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2,
+    "holder.h": 3, "session.c": 3, "session_central.c": 3.5, "session_local.c": 3.5,
+    "reclaim.h": 4, "reclaim.c": 4,
+    "broker.c": 5, "reattach.c": 5,
+}
 
 
 def layer_of(rel):
@@ -100,6 +116,44 @@ for dirpath, _, files in os.walk(root):
                     theirs = "backend"
                 if theirs not in allowed and (rel, name) not in KNOWN:
                     bad.append(f"{rel}:{n}: {mine} includes {target} ({theirs})")
+
+def strip_c(text):
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
+
+
+broker_dir = os.path.join(root, "broker")
+broker_files = sorted(f for f in os.listdir(broker_dir) if f.endswith((".c", ".h")))
+for f in broker_files:
+    if f not in BROKER_FLOOR:
+        bad.append(f"broker/{f}: on no floor of BROKER_FLOOR")
+defined, calls = {}, {}
+for f in broker_files:
+    if f not in BROKER_FLOOR:
+        continue
+    with open(os.path.join(broker_dir, f), errors="replace") as src:
+        text = src.read()
+    for n, line in enumerate(text.split("\n"), 1):
+        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if m and m.group(1) in BROKER_FLOOR and BROKER_FLOOR[m.group(1)] > BROKER_FLOOR[f]:
+            bad.append(f"broker/{f}:{n}: floor {BROKER_FLOOR[f]} includes {m.group(1)} (floor {BROKER_FLOOR[m.group(1)]})")
+    if f.endswith(".c"):
+        code = strip_c(text)
+        for m in re.finditer(r"^(?!static\b)[A-Za-z_][\w \t\*]*?\b(gm_\w+)\s*\([^;{]*\)\s*\{", code, re.M):
+            defined[m.group(1)] = f
+        calls[f] = set(re.findall(r"\b(gm_\w+)\s*\(", code))
+arrows = {}
+for f, names in calls.items():
+    for name in sorted(names):
+        callee = defined.get(name)
+        if callee and callee != f:
+            arrows.setdefault((f, callee), []).append(name)
+for (f, callee), names in sorted(arrows.items()):
+    if BROKER_FLOOR[callee] > BROKER_FLOOR[f]:
+        bad.append(f"broker/{f}: floor {BROKER_FLOOR[f]} calls {callee} (floor {BROKER_FLOOR[callee]}): {' '.join(names)}")
+    if (callee, f) in arrows and f < callee:
+        bad.append(f"broker/{f} and broker/{callee} call each other")
 for b in bad:
     print(b)
 sys.exit(1 if bad else 0)

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "broker-internal.h"
 #include "clock.h"
 #include "testutil.h"
 
@@ -158,7 +158,7 @@ static void host_alloc_done(void *userdata, gm_session_t *s, uint64_t request_id
         h->done[h->n_done].outcome = *out;
         h->n_done++;
         if (out->kind == GM_OUTCOME_REPLY)
-                gm_session_pieces_sent(s); /* as the daemon does once the reply is out */
+                gm_session_central_pieces_sent(s); /* as the daemon does once the reply is out */
 }
 
 static int host_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes) {
@@ -293,10 +293,10 @@ static gm_session_t *session(gm_broker_t *b, uid_t uid, const char *tenant) {
 /* An allocation that must be answered at once; returns the block id. */
 static uint64_t alloc_ok(gm_session_t *s, uint64_t size) {
         gm_outcome_t out;
-        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        gm_broker_alloc(s, 1, size, 0, NULL, 0, &out);
         ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "alloc of %llu: kind %d: %s", (unsigned long long) size, out.kind,
                       out.message);
-        gm_session_pieces_sent(s);
+        gm_session_central_pieces_sent(s);
         CHECK(s->broker);
         return out.alloc.block_id;
 }
@@ -315,7 +315,7 @@ static void client_uses(const gm_session_t *s, uint64_t active) {
 
 static gm_session_t *local_session(gm_broker_t *b, uid_t uid, const char *tenant) {
         gm_session_t *s = session(b, uid, tenant);
-        ck_assert_int_eq(gm_session_set_local(s), 0);
+        ck_assert_int_eq(gm_session_local_enable(s), 0);
         CHECK(b);
         return s;
 }
@@ -329,7 +329,7 @@ static gm_grant_t whole(uint64_t segment_id, uint64_t size) {
 static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t size) {
         gm_outcome_t out;
         gm_grant_t g = whole(segment_id, size);
-        gm_session_grant(s, 1, &g, &out);
+        gm_broker_grant(s, 1, &g, &out);
         ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "grant of %llu: kind %d: %s", (unsigned long long) size, out.kind,
                       out.message);
         ck_assert_uint_eq(out.n_pieces, 1);
@@ -341,7 +341,7 @@ static const gm_piece_t *grant_ok(gm_session_t *s, uint64_t segment_id, uint64_t
 static void return_whole(gm_session_t *s, uint64_t segment_id, uint64_t size) {
         gm_release_range_t r = {.segment_id = segment_id, .offset = 0, .length = size};
         size_t bad = 99;
-        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        ck_assert_uint_eq(gm_broker_return_pieces(s, &r, 1, &bad), 0);
         CHECK(s->broker);
 }
 
@@ -358,7 +358,7 @@ static void expire_parked(void) {
 static void ack_all(gm_session_t *s) {
         for (size_t i = 0; i < host_.n_releases; i++)
                 if (host_.releases[i].session == s && host_.releases[i].id) {
-                        ck_assert_int_eq(gm_session_release_ack(s, host_.releases[i].id, NULL, 0), 0);
+                        ck_assert_int_eq(gm_broker_release_ack(s, host_.releases[i].id, NULL, 0), 0);
                         host_.releases[i].id = 0;
                         CHECK(s->broker);
                 }
@@ -370,7 +370,7 @@ START_TEST(test_quota_refuses_and_charges_exactly) {
         gm_tenant_t *t = gm_tenant_get(b_, "team");
         ck_assert_ptr_nonnull(t);
         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, true, 40 * MiB);
-        ck_assert_str_eq(gm_quota_source_name(t), "config");
+        ck_assert_str_eq(gm_tenant_quota_source(t), "config");
         gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, true, 0); /* explicitly unlimited wins */
         ck_assert_uint_eq(t->quota, 0);
         gm_tenant_set_quota(t, GM_QUOTA_RUNTIME, false, 0);
@@ -384,17 +384,17 @@ START_TEST(test_quota_refuses_and_charges_exactly) {
         ck_assert_uint_eq(t->sessions, 2);
 
         gm_outcome_t out;
-        gm_session_alloc(c, 7, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(c, 7, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -EDQUOT);
         ck_assert_msg(strstr(out.message, "team") && strstr(out.message, "quota"), "message: %s", out.message);
         CHECK(b_);
 
         /* A size beyond the device, and size 0, are refused with their own errors. */
-        gm_session_alloc(c, 8, 1ull << 40, 0, NULL, 0, &out);
+        gm_broker_alloc(c, 8, 1ull << 40, 0, NULL, 0, &out);
         ck_assert_int_eq(out.error, -ENOMEM);
         ck_assert_ptr_nonnull(strstr(out.message, "capacity"));
-        gm_session_alloc(c, 9, 0, 0, NULL, 0, &out);
+        gm_broker_alloc(c, 9, 0, 0, NULL, 0, &out);
         ck_assert_int_eq(out.error, -EINVAL);
         CHECK(b_);
 
@@ -411,12 +411,12 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         gm_session_t *idle = session(b_, 1000, "a"), *busy = session(b_, 1001, "b");
         uint64_t blk = alloc_ok(idle, 20 * MiB);
         alloc_ok(idle, 20 * MiB);
-        ck_assert_int_eq(gm_session_free_block(idle, blk, false), 0); /* cached in idle's heap */
+        ck_assert_int_eq(gm_session_central_free_block(idle, blk, false), 0); /* cached in idle's heap */
         CHECK(b_);
 
         /* The device is full: idle is asked for its cache, busy waits. */
         gm_outcome_t out;
-        gm_session_alloc(busy, 42, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(busy, 42, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         CHECK(b_);
         ck_assert_uint_eq(host_.n_releases, 1);
@@ -428,7 +428,7 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         ck_assert_uint_eq(busy->n_parked, 1);
 
         /* A later request of the same session queues behind it. */
-        gm_session_alloc(busy, 43, 1 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(busy, 43, 1 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(busy->n_parked, 2);
         CHECK(b_);
@@ -446,19 +446,19 @@ START_TEST(test_reclaim_parks_until_the_ack) {
         ck_assert_uint_eq(busy->n_parked, 0);
 
         /* An unknown ack is refused. */
-        ck_assert_int_eq(gm_session_release_ack(idle, 999, NULL, 0), -ENOENT);
+        ck_assert_int_eq(gm_broker_release_ack(idle, 999, NULL, 0), -ENOENT);
 
         /* Past the park timeout, the tick refuses what still waits. */
         for (const gm_piece_t *p = idle->pieces; p; p = p->next)
                 ck_assert_int_eq(p->state, GM_PIECE_LIVE);
         ck_assert_uint_eq(gm_heap_live_blocks(idle->heap), 1);
-        gm_session_trim(idle); /* nothing cached: the live block stays */
-        gm_session_alloc(busy, 44, 20 * MiB, 0, NULL, 0, &out);
+        gm_session_central_trim(idle); /* nothing cached: the live block stays */
+        gm_broker_alloc(busy, 44, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE); /* nobody can help */
         uint64_t second = host_.done[0].outcome.alloc.block_id;
-        ck_assert_int_eq(gm_session_free_block(busy, second, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(busy, second, false), 0);
         gm_session_t *third = session(b_, 1002, "c");
-        gm_session_alloc(third, 45, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(third, 45, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK); /* busy's cache is on its way */
         CHECK(b_);
         expire_parked();
@@ -475,8 +475,8 @@ END_TEST
 START_TEST(test_unacknowledged_release_is_asked_again) {
         gm_session_t *s = session(b_, 1000, "a");
         uint64_t blk = alloc_ok(s, 20 * MiB);
-        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         CHECK(b_);
         ck_assert_uint_eq(host_.n_releases, 1);
         gm_broker_limits_t limits = b_->limits;
@@ -501,9 +501,9 @@ static uint64_t release_one(gm_session_t *s, bool counted) {
         uint64_t blk = alloc_ok(s, 20 * MiB);
         if (counted)
                 figure_ += 20 * MiB; /* its client maps it */
-        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
         size_t before = host_.n_releases;
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         ck_assert_uint_eq(host_.n_releases, before + 1);
         return host_.releases[before].id;
 }
@@ -534,7 +534,7 @@ START_TEST(test_release_checked_by_process_figure) {
         /* A driver that does not count what a process maps: nothing shows the
          * release, so it stays charged (held, not a liar). */
         uint64_t id = release_one(s, false);
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         ck_assert(!b_->driver_attributes_mappings && !s->lied);
         ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
         ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
@@ -547,7 +547,7 @@ START_TEST(test_release_checked_by_process_figure) {
          * once (and the driver shown to count mappings); the held one stays. */
         id = release_one(s, true);
         figure_ -= 20 * MiB;
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         ck_assert(b_->driver_attributes_mappings && !s->lied);
         ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
         ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
@@ -557,7 +557,7 @@ START_TEST(test_release_checked_by_process_figure) {
         id = release_one(s, true);
         figure_ -= 20 * MiB;
         figure_ += 8 * MiB;
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         ck_assert(!s->lied);
         ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
         ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
@@ -565,7 +565,7 @@ START_TEST(test_release_checked_by_process_figure) {
 
         /* A liar: its figure keeps all it acknowledged. */
         id = release_one(s, true);
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), -EBUSY);
         ck_assert(s->lied);
         ck_assert_ptr_nonnull(strstr(host_.last_log, "the driver still counts"));
         ck_assert_uint_eq(t->release_unverified_bytes, 40 * MiB);
@@ -591,7 +591,7 @@ START_TEST(test_release_checked_by_process_figure) {
         figure_ = 300 * MiB;
         b_->driver_attributes_mappings = false;
         id = release_one(s, false);
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
         gm_session_end(s);
         CHECK(b_);
@@ -613,17 +613,17 @@ START_TEST(test_release_during_release_keeps_reference) {
         b_->driver_attributes_mappings = true; /* confirmed before: a kept release would read as a lie */
         uint64_t a = alloc_ok(s, 20 * MiB), c = alloc_ok(s, 20 * MiB);
         figure_ += 40 * MiB; /* its client maps both */
-        ck_assert_int_eq(gm_session_free_block(s, a, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, a, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         uint64_t first = host_.releases[host_.n_releases - 1].id;
         figure_ -= 20 * MiB; /* the client unmaps the first; its ack is on the way */
-        ck_assert_int_eq(gm_session_free_block(s, c, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, c, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         uint64_t second = host_.releases[host_.n_releases - 1].id;
         ck_assert_uint_ne(first, second);
-        ck_assert_int_eq(gm_session_release_ack(s, first, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, first, NULL, 0), 0);
         figure_ -= 20 * MiB;
-        ck_assert_int_eq(gm_session_release_ack(s, second, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, second, NULL, 0), 0);
         CHECK(b_);
         ck_assert(!s->lied);
         ck_assert_uint_eq(t->release_unverified_bytes, 0);
@@ -645,12 +645,12 @@ START_TEST(test_release_with_reply_in_flight_not_a_lie) {
         uint64_t a = alloc_ok(s, 20 * MiB);
         figure_ += 20 * MiB;                /* mapped */
         uint64_t c = alloc_ok(s, 20 * MiB); /* its reply is on the way: not mapped yet */
-        ck_assert_int_eq(gm_session_free_block(s, a, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, a, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         uint64_t id = host_.releases[host_.n_releases - 1].id;
         figure_ += 20 * MiB; /* the client maps c, */
         figure_ -= 20 * MiB; /* unmaps a and acknowledges */
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         CHECK(b_);
         ck_assert(!s->lied);
         ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB);
@@ -659,18 +659,18 @@ START_TEST(test_release_with_reply_in_flight_not_a_lie) {
         /* Nothing else in flight: an honest ack is gone, a kept one a lie. */
         uint64_t d = alloc_ok(s, 20 * MiB);
         figure_ += 20 * MiB; /* mapped */
-        ck_assert_int_eq(gm_session_free_block(s, c, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, c, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         id = host_.releases[host_.n_releases - 1].id;
         figure_ -= 20 * MiB; /* unmaps c */
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), 0);
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), 0);
         ck_assert(!s->lied);
         ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB); /* a's, as before */
         ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
-        ck_assert_int_eq(gm_session_free_block(s, d, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, d, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 20 * MiB);
         id = host_.releases[host_.n_releases - 1].id;
-        ck_assert_int_eq(gm_session_release_ack(s, id, NULL, 0), -EBUSY); /* still mapped */
+        ck_assert_int_eq(gm_broker_release_ack(s, id, NULL, 0), -EBUSY); /* still mapped */
         ck_assert(s->lied);
         gm_session_end(s);
         figure_ = 0;
@@ -712,7 +712,7 @@ START_TEST(test_return_checked_by_process_figure) {
         figure_ += 20 * MiB;
         gm_release_range_t r = {.segment_id = 3, .offset = 0, .length = 20 * MiB};
         size_t bad = 99;
-        ck_assert_uint_eq(gm_session_return_pieces(s, &r, 1, &bad), 0);
+        ck_assert_uint_eq(gm_broker_return_pieces(s, &r, 1, &bad), 0);
         CHECK(b_);
         ck_assert(s->lied);
         ck_assert_uint_eq(t->charged_bytes, 40 * MiB);
@@ -739,7 +739,7 @@ START_TEST(test_return_intent_notes_reference) {
         gm_session_t *s = figured_session(true, 100 * MiB);
         gm_tenant_t *t = s->tenant;
         gm_session_t *central = session(b_, 1001, "a");
-        ck_assert_int_eq(gm_session_open_return_intent(central), -EPROTO);
+        ck_assert_int_eq(gm_session_local_open_return_intent(central), -EPROTO);
         grant_ok(s, 1, 20 * MiB);
         grant_ok(s, 2, 20 * MiB);
         figure_ += 40 * MiB;
@@ -749,19 +749,19 @@ START_TEST(test_return_intent_notes_reference) {
         ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
 
         figure_ += 30 * MiB; /* its own allocations: kernels, library handles */
-        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        ck_assert_int_eq(gm_session_local_open_return_intent(s), 0);
         ck_assert(s->return_intent_open);
         CHECK(b_);
-        ck_assert_int_eq(gm_session_open_return_intent(s), -EBUSY);
+        ck_assert_int_eq(gm_session_local_open_return_intent(s), -EBUSY);
         figure_ -= 20 * MiB; /* it unmaps piece 2 */
         client_uses(s, 0);
         gm_outcome_t out; /* the device is full: s is sent a Reclaim while its return is on the way */
-        gm_session_alloc(central, 7, 240 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(central, 7, 240 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(host_.n_reclaims, 1);
         ck_assert_ptr_eq(host_.reclaims[0].session, s);
         return_whole(s, 2, 20 * MiB);
-        gm_session_close_return_intent(s);
+        gm_session_local_close_return_intent(s);
         ck_assert(!s->lied && !s->return_intent_open);
         ck_assert_uint_eq(t->release_unverified_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 240 * MiB); /* the waiting allocation got it */
@@ -773,7 +773,7 @@ START_TEST(test_return_intent_notes_reference) {
         /* A liar announcing its return is caught as before. */
         grant_ok(s, 3, 20 * MiB);
         figure_ += 20 * MiB;
-        ck_assert_int_eq(gm_session_open_return_intent(s), 0);
+        ck_assert_int_eq(gm_session_local_open_return_intent(s), 0);
         return_whole(s, 3, 20 * MiB); /* still mapped */
         ck_assert(s->lied);
         ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
@@ -795,8 +795,8 @@ START_TEST(test_whole_segment_travels_last) {
         gm_session_t *s = session(b_, 1000, "a");
         uint64_t blk = alloc_ok(s, 100 * MiB); /* five 20 MiB pages */
         ck_assert_uint_eq(backend_.in_use, 100 * MiB);
-        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
-        ck_assert_uint_eq(gm_session_trim(s), 100 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
+        ck_assert_uint_eq(gm_session_central_trim(s), 100 * MiB);
         CHECK(b_);
         ck_assert_uint_eq(host_.n_releases, 3); /* 2 + 2 + 1 ranges */
         size_t pieces = 0;
@@ -817,13 +817,13 @@ END_TEST
 /* A central allocation refused with `err`, leaving nothing made, listed or charged. */
 static void refused_with_nothing_made(gm_session_t *s, uint64_t size, int err) {
         gm_outcome_t out;
-        gm_session_alloc(s, 1, size, 0, NULL, 0, &out);
+        gm_broker_alloc(s, 1, size, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, err);
         CHECK(s->broker);
         ck_assert_uint_eq(s->tenant->charged_bytes, 0);
         ck_assert_uint_eq(backend_.in_use, 0);
-        ck_assert_ptr_null(gm_session_new_pieces(s));
+        ck_assert_ptr_null(gm_session_central_new_pieces(s));
 }
 
 /* A central page-reuse heap creates a run of 2 MiB pages through one
@@ -867,8 +867,8 @@ START_TEST(test_grant_without_a_heap) {
         spec.offset = 2 * MiB;
         ck_assert_int_eq(gm_piece_create(s, &spec, &q), 0);
         CHECK(b_);
-        ck_assert_ptr_eq(gm_session_new_pieces(s), p); /* creation order */
-        ck_assert_ptr_eq(gm_session_new_pieces(s)->queue, q);
+        ck_assert_ptr_eq(gm_session_central_new_pieces(s), p); /* creation order */
+        ck_assert_ptr_eq(gm_session_central_new_pieces(s)->queue, q);
         ck_assert_uint_eq(t->charged_bytes, 4 * MiB);
         spec.offset = 4 * MiB;
         spec.size = 4 * MiB;
@@ -877,9 +877,9 @@ START_TEST(test_grant_without_a_heap) {
         spec.offset = 6 * MiB; /* beyond the segment */
         ck_assert_int_eq(gm_piece_create(s, &spec, &r), -EINVAL);
         CHECK(b_);
-        gm_session_pieces_sent(s);
-        ck_assert_ptr_eq(gm_session_find_piece(s, 1, 2 * MiB), q);
-        ck_assert_ptr_null(gm_session_find_piece(s, 1, 4 * MiB));
+        gm_session_central_pieces_sent(s);
+        ck_assert_ptr_eq(gm_piece_find(s, 1, 2 * MiB), q);
+        ck_assert_ptr_null(gm_piece_find(s, 1, 4 * MiB));
 
         /* Sent: released only through the client's ack. */
         gm_piece_release(s, p, false);
@@ -899,12 +899,12 @@ START_TEST(test_grant_without_a_heap) {
         ck_assert_int_eq(gm_piece_create(s, &spec, &p), 0);
         gm_piece_release(s, p, true);
         CHECK(b_);
-        ck_assert_ptr_null(gm_session_new_pieces(s));
+        ck_assert_ptr_null(gm_session_central_new_pieces(s));
         ck_assert_uint_eq(backend_.in_use, 0);
 
         /* A grant held when the session ends goes back with it. */
         ck_assert_int_eq(gm_piece_create(s, &spec, &p), 0);
-        gm_session_pieces_sent(s);
+        gm_session_central_pieces_sent(s);
         gm_session_end(s);
         CHECK(b_);
         ck_assert_uint_eq(backend_.in_use, 0);
@@ -925,7 +925,7 @@ START_TEST(test_grant_run_all_or_nothing) {
                         .n_pieces = 16};
         gm_outcome_t out;
 
-        gm_session_grant(s, 1, &g, &out); /* 32 MiB at a 20 MiB quota */
+        gm_broker_grant(s, 1, &g, &out); /* 32 MiB at a 20 MiB quota */
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -EDQUOT);
         ck_assert_msg(strstr(out.message, "quota"), "message: %s", out.message);
@@ -936,7 +936,7 @@ START_TEST(test_grant_run_all_or_nothing) {
         ck_assert_ptr_null(s->pieces);
 
         g.n_pieces = 8;
-        gm_session_grant(s, 2, &g, &out);
+        gm_broker_grant(s, 2, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
         ck_assert_uint_eq(out.n_pieces, 8);
         for (size_t k = 0; k < 8; k++) {
@@ -962,7 +962,7 @@ START_TEST(test_grant_run_all_or_nothing) {
                 gm_grant_t m = g;
                 m.piece.offset = bad[i].offset;
                 m.n_pieces = bad[i].n;
-                gm_session_grant(s, 3, &m, &out);
+                gm_broker_grant(s, 3, &m, &out);
                 ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
                 ck_assert_int_eq(out.error, -EINVAL);
                 ck_assert_msg(strstr(out.message, bad[i].why), "%zu: %s", i, out.message);
@@ -971,13 +971,13 @@ START_TEST(test_grant_run_all_or_nothing) {
         /* The device: 24 MiB left, a run of 26 MiB is refused whole. */
         g.piece.offset = 16 * MiB;
         g.n_pieces = 13;
-        gm_session_grant(s, 4, &g, &out);
+        gm_broker_grant(s, 4, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -ENOMEM);
         /* The backend fails on the third piece of four: the two made go back. */
         create_fails_in_ = 3;
         g.n_pieces = 4;
-        gm_session_grant(s, 5, &g, &out);
+        gm_broker_grant(s, 5, &g, &out);
         ck_assert_int_eq(create_fails_in_, 0);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -EIO);
@@ -985,8 +985,8 @@ START_TEST(test_grant_run_all_or_nothing) {
         ck_assert_uint_eq(t->charged_bytes, 16 * MiB);
         ck_assert_uint_eq(backend_.in_use, 16 * MiB);
         ck_assert_uint_eq(s->grants.pieces, 8);
-        ck_assert_ptr_null(gm_session_find_piece(s, 1, 16 * MiB));
-        gm_session_grant(s, 6, &g, &out); /* the same run now fits */
+        ck_assert_ptr_null(gm_piece_find(s, 1, 16 * MiB));
+        gm_broker_grant(s, 6, &g, &out); /* the same run now fits */
         ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
         ck_assert_uint_eq(out.n_pieces, 4);
         ck_assert_uint_eq(backend_.in_use, 24 * MiB);
@@ -1000,20 +1000,20 @@ END_TEST
 START_TEST(test_alloc_undo_keeps_new_pieces_for_the_next_reply) {
         gm_session_t *s = session(b_, 1000, "a");
         gm_outcome_t out;
-        gm_session_alloc(s, 1, 1 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(s, 1, 1 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
-        const gm_piece_t *p = gm_session_new_pieces(s);
+        const gm_piece_t *p = gm_session_central_new_pieces(s);
         ck_assert_ptr_nonnull(p);
         uint64_t seg = p->segment_id;
-        gm_session_alloc_undo(s, out.alloc.block_id);
+        gm_session_central_alloc_undo(s, out.alloc.block_id);
         CHECK(b_);
-        ck_assert_int_eq(gm_session_free_block(s, out.alloc.block_id, false), -ENOENT); /* already back */
+        ck_assert_int_eq(gm_session_central_free_block(s, out.alloc.block_id, false), -ENOENT); /* already back */
         ck_assert_int_eq(gm_heap_stats(s->heap)->allocated_bytes[GM_STAT_ALL].current, 0);
-        gm_session_alloc(s, 2, 1 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(s, 2, 1 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
         ck_assert_uint_eq(out.alloc.segment_id, seg);
-        ck_assert_ptr_eq(gm_session_new_pieces(s), p); /* still to be sent */
-        gm_session_pieces_sent(s);
+        ck_assert_ptr_eq(gm_session_central_new_pieces(s), p); /* still to be sent */
+        gm_session_central_pieces_sent(s);
         CHECK(b_);
 }
 END_TEST
@@ -1026,14 +1026,14 @@ START_TEST(test_ledger_compacted_while_churning) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 16);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 1 * MiB); /* one segment stays live throughout */
         off_t largest = 0;
         for (int i = 0; i < 10000; i++) {
                 uint64_t blk = alloc_ok(s, 20 * MiB); /* a fresh 20 MiB segment, stored */
-                ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
-                gm_session_trim(s);
+                ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
+                gm_session_central_trim(s);
                 gm_session_flush_releases(s);
                 ack_all(s); /* released: its store entry is dead */
                 host_.n_releases = 0;
@@ -1053,11 +1053,11 @@ START_TEST(test_ledger_compacted_while_churning) {
         b_ = broker_new(NULL, 16);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         ck_assert_uint_eq(host_.n_stored, 1);
-        gm_ledger_adopt(b_, host_.stored[0].name, fcntl(host_.stored[0].fd, F_DUPFD_CLOEXEC, 3));
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt(b_, host_.stored[0].name, fcntl(host_.stored[0].fd, F_DUPFD_CLOEXEC, 3));
+        gm_orphan_adopt_done(b_, gm_now_ms());
         CHECK(b_);
         ck_assert_uint_eq(backend_.in_use, 2 * MiB);
-        gm_ledger_expire(b_, gm_now_ms(), true);
+        gm_orphan_expire(b_, gm_now_ms(), true);
         CHECK(b_);
 }
 END_TEST
@@ -1069,12 +1069,12 @@ START_TEST(test_ledger_replay_and_reattach) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 16);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         gm_ledger_runtime_quota(b_, "a", 100 * MiB);
         gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_RUNTIME, true, 100 * MiB);
         gm_session_t *s = session(b_, 1000, "a"), *gone = session(b_, 1001, "b");
         uint64_t blk = alloc_ok(s, 20 * MiB), live = alloc_ok(s, 1 * MiB); /* a 20 and a 2 MiB segment */
-        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
         alloc_ok(gone, 1 * MiB);
         ck_assert_uint_eq(host_.n_stored, 3);
         ck_assert_uint_eq(b_->n_stored, 3);
@@ -1095,12 +1095,12 @@ START_TEST(test_ledger_replay_and_reattach) {
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
         ck_assert_uint_eq(gm_tenant_find(b_, "a")->quota, 100 * MiB);
         for (size_t i = 0; i < host_.n_stored; i++) {
-                gm_ledger_adopt(b_, host_.stored[i].name, fcntl(host_.stored[i].fd, F_DUPFD_CLOEXEC, 3));
+                gm_orphan_adopt(b_, host_.stored[i].name, fcntl(host_.stored[i].fd, F_DUPFD_CLOEXEC, 3));
                 CHECK(b_);
         }
-        gm_ledger_adopt(b_, "seg-00000000ff", open("/dev/null", O_RDONLY | O_CLOEXEC)); /* unknown: dropped */
+        gm_orphan_adopt(b_, "seg-00000000ff", open("/dev/null", O_RDONLY | O_CLOEXEC)); /* unknown: dropped */
         ck_assert_uint_eq(host_.removed_unknown, 1);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         CHECK(b_);
         ck_assert_uint_eq(backend_.in_use, 24 * MiB);
         ck_assert_uint_eq(b_->n_stored, 3);
@@ -1121,24 +1121,24 @@ START_TEST(test_ledger_replay_and_reattach) {
         ck_assert(r->reattaching);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 0); /* charged as the client vouches for it */
-        ck_assert_int_eq(gm_session_reattach_count(r, 2), 0);
+        ck_assert_int_eq(gm_reattach_count(r, 2), 0);
         gm_reattach_range_t small = {.offset = 0, .length = 2 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 2 * MiB, 0, &small, 1, &why), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_small, 2 * MiB, 0, &small, 1, &why), 0);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
-        ck_assert_int_eq(gm_session_reattach_block(r, live, seg_small, 0, 1 * MiB, 1 * MiB, false), 0);
+        ck_assert_int_eq(gm_reattach_block(r, live, seg_small, 0, 1 * MiB, 1 * MiB, false), 0);
         /* The client no longer holds the large segment: it is released at the end. */
-        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r), 0);
         CHECK(b_);
         ck_assert(!r->reattaching);
         ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
         ck_assert_uint_eq(backend_.in_use, 4 * MiB); /* the other session's orphan waits */
-        ck_assert_int_eq(gm_session_free_block(r, live, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(r, live, false), 0);
         CHECK(b_);
         (void) seg_large;
 
         /* The other session's client never comes back. */
-        gm_ledger_expire(b_, gm_now_ms() + 60001, false);
+        gm_orphan_expire(b_, gm_now_ms() + 60001, false);
         CHECK(b_);
         ck_assert_ptr_nonnull(strstr(host_.last_log, "no client re-attached"));
         ck_assert_uint_eq(backend_.in_use, 2 * MiB);
@@ -1170,7 +1170,7 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         gm_session_t *old = session(b_, 1000, "a");
         alloc_ok(old, 20 * MiB);
         alloc_ok(old, 48 * MiB);
@@ -1189,13 +1189,13 @@ START_TEST(test_reattach_without_store_is_unbacked) {
 
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         ck_assert_uint_eq(b_->n_records, 3);
         gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_CONFIG, true, 64 * MiB);
         gm_session_params_t params = {.pid = 7, .uid = 1000};
         gm_session_t *r;
         char made_up[GM_TOKEN_LEN + 1];
-        gm_token_new(made_up);
+        gm_ledger_token_new(made_up);
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", made_up), -ENOENT);
         gm_session_free(r);
@@ -1210,43 +1210,41 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         ck_assert_int_eq(gm_session_start(r, "a", token), 0);
         /* Made-up segments under the real token: none the journal gave it. */
         gm_reattach_range_t whole = {.offset = 0, .length = 20 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1, &why),
-                         -ENOENT);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_small + seg_big + 100, 20 * MiB, 0, &whole, 1, &why), -ENOENT);
         gm_reattach_range_t part = {.offset = small.offset, .length = small.length / 2};
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1, &why), -ENOENT);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1, &why), -ENOENT);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_small, 20 * MiB, 0, &part, 1, &why), -ENOENT);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_other, theirs.length, 0, &theirs, 1, &why), -ENOENT);
         gm_piece_spec_t granted = {.segment_id = seg_other, .segment_va_size = theirs.length, .size = theirs.length};
         gm_piece_t *gp;
-        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -EPROTO); /* not a local session */
-        r->local = true; /* as a local heap's report: the same refusal */
-        ck_assert_int_eq(gm_session_reattach_grant(r, &granted, &gp), -ENOENT);
+        ck_assert_int_eq(gm_reattach_grant(r, &granted, &gp), -EPROTO); /* not a local session */
+        r->local = true;                                                /* as a local heap's report: the same refusal */
+        ck_assert_int_eq(gm_reattach_grant(r, &granted, &gp), -ENOENT);
         r->local = false;
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
         ck_assert_uint_eq(r->tenant->charged_bytes, 0);
 
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), 0);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 20 * MiB);
-        ck_assert_uint_eq(gm_broker_reserved(b_), 20 * MiB);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), -ENOENT); /* once */
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why),
-                         -EDQUOT); /* 68 > 64 MiB */
+        ck_assert_uint_eq(gm_piece_reserved(b_), 20 * MiB);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_small, 20 * MiB, 0, &small, 1, &why), -ENOENT); /* once */
+        ck_assert_int_eq(gm_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), -EDQUOT);     /* 68 > 64 MiB */
         CHECK(b_);
         gm_tenant_set_quota(r->tenant, GM_QUOTA_CONFIG, false, 0);
         backend_.capacity = 64 * MiB;
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), -ENOMEM); /* the device */
+        ck_assert_int_eq(gm_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), -ENOMEM); /* the device */
         backend_.capacity = 256 * MiB;
         CHECK(b_);
-        ck_assert_int_eq(gm_session_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), 0);
-        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), 0);
+        ck_assert_int_eq(gm_reattach_finish(r), 0);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 68 * MiB);
         ck_assert_uint_eq(b_->n_records, 1); /* the other session's, until it comes back or the grace ends */
         gm_session_end(r);
         CHECK(b_);
         ck_assert_uint_eq(b_->unbacked_bytes, 0);
-        gm_ledger_expire(b_, gm_now_ms() + 60001, false);
+        gm_orphan_expire(b_, gm_now_ms() + 60001, false);
         ck_assert_uint_eq(b_->n_records, 0);
 
         /* Its end is journaled: the token cannot be claimed again, and no
@@ -1254,7 +1252,7 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         ck_assert_uint_eq(b_->n_records, 0);
         ck_assert_int_eq(gm_session_new(b_, &params, &r), 0);
         ck_assert_int_eq(gm_session_start(r, "a", token), -ENOENT);
@@ -1267,7 +1265,7 @@ END_TEST
 static gm_session_t *resume_from_journal(const char *alloc_conf, const char *token, size_t n_records) {
         b_ = broker_new(alloc_conf, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         CHECK(b_);
         ck_assert_uint_eq(b_->n_records, n_records);
         gm_session_params_t params = {.pid = 7, .uid = 1000};
@@ -1296,8 +1294,8 @@ START_TEST(test_ledger_skips_impossible_records) {
         fclose(f);
         gm_session_t *r = resume_from_journal(NULL, t, 1);
         gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1, &why), 0); /* line 6's */
-        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1, &why), 0); /* line 6's */
+        ck_assert_int_eq(gm_reattach_finish(r), 0);
         CHECK(b_);
         gm_session_free(r);
 }
@@ -1331,13 +1329,13 @@ START_TEST(test_ledger_keeps_pools_through_moves) {
         b_ = gm_broker_free(b_);
         b_ = broker_new(conf, 0);
         ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
-        gm_ledger_adopt_done(b_, gm_now_ms());
+        gm_orphan_adopt_done(b_, gm_now_ms());
         gm_session_t *s = session(b_, 1000, "a");
         uint64_t small[4];
         for (int i = 0; i < 4; i++)
                 small[i] = alloc_ok(s, 1 * MiB); /* two small-pool pages */
-        ck_assert_int_eq(gm_session_free_block(s, small[2], false), 0);
-        ck_assert_int_eq(gm_session_free_block(s, small[3], false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, small[2], false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, small[3], false), 0);
         alloc_ok(s, 6 * MiB); /* takes the top small-pool page, maps two more */
         gm_page_reuse_info_t reuse;
         gm_heap_page_reuse(s->heap, &reuse);
@@ -1386,10 +1384,10 @@ START_TEST(test_ledger_keeps_pools_through_moves) {
 
         gm_session_t *r = resume_from_journal(conf, token, segs[0].n_pages + segs[1].n_pages);
         for (size_t k = 0; k < n_segs; k++)
-                ck_assert_int_eq(gm_session_reattach_segment(r, segs[k].id, segs[k].va_size, 0, segs[k].pages,
-                                                             segs[k].n_pages, &why),
-                                 0);
-        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+                ck_assert_int_eq(
+                        gm_reattach_segment(r, segs[k].id, segs[k].va_size, 0, segs[k].pages, segs[k].n_pages, &why),
+                        0);
+        ck_assert_int_eq(gm_reattach_finish(r), 0);
         CHECK(b_);
         for (size_t k = 0; k < n_segs; k++) {
                 bool small_pool;
@@ -1430,17 +1428,17 @@ START_TEST(test_ledger_pool_records) {
         gm_session_t *r = resume_from_journal("expandable_segments:True,gpumemd_page_reuse:True", TOKEN, 5);
 #undef TOKEN
         gm_reattach_range_t two[2] = {{.offset = 0, .length = 2 * MiB}, {.offset = 2 * MiB, .length = 2 * MiB}};
-        ck_assert_int_eq(gm_session_reattach_segment(r, 1, 64 * MiB, 0, two, 2, &why), 0);
-        ck_assert_int_eq(gm_session_reattach_segment(r, 2, 64 * MiB, 0, two, 1, &why), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, 1, 64 * MiB, 0, two, 2, &why), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, 2, 64 * MiB, 0, two, 1, &why), 0);
         ck_assert_ptr_null(why);
-        ck_assert_int_eq(gm_session_reattach_segment(r, 3, 64 * MiB, 0, two, 2, &why), -EINVAL);
+        ck_assert_int_eq(gm_reattach_segment(r, 3, 64 * MiB, 0, two, 2, &why), -EINVAL);
         ck_assert_ptr_nonnull(why);
         ck_assert_ptr_nonnull(strstr(why, "both pools"));
         ck_assert_uint_eq(b_->n_records, 2); /* given back: still claimable, still refused */
         why = NULL;
-        ck_assert_int_eq(gm_session_reattach_segment(r, 3, 64 * MiB, 0, two, 1, &why), 0); /* its small page alone */
-        ck_assert_int_eq(gm_session_reattach_segment(r, 4, 64 * MiB, 0, two, 1, &why), -ENOENT);
-        ck_assert_int_eq(gm_session_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_segment(r, 3, 64 * MiB, 0, two, 1, &why), 0); /* its small page alone */
+        ck_assert_int_eq(gm_reattach_segment(r, 4, 64 * MiB, 0, two, 1, &why), -ENOENT);
+        ck_assert_int_eq(gm_reattach_finish(r), 0);
         CHECK(b_);
         bool small_pool;
         ck_assert_int_eq(gm_heap_segment_pool(r->heap, 1, &small_pool), 0);
@@ -1474,7 +1472,7 @@ START_TEST(test_grants_park_until_reclaimed) {
         /* A malformed grant is refused at once, without asking anyone. */
         gm_outcome_t out;
         gm_grant_t g = whole(2, 20 * MiB);
-        gm_session_grant(idle, 9, &g, &out);
+        gm_broker_grant(idle, 9, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -EINVAL);
         ck_assert_ptr_nonnull(strstr(out.message, "already granted"));
@@ -1482,7 +1480,7 @@ START_TEST(test_grants_park_until_reclaimed) {
 
         /* The device is full: idle's client is asked (Reclaim), the grant waits. */
         g = whole(1, 20 * MiB);
-        gm_session_grant(busy, 41, &g, &out);
+        gm_broker_grant(busy, 41, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         CHECK(b_);
         ck_assert_uint_eq(host_.n_reclaims, 1);
@@ -1490,23 +1488,23 @@ START_TEST(test_grants_park_until_reclaimed) {
         ck_assert_uint_eq(host_.reclaims[0].bytes, 40 * MiB);
         ck_assert_uint_eq(idle->reclaim.id, host_.reclaims[0].id);
         g = whole(2, 20 * MiB);
-        gm_session_grant(busy, 42, &g, &out); /* behind the first, in order */
+        gm_broker_grant(busy, 42, &g, &out); /* behind the first, in order */
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         g = whole(3, 20 * MiB);
-        gm_session_grant(busy, 43, &g, &out);
+        gm_broker_grant(busy, 43, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(busy->n_parked, 3);
         /* A central allocation waits on the same Reclaim. */
-        gm_session_alloc(central, 50, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(central, 50, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(host_.n_reclaims, 1); /* one Reclaim at a time */
         CHECK(b_);
 
         /* A stale ack is refused; a returned piece that was never granted too. */
-        ck_assert_int_eq(gm_session_reclaim_ack(idle, 777, 0), -ENOENT);
+        ck_assert_int_eq(gm_reclaim_ack(idle, 777, 0), -ENOENT);
         gm_release_range_t bogus = {.segment_id = 9, .offset = 0, .length = 20 * MiB};
         size_t first_bad = 99;
-        ck_assert_uint_eq(gm_session_return_pieces(idle, &bogus, 1, &first_bad), 1);
+        ck_assert_uint_eq(gm_broker_return_pieces(idle, &bogus, 1, &first_bad), 1);
         ck_assert_uint_eq(first_bad, 0);
         ck_assert_uint_eq(host_.n_done, 0);
 
@@ -1526,7 +1524,7 @@ START_TEST(test_grants_park_until_reclaimed) {
         ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REPLY);
 
         /* Its ack: nothing more is coming, the rest is refused. */
-        ck_assert_int_eq(gm_session_reclaim_ack(idle, host_.reclaims[0].id, 40 * MiB), 0);
+        ck_assert_int_eq(gm_reclaim_ack(idle, host_.reclaims[0].id, 40 * MiB), 0);
         CHECK(b_);
         ck_assert_uint_eq(host_.n_done, 4);
         bool seen_43 = false, seen_50 = false;
@@ -1542,7 +1540,7 @@ START_TEST(test_grants_park_until_reclaimed) {
 
         /* An admin trim asks local sessions too. */
         client_uses(busy, 0);
-        ck_assert_uint_eq(gm_broker_trim(b_, "b"), 40 * MiB);
+        ck_assert_uint_eq(gm_reclaim_trim(b_, "b"), 40 * MiB);
         ck_assert_uint_eq(host_.n_reclaims, 2);
         ck_assert_ptr_eq(host_.reclaims[1].session, busy);
         CHECK(b_);
@@ -1562,7 +1560,7 @@ START_TEST(test_grant_timeout_and_end_while_parked) {
         /* Quota pressure asks only the tenant's own sessions. */
         gm_outcome_t out;
         gm_grant_t g = whole(2, 20 * MiB);
-        gm_session_grant(waiter, 7, &g, &out);
+        gm_broker_grant(waiter, 7, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(host_.n_reclaims, 1);
         CHECK(b_);
@@ -1573,10 +1571,10 @@ START_TEST(test_grant_timeout_and_end_while_parked) {
         ck_assert_msg(strstr(host_.done[0].outcome.message, "quota"), "message: %s", host_.done[0].outcome.message);
 
         /* Waiting again (the Reclaim is still out), then gone. */
-        gm_session_grant(waiter, 8, &g, &out);
+        gm_broker_grant(waiter, 8, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         g = whole(3, 20 * MiB);
-        gm_session_grant(waiter, 9, &g, &out);
+        gm_broker_grant(waiter, 9, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(waiter->n_parked, 2);
         gm_session_free(waiter);
@@ -1606,15 +1604,15 @@ START_TEST(test_unresponsive_client_is_not_waited_for) {
         gm_session_t *busy = session(b_, 1002, "b");
         gm_session_t *lbusy = local_session(b_, 1003, "lb");
         uint64_t blk = alloc_ok(stopped, 20 * MiB);
-        ck_assert_int_eq(gm_session_free_block(stopped, blk, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(stopped, blk, false), 0);
         grant_ok(lstopped, 1, 20 * MiB);
         client_uses(lstopped, 0);
 
         gm_outcome_t out;
-        gm_session_alloc(busy, 1, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(busy, 1, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         gm_grant_t g = whole(1, 20 * MiB);
-        gm_session_grant(lbusy, 2, &g, &out);
+        gm_broker_grant(lbusy, 2, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
         ck_assert_uint_eq(host_.n_releases, 1);
         ck_assert_uint_eq(host_.n_reclaims, 1);
@@ -1645,9 +1643,9 @@ START_TEST(test_unresponsive_client_is_not_waited_for) {
                 ck_assert_msg(strstr(o->message, pid), "message: %s", o->message);
         }
         /* New requests do not wait, and nobody is asked again. */
-        gm_session_alloc(busy, 3, 20 * MiB, 0, NULL, 0, &out);
+        gm_broker_alloc(busy, 3, 20 * MiB, 0, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
-        gm_session_grant(lbusy, 4, &g, &out);
+        gm_broker_grant(lbusy, 4, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         gm_broker_limits_t quick = b_->limits;
         quick.release_timeout_ms = 0;
@@ -1674,7 +1672,7 @@ START_TEST(test_unresponsive_client_is_not_waited_for) {
         ck_assert(!stopped->unresponsive);
         ck_assert_uint_eq(stopped->owing_since_ms, 0);
         return_whole(lstopped, 1, 20 * MiB);
-        ck_assert_int_eq(gm_session_reclaim_ack(lstopped, host_.reclaims[0].id, 20 * MiB), 0);
+        ck_assert_int_eq(gm_reclaim_ack(lstopped, host_.reclaims[0].id, 20 * MiB), 0);
         ck_assert(!lstopped->unresponsive);
         ck_assert_int_eq(host_.unresponsive, 0);
         alloc_ok(busy, 20 * MiB);
@@ -1722,10 +1720,10 @@ END_TEST
 START_TEST(test_tenant_views_and_persistent_quotas) {
         gm_tenant_set_quota(gm_tenant_get(b_, "zeta"), GM_QUOTA_PERSISTENT, true, 5 * MiB);
         gm_tenant_set_quota(gm_tenant_get(b_, "alpha"), GM_QUOTA_PERSISTENT, true, 7 * MiB);
-        ck_assert_int_eq(gm_quotas_save(b_, dir_), 0);
+        ck_assert_int_eq(gm_tenant_quotas_save(b_, dir_), 0);
         gm_session_t *s = session(b_, 1000, "alpha");
         uint64_t blk = alloc_ok(s, 1 * MiB);
-        ck_assert_int_eq(gm_session_free_block(s, blk, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, blk, false), 0);
         gm_tenant_view_t *v;
         size_t n;
         ck_assert_int_eq(gm_broker_tenant_views(b_, &v, &n), 0);
@@ -1737,9 +1735,9 @@ START_TEST(test_tenant_views_and_persistent_quotas) {
         gm_session_free(s);
 
         gm_broker_t *other = broker_new(NULL, 0);
-        ck_assert_int_eq(gm_quotas_load(other, dir_), 0);
+        ck_assert_int_eq(gm_tenant_quotas_load(other, dir_), 0);
         ck_assert_uint_eq(gm_tenant_find(other, "alpha")->quota, 7 * MiB);
-        ck_assert_str_eq(gm_quota_source_name(gm_tenant_find(other, "zeta")), "persistent");
+        ck_assert_str_eq(gm_tenant_quota_source(gm_tenant_find(other, "zeta")), "persistent");
         gm_broker_free(other);
         char path[160];
         snprintf(path, sizeof(path), "%s/quotas", dir_);
@@ -1756,11 +1754,11 @@ START_TEST(test_set_quota_saves_or_keeps_the_old) {
         ck_assert_uint_eq(gm_tenant_find(b_, "t")->quota, 9 * MiB);
         /* A runtime one wins, and comes back from the ledger. */
         ck_assert_int_eq(gm_broker_set_quota(b_, "t", true, 3 * MiB, NULL), 0);
-        ck_assert_str_eq(gm_quota_source_name(gm_tenant_find(b_, "t")), "runtime");
+        ck_assert_str_eq(gm_tenant_quota_source(gm_tenant_find(b_, "t")), "runtime");
         CHECK(b_);
         gm_broker_t *next = broker_new(NULL, 0);
         ck_assert_int_eq(gm_ledger_open(next, ledger_), 0);
-        ck_assert_int_eq(gm_quotas_load(next, dir_), 0);
+        ck_assert_int_eq(gm_tenant_quotas_load(next, dir_), 0);
         gm_tenant_t *t = gm_tenant_find(next, "t");
         ck_assert_uint_eq(t->quota, 3 * MiB);
         ck_assert_uint_eq(t->quota_by_source[GM_QUOTA_PERSISTENT], 9 * MiB);

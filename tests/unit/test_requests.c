@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "broker-internal.h"
 #include "local.h"
 #include "msg.h"
 #include "requests.h"

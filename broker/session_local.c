@@ -5,20 +5,20 @@
  * (gm_piece_create), handed over (granted: not listed for a reply, never
  * "sent" in the release sense) and released at once when the client gives it
  * back, because it gives back only what it unmapped. A grant that finds the
- * device or the quota full waits in the session's parked requests (park.c). */
+ * device or the quota full waits in the session's parked requests (reclaim.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker-internal.h"
+#include "holder.h"
 #include "size.h"
 
 /* The largest virtual range a segment may claim (2^48 bytes). */
 #define MAX_SEGMENT_VA (UINT64_C(1) << 48)
 
-int gm_session_set_local(gm_session_t *s) {
+int gm_session_local_enable(gm_session_t *s) {
         if (s->heap || s->ended || !s->tenant)
                 return -EBUSY;
         s->local = true;
@@ -58,17 +58,17 @@ static const char *grant_invalid(const gm_session_t *s, const gm_piece_spec_t *g
         segment_view_t v = segment_view(s, g->segment_id);
         if (v.n && (v.va_size != g->segment_va_size || v.piece_size != g->size || g->offset % g->size))
                 return "piece does not match its segment";
-        if (v.n && gm_session_find_piece(s, g->segment_id, g->offset))
+        if (v.n && gm_piece_find(s, g->segment_id, g->offset))
                 return "piece already granted";
         return NULL;
 }
 
-uint64_t gm_grant_pieces(const gm_grant_t *g) {
+uint64_t gm_session_local_grant_pieces(const gm_grant_t *g) {
         return g->n_pieces ? g->n_pieces : 1;
 }
 
-uint64_t gm_grant_bytes(const gm_grant_t *g) {
-        return gm_grant_pieces(g) * g->piece.size; /* checked not to overflow before anything is made */
+uint64_t gm_session_local_grant_bytes(const gm_grant_t *g) {
+        return gm_session_local_grant_pieces(g) * g->piece.size; /* checked not to overflow before anything is made */
 }
 
 /* Why a run of n > 1 pieces cannot be granted, beyond its first piece
@@ -97,11 +97,11 @@ static void hand_over_run(gm_session_t *s, gm_piece_t *const *pieces, size_t n) 
         s->grants.pieces += n;
 }
 
-void gm_session_hand_over(gm_session_t *s, gm_piece_t *p) {
+void gm_session_local_hand_over(gm_session_t *s, gm_piece_t *p) {
         hand_over_run(s, &p, 1);
 }
 
-int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
+int gm_session_local_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
         if (!s->local)
                 return -EPROTO;
         if (grant_invalid(s, spec) || s->grants.pieces >= GM_MAX_GRANTED_PIECES)
@@ -109,19 +109,19 @@ int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec) {
         return 0;
 }
 
-void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out) {
+int gm_session_local_try_grant(gm_session_t *s, const gm_grant_t *g, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
-        uint64_t n = gm_grant_pieces(g);
+        uint64_t n = gm_session_local_grant_pieces(g);
         const char *bad = grant_invalid(s, &g->piece);
         if (!bad && n > 1)
                 bad = run_invalid(s, &g->piece, n);
         if (bad)
                 return gm_outcome_refuse(out, -EINVAL, "gpumemd: grant refused: %s", bad);
-        if (gm_grant_bytes(g) > b->backend->capacity) {
+        if (gm_session_local_grant_bytes(g) > b->backend->capacity) {
                 char a[32], cap[32];
                 return gm_outcome_refuse(out, -ENOMEM,
                                          "gpumemd: tried to allocate %s, more than the device's capacity of %s",
-                                         gm_format_size(gm_grant_bytes(g), a, sizeof(a)),
+                                         gm_format_size(gm_session_local_grant_bytes(g), a, sizeof(a)),
                                          gm_format_size(b->backend->capacity, cap, sizeof(cap)));
         }
         if (n > GM_MAX_GRANTED_PIECES - s->grants.pieces)
@@ -129,10 +129,8 @@ void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, g
                                          GM_MAX_GRANTED_PIECES);
         gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
         int r = gm_piece_create_run(s, &g->piece, n, pieces);
-        if (r == -ENOMEM || r == -EDQUOT) {
-                gm_request_t rq = {.is_grant = true, .grant = *g};
-                return gm_session_out_of_memory(s, &rq, r, may_park, out);
-        }
+        if (r == -ENOMEM || r == -EDQUOT)
+                return r;
         if (r < 0) {
                 const char *detail = gm_backend_last_error(b->backend);
                 return gm_outcome_refuse(out, r, "gpumemd: grant failed: %s%s%s", strerror(-r), detail[0] ? ": " : "",
@@ -143,27 +141,12 @@ void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, g
         for (size_t k = 0; k < n; k++)
                 out->pieces[k] = pieces[k];
         out->n_pieces = n;
-}
-
-void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
-        *ret = (gm_outcome_t){0};
-        if (s->ended || !s->tenant)
-                return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
-        if (!s->local)
-                return gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
-        if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
-                gm_holder_note(s, &s->holder); /* what its process holds before gpumemd's memory */
-        gm_request_t rq = {.is_grant = true, .grant = *g};
-        if (s->parked) /* in order behind the waiting ones */
-                return gm_session_park(s, request_id, &rq, ret);
-        gm_session_try_grant(s, g, true, ret);
-        if (ret->kind == GM_OUTCOME_PARK)
-                gm_session_park(s, request_id, &rq, ret);
+        return 0;
 }
 
 /* The piece named by a returned range, or NULL. */
 static gm_piece_t *returned_piece(const gm_session_t *s, const gm_release_range_t *range) {
-        gm_piece_t *p = gm_session_find_piece(s, range->segment_id, range->offset);
+        gm_piece_t *p = gm_piece_find(s, range->segment_id, range->offset);
         return p && p->granted && p->phys.size == range->length ? p : NULL;
 }
 
@@ -171,7 +154,7 @@ static gm_piece_t *returned_piece(const gm_session_t *s, const gm_release_range_
  * driver's figure against the session's reference. */
 static gm_release_verdict_t returned_verdict(gm_session_t *s, const gm_piece_t *returned, uint64_t bytes) {
         if (!s->broker->backend->ops->mapped)
-                return gm_release_verdict(s, &s->holder, bytes);
+                return gm_process_check_verdict(s, &s->holder, bytes);
         for (const gm_piece_t *p = returned; p; p = p->queue)
                 if (gm_piece_still_mapped(s->broker, p))
                         return GM_RELEASE_KEPT;
@@ -180,6 +163,7 @@ static gm_release_verdict_t returned_verdict(gm_session_t *s, const gm_piece_t *
 
 /* The returned pieces leave the session's grants. */
 static void ungrant(gm_session_t *s, gm_piece_t *p) {
+        gm_assert(p->granted && s->grants.pieces > 0);
         p->granted = false;
         gm_stat_update(&s->grants.bytes, -(int64_t) p->phys.size);
         if (segment_view(s, p->segment_id).n == 0)
@@ -206,21 +190,22 @@ static bool hold_returned(gm_session_t *s, gm_piece_t *returned, uint64_t bytes,
         s->releasing_bytes += bytes;
         b->releasing_bytes += bytes;
         if (verdict == GM_RELEASE_UNVERIFIED) {
-                gm_release_hold_unverified(s, rel);
+                gm_session_hold_unverified(s, rel);
                 return true;
         }
         rel->held = true;
         rel->next = s->releases;
         s->releases = rel;
         s->lied = true;
-        gm_broker_log(b, LOG_WARNING,
-                      "session %" PRIu64 " (pid %d) returned %" PRIu64
-                      " bytes it still maps: they stay charged while mapped",
-                      s->id, (int) s->pid, bytes);
+        gm_host_log(b, LOG_WARNING,
+                    "session %" PRIu64 " (pid %d) returned %" PRIu64
+                    " bytes it still maps: they stay charged while mapped",
+                    s->id, (int) s->pid, bytes);
         return true;
 }
 
-size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad) {
+size_t gm_session_local_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n,
+                                      size_t *ret_first_bad) {
         size_t bad = 0;
         gm_piece_t *returned = NULL, **tail = &returned;
         uint64_t bytes = 0;
@@ -252,37 +237,29 @@ size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *range
                 ungrant(s, p);
                 gm_piece_destroy(s->broker, p); /* back to the backend at once */
         }
-        gm_broker_retry_parked(s->broker, false);
         return bad;
 }
 
-int gm_session_open_return_intent(gm_session_t *s) {
+int gm_session_local_open_return_intent(gm_session_t *s) {
         if (s->ended)
                 return -ESHUTDOWN;
         if (!s->local)
                 return -EPROTO;
         if (s->return_intent_open)
                 return -EBUSY;
-        gm_holder_note(s, &s->holder);
+        gm_process_check_note(s, &s->holder);
         s->return_intent_open = true;
         s->return_intents = true;
         return 0;
 }
 
-void gm_session_close_return_intent(gm_session_t *s) {
+void gm_session_local_close_return_intent(gm_session_t *s) {
         s->return_intent_open = false;
 }
 
-void gm_session_drop_grants(gm_session_t *s) {
-        gm_stat_update(&s->grants.bytes, -s->grants.bytes.current);
-        gm_stat_update(&s->grants.segments, -s->grants.segments.current);
-        s->grants.returned += s->grants.pieces;
-        s->grants.pieces = 0;
-}
-
-int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
-                            const char **ret_why) {
-        gm_piece_t *p = gm_session_find_piece(s, from_segment_id, from_offset);
+int gm_session_local_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset,
+                                  const gm_piece_spec_t *to, const char **ret_why) {
+        gm_piece_t *p = gm_piece_find(s, from_segment_id, from_offset);
         const char *bad = !p || !p->granted || p->phys.size != to->size ? "no such piece was granted"
                                                                         : grant_invalid(s, to); /* checked as a grant */
         if (bad) {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker-internal.h"
+#include "reclaim.h"
 #include "size.h"
 #include "text.h"
 
@@ -23,16 +23,6 @@
 #define DRY_MS 1000
 /* Unresponsive sessions a refusal names at most. */
 #define MAX_NAMED_UNRESPONSIVE 3
-
-void gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) {
-        out->kind = GM_OUTCOME_REFUSE;
-        out->error = err < 0 ? err : -err;
-        out->oom = false;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(out->message, sizeof(out->message), fmt, ap);
-        va_end(ap);
-}
 
 /* ---- what sessions hold and owe ---- */
 
@@ -43,7 +33,7 @@ static void client_view(const gm_session_t *s, gm_client_view_t *ret) {
                 b->ops.client_view(b->ops.userdata, s, ret);
 }
 
-uint64_t gm_session_client_cached(const gm_session_t *s) {
+static uint64_t client_cached(const gm_session_t *s) {
         gm_client_view_t v;
         client_view(s, &v);
         uint64_t granted = (uint64_t) s->grants.bytes.current;
@@ -53,7 +43,7 @@ uint64_t gm_session_client_cached(const gm_session_t *s) {
 /* Free bytes in the session's cache (its heap's here, or its client's). */
 static uint64_t cached_bytes(const gm_session_t *s) {
         if (s->local)
-                return gm_session_client_cached(s);
+                return client_cached(s);
         if (!s->heap)
                 return 0;
         const gm_stats_t *st = gm_heap_stats(s->heap);
@@ -78,41 +68,14 @@ static uint64_t awaited_bytes(const gm_session_t *s) {
         return bytes;
 }
 
-static bool owes_answer(const gm_session_t *s) {
-        if (s->reclaim.id)
-                return true;
-        for (const gm_release_t *rel = s->releases; rel; rel = rel->next)
-                if (!rel->held)
-                        return true;
-        return false;
-}
-
-void gm_session_owes(gm_session_t *s) {
-        if (!s->owing_since_ms)
-                s->owing_since_ms = gm_now_ms();
-}
-
-void gm_session_answered(gm_session_t *s) {
-        /* It is alive: what it still owes is counted from now. */
-        s->owing_since_ms = owes_answer(s) ? gm_now_ms() : 0;
-        if (!s->unresponsive)
-                return;
-        s->unresponsive = false;
-        gm_broker_t *b = s->broker;
-        gm_broker_log(b, LOG_NOTICE, "session %" PRIu64 " (pid %d) answers again: no longer unresponsive", s->id,
-                      (int) s->pid);
-        if (b->ops.unresponsive)
-                b->ops.unresponsive(b->ops.userdata, s, false);
-}
-
 /* ---- asking sessions for their caches ---- */
 
-uint64_t gm_session_ask_reclaim(gm_session_t *s) {
+static uint64_t ask_reclaim(gm_session_t *s) {
         gm_broker_t *b = s->broker;
         if (!s->local || s->ended || s->reclaim.id || s->unresponsive || gm_now_ms() < s->reclaim.dry_until_ms ||
             !b->ops.send_reclaim)
                 return 0;
-        uint64_t cached = gm_session_client_cached(s);
+        uint64_t cached = client_cached(s);
         if (cached == 0)
                 return 0;
         uint64_t id = s->reclaim.next_id++;
@@ -124,20 +87,20 @@ uint64_t gm_session_ask_reclaim(gm_session_t *s) {
         s->reclaim.bytes = cached;
         s->reclaim.sent_ms = gm_now_ms();
         if (!s->return_intents) /* an older client's: the pieces it returns for this are checked against now */
-                gm_holder_note(s, &s->holder);
+                gm_process_check_note(s, &s->holder);
         gm_session_owes(s);
         if (b->ops.count_reclaim)
                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_REQUESTED);
         return cached;
 }
 
-int gm_session_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes) {
+int gm_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes) {
         gm_broker_t *b = s->broker;
         if (reclaim_id == 0 || reclaim_id >= s->reclaim.next_id)
                 return -ENOENT;
         if (reclaim_id != s->reclaim.id) { /* one that timed out: late, but an answer */
                 gm_session_answered(s);
-                gm_broker_retry_parked(b, false);
+                gm_reclaim_retry_parked(b, false);
                 return 0;
         }
         s->reclaim.id = 0;
@@ -147,14 +110,14 @@ int gm_session_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t releas
         gm_session_answered(s);
         if (b->ops.count_reclaim)
                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_ACKNOWLEDGED);
-        gm_broker_retry_parked(b, false);
+        gm_reclaim_retry_parked(b, false);
         return 0;
 }
 
 /* Asks one session for its cache; the bytes on their way. */
 static uint64_t ask(gm_session_t *victim) {
         if (victim->local)
-                return gm_session_ask_reclaim(victim);
+                return ask_reclaim(victim);
         uint64_t got = gm_heap_release_cached(victim->heap);
         gm_session_flush_releases(victim);
         return got;
@@ -189,20 +152,20 @@ static uint64_t reclaim_from_others(gm_broker_t *b, gm_session_t *requester, gm_
         return asked;
 }
 
-uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant) {
+uint64_t gm_reclaim_trim(gm_broker_t *b, const char *tenant) {
         uint64_t released = 0;
         for (gm_session_t *o = b->sessions; o; o = o->next) {
                 if (o->ended || !o->tenant || (tenant && strcmp(o->tenant->name, tenant) != 0))
                         continue;
-                released += o->local ? gm_session_ask_reclaim(o) : gm_session_trim(o);
+                released += o->local ? ask_reclaim(o) : gm_session_central_trim(o);
         }
         return released;
 }
 
 /* ---- refusals ---- */
 
-void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total) {
-        uint64_t cap = b->backend->capacity, reserved = gm_broker_reserved(b);
+void gm_reclaim_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total) {
+        uint64_t cap = b->backend->capacity, reserved = gm_piece_reserved(b);
         uint64_t capacity_free = reserved < cap ? cap - reserved : 0, device_free = 0, device_total = 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
                 device_free = device_total = cap;
@@ -266,7 +229,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         gm_client_view_t v;
         client_view(s, &v);
         uint64_t device_free, device_total;
-        gm_broker_device_view(b, &device_free, &device_total);
+        gm_reclaim_device_view(b, &device_free, &device_total);
         /* Releases held unverified are not coming back while their sessions last. */
         uint64_t others_cached = b->releasing_bytes - s->releasing_bytes, others_unverified = 0;
         for (gm_session_t *o = b->sessions; o; o = o->next)
@@ -285,13 +248,13 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 .tenant_quota = s->tenant->quota,
                 .tenant_reserved = s->tenant->charged_bytes,
                 .tenant_live = (uint64_t) s->tenant->stats.active_bytes[GM_STAT_ALL].current + v.tenant_active,
-                .broker_reserved = gm_broker_reserved(b),
+                .broker_reserved = gm_piece_reserved(b),
                 .broker_live = (uint64_t) b->device_stats.active_bytes[GM_STAT_ALL].current + v.device_active,
                 .others_cached = others_cached,
                 .caller_admin = s->admin,
         };
         if (rq->is_grant) {
-                r.alloc_size = gm_grant_bytes(&rq->grant);
+                r.alloc_size = gm_session_local_grant_bytes(&rq->grant);
                 r.block_size = rq->grant.block_size;
                 r.largest_free = rq->grant.largest_free;
                 r.session_allocated = v.session_allocated;
@@ -310,7 +273,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         if (gm_oom_format(&r, buf, len) < 0)
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
                          rq->is_grant ? "granting" : "allocating",
-                         rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size);
+                         rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
@@ -327,11 +290,11 @@ static bool help_coming(const gm_broker_t *b, const gm_tenant_t *tenant) {
         return false;
 }
 
-void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool may_park, gm_outcome_t *out) {
+static void out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool may_park, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_tenant_t *scope = err == -EDQUOT ? s->tenant : NULL;
         /* Memory reclaimed from other sessions arrives once their clients answer. */
-        uint64_t need = rq->is_grant ? gm_grant_bytes(&rq->grant) : rq->size;
+        uint64_t need = rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size;
         uint64_t asked = reclaim_from_others(b, s, scope, need);
         if (may_park && (asked > 0 || help_coming(b, scope)) && s->n_parked < b->limits.max_parked_per_session) {
                 out->kind = GM_OUTCOME_PARK;
@@ -344,64 +307,31 @@ void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, 
         out->oom_reason = reason;
         out->oom_size = !rq->is_grant          ? rq->size
                         : rq->grant.block_size ? rq->grant.block_size
-                                               : gm_grant_bytes(&rq->grant);
+                                               : gm_session_local_grant_bytes(&rq->grant);
         if (b->ops.count_refusal && out->oom)
                 b->ops.count_refusal(b->ops.userdata, s->tenant->name, reason);
 }
 
-/* Appends (or, with `front`, puts back at the head) a parked request. */
-static void park_push(gm_session_t *s, gm_parked_t *p, bool front) {
-        if (front) {
-                p->next = s->parked;
-                s->parked = p;
-                if (!s->parked_tail)
-                        s->parked_tail = p;
-        } else {
-                p->next = NULL;
-                if (s->parked_tail)
-                        s->parked_tail->next = p;
-                else
-                        s->parked = p;
-                s->parked_tail = p;
-        }
-        s->n_parked++;
-}
-
-static gm_parked_t *park_pop(gm_session_t *s) {
-        gm_parked_t *p = s->parked;
-        s->parked = p->next;
-        if (!s->parked)
-                s->parked_tail = NULL;
-        p->next = NULL;
-        s->n_parked--;
-        return p;
-}
-
-void gm_session_park(gm_session_t *s, uint64_t request_id, const gm_request_t *rq, gm_outcome_t *out) {
+void gm_reclaim_park(gm_session_t *s, uint64_t request_id, const gm_request_t *rq, gm_outcome_t *out) {
         gm_parked_t *p = calloc(1, sizeof(*p));
-        if (!p)
-                return gm_outcome_refuse(out, -ENOMEM, "gpumemd: out of memory");
+        if (!p) {
+                gm_outcome_refuse(out, -ENOMEM, "gpumemd: out of memory");
+                return;
+        }
         p->request_id = request_id;
         p->seq = ++s->broker->next_park_seq;
         p->rq = *rq;
         p->parked_at_ms = gm_now_ms();
-        park_push(s, p, false);
-        gm_session_count_reclaim_wait(s);
+        gm_session_parked_push(s, p, false);
+        gm_session_central_count_reclaim_wait(s);
         out->kind = GM_OUTCOME_PARK;
 }
 
-void gm_session_unpark_all(gm_session_t *s) {
-        while (s->parked)
-                free(park_pop(s));
-        s->reclaim.id = 0;
-        s->reclaim.bytes = 0;
-}
-
-static void try_request(gm_session_t *s, const gm_request_t *rq, bool may_park, gm_outcome_t *out) {
-        if (rq->is_grant)
-                gm_session_try_grant(s, &rq->grant, may_park, out);
-        else
-                gm_session_try_alloc(s, rq->size, rq->stream, may_park, out);
+void gm_reclaim_try(gm_session_t *s, const gm_request_t *rq, bool may_park, gm_outcome_t *out) {
+        int r = rq->is_grant ? gm_session_local_try_grant(s, &rq->grant, out)
+                             : gm_session_central_try_alloc(s, rq->size, rq->stream, out);
+        if (r < 0)
+                out_of_memory(s, rq, r, may_park, out);
 }
 
 /* The session whose first parked request is the oldest (in park order),
@@ -419,18 +349,18 @@ static gm_session_t *oldest_parked(gm_broker_t *b, uint64_t pass, uint64_t now, 
         return oldest;
 }
 
-void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
+void gm_reclaim_retry_parked(gm_broker_t *b, bool timed_out_only) {
         uint64_t now = gm_now_ms(), pass = ++b->retry_pass;
         /* Oldest first across sessions, in order within one: a session whose
          * first request still waits keeps the rest waiting behind it. */
         for (gm_session_t *s; (s = oldest_parked(b, pass, now, timed_out_only));) {
-                gm_parked_t *p = park_pop(s);
+                gm_parked_t *p = gm_session_parked_pop(s);
                 bool expired = now - p->parked_at_ms >= b->limits.park_timeout_ms;
                 gm_outcome_t out = {0};
-                try_request(s, &p->rq, !expired, &out);
+                gm_reclaim_try(s, &p->rq, !expired, &out);
                 if (out.kind == GM_OUTCOME_PARK) {
                         /* Still waiting: back to the head, keep its age. */
-                        park_push(s, p, true);
+                        gm_session_parked_push(s, p, true);
                         s->retry_pass = pass;
                         gm_session_flush_releases(s);
                         continue;
@@ -440,7 +370,7 @@ void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only) {
                 if (b->ops.alloc_done)
                         b->ops.alloc_done(b->ops.userdata, s, p->request_id, &out);
                 else if (out.kind == GM_OUTCOME_REPLY)
-                        gm_session_pieces_sent(s);
+                        gm_session_central_pieces_sent(s);
                 free(p);
                 gm_session_flush_releases(s);
         }
@@ -455,18 +385,17 @@ static bool check_unresponsive(gm_broker_t *b, gm_session_t *s, uint64_t now_ms)
         if (!limit || s->unresponsive || s->ended || !s->owing_since_ms || now_ms - s->owing_since_ms < limit)
                 return false;
         s->unresponsive = true;
-        gm_broker_log(b, LOG_WARNING,
-                      "session %" PRIu64 " (pid %d, tenant '%s') has answered no release request for %" PRIu64
-                      " ms: unresponsive (stopped or hung?). Nothing waits for it any more; its %" PRIu64
-                      " bytes stay charged while its process maps them",
-                      s->id, (int) s->pid, s->tenant ? s->tenant->name : "-", now_ms - s->owing_since_ms,
-                      held_bytes(s));
+        gm_host_log(b, LOG_WARNING,
+                    "session %" PRIu64 " (pid %d, tenant '%s') has answered no release request for %" PRIu64
+                    " ms: unresponsive (stopped or hung?). Nothing waits for it any more; its %" PRIu64
+                    " bytes stay charged while its process maps them",
+                    s->id, (int) s->pid, s->tenant ? s->tenant->name : "-", now_ms - s->owing_since_ms, held_bytes(s));
         if (b->ops.unresponsive)
                 b->ops.unresponsive(b->ops.userdata, s, true);
         return true;
 }
 
-void gm_park_tick(gm_broker_t *b, uint64_t now_ms) {
+void gm_reclaim_tick(gm_broker_t *b, uint64_t now_ms) {
         bool retry_all = b->memory_freed;
         b->memory_freed = false;
         for (gm_session_t *s = b->sessions; s; s = s->next) {
@@ -474,9 +403,9 @@ void gm_park_tick(gm_broker_t *b, uint64_t now_ms) {
                     now_ms - s->reclaim.sent_ms >= b->limits.release_timeout_ms) {
                         if (b->ops.count_reclaim)
                                 b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_TIMED_OUT);
-                        gm_broker_log(b, LOG_WARNING,
-                                      "session %" PRIu64 " (pid %d) has not answered reclaim %" PRIu64 " in %u ms",
-                                      s->id, (int) s->pid, s->reclaim.id, b->limits.release_timeout_ms);
+                        gm_host_log(b, LOG_WARNING,
+                                    "session %" PRIu64 " (pid %d) has not answered reclaim %" PRIu64 " in %u ms", s->id,
+                                    (int) s->pid, s->reclaim.id, b->limits.release_timeout_ms);
                         s->reclaim.id = 0; /* it may be asked again; it still owes the answer */
                         s->reclaim.bytes = 0;
                         retry_all = true;
@@ -484,5 +413,5 @@ void gm_park_tick(gm_broker_t *b, uint64_t now_ms) {
                 if (check_unresponsive(b, s, now_ms))
                         retry_all = true; /* what waits for it is decided now */
         }
-        gm_broker_retry_parked(b, !retry_all);
+        gm_reclaim_retry_parked(b, !retry_all);
 }
