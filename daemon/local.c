@@ -34,7 +34,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
                                  c->tenant_name);
                 return -EPERM;
         }
-        gm_local_t *l = calloc(1, sizeof(*l));
+        gm_localstats_t *l = calloc(1, sizeof(*l));
         int fd = -1;
         int r = l ? gm_session_local_enable(c->session) : -ENOMEM;
         if (r == 0)
@@ -162,7 +162,7 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
 /* ---- the end of a session ---- */
 
 void gm_local_end(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         if (!l)
                 return;
         const gm_requests_t *d = c->rq;
@@ -171,7 +171,7 @@ void gm_local_end(gm_request_conn_t *c) {
         gm_localstats_zero_currents(&gone);
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);
-        gm_local_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
+        gm_localstats_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
         if (lt)
                 gm_localstats_fold(&lt->stats, &gone, &l->applied);
         gm_localstats_fold(&d->local->device, &gone, &l->applied);

@@ -79,11 +79,11 @@ void gm_localstats_zero_currents(gm_stats_t *stats) {
                 stat_at(stats, i)->current = 0;
 }
 
-gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name) {
-        for (gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+gm_localstats_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name) {
+        for (gm_localstats_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
                 if (strcmp(lt->name, name) == 0)
                         return lt;
-        gm_local_tenant_t *lt = calloc(1, sizeof(*lt));
+        gm_localstats_tenant_t *lt = calloc(1, sizeof(*lt));
         if (!lt)
                 return NULL;
         snprintf(lt->name, sizeof(lt->name), "%s", name);
@@ -94,8 +94,8 @@ gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name
         return lt;
 }
 
-static const gm_local_tenant_t *find_local_tenant(const gm_requests_t *d, const char *name) {
-        for (const gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+static const gm_localstats_tenant_t *find_local_tenant(const gm_requests_t *d, const char *name) {
+        for (const gm_localstats_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
                 if (strcmp(lt->name, name) == 0)
                         return lt;
         return NULL;
@@ -140,7 +140,7 @@ static bool page_plausible(const gm_session_view_t *s, const gm_stats_t *p) {
         return true;
 }
 
-static void overlay_exact(gm_local_t *l) {
+static void overlay_exact(gm_localstats_t *l) {
         l->figures.reserved_bytes[GM_STAT_ALL] = l->exact.reserved_bytes[GM_STAT_ALL];
         l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
         l->figures.num_device_alloc = l->exact.num_device_alloc;
@@ -149,7 +149,7 @@ static void overlay_exact(gm_local_t *l) {
 }
 
 void gm_localstats_refresh_conn(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         const gm_requests_t *d = c->rq;
         gm_stats_t page;
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
@@ -171,7 +171,7 @@ void gm_localstats_refresh_conn(gm_request_conn_t *c) {
         page.segment[GM_STAT_ALL] = (gm_stat_t){0};
         page.num_device_alloc = page.num_device_free = page.num_reclaim_waits = 0;
         page.max_split_size = d->broker->device_stats.max_split_size;
-        gm_local_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
         if (lt)
                 gm_localstats_fold(&lt->stats, &page, &l->applied);
         gm_localstats_fold(&d->local->device, &page, &l->applied);
@@ -186,7 +186,7 @@ static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, i
         const gm_requests_t *d = c->rq;
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);
-        gm_local_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
         gm_stats_t *sinks[] = {&c->local->exact, &d->local->device, lt ? &lt->stats : NULL};
         for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
                 if (bytes)
@@ -200,7 +200,7 @@ static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, i
 }
 
 void gm_localstats_exact_sync(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);
         const gm_session_grants_t *now = &sv.grants, *was = &l->synced;
@@ -211,7 +211,7 @@ void gm_localstats_exact_sync(gm_request_conn_t *c) {
 }
 
 void gm_localstats_exact_gone(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         exact_apply(c, -l->synced.bytes.current, -l->synced.segments.current, 0, (int64_t) l->synced.pieces);
         l->synced = (gm_session_grants_t){0};
 }
@@ -229,7 +229,7 @@ void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_
                 ret->session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                 ret->session_active = (uint64_t) st->active_bytes[GM_STAT_ALL].current;
         }
-        const gm_local_tenant_t *lt = find_local_tenant(c->rq, sv.tenant->name);
+        const gm_localstats_tenant_t *lt = find_local_tenant(c->rq, sv.tenant->name);
         ret->tenant_active = lt ? (uint64_t) lt->stats.active_bytes[GM_STAT_ALL].current : 0;
         ret->device_active = (uint64_t) c->rq->local->device.active_bytes[GM_STAT_ALL].current;
 }
@@ -241,7 +241,7 @@ void gm_localstats_tick(const gm_requests_t *d) {
 void gm_localstats_count_reclaim_wait(gm_request_conn_t *c) {
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);
-        gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, sv.tenant->name);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(c->rq, sv.tenant->name);
         c->local->exact.num_reclaim_waits++;
         c->rq->local->device.num_reclaim_waits++;
         if (lt)
@@ -277,7 +277,7 @@ bool gm_localstats_page_invalid(const gm_session_t *s) {
 
 void gm_localstats_tenant_stats(const gm_requests_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
         *ret = t->stats;
-        const gm_local_tenant_t *lt = find_local_tenant(d, t->name);
+        const gm_localstats_tenant_t *lt = find_local_tenant(d, t->name);
         if (lt)
                 gm_localstats_add(ret, &lt->stats);
 }
@@ -289,7 +289,7 @@ void gm_localstats_device_stats(const gm_requests_t *d, gm_stats_t *ret) {
 
 void gm_localstats_free_all(const gm_requests_t *d) {
         while (d->local->tenants) {
-                gm_local_tenant_t *lt = d->local->tenants;
+                gm_localstats_tenant_t *lt = d->local->tenants;
                 d->local->tenants = lt->next;
                 free(lt);
         }

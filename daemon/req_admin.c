@@ -200,7 +200,7 @@ int gm_req_admin_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gp
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, t->name);
+                gm_localstats_tenant_t *lt = gm_localstats_tenant(c->rq, t->name);
                 if (req->peak) {
                         gm_stats_reset_peak(&t->stats);
                         if (lt)

@@ -8,12 +8,13 @@
 #include <string.h>
 
 #include "central.h"
-#include "client-internal.h"
 #include "frees.h"
 #include "mapping.h"
 #include "msg.h"
 
-size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
+/* Points wire[0..n) and ptrs[0..n) at frames[0..n) for an Alloc request, n
+ * being at most GPUMEM_MAX_FRAMES; returns n. NULL strings become "". */
+static size_t wire_frames_of(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
         size_t n = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
         for (size_t i = 0; i < n; i++) {
                 gpumem__frame__init(&wire[i]);
@@ -122,7 +123,7 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         alloc.stream = stream;
         Gpumem__Frame wire_frames[GPUMEM_MAX_FRAMES];
         Gpumem__Frame *frame_ptrs[GPUMEM_MAX_FRAMES];
-        alloc.n_frames = gm_client_wire_frames(frames, n_frames, wire_frames, frame_ptrs);
+        alloc.n_frames = wire_frames_of(frames, n_frames, wire_frames, frame_ptrs);
         alloc.frames = frame_ptrs;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;

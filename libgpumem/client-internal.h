@@ -38,7 +38,3 @@ int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries
 
 /* The socket c is connected to. */
 const char *gm_client_socket_path(const gpumem_client *c);
-
-/* central.c: points wire[0..n) and ptrs[0..n) at frames[0..n) for an Alloc request, n
- * being at most GPUMEM_MAX_FRAMES; returns n. NULL strings become "". */
-size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs);

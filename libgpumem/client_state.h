@@ -21,7 +21,7 @@
 #include "statpage.h"
 #include "u64map.h"
 
-struct gm_local;
+struct gm_local_heap;
 struct gm_conn_handlers;
 struct gm_session_hooks;
 
@@ -77,13 +77,13 @@ typedef struct pending_free {
 /* The daemon's snapshot queries and history pushes a local session is yet to
  * serve (local_session.c): noted under lock, served by the service thread
  * once it holds the heap. */
-typedef struct gm_local_asks {
+typedef struct gm_local_session_asks {
         uint64_t query_id; /* a SnapshotQuery yet to answer (0: none) */
         uint64_t query_max_bytes;
         bool history_due; /* a history push yet to apply */
         bool history_enabled;
         uint64_t history_max_entries;
-} gm_local_asks_t;
+} gm_local_session_asks_t;
 
 struct gpumem_client {
         /* What the floors above the connection and the session do with the
@@ -133,8 +133,8 @@ struct gpumem_client {
         _Atomic uint64_t last_call_ms;   /* CLOCK_MONOTONIC_COARSE when the last one ended */
         uint64_t reclaim_id;             /* a Reclaim the service thread has yet to serve (0: none) */
         uint64_t reclaim_bytes;
-        gm_local_asks_t asks;    /* snapshot queries and history pushes to serve (local_session.c) */
-        char *alloc_conf_update; /* new settings the service thread has yet to give the heap (NULL: none) */
+        gm_local_session_asks_t asks; /* snapshot queries and history pushes to serve (local_session.c) */
+        char *alloc_conf_update;      /* new settings the service thread has yet to give the heap (NULL: none) */
         /* A central session on a device backend: the page-reuse fences its
          * daemon asked for (AllocReply.fence_marks), reported with the next
          * Allocs once complete (under lock). fences_pending: whether marks
@@ -160,7 +160,7 @@ struct gpumem_client {
         bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
         bool return_intents; /* local: the daemon checks returns by the process's figure: ReturnIntent first */
         pthread_mutex_t heap_lock;
-        struct gm_local *heap;
+        struct gm_local_heap *heap;
         gm_statpage_t *stats_page;
         int page_fd_pending;        /* a new daemon's page the heap did not take yet, or -1 (under lock) */
         segment_t *last_segment;    /* of the last local allocation (under heap_lock) */

@@ -325,7 +325,7 @@ int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_devi
         if (!c->local)
                 return -EOPNOTSUPP;
         pthread_mutex_lock(&c->heap_lock);
-        *ret_stats = *gm_local_stats(c->heap);
+        *ret_stats = *gm_local_heap_stats(c->heap);
         pthread_mutex_unlock(&c->heap_lock);
         *ret_device = c->device;
         *ret_capacity = c->capacity;
@@ -338,10 +338,10 @@ int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t
                 return r;
         if (!c->local)
                 return -EOPNOTSUPP;
-        gm_local_owner_t owner = {
+        gm_local_heap_owner_t owner = {
                 .device = c->device, .pid = (uint32_t) getpid(), .tenant = c->tenant, .session_id = c->session_id};
         pthread_mutex_lock(&c->heap_lock);
-        r = gm_local_snapshot(c->heap, &owner, json, ret_buf, ret_len);
+        r = gm_local_heap_snapshot(c->heap, &owner, json, ret_buf, ret_len);
         pthread_mutex_unlock(&c->heap_lock);
         return r < 0 ? gm_conn_set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
 }
@@ -350,7 +350,7 @@ int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries
         if (gm_session_ensure_own(c) < 0 || !c->local)
                 return 0;
         pthread_mutex_lock(&c->heap_lock);
-        int r = gm_local_history(c->heap, enabled, max_entries, (uint32_t) getpid());
+        int r = gm_local_heap_history(c->heap, enabled, max_entries, (uint32_t) getpid());
         pthread_mutex_unlock(&c->heap_lock);
         return r < 0 ? gm_conn_set_error(c, r, "gpumem: cannot set up the local heap's memory history: %s",
                                          strerror(-r))
@@ -361,7 +361,7 @@ void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated) 
         if (gm_session_ensure_own(c) < 0 || !c->local)
                 return;
         pthread_mutex_lock(&c->heap_lock);
-        gm_local_reset_stats(c->heap, peak, accumulated);
+        gm_local_heap_reset_stats(c->heap, peak, accumulated);
         pthread_mutex_unlock(&c->heap_lock);
 }
 
@@ -374,7 +374,7 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
         if (c->local) {
                 int64_t v = 0;
                 pthread_mutex_lock(&c->heap_lock);
-                r = gm_local_stat(c->heap, pytorch_stat_name, &v);
+                r = gm_local_heap_stat(c->heap, pytorch_stat_name, &v);
                 pthread_mutex_unlock(&c->heap_lock);
                 if (r < 0)
                         return gm_conn_set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);

@@ -41,7 +41,7 @@ static bool kept_piece(const gpumem_client *c, const segment_t *seg, uint64_t si
 
 /* Whether a grant reply brings exactly the n pieces asked for at `offset`
  * on, and they are mapped here. */
-static bool granted_as_asked(const gpumem_client *c, const Gpumem__GrantReply *gr, const gm_local_grant_t *g,
+static bool granted_as_asked(const gpumem_client *c, const Gpumem__GrantReply *gr, const gm_local_heap_grant_t *g,
                              uint64_t offset, uint64_t n) {
         const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
         if (!gr->mapping || gr->n_more_mappings != n - 1 || !seg || seg->va_size != g->segment_va_size)
@@ -68,7 +68,8 @@ static const gm_conn_request_ops_t grant_ops = {.unmapped = grant_unmapped};
  * before this returns. All or nothing: pieces that cannot all be mapped go
  * back (with whole_segment when `whole_at_first`: the segment had no piece
  * before). Caller holds heap_lock. */
-static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offset, uint64_t n, bool whole_at_first) {
+static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t offset, uint64_t n,
+                     bool whole_at_first) {
         Gpumem__Grant grant = GPUMEM__GRANT__INIT;
         grant.segment_id = g->segment_id;
         grant.segment_va_size = g->segment_va_size;
@@ -103,7 +104,7 @@ static int grant_run(gpumem_client *c, const gm_local_grant_t *g, uint64_t offse
  * one Grant per max_grant_pieces pieces (a piece kept mapped after a failed unmap is
  * taken back as it is). On failure what was granted goes back. Caller holds
  * heap_lock. */
-static int local_grant(void *ctx, const gm_local_grant_t *g) {
+static int local_grant(void *ctx, const gm_local_heap_grant_t *g) {
         gpumem_client *c = ctx;
         const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
         bool new_segment = !seg || seg->n_pieces == 0;
@@ -195,7 +196,7 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
 /* Page reuse in a local heap: moves a run of pieces here, in order, and
  * tells the daemon, one message per MAX_MOVES_PER_MESSAGE moved (its ledger
  * follows; no reply). Caller holds heap_lock. */
-static int64_t local_move(void *ctx, const gm_local_move_t *m) {
+static int64_t local_move(void *ctx, const gm_local_heap_move_t *m) {
         gpumem_client *c = ctx;
         uint64_t batch = m->n_pages < MAX_MOVES_PER_MESSAGE ? m->n_pages : MAX_MOVES_PER_MESSAGE, done = 0;
         Gpumem__PageMove *moves = calloc(batch ? batch : 1, sizeof(*moves));
@@ -241,7 +242,7 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
                                          strerror(-r));
         madvise(c->stats_page, GM_STATPAGE_SIZE, MADV_DONTFORK); /* a forked child never writes the parent's */
         bool events = c->mapper->ops->caps->device_streams;
-        gm_local_ops_t ops = {
+        gm_local_heap_ops_t ops = {
                 .grant = local_grant,
                 .give_back = local_give_back,
                 .move = c->mapper->ops->move ? local_move : NULL,
@@ -251,13 +252,13 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
                 .ctx = c,
         };
         char err[256] = "";
-        r = gm_local_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err,
-                         sizeof(err));
+        r = gm_local_heap_new(hr->alloc_conf, hr->capacity, hr->granularity, c->stats_page, &ops, &c->heap, err,
+                              sizeof(err));
         if (r < 0)
                 return gm_conn_set_error(c, r, "gpumem: cannot start the local heap: %s", err[0] ? err : strerror(-r));
         c->local = true;
         if (hr->history_max_entries) /* the daemon's memory history is on: record from the first allocation */
-                gm_local_history(c->heap, true, hr->history_max_entries, (uint32_t) getpid());
+                gm_local_heap_history(c->heap, true, hr->history_max_entries, (uint32_t) getpid());
         return 0;
 }
 
@@ -338,7 +339,7 @@ static bool finish_completed_frees(gpumem_client *c) {
         while (done) {
                 pending_free_t *p = done;
                 done = p->next;
-                gm_local_free_completed(c->heap, p->block_id);
+                gm_local_heap_free_completed(c->heap, p->block_id);
                 gm_frees_destroy(c, p, true);
         }
         pthread_mutex_unlock(&c->heap_lock);
@@ -347,7 +348,7 @@ static bool finish_completed_frees(gpumem_client *c) {
 
 uint64_t gm_local_session_release_cached(gpumem_client *c) {
         uint64_t kept = c->kept_bytes;
-        uint64_t released = gm_local_release_cached(c->heap);
+        uint64_t released = gm_local_heap_release_cached(c->heap);
         gm_assert(c->kept_bytes >= kept); /* a give-back only adds to it */
         uint64_t newly_kept = c->kept_bytes - kept;
         return released > newly_kept ? released - newly_kept : 0;
@@ -402,7 +403,7 @@ static bool serve_alloc_conf(gpumem_client *c) {
                 return true;
         }
         char err[256];
-        int r = gm_local_set_config(c->heap, conf, err, sizeof(err));
+        int r = gm_local_heap_set_config(c->heap, conf, err, sizeof(err));
         pthread_mutex_unlock(&c->heap_lock);
         free(conf);
         if (r < 0) {
@@ -429,9 +430,9 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                 pthread_mutex_unlock(&c->heap_lock);
                 return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory");
         }
-        int r = gm_local_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
+        int r = gm_local_heap_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
         if (r < 0) {
-                bool told = gm_local_refused_by_daemon(c->heap);
+                bool told = gm_local_heap_refused_by_daemon(c->heap);
                 pthread_mutex_unlock(&c->heap_lock);
                 free(b);
                 if (told || (r != -ENOMEM && r != -EDQUOT && gm_conn_error_is_for(c)))
@@ -459,7 +460,7 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
         }
         r = seg ? gm_u64map_put(&c->blocks, ptr, b) : -EPROTO;
         if (r < 0) {
-                gm_local_free(c->heap, res.block_id, false);
+                gm_local_heap_free(c->heap, res.block_id, false);
                 pthread_mutex_unlock(&c->heap_lock);
                 free(b);
                 return gm_conn_set_error(c, r, "gpumem: cannot track the block: %s", strerror(-r));
@@ -481,7 +482,7 @@ __attribute__((noinline)) int gm_local_session_alloc_frames(gpumem_client *c, si
 }
 
 int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p) {
-        int r = gm_local_free(c->heap, b->id, p != NULL);
+        int r = gm_local_heap_free(c->heap, b->id, p != NULL);
         if (b->stream_uses)
                 free(b->stream_uses);
         b->next_spare = c->spare_blocks;
@@ -507,7 +508,7 @@ int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p) {
 
 /* Notes a SnapshotQuery or HistoryPush push; true when it is one (the
  * service thread is then to be woken). Caller holds lock. */
-static bool asks_note(gm_local_asks_t *asks, const Gpumem__Envelope *env) {
+static bool asks_note(gm_local_session_asks_t *asks, const Gpumem__Envelope *env) {
         switch (env->body_case) {
         case GPUMEM__ENVELOPE__BODY_SNAPSHOT_QUERY:
                 asks->query_id = env->snapshot_query->query_id; /* a newer query replaces an older one */
@@ -550,23 +551,23 @@ static void send_answer(gpumem_client *c, uint64_t query_id, const char *buf, si
  * Returns true while something waits (the heap was busy). */
 static bool asks_serve(gpumem_client *c) {
         pthread_mutex_lock(&c->lock);
-        gm_local_asks_t due = c->asks;
+        gm_local_session_asks_t due = c->asks;
         pthread_mutex_unlock(&c->lock);
         if (!due.query_id && !due.history_due)
                 return false;
         if (!c->local || pthread_mutex_trylock(&c->heap_lock) != 0)
                 return true;
-        gm_local_t *heap = c->heap;
+        gm_local_heap_t *heap = c->heap;
         if (due.history_due)
-                gm_local_history(heap, due.history_enabled, due.history_max_entries, (uint32_t) getpid());
+                gm_local_heap_history(heap, due.history_enabled, due.history_max_entries, (uint32_t) getpid());
         char *buf = NULL;
         size_t len = 0;
-        int r = due.query_id ? gm_snapshot_answer_encode(gm_local_heap(heap), gm_local_history_ring(heap),
+        int r = due.query_id ? gm_snapshot_answer_encode(gm_local_heap_core(heap), gm_local_heap_history_ring(heap),
                                                          due.query_max_bytes, &buf, &len)
                              : 0;
         pthread_mutex_unlock(&c->heap_lock);
         pthread_mutex_lock(&c->lock);
-        gm_local_asks_t *asks = &c->asks;
+        gm_local_session_asks_t *asks = &c->asks;
         if (asks->query_id == due.query_id)
                 asks->query_id = 0;
         if (due.history_due && asks->history_enabled == due.history_enabled &&
@@ -622,7 +623,7 @@ bool gm_local_session_on_reclaim(gpumem_client *c, Gpumem__Envelope *env, waiter
 
 void gm_local_session_forget(gpumem_client *c, bool owner) {
         /* The daemon releases the session's pieces; the heap only forgets them. */
-        c->heap = gm_local_destroy(c->heap);
+        c->heap = gm_local_heap_destroy(c->heap);
         c->last_segment = NULL;
         free(c->alloc_conf_update);
         c->alloc_conf_update = NULL;
@@ -639,5 +640,5 @@ void gm_local_session_forget(gpumem_client *c, bool owner) {
         c->stats_page = NULL;
         c->local = false;
         c->reclaim_id = 0;
-        c->asks = (gm_local_asks_t){0};
+        c->asks = (gm_local_session_asks_t){0};
 }

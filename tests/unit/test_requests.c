@@ -69,7 +69,7 @@ static void record_observe(void *userdata, unsigned op, uint64_t ns) {
 static gm_backend_t *backend_;
 static gm_broker_t *broker_;
 static gm_request_config_t config_ = {.max_packet = 65536, .max_fds = 16};
-static gm_local_totals_t local_;
+static gm_localstats_totals_t local_;
 static gm_requests_t rq_;
 static gm_request_conn_t conn_;
 
