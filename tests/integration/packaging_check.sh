@@ -265,7 +265,7 @@ $(cat "$tmp/cmake.log")"
                         sleep 0.05
                         i=$((i + 1))
                 done
-                stats=$("$root/usr/bin/gpumemctl" -s "$sock" stats --json)
+                stats=$(LD_LIBRARY_PATH=$libdir "$root/usr/bin/gpumemctl" -s "$sock" stats --json)
                 exec 3>&-
                 wait $! || fail "$example failed: $(cat "$tmp/daemon.log")"
                 rm "$tmp/in"
