@@ -434,6 +434,18 @@ static void print_quota_json(const gpumem_tenant_usage *list, size_t n) {
         printf("]\n");
 }
 
+/* The tenant's quota as text in buf when a runtime one is in force, else "". */
+static void runtime_quota_of(ctl_t *c, const char *tenant, char *buf, size_t len) {
+        gpumem_tenant_usage *list;
+        size_t n;
+        buf[0] = '\0';
+        if (gpumem_admin_quota(c->admin, GPUMEM_QUOTA_GET, tenant, 0, false, &list, &n) < 0)
+                return; /* no such tenant yet */
+        if (n == 1 && strcmp(list[0].info.quota_source, "runtime") == 0)
+                fmt_size(list[0].info.quota, buf, len);
+        gpumem_buffer_free(list);
+}
+
 static int cmd_quota(ctl_t *c, int argc, char **argv) {
         gpumem_quota_op op;
         const char *tenant = NULL;
@@ -471,11 +483,17 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
         int r = ctl_connect(c);
         if (r)
                 return r;
+        /* A persistent quota replaces a runtime one (the daemon drops it): say so. */
+        char replaced[32] = "";
+        if (op == GPUMEM_QUOTA_SET && !runtime)
+                runtime_quota_of(c, tenant, replaced, sizeof(replaced));
         gpumem_tenant_usage *list;
         size_t n;
         r = gpumem_admin_quota(c->admin, op, tenant, bytes, runtime, &list, &n);
         if (r < 0)
                 return ctl_failed(c, r);
+        if (!json && replaced[0] && n == 1 && strcmp(list[0].info.quota_source, "runtime") != 0)
+                printf("The persistent quota replaces the runtime quota of %s that was in force.\n", replaced);
         if (json) {
                 print_quota_json(list, n);
                 gpumem_buffer_free(list);

@@ -319,11 +319,16 @@ int gm_req_admin_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope 
         return 0;
 }
 
-/* Sets a quota from a request; 0, or refused (answered). */
+/* Sets a quota from a request; 0, or refused (answered). A persistent quota
+ * replaces the tenant's runtime one at once (which would hide it until the
+ * daemon restarts): what was set is what is in force. */
 static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Quota *req, const char *name) {
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);
         const char *state_dir = c->rq->config->state_dir;
+        const gm_tenant_t *t = gm_tenant_find(c->rq->broker, name);
+        bool replaces_runtime = !req->runtime && t && t->quota_set[GM_QUOTA_RUNTIME];
+        uint64_t runtime_bytes = replaces_runtime ? t->quota_by_source[GM_QUOTA_RUNTIME] : 0;
         int r = gm_broker_set_quota(c->rq->broker, name, req->runtime, req->bytes, state_dir);
         if (r == -ENOSPC)
                 return gm_request_error(c, request_id, r, "too many tenants"), r;
@@ -333,8 +338,14 @@ static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Qu
                 return gm_request_error(c, request_id, r, "cannot save the quota in '%s': %s",
                                         state_dir ? state_dir : "(no state directory)", strerror(-r)),
                        r;
-        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", name, (unsigned long long) req->bytes,
-                   req->runtime ? "runtime" : "persistent", (int) sv.pid);
+        char replaced[96] = "";
+        if (replaces_runtime) {
+                (void) gm_broker_set_quota(c->rq->broker, name, true, 0, state_dir); /* journaled as removed */
+                snprintf(replaced, sizeof(replaced), ", replacing its runtime quota of %llu bytes",
+                         (unsigned long long) runtime_bytes);
+        }
+        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d%s", name, (unsigned long long) req->bytes,
+                   req->runtime ? "runtime" : "persistent", (int) sv.pid, replaced);
         return 0;
 }
 

@@ -91,6 +91,11 @@ Requires=basic.target
 After=basic.target
 EOF
         ln -sf gm-system.target "$etc/default.target"
+        # A machine gpumemd was never installed on, whatever this one has
+        # (a "cmake --install" writes /etc/gpumem/gpumemd.conf, which would
+        # make dpkg ask about its conffile).
+        rm -rf "$r/etc/gpumem" "$r/var/lib/gpumem" "$r/usr/local/lib/systemd/system/gpumemd"* \
+                "$r/etc/systemd/system/gpumemd"* "$r"/etc/systemd/system/*.wants/gpumemd*
         # What the test installs, where the chroot sees it.
         mkdir -p "$r/var/tmp/gm-system"
         cp -r "$stage/." "$r/var/tmp/gm-system/"
@@ -117,7 +122,8 @@ debs=${GM_SYSTEM_DEBS:-}
 if [ -z "$debs" ]; then
         debs=$build/tests/system/debs
         mkdir -p "$build/tests/system"
-        key=$(cd "$src" && git ls-files -z --cached --others --exclude-standard 2>/dev/null | xargs -0 sha256sum 2>/dev/null |
+        key=$(cd "$src" && git ls-files -z --cached --others --exclude-standard -- . ':(exclude)tests/system' 2>/dev/null |
+                xargs -0 sha256sum 2>/dev/null |
                 sha256sum | cut -d' ' -f1)
         if [ ! -f "$debs/key" ] || [ "$(cat "$debs/key")" != "$key" ] || [ -z "$key" ]; then
                 step "building the Debian packages (packaging/build-deb.sh)"
@@ -254,6 +260,10 @@ echo "$out" | grep -q "group 'gpumem'" || fail "bob's error does not name the gr
 step "persistent quotas go to the service's state directory"
 out=$(in_ns gpumemctl quota set alice 64M 2>&1) || fail "gpumemctl quota set: $out"
 in_ns grep -q '^alice ' /var/lib/gpumem/quotas || fail "no alice in /var/lib/gpumem/quotas: $out"
+out=$(in_ns gpumemctl quota set alice 1G --runtime 2>&1) || fail "gpumemctl quota set --runtime: $out"
+out=$(in_ns gpumemctl quota set alice 2G 2>&1) || fail "gpumemctl quota set over a runtime quota: $out"
+echo "$out" | grep -q 'replaces the runtime quota of 1.0G' || fail "the persistent set does not say it replaced: $out"
+echo "$out" | grep -Eq '^alice +2.0G persistent' || fail "the persistent quota is not in force: $out"
 out=$(in_ns gpumemctl quota set alice 0 2>&1) || fail "gpumemctl quota set alice 0: $out"
 
 step "journalctl -u shows the daemon's lines, with their priorities"
