@@ -69,12 +69,12 @@ test-stress: build
 
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer, with
 # the debug checks (gm_heap_check, gm_broker_check after every operation).
-# packaging_deb is left out: dpkg-buildpackage builds its own plain binaries,
-# so it would only repeat the first leg's check.
+# packaging_deb and system_systemd are left out: dpkg-buildpackage builds its
+# own plain binaries, so they would only repeat the first leg's checks.
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON -DGPUMEMD_DEBUG=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
-	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -E '^packaging_deb$$'
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -E '^(packaging_deb|system_systemd)$$'
 
 # Every libFuzzer harness for FUZZ_SECONDS over its seed corpus (clang, ASan+UBSan).
 fuzz: deps-fuzz
