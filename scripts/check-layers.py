@@ -4,8 +4,8 @@
 (a local session's heap and memory_summary() formatting run in the client);
 ctl -> {libgpumem's admin API, allocator, common}, with no wire code. Fails (exit 1) naming every
 project include of a header from a module above, or beside, the includer's.
-Inside broker/, libgpumem/ and daemon/ the files stand on floors
-(BROKER_FLOOR, LIBGPUMEM_FLOOR, DAEMON_FLOOR): a file includes only headers
+Inside broker/, libgpumem/, daemon/ and ctl/ the files stand on floors
+(BROKER_FLOOR, LIBGPUMEM_FLOOR, DAEMON_FLOOR, CTL_FLOOR): a file includes only headers
 of its floor or below, calls only functions defined on its floor or below,
 and no two files call each other.
 Usage: check-layers.py [SOURCE_DIR]"""
@@ -124,7 +124,7 @@ def strip_c(text):
     return re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
 
 
-def check_floors(module, floor_of):
+def check_floors(module, floor_of, prefixes=("gm", "gpumem")):
     """Inside `module` the files stand on floors (floor_of: file -> number):
     a file includes only headers of its floor or below, calls only functions
     defined on its floor or below, and no two files call each other."""
@@ -145,9 +145,10 @@ def check_floors(module, floor_of):
                 bad.append(f"{module}/{f}:{n}: floor {floor_of[f]} includes {m.group(1)} (floor {floor_of[m.group(1)]})")
         if f.endswith(".c"):
             code = strip_c(text)
-            for m in re.finditer(r"^(?!static\b)[A-Za-z_][\w \t\*]*?\b((?:gm|gpumem)_\w+)\s*\([^;{]*\)\s*\{", code, re.M):
+            names = "(?:" + "|".join(prefixes) + ")_\\w+"
+            for m in re.finditer(r"^(?!static\b)[A-Za-z_][\w \t\*]*?\b(" + names + r")\s*\([^;{]*\)\s*\{", code, re.M):
                 defined[m.group(1)] = f
-            calls[f] = set(re.findall(r"\b((?:gm|gpumem)_\w+)\s*\(", code))
+            calls[f] = set(re.findall(r"\b(" + names + r")\s*\(", code))
     arrows = {}
     for f, names in calls.items():
         for name in sorted(names):
@@ -189,6 +190,10 @@ for family in REQUEST_FAMILIES:
 check_floors("broker", BROKER_FLOOR)
 check_floors("libgpumem", LIBGPUMEM_FLOOR)
 check_floors("daemon", DAEMON_FLOOR)
+# gpumemctl: the commands over the connection they share.
+CTL_FLOOR = {"json_read.c": 0, "json_read.h": 0, "diagnose.c": 0, "diagnose.h": 0,
+             "ctl.c": 1, "gpumemctl.h": 1, "gpumemctl_top.c": 2, "gpumemctl.c": 3}
+check_floors("ctl", CTL_FLOOR, prefixes=("gm", "gpumem", "ctl", "cmd", "diag", "json"))
 for b in bad:
     print(b)
 sys.exit(1 if bad else 0)
