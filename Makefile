@@ -22,7 +22,7 @@ DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-
 # only `make fuzz` installs it.
 FUZZ_PACKAGES := clang libclang-rt-dev
 
-.PHONY: all deps deps-fuzz build run test test-asan fuzz install deb clean
+.PHONY: all deps deps-fuzz build run test test-unit test-integration test-stress test-asan fuzz install deb clean
 
 all: build
 
@@ -54,14 +54,27 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
+# One group of the suite each (tests/CMakeLists.txt labels every test by its
+# folder). test-unit: the pure modules in one process and the tree checks
+# (format, layers), no daemon, seconds; test-integration: real daemons, client
+# processes and packaging tools; test-stress: the random and replayed workloads.
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^(unit|checks)$$'
+
+test-integration: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^integration$$'
+
+test-stress: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 -L '^stress$$'
+
 # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer, with
 # the debug checks (gm_heap_check, gm_broker_check after every operation).
-# packaging_deb is left out: dpkg-buildpackage builds its own plain binaries,
-# so it would only repeat the first leg's check.
+# packaging_deb and system_systemd are left out: dpkg-buildpackage builds its
+# own plain binaries, so they would only repeat the first leg's checks.
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DGPUMEMD_ASAN=ON -DGPUMEMD_DEBUG=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
-	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -E '^packaging_deb$$'
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -E '^(packaging_deb|system_systemd)$$'
 
 # Every libFuzzer harness for FUZZ_SECONDS over its seed corpus (clang, ASan+UBSan).
 fuzz: deps-fuzz

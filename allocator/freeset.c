@@ -4,6 +4,7 @@
  * largest key[1] of its subtree so the largest free block is O(1). */
 #include <stddef.h>
 
+#include "debug.h"
 #include "heap-internal.h"
 
 static int key_cmp(const uint64_t a[3], const uint64_t b[3]) {
@@ -73,9 +74,13 @@ static gm_tnode_t *rebalance(gm_tnode_t *n) {
 }
 
 static gm_tnode_t *insert_at(gm_tnode_t *root, gm_tnode_t *n) {
+        int c;
+
         if (!root)
                 return n;
-        if (key_cmp(n->key, root->key) < 0)
+        c = key_cmp(n->key, root->key);
+        gm_dassert(c != 0); /* keys are unique */
+        if (c < 0)
                 root->left = insert_at(root->left, n);
         else
                 root->right = insert_at(root->right, n);
@@ -100,14 +105,16 @@ static gm_tnode_t *remove_min(gm_tnode_t *root, gm_tnode_t **ret_min) {
 }
 
 static gm_tnode_t *remove_at(gm_tnode_t *root, const gm_tnode_t *n) {
-        int c = key_cmp(n->key, root->key);
         gm_tnode_t *succ;
+        int c;
 
+        c = key_cmp(n->key, root->key);
         if (c < 0)
                 root->left = remove_at(root->left, n);
         else if (c > 0)
                 root->right = remove_at(root->right, n);
         else {
+                gm_dassert(root == n); /* the node under n's key is n itself */
                 if (!root->left)
                         return root->right;
                 if (!root->right)

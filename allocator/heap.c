@@ -7,13 +7,15 @@
  * pool's unmapped set, nothing else is; every live block is in the id map; the
  * heap's own statistics equal a recount of the structures. Segment addresses
  * come from a monotonic shared cursor, so the segment list (creation order) is
- * also address order. */
+ * also address order. The cheap per-step halves of these invariants are
+ * gm_dassert()s on the paths that change them (common/debug.h). */
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "allocator.h"
+#include "debug.h"
 #include "heap-internal.h"
 
 #define MIN_BLOCK_SIZE 512ULL         /* every block is a multiple of this */
@@ -209,13 +211,18 @@ static int reserve_blocks(gm_heap_t *h, uint64_t n) {
 static gm_block_t *block_new(gm_heap_t *h, gm_segment_t *s, uint64_t offset, uint64_t size, bool mapped) {
         gm_block_t *b = h->spare;
 
+        gm_dassert(b && h->n_spare > 0);
+        gm_dassert(size > 0 && size % MIN_BLOCK_SIZE == 0 && offset % MIN_BLOCK_SIZE == 0);
+        gm_dassert(offset < s->size && size <= s->size - offset);
         h->spare = b->next;
         h->n_spare--;
         *b = (gm_block_t){.seg = s, .offset = offset, .size = size, .mapped = mapped};
         return b;
 }
 
+/* Only free blocks go: a live one would leave a dangling id map entry. */
 static void block_drop(gm_heap_t *h, gm_block_t *b) {
+        gm_dassert(b->state == GM_BSTATE_FREE && b->id == 0);
         if (h->n_spare >= SPARE_BLOCKS) {
                 free(b);
                 return;
@@ -227,6 +234,7 @@ static void block_drop(gm_heap_t *h, gm_block_t *b) {
 
 /* Links `n` into its segment right after `b`. */
 static void link_after(gm_block_t *b, gm_block_t *n) {
+        gm_dassert(n->seg == b->seg && n->offset > b->offset);
         n->prev = b;
         n->next = b->next;
         if (b->next)
@@ -236,6 +244,7 @@ static void link_after(gm_block_t *b, gm_block_t *n) {
 
 /* Links `n` into its segment right before `b`. */
 static void link_before(gm_block_t *b, gm_block_t *n) {
+        gm_dassert(n->seg == b->seg && n->offset <= b->offset);
         if (b->prev) {
                 link_after(b->prev, n);
                 return;
@@ -275,10 +284,23 @@ static void unmapped_key(const gm_block_t *b, uint64_t key[3]) {
         key[2] = block_addr(b);
 }
 
+/* Whether `b` sits under the key its fields give (in its set, the key is
+ * current: a block changes size, start or mapping only outside its set). */
+static bool key_current(const gm_block_t *b) {
+        uint64_t key[3];
+
+        if (b->mapped)
+                free_key(b, key);
+        else
+                unmapped_key(b, key);
+        return memcmp(key, b->node.key, sizeof(key)) == 0;
+}
+
 /* Puts a free block into its pool's set (free set when mapped, else unmapped). */
 static void set_insert(gm_heap_t *h, gm_block_t *b) {
         pool_t *p = pool_of(h, b->seg);
 
+        gm_dassert(b->state == GM_BSTATE_FREE && b->id == 0);
         if (b->mapped) {
                 free_key(b, b->node.key);
                 b->gc_stamp = p->gc_calls;
@@ -292,6 +314,7 @@ static void set_insert(gm_heap_t *h, gm_block_t *b) {
 static void set_remove(gm_heap_t *h, gm_block_t *b) {
         pool_t *p = pool_of(h, b->seg);
 
+        gm_dassert(b->state == GM_BSTATE_FREE && key_current(b));
         gm_tree_remove(b->mapped ? &p->free_set : &p->unmapped, &b->node);
 }
 
@@ -421,6 +444,7 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         gm_segment_t *s = b->seg;
         uint64_t id = s->id, size = s->size, handle = s->handle;
 
+        gm_dassert(b->state == GM_BSTATE_FREE && !is_split(b) && !s->expandable && b->size == size);
         COUNT(h, num_device_free);
         trace(h, GM_TRACE_SEGMENT_FREE, s->addr, size, s->stream);
         STAT(h, segment, s->small, -1);
@@ -437,6 +461,9 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
 static uint64_t join(gm_heap_t *h, gm_block_t *dst, gm_block_t *src) {
         uint64_t size;
 
+        gm_dassert(dst->state == GM_BSTATE_FREE && src->state == GM_BSTATE_FREE && src->mapped == dst->mapped);
+        gm_dassert(src == dst->prev ? src->offset + src->size == dst->offset
+                                    : src == dst->next && dst->offset + dst->size == src->offset);
         if (src == dst->prev) {
                 dst->offset = src->offset;
                 dst->prev = src->prev;
@@ -509,6 +536,7 @@ static bool page_is_mapped(const gm_segment_t *s, uint64_t i) {
 static void pages_release(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t end) {
         uint64_t page = s->page_size;
 
+        gm_dassert(first < end && end <= s->cap_pages && s->mapped_pages >= end - first);
         memset(&s->page_mapped[first], 0, end - first);
         s->mapped_pages -= end - first;
         if (h->prov.release_run) {
@@ -559,6 +587,8 @@ static void unmap_range(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t en
         uint64_t page = s->page_size, before = begin * page - b->offset, after = b->offset + b->size - end * page;
         gm_block_t *m = b;
 
+        gm_dassert(b->state == GM_BSTATE_FREE && b->mapped && s->expandable && begin < end);
+        gm_dassert(begin * page >= b->offset && end * page <= b->offset + b->size);
         set_remove(h, b);
         if (before) {
                 gm_block_t *x = block_new(h, s, b->offset, before, true);
@@ -708,6 +738,7 @@ static uint64_t move_pages(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t
                                   dst * page, page, s != ds && s->mapped_pages == k);
 
         moved = r < 0 ? 0 : (uint64_t) r < k ? (uint64_t) r : k;
+        gm_dassert(ds->expandable && dst + moved <= ds->cap_pages && s->mapped_pages >= moved);
         if (moved < k)
                 h->reuse.remap_failures++;
         if (!moved)
@@ -764,6 +795,7 @@ static int create_pages(gm_heap_t *h, gm_segment_t *s, uint64_t first, uint64_t 
         uint64_t page = s->page_size, i = first;
         int r = 0;
 
+        gm_dassert(s->expandable && first < end && end <= s->cap_pages);
         if (h->prov.create_run)
                 r = h->prov.create_run(h->prov.userdata, s->id, s->size, first * page, page, end - first,
                                        &s->page_handle[first]);
@@ -796,7 +828,11 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         uint64_t first = b->offset / s->page_size, end = (b->offset + size + s->page_size - 1) / s->page_size;
         uint64_t i = first, addr = block_addr(b), mapped = (end - first) * s->page_size;
         gm_block_t *m = b; /* the mapped run */
-        int r = pages_reserve(s, end);
+        int r;
+
+        gm_dassert(b->state == GM_BSTATE_FREE && !b->mapped && size > 0 && size <= b->size);
+        gm_dassert(!taken || (taken == b->prev && taken->state == GM_BSTATE_FREE && taken->mapped));
+        r = pages_reserve(s, end);
 
         if (t && r == 0)
                 i += reuse_pages(h, t, first, end); /* b survives: no moved range lies right before it */
@@ -831,6 +867,8 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
                 try_merge(h, m, m->prev);
         if (m == b) /* else its next is b, unmapped */
                 try_merge(h, m, m->next);
+        gm_dassert(m->mapped && m->size >= mapped &&
+                   (!m->next || !m->next->mapped || m->next->state != GM_BSTATE_FREE));
         *ret_block = m;
         STAT(h, reserved_bytes, s->small, mapped);
         COUNT(h, num_device_alloc);
@@ -939,6 +977,7 @@ static gm_block_t *get_free_block(gm_heap_t *h, pool_t *p, uint64_t stream, uint
                 return NULL;
         if (rsize >= msplit && b->size - rsize >= h->cfg.max_non_split_rounding)
                 return NULL;
+        gm_dassert(pool_of(h, b->seg) == p && b->mapped && b->size >= rsize);
         set_remove(h, b);
         return b;
 }
@@ -1075,10 +1114,12 @@ static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig,
         gm_segment_t *s = b->seg;
         bool counted = !s->expandable, already_split = is_split(b);
 
+        gm_dassert(b->state == GM_BSTATE_FREE && b->mapped && b->size >= rsize && rsize >= orig);
         if (should_split(h, b, rsize)) {
                 link_after(b, block_new(h, s, b->offset + rsize, b->size - rsize, true));
                 b->next->free_seq = b->free_seq;
                 b->size = rsize;
+                gm_dassert(b->next->offset == b->offset + b->size);
                 set_insert(h, b->next);
                 if (counted && already_split)
                         STAT(h, inactive_split_bytes, s->small, -(int64_t) rsize);
@@ -1169,6 +1210,7 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
                 if (r < 0)
                         return r;
         }
+        gm_dassert(pool_of(h, b->seg) == p && b->seg->stream == stream);
         hand_out(h, b, rsize, size, ret_result);
         return 0;
 }
@@ -1179,9 +1221,12 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
         gm_segment_t *s = b->seg;
         uint64_t size = b->size, req = b->requested_size, m;
         int64_t d_count = 0, d_bytes = 0;
+        uint64_t live = h->live.count;
 
+        gm_dassert(b->state == GM_BSTATE_PENDING && b->mapped && live > 0);
         trace(h, GM_TRACE_FREE_COMPLETED, block_addr(b), req, s->stream);
         gm_idmap_del(&h->live, b->id);
+        gm_dassert(h->live.count == live - 1); /* b was in the id map */
         b->id = 0;
         b->state = GM_BSTATE_FREE;
         b->free_seq = ++h->free_seq;
@@ -1193,6 +1238,9 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
                 d_count--;
                 d_bytes -= (int64_t) m;
         }
+        /* coalesced: no free neighbour of the same mapped state is left */
+        gm_dassert(!b->prev || b->prev->state != GM_BSTATE_FREE || b->prev->mapped != b->mapped);
+        gm_dassert(!b->next || b->next->state != GM_BSTATE_FREE || b->next->mapped != b->mapped);
         set_insert(h, b);
         if (is_split(b)) {
                 d_count++;
@@ -1211,6 +1259,7 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
 static void free_request(gm_heap_t *h, gm_block_t *b) {
         gm_segment_t *s = b->seg;
 
+        gm_dassert(b->state == GM_BSTATE_ALLOCATED);
         b->state = GM_BSTATE_PENDING;
         STAT(h, allocation, s->small, -1);
         STAT(h, allocated_bytes, s->small, -(int64_t) b->size);
@@ -1449,15 +1498,10 @@ static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8
 /* The block must be exactly the node found under its key in its set. */
 static int check_in_set(const gm_heap_t *h, const gm_block_t *b) {
         const pool_t *p = b->seg->small ? &h->small : &h->large;
-        uint64_t key[3];
 
-        if (b->mapped)
-                free_key(b, key);
-        else
-                unmapped_key(b, key);
-        if (memcmp(key, b->node.key, sizeof(key)) != 0)
+        if (!key_current(b))
                 return 1;
-        return gm_tree_lower_bound(b->mapped ? p->free_set : p->unmapped, key) != &b->node;
+        return gm_tree_lower_bound(b->mapped ? p->free_set : p->unmapped, b->node.key) != &b->node;
 }
 
 static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, check_ctx_t *c) {

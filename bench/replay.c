@@ -2,7 +2,7 @@
  * prints one JSON object per trace on stdout.
  *
  * In process (default) each trace runs on a fresh gm_heap_t over the in-memory
- * test provider (tests/fake_provider.c) with --capacity bytes; gm_heap_check()
+ * test provider (tests/lib/fake_provider.c) with --capacity bytes; gm_heap_check()
  * runs at the end (and every N events with --check) and the provider's ledger
  * must balance. With page reuse (gpumemd_page_reuse:True) the page moves are
  * counted, and one extra, untimed-for-ns_per_op run times every allocation

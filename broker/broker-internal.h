@@ -1,4 +1,18 @@
-/* The broker's private structures and the calls its files make to each other. */
+/* The broker's private structures, shared by every floor (the calls each
+ * floor offers those above it are in books.h, piece.h, holder.h and
+ * reclaim.h).
+ *
+ * The broker in floors: a file calls only files on its own floor or below
+ * it, and no two files call each other (scripts/check-layers.py knows the
+ * map and fails on an upward include or call):
+ *   5  broker.c (the facade: the daemon's requests, lifetime, tick, check),
+ *      reattach.c
+ *   4  reclaim.c (reclaim across sessions, parking, refusals)
+ *   3  session_central.c, session_local.c (the two kinds of holders) over
+ *      session.c
+ *   2  piece.c, orphan.c, process_check.c
+ *   1  ledger.c, tenant.c, outcome.c, host.c
+ * Upward only through the host's gm_broker_ops_t. */
 #pragma once
 
 #include <syslog.h>
@@ -6,6 +20,87 @@
 #include "broker.h"
 #include "clock.h"
 #include "debug.h"
+
+/* The Reclaim a local session's client was asked (one at a time). */
+typedef struct gm_session_reclaim {
+        uint64_t id;    /* outstanding (0: none) */
+        uint64_t bytes; /* what it should bring back */
+        uint64_t sent_ms;
+        uint64_t next_id;
+        uint64_t dry_until_ms; /* its last one brought nothing back: not asked again before */
+} gm_session_reclaim_t;
+
+/* Page reuse's stream fences of a central session on a device backend: its
+ * heap marks fences (stream_fence()), the next allocation reply asks the
+ * client to record them (an event on the stream when it applies the reply:
+ * after the frees it sent), and the client reports the complete ones with
+ * its next allocations; or the client marks one on its own before an
+ * allocation and finds it complete (gm_session_central_frees_fenced()). asked >=
+ * sent >= done. */
+typedef struct gm_session_fence {
+        uint64_t stream;
+        uint64_t asked; /* highest fence number the heap marked */
+        uint64_t sent;  /* highest one the client was asked to mark, or marked on its own */
+        uint64_t done;  /* highest one the client reported complete */
+} gm_session_fence_t;
+
+/* A session's process as the driver sees it (process_check.c): its device
+ * memory less what the daemon had mapped into it, read at one moment. */
+typedef struct gm_process_check_note {
+        bool noted; /* false: the driver gave no figure */
+        int64_t unaccounted;
+        uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
+} gm_holder_note_t;
+
+/* A session: opaque outside the broker (the daemon reads it through
+ * gm_session_view() and a few accessors). */
+struct gm_session {
+        gm_broker_t *broker;
+        uint64_t id;
+        pid_t pid;
+        uid_t uid;
+        char name[64];
+        char unit[256];
+        bool admin;
+        bool admin_conn;
+        void *userdata;
+        gm_tenant_t *tenant; /* set at start */
+        char token[GM_TOKEN_LEN + 1];
+        bool reattaching;             /* between a resuming start and the last re-attach report */
+        bool lied;                    /* acknowledged a release it had not done: its memory is checked when it ends */
+        bool local;                   /* its heap runs in its client: granted pieces, no heap here */
+        bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
+        uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
+        gm_session_grants_t grants;   /* local */
+        gm_session_reclaim_t reclaim; /* local */
+        uint64_t reattach_items;
+        bool ended;      /* memory released; no request is served any more */
+        gm_heap_t *heap; /* created at the first allocation */
+        uint64_t last_active_ms;
+        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
+        size_t n_cur_frames;
+        gm_piece_t *pieces;              /* every piece it owns (any state) */
+        gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */
+        gm_piece_t *rel_head, *rel_tail; /* TO_RELEASE, in release order */
+        gm_piece_t *adopting;            /* ADOPTING */
+        struct gm_release *releases;     /* sent, awaiting ReleaseAck */
+        uint64_t releasing_bytes;
+        uint64_t next_release_id;
+        struct gm_parked *parked, *parked_tail;
+        uint32_t n_parked;
+        void *owned;           /* the daemon's one block for it (gm_session_owned()): opaque here, freed with it */
+        uint64_t retry_pass;   /* the last retry that left its first parked request waiting */
+        gm_page_move_t *moves; /* pending, in the order the heap made them */
+        size_t n_moves, cap_moves;
+        gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
+                                       * out with the next allocation reply */
+        size_t n_fences;
+        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
+        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
+        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
+        struct gm_session *prev, *next;
+};
 
 /* A ReleaseRequest sent to a client and not yet acknowledged: its pieces stay
  * charged to the tenant and held in the backend until the ack. */
@@ -31,7 +126,7 @@ typedef struct gm_request {
 } gm_request_t;
 
 /* A request that failed while reclaimed memory was on its way back; retried
- * when memory comes back, and refused after park_timeout_ms (park.c). */
+ * when memory comes back, and refused after park_timeout_ms (reclaim.c). */
 typedef struct gm_parked {
         uint64_t request_id;
         uint64_t seq; /* park order across sessions */
@@ -59,12 +154,6 @@ typedef struct gm_lingering {
         struct gm_lingering *next;
 } gm_lingering_t;
 
-/* Checks the lingering memory, releasing what nobody maps any more; with
- * `all`, releases all of it (the broker is going away). */
-void gm_lingering_sweep(gm_broker_t *b, bool all);
-/* Whether the backend says this piece's memory is still mapped somewhere. */
-bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p);
-
 /* A session the journal says the previous daemon had: only such tokens (or an
  * orphan's) may be re-attached, and only by the same uid. */
 typedef struct gm_known_token {
@@ -79,102 +168,3 @@ typedef struct gm_ledger_entry {
         uint64_t segment_id, offset, size, va_size;
         gm_piece_pool_t pool;
 } gm_ledger_entry_t;
-
-void gm_broker_log(const gm_broker_t *b, int priority, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-uint64_t gm_broker_now_ms(void);
-
-/* piece.c */
-bool gm_piece_charged(const gm_piece_t *p);
-/* Links a piece into s's list (state and charge as given). */
-void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
-/* Returns a piece's memory to the backend, uncharges and unstores it (keeps
- * it stored when the broker keeps stored pieces), unlinks and frees it. */
-void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p);
-/* An orphan from the fd store, adopted through the backend. */
-int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_t **ret_piece);
-/* A piece a re-attaching client reports with no stored handle: accounted,
- * unbacked (the client's mapping is its only reference). NULL when it does
- * not fit the device or on -ENOMEM. */
-gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec);
-/* Appends p to the session's pieces not yet sent to its client (s->new_head). */
-void gm_piece_list_unsent(gm_session_t *s, gm_piece_t *p);
-/* Moves an ADOPTING piece to LIVE in the heap (charges it). */
-void gm_piece_claimed(gm_session_t *s, gm_piece_t *p);
-/* A LIVE piece goes to the client's heap: granted, in no heap here, not
- * listed for a reply. */
-void gm_piece_granted(gm_session_t *s, gm_piece_t *p);
-
-/* ledger.c */
-void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
-void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
-/* A stored piece's place changed (page reuse): journalled anew. */
-void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p);
-/* Journals a session's token and uid at its start, and its end (unless the
- * broker is stopping: then its client may claim it from the next daemon). */
-void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);
-void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s);
-void gm_ledger_free_orphans(gm_broker_t *b);
-/* A resuming start: the orphan with that token becomes s's adopting pieces. */
-int gm_ledger_claim(gm_session_t *s, const char *token);
-
-/* process_check.c: whether released memory left its process, where the
- * backend cannot tell per piece. */
-typedef enum gm_release_verdict {
-        GM_RELEASE_GONE,       /* the driver's figure shows the memory left the process */
-        GM_RELEASE_KEPT,       /* it shows the process still holds all of it: the client lied */
-        GM_RELEASE_UNVERIFIED, /* nothing shows either: charged until the session ends */
-} gm_release_verdict_t;
-/* Reads the reference for a later verdict on what s's process gives back
- * (not noted where the driver gives no figure). */
-void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret);
-/* The verdict on `acknowledged` bytes given back by s against `note` (the
- * pieces are still listed on the session). */
-gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged);
-/* Whether the driver (once it has shown that it counts mappings) lists pid
- * with any device memory. */
-bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid);
-/* Holds `rel` (pieces RELEASING, not on s->releases) until the session ends,
- * counted as released on the client's word. */
-void gm_release_hold_unverified(gm_session_t *s, gm_release_t *rel);
-
-/* session.c */
-/* One try of an allocation: REPLY, REFUSE, or PARK (only when `may_park`). */
-void gm_session_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_park, gm_outcome_t *out);
-void gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* grant.c */
-/* 0 when `spec` may be granted to the local session s (-EPROTO: not local,
- * -EINVAL: malformed against what it holds, or past its piece limit). */
-int gm_session_check_grant(const gm_session_t *s, const gm_piece_spec_t *spec);
-/* Hands a LIVE piece over to the client's heap (gm_piece_granted) and counts it. */
-void gm_session_hand_over(gm_session_t *s, gm_piece_t *p);
-/* The session ends: its granted figures go to zero (its pieces are destroyed). */
-void gm_session_drop_grants(gm_session_t *s);
-void gm_session_try_grant(gm_session_t *s, const gm_grant_t *g, bool may_park, gm_outcome_t *out);
-/* A grant's pieces (n_pieces, 0 meaning 1) and bytes (all of them). */
-uint64_t gm_grant_pieces(const gm_grant_t *g);
-uint64_t gm_grant_bytes(const gm_grant_t *g);
-/* Bytes a local session's heap caches by its client's word (bounded by what it was granted). */
-uint64_t gm_session_client_cached(const gm_session_t *s);
-
-/* park.c: reclaim across sessions and parked requests, both heap modes. */
-/* `s` needs memory its own cache could not give (err: -ENOMEM for the device,
- * -EDQUOT for its tenant's quota): other sessions are asked for their caches;
- * PARK when memory is on its way (may_park, room left), else REFUSE with the
- * diagnosis of `rq`. */
-void gm_session_out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool may_park, gm_outcome_t *out);
-/* Queues a request behind the session's parked ones (out: PARK, or REFUSE on -ENOMEM). */
-void gm_session_park(gm_session_t *s, uint64_t request_id, const gm_request_t *rq, gm_outcome_t *out);
-/* Retries parked requests of every session in FIFO order, as far as they go
- * (only those past park_timeout_ms when `timed_out_only`). */
-void gm_broker_retry_parked(gm_broker_t *b, bool timed_out_only);
-/* The client answered what it owed (a ReleaseAck or ReclaimAck). */
-void gm_session_answered(gm_session_t *s);
-/* A release request or Reclaim went to the client: it owes an answer. */
-void gm_session_owes(gm_session_t *s);
-/* Asks a local session for its cache; the bytes asked for (0: not asked). */
-uint64_t gm_session_ask_reclaim(gm_session_t *s);
-/* Drops the session's parked requests and Reclaim (it ends). */
-void gm_session_unpark_all(gm_session_t *s);
-/* Periodic: Reclaims past release_timeout_ms, unresponsive sessions. */
-void gm_park_tick(gm_broker_t *b, uint64_t now_ms);

@@ -1,28 +1,20 @@
 /* The broker's lifetime, settings, memory history, tenant views and the
  * integrity checker. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker-internal.h"
+#include "reclaim.h"
+#include "size.h"
+#include "text.h"
 #include "u64map.h"
 
 /* Interned frame text of the memory history, all entries together. */
 #define HISTORY_FRAME_BYTES (64u << 20)
 #define HISTORY_DEFAULT_ENTRIES 100000
-
-void gm_broker_log(const gm_broker_t *b, int priority, const char *fmt, ...) {
-        if (!b->ops.log)
-                return;
-        char message[1024];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(message, sizeof(message), fmt, ap);
-        va_end(ap);
-        b->ops.log(b->ops.userdata, priority, message);
-}
 
 static int64_t max_split_stat(const gm_alloc_config_t *c) {
         return c->max_split_size == UINT64_MAX ? -1 : (int64_t) c->max_split_size;
@@ -52,8 +44,8 @@ gm_broker_t *gm_broker_free(gm_broker_t *b) {
                 return NULL;
         while (b->sessions)
                 gm_session_free(b->sessions);
-        gm_lingering_sweep(b, true);
-        gm_ledger_free_orphans(b);
+        gm_piece_sweep_lingering(b, true);
+        gm_orphan_free_all(b);
         gm_ledger_close(b);
         while (b->tenants) {
                 gm_tenant_t *t = b->tenants;
@@ -83,10 +75,6 @@ void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config)
         }
 }
 
-uint64_t gm_broker_reserved(const gm_broker_t *b) {
-        return b->backend->in_use + b->unbacked_bytes;
-}
-
 int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries) {
         if (max_entries)
                 b->history_max_entries = max_entries;
@@ -99,6 +87,99 @@ int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries) {
         if (!b->history)
                 return gm_history_new(b->history_max_entries, HISTORY_FRAME_BYTES, &b->history);
         return gm_history_set_max(b->history, b->history_max_entries);
+}
+
+int gm_broker_set_quota(gm_broker_t *b, const char *name, bool runtime, uint64_t bytes, const char *state_dir) {
+        gm_tenant_t *t = gm_tenant_find(b, name);
+        if (!t && b->n_tenants >= GM_BROKER_MAX_TENANTS)
+                return -ENOSPC;
+        if (!t && !(t = gm_tenant_get(b, name)))
+                return -ENOMEM;
+        gm_quota_source_t source = runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
+        bool had = t->quota_set[source];
+        uint64_t old = t->quota_by_source[source];
+        gm_tenant_set_quota(t, source, bytes != 0, bytes);
+        if (runtime) {
+                gm_ledger_runtime_quota(b, t->name, bytes);
+                return 0;
+        }
+        int r = gm_tenant_quotas_save(b, state_dir);
+        if (r < 0)
+                gm_tenant_set_quota(t, source, had, old);
+        return r;
+}
+
+void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
+        gm_piece_sweep_lingering(b, false);
+        for (gm_session_t *s = b->sessions; s; s = s->next)
+                gm_session_tick(s, now_ms);
+        gm_reclaim_tick(b, now_ms);
+        gm_orphan_expire(b, now_ms, false);
+}
+
+/* ---- requests ---- */
+
+void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                     size_t n_frames, gm_outcome_t *ret) {
+        *ret = (gm_outcome_t){0};
+        if (s->ended || !s->tenant) {
+                gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
+                return;
+        }
+        gm_request_t rq = {.size = size, .stream = stream};
+        if (s->parked) /* keep order behind earlier waiting requests */
+                return gm_reclaim_park(s, request_id, &rq, ret);
+        s->cur_frames = frames;
+        s->n_cur_frames = n_frames;
+        gm_reclaim_try(s, &rq, true, ret);
+        s->cur_frames = NULL;
+        s->n_cur_frames = 0;
+        if (ret->kind == GM_OUTCOME_PARK)
+                gm_reclaim_park(s, request_id, &rq, ret);
+}
+
+void gm_broker_commit(gm_session_t *s, const gm_outcome_t *out) {
+        gm_assert(out->kind == GM_OUTCOME_REPLY && out->new_pieces == gm_session_central_new_pieces(s));
+        gm_session_central_pieces_sent(s);
+}
+
+void gm_broker_undo(gm_session_t *s, const gm_outcome_t *out) {
+        gm_session_central_alloc_undo(s, out->alloc.block_id);
+}
+
+void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
+        *ret = (gm_outcome_t){0};
+        if (s->ended || !s->tenant) {
+                gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
+                return;
+        }
+        if (!s->local) {
+                gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
+                return;
+        }
+        if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
+                gm_process_check_note(s, &s->holder); /* what its process holds before gpumemd's memory */
+        gm_request_t rq = {.is_grant = true, .grant = *g};
+        if (s->parked) /* in order behind the waiting ones */
+                return gm_reclaim_park(s, request_id, &rq, ret);
+        gm_reclaim_try(s, &rq, true, ret);
+        if (ret->kind == GM_OUTCOME_PARK)
+                gm_reclaim_park(s, request_id, &rq, ret);
+}
+
+int gm_broker_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                          size_t n_not_released) {
+        int r = gm_session_release_acked(s, release_id, not_released, n_not_released);
+        if (r <= 0)
+                return r;
+        gm_reclaim_retry_parked(s->broker, false);
+        return 0;
+}
+
+size_t gm_broker_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad) {
+        size_t bad = gm_session_local_return_pieces(s, ranges, n, ret_first_bad);
+        gm_reclaim_retry_parked(s->broker, false);
+        return bad;
 }
 
 /* ---- views ---- */

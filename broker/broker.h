@@ -114,8 +114,8 @@ typedef struct gm_piece_spec {
  * needed: this is also how a client-side heap is granted memory), charges
  * them to its tenant and keeps the fd in the store. -EDQUOT when the tenant's
  * quota would be exceeded, -ENOMEM when the device is full. The piece is
- * LIVE, not yet sent; it is listed by gm_session_new_pieces() until
- * gm_session_pieces_sent() or gm_piece_release(). */
+ * LIVE, not yet sent; it is listed by gm_session_central_new_pieces() until
+ * gm_session_central_pieces_sent() or gm_piece_release(). */
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
 /* n pieces of first->size bytes at first->offset + k * first->size of one
  * segment, as n gm_piece_create() calls would make them, all or nothing:
@@ -134,7 +134,7 @@ void gm_piece_release(gm_session_t *s, gm_piece_t *p, bool whole_segment);
  * ledger journals the new place. */
 void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t va_size, uint64_t offset);
 /* A LIVE piece of `s` at (segment_id, offset), or NULL. */
-gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
+gm_piece_t *gm_piece_find(const gm_session_t *s, uint64_t segment_id, uint64_t offset);
 
 /* ---- the broker ---- */
 
@@ -170,6 +170,26 @@ typedef struct gm_release_range {
  * packet (the kernel's SCM_RIGHTS cap; the daemon's max_fds may be lower). */
 #define GM_MAX_GRANT_PIECES 253u
 
+/* A page the session's heap moved (page reuse) that its client has not been
+ * told of yet: the client maps `piece` at from_segment_id/from_offset still.
+ * Pending moves go out with the next allocation reply, in order; a piece
+ * released meanwhile is released where its client maps it (the move is
+ * dropped). */
+typedef struct gm_page_move {
+        gm_piece_t *piece; /* at its new place */
+        uint64_t from_segment_id, from_va_size, from_offset;
+        bool from_whole_segment; /* it was the last piece the client maps there */
+} gm_page_move_t;
+
+/* Streams a central session tracks fences of (as many as a heap tracks). */
+#define GM_SESSION_FENCE_STREAMS 64
+
+/* A stream fence an allocation reply asks the client to record. */
+typedef struct gm_fence_mark {
+        uint64_t stream;
+        uint64_t fence;
+} gm_fence_mark_t;
+
 /* What a request comes to. */
 typedef enum gm_outcome_kind {
         GM_OUTCOME_REPLY,  /* done: answer it (an allocation: with its new pieces) */
@@ -190,6 +210,16 @@ typedef struct gm_outcome {
         /* REPLY to a grant: its pieces, in order, whose fds the reply carries. */
         const gm_piece_t *pieces[GM_MAX_GRANT_PIECES];
         size_t n_pieces;
+        /* REPLY to an allocation, the rest of its reply: the new pieces whose
+         * mappings and fds it carries (creation order, linked by ->queue), the
+         * pending page moves (applied first) and the stream fences the client
+         * is to record. Valid until gm_broker_commit() (the reply was sent) or
+         * gm_broker_undo() (it could not be built). */
+        const gm_piece_t *new_pieces;
+        const gm_page_move_t *moves;
+        size_t n_moves;
+        gm_fence_mark_t marks[GM_SESSION_FENCE_STREAMS];
+        size_t n_marks;
 } gm_outcome_t;
 
 /* What a local session's client reports of heaps (its statistics page, as the
@@ -210,7 +240,7 @@ typedef struct gm_broker_ops {
         int (*send_release)(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
                             size_t n);
         /* Asks a local session's client for `bytes` of its cache (a Reclaim); it
-         * answers with ReturnPieces, then gm_session_reclaim_ack(). A negative
+         * answers with ReturnPieces, then gm_reclaim_ack(). A negative
          * errno: not sent (the callback may have ended the session). */
         int (*send_reclaim)(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes);
         /* The allocator settings changed: tells a local session's client (its
@@ -261,7 +291,7 @@ struct gm_broker {
         bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
         bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
         uint64_t next_park_seq;          /* parked requests, in order across sessions */
-        uint64_t retry_pass;             /* retries of parked requests (park.c) */
+        uint64_t retry_pass;             /* retries of parked requests (reclaim.c) */
         gm_history_t *history;           /* NULL while memory history is off */
         size_t history_max_entries;
         /* restart ledger */
@@ -297,7 +327,7 @@ void gm_broker_set_limits(gm_broker_t *b, const gm_broker_limits_t *limits);
  * follows it. */
 void gm_broker_set_alloc_config(gm_broker_t *b, const gm_alloc_config_t *config);
 /* Physical bytes the broker accounts for: the backend's plus unbacked ones. */
-uint64_t gm_broker_reserved(const gm_broker_t *b);
+uint64_t gm_piece_reserved(const gm_broker_t *b);
 /* Periodic work: re-asks unacknowledged releases, times Reclaims and parked
  * requests out, marks sessions unresponsive, releases orphans whose grace ran
  * out. `now_ms`: a monotonic clock. */
@@ -325,7 +355,7 @@ gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
 /* Sets (has = true) or clears one source of a tenant's quota. */
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
-const char *gm_quota_source_name(const gm_tenant_t *t);
+const char *gm_tenant_quota_source(const gm_tenant_t *t);
 /* A quota set by an admin (bytes 0: removed), creating the tenant: a runtime
  * one is journalled in the ledger (it lasts until restart), a persistent one
  * saved in state_dir; a failed save keeps the old one. 0, -ENOSPC (already
@@ -333,8 +363,8 @@ const char *gm_quota_source_name(const gm_tenant_t *t);
 int gm_broker_set_quota(gm_broker_t *b, const char *tenant, bool runtime, uint64_t bytes, const char *state_dir);
 /* Persistent quotas: <state_dir>/quotas ("TENANT BYTES" lines), written
  * atomically. Load applies them (creating tenants). */
-int gm_quotas_load(gm_broker_t *b, const char *state_dir);
-int gm_quotas_save(const gm_broker_t *b, const char *state_dir);
+int gm_tenant_quotas_load(gm_broker_t *b, const char *state_dir);
+int gm_tenant_quotas_save(const gm_broker_t *b, const char *state_dir);
 
 /* ---- sessions ---- */
 
@@ -357,97 +387,44 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
-/* The Reclaim a local session's client was asked (one at a time). */
-typedef struct gm_session_reclaim {
-        uint64_t id;    /* outstanding (0: none) */
-        uint64_t bytes; /* what it should bring back */
-        uint64_t sent_ms;
-        uint64_t next_id;
-        uint64_t dry_until_ms; /* its last one brought nothing back: not asked again before */
-} gm_session_reclaim_t;
-
-/* A page the session's heap moved (page reuse) that its client has not been
- * told of yet: the client maps `piece` at from_segment_id/from_offset still.
- * Pending moves go out with the next allocation reply, in order; a piece
- * released meanwhile is released where its client maps it (the move is
- * dropped). */
-typedef struct gm_page_move {
-        gm_piece_t *piece; /* at its new place */
-        uint64_t from_segment_id, from_va_size, from_offset;
-        bool from_whole_segment; /* it was the last piece the client maps there */
-} gm_page_move_t;
-
-/* Page reuse's stream fences of a central session on a device backend: its
- * heap marks fences (stream_fence()), the next allocation reply asks the
- * client to record them (an event on the stream when it applies the reply:
- * after the frees it sent), and the client reports the complete ones with
- * its next allocations; or the client marks one on its own before an
- * allocation and finds it complete (gm_session_frees_fenced()). asked >=
- * sent >= done. */
-#define GM_SESSION_FENCE_STREAMS 64 /* streams tracked (as many as a heap tracks) */
-typedef struct gm_session_fence {
-        uint64_t stream;
-        uint64_t asked; /* highest fence number the heap marked */
-        uint64_t sent;  /* highest one the client was asked to mark, or marked on its own */
-        uint64_t done;  /* highest one the client reported complete */
-} gm_session_fence_t;
-
-/* A session's process as the driver sees it (process_check.c): its device
- * memory less what the daemon had mapped into it, read at one moment. */
-typedef struct gm_holder_note {
-        bool noted; /* false: the driver gave no figure */
-        int64_t unaccounted;
-        uint64_t in_flight; /* live bytes handed to the process just before: maybe not mapped by it yet */
-} gm_holder_note_t;
-
-/* Read-only outside the broker. */
-struct gm_session {
-        gm_broker_t *broker;
+/* What the daemon reads of a session (gm_session_t is opaque outside the
+ * broker): plain fields, copied at the call; the pointers are the broker's
+ * and stay valid while the session does. */
+typedef struct gm_session_view {
         uint64_t id;
         pid_t pid;
         uid_t uid;
-        char name[64];
-        char unit[256];
-        bool admin;
-        bool admin_conn;
-        void *userdata;
-        gm_tenant_t *tenant; /* set at start */
-        char token[GM_TOKEN_LEN + 1];
-        bool reattaching;             /* between a resuming start and the last re-attach report */
-        bool lied;                    /* acknowledged a release it had not done: its memory is checked when it ends */
-        bool local;                   /* its heap runs in its client: granted pieces, no heap here */
-        bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
-        uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
-        gm_session_grants_t grants;   /* local */
-        gm_session_reclaim_t reclaim; /* local */
-        uint64_t reattach_items;
-        bool ended;      /* memory released; no request is served any more */
-        gm_heap_t *heap; /* created at the first allocation */
-        uint64_t last_active_ms;
-        const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
-        size_t n_cur_frames;
-        gm_piece_t *pieces;              /* every piece it owns (any state) */
-        gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */
-        gm_piece_t *rel_head, *rel_tail; /* TO_RELEASE, in release order */
-        gm_piece_t *adopting;            /* ADOPTING */
-        struct gm_release *releases;     /* sent, awaiting ReleaseAck */
-        uint64_t releasing_bytes;
-        uint64_t next_release_id;
-        struct gm_parked *parked, *parked_tail;
-        uint32_t n_parked;
-        struct gm_diag_session *diag; /* the daemon's samples of it (daemon/diag.c): one block, freed with it */
-        uint64_t retry_pass;          /* the last retry that left its first parked request waiting */
-        gm_page_move_t *moves;        /* pending, in the order the heap made them */
-        size_t n_moves, cap_moves;
-        gm_session_fence_t *fences; /* GM_SESSION_FENCE_STREAMS, made on first use; those with asked > sent go
-                                       * out with the next allocation reply */
-        size_t n_fences;
-        uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
-        gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
-        bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
-        bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
-        struct gm_session *prev, *next;
-};
+        const char *name; /* what the client says of itself, escaped (gm_session_describe()) */
+        const char *unit; /* its systemd unit, "" if none */
+        const char *token;
+        bool admin;                        /* kernel-verified right to administer */
+        bool admin_conn;                   /* an administration tool's connection (Hello) */
+        gm_tenant_t *tenant;               /* NULL until it starts */
+        bool local;                        /* its heap runs in its client */
+        bool ended;                        /* memory released; no request is served any more */
+        bool reattaching;                  /* between a resuming start and the last re-attach report */
+        bool lied;                         /* acknowledged a release it had not done: the caller ends it */
+        bool unresponsive;                 /* answered nothing it owes for unresponsive_timeout_ms */
+        uint64_t owing_since_ms;           /* since when it owes an answer (0: nothing) */
+        uint64_t releasing_bytes;          /* asked back with release requests, not yet acknowledged */
+        uint64_t reclaim_bytes;            /* asked back with its pending Reclaim (0: none) */
+        uint64_t release_unverified_bytes; /* released on its word only: held until it ends */
+        gm_heap_t *heap;                   /* central: created at its first allocation (NULL before) */
+        gm_session_grants_t grants;        /* local: what its client's heap holds */
+        const gm_piece_t *pieces;          /* every piece it owns (any state), linked by ->next */
+        void *userdata;                    /* gm_session_params_t's */
+        void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
+} gm_session_view_t;
+
+void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
+/* gm_session_params_t's userdata (the daemon's connection). */
+void *gm_session_userdata(const gm_session_t *s);
+/* The next session of the broker's list (b->sessions, newest first), or NULL. */
+gm_session_t *gm_session_next(const gm_session_t *s);
+/* The one slot the daemon may hang a malloc'd block of its own on (its
+ * diagnosis samples): NULL at first, opaque to the broker, freed with the
+ * session. */
+void **gm_session_owned(gm_session_t *s);
 
 /* A session for a new connection (no tenant yet). */
 int gm_session_new(gm_broker_t *b, const gm_session_params_t *params, gm_session_t **ret_session);
@@ -465,21 +442,28 @@ void gm_session_touch(gm_session_t *s, uint64_t now_ms);
 /* Ends it if needed and frees it. Accepts NULL. */
 void gm_session_free(gm_session_t *s);
 /* The session's heap, created on first use. */
-int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap);
+int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 
-/* An allocation: REPLY (with gm_session_new_pieces() to map), PARK or REFUSE. */
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
-                      size_t n_frames, gm_outcome_t *ret);
+/* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
+void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                     size_t n_frames, gm_outcome_t *ret);
+/* The reply built from allocation outcome `out` was sent: its pieces are
+ * the client's (their releases need acks from now on), its moves and fence
+ * marks are done. */
+void gm_broker_commit(gm_session_t *s, const gm_outcome_t *out);
+/* The reply of allocation outcome `out` could not be built: the block goes
+ * back to the heap; its new pieces stay listed for the next reply. */
+void gm_broker_undo(gm_session_t *s, const gm_outcome_t *out);
 /* An allocation's refusal reaches its client: num_ooms (its heap's, when the
  * heap refused it; the heap does not count refusals that may still wait). */
-void gm_session_count_refusal(gm_session_t *s);
+void gm_session_central_count_refusal(gm_session_t *s);
 /* An allocation waits for reclaimed memory: num_reclaim_waits. */
-void gm_session_count_reclaim_wait(gm_session_t *s);
+void gm_session_central_count_reclaim_wait(gm_session_t *s);
 /* The first piece to send with the current reply (creation order: ->queue). */
-const gm_piece_t *gm_session_new_pieces(const gm_session_t *s);
+const gm_piece_t *gm_session_central_new_pieces(const gm_session_t *s);
 /* The reply carrying them (and the pending page moves and fence marks) was
  * sent: their releases need acks from now on. */
-void gm_session_pieces_sent(gm_session_t *s);
+void gm_session_central_pieces_sent(gm_session_t *s);
 /* The client reports fence `fence` on `stream` complete (page reuse): its
  * heap's stream_fence() answers from it. -EPROTO for a claim that cannot be
  * true (a stream or number it was never asked to mark, nor marked on its
@@ -487,38 +471,38 @@ void gm_session_pieces_sent(gm_session_t *s);
  * is stale (its own later mark was complete at once) and changes nothing. A
  * false claim within these bounds only lets the session's own pages move
  * early (they never leave it): it hurts no one but the liar. */
-int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
+int gm_session_central_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence);
 /* Whether the session's client marks fences on its own (HelloReply
  * client_fences): a central session whose heap moves pages behind stream
  * fences (page reuse on a device backend). */
-bool gm_session_client_fences(const gm_session_t *s);
+bool gm_session_central_client_fences(const gm_session_t *s);
 /* The client found complete an event it recorded on `stream` after every
  * free it sent before this allocation (Alloc.frees_fenced): a fence at the
  * heap's free count now is marked, sent and done at once (asked >= sent >=
  * done stay true), so the frees' pages may move in this very allocation. */
-void gm_session_frees_fenced(gm_session_t *s, uint64_t stream);
+void gm_session_central_frees_fenced(gm_session_t *s, uint64_t stream);
 /* The reply for `block_id` could not be built: the block goes back to the
  * heap; its new pieces stay listed for the next reply. */
-void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id);
+void gm_session_central_alloc_undo(gm_session_t *s, uint64_t block_id);
 /* 0, or -ENOENT: not an allocated block of this session. */
-int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
-int gm_session_free_completed(gm_session_t *s, uint64_t block_id);
+int gm_session_central_free_block(gm_session_t *s, uint64_t block_id, bool deferred);
+int gm_session_central_free_completed(gm_session_t *s, uint64_t block_id);
 /* A ReleaseAck: the pieces return to the backend and parked allocations are
  * retried. The pieces named in `not_released` (by segment and offset: the
  * client could not unmap them) stay charged, in a held release that is never
  * asked again, until the session ends. -ENOENT: no such release pending. */
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
-                           size_t n_not_released);
+int gm_broker_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                          size_t n_not_released);
 /* Releases the session's cached memory; the bytes. */
-uint64_t gm_session_trim(gm_session_t *s);
+uint64_t gm_session_central_trim(gm_session_t *s);
 /* Releases cached memory of every session of `tenant` (NULL: all): central
  * heaps release theirs, local sessions are asked (Reclaim); the bytes. */
-uint64_t gm_broker_trim(gm_broker_t *b, const char *tenant);
+uint64_t gm_reclaim_trim(gm_broker_t *b, const char *tenant);
 /* Sends ReleaseRequests for everything queued (ops->send_release). */
 void gm_session_flush_releases(gm_session_t *s);
 /* The device as refusals describe it: what the broker may use of it (its
  * capacity within the driver's total), and what is free of that. */
-void gm_broker_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
+void gm_reclaim_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total);
 
 /* ---- local sessions: the heap runs in the client ---- */
 
@@ -535,11 +519,11 @@ typedef struct gm_grant {
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a
  * heap or memory. */
-int gm_session_set_local(gm_session_t *s);
+int gm_session_local_enable(gm_session_t *s);
 /* A grant: REPLY (out->pieces: hand their fds over), PARK or REFUSE
  * (malformed against what the session holds, quota, device: for a run, as
- * a whole, and nothing of it is then charged), as gm_session_alloc(). */
-void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
+ * a whole, and nothing of it is then charged), as gm_broker_alloc(). */
+void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret);
 /* The client unmapped and gives back these pieces (ReturnPieces), checked as
  * a ReleaseAck is (process_check.c): shown gone, they go back to the backend
  * at once and parked requests are retried; shown still mapped, they stay
@@ -547,32 +531,32 @@ void gm_session_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g,
  * tell, they stay charged until the session ends. Returns how many ranges
  * name no granted piece of that length (left alone); the index of the first
  * in *ret_first_bad. */
-size_t gm_session_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
+size_t gm_broker_return_pieces(gm_session_t *s, const gm_release_range_t *ranges, size_t n, size_t *ret_first_bad);
 /* The client is about to unmap pieces and return them (ReturnIntent): the
  * reference its returns are checked against is noted now, before its figure
- * drops, and stands until gm_session_close_return_intent() (its closing
+ * drops, and stands until gm_session_local_close_return_intent() (its closing
  * ReturnPieces): neither a Reclaim nor another intent renews it meanwhile.
  * -EPROTO for a central session, -EBUSY while one is open, -ESHUTDOWN once
  * ended. A client that never closes its intent only hurts itself: its later
  * returns are judged against that old reference. */
-int gm_session_open_return_intent(gm_session_t *s);
-void gm_session_close_return_intent(gm_session_t *s);
+int gm_session_local_open_return_intent(gm_session_t *s);
+void gm_session_local_close_return_intent(gm_session_t *s);
 /* Whether its returns are checked against its process's device memory
  * figure (cuda with NVML), so that a give-back needs a ReturnIntent first. */
-bool gm_session_returns_need_intent(const gm_session_t *s);
+bool gm_process_check_needs_intent(const gm_session_t *s);
 /* Page reuse in the client's heap: the granted piece at (from_segment_id,
  * from_offset) now lies at `to` (its size: the piece's), checked as a grant
  * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */
-int gm_session_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset, const gm_piece_spec_t *to,
-                            const char **ret_why);
+int gm_session_local_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset,
+                                  const gm_piece_spec_t *to, const char **ret_why);
 /* The client answered Reclaim `reclaim_id` (what it gave back came before,
  * with ReturnPieces): parked requests are retried. -ENOENT: none pending. */
-int gm_session_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
+int gm_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
 
 /* ---- restarts: the ledger ---- */
 
 /* A random session token. */
-void gm_token_new(char token[GM_TOKEN_LEN + 1]);
+void gm_ledger_token_new(char token[GM_TOKEN_LEN + 1]);
 /* Reads and compacts the journal at `path` and opens it for appending;
  * applies the runtime quotas it holds. */
 int gm_ledger_open(gm_broker_t *b, const char *path);
@@ -580,12 +564,12 @@ void gm_ledger_close(gm_broker_t *b);
 /* Journals a runtime quota (bytes 0: removed). */
 void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes);
 /* Takes one stored fd systemd handed back (consumed in any case); after the
- * last, gm_ledger_adopt_done() forgets journal entries whose fd did not come
+ * last, gm_orphan_adopt_done() forgets journal entries whose fd did not come
  * back and starts the re-attach grace. */
-void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd);
-void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms);
+void gm_orphan_adopt(gm_broker_t *b, const char *name, int fd);
+void gm_orphan_adopt_done(gm_broker_t *b, uint64_t now_ms);
 /* Releases orphans whose grace ran out (all of them when `all`). */
-void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all);
+void gm_orphan_expire(gm_broker_t *b, uint64_t now_ms, bool all);
 
 /* What a re-attaching client reports, piece by piece. */
 typedef struct gm_reattach_range {
@@ -596,18 +580,18 @@ typedef struct gm_reattach_range {
  * the session (-ENOENT), and the segment is restored in the pool its journal
  * records name (inferred from the page size where they name none; -EINVAL
  * with the reason in *ret_why where they name both). */
-int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                                const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why);
+int gm_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
+                        const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why);
 /* A re-attaching local session reports a piece it maps: checked as a grant
  * (-EINVAL), it is LIVE again, charged, granted, and released at once by
  * gm_piece_release() (its client gives pieces back unmapped). */
-int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
-                              uint64_t requested_size, bool pending_free);
+int gm_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
+int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
+                      uint64_t requested_size, bool pending_free);
 /* The last report: the heap is checked, unclaimed stored pieces released. */
-int gm_session_reattach_finish(gm_session_t *s);
+int gm_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */
-int gm_session_reattach_count(gm_session_t *s, uint64_t n);
+int gm_reattach_count(gm_session_t *s, uint64_t n);
 
 /* ---- snapshots for metrics and listings ---- */
 

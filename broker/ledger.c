@@ -30,9 +30,9 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "broker-internal.h"
+#include "books.h"
 
-void gm_token_new(char token[GM_TOKEN_LEN + 1]) {
+void gm_ledger_token_new(char token[GM_TOKEN_LEN + 1]) {
         uint8_t raw[GM_TOKEN_LEN / 2];
         size_t got = 0;
         while (got < sizeof(raw)) {
@@ -46,7 +46,7 @@ void gm_token_new(char token[GM_TOKEN_LEN + 1]) {
                 snprintf(token + 2 * i, 3, "%02x", raw[i]);
 }
 
-static bool token_valid(const char *t) {
+bool gm_ledger_token_valid(const char *t) {
         if (!t || strlen(t) != GM_TOKEN_LEN)
                 return false;
         for (size_t i = 0; i < GM_TOKEN_LEN; i++)
@@ -59,7 +59,7 @@ static bool token_valid(const char *t) {
  * (0 means "none" in a piece), a session token, and a non-empty range inside
  * its segment. */
 static bool entry_valid(const gm_ledger_entry_t *e) {
-        return e->store_id != 0 && token_valid(e->token) && e->size != 0 && e->offset + e->size > e->offset &&
+        return e->store_id != 0 && gm_ledger_token_valid(e->token) && e->size != 0 && e->offset + e->size > e->offset &&
                e->offset + e->size <= e->va_size;
 }
 
@@ -79,9 +79,9 @@ static void ledger_append(gm_broker_t *b, const char *fmt, ...) {
         int n = vsnprintf(line, sizeof(line), fmt, ap);
         va_end(ap);
         if (n <= 0 || (size_t) n >= sizeof(line) || write(b->ledger_fd, line, (size_t) n) != n)
-                gm_broker_log(b, LOG_WARNING,
-                              "Failed to write the ledger journal '%s', a restart may lose track of memory",
-                              b->ledger_path);
+                gm_host_log(b, LOG_WARNING,
+                            "Failed to write the ledger journal '%s', a restart may lose track of memory",
+                            b->ledger_path);
         else
                 b->ledger_lines++;
 }
@@ -131,7 +131,7 @@ static gm_piece_pool_t heap_pool(const gm_session_t *s, const gm_piece_t *p) {
 }
 
 /* p's journal entry (id: its store or record id), owned by `token`/`uid`. */
-static gm_ledger_entry_t piece_entry(const gm_piece_t *p, uint64_t id, const char *token, uid_t uid) {
+gm_ledger_entry_t gm_ledger_piece_entry(const gm_piece_t *p, uint64_t id, const char *token, uid_t uid) {
         gm_ledger_entry_t e = {
                 .store_id = id,
                 .uid = (unsigned) uid,
@@ -156,7 +156,8 @@ void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes)
 static void append_live(gm_broker_t *b, const gm_piece_t *pieces, const char *token, uid_t uid) {
         for (const gm_piece_t *p = pieces; p; p = p->next)
                 if (p->store_id || p->record_id) {
-                        gm_ledger_entry_t e = piece_entry(p, p->store_id ? p->store_id : p->record_id, token, uid);
+                        gm_ledger_entry_t e =
+                                gm_ledger_piece_entry(p, p->store_id ? p->store_id : p->record_id, token, uid);
                         append_piece(b, &e);
                 }
 }
@@ -214,25 +215,25 @@ static void ledger_maybe_compact(gm_broker_t *b) {
         if (b->ledger_fd >= 0 && !b->ledger && b->ledger_lines > 2 * live + LEDGER_SLACK_LINES) {
                 int r = ledger_rewrite(b);
                 if (r < 0)
-                        gm_broker_log(b, LOG_WARNING, "Failed to compact the ledger journal '%s': %s", b->ledger_path,
-                                      strerror(-r));
+                        gm_host_log(b, LOG_WARNING, "Failed to compact the ledger journal '%s': %s", b->ledger_path,
+                                    strerror(-r));
         }
 }
 
 /* A stored piece is gone. */
-static void ledger_forget(gm_broker_t *b, uint64_t store_id) {
+void gm_ledger_forget(gm_broker_t *b, uint64_t store_id) {
         ledger_append(b, "- %" PRIu64 "\n", store_id);
         ledger_maybe_compact(b);
 }
 
-static gm_known_token_t *known_token_find(gm_broker_t *b, const char *token) {
+gm_known_token_t *gm_ledger_known_token_find(gm_broker_t *b, const char *token) {
         for (size_t i = 0; i < b->n_known_tokens; i++)
                 if (strcmp(b->known_tokens[i].token, token) == 0)
                         return &b->known_tokens[i];
         return NULL;
 }
 
-static void known_token_remove(gm_broker_t *b, gm_known_token_t *k) {
+void gm_ledger_known_token_remove(gm_broker_t *b, gm_known_token_t *k) {
         *k = b->known_tokens[--b->n_known_tokens];
 }
 
@@ -251,14 +252,13 @@ void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
         if (p->phys.fd < 0 || b->ledger_fd < 0)
                 return;
         p->pool = heap_pool(s, p);
-        gm_ledger_entry_t e = piece_entry(p, ++b->next_store_id, s->token, s->uid);
+        gm_ledger_entry_t e = gm_ledger_piece_entry(p, ++b->next_store_id, s->token, s->uid);
         append_piece(b, &e);
         bool store = b->ops.store_add && b->store_max;
         if (store && b->n_stored >= b->store_max) {
-                gm_broker_log(b, LOG_DEBUG,
-                              "fd store full (%u): segment %" PRIu64 " of session %" PRIu64
-                              " is kept by its client only",
-                              b->n_stored, p->segment_id, s->id);
+                gm_host_log(b, LOG_DEBUG,
+                            "fd store full (%u): segment %" PRIu64 " of session %" PRIu64 " is kept by its client only",
+                            b->n_stored, p->segment_id, s->id);
                 store = false;
         }
         if (store) {
@@ -270,10 +270,9 @@ void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p) {
                         b->n_stored++;
                         return;
                 }
-                gm_broker_log(
-                        b, LOG_WARNING,
-                        "Failed to keep segment '%s' in the fd store, only its client keeps it over a restart: %s",
-                        name, strerror(-r));
+                gm_host_log(b, LOG_WARNING,
+                            "Failed to keep segment '%s' in the fd store, only its client keeps it over a restart: %s",
+                            name, strerror(-r));
         }
         /* Journaled only: what the client may claim back after a restart. */
         p->record_id = e.store_id;
@@ -287,7 +286,7 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
                 gm_assert(b->n_recorded > 0);
                 b->n_recorded--;
                 if (!b->stopping) /* else its client may claim it from the next daemon */
-                        ledger_forget(b, record_id);
+                        gm_ledger_forget(b, record_id);
         }
         if (!p->store_id)
                 return;
@@ -299,7 +298,7 @@ void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p) {
         p->store_id = 0;
         gm_assert(b->n_stored > 0);
         b->n_stored--;
-        ledger_forget(b, store_id);
+        gm_ledger_forget(b, store_id);
 }
 
 void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p) {
@@ -307,10 +306,10 @@ void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p) {
         if (!id || !p->session)
                 return;
         p->pool = heap_pool(p->session, p); /* the pool of the segment it moved to */
-        gm_ledger_entry_t e = piece_entry(p, id, p->session->token, p->session->uid);
+        gm_ledger_entry_t e = gm_ledger_piece_entry(p, id, p->session->token, p->session->uid);
         /* The new entry first: a reader's "-" drops the oldest entry of an id. */
         append_piece(b, &e);
-        ledger_forget(b, id);
+        gm_ledger_forget(b, id);
 }
 
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
@@ -346,23 +345,23 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                                         b->ledger[i] = b->ledger[--b->n_ledger];
                                         break;
                                 }
-                } else if (sscanf(line, "t %32s %u", token, &uid) == 2 && token_valid(token)) {
-                        if (!known_token_find(b, token) && b->n_known_tokens == known_cap) {
+                } else if (sscanf(line, "t %32s %u", token, &uid) == 2 && gm_ledger_token_valid(token)) {
+                        if (!gm_ledger_known_token_find(b, token) && b->n_known_tokens == known_cap) {
                                 known_cap = known_cap ? 2 * known_cap : 64;
                                 gm_known_token_t *n = realloc(b->known_tokens, known_cap * sizeof(*n));
                                 if (!n)
                                         break;
                                 b->known_tokens = n;
                         }
-                        if (!known_token_find(b, token)) {
+                        if (!gm_ledger_known_token_find(b, token)) {
                                 gm_known_token_t *k = &b->known_tokens[b->n_known_tokens++];
                                 snprintf(k->token, sizeof(k->token), "%s", token);
                                 k->uid = (uid_t) uid;
                         }
                 } else if (sscanf(line, "e %32s", token) == 1) {
-                        gm_known_token_t *k = known_token_find(b, token);
+                        gm_known_token_t *k = gm_ledger_known_token_find(b, token);
                         if (k)
-                                known_token_remove(b, k);
+                                gm_ledger_known_token_remove(b, k);
                 } else if (sscanf(line, "q %63s %" SCNu64, tenant, &v) == 2) {
                         gm_tenant_t *t = gm_tenant_get(b, tenant);
                         if (t)
@@ -389,7 +388,7 @@ void gm_ledger_close(gm_broker_t *b) {
         b->n_records = 0;
 }
 
-static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *name) {
+const gm_ledger_entry_t *gm_ledger_find(const gm_broker_t *b, const char *name) {
         uint64_t id;
         int end = 0;
         size_t prefix = strlen(GM_STORE_PREFIX);
@@ -402,174 +401,9 @@ static const gm_ledger_entry_t *ledger_find(const gm_broker_t *b, const char *na
         return NULL;
 }
 
-static gm_orphan_t *orphan_find(gm_broker_t *b, const char *token) {
-        for (gm_orphan_t *o = b->orphans; o; o = o->next)
-                if (strcmp(o->token, token) == 0)
-                        return o;
-        return NULL;
-}
-
-void gm_ledger_adopt(gm_broker_t *b, const char *name, int fd) {
-        const gm_ledger_entry_t *e = ledger_find(b, name);
-        if (!e || e->size == 0 || e->offset + e->size > e->va_size) {
-                gm_broker_log(b, LOG_WARNING, "Dropping fd '%s' from the fd store: the ledger does not know it", name);
-                if (b->ops.store_remove)
-                        b->ops.store_remove(b->ops.userdata, name);
-                close(fd);
-                return;
-        }
-        gm_orphan_t *o = orphan_find(b, e->token);
-        if (!o && (o = calloc(1, sizeof(*o)))) {
-                snprintf(o->token, sizeof(o->token), "%s", e->token);
-                o->uid = (uid_t) e->uid;
-                o->next = b->orphans;
-                b->orphans = o;
-        }
-        gm_piece_t *p = NULL;
-        int r = -ENOMEM;
-        if (o)
-                r = gm_piece_adopt(b, fd, e, &p);
-        else
-                close(fd);
-        if (r < 0) {
-                gm_broker_log(b, LOG_WARNING, "Cannot adopt stored segment '%s': %s, dropping it", name, strerror(-r));
-                if (b->ops.store_remove)
-                        b->ops.store_remove(b->ops.userdata, name);
-                ledger_forget(b, e->store_id);
-                return;
-        }
-        p->orphan = o;
-        p->next = o->pieces;
-        o->pieces = p;
-        o->bytes += p->phys.size;
-}
-
-void gm_ledger_adopt_done(gm_broker_t *b, uint64_t now_ms) {
-        uint64_t adopted = 0, bytes = 0;
-        for (gm_orphan_t *o = b->orphans; o; o = o->next)
-                for (gm_piece_t *p = o->pieces; p; p = p->next) {
-                        adopted++;
-                        bytes += p->phys.size;
-                }
-        /* Journal entries whose fd did not come back (or was never stored) are
-         * records: their clients' mappings are all that holds that memory. */
-        size_t n_records = 0;
-        for (size_t i = 0; i < b->n_ledger; i++) {
-                bool found = false;
-                for (gm_orphan_t *o = b->orphans; o && !found; o = o->next)
-                        for (gm_piece_t *p = o->pieces; p && !found; p = p->next)
-                                found = p->store_id == b->ledger[i].store_id;
-                if (!found)
-                        b->ledger[n_records++] = b->ledger[i];
-        }
-        free(b->records);
-        b->records = n_records ? b->ledger : NULL;
-        b->n_records = n_records;
-        if (!n_records)
-                free(b->ledger);
-        b->ledger = NULL;
-        b->n_ledger = 0;
-        b->orphans_deadline_ms = now_ms + b->limits.reattach_grace_ms;
-        if (adopted)
-                gm_broker_log(b, LOG_NOTICE,
-                              "adopted %" PRIu64 " stored segments (%" PRIu64 " bytes) of the previous daemon; their "
-                              "clients have %u ms to re-attach",
-                              adopted, bytes, b->limits.reattach_grace_ms);
-}
-
-static void orphan_free(gm_broker_t *b, gm_orphan_t *o) {
-        while (o->pieces) {
-                gm_piece_t *p = o->pieces;
-                o->pieces = p->next;
-                p->next = NULL;
-                gm_piece_destroy(b, p);
-        }
-        free(o);
-}
-
-void gm_ledger_free_orphans(gm_broker_t *b) {
-        while (b->orphans) {
-                gm_orphan_t *o = b->orphans;
-                b->orphans = o->next;
-                orphan_free(b, o);
-        }
-}
-
-void gm_ledger_expire(gm_broker_t *b, uint64_t now_ms, bool all) {
-        if ((!b->orphans && !b->n_known_tokens && !b->n_records) || (!all && now_ms < b->orphans_deadline_ms))
-                return;
-        b->n_known_tokens = 0; /* their sessions are not coming back */
-        for (size_t i = 0; i < b->n_records && !all; i++)
-                ledger_append(b, "- %" PRIu64 "\n", b->records[i].store_id);
-        free(b->records);
-        b->records = NULL;
-        b->n_records = 0;
-        while (b->orphans) {
-                gm_orphan_t *o = b->orphans;
-                b->orphans = o->next;
-                if (!all)
-                        gm_broker_log(b, LOG_NOTICE,
-                                      "no client re-attached session %.8s... in time: releasing %" PRIu64 " bytes",
-                                      o->token, o->bytes);
-                orphan_free(b, o);
-        }
-}
-
-/* A resuming start: the orphan with that token becomes s's adopting pieces. */
-int gm_ledger_claim(gm_session_t *s, const char *token) {
-        gm_broker_t *b = s->broker;
-        if (!token_valid(token))
-                return -EINVAL;
-        for (gm_session_t *o = b->sessions; o; o = o->next)
-                if (o != s && !o->ended && strcmp(o->token, token) == 0)
-                        return -EBUSY;
-        gm_orphan_t **op = &b->orphans;
-        while (*op && strcmp((*op)->token, token) != 0)
-                op = &(*op)->next;
-        /* Only what the previous daemon journaled, by the same uid: a made-up
-         * token (or another user's) claims nothing. */
-        gm_known_token_t *known = known_token_find(b, token);
-        if (!*op && !known)
-                return -ENOENT;
-        if (known && known->uid != s->uid)
-                return -EPERM;
-        if (known)
-                known_token_remove(b, known);
-        if (*op) {
-                gm_orphan_t *o = *op;
-                if (o->uid != s->uid)
-                        return -EPERM;
-                *op = o->next;
-                while (o->pieces) {
-                        gm_piece_t *p = o->pieces;
-                        o->pieces = p->next;
-                        p->orphan = NULL;
-                        gm_piece_attach(s, p, GM_PIECE_ADOPTING);
-                        p->queue = s->adopting;
-                        s->adopting = p;
-                }
-                free(o);
-        }
-        snprintf(s->token, sizeof(s->token), "%s", token);
-        s->reattaching = true;
-        s->reattach_items = 0;
-        return 0;
-}
-
-/* The link to the adopted (stored) piece with spec's coordinates, or NULL. */
-static gm_piece_t **adopting_piece(gm_session_t *s, const gm_piece_spec_t *spec) {
-        for (gm_piece_t **pp = &s->adopting; *pp; pp = &(*pp)->queue) {
-                const gm_piece_t *p = *pp;
-                if (p->segment_id == spec->segment_id && p->offset == spec->offset && p->phys.size == spec->size &&
-                    p->segment_va_size == spec->segment_va_size)
-                        return pp;
-        }
-        return NULL;
-}
-
 /* The previous daemon's record of a piece of the session with `token`, with
  * spec's coordinates; NULL when it has none. */
-static gm_ledger_entry_t *record_find(gm_broker_t *b, const char *token, const gm_piece_spec_t *spec) {
+gm_ledger_entry_t *gm_ledger_record_find(gm_broker_t *b, const char *token, const gm_piece_spec_t *spec) {
         for (size_t i = 0; i < b->n_records; i++) {
                 gm_ledger_entry_t *e = &b->records[i];
                 if (e->segment_id == spec->segment_id && e->offset == spec->offset && e->size == spec->size &&
@@ -579,208 +413,11 @@ static gm_ledger_entry_t *record_find(gm_broker_t *b, const char *token, const g
         return NULL;
 }
 
-/* The piece behind one mapped range a client reports: the adopted one with
- * the same coordinates, or (no stored handle) an unbacked piece in place of
- * the journal's record of it. -ENOENT when the journal gives the session no
- * such piece, -ENOMEM when it does not fit the device (or no memory). */
-static int claim_piece(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
-        gm_broker_t *b = s->broker;
-        gm_piece_t **pp = adopting_piece(s, spec);
-        if (pp) {
-                gm_piece_t *p = *pp;
-                *pp = p->queue;
-                p->queue = NULL;
-                *ret_piece = p;
-                return 0;
-        }
-        gm_ledger_entry_t *rec = record_find(b, s->token, spec);
-        if (!rec)
-                return -ENOENT;
-        gm_piece_t *p = gm_piece_new_unbacked(s, spec);
-        if (!p)
-                return -ENOMEM;
-        p->record_id = rec->store_id; /* its journal line stays true: same token, same coordinates */
-        p->pool = rec->pool;
-        b->n_recorded++;
-        *rec = b->records[--b->n_records];
-        *ret_piece = p;
-        return 0;
-}
-
-/* Puts a claimed piece back where it came from after a refused claim. */
-static void unclaim_piece(gm_session_t *s, gm_piece_t *p) {
-        gm_broker_t *b = s->broker;
-        if (p->phys.fd < 0) {
-                if (p->record_id) {
-                        gm_ledger_entry_t *n = realloc(b->records, (b->n_records + 1) * sizeof(*n));
-                        if (n) {
-                                b->records = n;
-                                n[b->n_records++] = piece_entry(p, p->record_id, s->token, s->uid);
-                                p->record_id = 0; /* still journaled, as the record */
-                                b->n_recorded--;
-                        }
-                }
-                gm_piece_destroy(b, p);
-                return;
-        }
-        p->queue = s->adopting;
-        s->adopting = p;
-}
-
-int gm_session_reattach_count(gm_session_t *s, uint64_t n) {
-        if (!s->reattaching)
-                return -EPROTO;
-        s->reattach_items += n;
-        return s->reattach_items > s->broker->limits.max_reattach_items ? -E2BIG : 0;
-}
-
-/* The pool the journal records of a segment's claimed pieces name. */
-static int claimed_pool(gm_piece_t *const *claimed, size_t n, gm_piece_pool_t *ret_pool, const char **ret_why) {
-        gm_piece_pool_t pool = GM_POOL_UNKNOWN;
-        for (size_t i = 0; i < n; i++) {
-                if (claimed[i]->pool != GM_POOL_UNKNOWN && pool != GM_POOL_UNKNOWN && claimed[i]->pool != pool) {
-                        *ret_why = "the ledger records its pieces in both pools";
-                        return -EINVAL;
-                }
-                if (claimed[i]->pool != GM_POOL_UNKNOWN)
-                        pool = claimed[i]->pool;
-        }
-        *ret_pool = pool;
-        return 0;
-}
-
-int gm_session_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
-                                const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why) {
-        enum { MAX_PIECES = 1 << 16 };
-        if (!s->reattaching)
-                return -EPROTO;
-        if (n_mapped == 0 || n_mapped > MAX_PIECES)
-                return -EINVAL;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r < 0)
-                return r;
-        gm_restore_piece_t *rp = calloc(n_mapped, sizeof(*rp));
-        gm_piece_t **claimed = calloc(n_mapped, sizeof(*claimed));
-        r = rp && claimed ? 0 : -ENOMEM;
-        uint64_t unbacked = 0; /* bytes claimed below with nothing here to back them */
-        for (size_t i = 0; i < n_mapped && r == 0; i++) {
-                const gm_reattach_range_t *m = &mapped[i];
-                if (m->length == 0 || m->offset + m->length < m->offset || m->offset + m->length > va_size) {
-                        r = -EINVAL;
-                        break;
-                }
-                gm_piece_spec_t spec = {
-                        .segment_id = segment_id, .segment_va_size = va_size, .offset = m->offset, .size = m->length};
-                if (!adopting_piece(s, &spec)) {
-                        /* Only the client's word: it must fit the tenant's quota (and the device). */
-                        const gm_tenant_t *t = s->tenant;
-                        unbacked += m->length;
-                        if (t->quota && (unbacked > t->quota || t->charged_bytes > t->quota - unbacked)) {
-                                r = -EDQUOT;
-                                break;
-                        }
-                }
-                r = claim_piece(s, &spec, &claimed[i]);
-                if (r < 0)
-                        break;
-                rp[i] = (gm_restore_piece_t){
-                        .offset = m->offset, .size = m->length, .handle = (uint64_t) (uintptr_t) claimed[i]};
-        }
-        gm_piece_pool_t pool = GM_POOL_UNKNOWN;
-        if (r == 0)
-                r = claimed_pool(claimed, n_mapped, &pool, ret_why);
-        if (r == 0 && pool == GM_POOL_UNKNOWN) /* no record names it: as the page size says */
-                r = gm_heap_restore_segment(heap, segment_id, va_size, stream, rp, n_mapped);
-        else if (r == 0)
-                r = gm_heap_restore_segment_in_pool(heap, segment_id, va_size, stream, pool == GM_POOL_SMALL, rp,
-                                                    n_mapped);
-        for (size_t i = 0; claimed && i < n_mapped && claimed[i]; i++) {
-                if (r < 0)
-                        unclaim_piece(s, claimed[i]);
-                else {
-                        if (pool != GM_POOL_UNKNOWN) /* a piece an older daemon journaled learns it too */
-                                claimed[i]->pool = pool;
-                        gm_piece_claimed(s, claimed[i]);
-                }
-        }
-        free(rp);
-        free(claimed);
-        return r;
-}
-
-int gm_session_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
-        if (!s->reattaching)
-                return -EPROTO;
-        int r = gm_session_check_grant(s, spec);
-        if (r < 0)
-                return r;
-        const gm_tenant_t *t = s->tenant;
-        if (!adopting_piece(s, spec) && t->quota && t->charged_bytes + spec->size > t->quota)
-                return -EDQUOT; /* only the client's word: it must fit the tenant's quota */
-        gm_piece_t *p;
-        r = claim_piece(s, spec, &p);
-        if (r < 0)
-                return r;
-        gm_piece_claimed(s, p);
-        gm_session_hand_over(s, p);
-        *ret_piece = p;
-        return 0;
-}
-
-int gm_session_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
-                              uint64_t requested_size, bool pending_free) {
-        if (!s->reattaching)
-                return -EPROTO;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r < 0)
-                return r;
-        return gm_heap_restore_block(heap, block_id, segment_id, offset, size, requested_size, pending_free);
-}
-
-int gm_session_reattach_finish(gm_session_t *s) {
-        if (!s->reattaching)
-                return -EPROTO;
-        gm_heap_t *heap = NULL;
-        int r = s->local ? 0 : gm_session_heap(s, &heap); /* a local session's heap is its client's */
-        if (r == 0 && heap)
-                r = gm_heap_restore_finish(heap);
-        if (r < 0)
-                return r;
-        s->reattaching = false;
-        uint64_t dropped = 0;
-        while (s->adopting) { /* stored pieces the client does not hold (e.g. a reply it never got) */
-                gm_piece_t *p = s->adopting;
-                s->adopting = p->queue;
-                p->queue = NULL;
-                dropped += p->phys.size;
-                gm_piece_destroy(s->broker, p);
-        }
-        gm_broker_t *b = s->broker;
-        for (size_t i = 0; i < b->n_records;) { /* records of memory the client no longer holds */
-                if (strcmp(b->records[i].token, s->token) != 0) {
-                        i++;
-                        continue;
-                }
-                uint64_t record_id = b->records[i].store_id;
-                b->records[i] = b->records[--b->n_records];
-                ledger_forget(b, record_id); /* after: a compaction here must not keep it */
-        }
-        if (!heap) {
-                gm_broker_log(s->broker, LOG_NOTICE,
-                              "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes granted in %" PRIu64
-                              " pieces%s",
-                              s->id, (int) s->pid, s->grants.bytes.current, s->grants.pieces,
-                              dropped ? "; unclaimed stored memory released" : "");
-                return 0;
-        }
-        const gm_stats_t *st = gm_heap_stats(heap);
-        gm_broker_log(s->broker, LOG_NOTICE,
-                      "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes reserved, %" PRId64
-                      " allocated in %" PRId64 " blocks%s",
-                      s->id, (int) s->pid, st->reserved_bytes[GM_STAT_ALL].current,
-                      st->allocated_bytes[GM_STAT_ALL].current, st->active[GM_STAT_ALL].current,
-                      dropped ? "; unclaimed stored memory released" : "");
-        return 0;
+void gm_ledger_forget_sessions(gm_broker_t *b, bool journal) {
+        b->n_known_tokens = 0; /* their sessions are not coming back */
+        for (size_t i = 0; i < b->n_records && journal; i++)
+                ledger_append(b, "- %" PRIu64 "\n", b->records[i].store_id);
+        free(b->records);
+        b->records = NULL;
+        b->n_records = 0;
 }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "broker-internal.h"
+#include "piece.h"
 
 bool gm_piece_charged(const gm_piece_t *p) {
         return p->state == GM_PIECE_LIVE || p->state == GM_PIECE_TO_RELEASE || p->state == GM_PIECE_RELEASING;
@@ -27,6 +27,7 @@ static void charge(gm_piece_t *p, bool on) {
 }
 
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state) {
+        gm_assert(!p->session); /* a piece has one owner */
         p->session = s;
         p->state = state;
         p->prev = NULL;
@@ -178,13 +179,13 @@ bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p) {
 static bool still_held(const gm_broker_t *b, const gm_piece_t *p, pid_t pid) {
         if (b->backend->ops->mapped)
                 return gm_piece_still_mapped(b, p);
-        return p->phys.fd >= 0 && p->sent && gm_process_holds_device_memory(b, pid);
+        return p->phys.fd >= 0 && p->sent && gm_process_check_holds_memory(b, pid);
 }
 
 static bool lingering_held(const gm_broker_t *b, const gm_lingering_t *l) {
         if (b->backend->ops->mapped)
                 return b->backend->ops->mapped(b->backend, &l->phys) == 1;
-        return gm_process_holds_device_memory(b, l->pid);
+        return gm_process_check_holds_memory(b, l->pid);
 }
 
 /* Keeps p's memory charged to tenant t (in the backend still) while mapped. */
@@ -198,14 +199,14 @@ static bool linger(gm_broker_t *b, gm_tenant_t *t, pid_t pid, gm_piece_t *p) {
         l->next = b->lingering;
         b->lingering = l;
         t->charged_bytes += p->phys.size;
-        gm_broker_log(b, LOG_WARNING,
-                      "segment %" PRIu64 " (%" PRIu64 " bytes) of tenant '%s' is still mapped by a process after its "
-                      "session let go of it: it stays charged until it is unmapped",
-                      p->segment_id, p->phys.size, t->name);
+        gm_host_log(b, LOG_WARNING,
+                    "segment %" PRIu64 " (%" PRIu64 " bytes) of tenant '%s' is still mapped by a process after its "
+                    "session let go of it: it stays charged until it is unmapped",
+                    p->segment_id, p->phys.size, t->name);
         return true;
 }
 
-void gm_lingering_sweep(gm_broker_t *b, bool all) {
+void gm_piece_sweep_lingering(gm_broker_t *b, bool all) {
         for (gm_lingering_t **lp = &b->lingering; *lp;) {
                 gm_lingering_t *l = *lp;
                 if (!all && lingering_held(b, l)) {
@@ -274,7 +275,7 @@ int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_
 gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec) {
         gm_broker_t *b = s->broker;
         /* Memory nobody can vouch for is believed only while it fits the device. */
-        uint64_t used = gm_broker_reserved(b);
+        uint64_t used = gm_piece_reserved(b);
         if (spec->size > b->backend->capacity || used > b->backend->capacity - spec->size)
                 return NULL;
         gm_piece_t *p = calloc(1, sizeof(*p));
@@ -303,9 +304,13 @@ void gm_piece_move(gm_broker_t *b, gm_piece_t *p, uint64_t segment_id, uint64_t 
         gm_ledger_moved(b, p);
 }
 
-gm_piece_t *gm_session_find_piece(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {
+gm_piece_t *gm_piece_find(const gm_session_t *s, uint64_t segment_id, uint64_t offset) {
         for (gm_piece_t *p = s->pieces; p; p = p->next)
                 if (p->state == GM_PIECE_LIVE && p->segment_id == segment_id && p->offset == offset)
                         return p;
         return NULL;
+}
+
+uint64_t gm_piece_reserved(const gm_broker_t *b) {
+        return b->backend->in_use + b->unbacked_bytes;
 }

@@ -1,7 +1,7 @@
 /* Whether memory a client gave back (a ReleaseAck, or a local session's
  * ReturnPieces) is no longer mapped, and what its charge does meanwhile.
  *
- * The host backend answers per piece (session.c, grant.c ask it first). On
+ * The host backend answers per piece (session.c, session_local.c ask it first). On
  * cuda nobody can see who maps an exported handle, but NVML reports each
  * process's device memory. That figure covers more than the daemon's memory
  * (the process's context, its own allocations, other sessions of the same
@@ -10,7 +10,7 @@
  * comes back the same difference has grown by all the returned bytes if the
  * client kept them, and by none if it let go. Central: when a release is
  * first asked for. Local: when the client announces a give-back
- * (ReturnIntent, grant.c), before it unmaps anything, so the process's own
+ * (ReturnIntent, session_local.c), before it unmaps anything, so the process's own
  * allocations since its last return do not count; it stands until the
  * give-back's closing ReturnPieces, renewed by neither a Reclaim nor another
  * intent: pieces an honest client unmapped but has not returned yet lower
@@ -45,7 +45,7 @@
 #include <errno.h>
 #include <inttypes.h>
 
-#include "broker-internal.h"
+#include "piece.h"
 
 /* The driver's figure for pid; false when it cannot tell. */
 static bool process_figure(const gm_broker_t *b, pid_t pid, uint64_t *ret_bytes) {
@@ -100,7 +100,7 @@ static const gm_holder_note_t *note_under_way(const gm_broker_t *b, pid_t pid) {
         return NULL;
 }
 
-void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret) {
+void gm_process_check_note(gm_session_t *s, gm_holder_note_t *ret) {
         uint64_t figure;
         const gm_holder_note_t *under_way = note_under_way(s->broker, s->pid);
         if (under_way) {
@@ -115,7 +115,7 @@ void gm_holder_note(gm_session_t *s, gm_holder_note_t *ret) {
                 (int64_t) figure - (int64_t) mapped_into(s->broker, s->pid, s->local ? s : NULL, &ret->in_flight);
 }
 
-gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged) {
+gm_release_verdict_t gm_process_check_verdict(gm_session_t *s, const gm_holder_note_t *note, uint64_t acknowledged) {
         gm_broker_t *b = s->broker;
         uint64_t figure;
         if (acknowledged == 0)
@@ -137,30 +137,12 @@ gm_release_verdict_t gm_release_verdict(gm_session_t *s, const gm_holder_note_t 
         return GM_RELEASE_UNVERIFIED;
 }
 
-bool gm_session_returns_need_intent(const gm_session_t *s) {
+bool gm_process_check_needs_intent(const gm_session_t *s) {
         uint64_t figure;
         return process_figure(s->broker, s->pid, &figure);
 }
 
-bool gm_process_holds_device_memory(const gm_broker_t *b, pid_t pid) {
+bool gm_process_check_holds_memory(const gm_broker_t *b, pid_t pid) {
         uint64_t figure;
         return b->driver_attributes_mappings && process_figure(b, pid, &figure) && figure > 0;
-}
-
-void gm_release_hold_unverified(gm_session_t *s, gm_release_t *rel) {
-        gm_broker_t *b = s->broker;
-        if (s->release_unverified_bytes == 0) /* once per session: on some hosts it is every release */
-                gm_broker_log(b, LOG_NOTICE,
-                              "session %" PRIu64 " (pid %d, tenant '%s') released memory that cannot be checked "
-                              "as unmapped (no per-process figure from the driver, or one that did not drop by "
-                              "it): it stays charged until the session ends",
-                              s->id, (int) s->pid, s->tenant->name);
-        rel->held = true;
-        rel->unverified = true;
-        for (gm_piece_t *p = rel->pieces; p; p = p->queue)
-                p->unverified = true;
-        rel->next = s->releases;
-        s->releases = rel;
-        s->release_unverified_bytes += rel->bytes;
-        s->tenant->release_unverified_bytes += rel->bytes;
 }

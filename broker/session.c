@@ -1,7 +1,7 @@
-/* Sessions: a client's heap over pieces, its allocations and the releases it
- * owes acknowledgements for (requests parked for reclaimed memory: park.c;
- * local sessions' grants: grant.c). Physical memory goes back to the backend
- * only after the client acknowledged unmapping it (or is gone). */
+/* Sessions, both heap modes: lifetime, the releases a client owes
+ * acknowledgements for, what it owes an answer to, and its FIFO of parked
+ * requests (parked and retried by reclaim.c). Physical memory goes back to
+ * the backend only after the client acknowledged unmapping it (or is gone). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -9,233 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker-internal.h"
+#include "holder.h"
 #include "size.h"
 #include "text.h"
 
-/* ---- the allocator's provider ---- */
-
-static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
-                           uint64_t size, uint64_t *ret_handle) {
-        gm_session_t *s = userdata;
-        gm_piece_spec_t spec = {
-                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = size};
-        gm_piece_t *p;
-        int r = gm_piece_create(s, &spec, &p);
-        if (r < 0)
-                return r;
-        p->in_heap = true;
-        *ret_handle = (uint64_t) (uintptr_t) p;
-        return 0;
-}
-
-/* A run of pages: the backend has no batch, so one piece each, made and
- * charged as one (gm_piece_create_run: all or nothing). */
-static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
-                               uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
-        gm_session_t *s = userdata;
-        gm_piece_spec_t first = {
-                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = page_size};
-        gm_piece_t **pieces = n_pages <= SIZE_MAX / sizeof(*pieces) ? malloc(n_pages * sizeof(*pieces)) : NULL;
-        int r = pieces ? gm_piece_create_run(s, &first, n_pages, pieces) : -ENOMEM;
-        for (uint64_t k = 0; r == 0 && k < n_pages; k++) {
-                pieces[k]->in_heap = true;
-                handles[k] = (uint64_t) (uintptr_t) pieces[k];
-        }
-        free(pieces);
-        return r;
-}
-
-static gm_page_move_t *pending_move(gm_session_t *s, const gm_piece_t *p) {
-        for (size_t i = 0; i < s->n_moves; i++)
-                if (s->moves[i].piece == p)
-                        return &s->moves[i];
-        return NULL;
-}
-
-static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
-                             bool whole_segment) {
-        gm_session_t *s = userdata;
-        gm_piece_t *p = (gm_piece_t *) (uintptr_t) handle;
-        gm_page_move_t *m = pending_move(s, p);
-        if (m) {
-                /* Its client never heard of the move: released where it maps it. */
-                whole_segment = m->from_whole_segment;
-                gm_piece_move(s->broker, p, m->from_segment_id, m->from_va_size, m->from_offset);
-                memmove(m, m + 1, (size_t) (s->moves + s->n_moves - (m + 1)) * sizeof(*m));
-                s->n_moves--;
-        }
-        gm_piece_release(s, p, whole_segment);
-}
-
-/* Page reuse: one piece moves in the daemon's books at once; its client
- * hears of it with the next allocation reply (a piece it was never sent is
- * sent at its new place). A place where a piece queued for release is
- * still mapped by the client cannot take it yet. */
-static int move_one(gm_session_t *s, gm_piece_t *p, uint64_t from_segment, uint64_t from_offset, uint64_t to_segment,
-                    uint64_t to_segment_va_size, uint64_t to_offset, uint64_t size, bool from_segment_empty) {
-        if (p->segment_id != from_segment || p->offset != from_offset || p->phys.size != size)
-                return -EINVAL;
-        for (const gm_piece_t *q = s->rel_head; q; q = q->queue)
-                if (q->segment_id == to_segment && q->offset == to_offset)
-                        return -EBUSY;
-        if (p->sent && !pending_move(s, p)) {
-                if (s->n_moves == s->cap_moves) {
-                        size_t cap = s->cap_moves ? 2 * s->cap_moves : 16;
-                        gm_page_move_t *moves = realloc(s->moves, cap * sizeof(*moves));
-                        if (!moves)
-                                return -ENOMEM;
-                        s->moves = moves;
-                        s->cap_moves = cap;
-                }
-                s->moves[s->n_moves++] = (gm_page_move_t){
-                        .piece = p,
-                        .from_segment_id = from_segment,
-                        .from_va_size = p->segment_va_size,
-                        .from_offset = from_offset,
-                        .from_whole_segment = from_segment_empty,
-                };
-        }
-        gm_piece_move(s->broker, p, to_segment, to_segment_va_size, to_offset);
-        return 0;
-}
-
-static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
-                              uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size,
-                              uint64_t to_offset, uint64_t page_size, bool from_segment_empty) {
-        uint64_t k = 0;
-        int r = 0;
-        for (; k < n_pages && r == 0; k++)
-                r = move_one(userdata, (gm_piece_t *) (uintptr_t) handles[k], from_segment, from_offset + k * page_size,
-                             to_segment, to_segment_va_size, to_offset + k * page_size, page_size,
-                             from_segment_empty && k + 1 == n_pages);
-        if (r < 0)
-                k--;
-        return k ? (int64_t) k : r;
-}
-
-/* Whether a client's frees are done when it sends them: memory of a kind
- * with no device streams has no work queued on it (no stream fences needed). */
-static bool frees_synchronous(const gm_broker_t *b) {
-        return !b->backend->ops->caps->device_streams;
-}
-
-/* The fence entry of `stream`, made on first use; NULL when the table is
- * full or out of memory. */
-static gm_session_fence_t *session_fence(gm_session_t *s, uint64_t stream, bool make) {
-        for (size_t i = 0; i < s->n_fences; i++)
-                if (s->fences[i].stream == stream)
-                        return &s->fences[i];
-        if (!make || s->n_fences == GM_SESSION_FENCE_STREAMS)
-                return NULL;
-        if (!s->fences && !(s->fences = calloc(GM_SESSION_FENCE_STREAMS, sizeof(*s->fences))))
-                return NULL;
-        s->fences[s->n_fences] = (gm_session_fence_t){.stream = stream};
-        return &s->fences[s->n_fences++];
-}
-
-/* Page reuse's stream fences for a central session: the client's device
- * work is not visible here, so a new fence number goes to the client with
- * the next allocation reply (it records an event on the stream) and what is
- * complete is what the client last reported; a page freed after that waits
- * (the heap maps new memory instead). Frees on the host backend are
- * synchronous (every free page may move, no callback). */
-static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
-        gm_session_fence_t *f = session_fence(userdata, stream, true);
-        if (!f)
-                return -ENOSPC;
-        if (fence > f->asked)
-                f->asked = fence;
-        *ret_done = f->done;
-        return 0;
-}
-
-int gm_session_fence_done(gm_session_t *s, uint64_t stream, uint64_t fence) {
-        if (s->ended)
-                return 0; /* nothing moves any more */
-        gm_session_fence_t *f = session_fence(s, stream, false);
-        if (!f || fence > f->sent)
-                return -EPROTO;
-        if (fence > f->done) /* a lower one is stale: a later event on the stream was found complete */
-                f->done = fence;
-        return 0;
-}
-
-bool gm_session_client_fences(const gm_session_t *s) {
-        const gm_alloc_config_t *conf = &s->broker->alloc_config;
-        return !s->local && conf->page_reuse && conf->expandable_segments && !frees_synchronous(s->broker);
-}
-
-void gm_session_frees_fenced(gm_session_t *s, uint64_t stream) {
-        if (s->ended || !s->heap)
-                return; /* nothing was ever freed (a host heap never asks: entries made here stay unused) */
-        gm_session_fence_t *f = session_fence(s, stream, true);
-        uint64_t fence = gm_heap_free_count(s->heap);
-        if (!f || fence <= f->done)
-                return; /* a full table only loses the claim: those pages wait for an asked fence */
-        f->done = fence;
-        if (f->sent < fence)
-                f->sent = fence;
-        if (f->asked < fence)
-                f->asked = fence;
-}
-
-/* Records allocator events in the device's memory history while it is on. */
-static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
-        gm_session_t *s = userdata;
-        gm_broker_t *b = s->broker;
-        if (!b->history)
-                return;
-        gm_history_entry_t e = {
-                .action = action,
-                .addr = addr,
-                .size = size,
-                .stream = stream,
-                .time_us = gm_realtime_us(),
-                .pid = (uint32_t) s->pid,
-        };
-        if (action == GM_TRACE_OOM) {
-                uint64_t free_bytes = 0, total = 0;
-                if (b->backend->ops->mem_info(b->backend, &free_bytes, &total) == 0)
-                        e.addr = free_bytes; /* PyTorch's device_free */
-        }
-        bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
-        /* A failed record only loses this entry; allocation goes on. */
-        gm_history_record(b->history, &e, with_frames ? s->cur_frames : NULL, with_frames ? s->n_cur_frames : 0);
-}
-
-int gm_session_heap(gm_session_t *s, gm_heap_t **ret_heap) {
-        if (s->heap) {
-                *ret_heap = s->heap;
-                return 0;
-        }
-        gm_broker_t *b = s->broker;
-        if (!s->tenant || s->ended)
-                return -ESHUTDOWN;
-        if (s->local)
-                return -EPROTO; /* its heap runs in its client */
-        bool synchronous = frees_synchronous(b);
-        gm_provider_t provider = {
-                .create = provider_create,
-                .create_run = provider_create_run,
-                .release = provider_release,
-                .trace = provider_trace,
-                .remap = provider_remap,
-                .stream_fence = synchronous ? NULL : provider_stream_fence,
-                .userdata = s,
-        };
-        gm_heap_params_t params = {
-                .capacity = b->backend->capacity,
-                .va_cursor = &b->va_cursor,
-                .granularity = b->backend->granularity,
-                .extra_sinks = {&s->tenant->stats, &b->device_stats, NULL},
-                .defer_oom = true, /* a refusal may still be parked: counted when answered */
-        };
-        int r = gm_heap_new(&b->alloc_config, &provider, &params, &s->heap);
-        if (r < 0)
-                return r;
-        *ret_heap = s->heap;
-        return 0;
+/* The session ends: its granted figures go to zero (its pieces are destroyed). */
+static void drop_grants(gm_session_t *s) {
+        gm_stat_update(&s->grants.bytes, -s->grants.bytes.current);
+        gm_stat_update(&s->grants.segments, -s->grants.segments.current);
+        s->grants.returned += s->grants.pieces;
+        s->grants.pieces = 0;
 }
 
 /* ---- lifetime ---- */
@@ -282,13 +65,13 @@ int gm_session_start(gm_session_t *s, const char *tenant_name, const char *resum
         if (resume_token && resume_token[0]) {
                 /* The tenant first: claimed pieces are charged to it as they are reported. */
                 s->tenant = t;
-                int r = gm_ledger_claim(s, resume_token);
+                int r = gm_orphan_claim(s, resume_token);
                 if (r < 0) {
                         s->tenant = NULL;
                         return r;
                 }
         } else {
-                gm_token_new(s->token);
+                gm_ledger_token_new(s->token);
                 s->tenant = t;
                 gm_ledger_session_started(b, s);
         }
@@ -346,7 +129,7 @@ void gm_session_end(gm_session_t *s) {
                 release_complete(s, rel);
         }
         if (s->local)
-                gm_session_drop_grants(s);
+                drop_grants(s);
         while (s->pieces) /* granted without a heap, or a re-attach that did not finish */
                 gm_piece_destroy(b, s->pieces);
         gm_session_unpark_all(s);
@@ -359,6 +142,7 @@ void gm_session_free(gm_session_t *s) {
                 return;
         gm_broker_t *b = s->broker;
         gm_session_end(s);
+        gm_assert(!s->pieces && !s->releases && !s->parked); /* an ended session holds nothing */
         if (s->prev)
                 s->prev->next = s->next;
         else
@@ -366,8 +150,35 @@ void gm_session_free(gm_session_t *s) {
         if (s->next)
                 s->next->prev = s->prev;
         b->n_sessions--;
-        free(s->diag);
+        free(s->owned);
         free(s);
+}
+
+static bool owes_answer(const gm_session_t *s) {
+        if (s->reclaim.id)
+                return true;
+        for (const gm_release_t *rel = s->releases; rel; rel = rel->next)
+                if (!rel->held)
+                        return true;
+        return false;
+}
+
+void gm_session_owes(gm_session_t *s) {
+        if (!s->owing_since_ms)
+                s->owing_since_ms = gm_now_ms();
+}
+
+void gm_session_answered(gm_session_t *s) {
+        /* It is alive: what it still owes is counted from now. */
+        s->owing_since_ms = owes_answer(s) ? gm_now_ms() : 0;
+        if (!s->unresponsive)
+                return;
+        s->unresponsive = false;
+        gm_broker_t *b = s->broker;
+        gm_host_log(b, LOG_NOTICE, "session %" PRIu64 " (pid %d) answers again: no longer unresponsive", s->id,
+                    (int) s->pid);
+        if (b->ops.unresponsive)
+                b->ops.unresponsive(b->ops.userdata, s, false);
 }
 
 /* ---- releases: ask the client, wait for the ack ---- */
@@ -390,7 +201,7 @@ static int release_send(gm_session_t *s, gm_release_t *rel) {
                 };
         rel->sent_at_ms = gm_now_ms();
         if (rel->attempts == 0)
-                gm_holder_note(s, &rel->holder);
+                gm_process_check_note(s, &rel->holder);
         rel->attempts++;
         gm_session_owes(s);
         int r = b->ops.send_release ? b->ops.send_release(b->ops.userdata, s, rel->id, ranges, n) : 0;
@@ -431,6 +242,24 @@ void gm_session_flush_releases(gm_session_t *s) {
         }
 }
 
+void gm_session_tick(gm_session_t *s, uint64_t now_ms) {
+        gm_broker_t *b = s->broker;
+        for (gm_release_t *rel = s->releases; rel && !s->ended; rel = rel->next) {
+                if (rel->held || s->unresponsive || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
+                        continue; /* an unresponsive client is asked again once it answers something */
+                if (rel->attempts == 1) {
+                        if (b->ops.count_reclaim)
+                                b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_TIMED_OUT);
+                        gm_host_log(b, LOG_WARNING,
+                                    "session %" PRIu64 " (pid %d) has not acknowledged release %" PRIu64 " (%" PRIu64
+                                    " bytes) in %u ms; asking again, the bytes stay charged",
+                                    s->id, (int) s->pid, rel->id, rel->bytes, b->limits.release_timeout_ms);
+                }
+                if (release_send(s, rel) < 0)
+                        return;
+        }
+}
+
 static bool range_named(const gm_piece_t *p, const gm_release_range_t *ranges, size_t n) {
         for (size_t i = 0; i < n; i++)
                 if (ranges[i].segment_id == p->segment_id && ranges[i].offset == p->offset)
@@ -461,14 +290,14 @@ static void hold_not_released(gm_session_t *s, gm_release_t *rel, gm_release_t *
         kept->held = true;
         kept->next = s->releases;
         s->releases = kept;
-        gm_broker_log(s->broker, LOG_WARNING,
-                      "session %" PRIu64 " (pid %d) could not unmap %zu of the ranges of release %" PRIu64
-                      ": their %" PRIu64 " bytes stay charged until the session ends",
-                      s->id, (int) s->pid, n, rel->id, kept->bytes);
+        gm_host_log(s->broker, LOG_WARNING,
+                    "session %" PRIu64 " (pid %d) could not unmap %zu of the ranges of release %" PRIu64
+                    ": their %" PRIu64 " bytes stay charged until the session ends",
+                    s->id, (int) s->pid, n, rel->id, kept->bytes);
 }
 
-int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
-                           size_t n_not_released) {
+int gm_session_release_acked(gm_session_t *s, uint64_t release_id, const gm_release_range_t *not_released,
+                             size_t n_not_released) {
         gm_broker_t *b = s->broker;
         for (gm_release_t **rp = &s->releases; *rp; rp = &(*rp)->next) {
                 gm_release_t *rel = *rp;
@@ -480,10 +309,10 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                         if (!range_named(p, not_released, n_not_released) && gm_piece_still_mapped(b, p)) {
                                 rel->held = true;
                                 s->lied = true;
-                                gm_broker_log(b, LOG_WARNING,
-                                              "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
-                                              " but still maps segment %" PRIu64 ": its %" PRIu64 " bytes stay charged",
-                                              s->id, (int) s->pid, rel->id, p->segment_id, rel->bytes);
+                                gm_host_log(b, LOG_WARNING,
+                                            "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
+                                            " but still maps segment %" PRIu64 ": its %" PRIu64 " bytes stay charged",
+                                            s->id, (int) s->pid, rel->id, p->segment_id, rel->bytes);
                                 return -EBUSY;
                         }
                 uint64_t acknowledged = 0;
@@ -491,16 +320,17 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                         if (!range_named(p, not_released, n_not_released))
                                 acknowledged += p->phys.size;
                 /* Where the backend answered per piece above, it is gone. */
-                gm_release_verdict_t verdict =
-                        b->backend->ops->mapped ? GM_RELEASE_GONE : gm_release_verdict(s, &rel->holder, acknowledged);
+                gm_release_verdict_t verdict = b->backend->ops->mapped
+                                                       ? GM_RELEASE_GONE
+                                                       : gm_process_check_verdict(s, &rel->holder, acknowledged);
                 if (verdict == GM_RELEASE_KEPT) {
                         rel->held = true;
                         s->lied = true;
-                        gm_broker_log(b, LOG_WARNING,
-                                      "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
-                                      " but the driver still counts its %" PRIu64
-                                      " bytes in that process: they stay charged",
-                                      s->id, (int) s->pid, rel->id, acknowledged);
+                        gm_host_log(b, LOG_WARNING,
+                                    "session %" PRIu64 " (pid %d) acknowledged release %" PRIu64
+                                    " but the driver still counts its %" PRIu64
+                                    " bytes in that process: they stay charged",
+                                    s->id, (int) s->pid, rel->id, acknowledged);
                         return -EBUSY;
                 }
                 gm_release_t *kept = NULL;
@@ -515,140 +345,106 @@ int gm_session_release_ack(gm_session_t *s, uint64_t release_id, const gm_releas
                 if (kept)
                         hold_not_released(s, rel, kept, not_released, n_not_released);
                 if (verdict == GM_RELEASE_UNVERIFIED)
-                        gm_release_hold_unverified(s, rel); /* charged until the session ends */
+                        gm_session_hold_unverified(s, rel); /* charged until the session ends */
                 else
                         release_complete(s, rel);
-                gm_broker_retry_parked(b, false);
-                return 0;
+                return 1;
         }
         return -ENOENT;
 }
 
-uint64_t gm_session_trim(gm_session_t *s) {
-        if (!s->heap || s->ended)
-                return 0;
-        uint64_t released = gm_heap_release_cached(s->heap);
-        gm_session_flush_releases(s);
-        return released;
-}
-
-/* ---- allocations ---- */
-
-void gm_session_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, bool may_park, gm_outcome_t *out) {
+void gm_session_hold_unverified(gm_session_t *s, gm_release_t *rel) {
         gm_broker_t *b = s->broker;
-        gm_heap_t *heap;
-        int r = gm_session_heap(s, &heap);
-        if (r == -EPROTO)
-                return gm_outcome_refuse(out, r, "gpumemd: a local session allocates in its own heap");
-        if (r < 0)
-                return gm_outcome_refuse(out, r, "gpumemd: cannot create the session's allocator: %s", strerror(-r));
-        if (gm_heap_live_blocks(heap) >= b->limits.max_blocks_per_session)
-                return gm_outcome_refuse(out, -ENOBUFS, "gpumemd: session limit of %" PRIu64 " live blocks reached",
-                                         b->limits.max_blocks_per_session);
-        if (size == 0)
-                return gm_outcome_refuse(out, -EINVAL, "gpumemd: allocation of size 0");
-        if (size > b->backend->capacity) {
-                char a[32], c[32];
-                return gm_outcome_refuse(
-                        out, -ENOMEM, "gpumemd: tried to allocate %s, more than the device's capacity of %s",
-                        gm_format_size(size, a, sizeof(a)), gm_format_size(b->backend->capacity, c, sizeof(c)));
+        if (s->release_unverified_bytes == 0) /* once per session: on some hosts it is every release */
+                gm_host_log(b, LOG_NOTICE,
+                            "session %" PRIu64 " (pid %d, tenant '%s') released memory that cannot be checked "
+                            "as unmapped (no per-process figure from the driver, or one that did not drop by "
+                            "it): it stays charged until the session ends",
+                            s->id, (int) s->pid, s->tenant->name);
+        rel->held = true;
+        rel->unverified = true;
+        for (gm_piece_t *p = rel->pieces; p; p = p->queue)
+                p->unverified = true;
+        rel->next = s->releases;
+        s->releases = rel;
+        s->release_unverified_bytes += rel->bytes;
+        s->tenant->release_unverified_bytes += rel->bytes;
+}
+
+/* Appends (or, with `front`, puts back at the head) a parked request. */
+void gm_session_parked_push(gm_session_t *s, gm_parked_t *p, bool front) {
+        if (front) {
+                p->next = s->parked;
+                s->parked = p;
+                if (!s->parked_tail)
+                        s->parked_tail = p;
+        } else {
+                p->next = NULL;
+                if (s->parked_tail)
+                        s->parked_tail->next = p;
+                else
+                        s->parked = p;
+                s->parked_tail = p;
         }
-        /* The tenant's quota is also the heap's limit: its garbage collection
-         * aims below it (PyTorch's garbage_collection_threshold). */
-        gm_heap_set_limit(heap, s->tenant->quota, &s->tenant->stats);
-        r = gm_heap_alloc(heap, size, stream, &out->alloc);
-        if (r == 0) {
-                out->kind = GM_OUTCOME_REPLY;
-                return;
-        }
-        if (r != -ENOMEM && r != -EDQUOT) {
-                const char *detail = gm_backend_last_error(b->backend);
-                gm_broker_log(b, LOG_WARNING, "session %" PRIu64 ": allocation of %" PRIu64 " bytes failed: %s%s%s",
-                              s->id, size, strerror(-r), detail[0] ? ": " : "", detail);
-                return gm_outcome_refuse(out, r, "gpumemd: allocation failed: %s%s%s", strerror(-r),
-                                         detail[0] ? ": " : "", detail);
-        }
-        /* The allocator already gave back this session's own cache. */
-        gm_request_t rq = {.size = size, .stream = stream};
-        gm_session_out_of_memory(s, &rq, r, may_park, out);
+        s->n_parked++;
 }
 
-void gm_session_count_reclaim_wait(gm_session_t *s) {
-        if (s->heap)
-                gm_heap_count_reclaim_wait(s->heap);
+gm_parked_t *gm_session_parked_pop(gm_session_t *s) {
+        gm_assert(s->parked && s->n_parked > 0);
+        gm_parked_t *p = s->parked;
+        s->parked = p->next;
+        if (!s->parked)
+                s->parked_tail = NULL;
+        p->next = NULL;
+        s->n_parked--;
+        return p;
 }
 
-void gm_session_count_refusal(gm_session_t *s) {
-        if (s->heap)
-                gm_heap_count_oom(s->heap);
+void gm_session_unpark_all(gm_session_t *s) {
+        while (s->parked)
+                free(gm_session_parked_pop(s));
+        s->reclaim.id = 0;
+        s->reclaim.bytes = 0;
 }
 
-void gm_session_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
-                      size_t n_frames, gm_outcome_t *ret) {
-        *ret = (gm_outcome_t){0};
-        if (s->ended || !s->tenant)
-                return gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
-        gm_request_t rq = {.size = size, .stream = stream};
-        if (s->parked) /* keep order behind earlier waiting requests */
-                return gm_session_park(s, request_id, &rq, ret);
-        s->cur_frames = frames;
-        s->n_cur_frames = n_frames;
-        gm_session_try_alloc(s, size, stream, true, ret);
-        s->cur_frames = NULL;
-        s->n_cur_frames = 0;
-        if (ret->kind == GM_OUTCOME_PARK)
-                gm_session_park(s, request_id, &rq, ret);
+/* ---- what the daemon reads ---- */
+
+void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
+        *ret = (gm_session_view_t){
+                .id = s->id,
+                .pid = s->pid,
+                .uid = s->uid,
+                .name = s->name,
+                .unit = s->unit,
+                .token = s->token,
+                .admin = s->admin,
+                .admin_conn = s->admin_conn,
+                .tenant = s->tenant,
+                .local = s->local,
+                .ended = s->ended,
+                .reattaching = s->reattaching,
+                .lied = s->lied,
+                .unresponsive = s->unresponsive,
+                .owing_since_ms = s->owing_since_ms,
+                .releasing_bytes = s->releasing_bytes,
+                .reclaim_bytes = s->reclaim.id ? s->reclaim.bytes : 0,
+                .release_unverified_bytes = s->release_unverified_bytes,
+                .heap = s->heap,
+                .grants = s->grants,
+                .pieces = s->pieces,
+                .userdata = s->userdata,
+                .owned = s->owned,
+        };
 }
 
-const gm_piece_t *gm_session_new_pieces(const gm_session_t *s) {
-        return s->new_head;
+void *gm_session_userdata(const gm_session_t *s) {
+        return s->userdata;
 }
 
-void gm_session_pieces_sent(gm_session_t *s) {
-        s->n_moves = 0;
-        for (size_t i = 0; i < s->n_fences; i++)
-                s->fences[i].sent = s->fences[i].asked;
-        uint64_t now_ms = s->new_head ? gm_now_ms() : 0;
-        while (s->new_head) {
-                gm_piece_t *p = s->new_head;
-                s->new_head = p->queue;
-                p->queue = NULL;
-                p->sent = true;
-                p->handed_ms = now_ms;
-        }
-        s->new_tail = NULL;
+gm_session_t *gm_session_next(const gm_session_t *s) {
+        return s->next;
 }
 
-void gm_session_alloc_undo(gm_session_t *s, uint64_t block_id) {
-        if (s->heap)
-                gm_heap_free(s->heap, block_id, false);
-}
-
-int gm_session_free_block(gm_session_t *s, uint64_t block_id, bool deferred) {
-        return s->heap ? gm_heap_free(s->heap, block_id, deferred) : -ENOENT;
-}
-
-int gm_session_free_completed(gm_session_t *s, uint64_t block_id) {
-        return s->heap ? gm_heap_free_completed(s->heap, block_id) : -ENOENT;
-}
-
-void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
-        gm_lingering_sweep(b, false);
-        for (gm_session_t *s = b->sessions; s; s = s->next)
-                for (gm_release_t *rel = s->releases; rel && !s->ended; rel = rel->next) {
-                        if (rel->held || s->unresponsive || now_ms - rel->sent_at_ms < b->limits.release_timeout_ms)
-                                continue; /* an unresponsive client is asked again once it answers something */
-                        if (rel->attempts == 1) {
-                                if (b->ops.count_reclaim)
-                                        b->ops.count_reclaim(b->ops.userdata, GM_RECLAIM_TIMED_OUT);
-                                gm_broker_log(b, LOG_WARNING,
-                                              "session %" PRIu64 " (pid %d) has not acknowledged release %" PRIu64
-                                              " (%" PRIu64 " bytes) in %u ms; asking again, the bytes stay charged",
-                                              s->id, (int) s->pid, rel->id, rel->bytes, b->limits.release_timeout_ms);
-                        }
-                        if (release_send(s, rel) < 0)
-                                break;
-                }
-        gm_park_tick(b, now_ms);
-        gm_ledger_expire(b, now_ms, false);
+void **gm_session_owned(gm_session_t *s) {
+        return &s->owned;
 }

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker-internal.h"
+#include "books.h"
 
 gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name) {
         for (gm_tenant_t *t = b->tenants; t; t = t->next)
@@ -47,7 +47,7 @@ void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uin
                 }
 }
 
-const char *gm_quota_source_name(const gm_tenant_t *t) {
+const char *gm_tenant_quota_source(const gm_tenant_t *t) {
         static const char *const names[_GM_QUOTA_SOURCE_MAX] = {"runtime", "persistent", "config"};
         for (int i = 0; i < _GM_QUOTA_SOURCE_MAX; i++)
                 if (t->quota_set[i])
@@ -58,7 +58,7 @@ const char *gm_quota_source_name(const gm_tenant_t *t) {
 /* Longest line of the quotas file we accept. */
 #define QUOTA_LINE_MAX 256
 
-int gm_quotas_load(gm_broker_t *b, const char *state_dir) {
+int gm_tenant_quotas_load(gm_broker_t *b, const char *state_dir) {
         if (!state_dir)
                 return 0;
         char path[512];
@@ -88,7 +88,7 @@ int gm_quotas_load(gm_broker_t *b, const char *state_dir) {
         return r;
 }
 
-int gm_quotas_save(const gm_broker_t *b, const char *state_dir) {
+int gm_tenant_quotas_save(const gm_broker_t *b, const char *state_dir) {
         if (!state_dir)
                 return -ENOENT;
         char path[512], tmp[520];
@@ -117,25 +117,5 @@ int gm_quotas_save(const gm_broker_t *b, const char *state_dir) {
                 r = -errno;
         if (r < 0)
                 unlink(tmp);
-        return r;
-}
-
-int gm_broker_set_quota(gm_broker_t *b, const char *name, bool runtime, uint64_t bytes, const char *state_dir) {
-        gm_tenant_t *t = gm_tenant_find(b, name);
-        if (!t && b->n_tenants >= GM_BROKER_MAX_TENANTS)
-                return -ENOSPC;
-        if (!t && !(t = gm_tenant_get(b, name)))
-                return -ENOMEM;
-        gm_quota_source_t source = runtime ? GM_QUOTA_RUNTIME : GM_QUOTA_PERSISTENT;
-        bool had = t->quota_set[source];
-        uint64_t old = t->quota_by_source[source];
-        gm_tenant_set_quota(t, source, bytes != 0, bytes);
-        if (runtime) {
-                gm_ledger_runtime_quota(b, t->name, bytes);
-                return 0;
-        }
-        int r = gm_quotas_save(b, state_dir);
-        if (r < 0)
-                gm_tenant_set_quota(t, source, had, old);
         return r;
 }

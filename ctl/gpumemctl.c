@@ -79,71 +79,6 @@ static int no_more_args(const char *cmd, int argc, char **argv, int first) {
         return first < argc ? usage_error("%s: unexpected argument '%s'", cmd, argv[first]) : 0;
 }
 
-int ctl_failed(const ctl_t *c, int r) {
-        const char *why = gpumem_admin_error(c->admin);
-        switch (gpumem_admin_failure_kind(c->admin)) {
-        case GPUMEM_ADMIN_REFUSED:
-                fprintf(stderr, "gpumemctl: %s (%s)\n", why, strerror(-r));
-                return EXIT_REFUSED;
-        case GPUMEM_ADMIN_UNREACHABLE:
-        case GPUMEM_ADMIN_LOST:
-                fprintf(stderr, "gpumemctl: %s\n", why);
-                return EXIT_UNREACHABLE;
-        default:
-                fprintf(stderr, "gpumemctl: %s\n", why[0] ? why : strerror(-r));
-                return EXIT_REFUSED;
-        }
-}
-
-int ctl_connect(ctl_t *c) {
-        if (c->admin)
-                return 0;
-        const char *path = c->socket_path;
-        int device = c->device;
-        char buf[108];
-        bool named = path != NULL; /* by -s or $GPUMEM_SOCKET */
-        if (!path) {
-                int r = gpumem_admin_socket(device, buf, sizeof(buf));
-                if (r < 0) {
-                        fprintf(stderr, "gpumemctl: no socket path%s: %s\n",
-                                r == -EINVAL && device >= 0 ? " ($GPUMEM_SOCKET_TEMPLATE needs one %d)" : "",
-                                strerror(-r));
-                        return EXIT_UNREACHABLE;
-                }
-                path = buf;
-        }
-        gpumem_admin *a;
-        int r = gpumem_admin_new(path, "gpumemctl", &a);
-        if (r < 0) {
-                fprintf(stderr, "gpumemctl: %s\n", strerror(-r));
-                return EXIT_UNREACHABLE;
-        }
-        r = gpumem_admin_connect(a);
-        if (r == 0) {
-                c->admin = a;
-                return 0;
-        }
-        /* Not connected: no request goes out without a hello. */
-        gpumem_admin_failure kind = gpumem_admin_failure_kind(a);
-        const ctl_t failed = {.admin = a};
-        int code = kind == GPUMEM_ADMIN_UNEXPECTED ? EXIT_UNREACHABLE : ctl_failed(&failed, r);
-        if (kind == GPUMEM_ADMIN_UNEXPECTED)
-                fprintf(stderr, "gpumemctl: %s\n", gpumem_admin_error(a));
-        else if ((r == -ENOENT || r == -ECONNREFUSED) && kind == GPUMEM_ADMIN_UNREACHABLE && named)
-                fprintf(stderr,
-                        "gpumemctl: start gpumemd there (gpumemd --socket %s), or name another "
-                        "daemon with -s SOCKET or -d N\n",
-                        path);
-        else if ((r == -ENOENT || r == -ECONNREFUSED) && kind == GPUMEM_ADMIN_UNREACHABLE)
-                fprintf(stderr,
-                        "gpumemctl: start the system's (systemctl start gpumemd@%d) or your own "
-                        "(gpumemd --device %d), or name another daemon with -s SOCKET or "
-                        "$GPUMEM_SOCKET\n",
-                        device >= 0 ? device : 0, device >= 0 ? device : 0);
-        gpumem_admin_free(a);
-        return code;
-}
-
 static void print_json_string(const char *s) {
         gm_json_print_string(stdout, s);
 }
@@ -434,6 +369,18 @@ static void print_quota_json(const gpumem_tenant_usage *list, size_t n) {
         printf("]\n");
 }
 
+/* The tenant's quota as text in buf when a runtime one is in force, else "". */
+static void runtime_quota_of(ctl_t *c, const char *tenant, char *buf, size_t len) {
+        gpumem_tenant_usage *list;
+        size_t n;
+        buf[0] = '\0';
+        if (gpumem_admin_quota(c->admin, GPUMEM_QUOTA_GET, tenant, 0, false, &list, &n) < 0)
+                return; /* no such tenant yet */
+        if (n == 1 && strcmp(list[0].info.quota_source, "runtime") == 0)
+                fmt_size(list[0].info.quota, buf, len);
+        gpumem_buffer_free(list);
+}
+
 static int cmd_quota(ctl_t *c, int argc, char **argv) {
         gpumem_quota_op op;
         const char *tenant = NULL;
@@ -471,11 +418,17 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
         int r = ctl_connect(c);
         if (r)
                 return r;
+        /* A persistent quota replaces a runtime one (the daemon drops it): say so. */
+        char replaced[32] = "";
+        if (op == GPUMEM_QUOTA_SET && !runtime)
+                runtime_quota_of(c, tenant, replaced, sizeof(replaced));
         gpumem_tenant_usage *list;
         size_t n;
         r = gpumem_admin_quota(c->admin, op, tenant, bytes, runtime, &list, &n);
         if (r < 0)
                 return ctl_failed(c, r);
+        if (!json && replaced[0] && n == 1 && strcmp(list[0].info.quota_source, "runtime") != 0)
+                printf("The persistent quota replaces the runtime quota of %s that was in force.\n", replaced);
         if (json) {
                 print_quota_json(list, n);
                 gpumem_buffer_free(list);

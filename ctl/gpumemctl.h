@@ -1,5 +1,5 @@
 /* gpumemctl's connection to the daemon, shared by its command files
- * (gpumemctl.c, gpumemctl_top.c): one libgpumem control connection
+ * (gpumemctl.c, gpumemctl_top.c) over ctl.c: one libgpumem control connection
  * (gpumem/admin.h), whose failures become gpumemctl's messages and exit codes. */
 #pragma once
 

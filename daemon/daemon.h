@@ -109,10 +109,10 @@ struct gm_daemon {
         bool watchdog_running;
         gm_conn_t *conns;
         uint32_t n_conns;
-        gm_u64map_t conns_per_uid;      /* uid + 1 -> number of its connections (as uintptr_t) */
-        struct gm_metrics *metrics;     /* the Prometheus endpoint; NULL when disabled */
-        gm_local_totals_t local_totals; /* local sessions' part of tenant and device statistics */
-        gm_snapjobs_t snapjobs;         /* snapshots under way, their limits and counters */
+        gm_u64map_t conns_per_uid;           /* uid + 1 -> number of its connections (as uintptr_t) */
+        struct gm_metrics *metrics;          /* the Prometheus endpoint; NULL when disabled */
+        gm_localstats_totals_t local_totals; /* local sessions' part of tenant and device statistics */
+        gm_snapjobs_t snapjobs;              /* snapshots under way, their limits and counters */
         bool shutting_down;
 };
 

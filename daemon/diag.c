@@ -1,6 +1,6 @@
 /* Diagnosis in the daemon (diag.h): samples on the tick and the refusal
  * record. Only sessions that hold memory get a ring (one malloc'd block per
- * session, freed with it by the broker). */
+ * session in its gm_session_owned() slot, freed with it by the broker). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +17,10 @@ static uint64_t min_u64(uint64_t a, uint64_t b) {
 
 /* The session's diagnosis state, created on first use (NULL: out of memory). */
 static gm_diag_session_t *diag_of(gm_session_t *s) {
-        if (!s->diag)
-                s->diag = calloc(1, sizeof(*s->diag));
-        return s->diag;
+        void **slot = gm_session_owned(s);
+        if (!*slot)
+                *slot = calloc(1, sizeof(gm_diag_session_t));
+        return *slot;
 }
 
 void gm_diag_note_request(gm_request_conn_t *c, const Gpumem__Envelope *env) {
@@ -32,7 +33,9 @@ void gm_diag_note_request(gm_request_conn_t *c, const Gpumem__Envelope *env) {
         } else {
                 return;
         }
-        gm_diag_session_t *d = c->session->ended ? NULL : diag_of(c->session);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_diag_session_t *d = sv.ended ? NULL : diag_of(c->session);
         if (!d)
                 return;
         uint64_t cap = c->rq->broker->backend->capacity;
@@ -45,17 +48,19 @@ void gm_diag_note_request(gm_request_conn_t *c, const Gpumem__Envelope *env) {
 
 void gm_diag_note_refusal(gm_request_conn_t *c, const gm_outcome_t *out) {
         gm_session_t *s = c->session;
-        if (!out->oom || !s->tenant)
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        if (!out->oom || !sv.tenant)
                 return;
         uint64_t now = gm_now_ms();
         gm_refusal_t ev = {
                 .t_ms = now,
-                .session_id = s->id,
-                .pid = (uint32_t) s->pid,
+                .session_id = sv.id,
+                .pid = (uint32_t) sv.pid,
                 .reason = (uint32_t) out->oom_reason,
                 .size = min_u64(out->oom_size, c->rq->broker->backend->capacity),
         };
-        snprintf(ev.tenant, sizeof(ev.tenant), "%s", s->tenant->name);
+        snprintf(ev.tenant, sizeof(ev.tenant), "%s", sv.tenant->name);
         gm_refusal_ring_add(&c->rq->broker->refusals, &ev);
         gm_diag_session_t *d = diag_of(s);
         if (d) {
@@ -65,7 +70,8 @@ void gm_diag_note_refusal(gm_request_conn_t *c, const gm_outcome_t *out) {
 }
 
 /* The session's figures now, as one sample. */
-static void sample_session(const gm_session_t *s, const gm_stats_t *st, const gm_diag_session_t *d, gm_sample_t *ret) {
+static void sample_session(const gm_session_view_t *s, const gm_stats_t *st, const gm_diag_session_t *d,
+                           gm_sample_t *ret) {
         uint64_t allocated = gm_diag_positive(st->allocated_bytes[GM_STAT_ALL].current);
         uint64_t active = gm_diag_positive(st->active_bytes[GM_STAT_ALL].current);
         uint64_t reserved = gm_diag_positive(st->reserved_bytes[GM_STAT_ALL].current);
@@ -82,22 +88,24 @@ static void sample_session(const gm_session_t *s, const gm_stats_t *st, const gm
                 .allocations = gm_diag_positive(st->allocation[GM_STAT_ALL].allocated),
                 .request_max = d->request_max,
                 .refusals = d->refusals,
-                .releasing = s->releasing_bytes + (s->reclaim.id ? s->reclaim.bytes : 0),
+                .releasing = s->releasing_bytes + s->reclaim_bytes,
         };
 }
 
 void gm_diag_tick(const gm_requests_t *rq, uint64_t now_ms) {
-        for (gm_session_t *s = rq->broker->sessions; s; s = s->next) {
-                if (s->ended || !s->tenant || s->admin_conn)
+        for (gm_session_t *s = rq->broker->sessions; s; s = gm_session_next(s)) {
+                gm_session_view_t sv;
+                gm_session_view(s, &sv);
+                if (sv.ended || !sv.tenant || sv.admin_conn)
                         continue;
                 const gm_stats_t *st = gm_localstats_session(s);
-                if (!st || (!s->diag && st->reserved_bytes[GM_STAT_ALL].current <= 0))
+                if (!st || (!*gm_session_owned(s) && st->reserved_bytes[GM_STAT_ALL].current <= 0))
                         continue; /* no ring until it holds memory or asks for some */
                 gm_diag_session_t *d = diag_of(s);
                 if (!d)
                         continue;
                 gm_sample_t f;
-                sample_session(s, st, d, &f);
+                sample_session(&sv, st, d, &f);
                 gm_sample_ring_record(&d->ring, now_ms, &f);
                 d->request_max = 0;
         }

@@ -34,9 +34,9 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
                                  c->tenant_name);
                 return -EPERM;
         }
-        gm_local_t *l = calloc(1, sizeof(*l));
+        gm_localstats_t *l = calloc(1, sizeof(*l));
         int fd = -1;
-        int r = l ? gm_session_set_local(c->session) : -ENOMEM;
+        int r = l ? gm_session_local_enable(c->session) : -ENOMEM;
         if (r == 0)
                 r = gm_statpage_create(sizeof(gm_stats_t), &fd);
         if (r == 0)
@@ -57,7 +57,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         reply->alloc_conf = d->broker->alloc_config.raw;
         reply->stats_page_size = GM_STATPAGE_SIZE;
         reply->grant_runs = true;
-        reply->return_intents = gm_session_returns_need_intent(c->session);
+        reply->return_intents = gm_process_check_needs_intent(c->session);
         *ret_page_fd = fd;
         return 0;
 }
@@ -92,7 +92,7 @@ void gm_local_answer_grant(gm_request_conn_t *c, uint64_t request_id, const gm_o
 /* ---- pushes ---- */
 
 int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, uint64_t bytes) {
-        gm_request_conn_t *c = s->userdata;
+        gm_request_conn_t *c = gm_session_userdata(s);
         if (!c || !c->local || c->closed)
                 return -ENOTCONN;
         Gpumem__Reclaim rq = GPUMEM__RECLAIM__INIT;
@@ -105,7 +105,7 @@ int gm_local_send_reclaim(void *userdata, gm_session_t *s, uint64_t reclaim_id, 
 }
 
 void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_config_t *config) {
-        gm_request_conn_t *c = s->userdata;
+        gm_request_conn_t *c = gm_session_userdata(s);
         if (!c || !c->local || c->closed)
                 return;
         Gpumem__AllocConfUpdate up = GPUMEM__ALLOC_CONF_UPDATE__INIT;
@@ -124,9 +124,11 @@ void gm_local_push_history(const gm_requests_t *rq) {
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_PUSH;
         out.history_push = &h;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                gm_request_conn_t *oc = o->userdata;
-                if (oc && oc->local && !oc->closed && !o->ended)
+        for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                gm_request_conn_t *oc = gm_session_userdata(o);
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                if (oc && oc->local && !oc->closed && !ov.ended)
                         gm_request_send(oc, 0, &out, NULL, 0);
         }
 }
@@ -144,12 +146,12 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
                                                 .offset = seg->mapped[k]->offset,
                                                 .size = seg->mapped[k]->length};
                         gm_piece_t *p;
-                        r = gm_session_reattach_grant(s, &spec, &p);
+                        r = gm_reattach_grant(s, &spec, &p);
                 }
         }
         gm_localstats_exact_sync(c);
         if (r == 0 && req->last)
-                r = gm_session_reattach_finish(s);
+                r = gm_reattach_finish(s);
         if (r < 0) {
                 gm_request_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
                 return r;
@@ -160,18 +162,20 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
 /* ---- the end of a session ---- */
 
 void gm_local_end(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         if (!l)
                 return;
         const gm_requests_t *d = c->rq;
         /* Its figures leave the local totals (the broker releases its pieces). */
         gm_stats_t gone = l->applied;
         gm_localstats_zero_currents(&gone);
-        gm_local_tenant_t *lt = c->session->tenant ? gm_localstats_tenant(d, c->session->tenant->name) : NULL;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_localstats_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
         if (lt)
                 gm_localstats_fold(&lt->stats, &gone, &l->applied);
         gm_localstats_fold(&d->local->device, &gone, &l->applied);
-        if (c->session->tenant)
+        if (sv.tenant)
                 gm_localstats_exact_gone(c);
         gm_statpage_unmap(l->page);
         free(l);

@@ -79,11 +79,11 @@ void gm_localstats_zero_currents(gm_stats_t *stats) {
                 stat_at(stats, i)->current = 0;
 }
 
-gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name) {
-        for (gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+gm_localstats_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name) {
+        for (gm_localstats_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
                 if (strcmp(lt->name, name) == 0)
                         return lt;
-        gm_local_tenant_t *lt = calloc(1, sizeof(*lt));
+        gm_localstats_tenant_t *lt = calloc(1, sizeof(*lt));
         if (!lt)
                 return NULL;
         snprintf(lt->name, sizeof(lt->name), "%s", name);
@@ -94,8 +94,8 @@ gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name
         return lt;
 }
 
-static const gm_local_tenant_t *find_local_tenant(const gm_requests_t *d, const char *name) {
-        for (const gm_local_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
+static const gm_localstats_tenant_t *find_local_tenant(const gm_requests_t *d, const char *name) {
+        for (const gm_localstats_tenant_t *lt = d->local->tenants; lt; lt = lt->next)
                 if (strcmp(lt->name, name) == 0)
                         return lt;
         return NULL;
@@ -107,7 +107,7 @@ static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max)
 }
 
 /* Whether a page's figures fit what this session was granted. */
-static bool page_plausible(const gm_session_t *s, const gm_stats_t *p) {
+static bool page_plausible(const gm_session_view_t *s, const gm_stats_t *p) {
         const gm_session_grants_t *g = &s->grants;
         int64_t granted = g->bytes.current, granted_peak = g->bytes.peak;
         int64_t segments = g->segments.current, segments_ever = g->segments.allocated;
@@ -140,7 +140,7 @@ static bool page_plausible(const gm_session_t *s, const gm_stats_t *p) {
         return true;
 }
 
-static void overlay_exact(gm_local_t *l) {
+static void overlay_exact(gm_localstats_t *l) {
         l->figures.reserved_bytes[GM_STAT_ALL] = l->exact.reserved_bytes[GM_STAT_ALL];
         l->figures.segment[GM_STAT_ALL] = l->exact.segment[GM_STAT_ALL];
         l->figures.num_device_alloc = l->exact.num_device_alloc;
@@ -149,18 +149,20 @@ static void overlay_exact(gm_local_t *l) {
 }
 
 void gm_localstats_refresh_conn(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         const gm_requests_t *d = c->rq;
         gm_stats_t page;
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
         if (r == -EAGAIN)
                 return; /* the heap is in the middle of a change: keep the last figures */
-        bool valid = r == 0 && page_plausible(c->session, &page);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        bool valid = r == 0 && page_plausible(&sv, &page);
         if (!valid) {
                 if (!l->page_invalid)
                         log_warning("session %llu (pid %d): its statistics page fails the daemon's bounds; "
                                     "its block figures count as zero",
-                                    (unsigned long long) c->session->id, (int) c->session->pid);
+                                    (unsigned long long) sv.id, (int) sv.pid);
                 gm_stats_init(&page);
         }
         l->page_invalid = !valid;
@@ -169,7 +171,7 @@ void gm_localstats_refresh_conn(gm_request_conn_t *c) {
         page.segment[GM_STAT_ALL] = (gm_stat_t){0};
         page.num_device_alloc = page.num_device_free = page.num_reclaim_waits = 0;
         page.max_split_size = d->broker->device_stats.max_split_size;
-        gm_local_tenant_t *lt = gm_localstats_tenant(d, c->session->tenant->name);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
         if (lt)
                 gm_localstats_fold(&lt->stats, &page, &l->applied);
         gm_localstats_fold(&d->local->device, &page, &l->applied);
@@ -182,7 +184,9 @@ void gm_localstats_refresh_conn(gm_request_conn_t *c) {
  * totals by `bytes` and `segments`, counting `allocs` and `frees` of pieces. */
 static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, int64_t allocs, int64_t frees) {
         const gm_requests_t *d = c->rq;
-        gm_local_tenant_t *lt = gm_localstats_tenant(d, c->session->tenant->name);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(d, sv.tenant->name);
         gm_stats_t *sinks[] = {&c->local->exact, &d->local->device, lt ? &lt->stats : NULL};
         for (size_t i = 0; i < sizeof(sinks) / sizeof(sinks[0]) && sinks[i]; i++) {
                 if (bytes)
@@ -196,8 +200,10 @@ static void exact_apply(gm_request_conn_t *c, int64_t bytes, int64_t segments, i
 }
 
 void gm_localstats_exact_sync(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
-        const gm_session_grants_t *now = &c->session->grants, *was = &l->synced;
+        gm_localstats_t *l = c->local;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        const gm_session_grants_t *now = &sv.grants, *was = &l->synced;
         exact_apply(c, now->bytes.current - was->bytes.current, now->segments.current - was->segments.current,
                     (int64_t) (now->pieces + now->returned) - (int64_t) (was->pieces + was->returned),
                     (int64_t) now->returned - (int64_t) was->returned);
@@ -205,15 +211,17 @@ void gm_localstats_exact_sync(gm_request_conn_t *c) {
 }
 
 void gm_localstats_exact_gone(gm_request_conn_t *c) {
-        gm_local_t *l = c->local;
+        gm_localstats_t *l = c->local;
         exact_apply(c, -l->synced.bytes.current, -l->synced.segments.current, 0, (int64_t) l->synced.pieces);
         l->synced = (gm_session_grants_t){0};
 }
 
 void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {
-        gm_request_conn_t *c = s->userdata;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        gm_request_conn_t *c = sv.userdata;
         *ret = (gm_client_view_t){0};
-        if (!c || !s->tenant)
+        if (!c || !sv.tenant)
                 return;
         if (c->local && !c->closed) {
                 gm_localstats_refresh_conn(c);
@@ -221,7 +229,7 @@ void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_
                 ret->session_allocated = (uint64_t) st->allocated_bytes[GM_STAT_ALL].current;
                 ret->session_active = (uint64_t) st->active_bytes[GM_STAT_ALL].current;
         }
-        const gm_local_tenant_t *lt = find_local_tenant(c->rq, s->tenant->name);
+        const gm_localstats_tenant_t *lt = find_local_tenant(c->rq, sv.tenant->name);
         ret->tenant_active = lt ? (uint64_t) lt->stats.active_bytes[GM_STAT_ALL].current : 0;
         ret->device_active = (uint64_t) c->rq->local->device.active_bytes[GM_STAT_ALL].current;
 }
@@ -231,7 +239,9 @@ void gm_localstats_tick(const gm_requests_t *d) {
 }
 
 void gm_localstats_count_reclaim_wait(gm_request_conn_t *c) {
-        gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, c->session->tenant->name);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_localstats_tenant_t *lt = gm_localstats_tenant(c->rq, sv.tenant->name);
         c->local->exact.num_reclaim_waits++;
         c->rq->local->device.num_reclaim_waits++;
         if (lt)
@@ -240,28 +250,34 @@ void gm_localstats_count_reclaim_wait(gm_request_conn_t *c) {
 }
 
 void gm_localstats_refresh(const gm_requests_t *d) {
-        for (gm_session_t *s = d->broker->sessions; s; s = s->next) {
-                gm_request_conn_t *c = s->userdata;
+        for (gm_session_t *s = d->broker->sessions; s; s = gm_session_next(s)) {
+                gm_session_view_t sv;
+                gm_session_view(s, &sv);
+                gm_request_conn_t *c = sv.userdata;
                 if (c && c->local && !c->closed)
                         gm_localstats_refresh_conn(c);
         }
 }
 
 const gm_stats_t *gm_localstats_session(const gm_session_t *s) {
-        const gm_request_conn_t *c = s->userdata;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        const gm_request_conn_t *c = sv.userdata;
         if (c && c->local)
                 return &c->local->figures;
-        return s->heap ? gm_heap_stats(s->heap) : NULL;
+        return sv.heap ? gm_heap_stats(sv.heap) : NULL;
 }
 
 bool gm_localstats_page_invalid(const gm_session_t *s) {
-        const gm_request_conn_t *c = s->userdata;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        const gm_request_conn_t *c = sv.userdata;
         return c && c->local && c->local->page_invalid;
 }
 
 void gm_localstats_tenant_stats(const gm_requests_t *d, const gm_tenant_t *t, gm_stats_t *ret) {
         *ret = t->stats;
-        const gm_local_tenant_t *lt = find_local_tenant(d, t->name);
+        const gm_localstats_tenant_t *lt = find_local_tenant(d, t->name);
         if (lt)
                 gm_localstats_add(ret, &lt->stats);
 }
@@ -273,7 +289,7 @@ void gm_localstats_device_stats(const gm_requests_t *d, gm_stats_t *ret) {
 
 void gm_localstats_free_all(const gm_requests_t *d) {
         while (d->local->tenants) {
-                gm_local_tenant_t *lt = d->local->tenants;
+                gm_localstats_tenant_t *lt = d->local->tenants;
                 d->local->tenants = lt->next;
                 free(lt);
         }
@@ -286,11 +302,13 @@ void gm_localstats_metrics_refresh(void *userdata) {
 void gm_localstats_metrics_tenant(void *userdata, const gm_tenant_t *t, gm_metrics_tenant_extra_t *ret) {
         const gm_requests_t *d = userdata;
         gm_localstats_tenant_stats(d, t, &ret->stats);
-        for (const gm_session_t *os = d->broker->sessions; os; os = os->next) {
-                const gm_request_conn_t *c = os->userdata;
-                if (c && !c->closed && os->tenant == t)
-                        ret->unresponsive += os->unresponsive;
-                if (c && c->local && !c->closed && os->tenant == t) {
+        for (const gm_session_t *os = d->broker->sessions; os; os = gm_session_next(os)) {
+                gm_session_view_t ov;
+                gm_session_view(os, &ov);
+                const gm_request_conn_t *c = ov.userdata;
+                if (c && !c->closed && ov.tenant == t)
+                        ret->unresponsive += ov.unresponsive;
+                if (c && c->local && !c->closed && ov.tenant == t) {
                         ret->local_sessions++;
                         ret->invalid_pages += c->local->page_invalid;
                 }

@@ -13,7 +13,7 @@
 #include "request.h"
 #include "statpage.h"
 
-struct gm_local {
+struct gm_localstats {
         gm_statpage_t *page;
         gm_stats_t exact; /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
         gm_session_grants_t synced; /* the broker's grant figures last applied to exact and the totals */
@@ -32,13 +32,13 @@ struct gm_localstats_tenant {
 };
 
 /* The local sessions' part of every tenant's and the device's statistics. */
-struct gm_local_totals {
-        gm_local_tenant_t *tenants;
+struct gm_localstats_totals {
+        gm_localstats_tenant_t *tenants;
         gm_stats_t device;
 };
 
 /* The tenant's local totals, created on first use (NULL: out of memory). */
-gm_local_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name);
+gm_localstats_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name);
 /* Adds want - applied to `sink`: currents move by the difference (peaks
  * follow), accumulated figures and counters only ever grow. */
 void gm_localstats_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied);

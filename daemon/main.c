@@ -28,8 +28,10 @@ static void usage(FILE *f) {
                    "  -b, --backend KIND         auto, cuda or host (default auto)\n"
                    "  -C, --capacity BYTES       bytes to hand out (1G, 512M, 4096; default: host\n"
                    "                             min(8G, RAM/4), cuda the device's memory)\n"
-                   "  -s, --socket PATH          control socket (default /run/gpumem/gpu<N>.sock as\n"
-                   "                             root, else $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock)\n"
+                   "  -s, --socket PATH          control socket (default $RUNTIME_DIRECTORY/gpu<N>.sock\n"
+                   "                             under systemd, /run/gpumem/gpu<N>.sock as root, else\n"
+                   "                             $XDG_RUNTIME_DIR/gpumem/gpu<N>.sock); persistent quotas\n"
+                   "                             live in state_dir, $STATE_DIRECTORY or its directory\n"
                    "  -m, --metrics-listen ADDR  Prometheus endpoint (default 127.0.0.1:9470+N)\n"
                    "  -a, --alloc-conf STR       PYTORCH_CUDA_ALLOC_CONF-style allocator settings\n"
                    "      --max-sessions N       concurrent sessions (default 1024)\n"
@@ -207,8 +209,6 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->capacity = c->capacity;
         if (c->has_alloc_conf)
                 o->alloc_conf = c->alloc_conf;
-        if (c->has_state_dir || getuid() == 0)
-                o->state_dir = c->state_dir;
         if (c->has_max_sessions)
                 o->limits.max_sessions = c->max_sessions;
         if (c->has_max_blocks_per_session)
@@ -246,18 +246,51 @@ static void snapshot_limits_from_config(gm_snapshot_limits_t *l, const gm_config
                 l->answer_timeout_ms = c->snapshot_answer_timeout_ms;
 }
 
-/* Without a configured state directory, a daemon run by a user keeps its
- * persistent quotas under $XDG_STATE_HOME (or ~/.local/state)/gpumem. */
-static void default_state_dir(gm_options_t *o) {
+/* The first directory of a systemd directory variable ($RUNTIME_DIRECTORY,
+ * $STATE_DIRECTORY: absolute paths separated by colons) in buf, or NULL. */
+static const char *systemd_directory(const char *variable, char *buf, size_t buf_len) {
+        const char *value = getenv(variable);
+        if (!value || value[0] != '/')
+                return NULL;
+        size_t len = strcspn(value, ":");
+        if (len >= buf_len)
+                return NULL;
+        memcpy(buf, value, len);
+        buf[len] = '\0';
+        return buf;
+}
+
+/* The control socket when neither a flag nor the configuration names one:
+ * in the runtime directory systemd made for the service, else the default
+ * socket of the daemon's user (gm_ipc_default_socket_path). */
+static int default_socket_path(gm_options_t *o) {
+        char dir[sizeof(o->socket_path)];
+        if (o->socket_path[0])
+                return 0;
+        if (!systemd_directory("RUNTIME_DIRECTORY", dir, sizeof(dir)))
+                return gm_ipc_default_socket_path(o->device, false, o->socket_path, sizeof(o->socket_path));
+        int n = snprintf(o->socket_path, sizeof(o->socket_path), "%s/gpu%d.sock", dir, o->device);
+        return n < 0 || (size_t) n >= sizeof(o->socket_path) ? -ENAMETOOLONG : 0;
+}
+
+/* Where persistent quotas are kept: the configuration's state_dir, else the
+ * state directory systemd made for the service, else the directory of the
+ * control socket, so that a daemon started by hand never writes the system's
+ * state. Needs the final socket path; `c` must outlive the choice. */
+static void choose_state_dir(gm_options_t *o, const gm_config_t *c) {
+        if (c->has_state_dir) {
+                o->state_dir = c->state_dir;
+                return;
+        }
+        o->state_dir = systemd_directory("STATE_DIRECTORY", o->state_dir_buf, sizeof(o->state_dir_buf));
         if (o->state_dir)
                 return;
-        const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-        if (xdg && xdg[0] == '/')
-                snprintf(o->state_dir_buf, sizeof(o->state_dir_buf), "%s/gpumem", xdg);
-        else if (home && home[0] == '/')
-                snprintf(o->state_dir_buf, sizeof(o->state_dir_buf), "%s/.local/state/gpumem", home);
-        else
-                return;
+        const char *slash = strrchr(o->socket_path, '/');
+        size_t len = slash ? (size_t) (slash - o->socket_path) : 0;
+        if (len == 0 || len >= sizeof(o->state_dir_buf))
+                return; /* none kept */
+        memcpy(o->state_dir_buf, o->socket_path, len);
+        o->state_dir_buf[len] = '\0';
         o->state_dir = o->state_dir_buf;
 }
 
@@ -326,8 +359,7 @@ static void reload_config(gm_daemon_t *d) {
         snapshot_limits_from_config(&d->snapjobs.limits, c);
         gm_broker_limits_t limits = broker_limits(d);
         gm_broker_set_limits(d->broker, &limits);
-        if (d->opts.state_dir != d->opts.state_dir_buf)
-                d->opts.state_dir = o.state_dir == o.state_dir_buf ? d->opts.state_dir : o.state_dir;
+        choose_state_dir(&d->opts, c);
         gm_config_free(d->config);
         d->config = c;
         gm_server_sync_requests(d); /* the state directory may have moved */
@@ -367,7 +399,7 @@ static void on_signal(uv_signal_t *handle, int signum) {
         d->broker->stopping = true; /* the sessions' clients may re-attach to the next daemon */
         gm_sd_notify_stopping();
         gm_server_stop(d);
-        gm_ledger_expire(d->broker, gm_now_ms(), true);
+        gm_orphan_expire(d->broker, gm_now_ms(), true);
         if (d->watchdog_running) {
                 uv_timer_stop(&d->watchdog);
                 uv_close((uv_handle_t *) &d->watchdog, NULL);
@@ -390,7 +422,7 @@ static void on_watchdog(uv_timer_t *t) {
         if (gm_sd_watchdog_interval_usec(&usec) > 0)
                 gm_sd_watchdog_ping();
         gm_sd_notify_status("%u sessions, %s of %s in use", d->n_conns,
-                            gm_format_size(gm_broker_reserved(d->broker), used, sizeof(used)),
+                            gm_format_size(gm_piece_reserved(d->broker), used, sizeof(used)),
                             gm_format_size(d->backend->capacity, cap, sizeof(cap)));
 }
 
@@ -449,13 +481,11 @@ int main(int argc, char **argv) {
         if (parse_args(argc, argv, &d->opts) < 0)
                 return EXIT_FAILURE;
         own_startup_strings(&d->opts, &startup);
-        default_state_dir(&d->opts);
         gm_log_max_level = d->opts.verbosity > 0 ? LOG_DEBUG : LOG_INFO;
-        if (!d->opts.socket_path[0]) {
-                r = gm_ipc_default_socket_path(d->opts.device, false, d->opts.socket_path, sizeof(d->opts.socket_path));
-                if (r < 0)
-                        return log_error_errno(r, "Failed to determine the socket path"), EXIT_FAILURE;
-        }
+        r = default_socket_path(&d->opts);
+        if (r < 0)
+                return log_error_errno(r, "Failed to determine the socket path"), EXIT_FAILURE;
+        choose_state_dir(&d->opts, d->config);
         r = gm_alloc_config_parse(d->opts.alloc_conf, &d->alloc_config, err, sizeof(err));
         if (r < 0) {
                 log_error("Invalid --alloc-conf '%s': %s", d->opts.alloc_conf, err);
@@ -520,11 +550,11 @@ int main(int argc, char **argv) {
         if (r < 0)
                 log_warning_errno(r, "No ledger journal at '%s': restarts will rely on clients alone", ledger_path);
         for (size_t i = 0; i < sdfds.n_segments; i++) {
-                gm_ledger_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
+                gm_orphan_adopt(d->broker, sdfds.segments[i].name, sdfds.segments[i].fd);
                 sdfds.segments[i].fd = -1; /* consumed */
         }
-        gm_ledger_adopt_done(d->broker, gm_now_ms());
-        r = gm_quotas_load(d->broker, d->opts.state_dir);
+        gm_orphan_adopt_done(d->broker, gm_now_ms());
+        r = gm_tenant_quotas_load(d->broker, d->opts.state_dir);
         if (r < 0)
                 log_warning_errno(r, "Failed to read persistent quotas from '%s', ignoring", d->opts.state_dir);
         apply_config_quotas(d);

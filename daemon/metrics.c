@@ -686,7 +686,7 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
                 sample(&o, "gpumem_device_free_bytes", dev, "", (int64_t) dev_free);
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
-        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_broker_reserved(b));
+        sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_piece_reserved(b));
         if (b->store_max) {
                 family(&o, "gpumem_fdstore_fds", "gauge",
                        "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");

@@ -58,15 +58,19 @@ int gm_req_admin_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope 
 
 /* The tenant a request names, or the caller's own. */
 static const char *tenant_named(const gm_request_conn_t *c, const char *name) {
-        return name && name[0] ? name : c->session->tenant->name;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        return name && name[0] ? name : sv.tenant->name;
 }
 
 const char *gm_req_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const Gpumem__Stats *req = env->stats;
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE)
                 return "reading device-wide statistics";
         if (req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT &&
-            strcmp(tenant_named(c, req->tenant), c->session->tenant->name) != 0)
+            strcmp(tenant_named(c, req->tenant), sv.tenant->name) != 0)
                 return "reading another tenant's statistics";
         return NULL;
 }
@@ -75,6 +79,8 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         const Gpumem__Stats *req = env->stats;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
         uint64_t sessions = 0;
@@ -110,11 +116,13 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_PID:
                 gm_stats_init(&scratch);
                 scratch.max_split_size = b->device_stats.max_split_size;
-                for (gm_session_t *o = b->sessions; o; o = o->next) {
+                for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                        gm_session_view_t ov;
+                        gm_session_view(o, &ov);
                         /* Another tenant's pid reads as a pid without a session:
                          * a non-admin learns nothing of who holds sessions. */
-                        if ((uint32_t) o->pid != req->pid || !gm_localstats_session(o) ||
-                            (!s->admin && o->tenant != s->tenant))
+                        if ((uint32_t) ov.pid != req->pid || !gm_localstats_session(o) ||
+                            (!sv.admin && ov.tenant != sv.tenant))
                                 continue;
                         gm_localstats_add(&scratch, gm_localstats_session(o));
                         sessions++;
@@ -165,12 +173,14 @@ int gm_req_admin_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gp
         const Gpumem__ResetStats *req = env->reset_stats;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         gm_stats_t *st = NULL;
         gm_localstats_refresh(c->rq); /* the local sessions' part as of now */
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
-                if (s->heap)
-                        st = gm_heap_stats_mut(s->heap);
+                if (sv.heap)
+                        st = gm_heap_stats_mut(sv.heap);
                 else if (c->local) /* its heap (in the client) reset its own; these are the daemon's */
                         st = &c->local->exact;
                 break;
@@ -190,7 +200,7 @@ int gm_req_admin_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gp
                 gm_tenant_t *t = gm_tenant_find(b, req->tenant ? req->tenant : "");
                 if (!t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", req->tenant), 0;
-                gm_local_tenant_t *lt = gm_localstats_tenant(c->rq, t->name);
+                gm_localstats_tenant_t *lt = gm_localstats_tenant(c->rq, t->name);
                 if (req->peak) {
                         gm_stats_reset_peak(&t->stats);
                         if (lt)
@@ -228,11 +238,13 @@ int gm_req_admin_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         const Gpumem__HistoryControl *req = env->history_control;
         gm_broker_t *b = c->rq->broker;
         if (!req->status_only) {
+                gm_session_view_t sv;
+                gm_session_view(c->session, &sv);
                 int r = gm_broker_history(b, req->enabled, req->max_entries);
                 if (r < 0)
                         return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
                 log_info("memory history %s (max %zu entries) by pid %d", b->history ? "on" : "off",
-                         b->history_max_entries, (int) c->session->pid);
+                         b->history_max_entries, (int) sv.pid);
                 gm_local_push_history(c->rq); /* local heaps keep their own trace */
         }
         Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
@@ -253,6 +265,8 @@ const char *gm_req_admin_for_alloc_conf(const gm_request_conn_t *c, const Gpumem
 }
 
 int gm_req_admin_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const Gpumem__AllocConf *req = env->alloc_conf;
         gm_broker_t *b = c->rq->broker;
         if (req->set) {
@@ -265,7 +279,7 @@ int gm_req_admin_alloc_conf(gm_request_conn_t *c, uint64_t request_id, const Gpu
                                0;
                 gm_broker_set_alloc_config(b, &cfg);
                 char raw[2 * sizeof(cfg.raw)];
-                log_notice("allocator settings changed by pid %d: '%s'", (int) c->session->pid,
+                log_notice("allocator settings changed by pid %d: '%s'", (int) sv.pid,
                            gm_text_escape(cfg.raw, raw, sizeof(raw)));
         }
         Gpumem__AllocConfReply reply = GPUMEM__ALLOC_CONF_REPLY__INIT;
@@ -285,7 +299,7 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         gpumem__tenant_info__init(info);
         info->tenant = (char *) t->name;
         info->quota = t->quota;
-        info->quota_source = (char *) gm_quota_source_name(t);
+        info->quota_source = (char *) gm_tenant_quota_source(t);
         info->charged = t->charged_bytes;
         info->release_unverified = t->release_unverified_bytes;
         info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
@@ -305,9 +319,16 @@ int gm_req_admin_check_quota(const gm_request_conn_t *c, const Gpumem__Envelope 
         return 0;
 }
 
-/* Sets a quota from a request; 0, or refused (answered). */
+/* Sets a quota from a request; 0, or refused (answered). A persistent quota
+ * replaces the tenant's runtime one at once (which would hide it until the
+ * daemon restarts): what was set is what is in force. */
 static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Quota *req, const char *name) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const char *state_dir = c->rq->config->state_dir;
+        const gm_tenant_t *t = gm_tenant_find(c->rq->broker, name);
+        bool replaces_runtime = !req->runtime && t && t->quota_set[GM_QUOTA_RUNTIME];
+        uint64_t runtime_bytes = replaces_runtime ? t->quota_by_source[GM_QUOTA_RUNTIME] : 0;
         int r = gm_broker_set_quota(c->rq->broker, name, req->runtime, req->bytes, state_dir);
         if (r == -ENOSPC)
                 return gm_request_error(c, request_id, r, "too many tenants"), r;
@@ -317,8 +338,14 @@ static int set_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Qu
                 return gm_request_error(c, request_id, r, "cannot save the quota in '%s': %s",
                                         state_dir ? state_dir : "(no state directory)", strerror(-r)),
                        r;
-        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d", name, (unsigned long long) req->bytes,
-                   req->runtime ? "runtime" : "persistent", (int) c->session->pid);
+        char replaced[96] = "";
+        if (replaces_runtime) {
+                (void) gm_broker_set_quota(c->rq->broker, name, true, 0, state_dir); /* journaled as removed */
+                snprintf(replaced, sizeof(replaced), ", replacing its runtime quota of %llu bytes",
+                         (unsigned long long) runtime_bytes);
+        }
+        log_notice("quota of tenant '%s' set to %llu bytes (%s) by pid %d%s", name, (unsigned long long) req->bytes,
+                   req->runtime ? "runtime" : "persistent", (int) sv.pid, replaced);
         return 0;
 }
 
@@ -326,6 +353,8 @@ int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         const Gpumem__Quota *req = env->quota;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         const char *name = tenant_named(c, req->tenant);
         if (req->op == GPUMEM__QUOTA_OP__QUOTA_OP_SET && set_quota(c, request_id, req, name) < 0)
                 return 0;
@@ -343,7 +372,7 @@ int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         for (gm_tenant_t *t = b->tenants; t; t = t->next) {
                 if (!list && strcmp(t->name, name) != 0)
                         continue;
-                if (!s->admin && t != s->tenant)
+                if (!sv.admin && t != sv.tenant)
                         continue; /* a tenant sees its own figures only */
                 tenant_info(c->rq, t, &infos[k]);
                 ptrs[k] = &infos[k];
@@ -352,8 +381,8 @@ int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         if (!list && k == 0) {
                 free(infos);
                 free(ptrs);
-                return gm_request_error(c, request_id, s->admin ? ENOENT : EPERM,
-                                        s->admin ? "no tenant '%s'" : "tenant '%s' is not yours to see", name),
+                return gm_request_error(c, request_id, sv.admin ? ENOENT : EPERM,
+                                        sv.admin ? "no tenant '%s'" : "tenant '%s' is not yours to see", name),
                        0;
         }
         Gpumem__QuotaReply reply = GPUMEM__QUOTA_REPLY__INIT;
@@ -371,6 +400,8 @@ int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
 int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         Gpumem__ClientInfo *infos = calloc(b->n_sessions + 1, sizeof(*infos));
         Gpumem__ClientInfo **ptrs = calloc(b->n_sessions + 1, sizeof(*ptrs));
         if (!infos || !ptrs) {
@@ -380,26 +411,28 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         }
         size_t k = 0;
         gm_localstats_refresh(c->rq);
-        for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = o->next) {
-                if (o->ended || !o->tenant || (!s->admin && o->tenant != s->tenant))
+        for (gm_session_t *o = b->sessions; o && k <= b->n_sessions; o = gm_session_next(o)) {
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                if (ov.ended || !ov.tenant || (!sv.admin && ov.tenant != sv.tenant))
                         continue;
                 Gpumem__ClientInfo *ci = &infos[k];
                 gpumem__client_info__init(ci);
-                ci->session_id = o->id;
-                ci->pid = (uint32_t) o->pid;
-                ci->uid = (uint32_t) o->uid;
-                ci->tenant = o->tenant->name;
-                ci->unit = o->unit;
-                ci->name = o->name;
-                ci->admin = o->admin_conn;
-                ci->releasing = o->releasing_bytes;
-                ci->release_unverified = o->release_unverified_bytes;
-                const gm_request_conn_t *oc = o->userdata;
+                ci->session_id = ov.id;
+                ci->pid = (uint32_t) ov.pid;
+                ci->uid = (uint32_t) ov.uid;
+                ci->tenant = ov.tenant->name;
+                ci->unit = (char *) ov.unit;
+                ci->name = (char *) ov.name;
+                ci->admin = ov.admin_conn;
+                ci->releasing = ov.releasing_bytes;
+                ci->release_unverified = ov.release_unverified_bytes;
+                const gm_request_conn_t *oc = gm_session_userdata(o);
                 ci->heap_mode = oc && oc->local ? "local" : "central";
                 ci->stats_page_invalid = gm_localstats_page_invalid(o);
                 ci->requests = oc ? oc->requests : 0;
-                ci->unresponsive = o->unresponsive;
-                ci->unresponsive_ms = o->unresponsive ? gm_now_ms() - o->owing_since_ms : 0;
+                ci->unresponsive = ov.unresponsive;
+                ci->unresponsive_ms = ov.unresponsive ? gm_now_ms() - ov.owing_since_ms : 0;
                 ci->command = oc ? (char *) oc->command : "";
                 const gm_stats_t *st = gm_localstats_session(o);
                 if (st) {

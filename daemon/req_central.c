@@ -21,24 +21,23 @@
  * pending page moves (with the AllocReply, applied first). -ENOMEM when
  * the reply cannot be built (nothing sent), or the send's error (the
  * connection is closed). */
-static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_alloc_result_t *res) {
-        gm_session_t *s = c->session;
+static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_outcome_t *out) {
+        const gm_alloc_result_t *res = &out->alloc;
         uint32_t max_fds = c->rq->config->max_fds;
         size_t n = 0;
-        for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue)
+        for (const gm_piece_t *p = out->new_pieces; p; p = p->queue)
                 n++;
-        size_t n_moves = s->n_moves;
+        size_t n_moves = out->n_moves;
         /* Page reuse's new fence marks (at most one per stream the session tracks). */
         Gpumem__StreamFence marks[GM_SESSION_FENCE_STREAMS], *mark_ptrs[GM_SESSION_FENCE_STREAMS];
         size_t n_marks = 0;
-        for (size_t k = 0; k < s->n_fences; k++)
-                if (s->fences[k].asked > s->fences[k].sent) {
-                        gpumem__stream_fence__init(&marks[n_marks]);
-                        marks[n_marks].stream = s->fences[k].stream;
-                        marks[n_marks].fence = s->fences[k].asked;
-                        mark_ptrs[n_marks] = &marks[n_marks];
-                        n_marks++;
-                }
+        for (size_t k = 0; k < out->n_marks; k++) {
+                gpumem__stream_fence__init(&marks[n_marks]);
+                marks[n_marks].stream = out->marks[k].stream;
+                marks[n_marks].fence = out->marks[k].fence;
+                mark_ptrs[n_marks] = &marks[n_marks];
+                n_marks++;
+        }
         /* A cached block brings no piece and no move: no allocation for the common reply. */
         Gpumem__Mapping *map_ptrs_none[1];
         int fds_none[1];
@@ -61,7 +60,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
                 goto out;
         }
         for (size_t k = 0; k < n_moves; k++) {
-                const gm_page_move_t *m = &s->moves[k];
+                const gm_page_move_t *m = &out->moves[k];
                 gpumem__page_move__init(&moves[k]);
                 moves[k].from_segment_id = m->from_segment_id;
                 moves[k].from_offset = m->from_offset;
@@ -73,7 +72,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
                 move_ptrs[k] = &moves[k];
         }
         size_t i = 0; /* creation order: the client maps them so */
-        for (const gm_piece_t *p = gm_session_new_pieces(s); p; p = p->queue, i++) {
+        for (const gm_piece_t *p = out->new_pieces; p; p = p->queue, i++) {
                 gm_request_piece_mapping(&maps[i], p);
                 map_ptrs[i] = &maps[i];
                 fds[i] = p->phys.fd;
@@ -108,7 +107,7 @@ static int send_alloc_reply(gm_request_conn_t *c, uint64_t request_id, const gm_
         r = gm_request_send(c, request_id, &env, fds + sent, n - sent);
 out:
         if (r == 0)
-                gm_session_pieces_sent(s);
+                gm_broker_commit(c->session, out);
         if (n > 0) {
                 free(maps);
                 free(map_ptrs);
@@ -127,14 +126,14 @@ void gm_req_central_answer_alloc(gm_request_conn_t *c, uint64_t request_id, cons
         if (c->local)
                 return gm_local_answer_grant(c, request_id, out);
         if (out->kind == GM_OUTCOME_REFUSE) {
-                gm_session_count_refusal(c->session);
+                gm_session_central_count_refusal(c->session);
                 gm_request_refusal(c, request_id, out);
                 return;
         }
-        int r = send_alloc_reply(c, request_id, &out->alloc);
+        int r = send_alloc_reply(c, request_id, out);
         if (r == -ENOMEM && !c->closed) {
                 /* Nothing was sent: the block goes back, the client hears why. */
-                gm_session_alloc_undo(c->session, out->alloc.block_id);
+                gm_broker_undo(c->session, out);
                 gm_request_error(c, request_id, ENOMEM, "out of memory building the allocation's reply");
         }
 }
@@ -147,7 +146,8 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
          * one within bounds only moves the liar's own pages early). */
         int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_other_frees_fenced > MAX_FENCES_DONE ? -EPROTO : 0;
         for (size_t i = 0; i < alloc->n_fences_done && r == 0; i++)
-                r = gm_session_fence_done(c->session, alloc->fences_done[i]->stream, alloc->fences_done[i]->fence);
+                r = gm_session_central_fence_done(c->session, alloc->fences_done[i]->stream,
+                                                  alloc->fences_done[i]->fence);
         if (r < 0) {
                 gm_request_error(c, request_id, EPROTO,
                                  "allocation refused: its report of complete stream fences is too long or "
@@ -155,9 +155,9 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                 return r;
         }
         if (alloc->frees_fenced)
-                gm_session_frees_fenced(c->session, alloc->stream);
+                gm_session_central_frees_fenced(c->session, alloc->stream);
         for (size_t i = 0; i < alloc->n_other_frees_fenced; i++)
-                gm_session_frees_fenced(c->session, alloc->other_frees_fenced[i]);
+                gm_session_central_frees_fenced(c->session, alloc->other_frees_fenced[i]);
         gm_frame_t frames[MAX_FRAMES];
         size_t n_frames = alloc->n_frames < MAX_FRAMES ? alloc->n_frames : MAX_FRAMES;
         for (size_t i = 0; i < n_frames; i++)
@@ -167,7 +167,7 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                         .name = alloc->frames[i]->name,
                 };
         gm_outcome_t out;
-        gm_session_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
+        gm_broker_alloc(c->session, request_id, alloc->size, alloc->stream, frames, n_frames, &out);
         if (out.kind != GM_OUTCOME_PARK)
                 gm_req_central_answer_alloc(c, request_id, &out);
         return 0;
@@ -175,7 +175,7 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 
 int gm_req_central_free(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Free *f = env->free;
-        if (gm_session_free_block(c->session, f->block_id, f->deferred) < 0)
+        if (gm_session_central_free_block(c->session, f->block_id, f->deferred) < 0)
                 gm_request_error(c, request_id, EINVAL,
                                  "free of block %" PRIu64
                                  " refused: not a live block of this session (unknown id or double free)",
@@ -185,7 +185,7 @@ int gm_req_central_free(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
 
 int gm_req_central_free_completed(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         uint64_t block_id = env->free_completed->block_id;
-        if (gm_session_free_completed(c->session, block_id) < 0)
+        if (gm_session_central_free_completed(c->session, block_id) < 0)
                 gm_request_error(c, request_id, EINVAL, "block %" PRIu64 " has no free pending completion", block_id);
         return 0;
 }
@@ -199,7 +199,7 @@ int gm_req_central_release_ack(gm_request_conn_t *c, uint64_t request_id, const 
         for (size_t i = 0; i < ack->n_not_released; i++)
                 kept[i] = (gm_release_range_t){.segment_id = ack->not_released[i]->segment_id,
                                                .offset = ack->not_released[i]->offset};
-        int r = gm_session_release_ack(c->session, release_id, kept, ack->n_not_released);
+        int r = gm_broker_release_ack(c->session, release_id, kept, ack->n_not_released);
         free(kept);
         if (r == -EBUSY) {
                 gm_request_error(c, request_id, EBUSY,
@@ -217,7 +217,9 @@ int gm_req_central_release_ack(gm_request_conn_t *c, uint64_t request_id, const 
 
 /* A tenant named, or an admin's connection without memory: other sessions. */
 static bool trims_others(const gm_request_conn_t *c, const Gpumem__Trim *trim) {
-        return (trim->tenant && trim->tenant[0]) || (!c->session->heap && c->session->admin);
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        return (trim->tenant && trim->tenant[0]) || (!sv.heap && sv.admin);
 }
 
 const char *gm_req_central_admin_for_trim(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
@@ -229,14 +231,14 @@ int gm_req_central_trim(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
         gm_broker_t *b = c->rq->broker;
         uint64_t released = 0;
         if (!trims_others(c, trim)) {
-                released = gm_session_trim(c->session);
+                released = gm_session_central_trim(c->session);
         } else {
                 const char *tenant =
                         trim->tenant && trim->tenant[0] && strcmp(trim->tenant, "*") != 0 ? trim->tenant : NULL;
                 const gm_tenant_t *t = tenant ? gm_tenant_find(b, tenant) : NULL;
                 if (tenant && !t)
                         return gm_request_error(c, request_id, ENOENT, "no tenant '%s'", tenant), 0;
-                released = gm_broker_trim(b, tenant); /* local sessions give theirs back with their acks */
+                released = gm_reclaim_trim(b, tenant); /* local sessions give theirs back with their acks */
         }
         Gpumem__TrimReply reply = GPUMEM__TRIM_REPLY__INIT;
         reply.released_bytes = released;

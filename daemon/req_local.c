@@ -47,7 +47,7 @@ int gm_req_local_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
          * same allocation. The heap lock keeps one ladder at a time. */
         if (g->will_retry)
                 c->local->ladder_waited = false;
-        gm_session_grant(c->session, request_id, &grant, &out);
+        gm_broker_grant(c->session, request_id, &grant, &out);
         if (out.kind == GM_OUTCOME_PARK) {
                 if (!c->local->ladder_waited)
                         gm_localstats_count_reclaim_wait(c);
@@ -73,12 +73,14 @@ int gm_req_local_return_pieces(gm_request_conn_t *c, uint64_t request_id, const 
                                                  .length = ret->ranges[i]->length};
         size_t first_bad = 0;
         /* The memory is back before parked requests are retried: the figures first. */
-        size_t bad = gm_session_return_pieces(c->session, ranges, ret->n_ranges, &first_bad);
+        size_t bad = gm_broker_return_pieces(c->session, ranges, ret->n_ranges, &first_bad);
         if (ret->closes_intent)
-                gm_session_close_return_intent(c->session);
+                gm_session_local_close_return_intent(c->session);
         if (c->local)
                 gm_localstats_exact_sync(c);
-        if (c->session->lied) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        if (sv.lied) {
                 gm_request_error(c, request_id, EBUSY,
                                  "pieces returned, but the memory is still mapped: it stays charged, and this "
                                  "session ends");
@@ -96,7 +98,7 @@ int gm_req_local_return_intent(gm_request_conn_t *c, uint64_t request_id, const 
         (void) env;
         if (!c->local)
                 return refuse_central(c, request_id, "ReturnIntent");
-        int r = gm_session_open_return_intent(c->session);
+        int r = gm_session_local_open_return_intent(c->session);
         if (r == -EBUSY)
                 return gm_request_error(c, request_id, EBUSY,
                                         "a ReturnIntent is open: its last ReturnPieces (closes_intent) ends it"),
@@ -121,7 +123,7 @@ int gm_req_local_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gp
                                       .offset = m->to_offset,
                                       .size = m->length};
                 const char *why = NULL;
-                if (gm_session_move_granted(c->session, m->from_segment_id, m->from_offset, &to, &why) < 0)
+                if (gm_session_local_move_granted(c->session, m->from_segment_id, m->from_offset, &to, &why) < 0)
                         gm_request_error(c, request_id, EINVAL,
                                          "move of %" PRIu64 " at %" PRIu64 " of segment %" PRIu64 " refused: %s",
                                          m->length, m->from_offset, m->from_segment_id, why);
@@ -136,7 +138,7 @@ int gm_req_local_reclaim_ack(gm_request_conn_t *c, uint64_t request_id, const Gp
         const Gpumem__ReclaimAck *ack = env->reclaim_ack;
         if (c->local)
                 gm_localstats_refresh_conn(c); /* what it keeps now, before waiting requests are retried */
-        if (!c->local || gm_session_reclaim_ack(c->session, ack->reclaim_id, ack->released_bytes) < 0)
+        if (!c->local || gm_reclaim_ack(c->session, ack->reclaim_id, ack->released_bytes) < 0)
                 return gm_request_error(c, request_id, EINVAL, "no reclaim %" PRIu64 " is pending", ack->reclaim_id), 0;
         return 0;
 }

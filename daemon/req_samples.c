@@ -20,12 +20,14 @@ static const char *tenant_asked(const Gpumem__Samples *req) {
 }
 
 const char *gm_req_samples_admin_for(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const char *t = tenant_asked(env->samples);
-        return t && strcmp(t, c->session->tenant->name) != 0 ? "reading another tenant's samples" : NULL;
+        return t && strcmp(t, sv.tenant->name) != 0 ? "reading another tenant's samples" : NULL;
 }
 
-static bool visible(const gm_session_t *caller, const gm_session_t *o, const Gpumem__Samples *req) {
-        if (o->ended || !o->tenant || o->admin_conn || !o->diag)
+static bool visible(const gm_session_view_t *caller, const gm_session_view_t *o, const Gpumem__Samples *req) {
+        if (o->ended || !o->tenant || o->admin_conn || !o->owned)
                 return false;
         if (!caller->admin && o->tenant != caller->tenant)
                 return false;
@@ -34,8 +36,9 @@ static bool visible(const gm_session_t *caller, const gm_session_t *o, const Gpu
 }
 
 /* Packs one session's samples ending within the window; -ENOMEM. */
-static int fill_session(const gm_session_t *o, uint64_t since_ms, Gpumem__SessionSamples *ss, uint64_t **ret_values) {
-        const gm_diag_session_t *d = o->diag;
+static int fill_session(const gm_session_view_t *o, uint64_t since_ms, Gpumem__SessionSamples *ss,
+                        uint64_t **ret_values) {
+        const gm_diag_session_t *d = o->owned;
         size_t first = 0;
         while (first < d->ring.n && gm_sample_ring_at(&d->ring, first)->until_ms < since_ms)
                 first++;
@@ -65,12 +68,14 @@ static size_t fill_refusals(const gm_request_conn_t *c, uint64_t since_ms, Gpume
                             Gpumem__RefusalEvent **ptrs) {
         const gm_refusal_ring_t *ring = &c->rq->broker->refusals;
         const gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         size_t k = 0;
         for (size_t i = 0; i < ring->n; i++) {
                 const gm_refusal_t *r = gm_refusal_ring_at(ring, i);
                 if (r->t_ms < since_ms)
                         continue;
-                bool shown = s->admin || strcmp(r->tenant, s->tenant->name) == 0;
+                bool shown = sv.admin || strcmp(r->tenant, sv.tenant->name) == 0;
                 Gpumem__RefusalEvent *e = &evs[k];
                 gpumem__refusal_event__init(e);
                 e->t_ms = r->t_ms;
@@ -111,6 +116,8 @@ int gm_req_samples_handle(gm_request_conn_t *c, uint64_t request_id, const Gpume
         const Gpumem__Samples *req = env->samples;
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         uint64_t now = gm_now_ms();
         uint64_t since = req->window_ms && req->window_ms < now ? now - req->window_ms : 0;
         gm_localstats_refresh(c->rq);
@@ -124,10 +131,12 @@ int gm_req_samples_handle(gm_request_conn_t *c, uint64_t request_id, const Gpume
         Gpumem__RefusalEvent **ev_ptrs = calloc(GM_REFUSALS_CAP, sizeof(*ev_ptrs));
         int r = sess && sess_ptrs && values && evs && ev_ptrs ? 0 : -ENOMEM;
         size_t n = 0;
-        for (gm_session_t *o = b->sessions; o && r == 0 && n <= b->n_sessions; o = o->next) {
-                if (!visible(s, o, req))
+        for (gm_session_t *o = b->sessions; o && r == 0 && n <= b->n_sessions; o = gm_session_next(o)) {
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                if (!visible(&sv, &ov, req))
                         continue;
-                r = fill_session(o, since, &sess[n], &values[n]);
+                r = fill_session(&ov, since, &sess[n], &values[n]);
                 if (r == 0) {
                         sess_ptrs[n] = &sess[n];
                         n++;
@@ -135,12 +144,12 @@ int gm_req_samples_handle(gm_request_conn_t *c, uint64_t request_id, const Gpume
         }
         if (r == 0) {
                 gm_stats_t st;
-                if (s->admin)
+                if (sv.admin)
                         gm_localstats_device_stats(c->rq, &st);
                 else
-                        gm_localstats_tenant_stats(c->rq, s->tenant, &st);
+                        gm_localstats_tenant_stats(c->rq, sv.tenant, &st);
                 uint64_t device_free = 0, device_total = 0;
-                gm_broker_device_view(b, &device_free, &device_total);
+                gm_reclaim_device_view(b, &device_free, &device_total);
                 set.now_ms = now;
                 set.period_ms = GM_SAMPLE_PERIOD_MS;
                 set.capacity = b->backend->capacity;
@@ -148,7 +157,7 @@ int gm_req_samples_handle(gm_request_conn_t *c, uint64_t request_id, const Gpume
                 set.reserved = gm_diag_positive(st.reserved_bytes[GM_STAT_ALL].current);
                 set.allocated = gm_diag_positive(st.allocated_bytes[GM_STAT_ALL].current);
                 set.refusals_total = b->refusals.total;
-                set.device_scope = s->admin;
+                set.device_scope = sv.admin;
                 set.n_sessions = n;
                 set.sessions = sess_ptrs;
                 set.n_refusals = fill_refusals(c, since, evs, ev_ptrs);

@@ -47,9 +47,11 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         if (r < 0)
                 return r;
         c->hello_done = true;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
 
         reply.protocol_version = GM_PROTOCOL_VERSION;
-        reply.session_id = s->id;
+        reply.session_id = sv.id;
         reply.backend = (char *) c->rq->broker->backend->ops->name;
         const gm_kind_caps_t *kc = c->rq->broker->backend->ops->caps;
         Gpumem__KindCaps caps = GPUMEM__KIND_CAPS__INIT;
@@ -60,17 +62,17 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         reply.capacity = c->rq->broker->backend->capacity;
         reply.max_packet = c->rq->config->max_packet;
         reply.max_fds = c->rq->config->max_fds;
-        reply.tenant = s->tenant->name;
+        reply.tenant = sv.tenant->name;
         reply.granularity = c->rq->broker->backend->granularity;
-        reply.session_token = s->token;
+        reply.session_token = (char *) sv.token;
         reply.device_uuid = c->rq->broker->backend->device_uuid;
-        reply.admin = s->admin;
-        reply.client_fences = gm_session_client_fences(s);
+        reply.admin = sv.admin;
+        reply.client_fences = gm_session_central_client_fences(s);
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;
-        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) s->id, (int) s->pid,
-                 (unsigned) s->uid, s->tenant->name, s->name, c->local ? ", local heap" : "");
+        log_info("session %llu: pid %d uid %u tenant '%s' client '%s'%s", (unsigned long long) sv.id, (int) sv.pid,
+                 (unsigned) sv.uid, sv.tenant->name, sv.name, c->local ? ", local heap" : "");
         if (c->local && c->rq->broker->history) /* its heap records its own trace */
                 reply.history_max_entries = c->rq->broker->history_max_entries;
         gm_request_send(c, request_id, &out, page_fd >= 0 ? &page_fd : NULL, page_fd >= 0 ? 1 : 0);
@@ -82,10 +84,12 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 /* ---- re-attach ---- */
 
 int gm_req_session_check_reattach(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const Gpumem__Reattach *req = env->reattach;
-        if (!c->session->reattaching)
+        if (!sv.reattaching)
                 return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
-        int r = gm_session_reattach_count(c->session, req->n_segments + req->n_blocks);
+        int r = gm_reattach_count(c->session, req->n_segments + req->n_blocks);
         if (r < 0)
                 return snprintf(why, why_len, "re-attach reports too much"), r;
         for (size_t i = 0; i < req->n_segments; i++)
@@ -100,8 +104,7 @@ static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg,
                 return -ENOMEM;
         for (size_t i = 0; i < seg->n_mapped; i++)
                 ranges[i] = (gm_reattach_range_t){.offset = seg->mapped[i]->offset, .length = seg->mapped[i]->length};
-        int r = gm_session_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped,
-                                            ret_why);
+        int r = gm_reattach_segment(s, seg->segment_id, seg->va_size, seg->stream, ranges, seg->n_mapped, ret_why);
         free(ranges);
         return r;
 }
@@ -130,11 +133,11 @@ int gm_req_session_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpu
         }
         for (size_t i = 0; i < req->n_blocks && r == 0; i++) {
                 const Gpumem__ReattachBlock *b = req->blocks[i];
-                r = gm_session_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
-                                              b->pending_free);
+                r = gm_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
+                                      b->pending_free);
         }
         if (r == 0 && req->last)
-                r = gm_session_reattach_finish(s);
+                r = gm_reattach_finish(s);
         if (r < 0) {
                 /* A report that contradicts itself ends the session; its memory
                  * is released (the client starts over). */

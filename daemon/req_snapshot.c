@@ -300,7 +300,7 @@ static int cmp_piece(const void *a, const void *b) {
 }
 
 /* A local session's LIVE pieces (what it was granted), sorted. */
-static int copy_pieces(const gm_session_t *s, ask_t *a) {
+static int copy_pieces(const gm_session_view_t *s, ask_t *a) {
         size_t n = 0;
         for (const gm_piece_t *p = s->pieces; p; p = p->next)
                 n += p->state == GM_PIECE_LIVE;
@@ -319,14 +319,14 @@ static int copy_pieces(const gm_session_t *s, ask_t *a) {
 }
 
 /* The process's name as read at connect (escaped), else the client's. */
-static void command_of(const gm_session_t *s, const gm_request_conn_t *oc, char *buf, size_t len) {
+static void command_of(const gm_session_view_t *s, const gm_request_conn_t *oc, char *buf, size_t len) {
         if (oc && oc->command[0])
                 snprintf(buf, len, "%s", oc->command);
         else
                 gm_text_escape(s->name, buf, len);
 }
 
-static bool in_view(const gm_session_t *viewer, const gm_session_t *o, uint32_t pid) {
+static bool in_view(const gm_session_view_t *viewer, const gm_session_view_t *o, uint32_t pid) {
         return !o->ended && o->tenant && !o->admin_conn && (viewer->admin || o->tenant == viewer->tenant) &&
                (!pid || (uint32_t) o->pid == pid);
 }
@@ -348,40 +348,46 @@ static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Sn
         gm_broker_t *b = c->rq->broker;
         gm_snapjobs_t *js = c->rq->snapjobs;
         const gm_session_t *s = c->session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         size_t n_local = 0;
         bool everything = true;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                const gm_request_conn_t *oc = o->userdata;
-                if (!in_view(s, o, req->pid))
-                        everything = everything && (o->ended || !o->tenant || o->admin_conn);
+        for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                const gm_request_conn_t *oc = gm_session_userdata(o);
+                if (!in_view(&sv, &ov, req->pid))
+                        everything = everything && (ov.ended || !ov.tenant || ov.admin_conn);
                 else if (oc && oc->local)
                         n_local++;
         }
         j->asks = calloc(n_local + 1, sizeof(*j->asks));
         if (!j->asks)
                 return -ENOMEM;
-        for (gm_session_t *o = b->sessions; o; o = o->next) {
-                gm_request_conn_t *oc = o->userdata;
-                if (!in_view(s, o, req->pid) || (!o->heap && !(oc && oc->local)))
+        for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                gm_session_view_t ov;
+                gm_session_view(o, &ov);
+                gm_request_conn_t *oc = gm_session_userdata(o);
+                if (!in_view(&sv, &ov, req->pid) || (!ov.heap && !(oc && oc->local)))
                         continue;
                 char command[64];
-                command_of(o, oc, command, sizeof(command));
+                command_of(&ov, oc, command, sizeof(command));
                 gm_snapshot_owner_t owner = {
-                        .pid = (uint32_t) o->pid, .tenant = o->tenant->name, .command = command, .session_id = o->id};
+                        .pid = (uint32_t) ov.pid, .tenant = ov.tenant->name, .command = command, .session_id = ov.id};
                 uint32_t idx;
                 int r = gm_snapshot_data_add_owner(j->data, &owner, &idx);
                 if (r < 0)
                         return r;
-                if (o->heap) {
-                        if ((r = gm_snapshot_data_add_heap(j->data, idx, o->heap)) < 0)
+                if (ov.heap) {
+                        if ((r = gm_snapshot_data_add_heap(j->data, idx, ov.heap)) < 0)
                                 return r;
                         if (entries_of(j->data) > j->max_entries)
                                 return -E2BIG;
                         continue;
                 }
                 ask_t *a = &j->asks[j->n_asks++];
-                *a = (ask_t){.conn = oc, .query_id = ++js->next_query_id, .owner = idx, .pid = (uint32_t) o->pid};
-                if ((r = copy_pieces(o, a)) < 0)
+                *a = (ask_t){.conn = oc, .query_id = ++js->next_query_id, .owner = idx, .pid = (uint32_t) ov.pid};
+                if ((r = copy_pieces(&ov, a)) < 0)
                         return r;
         }
         int r = gm_snapshot_data_add_history(j->data, b->history, !everything);
@@ -421,10 +427,12 @@ static bool conn_has_job(const gm_snapjobs_t *js, const gm_request_conn_t *c) {
 }
 
 int gm_req_snapshot_handle(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         const Gpumem__Snapshot *req = env->snapshot;
         gm_snapjobs_t *js = c->rq->snapjobs;
         gm_broker_t *b = c->rq->broker;
-        bool admin = c->session->admin;
+        bool admin = sv.admin;
         if (!js)
                 return gm_request_error(c, request_id, EOPNOTSUPP, "snapshots are not available here"), 0;
         if (js->n_jobs >= js->limits.max_jobs || conn_has_job(js, c)) {
@@ -538,9 +546,11 @@ int gm_req_snapshot_answer(gm_request_conn_t *c, uint64_t request_id, const Gpum
         uint64_t limit = js->limits.answer_max_bytes;
         if (ans->refused || ans->total_size > limit || ans->data.len > ans->total_size - a->answer_len ||
             ans->data.len > 2 * limit - j->answer_bytes) {
+                gm_session_view_t sv;
+                gm_session_view(c->session, &sv);
                 if (!ans->refused)
                         log_warning("session %llu (pid %u): snapshot answer over its %llu bytes, ignored",
-                                    (unsigned long long) c->session->id, a->pid, (unsigned long long) limit);
+                                    (unsigned long long) sv.id, a->pid, (unsigned long long) limit);
                 ask_over(c->rq, j, a, ASK_SILENT);
                 return 0;
         }

@@ -13,9 +13,9 @@
 #include "gpumem.pb-c.h"
 
 typedef struct gm_request_conn gm_request_conn_t;
-typedef struct gm_local gm_local_t; /* localstats.h: a session whose heap runs in its client */
-typedef struct gm_localstats_tenant gm_local_tenant_t;
-typedef struct gm_local_totals gm_local_totals_t;
+typedef struct gm_localstats gm_localstats_t; /* localstats.h: a session whose heap runs in its client */
+typedef struct gm_localstats_tenant gm_localstats_tenant_t;
+typedef struct gm_localstats_totals gm_localstats_totals_t;
 typedef struct gm_snapjobs gm_snapjobs_t; /* req_snapshot.h: snapshots under way */
 struct gm_config;
 
@@ -31,7 +31,7 @@ typedef struct gm_request_config {
 typedef struct gm_requests {
         gm_broker_t *broker;
         const gm_request_config_t *config;
-        gm_local_totals_t *local; /* the local sessions' part of the statistics */
+        gm_localstats_totals_t *local; /* the local sessions' part of the statistics */
         /* The one way out: sends env (request_id set here) with fds. A negative
          * errno means the connection is closed: nothing more is sent, but its
          * state (session, local heap) stays valid until the loop frees it,
@@ -54,9 +54,9 @@ struct gm_request_conn {
         char tenant_name[64]; /* resolved from the kernel-verified identity at connect */
         char command[64];     /* the peer's command name at connect, escaped ("" unknown) */
         bool hello_done;
-        bool closed;       /* the server closed it: nothing more is sent (its state stays valid) */
-        uint64_t requests; /* packets received */
-        gm_local_t *local; /* a local session (its heap runs in the client: localstats.h); NULL: central */
+        bool closed;            /* the server closed it: nothing more is sent (its state stays valid) */
+        uint64_t requests;      /* packets received */
+        gm_localstats_t *local; /* a local session (its heap runs in the client: localstats.h); NULL: central */
 };
 
 /* Sends a reply; a failure closes the connection (its state stays valid). */

@@ -71,7 +71,9 @@ static int check_order(gm_request_conn_t *c, const Gpumem__Envelope *env) {
                 gm_request_error(c, env->request_id, EPROTO, "the first request must be Hello");
                 return -EPROTO;
         }
-        if (c->session->reattaching && env->body_case != GPUMEM__ENVELOPE__BODY_REATTACH) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        if (sv.reattaching && env->body_case != GPUMEM__ENVELOPE__BODY_REATTACH) {
                 gm_request_error(c, env->request_id, EPROTO, "finish re-attaching first");
                 return -EPROTO;
         }
@@ -79,9 +81,11 @@ static int check_order(gm_request_conn_t *c, const Gpumem__Envelope *env) {
 }
 
 static int dispatch(gm_request_conn_t *c, const gm_request_kind_t *k, const Gpumem__Envelope *env) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
         uint64_t rid = env->request_id;
         const char *what = k->admin_for ? k->admin_for(c, env) : NULL;
-        if (what && !c->session->admin)
+        if (what && !sv.admin)
                 return gm_request_error(c, rid, EPERM, "%s needs admin rights (uid 0 or the admin group)", what), 0;
         if (k->check) {
                 char why[256] = "";

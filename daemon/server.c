@@ -51,6 +51,8 @@ static int count_conn_of_uid(gm_daemon_t *d, uid_t uid, int delta) {
 static void conn_end(gm_conn_t *c) {
         gm_daemon_t *d = c->daemon;
         gm_session_t *s = c->req.session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         gm_local_end(&c->req);
         gm_req_snapshot_conn_end(&c->req);
         gm_session_end(s);
@@ -61,7 +63,7 @@ static void conn_end(gm_conn_t *c) {
         if (c->next)
                 c->next->prev = c->prev;
         d->n_conns--;
-        count_conn_of_uid(d, s->uid, -1);
+        count_conn_of_uid(d, sv.uid, -1);
         gm_session_free(s);
         c->req.session = NULL;
 }
@@ -97,9 +99,11 @@ static void conn_close(gm_conn_t *c, const char *why) {
         if (c->req.closed)
                 return;
         gm_session_t *s = c->req.session;
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
         c->req.closed = true;
-        log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) s->id, (int) s->pid,
-                 s->tenant ? s->tenant->name : "-", why);
+        log_info("session %llu (pid %d, tenant '%s') closed: %s", (unsigned long long) sv.id, (int) sv.pid,
+                 sv.tenant ? sv.tenant->name : "-", why);
         uv_poll_stop(&c->poll);
         conn_drop_queue(c);
         close(c->fd);
@@ -479,13 +483,16 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                         continue;
                 gm_conn_t *c = NULL;
                 r = conn_new(d, fd, &c);
-                if (r == 0 && count_conn_of_uid(d, c->req.session->uid, +1) < 0) {
+                gm_session_view_t sv = {0};
+                if (r == 0)
+                        gm_session_view(c->req.session, &sv);
+                if (r == 0 && count_conn_of_uid(d, sv.uid, +1) < 0) {
                         gm_session_free(c->req.session);
                         free(c);
                         r = -ENOMEM;
                 }
                 if (r == 0 && uv_poll_init(d->loop, &c->poll, fd) < 0) {
-                        count_conn_of_uid(d, c->req.session->uid, -1);
+                        count_conn_of_uid(d, sv.uid, -1);
                         gm_session_free(c->req.session);
                         free(c);
                         r = -EIO;
@@ -503,8 +510,8 @@ static void on_listener_readable(uv_poll_t *handle, int status, int events) {
                 d->conns = c;
                 d->n_conns++;
                 conn_watch(c);
-                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) c->req.session->id,
-                          (int) c->req.session->pid, (unsigned) c->req.session->uid);
+                log_debug("session %llu: connection from pid %d uid %u", (unsigned long long) sv.id, (int) sv.pid,
+                          (unsigned) sv.uid);
         }
 }
 
@@ -611,7 +618,7 @@ void gm_server_stop(gm_daemon_t *d) {
 
 static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, const gm_release_range_t *ranges,
                         size_t n) {
-        gm_conn_t *c = conn_of(s->userdata);
+        gm_conn_t *c = conn_of(gm_session_userdata(s));
         Gpumem__Range *rs = calloc(n ? n : 1, sizeof(*rs));
         Gpumem__Range **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
         if (!rs || !ptrs) {
@@ -641,7 +648,7 @@ static int send_release(void *userdata, gm_session_t *s, uint64_t release_id, co
 }
 
 static void alloc_done(void *userdata, gm_session_t *s, uint64_t request_id, const gm_outcome_t *out) {
-        gm_req_central_answer_alloc(s->userdata, request_id, out);
+        gm_req_central_answer_alloc(gm_session_userdata(s), request_id, out);
 }
 
 static int store_add(void *userdata, int fd, const char *name) {

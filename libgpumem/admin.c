@@ -22,19 +22,6 @@
 #include "peer_check.h"
 #include "stats.h"
 
-/* moves to the central heap at the merge */
-size_t gm_client_wire_frames(const gpumem_frame *frames, size_t n_frames, Gpumem__Frame *wire, Gpumem__Frame **ptrs) {
-        size_t n = n_frames < GPUMEM_MAX_FRAMES ? n_frames : GPUMEM_MAX_FRAMES;
-        for (size_t i = 0; i < n; i++) {
-                gpumem__frame__init(&wire[i]);
-                wire[i].filename = (char *) (frames[i].filename ? frames[i].filename : "");
-                wire[i].line = frames[i].line;
-                wire[i].name = (char *) (frames[i].name ? frames[i].name : "");
-                ptrs[i] = &wire[i];
-        }
-        return n;
-}
-
 void gpumem_buffer_free(void *buf) {
         free(buf);
 }

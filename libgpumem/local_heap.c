@@ -4,15 +4,16 @@
 #include <string.h>
 
 #include "clock.h"
+#include "debug.h"
 #include "fence.h"
 #include "local_heap.h"
 #include "snapshot.h"
 
-struct gm_local {
+struct gm_local_heap {
         gm_heap_t *heap;
         const gm_stats_t *stats; /* the heap's (they stay where they are while it lives) */
         gm_statpage_t *page;
-        gm_local_ops_t ops;
+        gm_local_heap_ops_t ops;
         uint64_t va_cursor;     /* the heap's synthetic addresses */
         uint64_t cur_size;      /* the request being served (for the diagnosis) */
         int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
@@ -32,21 +33,30 @@ struct gm_local {
  * it changes. Every change is bracketed by the page's sequence lock: the
  * page reads as busy from before the change until after it. Around a grant
  * or a give-back it is published as it stands. */
-static void begin(gm_local_t *l) {
+static void begin(gm_local_heap_t *l) {
         if (l->page)
                 gm_statpage_write_begin(l->page);
 }
 
-static void end(gm_local_t *l) {
+static void end(gm_local_heap_t *l) {
         if (l->page)
                 gm_statpage_write_end(l->page);
+}
+
+/* The debug tier (GPUMEMD_DEBUG builds): the heap's integrity after every
+ * operation, the grants, give-backs and moves inside it included; a
+ * violation aborts. Nothing in other builds. */
+static void check(const gm_local_heap_t *l) {
+        if (GM_DEBUG)
+                gm_assert(gm_heap_check(l->heap) == 0);
 }
 
 /* The heap's create_run(): one grant for the run (create(): a run of one). */
 static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                                uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
-        gm_local_t *l = userdata;
-        gm_local_grant_t g = {
+        gm_local_heap_t *l = userdata;
+        gm_assert(n_pages > 0);
+        gm_local_heap_grant_t g = {
                 .segment_id = segment_id,
                 .segment_va_size = segment_va_size,
                 .offset = offset,
@@ -77,7 +87,7 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
 /* The heap's release_run(): the run goes back at once (release(): a run of one). */
 static void provider_release_run(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t page_size,
                                  uint64_t n_pages, const uint64_t *handles, bool whole_segment) {
-        gm_local_t *l = userdata;
+        gm_local_heap_t *l = userdata;
         if (l->destroying)
                 return;
         end(l); /* the page never claims more than what is still granted */
@@ -93,8 +103,8 @@ static void provider_release(void *userdata, uint64_t segment_id, uint64_t offse
 static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t n_pages, uint64_t from_segment,
                               uint64_t from_offset, uint64_t to_segment, uint64_t to_segment_va_size,
                               uint64_t to_offset, uint64_t page_size, bool from_segment_empty) {
-        gm_local_t *l = userdata;
-        gm_local_move_t move = {
+        gm_local_heap_t *l = userdata;
+        gm_local_heap_move_t move = {
                 .from_segment = from_segment,
                 .from_offset = from_offset,
                 .to_segment = to_segment,
@@ -114,13 +124,13 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
  * GM_FENCE_MARKS are outstanding, then pops the completed marks (querying,
  * never waiting). */
 static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done) {
-        gm_local_t *l = userdata;
+        gm_local_heap_t *l = userdata;
         return gm_fences_fence(&l->fences, stream, fence, ret_done);
 }
 
 /* Records the heap's events in its trace ring while history is on. */
 static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
-        gm_local_t *l = userdata;
+        gm_local_heap_t *l = userdata;
         if (!l->history)
                 return;
         gm_history_entry_t e = {.action = action,
@@ -134,15 +144,15 @@ static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t s
         gm_history_record(l->history, &e, with_frames ? l->cur_frames : NULL, with_frames ? l->n_cur_frames : 0);
 }
 
-int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
-                 const gm_local_ops_t *ops, gm_local_t **ret_local, char *err, size_t err_len) {
+int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity, gm_statpage_t *page,
+                      const gm_local_heap_ops_t *ops, gm_local_heap_t **ret_local, char *err, size_t err_len) {
         gm_alloc_config_t cfg;
         int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
         if (r < 0)
                 return r;
         if (page && page->payload_size != sizeof(gm_stats_t))
                 return -EPROTO;
-        gm_local_t *l = calloc(1, sizeof(*l));
+        gm_local_heap_t *l = calloc(1, sizeof(*l));
         if (!l)
                 return -ENOMEM;
         l->ops = *ops;
@@ -174,11 +184,12 @@ int gm_local_new(const char *alloc_conf, uint64_t capacity, uint64_t granularity
                 return r;
         }
         l->stats = gm_heap_stats(l->heap);
+        check(l);
         *ret_local = l;
         return 0;
 }
 
-int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t err_len) {
+int gm_local_heap_set_config(gm_local_heap_t *l, const char *alloc_conf, char *err, size_t err_len) {
         gm_alloc_config_t cfg;
         int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
         if (r < 0)
@@ -186,11 +197,12 @@ int gm_local_set_config(gm_local_t *l, const char *alloc_conf, char *err, size_t
         begin(l);
         gm_heap_set_config(l->heap, &cfg);
         end(l);
+        check(l);
         l->config = cfg;
         return 0;
 }
 
-gm_local_t *gm_local_destroy(gm_local_t *l) {
+gm_local_heap_t *gm_local_heap_destroy(gm_local_heap_t *l) {
         if (!l)
                 return NULL;
         l->destroying = true;
@@ -204,8 +216,8 @@ gm_local_t *gm_local_destroy(gm_local_t *l) {
         return NULL;
 }
 
-int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
-                   gm_alloc_result_t *ret_result) {
+int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
+                        gm_alloc_result_t *ret_result) {
         l->cur_size = size;
         l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
@@ -214,58 +226,64 @@ int gm_local_alloc(gm_local_t *l, uint64_t size, uint64_t stream, const gm_frame
         begin(l);
         int r = gm_heap_alloc(l->heap, size, stream, ret_result);
         end(l);
+        gm_assert(r < 0 || ret_result->size >= size);
+        check(l);
         l->cur_frames = NULL;
         l->n_cur_frames = 0;
         return r;
 }
 
-int gm_local_free(gm_local_t *l, uint64_t block_id, bool deferred) {
+int gm_local_heap_free(gm_local_heap_t *l, uint64_t block_id, bool deferred) {
         begin(l);
         int r = gm_heap_free(l->heap, block_id, deferred);
         end(l);
+        check(l);
         return r;
 }
 
-int gm_local_free_completed(gm_local_t *l, uint64_t block_id) {
+int gm_local_heap_free_completed(gm_local_heap_t *l, uint64_t block_id) {
         begin(l);
         int r = gm_heap_free_completed(l->heap, block_id);
         end(l);
+        check(l);
         return r;
 }
 
-uint64_t gm_local_release_cached(gm_local_t *l) {
+uint64_t gm_local_heap_release_cached(gm_local_heap_t *l) {
         begin(l);
         uint64_t released = gm_heap_release_cached(l->heap);
         end(l);
+        check(l);
         return released;
 }
 
-int gm_local_stat(const gm_local_t *l, const char *name, int64_t *ret_value) {
+int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value) {
         return gm_stats_get(gm_heap_stats(l->heap), name, ret_value);
 }
 
-const gm_stats_t *gm_local_stats(const gm_local_t *l) {
+const gm_stats_t *gm_local_heap_stats(const gm_local_heap_t *l) {
         return gm_heap_stats(l->heap);
 }
 
-void gm_local_reset_stats(gm_local_t *l, bool peak, bool accumulated) {
+void gm_local_heap_reset_stats(gm_local_heap_t *l, bool peak, bool accumulated) {
         begin(l);
         if (peak)
                 gm_stats_reset_peak(gm_heap_stats_mut(l->heap));
         if (accumulated)
                 gm_stats_reset_accumulated(gm_heap_stats_mut(l->heap));
         end(l);
+        check(l);
 }
 
-bool gm_local_refused_by_daemon(const gm_local_t *l) {
+bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l) {
         return l->refused_by_daemon;
 }
 
-const gm_heap_t *gm_local_heap(const gm_local_t *l) {
+const gm_heap_t *gm_local_heap_core(const gm_local_heap_t *l) {
         return l->heap;
 }
 
-int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t pid) {
+int gm_local_heap_history(gm_local_heap_t *l, bool enabled, uint64_t max_entries, uint32_t pid) {
         l->pid = pid;
         if (!enabled) {
                 l->history = gm_history_free(l->history); /* off clears the ring, as in PyTorch */
@@ -276,11 +294,12 @@ int gm_local_history(gm_local_t *l, bool enabled, uint64_t max_entries, uint32_t
         return gm_history_new(max_entries, GM_LOCAL_HISTORY_FRAME_BYTES, &l->history);
 }
 
-const gm_history_t *gm_local_history_ring(const gm_local_t *l) {
+const gm_history_t *gm_local_heap_history_ring(const gm_local_heap_t *l) {
         return l->history;
 }
 
-int gm_local_snapshot(const gm_local_t *l, const gm_local_owner_t *owner, bool json, char **ret_buf, size_t *ret_len) {
+int gm_local_heap_snapshot(const gm_local_heap_t *l, const gm_local_heap_owner_t *owner, bool json, char **ret_buf,
+                           size_t *ret_len) {
         gm_snapshot_heap_t heap = {
                 .heap = l->heap, .pid = owner->pid, .tenant = owner->tenant, .session_id = owner->session_id};
         gm_snapshot_source_t src = {

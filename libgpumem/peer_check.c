@@ -2,10 +2,12 @@
 #include "peer_check.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ipc.h"
@@ -69,6 +71,22 @@ static bool not_running(int r) {
         return r == -ENOENT || r == -ECONNREFUSED;
 }
 
+/* Why connect() was refused (EACCES) in reason: the socket's group, which a
+ * caller who is not a member may ask to join. */
+static void describe_denied(const char *path, char *reason, size_t reason_len) {
+        struct stat st;
+        struct group gr, *g = NULL;
+        char buf[4096];
+        if (stat(path, &st) < 0 || getgrgid_r(st.st_gid, &gr, buf, sizeof(buf), &g) != 0 || !g) {
+                snprintf(reason, reason_len, "%s", strerror(EACCES));
+                return;
+        }
+        snprintf(reason, reason_len,
+                 "%s: the socket (mode %04o) admits members of group '%s', and this process is not one "
+                 "(an administrator adds a user with: usermod -aG %s USER)",
+                 strerror(EACCES), (unsigned) (st.st_mode & 07777), g->gr_name, g->gr_name);
+}
+
 int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len) {
         gm_trust_t t;
         trusted_set(&t);
@@ -77,8 +95,12 @@ int gm_peer_connect(const char *path, int *ret_fd, char *why, size_t why_len) {
         if (r < 0 && r != -EPERM)
                 snprintf(reason, sizeof(reason), "%s", strerror(-r));
         int fd = -1;
-        if (r == 0 && (r = gm_ipc_connect(path, &fd)) < 0)
-                snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        if (r == 0 && (r = gm_ipc_connect(path, &fd)) < 0) {
+                if (r == -EACCES)
+                        describe_denied(path, reason, sizeof(reason));
+                else
+                        snprintf(reason, sizeof(reason), "%s", strerror(-r));
+        }
         if (r == 0 && (r = gm_trust_check_peer(fd, &t, reason, sizeof(reason))) < 0) {
                 close(fd);
                 if (r != -EPERM)

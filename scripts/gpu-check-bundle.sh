@@ -6,10 +6,10 @@
 #   bin/       wrappers that run them with lib/ on LD_LIBRARY_PATH, or, when
 #              the machine's glibc is older than the bundle needs, through the
 #              bundled dynamic loader and glibc (glibc/)
-#   lib/       libgpumem and every shared library the binaries need (ldd),
+#   lib/       libgpumem, libgpumem_torch and every shared library the binaries need (ldd),
 #              except glibc's own and the driver's (libcuda, libnvidia-ml:
 #              always the machine's)
-#   gpumem-lib/  libgpumem with only its own libraries, for PyTorch to load
+#   gpumem-lib/  libgpumem and libgpumem_torch with only their own libraries, for PyTorch to load
 #              (GPUMEM_LIBRARY_DIR) without the rest of lib/ in its way
 #   glibc/     this machine's loader and glibc, used only by that fallback
 #   emulator/  the emulated driver and NVML, for gpu-check.sh --emulator
@@ -26,13 +26,13 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
 # Release warnings are not errors here: this build is for carrying, not for review.
 cmake -S "$REPO" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEMD_WERROR=OFF -DGPUMEMD_BUILD_TESTS=ON >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target gpumemd gpumemctl gpumem gpu_check_client fakecuda fakenvml >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target gpumemd gpumemctl gpumem gpumem_torch gpu_check_client fakecuda fakenvml >/dev/null
 
 rm -rf "$OUT"
 mkdir -p "$OUT"/{bin,libexec,lib,gpumem-lib,glibc,emulator}
 install -m755 "$BUILD/daemon/gpumemd" "$BUILD/ctl/gpumemctl" "$OUT/libexec/"
 install -m755 "$BUILD/tests/gpu_check_client" "$OUT/libexec/gpu_client"
-cp -P "$BUILD"/lib/libgpumem.so* "$OUT/lib/"
+cp -P "$BUILD"/lib/libgpumem.so* "$BUILD"/lib/libgpumem_torch.so* "$OUT/lib/"
 cp -P "$BUILD"/tests/fakecuda/lib*.so* "$OUT/emulator/"
 
 # glibc's libraries must come from one glibc: the machine's, or all of ours.
@@ -48,7 +48,7 @@ for bin in "$OUT"/libexec/* "$OUT"/lib/libgpumem.so.*[0-9]; do
                 if is_glibc "$lib"; then cp -L "$lib" "$OUT/glibc/"; else cp -L "$lib" "$OUT/lib/"; fi
         done
 done
-cp -P "$BUILD"/lib/libgpumem.so* "$OUT/gpumem-lib/"
+cp -P "$BUILD"/lib/libgpumem.so* "$BUILD"/lib/libgpumem_torch.so* "$OUT/gpumem-lib/"
 ldd "$BUILD"/lib/libgpumem.so.*[0-9] | awk '/=> \//{print $3}' | while read -r lib; do
         is_glibc "$lib" || cp -L "$lib" "$OUT/gpumem-lib/"
 done

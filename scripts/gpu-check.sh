@@ -30,7 +30,7 @@
 #                 (what would show leaked pages, unacknowledged unmaps, a
 #                 wrong disconnect)
 #
-# --emulator runs the same stages over the emulated driver (tests/fakecuda:
+# --emulator runs the same stages over the emulated driver (tests/lib/fakecuda:
 # GPUMEM_LIBCUDA, GPUMEM_LIBNVML, a device pool file) with a stand-in
 # nvidia-smi (gpu-check/nvidia-smi) reading that pool, to know the check
 # works up to the hardware. The emulator runs no kernels: those stages then
@@ -95,7 +95,7 @@ if [ "$EMULATOR" = 1 ]; then
         export GPUMEM_LIBCUDA=$FAKELIB/libcuda.so.1 GPUMEM_LIBNVML=$FAKELIB/libnvidia-ml.so.1
         export FAKECUDA_POOL=$WORK/device-pool FAKECUDA_CAPACITY=8G FAKECUDA_CONTEXT_BYTES=256M GM_CHECK_SMALL=1
         export PATH=$HERE:$PATH # the stand-in nvidia-smi
-        MODE="emulator (tests/fakecuda; no kernels run, figures are not a GPU's)"
+        MODE="emulator (tests/lib/fakecuda; no kernels run, figures are not a GPU's)"
 else
         unset GPUMEM_LIBCUDA GPUMEM_LIBNVML FAKECUDA_POOL
         MODE="hardware"

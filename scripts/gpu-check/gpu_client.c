@@ -4,7 +4,7 @@
  *
  * On a GPU it writes and checks memory with real kernels (kernels.cu as PTX,
  * $GM_CHECK_PTX, JIT-compiled by the driver). Over the emulated driver
- * (tests/fakecuda), which runs no kernels, it says so and writes and checks
+ * (tests/lib/fakecuda), which runs no kernels, it says so and writes and checks
  * through the CPU mapping of the emulated device pointer instead: every
  * result line names which of the two it did ("kernels" or "host writes").
  *

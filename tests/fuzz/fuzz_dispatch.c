@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         gm_broker_t *broker;
         FUZZ_ASSERT(gm_broker_new(&params, &broker) == 0);
         gm_request_config_t config = {.max_packet = 65536, .max_fds = 4};
-        gm_local_totals_t local = {0};
+        gm_localstats_totals_t local = {0};
         gm_requests_t rq = {.broker = broker, .config = &config, .local = &local, .send = sink_send};
         gm_request_conn_t conn = {.rq = &rq};
         snprintf(conn.tenant_name, sizeof(conn.tenant_name), "fuzz");

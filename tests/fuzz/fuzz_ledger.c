@@ -42,7 +42,7 @@ static gm_broker_t *open_ledger(gm_backend_t *backend) {
         FUZZ_ASSERT(gm_broker_new(&params, &b) == 0);
         int r = gm_ledger_open(b, path_);
         FUZZ_ASSERT(r == 0 || r == -ENOMEM);
-        gm_ledger_adopt_done(b, 0);
+        gm_orphan_adopt_done(b, 0);
         fuzz_check_broker(b);
         for (size_t i = 0; i < b->n_records; i++) {
                 const gm_ledger_entry_t *e = &b->records[i];

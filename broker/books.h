@@ -1,0 +1,40 @@
+/* Floor 1 of the broker, the books: tenants (tenant.c, public in broker.h)
+ * and the restart ledger (ledger.c), with the host's log (host.c) and
+ * outcomes (outcome.c) every floor uses. Calls nothing above it. */
+#pragma once
+
+#include "broker-internal.h"
+
+/* host.c: one log line through ops->log. */
+void gm_host_log(const gm_broker_t *b, int priority, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* outcome.c: fills a REFUSE with `err` and the client's message; returns 0
+ * (the outcome is decided), for the callers that return it. */
+int gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ledger.c */
+void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
+void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);
+/* A stored piece's place changed (page reuse): journalled anew. */
+void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p);
+/* Journals a session's token and uid at its start, and its end (unless the
+ * broker is stopping: then its client may claim it from the next daemon). */
+void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);
+void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s);
+/* Whether t is a session token (GM_TOKEN_LEN lowercase hex digits). */
+bool gm_ledger_token_valid(const char *t);
+/* A stored piece (or a record) is gone: journalled, compacting when due. */
+void gm_ledger_forget(gm_broker_t *b, uint64_t store_id);
+/* The journal's entry of a stored fd's name (GM_STORE_PREFIX + id), read at
+ * open and kept until adoption is done; NULL when it has none. */
+const gm_ledger_entry_t *gm_ledger_find(const gm_broker_t *b, const char *name);
+/* The previous daemon's record of a piece of the session with `token`, with
+ * spec's coordinates; NULL when it has none. */
+gm_ledger_entry_t *gm_ledger_record_find(gm_broker_t *b, const char *token, const gm_piece_spec_t *spec);
+/* The journal's entry for piece p under `id`, of the session (token, uid). */
+gm_ledger_entry_t gm_ledger_piece_entry(const gm_piece_t *p, uint64_t id, const char *token, uid_t uid);
+gm_known_token_t *gm_ledger_known_token_find(gm_broker_t *b, const char *token);
+void gm_ledger_known_token_remove(gm_broker_t *b, gm_known_token_t *k);
+/* The previous daemon's sessions are not coming back: their tokens and
+ * records are forgotten (the records journalled as gone when `journal`). */
+void gm_ledger_forget_sessions(gm_broker_t *b, bool journal);

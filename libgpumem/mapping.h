@@ -1,0 +1,38 @@
+/* libgpumem's second floor: the session's segments and the mapping of their
+ * pieces (mapper.h), over the connection (conn.h). Callers hold the client's
+ * lock unless a function says otherwise. Not installed. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "conn.h"
+
+/* Page reuse: moves one mapped piece to another place of this session's
+ * segments, as the heap (the daemon's, or the local one) decided. -EPROTO
+ * for a move that does not fit what is mapped here; else 0 or the mapper's
+ * error, nothing changed. */
+int gm_mapping_move(gpumem_client *c, const Gpumem__PageMove *mv);
+/* Unmaps one range the daemon asks back (or the local heap gives back).
+ * Returns false when it cannot be called released: the driver refused the
+ * unmap (the piece stays mapped and known), or the range names a segment
+ * this client does not know, whose memory it cannot account for. */
+bool gm_mapping_unmap(gpumem_client *c, const Gpumem__Range *range);
+/* Unmaps and unreserves every segment (owner: false in a fork()ed child,
+ * which inherited none) and forgets them all. */
+void gm_mapping_forget(gpumem_client *c, bool owner);
+
+/* The connection's handlers (conn.h) of the packets that map, move or
+ * release memory: ReleaseRequest (`before` waits for the streams of its
+ * segments), MapSegments, AllocReply, GrantReply. */
+void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env);
+bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+
+/* The mapper's stream events, in the (ctx = the client) form of the fence
+ * and local-heap ops. */
+int gm_mapping_event_record(void *ctx, uint64_t stream, uint64_t *ret_event);
+int gm_mapping_event_query(void *ctx, uint64_t event);
+void gm_mapping_event_destroy(void *ctx, uint64_t event);

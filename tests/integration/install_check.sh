@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, builds tests/integration/install/example.c
+# against it twice (pkg-config, and CMake's find_package), runs both against
+# the installed gpumemd, and checks the figures in the installed gpumemctl.
+# Usage: install_check.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS [PYTHON_ENV]]
+# (EXTRA_CFLAGS: the sanitizer flags of an ASan build, which the installed
+# library needs in its programs too; PYTHON_ENV: VAR=value words for the
+# python3 that loads it, e.g. the sanitizer runtimes to preload.)
+set -euo pipefail
+build="$1"
+src="$2"
+extra="${3:-}"
+pyenv="${4:-}"
+work="$(mktemp -d)"
+trap 'for p in "${daemon:-}" "${EX_PID:-}"; do [ -z "${p}" ] || kill "${p}" 2>/dev/null || true; done
+      wait 2>/dev/null || true; rm -rf "${work}"' EXIT
+prefix="${work}/prefix"
+cmake --install "${build}" --prefix "${prefix}" >/dev/null
+for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h include/gpumem/torch.h; do
+        [ -e "${prefix}/${f}" ] || { echo "missing ${f} in the install" >&2; exit 1; }
+done
+pcdir="$(dirname "$(find "${prefix}" -name gpumem.pc | head -n1)")"
+libdir="$(PKG_CONFIG_PATH="${pcdir}" pkg-config --variable=libdir gpumem)"
+ls "${libdir}"/libgpumem.so* "${libdir}"/libgpumem_torch.so.0 >/dev/null
+# The Python package, where Debian's python3 looks under this prefix.
+pkg="$(find "${prefix}" -path '*/dist-packages/gpumem/__init__.py' | head -n1)"
+[ -n "${pkg}" ] || { echo "missing the gpumem Python package in the install" >&2; exit 1; }
+pydir="$(dirname "$(dirname "${pkg}")")"
+
+# 1. pkg-config
+# shellcheck disable=SC2046
+# shellcheck disable=SC2086
+cc -Wall -Werror ${extra} -o "${work}/example-pc" "${src}/tests/integration/install/example.c" \
+        $(PKG_CONFIG_PATH="${pcdir}" pkg-config --cflags --libs gpumem) -Wl,-rpath,"${libdir}"
+# 2. find_package(gpumem)
+cmake -S "${src}/tests/integration/install" -B "${work}/consumer" -DCMAKE_PREFIX_PATH="${prefix}" \
+        -DCMAKE_BUILD_RPATH="${libdir}" -DCMAKE_C_FLAGS="${extra}" >/dev/null
+cmake --build "${work}/consumer" >/dev/null
+
+sock="${work}/gpu0.sock"
+"${prefix}/bin/gpumemd" --backend host --capacity 256M --socket "${sock}" --config /dev/null \
+        --metrics-listen none 2>"${work}/log" &
+daemon=$!
+for _ in $(seq 200); do [ -S "${sock}" ] && break; sleep 0.05; done
+
+for example in "${work}/example-pc" "${work}/consumer/example"; do
+        coproc EX { "${example}" "${sock}"; }
+        read -r line <&"${EX[0]}"
+        [ "${line}" = ready ] || { echo "${example}: no ready line" >&2; exit 1; }
+        stats="$("${prefix}/bin/gpumemctl" -s "${sock}" stats --json)"
+        grep -q '"allocated_bytes.all.current": 8388608' <<<"${stats}" ||
+                { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
+        # The installed Python package loads the installed libraries and reads
+        # the same figure (device 0 of the socket template is this daemon).
+        # shellcheck disable=SC2086
+        py="$(env -u GPUMEM_LIBRARY_DIR ${pyenv} PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
+import gpumem, gpumem.torch
+print(gpumem._lib.TORCH_LIBRARY_PATH, gpumem.memory_stats(0, scope="device")["allocated_bytes.all.current"])')"
+        [ "${py}" = "$(realpath "${libdir}")/libgpumem_torch.so.0 8388608" ] ||
+                { echo "${example}: the installed Python package says '${py}'" >&2; exit 1; }
+        exec {EX[1]}>&-
+        wait "${EX_PID}"
+done
+echo "install check passed: pkg-config and find_package consumers and the Python package ran against ${prefix}"

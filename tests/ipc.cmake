@@ -1,4 +1,0 @@
-# ipc/: transport, envelope codec, host backend.
-add_executable(test_ipc ${CMAKE_CURRENT_SOURCE_DIR}/test_ipc.c)
-target_link_libraries(test_ipc PRIVATE gm_ipc gm_backend gm_testutil PkgConfig::CHECK)
-add_test(NAME ipc COMMAND test_ipc)

@@ -1,0 +1,16 @@
+# Allocator core: policy and reuse tests on a fake provider (the same
+# executable runs stress/'s seeded random workloads: stress/allocator_random.cmake).
+add_executable(test_allocator
+  ${CMAKE_CURRENT_LIST_DIR}/test_allocator.c
+  ${CMAKE_CURRENT_LIST_DIR}/test_allocator_reuse.c
+  ${GM_TEST_LIB_DIR}/fake_provider.c)
+target_include_directories(test_allocator PRIVATE ${GM_TEST_LIB_DIR})
+target_link_libraries(test_allocator PRIVATE gm_allocator PkgConfig::CHECK)
+add_test(NAME allocator COMMAND test_allocator)
+set_tests_properties(allocator PROPERTIES TIMEOUT 600)
+
+# Rebuilding a heap from its client's ledger (daemon restart).
+add_executable(test_restore ${CMAKE_CURRENT_LIST_DIR}/test_restore.c ${GM_TEST_LIB_DIR}/fake_provider.c)
+target_include_directories(test_restore PRIVATE ${GM_TEST_LIB_DIR})
+target_link_libraries(test_restore PRIVATE gm_allocator PkgConfig::CHECK)
+add_test(NAME allocator_restore COMMAND test_restore)
