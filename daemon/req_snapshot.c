@@ -343,24 +343,30 @@ static bool send_query(gm_snapjobs_t *js, ask_t *a) {
 }
 
 /* Copies what the loop owns (central heaps, the device's trace, local
- * sessions' pieces) and asks the local sessions. */
+ * sessions' pieces) and asks the local sessions. The trace is whole only
+ * for an admin asking for the whole device; anyone else gets the entries of
+ * the live sessions in view, so an ended session's entries are never shown
+ * to another tenant (the entries record a pid, not a tenant). -ESRCH: a
+ * --pid that names no session in view. */
 static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Snapshot *req, bool *ret_everything) {
         gm_broker_t *b = c->rq->broker;
         gm_snapjobs_t *js = c->rq->snapjobs;
         const gm_session_t *s = c->session;
         gm_session_view_t sv;
         gm_session_view(s, &sv);
-        size_t n_local = 0;
-        bool everything = true;
+        size_t n_local = 0, n_in_view = 0;
+        bool everything = sv.admin && !req->pid;
         for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
                 gm_session_view_t ov;
                 gm_session_view(o, &ov);
                 const gm_request_conn_t *oc = gm_session_userdata(o);
                 if (!in_view(&sv, &ov, req->pid))
-                        everything = everything && (ov.ended || !ov.tenant || ov.admin_conn);
-                else if (oc && oc->local)
-                        n_local++;
+                        continue;
+                n_in_view++;
+                n_local += oc && oc->local;
         }
+        if (req->pid && n_in_view == 0)
+                return -ESRCH;
         j->asks = calloc(n_local + 1, sizeof(*j->asks));
         if (!j->asks)
                 return -ENOMEM;
@@ -486,6 +492,10 @@ int gm_req_snapshot_handle(gm_request_conn_t *c, uint64_t request_id, const Gpum
                                                 (unsigned long long) max_entries),
                                0;
                 }
+                if (r == -ESRCH) /* another tenant's pid reads as one without a session */
+                        return gm_request_error(c, request_id, ESRCH, "--pid %u names no session on this daemon",
+                                                (unsigned) req->pid),
+                               0;
                 return gm_request_error(c, request_id, r, "snapshot failed: %s", strerror(-r)), 0;
         }
         j->deadline_ms = gm_now_ms() + js->limits.answer_timeout_ms;

@@ -24,6 +24,7 @@
 #include "testutil.h"
 
 #define ATTACKER 65534
+#define VICTIM 65533
 
 static void sleep_ms(unsigned ms) {
         struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long) (ms % 1000) * 1000000L};
@@ -133,20 +134,9 @@ static int attack_keep_returned(const char *socket_path) {
         }
         for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
                 gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
-        /* A request with a reply (an Error) after them: they were handled. */
-        Gpumem__PageMove move = GPUMEM__PAGE_MOVE__INIT;
-        move.from_segment_id = 99;
-        move.length = 2 << 20;
-        Gpumem__PageMove *moves[] = {&move};
-        Gpumem__MovePieces mp = GPUMEM__MOVE_PIECES__INIT;
-        mp.n_moves = 1;
-        mp.moves = moves;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.request_id = 20;
-        env.body_case = GPUMEM__ENVELOPE__BODY_MOVE_PIECES;
-        env.move_pieces = &mp;
-        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
-        ck_assert_ptr_nonnull(reply);
+        /* A request with a reply after them: they were handled. */
+        Gpumem__Envelope *reply = gm_test_raw_return_intent(fd, 20);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_OK);
         gm_msg_free(reply);
         uint64_t blocks = 0, resident = 0;
         for (int i = 0; i < KEPT_SEGMENTS; i++) {
@@ -169,6 +159,31 @@ static int attack_keep_returned(const char *socket_path) {
         return 0;
 }
 
+/* A victim's trace entries: a central session allocates a distinctive
+ * size, then ends. */
+#define VICTIM_SIZE (3u << 20)
+
+static int attack_alloc_and_leave(const char *socket_path) {
+        int fd = gm_test_raw_connect(socket_path);
+        set_reply_timeout(fd);
+        Gpumem__Envelope *reply =
+                gm_test_raw_hello_mode(fd, false, "victim", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_CENTRAL);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+        gm_msg_free(reply);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = VICTIM_SIZE;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        gm_msg_free(reply);
+        close(fd);
+        return 0;
+}
+
 static const char *attack_name, *attack_socket;
 
 /* The testutil helpers assert with check: an attack runs as a test of its own. */
@@ -176,6 +191,8 @@ START_TEST(test_attack) {
         int r = 64;
         if (strcmp(attack_name, "move-unknown-piece") == 0)
                 r = attack_move_unknown_piece(attack_socket);
+        else if (strcmp(attack_name, "alloc-and-leave") == 0)
+                r = attack_alloc_and_leave(attack_socket);
         else if (strcmp(attack_name, "keep-returned") == 0)
                 r = attack_keep_returned(attack_socket);
         else if (strcmp(attack_name, "fdstore-flood") == 0)
@@ -236,6 +253,49 @@ START_TEST(test_refusal_to_hung_up_local_session) {
                 run_attack(&d, "move-unknown-piece");
                 assert_daemon_serves(&d);
         }
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- 4: snapshots show only what the caller may see ---- */
+
+/* gpumemctl as uid (0: root) against d; its exit status, stdout in out. */
+static int ctl_as(const gm_test_daemon_t *d, uid_t uid, char *out, size_t len, const char *args) {
+        char cmd[600];
+        snprintf(cmd, sizeof(cmd), "exec '%s' -s '%s' %s", GPUMEMCTL_BIN, d->socket_path, args);
+        const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        return uid ? gm_test_run_as(out, len, uid, argv) : gm_test_run(out, len, argv);
+}
+
+/* A JSON snapshot as uid (through a file of its own), in out; gpumemctl's status. */
+static int snapshot_as(const gm_test_daemon_t *d, uid_t uid, char *out, size_t len, const char *args) {
+        char shell[700];
+        snprintf(shell, sizeof(shell),
+                 "f=$(mktemp) && '%s' -s '%s' snapshot -o \"$f\" --format json %s >/dev/null; r=$?; cat \"$f\"; "
+                 "rm -f \"$f\"; exit $r",
+                 GPUMEMCTL_BIN, d->socket_path, args);
+        const char *argv[] = {"/bin/sh", "-c", shell, NULL};
+        return uid ? gm_test_run_as(out, len, uid, argv) : gm_test_run(out, len, argv);
+}
+
+START_TEST(test_snapshot_hides_ended_sessions_of_others) {
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        static char out[1 << 20];
+        ck_assert_int_eq(ctl_as(&d, 0, out, sizeof(out), "history on"), 0);
+        char out_small[4096];
+        const char *argv[] = {SECURITY_BIN, "alloc-and-leave", d.socket_path, NULL};
+        ck_assert_int_eq(gm_test_run_as(out_small, sizeof(out_small), VICTIM, argv), 0);
+        char size[32];
+        snprintf(size, sizeof(size), "%u", VICTIM_SIZE);
+        /* The admin sees the ended session's entries; another tenant does not. */
+        ck_assert_int_eq(snapshot_as(&d, 0, out, sizeof(out), ""), 0);
+        ck_assert_msg(strstr(out, size), "the victim's allocation is not in the admin's snapshot");
+        ck_assert_int_eq(snapshot_as(&d, ATTACKER, out, sizeof(out), ""), 0);
+        ck_assert_msg(!strstr(out, size), "another tenant's ended session shows in a snapshot");
+        /* A pid that names nothing (here: the ended victim's) is an error, as for stats. */
+        ck_assert_int_ne(snapshot_as(&d, ATTACKER, out, sizeof(out), "--pid 1"), 0);
+        ck_assert_int_ne(snapshot_as(&d, 0, out, sizeof(out), "--pid 1"), 0);
         gm_test_daemon_stop(&d);
 }
 END_TEST
@@ -359,6 +419,10 @@ static Suite *security_suite(void) {
         tcase_set_timeout(conn, 60);
         tcase_add_test(conn, test_refusal_to_hung_up_local_session);
         suite_add_tcase(s, conn);
+        TCase *snap = tcase_create("snapshots");
+        tcase_set_timeout(snap, 60);
+        tcase_add_test(snap, test_snapshot_hides_ended_sessions_of_others);
+        suite_add_tcase(s, snap);
         TCase *sd = tcase_create("service-manager");
         tcase_set_timeout(sd, 60);
         tcase_add_test(sd, test_stuck_service_manager_does_not_stop_loop);
