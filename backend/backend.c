@@ -17,6 +17,10 @@ static void set_err(char *reterr, size_t reterr_len, const char *fmt, ...) {
         va_end(ap);
 }
 
+bool gm_backend_kind_known(const char *kind) {
+        return strcmp(kind, "auto") == 0 || strcmp(kind, "cuda") == 0 || strcmp(kind, "host") == 0;
+}
+
 int gm_backend_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len) {
         const char *kind = opts->kind ? opts->kind : "auto";
         if (strcmp(kind, "host") == 0)
@@ -24,7 +28,7 @@ int gm_backend_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend
         if (strcmp(kind, "cuda") == 0)
                 return gm_backend_cuda_open(opts, ret_backend, reterr, reterr_len);
         if (strcmp(kind, "auto") != 0) {
-                set_err(reterr, reterr_len, "unknown backend '%s' (expected auto, cuda or host)", kind);
+                set_err(reterr, reterr_len, "unknown backend '%s' (expected " GM_BACKEND_KINDS ")", kind);
                 return -EINVAL;
         }
 

@@ -67,6 +67,11 @@ typedef struct gm_backend_options {
         uint64_t capacity;       /* 0 = default (host: min(8 GiB, RAM/4); cuda: device total) */
 } gm_backend_options_t;
 
+/* Whether `kind` names a backend gm_backend_open() knows ("auto" included). */
+bool gm_backend_kind_known(const char *kind);
+/* The kinds gm_backend_open() knows, for messages: "auto, cuda or host". */
+#define GM_BACKEND_KINDS "auto, cuda or host"
+
 /* Opens the backend `opts->kind` names. For "auto", cuda when a device is
  * usable, else host; *reterr then says which and why. */
 int gm_backend_open(const gm_backend_options_t *opts, gm_backend_t **ret_backend, char *reterr, size_t reterr_len);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "allocator.h" /* gm_alloc_config_parse */
+#include "backend.h"   /* gm_backend_kind_known */
 #include "ipc.h"
 #include "size.h"
 
@@ -299,8 +300,8 @@ static int set_daemon_key(parse_state_t *st, const daemon_key_t *k, const char *
         case K_STRING:
                 return set_string(st, k, value, line);
         case K_BACKEND:
-                if (strcmp(value, "auto") != 0 && strcmp(value, "cuda") != 0 && strcmp(value, "host") != 0)
-                        return fail(st, -EINVAL, line, "invalid backend '%s': auto, cuda or host", value);
+                if (!gm_backend_kind_known(value))
+                        return fail(st, -EINVAL, line, "invalid backend '%s': " GM_BACKEND_KINDS, value);
                 return set_string(st, k, value, line);
         case K_DEVICE:
                 if (strncmp(value, "GPU-", 4) == 0 && value[4]) {

@@ -97,8 +97,8 @@ static int parse_args(int argc, char **argv, gm_options_t *o) {
                         o->device = (int) v;
                         break;
                 case 'b':
-                        if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0 && strcmp(optarg, "host") != 0) {
-                                log_error("Invalid --backend '%s': auto, cuda or host", optarg);
+                        if (!gm_backend_kind_known(optarg)) {
+                                log_error("Invalid --backend '%s': " GM_BACKEND_KINDS, optarg);
                                 return -EINVAL;
                         }
                         o->backend = optarg;
