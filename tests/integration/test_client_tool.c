@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
                                         status = 1;
                                         break;
                                 }
-                                ((volatile char *) held[n])[0] = 1;
+                                gm_test_fill(held[n], 1, 1); /* touched (by a kernel on cuda) */
                                 n++;
                                 granted++;
                         }

@@ -396,6 +396,10 @@ static uint64_t splitmix(uint64_t *x) {
 }
 
 void gm_test_fill(void *p, size_t n, uint64_t seed) {
+#ifdef GM_TEST_FAKECUDA
+        if (gm_fake_device_fill(p, n, seed)) /* the emulator's device memory: only its kernels touch it */
+                return;
+#endif
         uint64_t *w = p;
         for (size_t i = 0; i < n / 8; i++)
                 w[i] = splitmix(&seed);
@@ -404,6 +408,11 @@ void gm_test_fill(void *p, size_t n, uint64_t seed) {
 }
 
 bool gm_test_verify(const void *p, size_t n, uint64_t seed) {
+#ifdef GM_TEST_FAKECUDA
+        int on_device = gm_fake_device_verify(p, n, seed);
+        if (on_device >= 0)
+                return on_device == 1;
+#endif
         const uint64_t *w = p;
         for (size_t i = 0; i < n / 8; i++)
                 if (w[i] != splitmix(&seed))

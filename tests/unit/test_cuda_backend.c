@@ -109,18 +109,16 @@ static gm_mapper_t *new_mapper(uint64_t granularity) {
         return m;
 }
 
+/* Device memory is written and read by the emulator's kernels only. */
 static void fill(void *p, size_t n, uint32_t seed) {
-        uint32_t *w = p;
-        for (size_t i = 0; i < n / sizeof(*w); i++)
-                w[i] = seed ^ (uint32_t) (i * 2654435761u);
+        if (!gm_fake_device_fill(p, n, seed)) /* helpers run outside a check test too */
+                abort();
 }
 
 static bool verify(const void *p, size_t n, uint32_t seed) {
-        const uint32_t *w = p;
-        for (size_t i = 0; i < n / sizeof(*w); i++)
-                if (w[i] != (seed ^ (uint32_t) (i * 2654435761u)))
-                        return false;
-        return true;
+        int ok = gm_fake_device_verify(p, n, seed);
+        ck_assert_int_ge(ok, 0);
+        return ok == 1;
 }
 
 /* Reserves a range, maps a dup of `fd` at its start and returns the base. */
@@ -378,12 +376,13 @@ START_TEST(test_map_contiguous_pieces) {
         ck_assert_ok(m->ops->reserve(m, 4 * SEG, &base));
         ck_assert_ok(m->ops->map(m, base, 0, SEG, dup(p1.fd)));
         ck_assert_ok(m->ops->map(m, base, SEG, SEG, dup(p2.fd)));
-        fill((void *) (uintptr_t) base, 2 * SEG, 7);
+        fill((void *) (uintptr_t) base, 2 * SEG, 7); /* one kernel over both pieces */
+        ck_assert(verify((void *) (uintptr_t) base, 2 * SEG, 7));
+        fill((void *) (uintptr_t) (base + SEG), SEG, 8);
 
         /* The second piece alone, elsewhere, holds the second half. */
-        ck_assert(verify((void *) (uintptr_t) base, 2 * SEG, 7));
         uint64_t other = map_copy(m, p2.fd, SEG);
-        ck_assert_int_eq(memcmp((void *) (uintptr_t) other, (void *) (uintptr_t) (base + SEG), SEG), 0);
+        ck_assert(verify((void *) (uintptr_t) other, SEG, 8));
         unmap_all(m, other, SEG);
 
         /* Pieces unmap one at a time; the reservation goes only when empty. */
@@ -870,8 +869,8 @@ START_TEST(test_emulator_strict) {
         ck_assert_int_eq(cu->EventCreate(&event, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventRecord(event, stream), CUDA_SUCCESS);
         ck_assert_int_eq(cu->EventRecord(event, (CUstream) (uintptr_t) 7), CUDA_ERROR_INVALID_HANDLE);
-        ck_assert_int_eq(cu->EventDestroy(event), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->EventQuery(event), CUDA_ERROR_INVALID_HANDLE);
+        ck_assert_int_eq(cu->EventDestroy(event),
+                         CUDA_SUCCESS); /* using it now aborts: test_destroyed_event_poisoned */
         ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
         pop_primary(cu, 0, ctx);
         ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_ERROR_INVALID_CONTEXT);
@@ -930,6 +929,252 @@ START_TEST(test_emulator_pool_device_wide) {
         m->ops->destroy(m);
         gm_backend_release(b, &p1);
         gm_backend_close(b);
+}
+END_TEST
+
+/* ---- the asynchronous emulator itself ---- */
+
+/* An emulator entry point (fakecuda.h, or a driver function gm_cuda_t lacks). */
+#define FAKE_FN(type, name)                      \
+        ({                                       \
+                type fn_;                        \
+                void *p_ = gm_fake_symbol(name); \
+                memcpy(&fn_, &p_, sizeof(p_));   \
+                fn_;                             \
+        })
+
+typedef CUresult (*begin_capture_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);
+typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*graph_destroy_fn)(CUgraph);
+
+/* One SEG piece of device 0 mapped read-write in this process, with its
+ * primary context current. */
+typedef struct emu_fixture {
+        const gm_cuda_t *cu;
+        gm_backend_t *b;
+        gm_phys_t phys;
+        gm_mapper_t *m;
+        uint64_t base;
+        CUcontext ctx;
+} emu_fixture_t;
+
+static void emu_open(emu_fixture_t *f) {
+        f->b = open_cuda(0);
+        ck_assert_ok(gm_backend_create(f->b, SEG, &f->phys));
+        f->m = new_mapper(f->b->granularity);
+        f->base = map_copy(f->m, f->phys.fd, SEG);
+        f->cu = load();
+        f->ctx = push_primary(f->cu, 0);
+}
+
+static void emu_close(emu_fixture_t *f, bool unmap) {
+        pop_primary(f->cu, 0, f->ctx);
+        if (unmap)
+                unmap_all(f->m, f->base, SEG);
+        f->m->ops->destroy(f->m);
+        gm_backend_release(f->b, &f->phys);
+        gm_backend_close(f->b);
+}
+
+/* Work runs later, in stream order; events and synchronize tell the truth. */
+START_TEST(test_work_runs_later) {
+        emu_fixture_t f;
+        emu_open(&f);
+        CUstream s;
+        CUevent e;
+        ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventCreate(&e, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 200), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_fill_fn, "fakecuda_launch_fill")(s, f.base, SEG, 0x5a), CUDA_SUCCESS);
+        int ok = -1;
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_verify_fn, "fakecuda_launch_verify")(s, f.base, SEG, 0x5a, &ok),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventRecord(e, s), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventQuery(e), CUDA_ERROR_NOT_READY);
+        ck_assert_int_eq(ok, -1); /* not run yet */
+        ck_assert_int_eq(f.cu->StreamSynchronize(s), CUDA_SUCCESS);
+        ck_assert_int_eq(ok, 1);
+        ck_assert_int_eq(f.cu->EventQuery(e), CUDA_SUCCESS);
+        /* Device to host and back. */
+        unsigned char host[64], back[64];
+        memset(host, 0x33, sizeof(host));
+        ck_assert_int_eq(
+                FAKE_FN(fakecuda_launch_from_host_fn, "fakecuda_launch_from_host")(NULL, f.base + 4096, host, 64),
+                CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_to_host_fn, "fakecuda_launch_to_host")(NULL, back, f.base + 4096, 64),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->CtxSynchronize(), CUDA_SUCCESS);
+        ck_assert_int_eq(memcmp(host, back, 64), 0);
+        ck_assert_int_eq(f.cu->EventDestroy(e), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->StreamDestroy(s), CUDA_SUCCESS);
+        emu_close(&f, true);
+}
+END_TEST
+
+/* The legacy stream waits for blocking streams, not for non-blocking ones. */
+START_TEST(test_legacy_stream_ordering) {
+        emu_fixture_t f;
+        emu_open(&f);
+        CUstream blocking, nonblocking;
+        CUevent e;
+        ck_assert_int_eq(f.cu->StreamCreate(&blocking, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->StreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventCreate(&e, 0), CUDA_SUCCESS);
+        fakecuda_launch_spin_fn spin = FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin");
+        ck_assert_int_eq(spin(nonblocking, 300), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventQuery(e), CUDA_SUCCESS); /* not ordered after the non-blocking stream */
+        ck_assert_int_eq(spin(blocking, 100), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventRecord(e, NULL), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventQuery(e), CUDA_ERROR_NOT_READY); /* ordered after the blocking one */
+        ck_assert_int_eq(f.cu->EventSynchronize(e), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->CtxSynchronize(), CUDA_SUCCESS); /* every stream */
+        ck_assert_int_eq(f.cu->EventDestroy(e), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->StreamDestroy(blocking), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->StreamDestroy(nonblocking), CUDA_SUCCESS);
+        emu_close(&f, true);
+}
+END_TEST
+
+/* Unmapping memory a queued kernel uses: the kernel faults and the context
+ * is lost (its calls fail with CUDA_ERROR_ILLEGAL_ADDRESS from then on). */
+START_TEST(test_unmap_under_kernel_faults) {
+        emu_fixture_t f;
+        emu_open(&f);
+        CUstream s;
+        ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 100), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_fill_fn, "fakecuda_launch_fill")(s, f.base, SEG, 1), CUDA_SUCCESS);
+        unmap_all(f.m, f.base, SEG);
+        ck_assert_int_eq(f.cu->StreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CUevent e;
+        ck_assert_int_eq(f.cu->EventCreate(&e, 0), CUDA_ERROR_ILLEGAL_ADDRESS); /* sticky */
+        fakecuda_usage_t u;
+        ck_assert(gm_fake_usage(&u));
+        ck_assert_int_eq(u.faults, 1);
+        ck_assert_int_eq(f.cu->StreamDestroy(s), CUDA_SUCCESS);
+        emu_close(&f, false);
+}
+END_TEST
+
+/* A kernel over memory that is not mapped faults too. */
+START_TEST(test_kernel_on_unmapped_memory_faults) {
+        emu_fixture_t f;
+        emu_open(&f);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_fill_fn, "fakecuda_launch_fill")(NULL, f.base + SEG - 4096, 8192, 1),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->CtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+        emu_close(&f, true);
+}
+END_TEST
+
+/* Device memory is not the CPU's. */
+START_TEST(test_cpu_cannot_touch_device_memory) {
+        emu_fixture_t f;
+        emu_open(&f);
+        ((volatile char *) (uintptr_t) f.base)[0] = 1;
+}
+END_TEST
+
+START_TEST(test_destroyed_stream_poisoned) {
+        const gm_cuda_t *cu = load();
+        push_primary(cu, 0);
+        CUstream s;
+        ck_assert_int_eq(cu->StreamCreate(&s, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->StreamDestroy(s), CUDA_SUCCESS);
+        cu->StreamSynchronize(s);
+}
+END_TEST
+
+START_TEST(test_destroyed_event_poisoned) {
+        const gm_cuda_t *cu = load();
+        push_primary(cu, 0);
+        CUevent e;
+        ck_assert_int_eq(cu->EventCreate(&e, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->EventDestroy(e), CUDA_SUCCESS);
+        cu->EventQuery(e);
+}
+END_TEST
+
+/* cuMemMap: address, size and offset in granules. */
+START_TEST(test_map_alignment_checked) {
+        const gm_cuda_t *cu = load();
+        CUcontext ctx = push_primary(cu, 0);
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        ck_assert_int_eq(cu->MemCreate(&h, 2 * SEG, &prop, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemAddressReserve(&va, 4 * SEG, 0, 0, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemMap(va + 4096, SEG, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(cu->MemMap(va, SEG + 4096, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(cu->MemMap(va, SEG, 4096, h, 0), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(cu->MemMap(va, 2 * SEG, SEG, h, 0), CUDA_ERROR_INVALID_VALUE); /* past its end */
+        ck_assert_int_eq(cu->MemMap(va, SEG, SEG, h, 0), CUDA_SUCCESS);                 /* its second half */
+        ck_assert_int_eq(cu->MemUnmap(va, SEG), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemAddressFree(va, 4 * SEG), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->MemRelease(h), CUDA_SUCCESS);
+        pop_primary(cu, 0, ctx);
+}
+END_TEST
+
+static const gm_cuda_t *capture_cu;
+static CUevent capture_event;
+
+static void *query_from_other_thread(void *arg) {
+        (void) arg;
+        return (void *) (intptr_t) capture_cu->EventQuery(capture_event);
+}
+
+static CUresult query_elsewhere(void) {
+        pthread_t t;
+        void *r;
+        ck_assert_int_eq(pthread_create(&t, NULL, query_from_other_thread, NULL), 0);
+        ck_assert_int_eq(pthread_join(t, &r), 0);
+        return (CUresult) (intptr_t) r;
+}
+
+/* Stream capture: in global mode another thread's event query, and this
+ * thread's cuMemMap, are refused and invalidate the capture; relaxed mode
+ * allows them. */
+START_TEST(test_capture_refuses_unsafe_calls) {
+        emu_fixture_t f;
+        emu_open(&f);
+        capture_cu = f.cu;
+        begin_capture_fn begin = FAKE_FN(begin_capture_fn, "cuStreamBeginCapture_v2");
+        end_capture_fn end = FAKE_FN(end_capture_fn, "cuStreamEndCapture");
+        is_capturing_fn capturing = FAKE_FN(is_capturing_fn, "cuStreamIsCapturing");
+        graph_destroy_fn graph_destroy = FAKE_FN(graph_destroy_fn, "cuGraphDestroy");
+        CUstream s;
+        CUgraph g;
+        CUstreamCaptureStatus status;
+        ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventCreate(&capture_event, 0), CUDA_SUCCESS);
+
+        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(capturing(s, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        ck_assert_int_eq(query_elsewhere(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        ck_assert_int_eq(capturing(s, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_lt(f.m->ops->unmap(f.m, f.base, 0, SEG), 0); /* cuMemUnmap refused */
+        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+        ck_assert_int_eq(query_elsewhere(), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventRecord(capture_event, s), CUDA_SUCCESS);                      /* captured */
+        ck_assert_int_eq(f.cu->EventQuery(capture_event), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* in any mode */
+        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+        ck_assert_int_eq(end(s, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(graph_destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->EventDestroy(capture_event), CUDA_SUCCESS);
+        ck_assert_int_eq(f.cu->StreamDestroy(s), CUDA_SUCCESS);
+        emu_close(&f, true);
 }
 END_TEST
 
@@ -1036,6 +1281,26 @@ static Suite *cuda_suite(void) {
         tcase_add_test(tc, test_required_entry_point_missing);
         tcase_add_test(tc, test_emulator_strict);
         tcase_add_test(tc, test_emulator_pool_device_wide);
+        suite_add_tcase(s, tc);
+
+        tc = tcase_create("emulator");
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_work_runs_later);
+        tcase_add_test(tc, test_legacy_stream_ordering);
+        tcase_add_test(tc, test_map_alignment_checked);
+        tcase_add_test(tc, test_capture_refuses_unsafe_calls);
+        suite_add_tcase(s, tc);
+
+        /* Tests that end in a fault or a signal: no teardown's checks. */
+        tc = tcase_create("emulator_faults");
+        tcase_add_checked_fixture(tc, setup, NULL);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, test_unmap_under_kernel_faults);
+        tcase_add_test(tc, test_kernel_on_unmapped_memory_faults);
+        tcase_add_test_raise_signal(tc, test_cpu_cannot_touch_device_memory, SIGSEGV);
+        tcase_add_test_raise_signal(tc, test_destroyed_stream_poisoned, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_destroyed_event_poisoned, SIGABRT);
         suite_add_tcase(s, tc);
         return s;
 }

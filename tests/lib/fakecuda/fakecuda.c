@@ -8,11 +8,37 @@
  *     mapping of it, and is charged to its device in a pool shared by every
  *     process (pool.h: FAKECUDA_POOL names the file), so free memory is
  *     device-wide as on hardware; a dead process's share is dropped;
- *   - device addresses are CPU addresses: cuMemAddressReserve is a PROT_NONE
- *     mmap, cuMemMap maps the memfd there (still PROT_NONE), cuMemSetAccess
- *     makes it readable/writable, cuMemUnmap puts PROT_NONE back and takes
- *     exactly one mapped range (no holes, no sub-range); so a test can read
- *     and write through a device pointer;
+ *   - device addresses are reserved CPU addresses the CPU cannot touch:
+ *     cuMemAddressReserve is a PROT_NONE mmap, cuMemMap maps the memfd there
+ *     (still PROT_NONE) and once more elsewhere, read-write, for the emulated
+ *     kernels alone; cuMemMap checks address, size and offset granularity;
+ *     cuMemSetAccess grants the device access; cuMemUnmap puts PROT_NONE back
+ *     and takes exactly one mapped range (no holes, no sub-range);
+ *   - work is asynchronous: emulated kernels (fakecuda.h: fill, verify, copy,
+ *     to/from host, spin for N ms) are queued on a stream and run later by
+ *     that stream's worker thread, in order; the legacy stream is ordered
+ *     with blocking streams, not with CU_STREAM_NON_BLOCKING ones; an event
+ *     completes when the work before it has; cuStreamSynchronize,
+ *     cuEventSynchronize, cuCtxSynchronize wait and cuEventQuery and
+ *     cuStreamQuery answer truthfully; unmapping (or freeing) memory that
+ *     queued or running work touches makes that work fault: its context's
+ *     calls return CUDA_ERROR_ILLEGAL_ADDRESS from then on (sticky) and
+ *     fakecuda_usage() counts the fault, which fails the test;
+ *   - stream capture (cuStreamBeginCapture in global, thread-local and
+ *     relaxed modes, cuStreamEndCapture, cuStreamIsCapturing,
+ *     cuThreadExchangeStreamCaptureMode): a thread that a capture forbids
+ *     potentially unsafe calls gets CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from
+ *     cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAlloc, cuMemFree,
+ *     cuEventQuery, cuEventSynchronize, cuStreamSynchronize, cuStreamQuery and
+ *     cuCtxSynchronize, and the capture is invalidated; querying an event
+ *     recorded inside a capture, synchronizing a capturing stream or using
+ *     the legacy stream while a blocking stream captures is refused in every
+ *     mode; captured work is not run (graphs are not replayed);
+ *   - a destroyed stream or event is poisoned: any later use aborts the
+ *     process (the real driver may have reused the handle);
+ *   - FAKECUDA_SYNC=1, only for suites that read device memory from the CPU,
+ *     runs work when it is launched and lets cuMemSetAccess make the pages
+ *     CPU-accessible (the emulator as it was before it was asynchronous);
  *   - contexts: one primary context per device, a context stack per thread
  *     (set/push/pop/get); an active context costs FAKECUDA_CONTEXT_BYTES of
  *     device memory (default 8M); exclusive-process compute mode refuses a
@@ -69,6 +95,8 @@
 #define FAKE_STACK_MAX 16
 #define FAKE_STREAM_MAGIC 0x5354524du
 #define FAKE_EVENT_MAGIC 0x45564e54u
+#define FAKE_DEAD_MAGIC 0xdeadu
+#define FAKE_GRAPH_MAGIC 0x47524150u
 
 typedef struct alloc {
         struct alloc *next;
@@ -82,33 +110,93 @@ typedef struct alloc {
         bool rdma;        /* created GPUDirect-RDMA capable */
 } alloc_t;
 
-/* A reservation, a mapping (alloc set) or a cuMemAlloc block (slot set). */
+/* A reservation, a mapping (alloc set) or a cuMemAlloc block (slot set). A
+ * mapping's memory is also mapped at `view`, read-write, where only emulated
+ * kernels touch it (the client's pages at addr stay PROT_NONE unless
+ * FAKECUDA_SYNC=1); prot is what cuMemSetAccess granted the device. */
 typedef struct range {
         struct range *next;
         uintptr_t addr;
         size_t size;
         alloc_t *alloc;
         int slot;
+        unsigned char *view;
+        int prot;
 } range_t;
 
+/* A point in a stream's work: done once the stream completed `ticket` items. */
+typedef struct mark {
+        struct CUstream_st *stream;
+        uint64_t ticket;
+} mark_t;
+
+typedef struct marks {
+        mark_t *v;
+        size_t n;
+} marks_t;
+
+/* Emulated device work (fakecuda.h's launches), run by the stream's worker
+ * after `after` is done. A memory kernel runs under the driver's lock, so it
+ * is atomic with cuMemUnmap; a spin sleeps without it. */
+typedef enum {
+        WORK_FILL,
+        WORK_VERIFY,
+        WORK_PATTERN,
+        WORK_VERIFY_PATTERN,
+        WORK_COPY,
+        WORK_TO_HOST,
+        WORK_FROM_HOST,
+        WORK_SPIN,
+        WORK_WAIT
+} work_kind_t;
+
+typedef struct work {
+        struct work *next;
+        work_kind_t kind;
+        uintptr_t dst, src; /* device ranges [dst, +bytes) and [src, +bytes) it touches (0: none) */
+        size_t bytes;
+        uint64_t value; /* the byte of fill/verify, the seed of pattern/verify_pattern, ms of spin */
+        void *host;     /* to_host's destination, from_host's source, verify's int result */
+        marks_t after;
+        bool faulted; /* memory it touches was unmapped before it ran */
+} work_t;
+
 struct CUctx_st {
-        int device; /* ordinal */
-        int refs;   /* primary context retains; active while > 0 */
+        int device;                              /* ordinal */
+        int refs;                                /* primary context retains; active while > 0 */
+        CUresult error;                          /* sticky: a kernel faulted (CUDA_ERROR_ILLEGAL_ADDRESS) */
+        struct CUstream_st *legacy, *per_thread; /* the special streams, made on first use */
 };
 struct CUstream_st {
-        uint32_t magic;
+        uint32_t magic; /* FAKE_STREAM_MAGIC; FAKE_DEAD_MAGIC once destroyed (poisoned, never freed) */
         CUcontext ctx;
         struct CUstream_st *next;
+        unsigned flags; /* CU_STREAM_NON_BLOCKING: not ordered with the legacy stream */
+        bool legacy;    /* the context's NULL / CU_STREAM_LEGACY stream */
+        work_t *head, *tail;
+        uint64_t enqueued, completed;
+        bool has_worker;
+        /* stream capture */
+        CUstreamCaptureStatus capture;
+        CUstreamCaptureMode capture_mode;
+        pthread_t capture_thread;
+        unsigned long long capture_id;
 };
 struct CUevent_st {
-        uint32_t magic;
+        uint32_t magic; /* FAKE_EVENT_MAGIC; FAKE_DEAD_MAGIC once destroyed (poisoned, never freed) */
         CUcontext ctx;
         bool recorded;
+        unsigned long long capture_id; /* recorded inside that capture (0: none) */
+        marks_t marks;                 /* complete when every mark is done */
         struct CUevent_st *next;
+};
+struct CUgraph_st {
+        uint32_t magic;
 };
 
 static struct {
-        pthread_mutex_t lock; /* guards everything below but the config */
+        pthread_mutex_t lock;   /* guards everything below but the config */
+        pthread_cond_t changed; /* broadcast when work is queued or completes */
         bool initialized;
         pid_t init_pid; /* the process that called cuInit: a fork child is refused */
         /* configuration, fixed by the first successful cuInit */
@@ -116,6 +204,7 @@ static struct {
         int physical[FAKE_MAX_DEVICES]; /* ordinal -> physical index */
         uint64_t granularity, context_bytes;
         bool no_vmm, no_posix_fd, no_rdma;
+        bool sync; /* FAKECUDA_SYNC=1: work runs when launched, device memory is CPU-accessible */
         long fail_create_at, fail_import_at, fail_map_at, fail_unmap_at;
         CUresult fail_create_error, fail_import_error, fail_map_error, fail_unmap_error;
         const char *hold_events;
@@ -124,14 +213,15 @@ static struct {
         /* the shared pool */
         fake_pool_t *pool;
         /* state */
-        long creates, imports, maps, unmaps, event_queries, event_records;
+        long creates, imports, maps, unmaps, event_queries, event_records, faults, capture_refusals;
         uint64_t next_block_id;
+        unsigned long long next_capture_id;
         struct CUctx_st ctx[FAKE_MAX_DEVICES];
         alloc_t *allocs;
         range_t *reservations, *mappings, *blocks;
-        struct CUstream_st *streams;
-        struct CUevent_st *events;
-} fake = {.lock = PTHREAD_MUTEX_INITIALIZER};
+        struct CUstream_st *streams, *dead_streams;
+        struct CUevent_st *events, *dead_events;
+} fake = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local CUcontext stack[FAKE_STACK_MAX];
 static _Thread_local int depth;
@@ -168,6 +258,15 @@ static const struct {
         {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
         {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE",
          "CUDA-capable device(s) is/are busy or unavailable"},
+        {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in this state"},
+        {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+         "operation not permitted when stream is capturing"},
+        {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+         "operation failed due to a previous error during capture"},
+        {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+         "operation would make the legacy stream depend on a capturing blocking stream"},
+        {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+         "attempt to terminate a thread-local capture sequence from another thread"},
         {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -353,6 +452,7 @@ static bool configure(void) {
         fake.no_vmm = env_flag("FAKECUDA_NO_VMM");
         fake.no_posix_fd = env_flag("FAKECUDA_NO_POSIX_FD");
         fake.no_rdma = env_flag("FAKECUDA_NO_RDMA");
+        fake.sync = env_flag("FAKECUDA_SYNC");
         fake.fail_create_at = (long) fail_create;
         fake.fail_import_at = (long) fail_import;
         fake.fail_map_at = (long) fail_map;
@@ -493,21 +593,56 @@ static bool special_stream(CUstream s) {
         return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
-/* The context a stream belongs to: a special stream is the current
- * context's. NULL for an unknown or destroyed stream. */
-static CUcontext stream_ctx(CUstream s) {
-        if (special_stream(s))
-                return current_ctx();
+/* A use of a destroyed stream or event is a bug the real driver does not
+ * catch (the handle may be another object by then): fail loudly. */
+static void poisoned(const char *what, const void *handle) {
+        fprintf(stderr, "fakecuda: use of %s %p after it was destroyed\n", what, handle);
+        abort();
+}
+
+static struct CUstream_st *stream_new(CUcontext ctx, unsigned flags, bool legacy) {
+        struct CUstream_st *s = calloc(1, sizeof(*s));
+        if (s)
+                *s = (struct CUstream_st){.magic = FAKE_STREAM_MAGIC, .ctx = ctx, .flags = flags, .legacy = legacy};
+        return s;
+}
+
+/* The stream a handle names: a special stream is the current context's
+ * (made on first use); NULL for an unknown one or without a context. A
+ * destroyed stream aborts. */
+static struct CUstream_st *find_stream(CUstream s) {
+        if (special_stream(s)) {
+                CUcontext ctx = current_ctx();
+                if (!ctx)
+                        return NULL;
+                struct CUstream_st **slot = s == CU_STREAM_PER_THREAD ? &ctx->per_thread : &ctx->legacy;
+                if (!*slot)
+                        *slot = stream_new(ctx, 0, s != CU_STREAM_PER_THREAD);
+                return *slot;
+        }
         for (struct CUstream_st *x = fake.streams; x; x = x->next)
                 if (x == s)
-                        return valid_ctx(x->ctx) ? x->ctx : NULL;
+                        return valid_ctx(x->ctx) ? x : NULL;
+        for (struct CUstream_st *x = fake.dead_streams; x; x = x->next)
+                if (x == s)
+                        poisoned("stream", s);
         return NULL;
+}
+
+/* The context a stream belongs to: a special stream is the current
+ * context's. NULL for an unknown stream. */
+static CUcontext stream_ctx(CUstream s) {
+        struct CUstream_st *x = find_stream(s);
+        return x ? x->ctx : NULL;
 }
 
 static struct CUevent_st *find_event(CUevent e) {
         for (struct CUevent_st *x = fake.events; x; x = x->next)
                 if (x == e && x->magic == FAKE_EVENT_MAGIC)
                         return x;
+        for (struct CUevent_st *x = fake.dead_events; x; x = x->next)
+                if (x == e)
+                        poisoned("event", e);
         return NULL;
 }
 
@@ -614,7 +749,821 @@ static void wait_sync_hold(void) {
                 nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
 }
 
+/* ---- streams, events and emulated device work ----
+ * Every stream has a FIFO of work that its own worker thread runs later, in
+ * order (FAKECUDA_SYNC=1 runs it at launch instead); an event is a set of
+ * marks (a stream and how much of its work must be done). The legacy stream
+ * (NULL, CU_STREAM_LEGACY) is ordered with every blocking stream of its
+ * context, both ways; a CU_STREAM_NON_BLOCKING stream with none. The
+ * per-thread default stream is one blocking stream per context here. */
+
+static _Thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+/* Every stream of this process (live, destroyed but draining, special),
+ * those of `ctx` only when ctx is set; *ret is malloc'ed. */
+static size_t streams_of(CUcontext ctx, struct CUstream_st ***ret) {
+        size_t n = 0, cap = 2 * FAKE_MAX_DEVICES;
+        for (int pass = 0; pass < 2; pass++)
+                for (struct CUstream_st *x = pass ? fake.dead_streams : fake.streams; x; x = x->next)
+                        cap++;
+        struct CUstream_st **v = calloc(cap, sizeof(*v));
+        for (int pass = 0; v && pass < 2; pass++)
+                for (struct CUstream_st *x = pass ? fake.dead_streams : fake.streams; x; x = x->next)
+                        if (!ctx || x->ctx == ctx)
+                                v[n++] = x;
+        for (int i = 0; v && i < FAKE_MAX_DEVICES; i++) {
+                struct CUctx_st *c = &fake.ctx[i];
+                if (ctx && c != ctx)
+                        continue;
+                if (c->legacy)
+                        v[n++] = c->legacy;
+                if (c->per_thread)
+                        v[n++] = c->per_thread;
+        }
+        *ret = v;
+        return v ? n : 0;
+}
+
+static bool marks_done(const marks_t *m) {
+        for (size_t i = 0; i < m->n; i++)
+                if (m->v[i].stream->completed < m->v[i].ticket)
+                        return false;
+        return true;
+}
+
+/* Adds "the work queued on x so far" (nothing when it is done already). */
+static void marks_add(marks_t *m, struct CUstream_st *x) {
+        if (!x || x->completed == x->enqueued)
+                return;
+        mark_t *v = realloc(m->v, (m->n + 1) * sizeof(*v));
+        if (!v)
+                abort(); /* a test process out of memory */
+        m->v = v;
+        m->v[m->n++] = (mark_t){.stream = x, .ticket = x->enqueued};
+}
+
+/* What work queued next on x waits for besides x's own: on the legacy
+ * stream, every blocking stream of its context; on a blocking stream, the
+ * legacy stream. */
+static marks_t marks_ordered_before(struct CUstream_st *x) {
+        marks_t m = {0};
+        if (x->legacy) {
+                struct CUstream_st **v;
+                size_t n = streams_of(x->ctx, &v);
+                for (size_t i = 0; i < n; i++)
+                        if (v[i] != x && !(v[i]->flags & CU_STREAM_NON_BLOCKING))
+                                marks_add(&m, v[i]);
+                free(v);
+        } else if (!(x->flags & CU_STREAM_NON_BLOCKING)) {
+                marks_add(&m, x->ctx->legacy);
+        }
+        return m;
+}
+
+/* What a record on, or synchronize of, x waits for: its work so far and what that was ordered after. */
+static marks_t marks_of_point(struct CUstream_st *x) {
+        marks_t m = marks_ordered_before(x);
+        marks_add(&m, x);
+        return m;
+}
+
+static void wait_marks(marks_t *m) {
+        while (!marks_done(m))
+                pthread_cond_wait(&fake.changed, &fake.lock);
+        free(m->v);
+        *m = (marks_t){0};
+}
+
+/* ---- emulated kernels over device memory (caller holds the lock) ---- */
+
+/* Where device address `addr` is readable (prot) by a kernel, and how many of
+ * *len bytes from there lie in the same mapping; NULL if not mapped so. */
+static unsigned char *device_view(uintptr_t addr, size_t *len, int prot) {
+        for (range_t *r = fake.mappings; r; r = r->next)
+                if (addr >= r->addr && addr - r->addr < r->size) {
+                        if ((r->prot & prot) != prot)
+                                return NULL;
+                        size_t left = r->size - (addr - r->addr);
+                        *len = *len < left ? *len : left;
+                        return r->view + (addr - r->addr);
+                }
+        for (range_t *r = fake.blocks; r; r = r->next) /* cuMemAlloc memory: CPU memory here */
+                if (addr >= r->addr && addr - r->addr < r->size) {
+                        size_t left = r->size - (addr - r->addr);
+                        *len = *len < left ? *len : left;
+                        return (unsigned char *) addr;
+                }
+        return NULL;
+}
+
+static bool device_accessible(uintptr_t addr, size_t bytes, int prot) {
+        while (bytes) {
+                size_t len = bytes;
+                if (!device_view(addr, &len, prot))
+                        return false;
+                addr += len;
+                bytes -= len;
+        }
+        return true;
+}
+
+/* Copies between device memory and a buffer; false (nothing copied) if the
+ * range is not all mapped with the access it needs. */
+static bool device_copy(uintptr_t addr, void *buf, size_t bytes, bool to_device) {
+        if (!device_accessible(addr, bytes, to_device ? PROT_WRITE : PROT_READ))
+                return false;
+        for (unsigned char *b = buf; bytes;) {
+                size_t len = bytes;
+                unsigned char *v = device_view(addr, &len, PROT_NONE);
+                memcpy(to_device ? (void *) v : (void *) b, to_device ? (void *) b : (void *) v, len);
+                addr += len;
+                b += len;
+                bytes -= len;
+        }
+        return true;
+}
+
+static uint64_t splitmix(uint64_t *x) {
+        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+}
+
+/* The bytes of tests/lib/testutil.c's gm_test_fill(). */
+static void pattern(unsigned char *buf, size_t n, uint64_t seed) {
+        for (size_t i = 0; i < n / 8; i++) {
+                uint64_t w = splitmix(&seed);
+                memcpy(buf + 8 * i, &w, 8);
+        }
+        for (size_t i = n & ~(size_t) 7; i < n; i++)
+                buf[i] = (uint8_t) seed;
+}
+
+/* Runs one memory kernel; false when it touches memory that is not mapped
+ * for it (the kernel faults). */
+static bool work_run_memory(work_t *w) {
+        if (w->kind == WORK_TO_HOST)
+                return device_copy(w->src, w->host, w->bytes, false);
+        if (w->kind == WORK_FROM_HOST)
+                return device_copy(w->dst, w->host, w->bytes, true);
+        unsigned char *buf = malloc(w->bytes ? w->bytes : 1), *want = NULL;
+        bool ok = buf != NULL;
+        switch (w->kind) {
+        case WORK_FILL:
+                memset(buf, (int) w->value, w->bytes);
+                ok = ok && device_copy(w->dst, buf, w->bytes, true);
+                break;
+        case WORK_PATTERN:
+                pattern(buf, w->bytes, w->value);
+                ok = ok && device_copy(w->dst, buf, w->bytes, true);
+                break;
+        case WORK_COPY:
+                ok = ok && device_accessible(w->dst, w->bytes, PROT_WRITE) &&
+                     device_copy(w->src, buf, w->bytes, false) && device_copy(w->dst, buf, w->bytes, true);
+                break;
+        case WORK_VERIFY:
+        case WORK_VERIFY_PATTERN:
+                want = malloc(w->bytes ? w->bytes : 1);
+                ok = ok && want && device_copy(w->src, buf, w->bytes, false);
+                if (ok && w->kind == WORK_VERIFY)
+                        memset(want, (int) w->value, w->bytes);
+                else if (ok)
+                        pattern(want, w->bytes, w->value);
+                if (ok)
+                        *(int *) w->host = memcmp(buf, want, w->bytes) == 0;
+                break;
+        default:
+                break;
+        }
+        free(buf);
+        free(want);
+        return ok;
+}
+
+/* A kernel that faulted: the context is lost (sticky), as on hardware. */
+static void work_fault(struct CUstream_st *x, work_t *w, const char *why) {
+        fprintf(stderr,
+                "fakecuda: kernel %d on stream %p over [%#lx, +%zu) / [%#lx, +%zu) faulted: %s "
+                "(CUDA_ERROR_ILLEGAL_ADDRESS from now on)\n",
+                (int) w->kind, (void *) x, (unsigned long) w->dst, w->bytes, (unsigned long) w->src, w->bytes, why);
+        x->ctx->error = CUDA_ERROR_ILLEGAL_ADDRESS;
+        fake.faults++;
+}
+
+/* Runs the head of x's queue (lock held; a spin sleeps without it) and
+ * retires it. */
+static void work_run_head(struct CUstream_st *x) {
+        work_t *w = x->head;
+        if (w->faulted || x->ctx->error) {
+                /* nothing runs in a lost context */
+        } else if (w->kind == WORK_SPIN) {
+                pthread_mutex_unlock(&fake.lock);
+                nanosleep(&(struct timespec){.tv_sec = (time_t) (w->value / 1000),
+                                             .tv_nsec = (long) (w->value % 1000) * 1000000},
+                          NULL);
+                pthread_mutex_lock(&fake.lock);
+        } else if (w->kind != WORK_WAIT && !work_run_memory(w)) {
+                work_fault(x, w, "its memory is not mapped with access for the device");
+        }
+        x->head = w->next;
+        if (!x->head)
+                x->tail = NULL;
+        x->completed++;
+        free(w->after.v);
+        free(w);
+        pthread_cond_broadcast(&fake.changed);
+}
+
+static void *stream_worker(void *arg) {
+        struct CUstream_st *x = arg;
+        pthread_mutex_lock(&fake.lock);
+        for (;;) {
+                while (!x->head || !marks_done(&x->head->after))
+                        pthread_cond_wait(&fake.changed, &fake.lock);
+                work_run_head(x);
+        }
+        return NULL;
+}
+
+/* Queues w on x after what x's work is ordered after (and also_after, may be
+ * NULL); FAKECUDA_SYNC runs it now. */
+static CUresult work_queue(struct CUstream_st *x, work_t *w, const marks_t *also_after) {
+        w->after = marks_ordered_before(x);
+        for (size_t i = 0; also_after && i < also_after->n; i++)
+                if (also_after->v[i].stream->completed < also_after->v[i].ticket) {
+                        mark_t *v = realloc(w->after.v, (w->after.n + 1) * sizeof(*v));
+                        if (!v)
+                                abort();
+                        w->after.v = v;
+                        w->after.v[w->after.n++] = also_after->v[i];
+                }
+        if (x->tail)
+                x->tail->next = w;
+        else
+                x->head = w;
+        x->tail = w;
+        x->enqueued++;
+        if (fake.sync) {
+                wait_marks(&w->after);
+                while (x->head)
+                        work_run_head(x);
+                return CUDA_SUCCESS;
+        }
+        if (!x->has_worker) {
+                pthread_t t;
+                pthread_attr_t attr;
+                pthread_attr_init(&attr);
+                pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+                if (pthread_create(&t, &attr, stream_worker, x) != 0)
+                        abort();
+                pthread_attr_destroy(&attr);
+                x->has_worker = true;
+        }
+        pthread_cond_broadcast(&fake.changed);
+        return CUDA_SUCCESS;
+}
+
+/* Unmapping memory that queued or running work touches: that work faults
+ * when it runs, and its context is lost. */
+static void fault_users(uintptr_t addr, size_t size) {
+        struct CUstream_st **v;
+        size_t n = streams_of(NULL, &v);
+        for (size_t i = 0; i < n; i++)
+                for (work_t *w = v[i]->head; w; w = w->next) {
+                        bool touches = (w->dst && w->dst < addr + size && addr < w->dst + w->bytes) ||
+                                       (w->src && w->src < addr + size && addr < w->src + w->bytes);
+                        if (touches && !w->faulted) {
+                                w->faulted = true;
+                                work_fault(v[i], w, "cuMemUnmap of memory it uses before it completed");
+                        }
+                }
+        free(v);
+}
+
+/* ---- stream capture ---- */
+
+/* Ends the captures that make a potentially unsafe call by this thread
+ * illegal (cuThreadExchangeStreamCaptureMode's rules) and says whether there
+ * were any: the call then fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+static bool capture_forbids_unsafe(const char *call) {
+        if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+                return false;
+        struct CUstream_st **v;
+        size_t n = streams_of(NULL, &v);
+        bool refused = false;
+        for (size_t i = 0; i < n; i++) {
+                struct CUstream_st *x = v[i];
+                if (x->capture == CU_STREAM_CAPTURE_STATUS_NONE)
+                        continue;
+                bool mine = pthread_equal(x->capture_thread, pthread_self());
+                if ((mine && x->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+                    (!mine && thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                     x->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+                        x->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                        refused = true;
+                }
+        }
+        free(v);
+        if (refused) {
+                fake.capture_refusals++;
+                fprintf(stderr, "fakecuda: %s during a stream capture that forbids it: the capture is invalidated\n",
+                        call);
+        }
+        return refused;
+}
+#define UNSAFE_DURING_CAPTURE(call)                                   \
+        do {                                                          \
+                if (capture_forbids_unsafe(call))                     \
+                        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; \
+        } while (0)
+
+/* Invalidates the captures of ctx's blocking streams when the legacy stream
+ * is used (an implicit dependency); whether there were any. */
+static bool capture_implicit(struct CUstream_st *x) {
+        if (!x->legacy)
+                return false;
+        struct CUstream_st **v;
+        size_t n = streams_of(x->ctx, &v);
+        bool any = false;
+        for (size_t i = 0; i < n; i++)
+                if (v[i]->capture != CU_STREAM_CAPTURE_STATUS_NONE && !(v[i]->flags & CU_STREAM_NON_BLOCKING)) {
+                        v[i]->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                        any = true;
+                }
+        free(v);
+        if (any)
+                fake.capture_refusals++;
+        return any;
+}
+
+/* Whether any stream of ctx (every context when NULL) is capturing; those
+ * captures are invalidated when `invalidate`. */
+static bool ctx_capturing(CUcontext ctx, bool invalidate) {
+        struct CUstream_st **v;
+        size_t n = streams_of(ctx, &v);
+        bool any = false;
+        for (size_t i = 0; i < n; i++)
+                if (v[i]->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+                        any = true;
+                        if (invalidate)
+                                v[i]->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                }
+        free(v);
+        if (any && invalidate)
+                fake.capture_refusals++;
+        return any;
+}
+
+/* The capture an event was recorded in, still open; NULL if none. */
+static struct CUstream_st *event_capture(const struct CUevent_st *e) {
+        if (!e->capture_id)
+                return NULL;
+        struct CUstream_st **v;
+        size_t n = streams_of(NULL, &v), i = 0;
+        while (i < n && !(v[i]->capture != CU_STREAM_CAPTURE_STATUS_NONE && v[i]->capture_id == e->capture_id))
+                i++;
+        struct CUstream_st *x = i < n ? v[i] : NULL;
+        free(v);
+        return x;
+}
+
+#define STICKY(ctx)                          \
+        do {                                 \
+                if ((ctx) && (ctx)->error)   \
+                        return (ctx)->error; \
+        } while (0)
+
+static CUresult stream_lookup_error(CUstream stream) {
+        return special_stream(stream) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = current_ctx();
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        STICKY(ctx);
+        if (flags & ~(unsigned) CU_STREAM_NON_BLOCKING)
+                return CUDA_ERROR_INVALID_VALUE;
+        struct CUstream_st *s = stream ? stream_new(ctx, flags, false) : NULL;
+        if (!s)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        s->next = fake.streams;
+        fake.streams = s;
+        *stream = s;
+        return CUDA_SUCCESS;
+}
+
+/* Work queued on a destroyed stream still completes (as on the driver); the
+ * handle is poisoned. */
+CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!special_stream(stream))
+                (void) find_stream(stream); /* aborts on a second destroy */
+        for (struct CUstream_st **p = &fake.streams; *p; p = &(*p)->next)
+                if (*p == stream) {
+                        *p = stream->next;
+                        stream->magic = FAKE_DEAD_MAGIC;
+                        stream->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+                        stream->next = fake.dead_streams;
+                        fake.dead_streams = stream;
+                        return CUDA_SUCCESS;
+                }
+        return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult CUDAAPI cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext c = stream_ctx(stream);
+        if (!c)
+                return stream_lookup_error(stream);
+        *ctx = c;
+        return CUDA_SUCCESS;
+}
+
+/* The stream a synchronize or query waits on, after the checks both make:
+ * a lost context, a capturing stream (whose capture is invalidated), the
+ * legacy stream under a capture, a call the captures forbid. */
+static CUresult stream_to_wait(CUstream stream, const char *call, struct CUstream_st **ret) {
+        struct CUstream_st *x = find_stream(stream);
+        if (!x)
+                return stream_lookup_error(stream);
+        STICKY(x->ctx);
+        if (x->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+                x->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                fake.capture_refusals++;
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+        if (capture_implicit(x))
+                return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        UNSAFE_DURING_CAPTURE(call);
+        *ret = x;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+        {
+                LOCKED();
+                REQUIRE_INIT();
+                struct CUstream_st *x;
+                CUresult r = stream_to_wait(stream, "cuStreamSynchronize", &x);
+                if (r != CUDA_SUCCESS)
+                        return r;
+                marks_t m = marks_of_point(x);
+                wait_marks(&m);
+                STICKY(x->ctx);
+        }
+        wait_sync_hold(); /* work that takes long, held by a test */
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamQuery(CUstream stream) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUstream_st *x;
+        CUresult r = stream_to_wait(stream, "cuStreamQuery", &x);
+        if (r != CUDA_SUCCESS)
+                return r;
+        marks_t m = marks_of_point(x);
+        bool done = marks_done(&m);
+        free(m.v);
+        return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult CUDAAPI cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (special_stream(stream)) /* the legacy stream cannot be captured */
+                return current_ctx() ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_ERROR_INVALID_CONTEXT;
+        struct CUstream_st *x = find_stream(stream);
+        if (!x)
+                return CUDA_ERROR_INVALID_HANDLE;
+        STICKY(x->ctx);
+        if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (x->capture != CU_STREAM_CAPTURE_STATUS_NONE)
+                return CUDA_ERROR_ILLEGAL_STATE;
+        x->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        x->capture_mode = mode;
+        x->capture_thread = pthread_self();
+        x->capture_id = ++fake.next_capture_id;
+        return CUDA_SUCCESS;
+}
+
+/* The graph holds nothing: captured work is not replayed by the emulator. */
+CUresult CUDAAPI cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUstream_st *x = special_stream(stream) ? NULL : find_stream(stream);
+        if (!x || !graph)
+                return !x ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+        if (x->capture == CU_STREAM_CAPTURE_STATUS_NONE)
+                return CUDA_ERROR_ILLEGAL_STATE;
+        if (x->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(x->capture_thread, pthread_self()))
+                return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+        bool invalidated = x->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        x->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+        *graph = NULL;
+        if (invalidated)
+                return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        struct CUgraph_st *g = calloc(1, sizeof(*g));
+        if (!g)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        g->magic = FAKE_GRAPH_MAGIC;
+        *graph = g;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUstream_st *x = find_stream(stream);
+        if (!x || !status)
+                return !x ? stream_lookup_error(stream) : CUDA_ERROR_INVALID_VALUE;
+        if (x->legacy) { /* asking about the legacy stream while a blocking stream captures is itself illegal */
+                if (ctx_capturing(x->ctx, false))
+                        return capture_implicit(x), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
+        *status = x->capture;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+        if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+                return CUDA_ERROR_INVALID_VALUE;
+        CUstreamCaptureMode old = thread_capture_mode;
+        thread_capture_mode = *mode;
+        *mode = old;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph graph) {
+        if (!graph || graph->magic != FAKE_GRAPH_MAGIC)
+                return CUDA_ERROR_INVALID_VALUE;
+        graph->magic = FAKE_DEAD_MAGIC;
+        free(graph);
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = current_ctx();
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        STICKY(ctx);
+        struct CUevent_st *e = event ? calloc(1, sizeof(*e)) : NULL;
+        if (!e)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        *e = (struct CUevent_st){.magic = FAKE_EVENT_MAGIC, .ctx = ctx, .next = fake.events};
+        fake.events = e;
+        *event = e;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUevent_st *e = find_event(event);
+        struct CUstream_st *x = find_stream(stream);
+        if (!e || !x)
+                return !e || !special_stream(stream) ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+        /* "hStream and hEvent must be from the same context" */
+        if (x->ctx != e->ctx)
+                return CUDA_ERROR_INVALID_HANDLE;
+        STICKY(x->ctx);
+        if (capture_implicit(x))
+                return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        free(e->marks.v);
+        e->marks = (marks_t){0};
+        e->recorded = true;
+        e->capture_id = x->capture != CU_STREAM_CAPTURE_STATUS_NONE ? x->capture_id : 0;
+        if (!e->capture_id)
+                e->marks = marks_of_point(x);
+        fake.event_records++;
+        return CUDA_SUCCESS;
+}
+
+/* Refuses a query of an event recorded in an open capture (in any mode),
+ * invalidating that capture. */
+static bool event_in_capture(struct CUevent_st *e) {
+        struct CUstream_st *x = event_capture(e);
+        if (x) {
+                x->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+                fake.capture_refusals++;
+        }
+        return x != NULL;
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent event) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUevent_st *e = find_event(event);
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        fake.event_queries++;
+        STICKY(e->ctx);
+        if (event_in_capture(e))
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        UNSAFE_DURING_CAPTURE("cuEventQuery");
+        if (!e->recorded)
+                return CUDA_SUCCESS;
+        return events_held() || !marks_done(&e->marks) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent event) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUevent_st *e = find_event(event);
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        STICKY(e->ctx);
+        if (event_in_capture(e))
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        UNSAFE_DURING_CAPTURE("cuEventSynchronize");
+        while (e->recorded && (events_held() || !marks_done(&e->marks))) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_nsec += 1000000;
+                if (until.tv_nsec >= 1000000000) {
+                        until.tv_sec++;
+                        until.tv_nsec -= 1000000000;
+                }
+                pthread_cond_timedwait(&fake.changed, &fake.lock, &until); /* the hold file is polled */
+                if (e->magic != FAKE_EVENT_MAGIC)
+                        poisoned("event", e); /* destroyed while another thread waits on it */
+        }
+        STICKY(e->ctx);
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUevent_st *e = find_event(event);
+        struct CUstream_st *x = find_stream(stream);
+        if (!e || !x || flags != 0)
+                return !e || !x ? stream_lookup_error(stream) : CUDA_ERROR_INVALID_VALUE;
+        STICKY(x->ctx);
+        if (x->capture != CU_STREAM_CAPTURE_STATUS_NONE || event_capture(e))
+                return CUDA_SUCCESS; /* a captured dependency: nothing runs now */
+        if (capture_implicit(x))
+                return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        work_t *w = calloc(1, sizeof(*w));
+        if (!w)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        w->kind = WORK_WAIT;
+        return work_queue(x, w, &e->marks);
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent event) {
+        LOCKED();
+        REQUIRE_INIT();
+        (void) find_event(event); /* aborts on a second destroy */
+        for (struct CUevent_st **p = &fake.events; *p; p = &(*p)->next)
+                if (*p == event) {
+                        *p = event->next;
+                        event->magic = FAKE_DEAD_MAGIC;
+                        event->next = fake.dead_events;
+                        fake.dead_events = event;
+                        return CUDA_SUCCESS;
+                }
+        return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---- what tests launch (fakecuda.h) ---- */
+
+static int launch(void *stream, work_kind_t kind, uint64_t dst, uint64_t src, size_t bytes, uint64_t value,
+                  void *host) {
+        LOCKED();
+        REQUIRE_INIT();
+        struct CUstream_st *x = find_stream((CUstream) stream);
+        if (!x)
+                return stream_lookup_error((CUstream) stream);
+        STICKY(x->ctx);
+        if (x->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+                return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        if (x->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+                return CUDA_SUCCESS; /* captured into the graph, which the emulator does not replay */
+        if (capture_implicit(x))
+                return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        work_t *w = calloc(1, sizeof(*w));
+        if (!w)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        *w = (work_t){.kind = kind, .dst = dst, .src = src, .bytes = bytes, .value = value, .host = host};
+        return work_queue(x, w, NULL);
+}
+
+int fakecuda_launch_fill(void *stream, uint64_t dst, size_t bytes, unsigned char value) {
+        return launch(stream, WORK_FILL, dst, 0, bytes, value, NULL);
+}
+
+int fakecuda_launch_verify(void *stream, uint64_t src, size_t bytes, unsigned char value, int *ret_ok) {
+        return launch(stream, WORK_VERIFY, 0, src, bytes, value, ret_ok);
+}
+
+int fakecuda_launch_pattern(void *stream, uint64_t dst, size_t bytes, uint64_t seed) {
+        return launch(stream, WORK_PATTERN, dst, 0, bytes, seed, NULL);
+}
+
+int fakecuda_launch_verify_pattern(void *stream, uint64_t src, size_t bytes, uint64_t seed, int *ret_ok) {
+        return launch(stream, WORK_VERIFY_PATTERN, 0, src, bytes, seed, ret_ok);
+}
+
+int fakecuda_launch_copy(void *stream, uint64_t dst, uint64_t src, size_t bytes) {
+        return launch(stream, WORK_COPY, dst, src, bytes, 0, NULL);
+}
+
+int fakecuda_launch_to_host(void *stream, void *dst, uint64_t src, size_t bytes) {
+        return launch(stream, WORK_TO_HOST, 0, src, bytes, 0, dst);
+}
+
+int fakecuda_launch_from_host(void *stream, uint64_t dst, const void *src, size_t bytes) {
+        return launch(stream, WORK_FROM_HOST, dst, 0, bytes, 0, (void *) src);
+}
+
+int fakecuda_launch_spin(void *stream, unsigned ms) {
+        return launch(stream, WORK_SPIN, 0, 0, 0, ms, NULL);
+}
+
+/* The context that runs work on memory at `addr` synchronously: the active
+ * primary context of the mapping's device; NULL if none is active. */
+static CUcontext context_of(uint64_t addr) {
+        for (range_t *r = fake.mappings; r; r = r->next)
+                if (addr >= r->addr && addr - r->addr < r->size)
+                        for (int d = 0; d < fake.device_count; d++)
+                                if (physical(d) == fake.pool->slots[r->alloc->slot].device && fake.ctx[d].refs > 0)
+                                        return &fake.ctx[d];
+        return NULL;
+}
+
+/* A kernel run on the legacy stream of the memory's device and waited for
+ * (cudaMemset's way); without an active context it runs here and now. */
+static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t value, int *ok) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = context_of(addr);
+        work_t *w = calloc(1, sizeof(*w));
+        if (!w)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        bool write = kind == WORK_PATTERN;
+        *w = (work_t){.kind = kind,
+                      .dst = write ? addr : 0,
+                      .src = write ? 0 : addr,
+                      .bytes = bytes,
+                      .value = value,
+                      .host = ok};
+        if (!ctx) {
+                bool ran = work_run_memory(w);
+                free(w);
+                return ran ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+        STICKY(ctx);
+        if (!ctx->legacy && !(ctx->legacy = stream_new(ctx, 0, true))) {
+                free(w);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        work_queue(ctx->legacy, w, NULL);
+        marks_t m = marks_of_point(ctx->legacy);
+        wait_marks(&m);
+        return ctx->error ? ctx->error : CUDA_SUCCESS;
+}
+
+int fakecuda_device_pattern(uint64_t dst, size_t bytes, uint64_t seed) {
+        return run_sync(WORK_PATTERN, dst, bytes, seed, NULL);
+}
+
+int fakecuda_device_verify_pattern(uint64_t src, size_t bytes, uint64_t seed, int *ret_ok) {
+        return run_sync(WORK_VERIFY_PATTERN, src, bytes, seed, ret_ok);
+}
+
+bool fakecuda_is_device_pointer(const void *p) {
+        LOCKED();
+        size_t len = 1;
+        return fake.initialized && device_view((uintptr_t) p, &len, PROT_NONE) != NULL;
+}
+
 /* ---- initialization, errors, devices ---- */
+
+/* A fork() while a stream's worker holds the lock must not leave the child's
+ * copy locked (the child is refused every call, but must get to say so). */
+static void fork_prepare(void) {
+        pthread_mutex_lock(&fake.lock);
+}
+static void fork_parent(void) {
+        pthread_mutex_unlock(&fake.lock);
+}
+static void fork_child(void) {
+        pthread_mutex_init(&fake.lock, NULL);
+        pthread_cond_init(&fake.changed, NULL);
+}
+__attribute__((constructor)) static void fake_atfork(void) {
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
 
 CUresult CUDAAPI cuInit(unsigned int flags) {
         LOCKED();
@@ -843,21 +1792,36 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *ctx) {
         return CUDA_SUCCESS;
 }
 
-static CUresult check_ctx(CUcontext ctx) {
+/* Waits for every stream of the context, non-blocking ones included. */
+static CUresult ctx_synchronize(CUcontext ctx) {
         LOCKED();
         REQUIRE_INIT();
-        return valid_ctx(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+        if (!valid_ctx(ctx))
+                return CUDA_ERROR_INVALID_CONTEXT;
+        STICKY(ctx);
+        if (ctx_capturing(ctx, true))
+                return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        UNSAFE_DURING_CAPTURE("cuCtxSynchronize");
+        struct CUstream_st **v;
+        size_t n = streams_of(ctx, &v);
+        marks_t m = {0};
+        for (size_t i = 0; i < n; i++)
+                marks_add(&m, v[i]);
+        free(v);
+        wait_marks(&m);
+        STICKY(ctx);
+        return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuCtxSynchronize(void) {
-        CUresult r = check_ctx(current_ctx());
+        CUresult r = ctx_synchronize(current_ctx());
         if (r == CUDA_SUCCESS)
                 wait_sync_hold();
         return r;
 }
 
 CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
-        CUresult r = check_ctx(ctx);
+        CUresult r = ctx_synchronize(ctx);
         if (r == CUDA_SUCCESS)
                 wait_sync_hold();
         return r;
@@ -1045,17 +2009,30 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         REQUIRE_INIT();
         if (++fake.maps == fake.fail_map_at)
                 return fake.fail_map_error;
+        STICKY(current_ctx());
+        UNSAFE_DURING_CAPTURE("cuMemMap");
         alloc_t *a = find_alloc(handle);
-        if (!a || offset != 0 || flags != 0 || size == 0 || size > a->size || size % fake.granularity != 0 ||
+        /* Address, size and offset in granules, the range inside the allocation. */
+        if (!a || flags != 0 || size == 0 || size % fake.granularity != 0 || ptr % fake.granularity != 0 ||
+            offset % fake.granularity != 0 || offset > a->size || size > a->size - offset ||
             !inside_reservation(ptr, size) || mapped_bytes(ptr, size) != 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (mmap((void *) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED)
+        void *view = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, (off_t) offset);
+        if (view == MAP_FAILED)
                 return CUDA_ERROR_OUT_OF_MEMORY;
+        madvise(view, size, MADV_DONTFORK);
+        if (mmap((void *) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t) offset) == MAP_FAILED) {
+                munmap(view, size);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         madvise((void *) ptr, size, MADV_DONTFORK);
-        if (!range_add(&fake.mappings, ptr, size, a)) {
+        range_t *r = range_add(&fake.mappings, ptr, size, a);
+        if (!r) {
+                munmap(view, size);
                 reserve_pages(ptr, size);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        r->view = view;
         a->mappings++;
         return CUDA_SUCCESS;
 }
@@ -1063,6 +2040,8 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
         LOCKED();
         REQUIRE_INIT();
+        STICKY(current_ctx());
+        UNSAFE_DURING_CAPTURE("cuMemSetAccess");
         if (!desc || count == 0 || size == 0 || mapped_bytes(ptr, size) != (long long) size)
                 return CUDA_ERROR_INVALID_VALUE;
         int prot = PROT_NONE;
@@ -1081,14 +2060,19 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
                 else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
                         return CUDA_ERROR_INVALID_VALUE;
         }
-        if (mprotect((void *) ptr, size, prot) < 0)
+        /* The device's access; the CPU's only in synchronous mode. */
+        if (fake.sync && mprotect((void *) ptr, size, prot) < 0)
                 return CUDA_ERROR_INVALID_VALUE;
+        for (range_t *r = fake.mappings; r; r = r->next)
+                if (overlaps(r, ptr, size))
+                        r->prot = prot;
         return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         LOCKED();
         REQUIRE_INIT();
+        UNSAFE_DURING_CAPTURE("cuMemUnmap");
         if (++fake.unmaps == fake.fail_unmap_at)
                 return fake.fail_unmap_error;
         /* Exactly one mapped range, as cuMemMap made it. */
@@ -1096,6 +2080,8 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         if (!p || (*p)->size != size)
                 return CUDA_ERROR_INVALID_VALUE;
         range_t *r = *p;
+        fault_users(r->addr, r->size);
+        munmap(r->view, r->size);
         reserve_pages(r->addr, r->size);
         *p = r->next;
         r->alloc->mappings--;
@@ -1118,127 +2104,6 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
         return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* ---- streams and events ---- */
-
-CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
-        LOCKED();
-        REQUIRE_INIT();
-        CUcontext ctx = current_ctx();
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        struct CUstream_st *s = stream ? calloc(1, sizeof(*s)) : NULL;
-        if (!s)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        *s = (struct CUstream_st){.magic = FAKE_STREAM_MAGIC, .ctx = ctx, .next = fake.streams};
-        fake.streams = s;
-        *stream = s;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
-        LOCKED();
-        REQUIRE_INIT();
-        for (struct CUstream_st **p = &fake.streams; *p; p = &(*p)->next)
-                if (*p == stream) {
-                        *p = stream->next;
-                        free(stream);
-                        return CUDA_SUCCESS;
-                }
-        return CUDA_ERROR_INVALID_HANDLE;
-}
-
-CUresult CUDAAPI cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
-        LOCKED();
-        REQUIRE_INIT();
-        CUcontext c = stream_ctx(stream);
-        if (!c)
-                return special_stream(stream) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-        *ctx = c;
-        return CUDA_SUCCESS;
-}
-
-static CUresult check_stream(CUstream stream) {
-        LOCKED();
-        REQUIRE_INIT();
-        if (!stream_ctx(stream))
-                return special_stream(stream) ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
-        CUresult r = check_stream(stream);
-        if (r == CUDA_SUCCESS)
-                wait_sync_hold(); /* emulated work is done when it is queued, unless held */
-        return r;
-}
-
-CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags) {
-        LOCKED();
-        REQUIRE_INIT();
-        CUcontext ctx = current_ctx();
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        struct CUevent_st *e = event ? calloc(1, sizeof(*e)) : NULL;
-        if (!e)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        *e = (struct CUevent_st){.magic = FAKE_EVENT_MAGIC, .ctx = ctx, .next = fake.events};
-        fake.events = e;
-        *event = e;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
-        LOCKED();
-        REQUIRE_INIT();
-        struct CUevent_st *e = find_event(event);
-        CUcontext ctx = stream_ctx(stream);
-        if (!e || !ctx)
-                return !e || !special_stream(stream) ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
-        /* "hStream and hEvent must be from the same context" */
-        if (ctx != e->ctx)
-                return CUDA_ERROR_INVALID_HANDLE;
-        e->recorded = true;
-        fake.event_records++;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuEventQuery(CUevent event) {
-        LOCKED();
-        REQUIRE_INIT();
-        struct CUevent_st *e = find_event(event);
-        if (!e)
-                return CUDA_ERROR_INVALID_HANDLE;
-        fake.event_queries++;
-        return e->recorded && events_held() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuEventSynchronize(CUevent event) {
-        for (;;) {
-                {
-                        LOCKED();
-                        REQUIRE_INIT();
-                        struct CUevent_st *e = find_event(event);
-                        if (!e)
-                                return CUDA_ERROR_INVALID_HANDLE;
-                        if (!e->recorded || !events_held())
-                                return CUDA_SUCCESS;
-                }
-                nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        }
-}
-
-CUresult CUDAAPI cuEventDestroy(CUevent event) {
-        LOCKED();
-        REQUIRE_INIT();
-        for (struct CUevent_st **p = &fake.events; *p; p = &(*p)->next)
-                if (*p == event) {
-                        *p = event->next;
-                        free(event);
-                        return CUDA_SUCCESS;
-                }
-        return CUDA_ERROR_INVALID_HANDLE;
-}
-
 /* ---- classic allocation (what the GPU check compares against) ---- */
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
@@ -1249,6 +2114,8 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
                 return CUDA_ERROR_INVALID_CONTEXT;
         if (!dptr || size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
+        STICKY(ctx);
+        UNSAFE_DURING_CAPTURE("cuMemAlloc");
         int phys = physical(ctx->device);
         /* A block is a pool slot of its own, named outside the inode space. */
         uint64_t id = (1ull << 63) | ((uint64_t) getpid() << 32) | ++fake.next_block_id;
@@ -1273,10 +2140,12 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
         LOCKED();
         REQUIRE_INIT();
+        UNSAFE_DURING_CAPTURE("cuMemFree");
         range_t **p = range_find(&fake.blocks, dptr);
         if (!p)
                 return CUDA_ERROR_INVALID_VALUE;
         range_t *r = *p;
+        fault_users(r->addr, r->size);
         *p = r->next;
         munmap((void *) r->addr, r->size);
         slot_drop(r->slot);
@@ -1307,6 +2176,8 @@ int fakecuda_usage(fakecuda_usage_t *ret) {
         u.mappings = count_ranges(fake.mappings);
         u.reservations = count_ranges(fake.reservations);
         u.blocks = count_ranges(fake.blocks);
+        u.faults = fake.faults;
+        u.capture_refusals = fake.capture_refusals;
         for (struct CUstream_st *s = fake.streams; s; s = s->next)
                 u.streams++;
         for (struct CUevent_st *e = fake.events; e; e = e->next)
@@ -1405,6 +2276,13 @@ static const struct {
         ENTRY(cuEventQuery, 2000),
         ENTRY(cuEventSynchronize, 2000),
         ENTRY(cuEventDestroy, 4000),
+        ENTRY(cuStreamQuery, 2000),
+        ENTRY(cuStreamWaitEvent, 3020),
+        {"cuStreamBeginCapture", 10010, (void *) cuStreamBeginCapture},
+        ENTRY(cuStreamEndCapture, 10000),
+        ENTRY(cuStreamIsCapturing, 10000),
+        ENTRY(cuThreadExchangeStreamCaptureMode, 10010),
+        ENTRY(cuGraphDestroy, 10000),
         ENTRY(cuMemAlloc, 3020),
         ENTRY(cuMemFree, 3020),
 #undef ENTRY

@@ -40,10 +40,66 @@ uint64_t gm_fake_device_bytes(int device) {
         return bytes;
 }
 
+/* A symbol of the emulator when this process loaded it, else NULL. */
+static void *loaded_symbol(const char *name) {
+        const char *path = getenv("GPUMEM_LIBCUDA");
+        void *lib = path && *path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        void *fn = lib ? dlsym(lib, name) : NULL;
+        if (lib)
+                dlclose(lib);
+        return fn;
+}
+
+static bool is_device_pointer(const void *p) {
+        fakecuda_is_device_pointer_fn is_device;
+        void *fn = loaded_symbol("fakecuda_is_device_pointer");
+        memcpy(&is_device, &fn, sizeof(fn));
+        return fn && is_device(p);
+}
+
+/* Outside a check test too (client programs): a failed kernel aborts. */
+static void *device_symbol(const char *name) {
+        void *fn = loaded_symbol(name);
+        if (!fn) {
+                fprintf(stderr, "the loaded emulator has no %s\n", name);
+                abort();
+        }
+        return fn;
+}
+
+bool gm_fake_device_fill(void *p, size_t n, uint64_t seed) {
+        if (!is_device_pointer(p))
+                return false;
+        fakecuda_device_pattern_fn pattern;
+        void *fn = device_symbol("fakecuda_device_pattern");
+        memcpy(&pattern, &fn, sizeof(fn));
+        int r = pattern((uint64_t) (uintptr_t) p, n, seed);
+        if (r != 0) {
+                fprintf(stderr, "fakecuda_device_pattern(%p, %zu): CUresult %d\n", p, n, r);
+                abort();
+        }
+        return true;
+}
+
+int gm_fake_device_verify(const void *p, size_t n, uint64_t seed) {
+        if (!is_device_pointer(p))
+                return -1;
+        fakecuda_device_verify_pattern_fn verify;
+        void *fn = device_symbol("fakecuda_device_verify_pattern");
+        memcpy(&verify, &fn, sizeof(fn));
+        int ok = 0, r = verify((uint64_t) (uintptr_t) p, n, seed, &ok);
+        if (r != 0) {
+                fprintf(stderr, "fakecuda_device_verify_pattern(%p, %zu): CUresult %d\n", p, n, r);
+                abort();
+        }
+        return ok;
+}
+
 void gm_fake_assert_no_objects(void) {
         fakecuda_usage_t u;
         if (!gm_fake_usage(&u))
                 return;
+        ck_assert_msg(u.faults == 0, "%ld emulated kernels faulted: their memory was unmapped under them", u.faults);
         ck_assert_msg(u.handles == 0 && u.mappings == 0 && u.reservations == 0 && u.blocks == 0 && u.streams == 0 &&
                               u.events == 0 && u.contexts == 0 && u.stack_depth == 0,
                       "leaked: %ld handles, %ld mappings, %ld reservations, %ld blocks, %ld streams, %ld events, "

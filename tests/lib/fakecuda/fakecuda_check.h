@@ -14,7 +14,14 @@ void *gm_fake_symbol(const char *name);
 bool gm_fake_usage(fakecuda_usage_t *ret);
 /* Bytes in use on physical device `device`, device-wide. */
 uint64_t gm_fake_device_bytes(int device);
-/* Asserts this process holds no driver object (contexts and the calling
+/* gm_test_fill()'s pattern written into device memory of the loaded emulator
+ * by an emulated kernel, waited for (device memory is not CPU-accessible);
+ * false, doing nothing, when p is not such memory. */
+bool gm_fake_device_fill(void *p, size_t n, uint64_t seed);
+/* gm_test_verify() of device memory of the loaded emulator, by an emulated
+ * kernel: 1 or 0; -1 when p is not such memory. */
+int gm_fake_device_verify(const void *p, size_t n, uint64_t seed);
+/* Asserts no emulated kernel faulted and this process holds no driver object (contexts and the calling
  * thread's context stack included) when the driver is loaded. */
 void gm_fake_assert_no_objects(void);
 /* Makes a fresh pool file for this test (FAKECUDA_POOL, inherited by the
