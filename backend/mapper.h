@@ -9,6 +9,9 @@
 
 typedef struct gm_mapper gm_mapper_t;
 
+/* sync()'s stream for "all the device's work" (cuCtxSynchronize). */
+#define GM_MAPPER_SYNC_DEVICE UINT64_MAX
+
 typedef struct gm_mapper_ops {
         const char *backend;        /* the kind's name, as in HelloReply.backend */
         const gm_kind_caps_t *caps; /* the same record as the kind's daemon half */
@@ -21,10 +24,12 @@ typedef struct gm_mapper_ops {
          * reservation. The work using it must be done (see sync). */
         int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);
         /* Waits for the work queued so far on `stream` (a CUstream value; 0
-         * is the device's default stream), so its memory can be unmapped.
-         * The stream must still exist (as PyTorch keeps its streams); one
-         * the driver no longer knows falls back to the default stream. NULL
-         * on backends without device streams. Call it with no lock held. */
+         * is the device's default stream; GM_MAPPER_SYNC_DEVICE every stream
+         * of the device, non-blocking ones included), so its memory can be
+         * unmapped. The stream must still exist (as PyTorch keeps its
+         * streams); one the driver no longer knows falls back to the default
+         * stream. NULL on backends without device streams. Call it with no
+         * connection lock held. */
         int (*sync)(gm_mapper_t *m, uint64_t stream);
         /* Page reuse: moves the mapping at [from, from+length) (exactly one
          * map()'s range) to [to, to+length), unmapped so far inside a

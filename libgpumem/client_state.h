@@ -171,6 +171,7 @@ struct gpumem_client {
          * session ends, or until the heap asks for the same piece again
          * (under heap_lock). */
         uint64_t kept_bytes;
+        uint64_t local_frees, local_frees_synced; /* heap_lock: frees so far, and before the last device sync */
 };
 
 /* The lock of the blocks table: the heap's in local mode. */

@@ -165,6 +165,15 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         env.body_case = GPUMEM__ENVELOPE__BODY_RETURN_PIECES;
         env.return_pieces = &ret;
         ret.ranges = ptrs;
+        /* A kernel queued before a free may still use the pieces: wait for
+         * the whole device first, unless no free came since the last wait
+         * (PyTorch synchronizes before it releases cached blocks too; the
+         * block's own stream is not enough, a record_stream'ed one or a
+         * non-blocking stream may write it). */
+        if (n_pieces > 0 && c->local_frees != c->local_frees_synced) {
+                gm_mapping_sync_device(c);
+                c->local_frees_synced = c->local_frees;
+        }
         bool intent = n_pieces > 0 && open_return_intent(c);
         pthread_mutex_lock(&c->lock);
         for (uint64_t k = 0; k < n_pieces; k++) {
@@ -366,6 +375,16 @@ static bool serve_reclaim(gpumem_client *c) {
                 return false;
         if (pthread_mutex_trylock(&c->heap_lock) != 0)
                 return true;
+        /* The device's queued work is waited for without the heap's lock,
+         * so the application's frees go on meanwhile; the give-back waits
+         * again only for frees that came since. */
+        uint64_t frees = c->local_frees;
+        pthread_mutex_unlock(&c->heap_lock);
+        gm_mapping_sync_device(c);
+        if (pthread_mutex_trylock(&c->heap_lock) != 0)
+                return true;
+        if (c->local_frees_synced < frees)
+                c->local_frees_synced = frees;
         uint64_t released = gm_local_session_release_cached(c);
         pthread_mutex_unlock(&c->heap_lock);
         Gpumem__ReclaimAck ack = GPUMEM__RECLAIM_ACK__INIT;
@@ -482,6 +501,7 @@ __attribute__((noinline)) int gm_local_session_alloc_frames(gpumem_client *c, si
 }
 
 int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p) {
+        c->local_frees++; /* its block may still be in use by queued work */
         int r = gm_local_heap_free(c->heap, b->id, p != NULL);
         if (b->stream_uses)
                 free(b->stream_uses);

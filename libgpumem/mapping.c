@@ -159,7 +159,8 @@ void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env) {
                 return;
         uint64_t streams[16];
         size_t n = 0;
-        bool all = false; /* more distinct streams than kept: the device's default stream, which orders them */
+        bool all =
+                false; /* more distinct streams than kept: the whole device (the default stream would not order non-blocking ones) */
         pthread_mutex_lock(&c->lock);
         for (size_t i = 0; i < req->n_ranges && !all; i++) {
                 const segment_t *seg = gm_u64map_get(&c->segments, req->ranges[i]->segment_id);
@@ -175,7 +176,7 @@ void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env) {
         pthread_mutex_unlock(&c->lock);
         if (all) {
                 n = 1;
-                streams[0] = 0;
+                streams[0] = GM_MAPPER_SYNC_DEVICE;
         }
         for (size_t k = 0; k < n; k++)
                 c->mapper->ops->sync(c->mapper, streams[k]);
@@ -275,7 +276,15 @@ bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t
         return false;
 }
 
+void gm_mapping_sync_device(gpumem_client *c) {
+        if (c->mapper && c->mapper->ops->caps->device_streams && c->mapper->ops->sync)
+                c->mapper->ops->sync(c->mapper, GM_MAPPER_SYNC_DEVICE);
+}
+
 void gm_mapping_forget(gpumem_client *c, bool owner) {
+        /* Work queued on the memory may still run: unmapping under it faults. */
+        if (owner && c->segments.len)
+                gm_mapping_sync_device(c);
         for (size_t i = 0; i < c->segments.cap; i++) {
                 segment_t *seg = c->segments.values[i];
                 if (!seg)

@@ -18,9 +18,14 @@ int gm_mapping_move(gpumem_client *c, const Gpumem__PageMove *mv);
  * unmap (the piece stays mapped and known), or the range names a segment
  * this client does not know, whose memory it cannot account for. */
 bool gm_mapping_unmap(gpumem_client *c, const Gpumem__Range *range);
-/* Unmaps and unreserves every segment (owner: false in a fork()ed child,
- * which inherited none) and forgets them all. */
+/* Unmaps and unreserves every segment, after the device's queued work is
+ * done (owner: false in a fork()ed child, which inherited none and waits for
+ * nothing), and forgets them all. */
 void gm_mapping_forget(gpumem_client *c, bool owner);
+/* Waits for all work queued so far on the daemon's device, every stream of
+ * it (before memory that work may use is unmapped). With no lock held but
+ * the heap's. Nothing on backends without device streams. */
+void gm_mapping_sync_device(gpumem_client *c);
 
 /* The connection's handlers (conn.h) of the packets that map, move or
  * release memory: ReleaseRequest (`before` waits for the streams of its

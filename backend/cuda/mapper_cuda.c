@@ -126,19 +126,24 @@ static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
         if (r < 0)
                 return r;
         /* A stream runs in its own context; the default stream (or one the
-         * application destroyed since) is the device's primary context's. */
+         * application destroyed since) is the device's primary context's.
+         * The whole device is its primary context's every stream: the
+         * legacy stream does not order non-blocking ones, cuCtxSynchronize
+         * does (a driver without it gets the legacy stream's wait). */
         CUcontext ctx = cm->ctx;
         CUstream s = (CUstream) (uintptr_t) stream;
-        if (special_stream(stream) || cu->StreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
+        bool device = stream == GM_MAPPER_SYNC_DEVICE;
+        if (device || special_stream(stream) || cu->StreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
                 ctx = cm->ctx;
                 s = NULL;
         }
         r = gm_cuda_push(cu, ctx);
         if (r < 0)
                 return r;
-        CUresult cr = cu->StreamSynchronize(s);
+        bool whole = device && cu->CtxSynchronize;
+        CUresult cr = whole ? cu->CtxSynchronize() : cu->StreamSynchronize(s);
         gm_cuda_pop(cu);
-        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, cr, "cuStreamSynchronize");
+        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, cr, whole ? "cuCtxSynchronize" : "cuStreamSynchronize");
 }
 
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
@@ -157,17 +162,12 @@ static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_even
         if (r < 0)
                 return r;
         /* The event must belong to the stream's context (cuEventRecord
-         * refuses another's): a special stream is the calling thread's
-         * current context's, or the device's primary one when it has none. */
-        CUcontext ctx = NULL;
+         * refuses another's): a special stream is this mapper's device's
+         * primary context's (whatever context, of whichever device, the
+         * calling thread has current: the memory is this device's). */
+        CUcontext ctx = cm->ctx;
         CUresult cr;
-        if (special_stream(stream)) {
-                cr = cu->CtxGetCurrent(&ctx);
-                if (cr != CUDA_SUCCESS)
-                        return gm_cuda_fail(cu, cr, "cuCtxGetCurrent");
-                if (!ctx)
-                        ctx = cm->ctx;
-        } else {
+        if (!special_stream(stream)) {
                 cr = cu->StreamGetCtx((CUstream) (uintptr_t) stream, &ctx);
                 if (cr != CUDA_SUCCESS)
                         return gm_cuda_fail(cu, cr, "cuStreamGetCtx");

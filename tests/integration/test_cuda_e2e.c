@@ -242,8 +242,11 @@ START_TEST(test_release_waits_outside_the_lock) {
                 pthread_join(t, NULL);
         ck_assert_msg(joined == 0, "gpumem_free waited for the release's stream synchronization");
         ck_assert_int_eq(job.result, 0);
-        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 2 * MiB),
-                         2 * (int64_t) MiB);
+        /* A local heap waits for the device before it takes its lock, so q's
+         * free lands first and its segment is idle cache too by then; a
+         * central release named p's segment alone. */
+        int64_t left = gpumem_heap(c) == GPUMEM_HEAP_LOCAL ? 0 : 2 * (int64_t) MiB;
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", left), left);
         unsetenv("FAKECUDA_HOLD_SYNC");
         finish(c);
 }
@@ -733,6 +736,214 @@ START_TEST(test_granularity_pages) {
 }
 END_TEST
 
+/* ---- a GPU finishes its work later (issue 23) ----
+ * A kernel queued just before a free may still run when the library
+ * unmaps: every path that unmaps must wait for it (the emulator makes the
+ * kernel fault otherwise, which fails finish()). */
+
+/* Device `ordinal`'s primary context, retained and current here. */
+static const gm_cuda_t *push_device(int ordinal, CUcontext *ret_ctx) {
+        const gm_cuda_t *cu;
+        ck_assert_int_eq(gm_cuda_load(&cu), 0);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRetain(ret_ctx, ordinal), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->CtxPushCurrent(*ret_ctx), CUDA_SUCCESS);
+        return cu;
+}
+
+static void pop_device(const gm_cuda_t *cu, int ordinal) {
+        CUcontext ctx;
+        ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->DevicePrimaryCtxRelease(ordinal), CUDA_SUCCESS);
+}
+
+static uint64_t new_stream(const gm_cuda_t *cu, unsigned flags) {
+        CUstream s;
+        ck_assert_int_eq(cu->StreamCreate(&s, flags), CUDA_SUCCESS);
+        return (uint64_t) (uintptr_t) s;
+}
+
+/* A kernel on `stream` that writes `value` over [p, +bytes) after `ms`. */
+static void late_write(uint64_t stream, void *p, size_t bytes, unsigned ms, unsigned char value) {
+        fakecuda_launch_spin_fn spin;
+        fakecuda_launch_fill_fn fill;
+        void *a = gm_fake_symbol("fakecuda_launch_spin"), *b = gm_fake_symbol("fakecuda_launch_fill");
+        memcpy(&spin, &a, sizeof(a));
+        memcpy(&fill, &b, sizeof(b));
+        ck_assert_int_eq(spin((void *) (uintptr_t) stream, ms), CUDA_SUCCESS);
+        ck_assert_int_eq(fill((void *) (uintptr_t) stream, (uint64_t) (uintptr_t) p, bytes, value), CUDA_SUCCESS);
+}
+
+/* Waits for all work; no kernel may have faulted. */
+static void assert_no_fault(const gm_cuda_t *cu) {
+        ck_assert_int_eq(cu->CtxSynchronize(), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().faults, 0);
+}
+
+static void destroy_stream(const gm_cuda_t *cu, uint64_t stream) {
+        ck_assert_int_eq(cu->StreamDestroy((CUstream) (uintptr_t) stream), CUDA_SUCCESS);
+}
+
+/* The ways a local heap gives cached memory back, each right after a free
+ * whose block a queued kernel still writes. */
+typedef enum { VIA_TRIM, VIA_RECLAIM, VIA_OOM_LADDER, VIA_GC, VIA_MAX_SPLIT } give_back_path_t;
+
+static void check_give_back_waits(give_back_path_t path) {
+        static const char *const gc[] = {"--alloc-conf", "garbage_collection_threshold:0.5", NULL};
+        static const char *const split[] = {"--alloc-conf", "max_split_size_mb:20", NULL};
+        start_daemon("256M", path == VIA_GC ? gc : path == VIA_MAX_SPLIT ? split : NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t s = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        void *p, *q = NULL;
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, s, &p), 0);
+        late_write(s, p, 100 * MiB, 200, 0x77);
+        ck_assert_int_eq(gpumem_free(c, p), 0); /* stream-ordered: reusable on s, still written */
+        uint64_t released = 0;
+        if (path == VIA_TRIM) {
+                ck_assert_int_eq(gpumem_trim(c, &released), 0);
+                ck_assert_uint_eq(released, 100 * MiB);
+        } else if (path == VIA_RECLAIM) {
+                gpumem_client *admin = connect_ok();
+                ck_assert_int_eq(gpumem_trim_tenant(admin, "*", &released), 0); /* the daemon's Reclaim */
+                ck_assert_uint_ge(released, 100 * MiB);
+                gpumem_disconnect(admin);
+        } else if (path == VIA_MAX_SPLIT) {
+                /* An oversize block is not split: the cached one is released for a smaller one. */
+                ck_assert_int_eq(gpumem_alloc(c, 200 * MiB, other, &q), 0);
+        } else {
+                /* Another stream cannot reuse the cached block: the heap frees cache to fit. */
+                ck_assert_int_eq(gpumem_alloc(c, 200 * MiB, other, &q), 0);
+        }
+        assert_no_fault(cu);
+        if (q)
+                ck_assert_int_eq(gpumem_free(c, q), 0);
+        destroy_stream(cu, s);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+
+START_TEST(test_trim_waits_for_queued_kernel) {
+        check_give_back_waits(VIA_TRIM);
+}
+END_TEST
+
+START_TEST(test_reclaim_waits_for_queued_kernel) {
+        check_give_back_waits(VIA_RECLAIM);
+}
+END_TEST
+
+START_TEST(test_oom_ladder_waits_for_queued_kernel) {
+        check_give_back_waits(VIA_OOM_LADDER);
+}
+END_TEST
+
+START_TEST(test_gc_waits_for_queued_kernel) {
+        check_give_back_waits(VIA_GC);
+}
+END_TEST
+
+START_TEST(test_max_split_waits_for_queued_kernel) {
+        check_give_back_waits(VIA_MAX_SPLIT);
+}
+END_TEST
+
+/* Disconnecting unmaps everything: the work still queued on it first. */
+START_TEST(test_disconnect_waits_for_queued_kernel) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t s = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, s, &p), 0);
+        late_write(s, p, 8 * MiB, 200, 0x77);
+        gpumem_disconnect(c);
+        assert_no_fault(cu);
+        destroy_stream(cu, s);
+        pop_device(cu, 0);
+        ck_assert_int_eq(gpumem_connect(daemon_.socket_path, &c), 0);
+        finish(c);
+}
+END_TEST
+
+/* A release naming segments of more than 16 streams waits for all of them,
+ * non-blocking ones included (the legacy stream does not order those). */
+START_TEST(test_release_of_many_streams_waits_for_all) {
+        start_daemon("512M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_CENTRAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        enum { N = 17 };
+        uint64_t s[N];
+        void *p[N];
+        for (int i = 0; i < N; i++) {
+                s[i] = new_stream(cu, CU_STREAM_NON_BLOCKING);
+                ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, s[i], &p[i]), 0);
+        }
+        late_write(s[N - 1], p[N - 1], 4 * MiB, 200, 0x77);
+        for (int i = 0; i < N; i++)
+                ck_assert_int_eq(gpumem_free(c, p[i]), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_ge(released, N * 4 * MiB);
+        assert_no_fault(cu);
+        for (int i = 0; i < N; i++)
+                destroy_stream(cu, s[i]);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
+/* A block used on a side stream (gpumem_record_stream) is not handed out
+ * again while that stream still writes it; `special` uses stream 0 of the
+ * daemon's device as the side stream while another device's context is
+ * current in the caller (its event belongs to the daemon's device). */
+static void check_no_early_reuse(bool special) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t a = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        uint64_t side = special ? 0 : new_stream(cu, CU_STREAM_NON_BLOCKING);
+        void *p, *q;
+        ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, a, &p), 0);
+        late_write(side, p, 4 * MiB, 300, 0x77);
+        CUcontext other;
+        if (special)
+                push_device(1, &other); /* the application works on another GPU now */
+        ck_assert_int_eq(gpumem_record_stream(c, p, side), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        usleep(100000); /* the library's event polls ran, the side stream still spins */
+        ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, a, &q), 0);
+        if (special)
+                pop_device(cu, 1);
+        fakecuda_launch_pattern_fn pattern; /* the new owner's data, written on its own stream */
+        void *fn = gm_fake_symbol("fakecuda_launch_pattern");
+        memcpy(&pattern, &fn, sizeof(fn));
+        ck_assert_int_eq(pattern((void *) (uintptr_t) a, (uint64_t) (uintptr_t) q, 4 * MiB, 5), CUDA_SUCCESS);
+        assert_no_fault(cu);
+        ck_assert_msg(gm_test_verify(q, 4 * MiB, 5), "the side stream's late write landed in a reused block");
+        ck_assert_int_eq(gpumem_free(c, q), 0);
+        destroy_stream(cu, a);
+        if (!special)
+                destroy_stream(cu, side);
+        pop_device(cu, 0);
+        finish(c);
+}
+
+START_TEST(test_record_stream_no_early_reuse) {
+        check_no_early_reuse(false);
+}
+END_TEST
+
+START_TEST(test_default_stream_event_on_daemon_device) {
+        setenv("FAKECUDA_DEVICE_COUNT", "2", 1);
+        check_no_early_reuse(true);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -758,6 +969,15 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_exclusive_process_mode);
         tcase_add_test(tc, test_granularity_segments);
         tcase_add_test(tc, test_granularity_pages);
+        tcase_add_test(tc, test_trim_waits_for_queued_kernel);
+        tcase_add_test(tc, test_reclaim_waits_for_queued_kernel);
+        tcase_add_test(tc, test_oom_ladder_waits_for_queued_kernel);
+        tcase_add_test(tc, test_gc_waits_for_queued_kernel);
+        tcase_add_test(tc, test_max_split_waits_for_queued_kernel);
+        tcase_add_test(tc, test_disconnect_waits_for_queued_kernel);
+        tcase_add_test(tc, test_release_of_many_streams_waits_for_all);
+        tcase_add_test(tc, test_record_stream_no_early_reuse);
+        tcase_add_test(tc, test_default_stream_event_on_daemon_device);
         suite_add_tcase(s, tc);
         return s;
 }

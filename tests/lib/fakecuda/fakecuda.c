@@ -1727,6 +1727,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
                 CUresult r = ctx_activate(dev);
                 if (r != CUDA_SUCCESS)
                         return r;
+                fake.ctx[dev].error = CUDA_SUCCESS; /* a new context: an old one's loss is not its own */
         }
         fake.ctx[dev].refs++;
         *ctx = &fake.ctx[dev];
