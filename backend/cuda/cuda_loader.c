@@ -80,6 +80,7 @@ static const sym_t syms[] = {
         OPTIONAL(EventSynchronize, 2000, "cuEventSynchronize"),
         OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
         OPTIONAL(MemRetainAllocationHandle, 11000, "cuMemRetainAllocationHandle"),
+        OPTIONAL(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode"),
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

@@ -58,6 +58,7 @@ typedef struct gm_cuda {
         PFN_cuEventSynchronize_v2000 EventSynchronize;                    /* optional */
         PFN_cuCtxSynchronize_v2000 CtxSynchronize;                        /* optional; of the current context */
         PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle; /* optional: page reuse moves pages */
+        PFN_cuThreadExchangeStreamCaptureMode_v10010 ThreadExchangeStreamCaptureMode; /* optional */
 } gm_cuda_t;
 
 /* Loads $GPUMEM_LIBCUDA (default "libcuda.so.1"), resolves every entry point

@@ -30,6 +30,30 @@ typedef struct cuda_mapper {
         CUmemAccessDesc access; /* read-write for the device */
 } cuda_mapper_t;
 
+/* The library's own driver calls are no part of any stream capture the
+ * application makes (a CUDA graph): each runs in relaxed capture mode, the
+ * thread's own mode restored after. In the default global mode another
+ * thread's capture would forbid them (the service thread's event queries,
+ * a release's unmaps), and the refused call would invalidate that capture. */
+typedef struct relaxed {
+        const gm_cuda_t *cu;
+        CUstreamCaptureMode mode;
+} relaxed_t;
+
+static relaxed_t relax_begin(const gm_cuda_t *cu) {
+        relaxed_t r = {.cu = cu, .mode = CU_STREAM_CAPTURE_MODE_RELAXED};
+        if (cu->ThreadExchangeStreamCaptureMode && cu->ThreadExchangeStreamCaptureMode(&r.mode) != CUDA_SUCCESS)
+                r.cu = NULL;
+        return r;
+}
+
+static void relax_end(relaxed_t *r) {
+        if (r->cu && r->cu->ThreadExchangeStreamCaptureMode)
+                r->cu->ThreadExchangeStreamCaptureMode(&r->mode);
+}
+
+#define RELAXED_CAPTURE(cu) relaxed_t relaxed_ __attribute__((cleanup(relax_end))) = relax_begin(cu)
+
 static bool special_stream(uint64_t stream) {
         return stream == 0 || stream == (uint64_t) (uintptr_t) CU_STREAM_LEGACY ||
                stream == (uint64_t) (uintptr_t) CU_STREAM_PER_THREAD;
@@ -53,6 +77,7 @@ static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
 
 static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0) {
@@ -84,6 +109,7 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
 
 static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
@@ -96,6 +122,7 @@ static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t l
  * the memory, as after cuda_map(). */
 static int cuda_move(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0)
@@ -121,6 +148,7 @@ static int cuda_move(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length
 
 static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0)
@@ -157,6 +185,7 @@ static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
 
 static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
         if (r < 0)
@@ -192,6 +221,7 @@ static int cuda_event_record(gm_mapper_t *m, uint64_t stream, uint64_t *ret_even
 
 static int cuda_event_query(gm_mapper_t *m, uint64_t event) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;

@@ -252,16 +252,32 @@ START_TEST(test_release_waits_outside_the_lock) {
 }
 END_TEST
 
+/* Events are not complete while the file `hold` names (in the daemon's
+ * directory) exists. */
+static void hold_events(char *hold, size_t len) {
+        snprintf(hold, len, "%s/hold-events", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
+}
+
+/* Waits until the session's blocks are all freed (deferred frees done). */
+static void wait_no_active_bytes(gpumem_client *c) {
+        int64_t v = -1;
+        for (int i = 0; i < 500 && v != 0; i++) {
+                ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
+                usleep(10000);
+        }
+        ck_assert_int_eq(v, 0);
+}
+
 /* Defect 11: pending stream events are polled with a backoff, not every
  * millisecond. */
 START_TEST(test_pending_events_back_off) {
         start_daemon("256M", NULL, NULL, NULL);
         char hold[400];
-        snprintf(hold, sizeof(hold), "%s/hold-events", daemon_.dir);
-        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-        setenv("FAKECUDA_HOLD_EVENTS", hold, 1);
+        hold_events(hold, sizeof(hold));
         gpumem_client *c = connect_ok();
         const gm_cuda_t *cu;
         CUcontext ctx;
@@ -278,12 +294,7 @@ START_TEST(test_pending_events_back_off) {
         long polls = usage().event_queries - before;
         ck_assert_msg(polls > 0 && polls < 100, "%ld event queries in a second", polls);
         unlink(hold);
-        int64_t v = -1;
-        for (int i = 0; i < 500 && v != 0; i++) {
-                ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &v), 0);
-                usleep(10000);
-        }
-        ck_assert_int_eq(v, 0);
+        wait_no_active_bytes(c);
         unsetenv("FAKECUDA_HOLD_EVENTS");
         ck_assert_int_eq(cu->StreamDestroy(stream), CUDA_SUCCESS);
         ck_assert_int_eq(cu->CtxPopCurrent(&ctx), CUDA_SUCCESS);
@@ -944,6 +955,50 @@ START_TEST(test_default_stream_event_on_daemon_device) {
 }
 END_TEST
 
+/* While the application captures a CUDA graph in global mode, the library's
+ * own driver calls (the service thread polling a pending free's event) do
+ * not invalidate the capture. */
+START_TEST(test_capture_survives_library_calls) {
+        start_daemon("256M", NULL, NULL, NULL);
+        char hold[400];
+        hold_events(hold, sizeof(hold));
+        gpumem_client *c = connect_ok();
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t side = new_stream(cu, CU_STREAM_NON_BLOCKING), graph = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free_async(c, p, side), 0); /* an event the service thread polls */
+        typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+        typedef CUresult (*end_fn)(CUstream, CUgraph *);
+        typedef CUresult (*destroy_fn)(CUgraph);
+        begin_fn begin;
+        end_fn end;
+        destroy_fn destroy;
+        void *a = gm_fake_symbol("cuStreamBeginCapture_v2"), *b = gm_fake_symbol("cuStreamEndCapture"),
+             *d = gm_fake_symbol("cuGraphDestroy");
+        memcpy(&begin, &a, sizeof(a));
+        memcpy(&end, &b, sizeof(b));
+        memcpy(&destroy, &d, sizeof(d));
+        long polls = usage().event_queries;
+        ck_assert_int_eq(begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        for (int i = 0; i < 300 && usage().event_queries == polls; i++)
+                usleep(10000);
+        ck_assert_int_gt(usage().event_queries, polls); /* the service thread queried during the capture */
+        CUgraph g = NULL;
+        ck_assert_int_eq(end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        unlink(hold);
+        unsetenv("FAKECUDA_HOLD_EVENTS");
+        wait_no_active_bytes(c);
+        destroy_stream(cu, side);
+        destroy_stream(cu, graph);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -978,6 +1033,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_release_of_many_streams_waits_for_all);
         tcase_add_test(tc, test_record_stream_no_early_reuse);
         tcase_add_test(tc, test_default_stream_event_on_daemon_device);
+        tcase_add_test(tc, test_capture_survives_library_calls);
         suite_add_tcase(s, tc);
         return s;
 }
