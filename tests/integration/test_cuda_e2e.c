@@ -808,7 +808,7 @@ static void check_give_back_waits(give_back_path_t path) {
         uint64_t s = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
         void *p, *q = NULL;
         ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, s, &p), 0);
-        late_write(s, p, 100 * MiB, 200, 0x77);
+        late_write(s, p, 100 * MiB, 500, 0x77);
         ck_assert_int_eq(gpumem_free(c, p), 0); /* stream-ordered: reusable on s, still written */
         uint64_t released = 0;
         if (path == VIA_TRIM) {
@@ -869,7 +869,7 @@ START_TEST(test_disconnect_waits_for_queued_kernel) {
         uint64_t s = new_stream(cu, CU_STREAM_NON_BLOCKING);
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, s, &p), 0);
-        late_write(s, p, 8 * MiB, 200, 0x77);
+        late_write(s, p, 8 * MiB, 500, 0x77);
         gpumem_disconnect(c);
         assert_no_fault(cu);
         destroy_stream(cu, s);
@@ -893,7 +893,7 @@ START_TEST(test_release_of_many_streams_waits_for_all) {
                 s[i] = new_stream(cu, CU_STREAM_NON_BLOCKING);
                 ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, s[i], &p[i]), 0);
         }
-        late_write(s[N - 1], p[N - 1], 4 * MiB, 200, 0x77);
+        late_write(s[N - 1], p[N - 1], 4 * MiB, 500, 0x77);
         for (int i = 0; i < N; i++)
                 ck_assert_int_eq(gpumem_free(c, p[i]), 0);
         uint64_t released = 0;
@@ -920,7 +920,7 @@ static void check_no_early_reuse(bool special) {
         uint64_t side = special ? 0 : new_stream(cu, CU_STREAM_NON_BLOCKING);
         void *p, *q;
         ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, a, &p), 0);
-        late_write(side, p, 4 * MiB, 300, 0x77);
+        late_write(side, p, 4 * MiB, 800, 0x77);
         CUcontext other;
         if (special)
                 push_device(1, &other); /* the application works on another GPU now */

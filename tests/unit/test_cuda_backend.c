@@ -985,7 +985,7 @@ START_TEST(test_work_runs_later) {
         CUevent e;
         ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventCreate(&e, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 200), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 500), CUDA_SUCCESS);
         ck_assert_int_eq(FAKE_FN(fakecuda_launch_fill_fn, "fakecuda_launch_fill")(s, f.base, SEG, 0x5a), CUDA_SUCCESS);
         int ok = -1;
         ck_assert_int_eq(FAKE_FN(fakecuda_launch_verify_fn, "fakecuda_launch_verify")(s, f.base, SEG, 0x5a, &ok),
@@ -1022,10 +1022,10 @@ START_TEST(test_legacy_stream_ordering) {
         ck_assert_int_eq(f.cu->StreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventCreate(&e, 0), CUDA_SUCCESS);
         fakecuda_launch_spin_fn spin = FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin");
-        ck_assert_int_eq(spin(nonblocking, 300), CUDA_SUCCESS);
+        ck_assert_int_eq(spin(nonblocking, 1000), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventQuery(e), CUDA_SUCCESS); /* not ordered after the non-blocking stream */
-        ck_assert_int_eq(spin(blocking, 100), CUDA_SUCCESS);
+        ck_assert_int_eq(spin(blocking, 500), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventRecord(e, NULL), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventQuery(e), CUDA_ERROR_NOT_READY); /* ordered after the blocking one */
         ck_assert_int_eq(f.cu->EventSynchronize(e), CUDA_SUCCESS);
@@ -1044,7 +1044,7 @@ START_TEST(test_unmap_under_kernel_faults) {
         emu_open(&f);
         CUstream s;
         ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 100), CUDA_SUCCESS);
+        ck_assert_int_eq(FAKE_FN(fakecuda_launch_spin_fn, "fakecuda_launch_spin")(s, 1000), CUDA_SUCCESS);
         ck_assert_int_eq(FAKE_FN(fakecuda_launch_fill_fn, "fakecuda_launch_fill")(s, f.base, SEG, 1), CUDA_SUCCESS);
         unmap_all(f.m, f.base, SEG);
         ck_assert_int_eq(f.cu->StreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
