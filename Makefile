@@ -6,6 +6,12 @@ BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 4
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# `make install` puts everything under PREFIX (cmake's CMAKE_INSTALL_PREFIX,
+# given at install time): binaries, libraries, the Python package, the
+# systemd units (which name PREFIX's paths) and the configuration in
+# PREFIX/etc/gpumem (/etc/gpumem for PREFIX=/usr). DESTDIR stages it.
+PREFIX ?= /usr/local
+DESTDIR ?=
 
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
@@ -84,7 +90,7 @@ fuzz: deps-fuzz
 	cd $(BUILD_FUZZ) && ctest --output-on-failure -j 2 -L fuzz
 
 install: build
-	cmake --install $(BUILD)
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The Debian packages (gpumemd, libgpumem0, libgpumem-dev), in $(BUILD)/deb.
 deb: deps

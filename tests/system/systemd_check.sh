@@ -92,8 +92,8 @@ After=basic.target
 EOF
         ln -sf gm-system.target "$etc/default.target"
         # A machine gpumemd was never installed on, whatever this one has
-        # (a "cmake --install" writes /etc/gpumem/gpumemd.conf, which would
-        # make dpkg ask about its conffile).
+        # (a "cmake --install --prefix /usr" writes /etc/gpumem/gpumemd.conf,
+        # which would make dpkg ask about its conffile).
         rm -rf "$r/etc/gpumem" "$r/var/lib/gpumem" "$r/usr/local/lib/systemd/system/gpumemd"* \
                 "$r/etc/systemd/system/gpumemd"* "$r"/etc/systemd/system/*.wants/gpumemd*
         # What the test installs, where the chroot sees it.
