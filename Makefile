@@ -32,6 +32,8 @@ FUZZ_PACKAGES := clang libclang-rt-dev
 
 all: build
 
+# apt-get waits up to 5 minutes for the package manager's lock (another apt
+# or unattended-upgrades at work) instead of failing at once.
 deps-fuzz: PACKAGES = $(DEB_PACKAGES) $(FUZZ_PACKAGES)
 deps: PACKAGES = $(DEB_PACKAGES)
 deps deps-fuzz:
@@ -41,7 +43,8 @@ deps deps-fuzz:
 	if [ -n "$$missing" ]; then \
 		echo "Installing build dependencies:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+		$$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q && \
+			DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q $$missing; \
 	fi
 
 $(BUILD)/Makefile: deps

@@ -113,6 +113,17 @@ man)
                 name=$(basename "$page")
                 grep -q "^\.TH $(echo "${name%.*}" | tr a-z A-Z) ${name##*.} " "$page" ||
                         fail "$name: .TH does not match the file name"
+                # Every page cited (".BR name (N)") is ours or one man(1) finds.
+                for cited in $(sed -n 's/^\.[BI]R \([A-Za-z0-9_.-]*\) (\([0-9]\)).*/\1.\2/p' "$page"); do
+                        [ -e "$pkg/man/$cited" ] && continue
+                        command -v man >/dev/null 2>&1 || continue
+                        man -w "${cited##*.}" "${cited%.*}" >/dev/null 2>&1 ||
+                                case $cited in
+                                # Pages of packages a test machine may lack.
+                                systemd*.[158] | sd_*.3 | nvidia-smi.1 | prometheus.1 | torch*) ;;
+                                *) fail "$name cites ${cited%.*}(${cited##*.}), which is no page" ;;
+                                esac
+                done
         done
         ;;
 
