@@ -4,6 +4,7 @@
  * granted counts as zeros and flags the session; nothing read here reaches
  * charged bytes or quotas (the broker's), and folded counters never go back. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,15 +162,35 @@ static void overlay_exact(gm_localstats_t *l) {
         l->figures.num_reclaim_waits = l->exact.num_reclaim_waits;
 }
 
+static bool grants_same(const gm_session_grants_t *a, const gm_session_grants_t *b) {
+        return a->bytes.current == b->bytes.current && a->bytes.peak == b->bytes.peak &&
+               a->segments.current == b->segments.current && a->segments.allocated == b->segments.allocated;
+}
+
+/* Whether a read now would give what the last one gave: the page's sequence
+ * number is the one it had then (the writer bumps it around every change)
+ * and so are the bounds the copy is checked against. A writer that changes
+ * the payload without bumping it only keeps its own figures stale. */
+static bool read_current(const gm_localstats_t *l, const gm_session_view_t *sv, uint64_t seq, int64_t max_split) {
+        return l->read_once && seq == l->read_seq && !(seq & 1) && grants_same(&sv->grants, &l->read_grants) &&
+               l->figures.max_split_size == max_split;
+}
+
 void gm_localstats_refresh_conn(gm_request_conn_t *c) {
         gm_localstats_t *l = c->local;
         const gm_requests_t *d = c->rq;
         gm_stats_t page;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        uint64_t seq = atomic_load_explicit((const _Atomic uint64_t *) &l->page->seq, memory_order_acquire);
+        if (read_current(l, &sv, seq, d->broker->device_stats.max_split_size))
+                return; /* nothing changed since the last read: every figure stands */
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
         if (r == -EAGAIN)
                 return; /* the heap is in the middle of a change: keep the last figures */
-        gm_session_view_t sv;
-        gm_session_view(c->session, &sv);
+        l->read_once = r == 0;
+        l->read_seq = seq;
+        l->read_grants = sv.grants;
         bool valid = r == 0 && page_plausible(&sv, &page);
         if (!valid) {
                 if (!l->page_invalid)

@@ -16,11 +16,14 @@
 struct gm_localstats {
         gm_statpage_t *page;
         gm_stats_t exact; /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
-        gm_session_grants_t synced; /* the broker's grant figures last applied to exact and the totals */
-        gm_stats_t figures;         /* the page's last valid read, the exact figures laid over */
-        gm_stats_t applied;         /* the page's part in its tenant's and the device's local totals */
-        bool page_invalid;          /* the last read failed the bounds */
-        bool ladder_waited;         /* the heap's current out-of-memory ladder already waited for reclaim */
+        gm_session_grants_t synced;      /* the broker's grant figures last applied to exact and the totals */
+        gm_stats_t figures;              /* the page's last valid read, the exact figures laid over */
+        gm_stats_t applied;              /* the page's part in its tenant's and the device's local totals */
+        bool page_invalid;               /* the last read failed the bounds */
+        bool read_once;                  /* read_seq and read_grants hold the last completed read's */
+        uint64_t read_seq;               /* the page's sequence number at that read */
+        gm_session_grants_t read_grants; /* the session's grants then (the bounds it was checked against) */
+        bool ladder_waited;              /* the heap's current out-of-memory ladder already waited for reclaim */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant
