@@ -113,6 +113,7 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
         gm_piece_sweep_lingering(b, false);
         for (gm_session_t *s = b->sessions; s; s = s->next)
                 gm_session_tick(s, now_ms);
+        gm_process_check_audit_tick(b, now_ms);
         gm_reclaim_tick(b, now_ms);
         gm_orphan_expire(b, now_ms, false);
 }
@@ -126,6 +127,8 @@ void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;
         }
+        if (gm_process_check_refuses(s, ret))
+                return;
         gm_request_t rq = {.size = size, .stream = stream};
         if (s->parked) /* keep order behind earlier waiting requests */
                 return gm_reclaim_park(s, request_id, &rq, ret);
@@ -159,6 +162,8 @@ void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, 
         }
         if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
                 gm_process_check_note(s, &s->holder); /* what its process holds before gpumemd's memory */
+        if (gm_process_check_refuses(s, ret))
+                return;
         gm_request_t rq = {.is_grant = true, .grant = *g};
         if (s->parked) /* in order behind the waiting ones */
                 return gm_reclaim_park(s, request_id, &rq, ret);
@@ -468,9 +473,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
                           (unsigned long long) releasing);
         uint32_t n_tenants = 0;
+        uint64_t audited_all = 0;
         for (const gm_tenant_t *t = b->tenants; t; t = t->next) {
                 n_tenants++;
-                uint64_t charged = 0, unverified = 0;
+                uint64_t charged = 0, unverified = 0, audited = 0;
                 int64_t reserved = 0;
                 uint32_t sessions = 0;
                 for (const gm_session_t *s = b->sessions; s; s = s->next) {
@@ -479,6 +485,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                         if (!s->ended)
                                 sessions++;
                         unverified += s->release_unverified_bytes;
+                        audited += s->audited_bytes;
+                        if (s->audited_bytes > s->audit_released || (s->ended && s->audited_bytes))
+                                violation(&c, "session %llu: %llu bytes audited, beyond what it gave back",
+                                          (unsigned long long) s->id, (unsigned long long) s->audited_bytes);
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
                                 if (gm_piece_charged(p))
                                         charged += p->phys.size;
@@ -494,6 +504,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 if (unverified != t->release_unverified_bytes || unverified > charged)
                         violation(&c, "tenant '%s' counts %llu bytes released unverified, its sessions %llu", t->name,
                                   (unsigned long long) t->release_unverified_bytes, (unsigned long long) unverified);
+                if (audited != t->audited_bytes)
+                        violation(&c, "tenant '%s' counts %llu bytes audited, its sessions %llu", t->name,
+                                  (unsigned long long) t->audited_bytes, (unsigned long long) audited);
+                audited_all += audited;
                 if (sessions != t->sessions)
                         violation(&c, "tenant '%s' counts %u sessions, %u are live", t->name, t->sessions, sessions);
                 if (reserved != t->stats.reserved_bytes[GM_STAT_ALL].current)
@@ -502,5 +516,8 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         }
         if (n_tenants != b->n_tenants)
                 violation(&c, "%u tenants listed, %u counted", n_tenants, b->n_tenants);
+        if (audited_all != b->audited_bytes)
+                violation(&c, "%llu bytes audited counted, tenants %llu", (unsigned long long) b->audited_bytes,
+                          (unsigned long long) audited_all);
         return c.violations;
 }
