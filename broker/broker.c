@@ -127,8 +127,6 @@ void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;
         }
-        if (gm_process_check_refuses(s, ret))
-                return;
         gm_request_t rq = {.size = size, .stream = stream};
         if (s->parked) /* keep order behind earlier waiting requests */
                 return gm_reclaim_park(s, request_id, &rq, ret);
@@ -162,8 +160,6 @@ void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, 
         }
         if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
                 gm_process_check_note(s, &s->holder); /* what its process holds before gpumemd's memory */
-        if (gm_process_check_refuses(s, ret))
-                return;
         gm_request_t rq = {.is_grant = true, .grant = *g};
         if (s->parked) /* in order behind the waiting ones */
                 return gm_reclaim_park(s, request_id, &rq, ret);

@@ -57,8 +57,5 @@ bool gm_process_check_holds_memory(const gm_broker_t *b, pid_t pid);
  * process's figure (at most GM_AUDIT_SESSIONS_PER_TICK, each at most every
  * limits.audit_interval_ms). */
 void gm_process_check_audit_tick(gm_broker_t *b, uint64_t now_ms);
-/* Fills a REFUSE and returns true while the audit finds s's process mapping
- * memory it gave back. */
-bool gm_process_check_refuses(const gm_session_t *s, gm_outcome_t *out);
 /* s ends: what the audit found of it is no longer charged. */
 void gm_process_check_forget(gm_session_t *s);

@@ -55,12 +55,16 @@
  * process's figure less the daemon's memory it maps is compared with the
  * lowest reference of its believed releases (its own memory then: context,
  * its own allocations). What exceeds it, up to the bytes it gave back, is
- * memory it may have taken again: charged to its tenant as audited bytes
- * (against the quota and the device, like charged ones), its requests
- * refused, one log line and a counter; the next audit that finds the
- * excess gone lifts it. A process that allocates device memory of its own
- * after a give-back is charged for it the same way (up to what it gave
- * back): the figure cannot tell the two apart. */
+ * memory it may have taken again: charged to its tenant as audited bytes,
+ * one log line and a counter. Audited bytes count against the quota and the
+ * device like charged ones, so the tenant's requests are refused while they
+ * put it over its quota (the refusal names them) and no other tenant is
+ * granted the memory still live; the next audit that finds the excess gone
+ * lifts it. A process that allocates device memory of its own after a
+ * give-back is charged for it the same way (up to what it gave back): the
+ * figure cannot tell the two apart, which is why the charge refuses only
+ * past the quota (an honest process's own allocations are no lie, issue
+ * 17) instead of every request. */
 #include <errno.h>
 #include <inttypes.h>
 
@@ -205,8 +209,8 @@ static void set_audited(gm_session_t *s, uint64_t found) {
         s->tenant->audit_catches++;
         gm_host_log(b, LOG_WARNING,
                     "session %" PRIu64 " (pid %d, tenant '%s') maps %s of the memory it gave back (its process's "
-                    "driver figure grew by it after the release): charged to the tenant as audited, its requests "
-                    "refused until it lets go of it",
+                    "driver figure grew by it after the release): charged to the tenant as audited until it lets "
+                    "go of it",
                     s->id, (int) s->pid, s->tenant->name, gm_format_size(found, held, sizeof(held)));
 }
 
@@ -258,18 +262,6 @@ void gm_process_check_audit_tick(gm_broker_t *b, uint64_t now_ms) {
                         return;
                 audit(due, now_ms);
         }
-}
-
-bool gm_process_check_refuses(const gm_session_t *s, gm_outcome_t *out) {
-        if (s->audited_bytes == 0)
-                return false;
-        char held[32];
-        gm_outcome_refuse(out, -EDQUOT,
-                          "gpumemd: this process maps %s of device memory it gave back (its driver figure, audited "
-                          "after the release): charged to tenant '%s' as audited, and its requests are refused "
-                          "until it unmaps that memory",
-                          gm_format_size(s->audited_bytes, held, sizeof(held)), s->tenant->name);
-        return true;
 }
 
 void gm_process_check_forget(gm_session_t *s) {

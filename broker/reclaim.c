@@ -230,8 +230,8 @@ static void name_audited(const gm_broker_t *b, const gm_tenant_t *tenant, char *
                 return;
         char held[32];
         gm_text_append(buf, len,
-                       " gpumemd: %s more is memory %s gave back and map again (their processes' driver figures, "
-                       "audited): it counts as charged until they unmap it.",
+                       " gpumemd: %s more is device memory %s gave back and map again (their processes' driver "
+                       "figures, audited): it counts as charged until they unmap it.",
                        gm_format_size(bytes, held, sizeof(held)), tenant ? "this tenant's clients" : "clients");
 }
 

@@ -411,7 +411,7 @@ static void render_tenants(out_t *o, const gm_broker_t *b, const char *dev, cons
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_audited_bytes", rows[i].labels, "", (int64_t) rows[i].tenant->audited_bytes);
         family(o, "gpumem_audit_catches_total", "counter",
-               "Audits that found a session of the tenant mapping memory it had given back (its requests refused).");
+               "Audits that found a session of the tenant mapping memory it had given back (charged as audited).");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_audit_catches_total", rows[i].labels, "", (int64_t) rows[i].tenant->audit_catches);
         family(o, "gpumem_sessions", "gauge", "Connected client sessions.");

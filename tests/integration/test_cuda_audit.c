@@ -331,7 +331,7 @@ static const char attack_config[] = "audit_interval_ms = 1000\n[tenant liar]\nus
 
 /* Issue #25: the attacker maps 160 MiB under its 64 MiB quota, charged 0.
  * Within one audit interval (plus a tick) its tenant is charged the memory
- * as audited, its next grant is refused with the reason, and another
+ * as audited, its next grant is refused (over its quota) naming it, and another
  * tenant's request for the whole device is refused instead of over-committing
  * it; once it unmaps, the next audit lifts it all. */
 START_TEST(test_reimport_after_return_audited) {

@@ -731,8 +731,9 @@ END_TEST
 
 /* Issue #25, the audit: a return believed on the figure (right at that
  * instant) is audited again on the tick; the process mapping it again (it
- * kept the fds) is charged as audited bytes against its tenant's quota and
- * the device, its requests refused, until the figure drops; at most
+ * kept the fds) is charged as audited bytes against its tenant's quota (its
+ * grants refused past it, naming them) and the device, until the figure
+ * drops; at most
  * GM_AUDIT_SESSIONS_PER_TICK sessions a tick, each every audit_interval_ms;
  * a trusted tenant is not audited, and its unverifiable returns are released
  * at once (issue #23). */
@@ -761,12 +762,14 @@ START_TEST(test_audit_finds_memory_taken_back) {
         ck_assert_uint_eq(t->audit_catches, 1);
         ck_assert_uint_eq(t->charged_bytes, 0);
         ck_assert_ptr_nonnull(strstr(host_.last_log, "maps 20.00 MiB of the memory it gave back"));
+        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, true, 21 * MiB);
         gm_outcome_t out;
-        gm_grant_t g = whole(2, 2 * MiB);
+        gm_grant_t g = whole(2, 2 * MiB); /* 0 charged + 20 audited + 2 > 21 */
         gm_broker_grant(s, 9, &g, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -EDQUOT);
-        ck_assert_ptr_nonnull(strstr(out.message, "device memory it gave back"));
+        ck_assert_ptr_nonnull(strstr(out.message, "20.00 MiB more is device memory this tenant's clients gave back"));
+        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
         /* Another tenant's quota and the device count it too. */
         gm_session_t *other = local_session(b_, 1001, "b");
         uint64_t room = backend_.capacity - 20 * MiB;
