@@ -192,6 +192,12 @@ if [ -f "$WORK/meet/held-1" ] && [ -f "$WORK/meet/held-2" ]; then
         held=$(($(cat "$WORK/meet/held-1") + $(cat "$WORK/meet/held-2")))
         json=$(stats "$SOCK")
         allocated=$(json_number 'allocated_bytes.all.current' "$json")
+        # What NVML attributes to the daemon (the exporter) and to an importer:
+        # the evidence for release_check's default (verify needs the importer's
+        # figure to count imported memory).
+        apps=$(smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits)
+        listed=$(sed 's/, */=/' <<<"$apps" | tr '\n' ' ')
+        pass "nvml: per-process used memory (measured, for release_check's default) while two importers hold $((held / 1048576)) MiB: daemon (the exporter, pid $DAEMON_PID) $(sed -n "s/^$DAEMON_PID, *//p" <<<"$apps" | head -1 | grep . || echo 'not listed'); compute apps pid=MiB: ${listed:-none}"
         if [ "${allocated:-x}" = "$held" ]; then
                 pass "clients: both hold memory at once, the daemon counts $allocated bytes allocated"
         else
@@ -210,6 +216,11 @@ note "expandable segments"
 if start_daemon "$WORK/exp.sock" "$WORK/gpumemd-exp.log" --alloc-conf expandable_segments:True; then
         EXP_PID=$STARTED_PID
         if out=$(timeout "$(left)" "$CLIENT" expandable "$WORK/exp.sock" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "expandable: $(tail -1 <<<"$out")"; fi
+        # The cost of growing in 2 MiB pages: 16 GiB on a GPU, 1 GiB over the emulator.
+        grow_bytes=$(( EMULATOR == 1 ? 1073741824 : 17179869184 ))
+        for g in "expandable $WORK/exp.sock" "plain $SOCK"; do
+                if out=$(timeout "$(left)" "$CLIENT" grow "${g#* }" "$grow_bytes" 2>&1); then pass "${g%% *} $(tail -1 <<<"$out")"; else fail "grow (${g%% *}): $(tail -1 <<<"$out")"; fi
+        done
         stop_daemon "$EXP_PID" || fail "expandable: its gpumemd did not exit cleanly"
 else
         fail "expandable: gpumemd with expandable segments did not start"

@@ -26,6 +26,8 @@
  *        the diagnosis
  *   gpu_client bench SOCKET               median ns of a cached alloc+free through
  *        the daemon and of cuMemAlloc+cuMemFree
+ *   gpu_client grow SOCKET BYTES           the driver's minimum and recommended
+ *        granularity; the time to grow to BYTES in 2 MiB blocks, then free, trim
  *   gpu_client probe -                    load the driver (and the kernels) only
  * Exit status 0 when the mode's checks held; the last line is the result. */
 #ifndef _GNU_SOURCE
@@ -68,6 +70,7 @@ static struct {
         PFN_cuLaunchKernel_v4000 LaunchKernel;
         PFN_cuMemsetD32_v3020 MemsetD32;
         PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+        PFN_cuMemGetAllocationGranularity_v10020 Granularity;
         CUfunction fill, check, spin_fill;
         CUdeviceptr bad; /* mismatch counter of gm_check */
         /* The emulator's kernels (tests/lib/fakecuda/fakecuda.h), when it is the driver. */
@@ -141,6 +144,7 @@ static void driver_open(void) {
         SYM(LaunchKernel, "cuLaunchKernel", false);
         SYM(MemsetD32, "cuMemsetD32_v2", false);
         SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", false);
+        SYM(Granularity, "cuMemGetAllocationGranularity", true);
         SYM(emu_pattern, "fakecuda_launch_pattern", false);
         SYM(emu_verify_pattern, "fakecuda_launch_verify_pattern", false);
         SYM(emu_spin, "fakecuda_launch_spin", false);
@@ -491,6 +495,38 @@ static int mode_oom(const char *socket) {
         return 0;
 }
 
+static int mode_grow(const char *socket, uint64_t bytes) {
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                                    .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+        size_t minimum = 0, recommended = 0;
+        ck(cu.Granularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+        ck(cu.Granularity(&recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity");
+        connect_to(socket);
+        enum { MAX_PAGES = 8192 }; /* 16 GiB of 2 MiB blocks */
+        static void *p[MAX_PAGES];
+        uint64_t n = bytes / (2 * MiB) < MAX_PAGES ? bytes / (2 * MiB) : MAX_PAGES;
+        uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; i++)
+                ck_gm(gpumem_alloc(client, 2 * MiB, 0, &p[i]), "gpumem_alloc(2 MiB)");
+        uint64_t grow_ns = now_ns() - t0;
+        int64_t reserved = stat_of("reserved_bytes.all.current");
+        t0 = now_ns();
+        for (uint64_t i = 0; i < n; i++)
+                ck_gm(gpumem_free(client, p[i]), "gpumem_free");
+        uint64_t released = 0;
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        uint64_t shrink_ns = now_ns() - t0;
+        gpumem_disconnect(client);
+        printf("grow: granularity minimum %zu KiB, recommended %zu KiB; %" PRIu64 " x 2 MiB (%.1f GiB, reserved %.1f "
+               "GiB) in %.1f ms (%.1f us a block), freed and trimmed (%.1f GiB) in %.1f ms%s\n",
+               minimum / 1024, recommended / 1024, n, (double) (n * 2 * MiB) / (1024.0 * MiB),
+               (double) reserved / (1024.0 * MiB), (double) grow_ns / 1e6, (double) grow_ns / 1e3 / (double) n,
+               (double) released / (1024.0 * MiB), (double) shrink_ns / 1e6,
+               cu.kernels ? "" : " (emulated driver: not the GPU's figures)");
+        return n > 0 && released > 0 ? 0 : 1;
+}
+
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
         return x < y ? -1 : x > y;
@@ -571,6 +607,8 @@ int main(int argc, char **argv) {
                 r = mode_oom(argv[2]);
         else if (strcmp(mode, "bench") == 0)
                 r = mode_bench(argv[2]);
+        else if (strcmp(mode, "grow") == 0 && argc == 4)
+                r = mode_grow(argv[2], strtoull(argv[3], NULL, 10));
         else if (strcmp(mode, "probe") == 0)
                 r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "the emulator's kernels") < 0;
         else
