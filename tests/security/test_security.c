@@ -99,11 +99,12 @@ static size_t resident_pages(void *p, size_t len) {
 
 /* A local session touches its segments, keeps the fd, a read-only shared
  * mapping (through a read-only reopen, which write seals do not see) and a
- * private mapping of each, unmaps its writable mapping and returns them.
- * Prints the memory its copies still hold (memfd blocks, resident pages of
- * the kept mappings), then whether they read zeros, and holds on to
- * everything until its stdin closes. */
-static int attack_keep_returned(const char *socket_path) {
+ * private mapping of each, unmaps its writable mapping and returns them, or
+ * (hang_up) hangs up instead and waits for a line on stdin (the daemon saw
+ * the session end). Prints the memory its copies still hold (memfd blocks,
+ * resident pages of the kept mappings), then whether they read zeros, and
+ * holds on to everything until its stdin closes. */
+static int attack_keep(const char *socket_path, bool hang_up) {
         int fd = gm_test_raw_connect(socket_path);
         set_reply_timeout(fd);
         gm_test_raw_hello_local(fd);
@@ -132,12 +133,21 @@ static int attack_keep_returned(const char *socket_path) {
                 (void) sum;
                 munmap(w, KEPT_SEGMENT_SIZE); /* "unmapped" */
         }
-        for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
-                gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
-        /* A request with a reply after them: they were handled. */
-        Gpumem__Envelope *reply = gm_test_raw_return_intent(fd, 20);
-        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_OK);
-        gm_msg_free(reply);
+        char c;
+        if (hang_up) {
+                close(fd);
+                fd = -1;
+                printf("hung up\n");
+                fflush(stdout);
+                ck_assert_int_eq(read(STDIN_FILENO, &c, 1), 1);
+        } else {
+                for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
+                        gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
+                /* A request with a reply after them: they were handled. */
+                Gpumem__Envelope *reply = gm_test_raw_return_intent(fd, 20);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_OK);
+                gm_msg_free(reply);
+        }
         uint64_t blocks = 0, resident = 0;
         for (int i = 0; i < KEPT_SEGMENTS; i++) {
                 struct stat st;
@@ -152,10 +162,10 @@ static int attack_keep_returned(const char *socket_path) {
                 zeros &= shared_ro[i][0] == 0 && private_ro[i][KEPT_SEGMENT_SIZE - 1] == 0;
         printf("zeros %d\n", zeros);
         fflush(stdout);
-        char c;
         while (read(STDIN_FILENO, &c, 1) > 0)
                 ;
-        close(fd);
+        if (fd >= 0)
+                close(fd);
         return 0;
 }
 
@@ -194,7 +204,9 @@ START_TEST(test_attack) {
         else if (strcmp(attack_name, "alloc-and-leave") == 0)
                 r = attack_alloc_and_leave(attack_socket);
         else if (strcmp(attack_name, "keep-returned") == 0)
-                r = attack_keep_returned(attack_socket);
+                r = attack_keep(attack_socket, false);
+        else if (strcmp(attack_name, "keep-and-hang-up") == 0)
+                r = attack_keep(attack_socket, true);
         else if (strcmp(attack_name, "fdstore-flood") == 0)
                 r = attack_fdstore_flood(attack_socket);
         ck_assert_msg(r == 0, "attack %s: %d", attack_name, r);
@@ -377,24 +389,36 @@ START_TEST(test_stuck_service_manager_does_not_stop_loop) {
 }
 END_TEST
 
-/* ---- 3: host backend: returned memory is gone for every holder ----
- * Open: the write seal that tells whether a writable mapping is left also
- * forbids punching the pages out afterwards, and F_SEAL_SHRINK (a segment's
- * tested contract) forbids truncating them away (docs/security.md). */
+/* ---- 3: host backend: released memory is gone for every holder ---- */
 
-START_TEST(test_returned_memory_gone_for_every_holder) {
+/* Polls until d charges `tenant` nothing (its session's end handled). */
+static void wait_uncharged(const gm_test_daemon_t *d, const char *tenant) {
+        for (int i = 0; i < 250 && gm_test_tenant_charged(d->socket_path, tenant) != 0; i++)
+                sleep_ms(20);
+        ck_assert_uint_eq(gm_test_tenant_charged(d->socket_path, tenant), 0);
+}
+
+/* The keeper `attack` (keep-returned or keep-and-hang-up) lets go of its
+ * memory and keeps copies: they hold no memory and read zeros, while
+ * another tenant is granted the whole capacity. */
+static void kept_copies_hold_nothing(const char *attack) {
         gm_test_daemon_t d;
         gm_test_daemon_start(&d, "64M", NULL);
-        const char *argv[] = {SECURITY_BIN, "keep-returned", d.socket_path, NULL};
+        const char *argv[] = {SECURITY_BIN, attack, d.socket_path, NULL};
         gm_test_proc_t keeper;
         gm_test_spawn(argv, ATTACKER, &keeper);
         char line[256];
         do /* past check's banner */
                 ck_assert_msg(gm_test_proc_read_line(&keeper, line, sizeof(line)), "the keeper reported nothing");
-        while (strncmp(line, "kept ", 5) != 0);
+        while (strncmp(line, "kept ", 5) != 0 && strcmp(line, "hung up") != 0);
+        if (strcmp(line, "hung up") == 0) {
+                wait_uncharged(&d, "uid:65534");
+                ck_assert_int_eq(write(keeper.stdin_fd, "\n", 1), 1);
+                ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
+        }
         unsigned long long bytes = 1, pages = 1;
         ck_assert_int_eq(sscanf(line, "kept %llu bytes %llu pages", &bytes, &pages), 2);
-        ck_assert_msg(bytes == 0 && pages == 0, "returned memory still held by its client's copies: %s", line);
+        ck_assert_msg(bytes == 0 && pages == 0, "released memory still held by its client's copies: %s", line);
         ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
         ck_assert_str_eq(line, "zeros 1");
         ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:65534"), 0);
@@ -410,6 +434,15 @@ START_TEST(test_returned_memory_gone_for_every_holder) {
         close(fd);
         ck_assert_int_eq(gm_test_proc_finish(&keeper), 0);
         gm_test_daemon_stop(&d);
+}
+
+START_TEST(test_returned_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-returned");
+}
+END_TEST
+
+START_TEST(test_ended_session_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-and-hang-up");
 }
 END_TEST
 
@@ -427,15 +460,10 @@ static Suite *security_suite(void) {
         tcase_set_timeout(sd, 60);
         tcase_add_test(sd, test_stuck_service_manager_does_not_stop_loop);
         suite_add_tcase(s, sd);
-        return s;
-}
-
-/* The attacks the daemon does not stop yet (docs/security.md): each fails. */
-static Suite *open_holes_suite(void) {
-        Suite *s = suite_create("security-open-holes");
         TCase *host = tcase_create("host-backend");
         tcase_set_timeout(host, 60);
         tcase_add_test(host, test_returned_memory_gone_for_every_holder);
+        tcase_add_test(host, test_ended_session_memory_gone_for_every_holder);
         suite_add_tcase(s, host);
         return s;
 }
@@ -447,6 +475,5 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "test_security: needs root to act as other users\n");
                 return getenv("CI") ? EXIT_FAILURE : 77;
         }
-        const char *open_holes = getenv("GM_TEST_OPEN_HOLES");
-        return gm_test_run_suite(open_holes && *open_holes == '1' ? open_holes_suite() : security_suite());
+        return gm_test_run_suite(security_suite());
 }
