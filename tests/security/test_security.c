@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpumem/gpumem.h"
 #include "msg.h"
 #include "testutil.h"
 
@@ -194,6 +195,39 @@ static int attack_alloc_and_leave(const char *socket_path) {
         return 0;
 }
 
+/* A session of `mode` records its own history without admin rights: an
+ * allocation with a frame of its own shows, frames included, in its own
+ * snapshot, and nothing else does. Prints "own N frames F", then holds its
+ * session until its stdin closes. */
+#define OWN_SIZE (5u << 20)
+#define OWN_FRAME "attacker_own_frame.py"
+
+static int attack_own_history(const char *socket_path, gpumem_heap_mode mode) {
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect_heap(socket_path, mode, &c), 0);
+        gpumem_history_state st;
+        ck_assert_int_eq(gpumem_history(c, true, 1000, &st), 0);
+        ck_assert(st.enabled);
+        gpumem_frame frame = {.filename = OWN_FRAME, .line = 7, .name = "own"};
+        void *ptr = NULL;
+        ck_assert_int_eq(gpumem_alloc_frames(c, OWN_SIZE, 0, &frame, 1, &ptr), 0);
+        void *data = NULL;
+        size_t len = 0;
+        ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, 0, &data, &len), 0);
+        char size[32];
+        snprintf(size, sizeof(size), "%u", OWN_SIZE);
+        printf("own %d frames %d\n", memmem(data, len, size, strlen(size)) != NULL,
+               memmem(data, len, OWN_FRAME, strlen(OWN_FRAME)) != NULL);
+        fflush(stdout);
+        gpumem_buffer_free(data);
+        char ch;
+        while (read(STDIN_FILENO, &ch, 1) > 0)
+                ;
+        gpumem_free(c, ptr);
+        gpumem_disconnect(c);
+        return 0;
+}
+
 static const char *attack_name, *attack_socket;
 
 /* The testutil helpers assert with check: an attack runs as a test of its own. */
@@ -207,6 +241,10 @@ START_TEST(test_attack) {
                 r = attack_keep(attack_socket, false);
         else if (strcmp(attack_name, "keep-and-hang-up") == 0)
                 r = attack_keep(attack_socket, true);
+        else if (strcmp(attack_name, "own-history-central") == 0)
+                r = attack_own_history(attack_socket, GPUMEM_HEAP_CENTRAL);
+        else if (strcmp(attack_name, "own-history-local") == 0)
+                r = attack_own_history(attack_socket, GPUMEM_HEAP_LOCAL);
         else if (strcmp(attack_name, "fdstore-flood") == 0)
                 r = attack_fdstore_flood(attack_socket);
         ck_assert_msg(r == 0, "attack %s: %d", attack_name, r);
@@ -239,6 +277,21 @@ static void run_attack(const gm_test_daemon_t *d, const char *name) {
         const char *argv[] = {SECURITY_BIN, name, d->socket_path, NULL};
         int status = gm_test_run_as(out, sizeof(out), ATTACKER, argv);
         ck_assert_msg(status == 0, "attack %s exited %d: %s", name, status, out);
+}
+
+/* Starts attack `name` against d as ATTACKER, to go on while the test
+ * looks; its first line of report (past check's banner) that starts with
+ * one of `firsts` ("a|b") goes in line. */
+static void spawn_attack(const gm_test_daemon_t *d, const char *name, const char *firsts, gm_test_proc_t *ret_proc,
+                         char *line, size_t len) {
+        const char *argv[] = {SECURITY_BIN, name, d->socket_path, NULL};
+        gm_test_spawn(argv, ATTACKER, ret_proc);
+        for (;;) {
+                ck_assert_msg(gm_test_proc_read_line(ret_proc, line, len), "attack %s reported nothing", name);
+                for (const char *f = firsts; *f; f += strcspn(f, "|"), f += *f == '|')
+                        if (strncmp(line, f, strcspn(f, "|")) == 0)
+                                return;
+        }
 }
 
 /* The daemon is still running and serves a new session. */
@@ -309,6 +362,42 @@ START_TEST(test_snapshot_hides_ended_sessions_of_others) {
         ck_assert_int_ne(snapshot_as(&d, ATTACKER, out, sizeof(out), "--pid 1"), 0);
         ck_assert_int_ne(snapshot_as(&d, 0, out, sizeof(out), "--pid 1"), 0);
         gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- 5: one's own history needs no admin; the device's stays admin-only ---- */
+
+/* Runs `attack` (own-history-central or -local) against a daemon of its own. */
+static void own_history_is_own(const char *attack) {
+        gm_test_daemon_t d;
+        char line[256];
+        gm_test_daemon_start(&d, "64M", NULL);
+        gm_test_proc_t recorder;
+        spawn_attack(&d, attack, "own ", &recorder, line, sizeof(line));
+        ck_assert_str_eq(line, "own 1 frames 1");
+        static char out[1 << 20];
+        /* The device's history is not on, and a non-admin cannot turn it on. */
+        ck_assert_int_eq(ctl_as(&d, 0, out, sizeof(out), "history status"), 0);
+        ck_assert_msg(strstr(out, "history off"), "%s", out);
+        ck_assert_int_ne(ctl_as(&d, ATTACKER, out, sizeof(out), "history on"), 0);
+        ck_assert_int_eq(ctl_as(&d, 0, out, sizeof(out), "history status"), 0);
+        ck_assert_msg(strstr(out, "history off"), "%s", out);
+        /* Another tenant does not see it; an admin does, frames included. */
+        ck_assert_int_eq(snapshot_as(&d, VICTIM, out, sizeof(out), ""), 0);
+        ck_assert_msg(!strstr(out, OWN_FRAME), "another tenant sees a session's own history");
+        ck_assert_int_eq(snapshot_as(&d, 0, out, sizeof(out), ""), 0);
+        ck_assert_msg(strstr(out, OWN_FRAME), "the admin's snapshot lacks a session's own history");
+        ck_assert_int_eq(gm_test_proc_finish(&recorder), 0);
+        gm_test_daemon_stop(&d);
+}
+
+START_TEST(test_own_history_without_admin_central) {
+        own_history_is_own("own-history-central");
+}
+END_TEST
+
+START_TEST(test_own_history_without_admin_local) {
+        own_history_is_own("own-history-local");
 }
 END_TEST
 
@@ -404,13 +493,9 @@ static void wait_uncharged(const gm_test_daemon_t *d, const char *tenant) {
 static void kept_copies_hold_nothing(const char *attack) {
         gm_test_daemon_t d;
         gm_test_daemon_start(&d, "64M", NULL);
-        const char *argv[] = {SECURITY_BIN, attack, d.socket_path, NULL};
         gm_test_proc_t keeper;
-        gm_test_spawn(argv, ATTACKER, &keeper);
         char line[256];
-        do /* past check's banner */
-                ck_assert_msg(gm_test_proc_read_line(&keeper, line, sizeof(line)), "the keeper reported nothing");
-        while (strncmp(line, "kept ", 5) != 0 && strcmp(line, "hung up") != 0);
+        spawn_attack(&d, attack, "kept |hung up", &keeper, line, sizeof(line));
         if (strcmp(line, "hung up") == 0) {
                 wait_uncharged(&d, "uid:65534");
                 ck_assert_int_eq(write(keeper.stdin_fd, "\n", 1), 1);
@@ -455,6 +540,8 @@ static Suite *security_suite(void) {
         TCase *snap = tcase_create("snapshots");
         tcase_set_timeout(snap, 60);
         tcase_add_test(snap, test_snapshot_hides_ended_sessions_of_others);
+        tcase_add_test(snap, test_own_history_without_admin_central);
+        tcase_add_test(snap, test_own_history_without_admin_local);
         suite_add_tcase(s, snap);
         TCase *sd = tcase_create("service-manager");
         tcase_set_timeout(sd, 60);
