@@ -98,23 +98,57 @@ static size_t resident_pages(void *p, size_t len) {
         return n;
 }
 
-/* A local session touches its segments, keeps the fd, a read-only shared
- * mapping (through a read-only reopen, which write seals do not see) and a
- * private mapping of each, unmaps its writable mapping and returns them, or
- * (hang_up) hangs up instead and waits for a line on stdin (the daemon saw
- * the session end). Prints the memory its copies still hold (memfd blocks,
- * resident pages of the kept mappings), then whether they read zeros, and
- * holds on to everything until its stdin closes. */
-static int attack_keep(const char *socket_path, bool hang_up) {
+/* How a keeper lets go of its memory. */
+typedef enum keep_how {
+        KEEP_RETURN,  /* a local session returns it (ReturnPieces) */
+        KEEP_HANG_UP, /* a local session hangs up */
+        KEEP_TRIM,    /* a central session frees it, trims and acknowledges the release */
+} keep_how_t;
+
+/* A central session's allocation of a whole segment; its fd in *ret_fd. */
+static uint64_t central_segment(int fd, uint64_t request_id, int *ret_fd) {
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = KEPT_SEGMENT_SIZE;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        Gpumem__Envelope *reply = gm_test_raw_recv_fd(fd, ret_fd);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(reply->alloc_reply->n_new_mappings, 1);
+        ck_assert_uint_eq(reply->alloc_reply->new_mappings[0]->length, KEPT_SEGMENT_SIZE);
+        uint64_t block = reply->alloc_reply->block_id;
+        gm_msg_free(reply);
+        return block;
+}
+
+/* A session touches its segments, keeps the fd, a read-only shared mapping
+ * (through a read-only reopen, which write seals do not see) and a private
+ * mapping of each, unmaps its writable mapping and lets go of them (`how`;
+ * after a hang-up it waits for a line on stdin: the daemon saw the session
+ * end). Prints the memory its copies still hold (memfd blocks, resident
+ * pages of the kept mappings), then whether they read zeros, and holds on
+ * to everything until its stdin closes. */
+static int attack_keep(const char *socket_path, keep_how_t how) {
         int fd = gm_test_raw_connect(socket_path);
         set_reply_timeout(fd);
-        gm_test_raw_hello_local(fd);
+        if (how == KEEP_TRIM) {
+                Gpumem__Envelope *reply =
+                        gm_test_raw_hello_mode(fd, false, "keeper", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_CENTRAL);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+                gm_msg_free(reply);
+        } else {
+                gm_test_raw_hello_local(fd);
+        }
         int kept_fd[KEPT_SEGMENTS];
+        uint64_t block[KEPT_SEGMENTS];
         char *shared_ro[KEPT_SEGMENTS], *private_ro[KEPT_SEGMENTS];
         for (uint64_t i = 0; i < KEPT_SEGMENTS; i++) {
-                Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, KEPT_SEGMENT_SIZE, &kept_fd[i]);
-                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
-                gm_msg_free(reply);
+                if (how == KEEP_TRIM) {
+                        block[i] = central_segment(fd, 2 + i, &kept_fd[i]);
+                } else {
+                        Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, KEPT_SEGMENT_SIZE, &kept_fd[i]);
+                        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+                        gm_msg_free(reply);
+                }
                 ck_assert_int_ge(kept_fd[i], 0);
                 char *w = mmap(NULL, KEPT_SEGMENT_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, kept_fd[i], 0);
                 ck_assert_ptr_ne(w, MAP_FAILED);
@@ -135,12 +169,24 @@ static int attack_keep(const char *socket_path, bool hang_up) {
                 munmap(w, KEPT_SEGMENT_SIZE); /* "unmapped" */
         }
         char c;
-        if (hang_up) {
+        if (how == KEEP_HANG_UP) {
                 close(fd);
                 fd = -1;
                 printf("hung up\n");
                 fflush(stdout);
                 ck_assert_int_eq(read(STDIN_FILENO, &c, 1), 1);
+        } else if (how == KEEP_TRIM) {
+                for (int i = 0; i < KEPT_SEGMENTS; i++)
+                        gm_test_raw_acknowledge_mapped(fd, block[i]); /* "unmapped": its writable mapping is */
+                /* One more trim's reply after them: they were handled. */
+                Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+                trim.tenant = "";
+                gm_test_raw_send_body(fd, 20, GPUMEM__ENVELOPE__BODY_TRIM, &trim);
+                Gpumem__Envelope *e;
+                while ((e = gm_test_raw_recv(fd)) && e->request_id != 20)
+                        gm_msg_free(e);
+                ck_assert_ptr_nonnull(e);
+                gm_msg_free(e);
         } else {
                 for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
                         gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
@@ -238,9 +284,11 @@ START_TEST(test_attack) {
         else if (strcmp(attack_name, "alloc-and-leave") == 0)
                 r = attack_alloc_and_leave(attack_socket);
         else if (strcmp(attack_name, "keep-returned") == 0)
-                r = attack_keep(attack_socket, false);
+                r = attack_keep(attack_socket, KEEP_RETURN);
         else if (strcmp(attack_name, "keep-and-hang-up") == 0)
-                r = attack_keep(attack_socket, true);
+                r = attack_keep(attack_socket, KEEP_HANG_UP);
+        else if (strcmp(attack_name, "keep-trimmed") == 0)
+                r = attack_keep(attack_socket, KEEP_TRIM);
         else if (strcmp(attack_name, "own-history-central") == 0)
                 r = attack_own_history(attack_socket, GPUMEM_HEAP_CENTRAL);
         else if (strcmp(attack_name, "own-history-local") == 0)
@@ -487,7 +535,7 @@ static void wait_uncharged(const gm_test_daemon_t *d, const char *tenant) {
         ck_assert_uint_eq(gm_test_tenant_charged(d->socket_path, tenant), 0);
 }
 
-/* The keeper `attack` (keep-returned or keep-and-hang-up) lets go of its
+/* The keeper `attack` (keep-returned, keep-and-hang-up, keep-trimmed) lets go of its
  * memory and keeps copies: they hold no memory and read zeros, while
  * another tenant is granted the whole capacity. */
 static void kept_copies_hold_nothing(const char *attack) {
@@ -531,6 +579,11 @@ START_TEST(test_ended_session_memory_gone_for_every_holder) {
 }
 END_TEST
 
+START_TEST(test_trimmed_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-trimmed"); /* a central session's released segments */
+}
+END_TEST
+
 static Suite *security_suite(void) {
         Suite *s = suite_create("security");
         TCase *conn = tcase_create("connections");
@@ -551,6 +604,7 @@ static Suite *security_suite(void) {
         tcase_set_timeout(host, 60);
         tcase_add_test(host, test_returned_memory_gone_for_every_holder);
         tcase_add_test(host, test_ended_session_memory_gone_for_every_holder);
+        tcase_add_test(host, test_trimmed_memory_gone_for_every_holder);
         suite_add_tcase(s, host);
         return s;
 }
