@@ -6,6 +6,12 @@ BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 4
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# `make install` puts everything under PREFIX (cmake's CMAKE_INSTALL_PREFIX,
+# given at install time): binaries, libraries, the Python package, the
+# systemd units (which name PREFIX's paths) and the configuration in
+# PREFIX/etc/gpumem (/etc/gpumem for PREFIX=/usr). DESTDIR stages it.
+PREFIX ?= /usr/local
+DESTDIR ?=
 
 # Build: compiler, CMake, the libraries. Tests: promtool (prometheus), systemd's
 # tools (systemd-analyze, systemd-socket-activate, sysusers/tmpfiles), setpriv
@@ -26,6 +32,8 @@ FUZZ_PACKAGES := clang libclang-rt-dev
 
 all: build
 
+# apt-get waits up to 5 minutes for the package manager's lock (another apt
+# or unattended-upgrades at work) instead of failing at once.
 deps-fuzz: PACKAGES = $(DEB_PACKAGES) $(FUZZ_PACKAGES)
 deps: PACKAGES = $(DEB_PACKAGES)
 deps deps-fuzz:
@@ -35,7 +43,8 @@ deps deps-fuzz:
 	if [ -n "$$missing" ]; then \
 		echo "Installing build dependencies:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+		$$SUDO apt-get -o DPkg::Lock::Timeout=300 update -q && \
+			DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q $$missing; \
 	fi
 
 $(BUILD)/Makefile: deps
@@ -84,7 +93,7 @@ fuzz: deps-fuzz
 	cd $(BUILD_FUZZ) && ctest --output-on-failure -j 2 -L fuzz
 
 install: build
-	cmake --install $(BUILD)
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The Debian packages (gpumemd, libgpumem0, libgpumem-dev), in $(BUILD)/deb.
 deb: deps

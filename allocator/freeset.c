@@ -1,7 +1,10 @@
 /* Intrusive AVL tree ordered by a three-word key: the free-block and unmapped
- * sets of the caching allocator. Every operation is O(log n); recursion depth
- * is bounded by the tree height (< 1.45 log2 n). Each node also keeps the
- * largest key[1] of its subtree so the largest free block is O(1). */
+ * sets of the caching allocator. Every operation is O(log n) (the tree height
+ * is < 1.45 log2 n). Each node also keeps the
+ * largest key[1] of its subtree so the largest free block is O(1). Insert and
+ * remove walk down iteratively and retrace only as far up as a subtree's
+ * height or maximum changed. */
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "debug.h"
@@ -12,6 +15,15 @@ static int key_cmp(const uint64_t a[3], const uint64_t b[3]) {
                 if (a[i] != b[i])
                         return a[i] < b[i] ? -1 : 1;
         return 0;
+}
+
+/* a < b; the hot paths' comparison (keys of distinct nodes always differ). */
+static bool key_less(const uint64_t a[3], const uint64_t b[3]) {
+        if (a[0] != b[0])
+                return a[0] < b[0];
+        if (a[1] != b[1])
+                return a[1] < b[1];
+        return a[2] < b[2];
 }
 
 static int height(const gm_tnode_t *n) {
@@ -73,62 +85,81 @@ static gm_tnode_t *rebalance(gm_tnode_t *n) {
         return n;
 }
 
-static gm_tnode_t *insert_at(gm_tnode_t *root, gm_tnode_t *n) {
-        int c;
+/* The links (the root or a child pointer) from the root down to a change;
+ * an AVL tree of 2^64 nodes is less than 93 high. */
+#define MAX_DEPTH 96
 
-        if (!root)
-                return n;
-        c = key_cmp(n->key, root->key);
-        gm_dassert(c != 0); /* keys are unique */
-        if (c < 0)
-                root->left = insert_at(root->left, n);
-        else
-                root->right = insert_at(root->right, n);
-        return rebalance(root);
+/* Rebalances and refreshes the nodes under links[depth-1] up to links[0], and
+ * stops at the first one whose subtree kept its height and maximum (nothing
+ * above it can change then). The node at index `floor` is the exception: its
+ * stored figures are not those of its subtree before the change (a removed
+ * node's successor took them over), so an unchanged subtree below it skips
+ * on to it, and only one at or above it stops the walk. */
+static void retrace(gm_tnode_t **links[], int depth, int floor) {
+        for (int i = depth - 1; i >= 0; i--) {
+                gm_tnode_t *n = *links[i], *sub;
+                int old_height = n->height;
+                uint64_t old_max = n->max_key1;
+
+                sub = rebalance(n);
+                *links[i] = sub;
+                if (sub->height != old_height || sub->max_key1 != old_max)
+                        continue;
+                if (i <= floor)
+                        return;
+                i = floor + 1; /* on at `floor`, whose figures are stale */
+        }
 }
 
 void gm_tree_insert(gm_tnode_t **root, gm_tnode_t *n) {
+        gm_tnode_t **links[MAX_DEPTH], **link = root;
+        int depth = 0;
+
         n->left = n->right = NULL;
         n->height = 1;
         n->max_key1 = n->key[1];
-        *root = insert_at(*root, n);
-}
-
-/* Detaches the minimum of `root` into *ret_min; returns the new subtree. */
-static gm_tnode_t *remove_min(gm_tnode_t *root, gm_tnode_t **ret_min) {
-        if (!root->left) {
-                *ret_min = root;
-                return root->right;
+        while (*link) {
+                gm_dassert(depth < MAX_DEPTH); /* keys are unique: gm_tree_check() */
+                links[depth++] = link;
+                link = key_less(n->key, (*link)->key) ? &(*link)->left : &(*link)->right;
         }
-        root->left = remove_min(root->left, ret_min);
-        return rebalance(root);
-}
-
-static gm_tnode_t *remove_at(gm_tnode_t *root, const gm_tnode_t *n) {
-        gm_tnode_t *succ;
-        int c;
-
-        c = key_cmp(n->key, root->key);
-        if (c < 0)
-                root->left = remove_at(root->left, n);
-        else if (c > 0)
-                root->right = remove_at(root->right, n);
-        else {
-                gm_dassert(root == n); /* the node under n's key is n itself */
-                if (!root->left)
-                        return root->right;
-                if (!root->right)
-                        return root->left;
-                root->right = remove_min(root->right, &succ);
-                succ->left = root->left;
-                succ->right = root->right;
-                return rebalance(succ);
-        }
-        return rebalance(root);
+        *link = n;
+        retrace(links, depth, depth);
 }
 
 void gm_tree_remove(gm_tnode_t **root, gm_tnode_t *n) {
-        *root = remove_at(*root, n);
+        gm_tnode_t **links[MAX_DEPTH], **link = root;
+        int depth = 0, floor;
+
+        while (*link != n) {
+                gm_dassert(*link && depth < MAX_DEPTH); /* n is in the tree */
+                links[depth++] = link;
+                link = key_less(n->key, (*link)->key) ? &(*link)->left : &(*link)->right;
+        }
+        floor = depth;
+        if (!n->left || !n->right)
+                *link = n->left ? n->left : n->right;
+        else {
+                /* the successor, the minimum of the right subtree, takes n's place */
+                gm_tnode_t **to_succ = &n->right, *succ;
+
+                links[depth++] = link;
+                while ((*to_succ)->left) {
+                        gm_dassert(depth < MAX_DEPTH);
+                        links[depth++] = to_succ;
+                        to_succ = &(*to_succ)->left;
+                }
+                succ = *to_succ;
+                *to_succ = succ->right;
+                succ->left = n->left;
+                succ->right = n->right;
+                succ->height = n->height;
+                succ->max_key1 = n->max_key1;
+                *link = succ;
+                if (depth > floor + 1)
+                        links[floor + 1] = &succ->right; /* was n's own field */
+        }
+        retrace(links, depth, floor);
         n->left = n->right = NULL;
 }
 
@@ -136,7 +167,7 @@ gm_tnode_t *gm_tree_lower_bound(gm_tnode_t *root, const uint64_t k[3]) {
         gm_tnode_t *best = NULL;
 
         while (root) {
-                if (key_cmp(root->key, k) >= 0) {
+                if (!key_less(root->key, k)) {
                         best = root;
                         root = root->left;
                 } else
@@ -149,7 +180,7 @@ gm_tnode_t *gm_tree_next(gm_tnode_t *root, const uint64_t k[3]) {
         gm_tnode_t *best = NULL;
 
         while (root) {
-                if (key_cmp(root->key, k) > 0) {
+                if (key_less(k, root->key)) {
                         best = root;
                         root = root->left;
                 } else
@@ -162,7 +193,7 @@ gm_tnode_t *gm_tree_prev(gm_tnode_t *root, const uint64_t k[3]) {
         gm_tnode_t *best = NULL;
 
         while (root) {
-                if (key_cmp(root->key, k) < 0) {
+                if (key_less(root->key, k)) {
                         best = root;
                         root = root->right;
                 } else

@@ -49,6 +49,8 @@ struct gm_heap {
         gm_heap_params_t params;
         gm_stats_t *stats; /* own_stats, or the params' home */
         gm_stats_t own_stats;
+        gm_stats_t *sinks[4]; /* stats, then the params' extra sinks */
+        size_t n_sinks;
         pool_t small, large;
         gm_segment_t *seg_head, *seg_tail;
         gm_idmap_t live;
@@ -87,37 +89,59 @@ const char *gm_trace_action_name(int action) {
 
 /* ---- statistics: the heap's own plus every extra sink ---- */
 
-static gm_stats_t *sink(gm_heap_t *h, size_t i) {
-        if (i == 0)
-                return h->stats;
-        return i <= 3 ? h->params.extra_sinks[i - 1] : NULL;
+/* Inline, all of them: an allocation or a free makes five to seven updates,
+ * each on every sink of h->sinks (the heap's own statistics first). */
+static void sinks_refresh(gm_heap_t *h) {
+        h->sinks[0] = h->stats;
+        h->n_sinks = 1;
+        for (size_t i = 0; i < 3 && h->params.extra_sinks[i]; i++)
+                h->sinks[h->n_sinks++] = h->params.extra_sinks[i];
 }
 
-static void stat_pool(gm_heap_t *h, size_t off, bool small, int64_t delta) {
-        gm_stats_t *s;
+static inline void stat_pool(gm_heap_t *h, size_t off, bool small, int64_t delta) {
+        gm_stat_type_t pool = small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
 
         if (!delta)
                 return;
-        for (size_t i = 0; (s = sink(h, i)); i++) {
-                gm_stat_t *a = (gm_stat_t *) ((char *) s + off);
+        for (size_t i = 0; i < h->n_sinks; i++) {
+                gm_stat_t *a = (gm_stat_t *) ((char *) h->sinks[i] + off);
 
                 gm_stat_update(&a[GM_STAT_ALL], delta);
-                gm_stat_update(&a[small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL], delta);
+                gm_stat_update(&a[pool], delta);
         }
 }
 
-static void stat_single(gm_heap_t *h, size_t off, int64_t delta) {
-        gm_stats_t *s;
-
-        for (size_t i = 0; (s = sink(h, i)); i++)
-                gm_stat_update((gm_stat_t *) ((char *) s + off), delta);
+static inline void stat_single(gm_heap_t *h, size_t off, int64_t delta) {
+        for (size_t i = 0; i < h->n_sinks; i++)
+                gm_stat_update((gm_stat_t *) ((char *) h->sinks[i] + off), delta);
 }
 
-static void count_event(gm_heap_t *h, size_t off) {
-        gm_stats_t *s;
+static inline void count_event(gm_heap_t *h, size_t off) {
+        for (size_t i = 0; i < h->n_sinks; i++)
+                (*(int64_t *) ((char *) h->sinks[i] + off))++;
+}
 
-        for (size_t i = 0; (s = sink(h, i)); i++)
-                (*(int64_t *) ((char *) s + off))++;
+/* The figures every handout and every free_block() moves, one pass over the
+ * sinks for them all (sign = +1 for a handout, -1 for a completed free). */
+static inline void stat_block(gm_heap_t *h, bool small, int sign, uint64_t size, uint64_t requested) {
+        gm_stat_type_t pool = small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
+
+        for (size_t i = 0; i < h->n_sinks; i++) {
+                gm_stats_t *s = h->sinks[i];
+
+                if (sign > 0) { /* allocation and allocated_bytes drop at free_request() */
+                        gm_stat_update(&s->allocation[GM_STAT_ALL], 1);
+                        gm_stat_update(&s->allocation[pool], 1);
+                        gm_stat_update(&s->allocated_bytes[GM_STAT_ALL], (int64_t) size);
+                        gm_stat_update(&s->allocated_bytes[pool], (int64_t) size);
+                }
+                gm_stat_update(&s->active[GM_STAT_ALL], sign);
+                gm_stat_update(&s->active[pool], sign);
+                gm_stat_update(&s->active_bytes[GM_STAT_ALL], sign * (int64_t) size);
+                gm_stat_update(&s->active_bytes[pool], sign * (int64_t) size);
+                gm_stat_update(&s->requested_bytes[GM_STAT_ALL], sign * (int64_t) requested);
+                gm_stat_update(&s->requested_bytes[pool], sign * (int64_t) requested);
+        }
 }
 
 #define STAT(h, field, small, delta) stat_pool(h, offsetof(gm_stats_t, field), small, (int64_t) (delta))
@@ -1136,11 +1160,7 @@ static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig,
         b->requested_size = orig;
         gm_idmap_put(&h->live, b);
         trace(h, GM_TRACE_ALLOC, block_addr(b), orig, s->stream);
-        STAT(h, allocation, s->small, 1);
-        STAT(h, allocated_bytes, s->small, b->size);
-        STAT(h, active, s->small, 1);
-        STAT(h, active_bytes, s->small, b->size);
-        STAT(h, requested_bytes, s->small, orig);
+        stat_block(h, s->small, 1, b->size, orig);
         b->oversize = b->size >= h->cfg.max_split_size;
         if (b->oversize)
                 STAT1(h, oversize_allocations, 1);
@@ -1250,9 +1270,7 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
                 STAT(h, inactive_split, s->small, d_count);
                 STAT(h, inactive_split_bytes, s->small, d_bytes);
         }
-        STAT(h, active, s->small, -1);
-        STAT(h, active_bytes, s->small, -(int64_t) size);
-        STAT(h, requested_bytes, s->small, -(int64_t) req);
+        stat_block(h, s->small, -1, size, req);
 }
 
 /* PyTorch's free(): allocation counts drop now, the block stays active until free_block. */
@@ -1309,6 +1327,7 @@ int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, 
         h->prov = *provider;
         h->params = *params;
         h->stats = params->stats ? params->stats : &h->own_stats;
+        sinks_refresh(h);
         gm_stats_init(h->stats);
         apply_config(h, config);
         h->small.small = true;
@@ -1412,6 +1431,7 @@ void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy) {
         if (copy && to != h->stats)
                 *to = *h->stats;
         h->stats = to;
+        sinks_refresh(h);
 }
 
 /* ---- snapshots ---- */

@@ -132,16 +132,6 @@ void gm_stats_init(gm_stats_t *s) {
         s->max_split_size = -1;
 }
 
-void gm_stat_update(gm_stat_t *stat, int64_t delta) {
-        stat->current += delta;
-        if (stat->current > stat->peak)
-                stat->peak = stat->current;
-        if (delta > 0)
-                stat->allocated += delta;
-        else
-                stat->freed -= delta;
-}
-
 /* Applies fn to every gm_stat_t of s (pooled and single). */
 static void for_each_stat(gm_stats_t *s, void (*fn)(gm_stat_t *stat)) {
         for (size_t g = 0; g < N_GROUPS; g++) {

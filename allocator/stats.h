@@ -50,8 +50,17 @@ typedef struct gm_stats {
 /* Zeroes every stat; max_split_size = -1. */
 void gm_stats_init(gm_stats_t *s);
 
-/* Applies `delta` to `stat` (current, peak, allocated or freed). */
-void gm_stat_update(gm_stat_t *stat, int64_t delta);
+/* Applies `delta` to `stat` (current, peak, allocated or freed). Inline: the
+ * allocator's hot paths make several of these per operation. */
+static inline void gm_stat_update(gm_stat_t *stat, int64_t delta) {
+        stat->current += delta;
+        if (delta > 0) {
+                stat->allocated += delta;
+                if (stat->current > stat->peak)
+                        stat->peak = stat->current;
+        } else
+                stat->freed -= delta;
+}
 
 /* reset_peak_memory_stats(): peak = current for every stat. */
 void gm_stats_reset_peak(gm_stats_t *s);

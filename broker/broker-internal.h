@@ -101,6 +101,16 @@ struct gm_session {
         gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
         bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
         bool return_intents;     /* local: it has announced a give-back: each brings its own reference */
+        /* The audit (process_check.c): bytes released on its process's figure
+         * (its client may keep their fds and map them again), the figure less
+         * the daemon's memory that its process may hold of its own (the
+         * lowest reference of those releases, less what was audited then),
+         * what the last audit found beyond it, and when. */
+        uint64_t audit_released;
+        bool audit_based;
+        int64_t audit_base;
+        uint64_t audited_bytes;
+        uint64_t audited_ms;
         struct gm_session *prev, *next;
 };
 

@@ -113,6 +113,7 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
         gm_piece_sweep_lingering(b, false);
         for (gm_session_t *s = b->sessions; s; s = s->next)
                 gm_session_tick(s, now_ms);
+        gm_process_check_audit_tick(b, now_ms);
         gm_reclaim_tick(b, now_ms);
         gm_orphan_expire(b, now_ms, false);
 }
@@ -468,9 +469,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
                           (unsigned long long) releasing);
         uint32_t n_tenants = 0;
+        uint64_t audited_all = 0;
         for (const gm_tenant_t *t = b->tenants; t; t = t->next) {
                 n_tenants++;
-                uint64_t charged = 0, unverified = 0;
+                uint64_t charged = 0, unverified = 0, audited = 0;
                 int64_t reserved = 0;
                 uint32_t sessions = 0;
                 for (const gm_session_t *s = b->sessions; s; s = s->next) {
@@ -479,6 +481,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                         if (!s->ended)
                                 sessions++;
                         unverified += s->release_unverified_bytes;
+                        audited += s->audited_bytes;
+                        if (s->audited_bytes > s->audit_released || (s->ended && s->audited_bytes))
+                                violation(&c, "session %llu: %llu bytes audited, beyond what it gave back",
+                                          (unsigned long long) s->id, (unsigned long long) s->audited_bytes);
                         for (const gm_piece_t *p = s->pieces; p; p = p->next)
                                 if (gm_piece_charged(p))
                                         charged += p->phys.size;
@@ -494,6 +500,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 if (unverified != t->release_unverified_bytes || unverified > charged)
                         violation(&c, "tenant '%s' counts %llu bytes released unverified, its sessions %llu", t->name,
                                   (unsigned long long) t->release_unverified_bytes, (unsigned long long) unverified);
+                if (audited != t->audited_bytes)
+                        violation(&c, "tenant '%s' counts %llu bytes audited, its sessions %llu", t->name,
+                                  (unsigned long long) t->audited_bytes, (unsigned long long) audited);
+                audited_all += audited;
                 if (sessions != t->sessions)
                         violation(&c, "tenant '%s' counts %u sessions, %u are live", t->name, t->sessions, sessions);
                 if (reserved != t->stats.reserved_bytes[GM_STAT_ALL].current)
@@ -502,5 +512,8 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         }
         if (n_tenants != b->n_tenants)
                 violation(&c, "%u tenants listed, %u counted", n_tenants, b->n_tenants);
+        if (audited_all != b->audited_bytes)
+                violation(&c, "%llu bytes audited counted, tenants %llu", (unsigned long long) b->audited_bytes,
+                          (unsigned long long) audited_all);
         return c.violations;
 }

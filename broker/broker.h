@@ -45,6 +45,16 @@ typedef enum gm_quota_source {
         _GM_QUOTA_SOURCE_MAX,
 } gm_quota_source_t;
 
+/* How a tenant's give-backs are checked where the backend cannot answer per
+ * piece (cuda: process_check.c). Evidence of a lie (a figure that still
+ * holds the memory) is acted on in both modes. */
+typedef enum gm_release_check {
+        GM_RELEASE_CHECK_VERIFY, /* by its process's driver figure, at the return and audited on the tick; held
+                                    charged where nothing can tell */
+        GM_RELEASE_CHECK_TRUST,  /* the client's word is taken: released at once, not audited */
+        _GM_RELEASE_CHECK_MAX,
+} gm_release_check_t;
+
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
@@ -57,6 +67,11 @@ struct gm_tenant {
         uint32_t sessions;
         uint64_t release_unverified_bytes; /* of charged_bytes: released on its clients' word only, held until their
                                               sessions end (process_check.c) */
+        bool release_check_set;            /* release_check is its own (the config's tenant section) */
+        gm_release_check_t release_check;  /* else the broker's limits.release_check holds */
+        uint64_t audited_bytes; /* beyond charged_bytes: memory its sessions gave back that their processes map
+                                   again (process_check.c's audit), counted against its quota and the device */
+        uint64_t audit_catches; /* audits that found such memory (a counter) */
         struct gm_tenant *next;
 };
 
@@ -149,7 +164,14 @@ typedef struct gm_broker_limits {
         /* A client that answers no release request (or Reclaim) for this long
          * is unresponsive: what it owes is no longer waited for (0: never). */
         uint32_t unresponsive_timeout_ms;
+        /* How often a session whose give-backs were believed on its process's
+         * figure has that figure audited again (0: never; process_check.c). */
+        uint32_t audit_interval_ms;
+        gm_release_check_t release_check; /* of tenants that set none */
 } gm_broker_limits_t;
+
+/* Sessions the tick audits at most (each one driver call), oldest audit first. */
+#define GM_AUDIT_SESSIONS_PER_TICK 8u
 
 typedef enum gm_reclaim_outcome {
         GM_RECLAIM_REQUESTED,    /* a ReleaseRequest was sent (first attempt) */
@@ -289,6 +311,8 @@ struct gm_broker {
         uint64_t releasing_bytes;        /* = sum of the sessions' releasing_bytes */
         uint64_t unbacked_bytes;         /* pieces with no handle here (re-registered by their clients) */
         bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
+        uint64_t audited_bytes;          /* = the tenants' audited_bytes */
+        uint64_t audit_checks;           /* per-process figures read by the audit (a counter: its cost) */
         bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
         uint64_t next_park_seq;          /* parked requests, in order across sessions */
         uint64_t retry_pass;             /* retries of parked requests (reclaim.c) */
@@ -340,7 +364,9 @@ int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
  * pieces, a local session's granted bytes, pieces and segments = its granted
  * pieces, its parked requests (allocations only in central sessions, grants
  * only in local ones) and Reclaim; per tenant charged bytes = its sessions'
- * charged pieces and session count; the backend's in-use = every piece with a
+ * charged pieces and session count, its audited bytes = its sessions' (each
+ * at most what that session gave back, none once ended) and the broker's =
+ * its tenants'; the backend's in-use = every piece with a
  * handle, unbacked bytes = those without, the store count, the broker's
  * releasing bytes, parked counts. Returns the number of violations (0 =
  * consistent); never modifies anything. With `why`, the first violation is
@@ -356,6 +382,13 @@ gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
 const char *gm_tenant_quota_source(const gm_tenant_t *t);
+/* Sets (has = true) or clears the tenant's own release check. */
+void gm_tenant_set_release_check(gm_tenant_t *t, bool has, gm_release_check_t check);
+/* The tenant's release check: its own, else the broker's default. */
+gm_release_check_t gm_tenant_release_check(const gm_broker_t *b, const gm_tenant_t *t);
+/* "verify" or "trust"; parse: 0, or -EINVAL for another word. */
+const char *gm_release_check_name(gm_release_check_t check);
+int gm_release_check_parse(const char *name, gm_release_check_t *ret_check);
 /* A quota set by an admin (bytes 0: removed), creating the tenant: a runtime
  * one is journalled in the ledger (it lasts until restart), a persistent one
  * saved in state_dir; a failed save keeps the old one. 0, -ENOSPC (already

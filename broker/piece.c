@@ -55,16 +55,18 @@ static void detach(gm_piece_t *p) {
         p->session = NULL;
 }
 
-/* 0 when `bytes` more fit the quota of session s's tenant and the device,
- * else -EDQUOT or -ENOMEM. */
+/* 0 when `bytes` more fit the quota of session s's tenant and the device
+ * (audited memory counting as charged: process_check.c), else -EDQUOT or
+ * -ENOMEM. */
 static int room_for(const gm_session_t *s, uint64_t bytes) {
         const gm_broker_t *b = s->broker;
         const gm_tenant_t *t = s->tenant;
-        if (t->quota && (t->charged_bytes > t->quota || bytes > t->quota - t->charged_bytes))
+        uint64_t held = t->charged_bytes + t->audited_bytes, elsewhere = b->unbacked_bytes + b->audited_bytes;
+        if (t->quota && (held > t->quota || bytes > t->quota - held))
                 return -EDQUOT;
-        if (b->unbacked_bytes > b->backend->capacity - b->backend->in_use ||
-            bytes > b->backend->capacity - b->backend->in_use - b->unbacked_bytes)
-                return -ENOMEM; /* the unbacked pieces' memory is the device's too */
+        if (elsewhere > b->backend->capacity - b->backend->in_use ||
+            bytes > b->backend->capacity - b->backend->in_use - elsewhere)
+                return -ENOMEM; /* the unbacked pieces' and the audited memory are the device's too */
         return 0;
 }
 

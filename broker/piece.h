@@ -53,3 +53,9 @@ gm_release_verdict_t gm_process_check_verdict(gm_session_t *s, const gm_holder_n
 /* Whether the driver (once it has shown that it counts mappings) lists pid
  * with any device memory. */
 bool gm_process_check_holds_memory(const gm_broker_t *b, pid_t pid);
+/* The tick's audit of sessions whose give-backs were believed on their
+ * process's figure (at most GM_AUDIT_SESSIONS_PER_TICK, each at most every
+ * limits.audit_interval_ms). */
+void gm_process_check_audit_tick(gm_broker_t *b, uint64_t now_ms);
+/* s ends: what the audit found of it is no longer charged. */
+void gm_process_check_forget(gm_session_t *s);

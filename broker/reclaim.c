@@ -165,7 +165,7 @@ uint64_t gm_reclaim_trim(gm_broker_t *b, const char *tenant) {
 /* ---- refusals ---- */
 
 void gm_reclaim_device_view(gm_broker_t *b, uint64_t *ret_free, uint64_t *ret_total) {
-        uint64_t cap = b->backend->capacity, reserved = gm_piece_reserved(b);
+        uint64_t cap = b->backend->capacity, reserved = gm_piece_reserved(b) + b->audited_bytes;
         uint64_t capacity_free = reserved < cap ? cap - reserved : 0, device_free = 0, device_total = 0;
         if (b->backend->ops->mem_info(b->backend, &device_free, &device_total) < 0)
                 device_free = device_total = cap;
@@ -222,6 +222,19 @@ static void name_unverified(const gm_broker_t *b, const gm_tenant_t *tenant, cha
                                       : "clients");
 }
 
+/* Says how much of the tenant's (NULL: the device's) memory is memory its
+ * clients gave back and map again (the audit, process_check.c). */
+static void name_audited(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
+        uint64_t bytes = tenant ? tenant->audited_bytes : b->audited_bytes;
+        if (!bytes)
+                return;
+        char held[32];
+        gm_text_append(buf, len,
+                       " gpumemd: %s more is device memory %s gave back and map again (their processes' driver "
+                       "figures, audited): it counts as charged until they unmap it.",
+                       gm_format_size(bytes, held, sizeof(held)), tenant ? "this tenant's clients" : "clients");
+}
+
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the
  * diagnosis) into buf; returns the reason. */
 static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq, int err, char *buf, size_t len) {
@@ -276,6 +289,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                          rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
+        name_audited(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
 }
 

@@ -134,6 +134,7 @@ void gm_session_end(gm_session_t *s) {
         while (s->pieces) /* granted without a heap, or a re-attach that did not finish */
                 gm_piece_destroy(b, s->pieces);
         gm_session_unpark_all(s);
+        gm_process_check_forget(s);
         if (s->tenant)
                 s->tenant->sessions--;
 }

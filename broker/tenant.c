@@ -1,7 +1,8 @@
 /* Tenants: the unit of quotas and accounting. Created on first use, kept for
  * the daemon's lifetime so that their statistics stay continuous. Quotas come
  * from three sources (runtime > persistent > config); persistent ones live in
- * <state_dir>/quotas. */
+ * <state_dir>/quotas. Each has a release check (verify or trust, its own or
+ * the broker's default). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -53,6 +54,30 @@ const char *gm_tenant_quota_source(const gm_tenant_t *t) {
                 if (t->quota_set[i])
                         return names[i];
         return "none";
+}
+
+void gm_tenant_set_release_check(gm_tenant_t *t, bool has, gm_release_check_t check) {
+        t->release_check_set = has;
+        t->release_check = has ? check : GM_RELEASE_CHECK_VERIFY;
+}
+
+gm_release_check_t gm_tenant_release_check(const gm_broker_t *b, const gm_tenant_t *t) {
+        return t->release_check_set ? t->release_check : b->limits.release_check;
+}
+
+static const char *const release_check_names[_GM_RELEASE_CHECK_MAX] = {"verify", "trust"};
+
+const char *gm_release_check_name(gm_release_check_t check) {
+        return check < _GM_RELEASE_CHECK_MAX ? release_check_names[check] : "verify";
+}
+
+int gm_release_check_parse(const char *name, gm_release_check_t *ret_check) {
+        for (int i = 0; i < _GM_RELEASE_CHECK_MAX; i++)
+                if (strcmp(name, release_check_names[i]) == 0) {
+                        *ret_check = (gm_release_check_t) i;
+                        return 0;
+                }
+        return -EINVAL;
 }
 
 /* Longest line of the quotas file we accept. */

@@ -362,9 +362,11 @@ static void print_quota_json(const gpumem_tenant_usage *list, size_t n) {
                 printf(", \"quota_bytes\": %" PRIu64 ", \"quota_source\": ", t->quota);
                 print_json_string(t->quota_source);
                 printf(", \"reserved_bytes\": %" PRIu64 ", \"allocated_bytes\": %" PRIu64 ", \"cached_bytes\": %" PRIu64
-                       ", \"sessions\": %u, \"release_unverified_bytes\": %" PRIu64 "}",
+                       ", \"sessions\": %u, \"release_unverified_bytes\": %" PRIu64 ", \"release_check\": ",
                        t->charged_bytes, t->allocated_bytes, t->cached_bytes, t->sessions,
                        list[i].release_unverified_bytes);
+                print_json_string(list[i].release_check);
+                printf(", \"audited_bytes\": %" PRIu64 "}", list[i].audited_bytes);
         }
         printf("]\n");
 }
@@ -434,15 +436,19 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
                 gpumem_buffer_free(list);
                 return 0;
         }
-        printf("%-20s %8s %-10s %8s %9s %8s %4s\n", "TENANT", "QUOTA", "SOURCE", "RESERVED", "ALLOCATED", "CACHED",
-               "SESS");
+        printf("%-20s %8s %-10s %8s %9s %8s %4s %-6s\n", "TENANT", "QUOTA", "SOURCE", "RESERVED", "ALLOCATED", "CACHED",
+               "SESS", "CHECK");
         for (size_t i = 0; i < n; i++) {
                 const gpumem_tenant_info *t = &list[i].info;
-                char q[32], ch[32], a[32], ca[32];
-                printf("%-20.20s %8s %-10s %8s %9s %8s %4u\n", t->tenant,
+                char q[32], ch[32], a[32], ca[32], au[32];
+                printf("%-20.20s %8s %-10s %8s %9s %8s %4u %-6s", t->tenant,
                        t->quota ? fmt_size(t->quota, q, sizeof(q)) : "-", t->quota_source,
                        fmt_size(t->charged_bytes, ch, sizeof(ch)), fmt_size(t->allocated_bytes, a, sizeof(a)),
-                       fmt_size(t->cached_bytes, ca, sizeof(ca)), t->sessions);
+                       fmt_size(t->cached_bytes, ca, sizeof(ca)), t->sessions,
+                       list[i].release_check[0] ? list[i].release_check : "-");
+                if (list[i].audited_bytes) /* memory it gave back and maps again: beyond RESERVED */
+                        printf(" +%s audited", fmt_size(list[i].audited_bytes, au, sizeof(au)));
+                printf("\n");
         }
         gpumem_buffer_free(list);
         return 0;

@@ -123,7 +123,8 @@ typedef enum {
         K_SIZE, /* gm_parse_size, min..max */
         K_UINT, /* decimal, min..max */
         K_ALLOC_CONF,
-        K_BOOL, /* true/false, yes/no, 1/0 */
+        K_BOOL,          /* true/false, yes/no, 1/0 */
+        K_RELEASE_CHECK, /* verify or trust */
 } key_type_t;
 
 typedef struct daemon_key {
@@ -164,6 +165,8 @@ static const daemon_key_t daemon_keys[] = {
         KEY(snapshot_max_bytes, K_SIZE, 0, UINT64_MAX),
         KEY(snapshot_max_entries, K_UINT, 0, 1ull << 32),
         KEY(snapshot_answer_timeout_ms, K_UINT, 1, 600000),
+        KEY(audit_interval_ms, K_UINT, 0, 3600000),
+        KEY(release_check, K_RELEASE_CHECK, 0, 0),
 };
 #define N_DAEMON_KEYS (sizeof(daemon_keys) / sizeof(daemon_keys[0]))
 
@@ -355,6 +358,10 @@ static int set_daemon_key(parse_state_t *st, const daemon_key_t *k, const char *
                 else
                         return fail(st, -EINVAL, line, "invalid %s '%s': true or false", k->name, value);
                 return 1;
+        case K_RELEASE_CHECK:
+                if (gm_release_check_parse(value, (gm_release_check_t *) field(c, k->value)) < 0)
+                        return fail(st, -EINVAL, line, "invalid %s '%s': 'verify' or 'trust'", k->name, value);
+                return 1;
         case K_ALLOC_CONF: {
                 gm_alloc_config_t ac;
                 err[0] = '\0';
@@ -454,6 +461,14 @@ static int tenant_key(parse_state_t *st, const char *name, const char *value, un
                         return fail(st, -EINVAL, line, "invalid heap '%s': 'central' or 'any'", value);
                 t->has_heap = true;
                 t->heap_central = strcmp(value, "central") == 0;
+                return 1;
+        }
+        if (strcmp(name, "release_check") == 0) {
+                if (t->has_release_check)
+                        return fail(st, -EINVAL, line, "'release_check' already set in [tenant %s]", t->name);
+                if (gm_release_check_parse(value, &t->release_check) < 0)
+                        return fail(st, -EINVAL, line, "invalid release_check '%s': 'verify' or 'trust'", value);
+                t->has_release_check = true;
                 return 1;
         }
         if (strcmp(name, "quota") != 0)

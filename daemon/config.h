@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "broker.h" /* gm_release_check_t */
 #include "identity.h"
 
 #define GM_CONFIG_DEFAULT_PATH "/etc/gpumem/gpumemd.conf"
@@ -41,7 +42,9 @@ typedef struct gm_config_tenant {
         uint64_t quota; /* bytes; 0 = "none" (no limit), as in gm_tenant_t */
         bool has_heap;
         bool heap_central; /* heap = central: its sessions' heaps must run in the daemon (else "any") */
-        unsigned line;     /* of its [tenant NAME] header */
+        bool has_release_check;
+        gm_release_check_t release_check; /* how its give-backs are checked (else [daemon] release_check's) */
+        unsigned line;                    /* of its [tenant NAME] header */
 } gm_config_tenant_t;
 
 /* A loaded file. Every [daemon] key has a has_* flag that is true only when
@@ -102,6 +105,10 @@ typedef struct gm_config {
         uint64_t snapshot_max_entries; /* segments + blocks + trace entries in a non-admin's (0: no limit) */
         bool has_snapshot_answer_timeout_ms;
         uint32_t snapshot_answer_timeout_ms; /* a local session's time to answer a snapshot query */
+        bool has_audit_interval_ms;
+        uint32_t audit_interval_ms; /* how often believed give-backs are audited by their process's figure (0: never) */
+        bool has_release_check;
+        gm_release_check_t release_check; /* of tenants whose section sets none, and of unnamed tenants */
 
         gm_config_tenant_t *tenants; /* in file order */
         size_t n_tenants;

@@ -166,18 +166,7 @@ void gm_local_end(gm_request_conn_t *c) {
         gm_localstats_t *l = c->local;
         if (!l)
                 return;
-        const gm_requests_t *d = c->rq;
-        /* Its figures leave the local totals (the broker releases its pieces). */
-        gm_stats_t gone = l->applied;
-        gm_localstats_zero_currents(&gone);
-        gm_session_view_t sv;
-        gm_session_view(c->session, &sv);
-        gm_localstats_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
-        if (lt)
-                gm_localstats_fold(&lt->stats, &gone, &l->applied);
-        gm_localstats_fold(&d->local->device, &gone, &l->applied);
-        if (sv.tenant)
-                gm_localstats_exact_gone(c);
+        gm_localstats_gone(c); /* its figures leave the local totals (the broker releases its pieces) */
         gm_statpage_unmap(l->page);
         free(l);
         c->local = NULL;

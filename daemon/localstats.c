@@ -4,6 +4,7 @@
  * granted counts as zeros and flags the session; nothing read here reaches
  * charged bytes or quotas (the broker's), and folded counters never go back. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +55,21 @@ void gm_localstats_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats
                 d->peak = max64(d->peak, d->current);
                 if (w->peak > a->peak) /* the session peaked since the last read: the others as they are now */
                         d->peak = max64(d->peak, d->current - w->current + w->peak);
-                d->allocated += max64(0, w->allocated - a->allocated);
-                d->freed += max64(0, w->freed - a->freed);
+                /* allocated - freed moves exactly as current does, so the
+                 * sink keeps allocated = freed + current whatever the page
+                 * says: what left current without being counted (a session
+                 * that ended with live blocks, a page read as zeros) is
+                 * counted as freed, what came without being counted as
+                 * allocated. Neither ever goes back. */
+                int64_t moved = w->current - a->current;
+                int64_t allocated = max64(0, w->allocated - a->allocated);
+                int64_t freed = max64(0, w->freed - a->freed);
+                if (allocated - freed > moved)
+                        freed = allocated - moved;
+                else
+                        allocated = freed + moved;
+                d->allocated += allocated;
+                d->freed += freed;
         }
         for (size_t i = 0; i < N_COUNTERS; i++)
                 *counter_at(sink, i) += max64(0, ccounter_at(want, i) - ccounter_at(applied, i));
@@ -74,7 +88,7 @@ void gm_localstats_add(gm_stats_t *sum, const gm_stats_t *add) {
                 *counter_at(sum, i) += ccounter_at(add, i);
 }
 
-void gm_localstats_zero_currents(gm_stats_t *stats) {
+static void zero_currents(gm_stats_t *stats) {
         for (size_t i = 0; i < N_STATS; i++)
                 stat_at(stats, i)->current = 0;
 }
@@ -148,15 +162,35 @@ static void overlay_exact(gm_localstats_t *l) {
         l->figures.num_reclaim_waits = l->exact.num_reclaim_waits;
 }
 
+static bool grants_same(const gm_session_grants_t *a, const gm_session_grants_t *b) {
+        return a->bytes.current == b->bytes.current && a->bytes.peak == b->bytes.peak &&
+               a->segments.current == b->segments.current && a->segments.allocated == b->segments.allocated;
+}
+
+/* Whether a read now would give what the last one gave: the page's sequence
+ * number is the one it had then (the writer bumps it around every change)
+ * and so are the bounds the copy is checked against. A writer that changes
+ * the payload without bumping it only keeps its own figures stale. */
+static bool read_current(const gm_localstats_t *l, const gm_session_view_t *sv, uint64_t seq, int64_t max_split) {
+        return l->read_once && seq == l->read_seq && !(seq & 1) && grants_same(&sv->grants, &l->read_grants) &&
+               l->figures.max_split_size == max_split;
+}
+
 void gm_localstats_refresh_conn(gm_request_conn_t *c) {
         gm_localstats_t *l = c->local;
         const gm_requests_t *d = c->rq;
         gm_stats_t page;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        uint64_t seq = atomic_load_explicit((const _Atomic uint64_t *) &l->page->seq, memory_order_acquire);
+        if (read_current(l, &sv, seq, d->broker->device_stats.max_split_size))
+                return; /* nothing changed since the last read: every figure stands */
         int r = gm_statpage_read(l->page, &page, sizeof(page), PAGE_READ_TRIES);
         if (r == -EAGAIN)
                 return; /* the heap is in the middle of a change: keep the last figures */
-        gm_session_view_t sv;
-        gm_session_view(c->session, &sv);
+        l->read_once = r == 0;
+        l->read_seq = seq;
+        l->read_grants = sv.grants;
         bool valid = r == 0 && page_plausible(&sv, &page);
         if (!valid) {
                 if (!l->page_invalid)
@@ -210,10 +244,27 @@ void gm_localstats_exact_sync(gm_request_conn_t *c) {
         l->synced = *now;
 }
 
-void gm_localstats_exact_gone(gm_request_conn_t *c) {
+static void exact_gone(gm_request_conn_t *c) {
         gm_localstats_t *l = c->local;
         exact_apply(c, -l->synced.bytes.current, -l->synced.segments.current, 0, (int64_t) l->synced.pieces);
         l->synced = (gm_session_grants_t){0};
+}
+
+void gm_localstats_gone(gm_request_conn_t *c) {
+        gm_localstats_t *l = c->local;
+        const gm_requests_t *d = c->rq;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        if (sv.tenant)                         /* the page stays mapped until the end: */
+                gm_localstats_refresh_conn(c); /* what it did since the last read (a short session: all of it) */
+        gm_stats_t gone = l->applied;
+        zero_currents(&gone);
+        gm_localstats_tenant_t *lt = sv.tenant ? gm_localstats_tenant(d, sv.tenant->name) : NULL;
+        if (lt)
+                gm_localstats_fold(&lt->stats, &gone, &l->applied);
+        gm_localstats_fold(&d->local->device, &gone, &l->applied);
+        if (sv.tenant)
+                exact_gone(c);
 }
 
 void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret) {

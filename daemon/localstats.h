@@ -16,11 +16,14 @@
 struct gm_localstats {
         gm_statpage_t *page;
         gm_stats_t exact; /* the daemon's own figures: reserved and segments (all pools), device allocs/frees */
-        gm_session_grants_t synced; /* the broker's grant figures last applied to exact and the totals */
-        gm_stats_t figures;         /* the page's last valid read, the exact figures laid over */
-        gm_stats_t applied;         /* the page's part in its tenant's and the device's local totals */
-        bool page_invalid;          /* the last read failed the bounds */
-        bool ladder_waited;         /* the heap's current out-of-memory ladder already waited for reclaim */
+        gm_session_grants_t synced;      /* the broker's grant figures last applied to exact and the totals */
+        gm_stats_t figures;              /* the page's last valid read, the exact figures laid over */
+        gm_stats_t applied;              /* the page's part in its tenant's and the device's local totals */
+        bool page_invalid;               /* the last read failed the bounds */
+        bool read_once;                  /* read_seq and read_grants hold the last completed read's */
+        uint64_t read_seq;               /* the page's sequence number at that read */
+        gm_session_grants_t read_grants; /* the session's grants then (the bounds it was checked against) */
+        bool ladder_waited;              /* the heap's current out-of-memory ladder already waited for reclaim */
 };
 
 /* The local sessions' part of a tenant's statistics (the broker's tenant
@@ -40,19 +43,21 @@ struct gm_localstats_totals {
 /* The tenant's local totals, created on first use (NULL: out of memory). */
 gm_localstats_tenant_t *gm_localstats_tenant(const gm_requests_t *d, const char *name);
 /* Adds want - applied to `sink`: currents move by the difference (peaks
- * follow), accumulated figures and counters only ever grow. */
+ * follow), accumulated figures and counters only ever grow, and each stat's
+ * allocated - freed moves with its current, so a sink that had allocated =
+ * freed + current keeps it (a current that drops uncounted counts as freed). */
 void gm_localstats_fold(gm_stats_t *sink, const gm_stats_t *want, const gm_stats_t *applied);
 /* Reads one connection's page into its figures and folds the change. */
 void gm_localstats_refresh_conn(gm_request_conn_t *c);
-/* Sets every current of `stats` to zero. */
-void gm_localstats_zero_currents(gm_stats_t *stats);
 /* Applies what the broker granted or took back since the last sync (bytes,
  * segments, pieces) to the session's exact figures and its tenant's and the
  * device's local totals; call it after every broker call that grants or
  * releases a local session's pieces. */
 void gm_localstats_exact_sync(gm_request_conn_t *c);
-/* The session ends: its exact figures leave the totals. */
-void gm_localstats_exact_gone(gm_request_conn_t *c);
+/* The session ends: its page is read a last time, then its figures and its
+ * exact ones leave its tenant's and the device's local totals, what it still
+ * held counted as freed (the totals keep allocated = freed + current). */
+void gm_localstats_gone(gm_request_conn_t *c);
 /* The broker's ops->client_view (userdata unused: the session's connection). */
 void gm_localstats_client_view(void *userdata, const gm_session_t *s, gm_client_view_t *ret);
 /* A grant of the session waits for reclaimed memory: num_reclaim_waits of the

@@ -180,6 +180,7 @@ static void options_default(gm_options_t *o) {
                                 .park_timeout_ms = 2000,
                                 .release_timeout_ms = 2000,
                                 .unresponsive_timeout_ms = 10000,
+                                .audit_interval_ms = 2000,
                                 .reattach_grace_ms = 30000,
                                 .max_reattach_items = 4u << 20,
                         },
@@ -223,6 +224,10 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.park_timeout_ms = c->park_timeout_ms;
         if (c->has_unresponsive_timeout_ms)
                 o->limits.unresponsive_timeout_ms = c->unresponsive_timeout_ms;
+        if (c->has_audit_interval_ms)
+                o->limits.audit_interval_ms = c->audit_interval_ms;
+        if (c->has_release_check)
+                o->limits.release_check = c->release_check;
         if (c->has_max_parked_per_session)
                 o->limits.max_parked_per_session = c->max_parked_per_session;
         if (c->has_reattach_grace_ms)
@@ -303,23 +308,29 @@ static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
                 .park_timeout_ms = l->park_timeout_ms,
                 .release_timeout_ms = l->release_timeout_ms,
                 .unresponsive_timeout_ms = l->unresponsive_timeout_ms,
+                .audit_interval_ms = l->audit_interval_ms,
+                .release_check = l->release_check,
                 .reattach_grace_ms = l->reattach_grace_ms,
                 .max_reattach_items = l->max_reattach_items,
                 .max_ranges_per_release = RANGES_PER_RELEASE,
         };
 }
 
-/* Applies the config file's tenant quotas to every tenant. */
+/* Applies the config file's tenant quotas and release checks to every tenant. */
 static void apply_config_quotas(gm_daemon_t *d) {
         for (size_t i = 0; i < d->config->n_tenants; i++) {
                 const gm_config_tenant_t *ct = &d->config->tenants[i];
                 gm_tenant_t *t = gm_tenant_get(d->broker, ct->name); /* listed even before a session comes */
-                if (t)
+                if (t) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
+                        gm_tenant_set_release_check(t, ct->has_release_check, ct->release_check);
+                }
         }
         for (gm_tenant_t *t = d->broker->tenants; t; t = t->next)
-                if (!gm_config_tenant_find(d->config, t->name))
+                if (!gm_config_tenant_find(d->config, t->name)) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
+                        gm_tenant_set_release_check(t, false, GM_RELEASE_CHECK_VERIFY);
+                }
 }
 
 /* SIGHUP: a new configuration file takes effect for tenant rules, quotas,
@@ -353,6 +364,8 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.release_timeout_ms = o.limits.release_timeout_ms;
         d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
         d->opts.limits.unresponsive_timeout_ms = o.limits.unresponsive_timeout_ms;
+        d->opts.limits.audit_interval_ms = o.limits.audit_interval_ms;
+        d->opts.limits.release_check = o.limits.release_check;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;

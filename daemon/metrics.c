@@ -359,7 +359,8 @@ static int64_t stat_value(const gm_stats_t *st, const struct pool_family *f, gm_
         }
 }
 
-static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, const tenant_row_t *rows, size_t n) {
+static void render_tenants(out_t *o, const gm_broker_t *b, const char *dev, const gm_metrics_t *m,
+                           const tenant_row_t *rows, size_t n) {
         static const struct {
                 gm_stat_type_t type;
                 const char *label;
@@ -396,6 +397,23 @@ static void render_tenants(out_t *o, const char *dev, const gm_metrics_t *m, con
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_release_unverified_bytes", rows[i].labels, "",
                        (int64_t) rows[i].tenant->release_unverified_bytes);
+        family(o, "gpumem_tenant_release_check", "gauge",
+               "How the tenant's give-backs are checked (mode: verify or trust); the value is always 1.");
+        for (size_t i = 0; i < n; i++) {
+                char mode[32];
+                snprintf(mode, sizeof(mode), ",mode=\"%s\"",
+                         gm_release_check_name(gm_tenant_release_check(b, rows[i].tenant)));
+                sample(o, "gpumem_tenant_release_check", rows[i].labels, mode, 1);
+        }
+        family(o, "gpumem_audited_bytes", "gauge",
+               "Beyond the charged bytes: memory the tenant's clients gave back and map again (the audit of their "
+               "processes' driver figures), counted against its quota and the device.");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_audited_bytes", rows[i].labels, "", (int64_t) rows[i].tenant->audited_bytes);
+        family(o, "gpumem_audit_catches_total", "counter",
+               "Audits that found a session of the tenant mapping memory it had given back (charged as audited).");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_audit_catches_total", rows[i].labels, "", (int64_t) rows[i].tenant->audit_catches);
         family(o, "gpumem_sessions", "gauge", "Connected client sessions.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_sessions", rows[i].labels, "", rows[i].tenant->sessions);
@@ -619,13 +637,15 @@ static void render_process(out_t *o, const gm_metrics_t *m) {
 }
 
 /* Whether a tenant has series: once it has had a session that did anything
- * (its statistics never go back), while it has one or holds memory, when the
- * configuration gives it a quota, or once refused. A quota set at run time
+ * (its statistics never go back), while it has one or holds memory (audited
+ * memory too), when the configuration gives it a quota or a release check,
+ * or once refused. A quota set at run time
  * for a name nobody uses creates no series. */
 static bool tenant_shown(const gm_tenant_t *t, const gm_metrics_t *m) {
         const gm_stats_t *st = &t->stats;
-        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] || st->segment[GM_STAT_ALL].allocated ||
-               st->allocation[GM_STAT_ALL].allocated || st->num_ooms || (m && refusal_find(m, t->name));
+        return t->sessions || t->charged_bytes || t->quota_set[GM_QUOTA_CONFIG] || t->release_check_set ||
+               t->audited_bytes || st->segment[GM_STAT_ALL].allocated || st->allocation[GM_STAT_ALL].allocated ||
+               st->num_ooms || (m && refusal_find(m, t->name));
 }
 
 int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_buf, size_t *ret_len) {
@@ -687,6 +707,9 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         }
         family(&o, "gpumem_device_in_use_bytes", "gauge", "Bytes the broker holds on the device for all sessions.");
         sample(&o, "gpumem_device_in_use_bytes", dev, "", (int64_t) gm_piece_reserved(b));
+        family(&o, "gpumem_audit_checks_total", "counter",
+               "Per-process driver figures read by the audit of believed give-backs (one NVML query each).");
+        sample(&o, "gpumem_audit_checks_total", dev, "", (int64_t) b->audit_checks);
         if (b->store_max) {
                 family(&o, "gpumem_fdstore_fds", "gauge",
                        "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");
@@ -697,7 +720,7 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         }
 
         if (!m || !m->src.hide_tenants)
-                render_tenants(&o, dev, m, rows, n);
+                render_tenants(&o, b, dev, m, rows, n);
         if (m)
                 render_counters(&o, dev, m);
         render_process(&o, m);

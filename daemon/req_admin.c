@@ -338,6 +338,8 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         info->quota_source = (char *) gm_tenant_quota_source(t);
         info->charged = t->charged_bytes;
         info->release_unverified = t->release_unverified_bytes;
+        info->release_check = (char *) gm_release_check_name(gm_tenant_release_check(d->broker, t));
+        info->audited = t->audited_bytes;
         info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
         int64_t cached = st.reserved_bytes[GM_STAT_ALL].current - st.active_bytes[GM_STAT_ALL].current;
         info->cached = cached > 0 ? (uint64_t) cached : 0;

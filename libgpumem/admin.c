@@ -819,7 +819,8 @@ static int quota_call(const channel_t *ch, Gpumem__Quota *req, bool detailed, vo
         size_t stride = detailed ? sizeof(gpumem_tenant_usage) : sizeof(gpumem_tenant_info);
         size_t text = 0;
         for (size_t i = 0; i < qr->n_tenants; i++)
-                text += str_size(qr->tenants[i]->tenant) + str_size(qr->tenants[i]->quota_source);
+                text += str_size(qr->tenants[i]->tenant) + str_size(qr->tenants[i]->quota_source) +
+                        (detailed ? str_size(qr->tenants[i]->release_check) : 0);
         char *list = ret_list ? malloc(qr->n_tenants * stride + text + 1) : NULL;
         if (ret_list && !list) {
                 gm_msg_free(reply);
@@ -838,8 +839,11 @@ static int quota_call(const channel_t *ch, Gpumem__Quota *req, bool detailed, vo
                         .cached_bytes = t->cached,
                         .sessions = t->sessions,
                 };
-                if (detailed)
+                if (detailed) {
                         e->release_unverified_bytes = t->release_unverified;
+                        e->release_check = put_str(&area, t->release_check);
+                        e->audited_bytes = t->audited;
+                }
         }
         if (ret_list) {
                 *ret_list = list;

@@ -7,21 +7,62 @@
  * session whose daemon is gone for good (the re-attach window passed) is
  * retired, kept only for the frees of the pointers it handed out, and the
  * next allocation connects anew. `lock` of a slot guards its fields, never a
- * call into libgpumem: allocations on one device run in parallel. */
+ * call into libgpumem: allocations on one device run in parallel.
+ *
+ * A slot also keeps what PyTorch's extra hooks set: the memory fraction
+ * (enforced here on `held_bytes`, the bytes handed out plus those private
+ * pools keep) and the private pools of CUDA graphs. A pool's blocks are
+ * tagged by address in `tags`; freed while the pool lives they stay in the
+ * pool's `kept` list, out of libgpumem's reach, until the pool is released. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "gpumem/gpumem.h"
 #include "gpumem/torch.h"
+#include "torch_filter.h"
 
 /* Sessions of one device whose daemon went away, kept for frees, at most. */
 #define MAX_RETIRED 8
 /* Distinct kinds (error codes) of refusal written to stderr per device. */
 #define MAX_LOGGED_KINDS 8
+
+/* Private pools of one device, at most (PyTorch has one per live graph). */
+#define MAX_POOLS 64
+
+/* A block a live pool keeps for its own reuse. */
+typedef struct kept_block {
+        void *ptr;
+        size_t size;
+        struct CUstream_st *stream; /* the stream it was freed on */
+        bool reusable;              /* false once used on another stream (record_stream) */
+} kept_block_t;
+
+typedef struct pool {
+        bool used; /* this entry holds a pool */
+        gpumem_torch_pool_id id;
+        bool allocating; /* between begin and end allocate_to_pool */
+        bool released;   /* release_pool came: kept blocks are gone, tags drain */
+        void *filter;    /* a copy of PyTorch's stream filter; NULL accepts every stream */
+        kept_block_t *kept;
+        size_t n_kept, cap_kept;
+        size_t n_tags; /* its blocks handed out, not yet freed */
+} pool_t;
+
+/* A block handed out from a pool: which pool, its size, whether another
+ * stream used it. Open addressing on the address; ptr NULL is empty,
+ * TOMBSTONE a removed entry. */
+typedef struct tag {
+        void *ptr;
+        size_t size;
+        uint16_t pool;
+        bool other_stream;
+} tag_t;
+#define TOMBSTONE ((void *) (uintptr_t) 1)
 
 typedef struct slot {
         pthread_mutex_t lock;
@@ -33,6 +74,13 @@ typedef struct slot {
         uint64_t refusals;
         int logged[MAX_LOGGED_KINDS];
         size_t n_logged;
+        uint64_t limit;      /* the memory fraction's bytes; 0: none */
+        double fraction;     /* what set it */
+        uint64_t held_bytes; /* handed out plus kept by pools */
+        pool_t pools[MAX_POOLS];
+        size_t n_allocating; /* pools allocating now: 0 keeps the fast path free of pool work */
+        tag_t *tags;
+        size_t cap_tags, n_tags_used; /* used counts tombstones too */
 } slot_t;
 
 static slot_t slots[GPUMEM_TORCH_MAX_DEVICES] = {
@@ -142,6 +190,148 @@ static size_t take_frames(gpumem_frame *frames) {
         return n < GPUMEM_MAX_FRAMES ? n : GPUMEM_MAX_FRAMES;
 }
 
+/* ---- private pools and their tags (callers hold the slot's lock) ---- */
+
+static size_t tag_hash(const void *ptr, size_t cap) {
+        uint64_t h = (uint64_t) (uintptr_t) ptr * 0x9e3779b97f4a7c15ull;
+        return (size_t) (h >> 17) & (cap - 1);
+}
+
+/* The index of ptr's tag, or -1. */
+static ssize_t tag_find(const slot_t *s, const void *ptr) {
+        if (!s->cap_tags)
+                return -1;
+        for (size_t i = tag_hash(ptr, s->cap_tags), n = 0; n < s->cap_tags; i = (i + 1) & (s->cap_tags - 1), n++) {
+                if (!s->tags[i].ptr)
+                        return -1;
+                if (s->tags[i].ptr == ptr)
+                        return (ssize_t) i;
+        }
+        return -1;
+}
+
+static void tag_insert(tag_t *tags, size_t cap, tag_t t) {
+        size_t i = tag_hash(t.ptr, cap);
+        while (tags[i].ptr && tags[i].ptr != TOMBSTONE)
+                i = (i + 1) & (cap - 1);
+        tags[i] = t;
+}
+
+/* Tags ptr as a block of pool `pool`; -ENOMEM leaves the table as it was. */
+static int tag_put(slot_t *s, void *ptr, size_t size, size_t pool) {
+        if ((s->n_tags_used + 1) * 2 > s->cap_tags) { /* at most half full, tombstones included */
+                size_t cap = s->cap_tags ? s->cap_tags * 2 : 256;
+                tag_t *tags = calloc(cap, sizeof(*tags));
+                if (!tags)
+                        return -ENOMEM;
+                size_t used = 0;
+                for (size_t i = 0; i < s->cap_tags; i++)
+                        if (s->tags[i].ptr && s->tags[i].ptr != TOMBSTONE) {
+                                tag_insert(tags, cap, s->tags[i]);
+                                used++;
+                        }
+                free(s->tags);
+                s->tags = tags;
+                s->cap_tags = cap;
+                s->n_tags_used = used;
+        }
+        tag_insert(s->tags, s->cap_tags, (tag_t){.ptr = ptr, .size = size, .pool = (uint16_t) pool});
+        s->n_tags_used++;
+        s->pools[pool].n_tags++;
+        return 0;
+}
+
+static bool pool_id_eq(gpumem_torch_pool_id a, gpumem_torch_pool_id b) {
+        return a.first == b.first && a.second == b.second;
+}
+
+/* The live (not released) pool `id`, or NULL. */
+static pool_t *pool_find(slot_t *s, gpumem_torch_pool_id id) {
+        for (size_t i = 0; i < MAX_POOLS; i++)
+                if (s->pools[i].used && !s->pools[i].released && pool_id_eq(s->pools[i].id, id))
+                        return &s->pools[i];
+        return NULL;
+}
+
+/* Forgets a released pool once none of its blocks is handed out. */
+static void pool_drop_if_drained(pool_t *p) {
+        if (p->released && p->n_tags == 0) {
+                gm_torch_filter_free(p->filter);
+                free(p->kept);
+                *p = (pool_t){0};
+        }
+}
+
+static void pool_stop_allocating(slot_t *s, pool_t *p) {
+        if (p->allocating) {
+                p->allocating = false;
+                s->n_allocating--;
+                gm_torch_filter_free(p->filter);
+                p->filter = NULL;
+        }
+}
+
+/* The allocating pool whose filter accepts `stream` (its index), or -1. */
+static ssize_t pool_route(slot_t *s, struct CUstream_st *stream) {
+        for (size_t i = 0; i < MAX_POOLS && s->n_allocating; i++)
+                if (s->pools[i].used && s->pools[i].allocating && gm_torch_filter_accepts(s->pools[i].filter, stream))
+                        return (ssize_t) i;
+        return -1;
+}
+
+/* A kept block of pool `pool` for `size` bytes on `stream` (the smallest
+ * that fits), moved to the handed-out ones; NULL if none fits. */
+static void *pool_reuse(slot_t *s, size_t pool, size_t size, struct CUstream_st *stream) {
+        pool_t *p = &s->pools[pool];
+        size_t best = p->n_kept;
+        for (size_t i = 0; i < p->n_kept; i++) {
+                kept_block_t *k = &p->kept[i];
+                if (k->reusable && k->stream == stream && k->size >= size &&
+                    (best == p->n_kept || k->size < p->kept[best].size))
+                        best = i;
+        }
+        if (best == p->n_kept)
+                return NULL;
+        kept_block_t k = p->kept[best];
+        if (tag_put(s, k.ptr, k.size, pool) < 0)
+                return NULL;
+        p->kept[best] = p->kept[--p->n_kept];
+        return k.ptr;
+}
+
+static int pool_keep(pool_t *p, kept_block_t k) {
+        if (p->n_kept == p->cap_kept) {
+                size_t cap = p->cap_kept ? p->cap_kept * 2 : 16;
+                kept_block_t *kept = realloc(p->kept, cap * sizeof(*kept));
+                if (!kept)
+                        return -ENOMEM;
+                p->kept = kept;
+                p->cap_kept = cap;
+        }
+        p->kept[p->n_kept++] = k;
+        return 0;
+}
+
+static void held_sub(slot_t *s, uint64_t bytes) {
+        s->held_bytes = s->held_bytes > bytes ? s->held_bytes - bytes : 0;
+}
+
+/* Claims `size` bytes of the memory fraction; false (and a diagnosis in msg)
+ * when they would pass it. */
+static bool held_claim(slot_t *s, size_t size, char *msg, size_t len) {
+        if (s->limit && s->held_bytes + size > s->limit) {
+                snprintf(msg, len,
+                         "gpumem: out of memory allocating %zu bytes: over this process's memory fraction %.3g "
+                         "(%llu bytes; %llu held; torch.cuda.set_per_process_memory_fraction)",
+                         size, s->fraction, (unsigned long long) s->limit, (unsigned long long) s->held_bytes);
+                return false;
+        }
+        s->held_bytes += size;
+        return true;
+}
+
+static void *slot_alloc(int device, size_t size, struct CUstream_st *stream, const char *what);
+
 void *gpumem_torch_alloc(size_t size, int device, struct CUstream_st *stream) {
         if (size == 0)
                 return NULL; /* what PyTorch's own allocator gives for 0 bytes */
@@ -153,6 +343,40 @@ void *gpumem_torch_alloc(size_t size, int device, struct CUstream_st *stream) {
                 refuse(device, what, -EINVAL, msg);
                 return NULL;
         }
+        slot_t *s = &slots[device];
+        ssize_t pool = -1;
+        gpumem_torch_pool_id pool_id = {0};
+        char msg[256];
+        pthread_mutex_lock(&s->lock);
+        if (s->n_allocating) {
+                pool = pool_route(s, stream);
+                void *kept = pool >= 0 ? pool_reuse(s, (size_t) pool, size, stream) : NULL;
+                if (kept) {
+                        pthread_mutex_unlock(&s->lock);
+                        return kept; /* a pool's own block: no call into libgpumem */
+                }
+                if (pool >= 0)
+                        pool_id = s->pools[pool].id;
+        }
+        bool claimed = held_claim(s, size, msg, sizeof(msg));
+        pthread_mutex_unlock(&s->lock);
+        if (!claimed) {
+                refuse(device, what, -ENOMEM, msg);
+                return NULL;
+        }
+        void *ptr = slot_alloc(device, size, stream, what);
+        pthread_mutex_lock(&s->lock);
+        if (!ptr)
+                held_sub(s, size);
+        else if (pool >= 0 && s->pools[pool].used && !s->pools[pool].released && pool_id_eq(s->pools[pool].id, pool_id))
+                (void) tag_put(s, ptr, size, (size_t) pool); /* untagged (no memory) it is an ordinary block */
+        pthread_mutex_unlock(&s->lock);
+        return ptr;
+}
+
+/* A new block from libgpumem (reconnecting once if the daemon went away);
+ * NULL after refuse(). */
+static void *slot_alloc(int device, size_t size, struct CUstream_st *stream, const char *what) {
         gpumem_frame frames[GPUMEM_MAX_FRAMES];
         size_t n_frames = take_frames(frames); /* before any lock: the hook may wait for Python's */
         for (int attempt = 0;; attempt++) {
@@ -189,9 +413,36 @@ static size_t slot_sessions(int device, gpumem_client **out) {
         return n;
 }
 
+static void slot_free(int device, void *ptr, size_t size, struct CUstream_st *stream);
+
 void gpumem_torch_free(void *ptr, size_t size, int device, struct CUstream_st *stream) {
         if (!ptr || device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
                 return;
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        ssize_t t = tag_find(s, ptr);
+        if (t >= 0) {
+                tag_t tag = s->tags[t];
+                s->tags[t].ptr = TOMBSTONE;
+                pool_t *p = &s->pools[tag.pool];
+                p->n_tags--;
+                size = tag.size; /* a reused block may be larger than PyTorch asked for */
+                if (!p->released && pool_keep(p, (kept_block_t){.ptr = ptr,
+                                                                .size = tag.size,
+                                                                .stream = stream,
+                                                                .reusable = !tag.other_stream}) == 0) {
+                        pthread_mutex_unlock(&s->lock);
+                        return; /* kept for the pool until release_pool */
+                }
+                pool_drop_if_drained(p);
+        }
+        held_sub(s, size);
+        pthread_mutex_unlock(&s->lock);
+        slot_free(device, ptr, size, stream);
+}
+
+/* Gives ptr back to whichever of the device's sessions handed it out. */
+static void slot_free(int device, void *ptr, size_t size, struct CUstream_st *stream) {
         gpumem_client *sessions[MAX_RETIRED + 1];
         size_t n = slot_sessions(device, sessions);
         int r = -EINVAL;
@@ -211,6 +462,12 @@ void gpumem_torch_free(void *ptr, size_t size, int device, struct CUstream_st *s
 
 void gpumem_torch_record_stream(void *ptr, struct CUstream_st *stream) {
         for (int d = 0; d < GPUMEM_TORCH_MAX_DEVICES && ptr; d++) {
+                slot_t *s = &slots[d];
+                pthread_mutex_lock(&s->lock);
+                ssize_t t = tag_find(s, ptr);
+                if (t >= 0)
+                        s->tags[t].other_stream = true; /* not reused inside its pool: kept until release */
+                pthread_mutex_unlock(&s->lock);
                 gpumem_client *sessions[MAX_RETIRED + 1];
                 size_t n = slot_sessions(d, sessions);
                 for (size_t i = 0; i < n; i++)
@@ -248,4 +505,101 @@ void gpumem_torch_set_frame_hook(gpumem_frame_hook hook, void *userdata) {
         hook_fn = hook;
         hook_userdata = userdata;
         pthread_mutex_unlock(&hook_lock);
+}
+
+void gpumem_torch_set_memory_fraction(double fraction, int device) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES || !(fraction > 0.0 && fraction <= 1.0))
+                return;
+        gpumem_client *c = NULL;
+        uint64_t free_bytes = 0, total = 0;
+        int r = slot_client(device, &c);
+        if (r == 0)
+                r = gpumem_mem_get_info(c, &free_bytes, &total);
+        if (r < 0) {
+                refuse(device, "memory fraction", r, gpumem_last_error(c));
+                return;
+        }
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        s->fraction = fraction;
+        s->limit = fraction >= 1.0 ? 0 : (uint64_t) (fraction * (double) total);
+        pthread_mutex_unlock(&s->lock);
+}
+
+void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, const void *filter) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
+                return;
+        void *copy = gm_torch_filter_copy(filter);
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        pool_t *p = pool_find(s, id);
+        for (size_t i = 0; i < MAX_POOLS && !p; i++)
+                if (!s->pools[i].used) {
+                        p = &s->pools[i];
+                        *p = (pool_t){.used = true, .id = id};
+                }
+        if (p) {
+                pool_stop_allocating(s, p);
+                p->filter = copy;
+                p->allocating = true;
+                s->n_allocating++;
+                copy = NULL;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (!p) /* no pool entry left: its allocations stay ordinary ones */
+                refuse(device, "private pool", -ENOSPC, "gpumem: more than 64 private pools on the device");
+        gm_torch_filter_free(copy);
+}
+
+void gpumem_torch_end_allocate_to_pool(int device, gpumem_torch_pool_id id) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
+                return;
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        pool_t *p = pool_find(s, id);
+        if (p)
+                pool_stop_allocating(s, p);
+        pthread_mutex_unlock(&s->lock);
+}
+
+void gpumem_torch_release_pool(int device, gpumem_torch_pool_id id) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
+                return;
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        pool_t *p = pool_find(s, id);
+        kept_block_t *kept = NULL;
+        size_t n_kept = 0;
+        if (p) {
+                pool_stop_allocating(s, p);
+                kept = p->kept;
+                n_kept = p->n_kept;
+                p->kept = NULL;
+                p->n_kept = p->cap_kept = 0;
+                p->released = true;
+                for (size_t i = 0; i < n_kept; i++)
+                        held_sub(s, kept[i].size);
+                pool_drop_if_drained(p);
+        }
+        pthread_mutex_unlock(&s->lock);
+        for (size_t i = 0; i < n_kept; i++)
+                slot_free(device, kept[i].ptr, kept[i].size, kept[i].stream);
+        free(kept);
+}
+
+uint64_t gpumem_torch_pool_kept_bytes(int device) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
+                return 0;
+        slot_t *s = &slots[device];
+        uint64_t bytes = 0;
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < MAX_POOLS; i++)
+                for (size_t k = 0; k < s->pools[i].n_kept; k++)
+                        bytes += s->pools[i].kept[k].size;
+        pthread_mutex_unlock(&s->lock);
+        return bytes;
+}
+
+int gpumem_torch_oom_mode(void) {
+        return GPUMEM_TORCH_OOM_MODE;
 }

@@ -96,7 +96,12 @@ _SIGNATURES = {
     "gpumem_torch_last_refusal": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                                                  ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_torch_set_frame_hook": (None, [FRAME_HOOK, ctypes.c_void_p]),
+    "gpumem_torch_pool_kept_bytes": (ctypes.c_uint64, [ctypes.c_int]),
+    "gpumem_torch_oom_mode": (ctypes.c_int, []),
 }
+
+# gpumem_torch_oom_mode(): how a refusal through gpumem_torch_malloc reaches PyTorch.
+OOM_MODES = {0: "null", 1: "runtime_error", 2: "c10"}
 
 
 def _candidates(soname):

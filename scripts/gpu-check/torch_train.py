@@ -12,6 +12,14 @@ stops it at the end. libgpumem comes from BUILD/lib, else
 $GPUMEM_LIBRARY_DIR, else where it was installed. Each run is a subprocess of
 its own, since PyTorch takes its allocator before the first CUDA tensor.
 
+A third child checks the hooks gpumem.torch.use() installs, each a stage:
+tensor.record_stream (no early reuse while the side stream runs),
+torch.cuda.memory_allocated() and the rest of the memory API,
+torch.cuda.empty_cache(), a CUDA graph captured and replayed after eager
+allocations, torch.compile(mode="reduce-overhead"),
+set_per_process_memory_fraction and an out-of-memory that raises
+torch.OutOfMemoryError with gpumemd's diagnosis.
+
 Prints one PASS/FAIL line per stage, the step times (median and spread of the
 timed steps, after warm-up) and the memory figures of both runs, and
 "RESULT: PASS" or "RESULT: FAIL". Step times are reported, never judged.
@@ -130,6 +138,122 @@ def child(mode, device, steps):
     print(json.dumps(result), flush=True)
 
 
+def hooks_child(device):
+    """The hooks use() installs, each checked on the GPU as a PyTorch program
+    would use it; prints one JSON line {stage: [ok, text]}."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import gpumem
+    import gpumem.torch
+    gpumem.torch.use(device)
+    import torch
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    stages = {}
+
+    def stage(name, fn):
+        try:
+            ok, text = fn()
+        except Exception as exc:  # a stage that raises fails, the others still run
+            ok, text = False, f"{type(exc).__name__}: {exc}"
+        stages[name] = [bool(ok), text]
+
+    stage("hooks", lambda: (len(gpumem.torch.hooks()) == len(gpumem.torch.HOOKS),
+                            f"use() installed {', '.join(gpumem.torch.hooks())}; OOM mode {gpumem.torch.oom_mode()}"))
+
+    def record_stream():
+        side = torch.cuda.Stream()
+        x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+        addr = x.data_ptr()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(500_000_000)  # the side stream is still busy with x
+            x.fill_(1)
+        x.record_stream(side)
+        del x
+        y = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+        early = y.data_ptr() == addr and not side.query()
+        torch.cuda.synchronize()
+        return not early, f"tensor.record_stream(s): the block is {'re' if early else 'not re'}used while s runs"
+    stage("record_stream", record_stream)
+
+    def memory_api():
+        a = torch.empty(32 << 20, dtype=torch.uint8, device=dev)
+        got = torch.cuda.memory_allocated(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        stats = torch.cuda.memory_stats(dev)
+        summary = torch.cuda.memory_summary(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        del a
+        return (got >= 32 << 20 and peak >= got and stats["allocated_bytes.all.current"] >= 32 << 20 and summary,
+                f"torch.cuda.memory_allocated() {got}, max {peak}, memory_stats, memory_summary, reset_peak")
+    stage("memory_api", memory_api)
+
+    def empty_cache():
+        t = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+        del t
+        torch.cuda.synchronize()
+        before = gpumem.memory_reserved(device)
+        torch.cuda.empty_cache()
+        after = gpumem.memory_reserved(device)
+        return after < before, f"torch.cuda.empty_cache(): reserved {before} -> {after} bytes"
+    stage("empty_cache", empty_cache)
+
+    def graph():
+        eager = [torch.randn(1 << 20, device=dev) for _ in range(4)]  # eager blocks first
+        static_in = torch.randn(1 << 20, device=dev)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                static_out = (static_in * 2).sin()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = (static_in * 2).sin()
+        del eager
+        after = [torch.zeros(1 << 20, device=dev) for _ in range(8)]  # eager allocations after capture
+        static_in.copy_(torch.arange(1 << 20, device=dev, dtype=torch.float32))
+        g.replay()
+        torch.cuda.synchronize()
+        want = (static_in * 2).sin()
+        clean = all(bool((t == 0).all()) for t in after)
+        ok = torch.allclose(static_out, want) and clean
+        del g
+        return ok, f"torch.cuda.graph capture and replay after eager allocations (eager tensors untouched: {clean})"
+    stage("graph", graph)
+
+    def compiled():
+        fn = torch.compile(lambda x: (x * 3).cos() + 1, mode="reduce-overhead")
+        x = torch.randn(1 << 16, device=dev)
+        for _ in range(4):
+            y = fn(x)
+        torch.cuda.synchronize()
+        return torch.allclose(y, (x * 3).cos() + 1), 'torch.compile(mode="reduce-overhead") runs and matches eager'
+    stage("compile", compiled)
+
+    def fraction():
+        torch.cuda.set_per_process_memory_fraction(0.05, dev)
+        try:
+            torch.empty(int(torch.cuda.get_device_properties(dev).total_memory * 0.1), dtype=torch.uint8, device=dev)
+            return False, "set_per_process_memory_fraction(0.05): 10% was allocated"
+        except torch.OutOfMemoryError as exc:
+            return "memory fraction" in str(exc), "set_per_process_memory_fraction(0.05) refuses 10%: OutOfMemoryError"
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    stage("fraction", fraction)
+
+    def oom():
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device=dev)
+            return False, "1 PiB was allocated"
+        except torch.OutOfMemoryError as exc:
+            diagnosis = str(gpumem.last_refusal(device))
+            return diagnosis in str(exc), f"torch.OutOfMemoryError with gpumemd's diagnosis: {str(exc)[:120]}"
+        except RuntimeError as exc:
+            return False, f"RuntimeError, not OutOfMemoryError (oom mode {gpumem.torch.oom_mode()}): {str(exc)[:120]}"
+    stage("oom", oom)
+    print(json.dumps(stages), flush=True)
+
+
 # ---- the parent: stages ----
 
 class Report:
@@ -151,6 +275,16 @@ def start_daemon(build, device, work):
     while time.monotonic() < deadline and proc.poll() is None and not os.path.exists(sock):
         time.sleep(0.05)
     return proc, sock
+
+
+def run_hooks_child(args, env):
+    """The stages of hooks_child, or None and why it gave none."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "hooks", "--device", str(args.device)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return None, (out.stderr.strip().splitlines() or [f"exit {out.returncode}, no output"])[-1]
+    return json.loads(lines[-1]), None
 
 
 def run_child(mode, args, env):
@@ -226,6 +360,11 @@ def parent(args):
                          "examples/train_with_gpumemd.py trains and writes a snapshot that passes snapshot_check.py"
                          + ("" if out.returncode == 0 else f": {(out.stderr.strip().splitlines() or ['?'])[-1]}")
                          + ("" if not check or check.returncode == 0 else f": {check.stderr.strip()}"))
+        hooks, why = run_hooks_child(args, env)
+        report.stage(hooks is not None, "gpumem.torch.use()'s hooks on the GPU" + (f": {why}" if why else ""))
+        for ok, text in (hooks or {}).values():
+            report.stage(ok, text)
+        if native and ours:
             print()
             print(f"step time (ms, median [min..max] of {args.steps - WARMUP} steps after {WARMUP} warm-up):")
             for r in (native, ours):
@@ -248,9 +387,11 @@ def main():
     ap.add_argument("--socket", default=os.environ.get("GPUMEM_SOCKET"))
     ap.add_argument("--device", type=int, default=int(os.environ.get("GPUMEM_CHECK_DEVICE", "0")))
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--child", choices=("native", "gpumem"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("native", "gpumem", "hooks"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child:
+    if args.child == "hooks":
+        hooks_child(args.device)
+    elif args.child:
         child(args.child, args.device, args.steps)
         return 0
     return parent(args)

@@ -31,3 +31,17 @@ if(GPUMEM_HAVE_CUDA AND TARGET gpu_check_client)
   set_tests_properties(gpu_check_emulator PROPERTIES TIMEOUT 120)
   add_dependencies(gpu_check_client gpumemd gpumemctl fakecuda fakenvml)
 endif()
+
+# Issues #23 and #25: release_check = verify | trust, and the continuous
+# audit of believed give-backs, the attacker a process of another uid (this
+# binary again, through setpriv) over the emulator and its NVML.
+if(GPUMEM_HAVE_CUDA)
+  add_executable(test_cuda_audit ${CMAKE_CURRENT_LIST_DIR}/test_cuda_audit.c)
+  target_link_libraries(test_cuda_audit PRIVATE gm_testutil gm_fakecuda_check gpumem gm_backend gm_ipc PkgConfig::CHECK)
+  target_compile_definitions(test_cuda_audit PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
+    AUDIT_BIN="$<TARGET_FILE:test_cuda_audit>")
+  add_dependencies(test_cuda_audit fakecuda fakenvml gpumemd gpumemctl)
+  add_test(NAME cuda_audit COMMAND test_cuda_audit)
+  set_tests_properties(cuda_audit PROPERTIES TIMEOUT 300 ENVIRONMENT
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
+endif()

@@ -16,9 +16,36 @@ trap 'for p in "${daemon:-}" "${EX_PID:-}"; do [ -z "${p}" ] || kill "${p}" 2>/d
       wait 2>/dev/null || true; rm -rf "${work}"' EXIT
 prefix="${work}/prefix"
 cmake --install "${build}" --prefix "${prefix}" >/dev/null
-for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h include/gpumem/torch.h; do
+for f in bin/gpumemd bin/gpumemctl include/gpumem/gpumem.h include/gpumem/torch.h etc/gpumem/gpumemd.conf \
+        lib/systemd/system/gpumemd.service lib/systemd/system/gpumemd@.service lib/systemd/system/gpumemd@.socket \
+        libexec/gpumemd/gpumemd-instances; do
         [ -e "${prefix}/${f}" ] || { echo "missing ${f} in the install" >&2; exit 1; }
 done
+# The units, gpumemd-instances and the config agree with the prefix given at
+# install time; staged (DESTDIR) installs for another prefix and for /usr
+# write nothing outside PREFIX but /etc for /usr (never the host's /etc).
+units_agree() { # ROOT PREFIX SYSCONFDIR
+        local root="$1" p="$2" etc="$3"
+        grep -qx "ExecStart=${p}/bin/gpumemd --device %i --config ${etc}/gpumem/gpumemd.conf" \
+                "${root}${p}/lib/systemd/system/gpumemd@.service" ||
+                { echo "gpumemd@.service does not name ${p}'s gpumemd and ${etc}" >&2; exit 1; }
+        grep -qx "ExecStart=${p}/libexec/gpumemd/gpumemd-instances start" "${root}${p}/lib/systemd/system/gpumemd.service" ||
+                { echo "gpumemd.service does not name ${p}'s gpumemd-instances" >&2; exit 1; }
+        grep -q "^config=\${GPUMEM_CONFIG:-${etc}/gpumem/gpumemd.conf}$" "${root}${p}/libexec/gpumemd/gpumemd-instances" ||
+                { echo "gpumemd-instances does not read ${etc}'s config" >&2; exit 1; }
+        [ -x "${root}${p}/libexec/gpumemd/gpumemd-instances" ] && [ -f "${root}${etc}/gpumem/gpumemd.conf" ] ||
+                { echo "no gpumemd-instances or config under ${root}" >&2; exit 1; }
+}
+units_agree "" "${prefix}" "${prefix}/etc"
+DESTDIR="${work}/opt" cmake --install "${build}" --prefix /opt/gpumem >/dev/null
+units_agree "${work}/opt" /opt/gpumem /opt/gpumem/etc
+[ "$(ls -A "${work}/opt")" = opt ] && [ "$(ls -A "${work}/opt/opt")" = gpumem ] ||
+        { echo "an install for /opt/gpumem wrote outside it: $(ls -A "${work}/opt")" >&2; exit 1; }
+DESTDIR="${work}/usr" cmake --install "${build}" --prefix /usr >/dev/null
+units_agree "${work}/usr" /usr /etc
+[ "$(ls -A "${work}/usr" | tr '\n' ' ')" = "etc usr " ] ||
+        { echo "an install for /usr wrote outside /usr and /etc: $(ls -A "${work}/usr")" >&2; exit 1; }
+
 pcdir="$(dirname "$(find "${prefix}" -name gpumem.pc | head -n1)")"
 libdir="$(PKG_CONFIG_PATH="${pcdir}" pkg-config --variable=libdir gpumem)"
 ls "${libdir}"/libgpumem.so* "${libdir}"/libgpumem_torch.so.0 >/dev/null

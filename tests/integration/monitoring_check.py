@@ -36,6 +36,12 @@ def fail(msg):
     sys.exit(1)
 
 
+# Every runbook_url: the operator's base (the external label
+# gpumemd_runbook_url), else the installed runbook; then "#section".
+RUNBOOK_BASE = ("{{ with $externalLabels.gpumemd_runbook_url }}{{ . }}{{ else }}"
+                "file:///usr/share/doc/gpumemd/runbook.md{{ end }}")
+
+
 def alert_rules(path):
     with open(path) as f:
         doc = yaml.safe_load(f)
@@ -59,8 +65,8 @@ def check_rules(alerts_path, tests_path, runbook_path):
             if not ann.get(key):
                 fail(f"{name} has no {key}")
         url = ann["runbook_url"]
-        if not url.startswith("file:///usr/share/doc/gpumemd/runbook.md#"):
-            fail(f"{name}: runbook_url {url} is not into the installed runbook")
+        if not url.startswith(RUNBOOK_BASE + "#"):
+            fail(f"{name}: runbook_url {url} is not the configurable runbook base ({RUNBOOK_BASE}) and a section")
         if url.split("#", 1)[1] not in anchors:
             fail(f"{name}: {url} names no section of {runbook_path}")
         if name not in firing:

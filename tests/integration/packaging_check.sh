@@ -21,6 +21,13 @@ need() {
         done
 }
 
+# The build installed into $tmp/prefix; $units is its systemd unit directory.
+# The units are configured at install time: they name that prefix's paths.
+install_units() {
+        out=$(cmake --install "$build" --prefix "$tmp/prefix" 2>&1) || fail "cmake --install: $out"
+        units=$tmp/prefix/lib/systemd/system
+}
+
 # Runs a command; fails on a non-zero status or on any output (systemd-analyze
 # verify and groff only warn about unknown settings and bad macros).
 quiet() {
@@ -33,12 +40,13 @@ $out"
 case $check in
 units)
         need systemd-analyze systemd-sysusers systemd-tmpfiles
-        # verify checks that ExecStart= exists: point it at the built binary.
+        # verify checks that ExecStart= exists: the installed prefix's binary.
         # Documentation= must name real pages: give man(1) ours.
-        sed "s#^ExecStart=/usr/bin/gpumemd #ExecStart=$gpumemd #" "$pkg/systemd/gpumemd@.service" \
-                >"$tmp/gpumemd@.service"
-        grep -q "^ExecStart=$gpumemd " "$tmp/gpumemd@.service" || fail "no ExecStart=/usr/bin/gpumemd in the service"
-        cp "$pkg/systemd/gpumemd@.socket" "$tmp/"
+        install_units
+        cp "$units/gpumemd@.service" "$units/gpumemd@.socket" "$tmp/"
+        grep -q "^ExecStart=$tmp/prefix/bin/gpumemd --device %i --config $tmp/prefix/etc/gpumem/gpumemd.conf\$" \
+                "$tmp/gpumemd@.service" || fail "ExecStart= does not name the prefix's gpumemd and config:
+$(grep ^ExecStart= "$tmp/gpumemd@.service")"
         man_opt=--man=no
         if command -v man >/dev/null 2>&1; then
                 man_opt=--man=yes
@@ -68,18 +76,19 @@ units)
                 [ "$(stat -c %u "$root/$dir")" = "$uid" ] || fail "/$dir is not owned by gpumem"
         done
         # The fd store bound the daemon keeps to (see daemon/sd.h).
-        store_max=$(sed -n 's/^FileDescriptorStoreMax=//p' "$pkg/systemd/gpumemd@.service")
+        store_max=$(sed -n 's/^FileDescriptorStoreMax=//p' "$units/gpumemd@.service")
         daemon_max=$(sed -n 's/^#define GM_SD_FDSTORE_MAX //p' "$src/daemon/sd.h")
         [ -n "$store_max" ] && [ "$store_max" = "$daemon_max" ] ||
                 fail "FileDescriptorStoreMax=$store_max differs from GM_SD_FDSTORE_MAX $daemon_max"
         # The units use what sysusers creates.
-        grep -q '^User=gpumem$' "$pkg/systemd/gpumemd@.service" || fail "service does not run as gpumem"
-        grep -q '^SocketGroup=gpumem$' "$pkg/systemd/gpumemd@.socket" || fail "socket group is not gpumem"
+        grep -q '^User=gpumem$' "$units/gpumemd@.service" || fail "service does not run as gpumem"
+        grep -q '^SocketGroup=gpumem$' "$units/gpumemd@.socket" || fail "socket group is not gpumem"
         ;;
 
 security)
         need systemd-analyze
-        out=$(systemd-analyze security --offline=true --no-pager "$pkg/systemd/gpumemd@.service" 2>&1) ||
+        install_units
+        out=$(systemd-analyze security --offline=true --no-pager "$units/gpumemd@.service" 2>&1) ||
                 fail "systemd-analyze security: $out"
         # "→ Overall exposure level for gpumemd@i.service: 1.8 OK 🙂"
         exposure=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
@@ -104,6 +113,17 @@ man)
                 name=$(basename "$page")
                 grep -q "^\.TH $(echo "${name%.*}" | tr a-z A-Z) ${name##*.} " "$page" ||
                         fail "$name: .TH does not match the file name"
+                # Every page cited (".BR name (N)") is ours or one man(1) finds.
+                for cited in $(sed -n 's/^\.[BI]R \([A-Za-z0-9_.-]*\) (\([0-9]\)).*/\1.\2/p' "$page"); do
+                        [ -e "$pkg/man/$cited" ] && continue
+                        command -v man >/dev/null 2>&1 || continue
+                        man -w "${cited##*.}" "${cited%.*}" >/dev/null 2>&1 ||
+                                case $cited in
+                                # Pages of packages a test machine may lack.
+                                systemd*.[158] | sd_*.3 | nvidia-smi.1 | prometheus.1 | torch*) ;;
+                                *) fail "$name cites ${cited%.*}(${cited##*.}), which is no page" ;;
+                                esac
+                done
         done
         ;;
 

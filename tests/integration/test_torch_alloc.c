@@ -384,6 +384,108 @@ START_TEST(test_record_stream_and_empty_cache) {
 }
 END_TEST
 
+/* ---- memory fraction, private pools ---- */
+
+START_TEST(test_memory_fraction_limits_the_process) {
+        gpumem_torch_set_memory_fraction(0.25, 1); /* of 512 MiB: 128 MiB */
+        void *a = gpumem_torch_alloc(100 * MiB, 1, NULL);
+        ck_assert_ptr_nonnull(a);
+        ck_assert_ptr_null(gpumem_torch_alloc(40 * MiB, 1, NULL));
+        char why[2048];
+        ck_assert_int_eq(gpumem_torch_last_refusal(1, why, sizeof(why), NULL), -ENOMEM);
+        ck_assert_msg(strstr(why, "memory fraction 0.25"), "diagnosis: %s", why);
+        void *other = gpumem_torch_alloc(200 * MiB, 0, NULL); /* another device has no limit */
+        ck_assert_ptr_nonnull(other);
+        gpumem_torch_free(a, 100 * MiB, 1, NULL);
+        void *b = gpumem_torch_alloc(40 * MiB, 1, NULL); /* the freed bytes count no more */
+        ck_assert_ptr_nonnull(b);
+        gpumem_torch_set_memory_fraction(7.0, 1); /* out of range: ignored */
+        ck_assert_ptr_null(gpumem_torch_alloc(100 * MiB, 1, NULL));
+        gpumem_torch_set_memory_fraction(1.0, 1); /* no limit */
+        void *c = gpumem_torch_alloc(100 * MiB, 1, NULL);
+        ck_assert_ptr_nonnull(c);
+        gpumem_torch_free(b, 40 * MiB, 1, NULL);
+        gpumem_torch_free(c, 100 * MiB, 1, NULL);
+        gpumem_torch_free(other, 200 * MiB, 0, NULL);
+}
+END_TEST
+
+START_TEST(test_pool_blocks_not_reused_outside_the_pool) {
+        const gpumem_torch_pool_id graph = {7, 0};
+        stream_t s = NULL, side = (stream_t) (uintptr_t) 0x2;
+        gpumem_torch_begin_allocate_to_pool(1, graph, NULL);
+        void *p = gpumem_torch_alloc(4 * MiB, 1, s);
+        ck_assert_ptr_nonnull(p);
+        gpumem_torch_end_allocate_to_pool(1, graph);
+        gpumem_torch_free(p, 4 * MiB, 1, s); /* a replay may still write it: kept by the pool */
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 4 * MiB);
+        ck_assert_int_eq(stat_of(1, "allocated_bytes.all.current"), (int64_t) (4 * MiB));
+        void *eager = gpumem_torch_alloc(4 * MiB, 1, s); /* outside the pool: another block */
+        ck_assert_ptr_nonnull(eager);
+        ck_assert_ptr_ne(eager, p);
+
+        /* The pool allocating again (a second capture) reuses its own block on
+         * its stream, not on another one. */
+        gpumem_torch_begin_allocate_to_pool(1, graph, NULL);
+        void *elsewhere = gpumem_torch_alloc(4 * MiB, 1, side);
+        ck_assert_ptr_ne(elsewhere, p);
+        void *again = gpumem_torch_alloc(2 * MiB, 1, s);
+        ck_assert_ptr_eq(again, p);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
+        gpumem_torch_free(again, 2 * MiB, 1, s);
+        gpumem_torch_free(elsewhere, 4 * MiB, 1, side);
+        gpumem_torch_end_allocate_to_pool(1, graph);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 8 * MiB);
+
+        /* Released, its blocks go back to libgpumem; only the eager one stays. */
+        gpumem_torch_release_pool(1, graph);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 4 * MiB),
+                         (int64_t) (4 * MiB));
+        gpumem_torch_release_pool(1, graph); /* twice, or unknown: ignored */
+        gpumem_torch_free(eager, 4 * MiB, 1, s);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
+}
+END_TEST
+
+START_TEST(test_pool_block_in_use_at_release_and_record_stream) {
+        const gpumem_torch_pool_id graph = {9, 1};
+        stream_t s = NULL, side = (stream_t) (uintptr_t) 0x2;
+        gpumem_torch_begin_allocate_to_pool(1, graph, NULL);
+        void *used_elsewhere = gpumem_torch_alloc(4 * MiB, 1, s);
+        void *live = gpumem_torch_alloc(4 * MiB, 1, s);
+        ck_assert_ptr_nonnull(used_elsewhere);
+        ck_assert_ptr_nonnull(live);
+        gpumem_torch_record_stream(used_elsewhere, side);
+        gpumem_torch_free(used_elsewhere, 4 * MiB, 1, s);
+        void *fresh = gpumem_torch_alloc(4 * MiB, 1, s); /* the side stream may still use it: not reused */
+        ck_assert_ptr_ne(fresh, used_elsewhere);
+        gpumem_torch_end_allocate_to_pool(1, graph);
+        gpumem_torch_release_pool(1, graph);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
+        /* Blocks still in use at release go back to libgpumem when freed. */
+        gpumem_torch_free(live, 4 * MiB, 1, s);
+        gpumem_torch_free(fresh, 4 * MiB, 1, s);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
+        /* The same id after release is a new pool. */
+        gpumem_torch_begin_allocate_to_pool(1, graph, NULL);
+        void *p = gpumem_torch_alloc(MiB, 1, s);
+        gpumem_torch_end_allocate_to_pool(1, graph);
+        gpumem_torch_free(p, MiB, 1, s);
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), MiB);
+        gpumem_torch_release_pool(1, graph);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
+}
+END_TEST
+
+START_TEST(test_oom_mode_is_reported) {
+        int mode = gpumem_torch_oom_mode();
+        ck_assert_int_ge(mode, GPUMEM_TORCH_OOM_NULL);
+        ck_assert_int_le(mode, GPUMEM_TORCH_OOM_C10);
+}
+END_TEST
+
 /* ---- CUDA_VISIBLE_DEVICES: the ordinal is matched by UUID ---- */
 
 /* The UUID a daemon names in its hello ("" if none). */
@@ -435,6 +537,10 @@ static Suite *torch_suite(void) {
         tcase_add_test(tc, test_daemon_gone_then_back_local);
         tcase_add_test(tc, test_record_stream_and_empty_cache);
         tcase_add_test(tc, test_visible_devices_find_the_daemon_by_uuid);
+        tcase_add_test(tc, test_memory_fraction_limits_the_process);
+        tcase_add_test(tc, test_pool_blocks_not_reused_outside_the_pool);
+        tcase_add_test(tc, test_pool_block_in_use_at_release_and_record_stream);
+        tcase_add_test(tc, test_oom_mode_is_reported);
         suite_add_tcase(s, tc);
         return s;
 }

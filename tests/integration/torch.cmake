@@ -38,3 +38,13 @@ if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   endif()
   set_tests_properties(torch_entry_points_cuda PROPERTIES TIMEOUT 600 ENVIRONMENT "${GM_TORCH_CUDA_ENV}")
 endif()
+
+# gpumem_torch_malloc's throw, from C++ as PyTorch calls it (C++ builds only).
+if(CMAKE_CXX_COMPILER)
+  enable_language(CXX) # in this directory too, as torch/ did
+  add_executable(test_torch_oom ${CMAKE_CURRENT_LIST_DIR}/test_torch_oom.cpp)
+  target_link_libraries(test_torch_oom PRIVATE gpumem_torch gpumem)
+  set_target_properties(test_torch_oom PROPERTIES CXX_STANDARD 17)
+  add_test(NAME torch_oom_throws COMMAND test_torch_oom)
+  set_tests_properties(torch_oom_throws PROPERTIES ENVIRONMENT "GPUMEM_TORCH_QUIET=1")
+endif()

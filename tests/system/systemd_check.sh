@@ -92,10 +92,14 @@ After=basic.target
 EOF
         ln -sf gm-system.target "$etc/default.target"
         # A machine gpumemd was never installed on, whatever this one has
-        # (a "cmake --install" writes /etc/gpumem/gpumemd.conf, which would
-        # make dpkg ask about its conffile).
+        # (a "cmake --install --prefix /usr" writes /etc/gpumem/gpumemd.conf,
+        # which would make dpkg ask about its conffile).
         rm -rf "$r/etc/gpumem" "$r/var/lib/gpumem" "$r/usr/local/lib/systemd/system/gpumemd"* \
                 "$r/etc/systemd/system/gpumemd"* "$r"/etc/systemd/system/*.wants/gpumemd*
+        # Nor a container image's policy-rc.d (Docker's denies every service
+        # action), which would keep the packages' maintainer scripts from
+        # restarting the daemons on an upgrade as they do on a real machine.
+        rm -f "$r/usr/sbin/policy-rc.d"
         # What the test installs, where the chroot sees it.
         mkdir -p "$r/var/tmp/gm-system"
         cp -r "$stage/." "$r/var/tmp/gm-system/"
@@ -289,21 +293,74 @@ out=$(in_ns systemctl start gpumemd@0.socket 2>&1) || fail "systemctl start gpum
 out=$(as_user alice python3 "$client" once 2>&1) || fail "the first client of the socket: $out"
 [ "$(in_ns systemctl is-active gpumemd@0.service)" = active ] || fail "the first client did not start gpumemd@0.service"
 
+# across DESCRIPTION COMMAND...: a client of alice's holds 8 MiB of written
+# memory while COMMAND replaces the daemon; the client then finds its data
+# intact and allocates again, and the new daemon logged its re-attach.
+across() {
+        during=$1
+        shift
+        in_ns rm -f /var/tmp/gm-system/go
+        timeout 150 nsenter -t "$init" -m -p -n -r -w -- env -i PATH=/usr/bin:/bin setpriv --reuid alice --regid alice \
+                --init-groups python3 "$client" hold /var/tmp/gm-system/go >"$work/hold.out" 2>&1 &
+        holder=$!
+        wait_for 30 "the client to allocate" grep -q holding "$work/hold.out"
+        before=$(in_ns systemctl show -p MainPID --value gpumemd@0.service)
+        reattached=$(in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 're-attached' || true)
+        "$@"
+        wait_for 60 "a new daemon after $during" sh -c "[ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w \
+                systemctl show -p MainPID --value gpumemd@0.service)\" != $before ] &&
+                [ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w systemctl is-active gpumemd@0.service)\" = active ]"
+        in_ns touch /var/tmp/gm-system/go
+        wait "$holder" || fail "the client across $during: $(cat "$work/hold.out")"
+        grep -q intact "$work/hold.out" || fail "the client across $during said: $(cat "$work/hold.out")"
+        [ "$(in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 're-attached' || true)" -gt "$reattached" ] ||
+                fail "the daemon after $during logged no re-attached session"
+}
+
+restart() {
+        out=$(T=90 in_ns systemctl restart gpumemd@0.service 2>&1) || fail "systemctl restart: $out"
+}
+
 step "systemctl restart with a live client keeps its memory"
-in_ns rm -f /var/tmp/gm-system/go
-timeout 150 nsenter -t "$init" -m -p -n -r -w -- env -i PATH=/usr/bin:/bin setpriv --reuid alice --regid alice --init-groups \
-        python3 "$client" hold /var/tmp/gm-system/go >"$work/hold.out" 2>&1 &
-holder=$!
-wait_for 30 "the client to allocate" grep -q holding "$work/hold.out"
-before=$(in_ns systemctl show -p MainPID --value gpumemd@0.service)
-out=$(T=90 in_ns systemctl restart gpumemd@0.service 2>&1) || fail "systemctl restart: $out"
-after=$(in_ns systemctl show -p MainPID --value gpumemd@0.service)
-[ "$before" != "$after" ] || fail "the daemon was not restarted (MainPID $before)"
-in_ns touch /var/tmp/gm-system/go
-wait "$holder" || fail "the client across the restart: $(cat "$work/hold.out")"
-grep -q intact "$work/hold.out" || fail "the client across the restart said: $(cat "$work/hold.out")"
-in_ns journalctl -u gpumemd@0.service --no-pager | grep -q 're-attached' ||
-        fail "the new daemon logged no re-attached session"
+across "systemctl restart" restart
+
+# The daemon stops answering the watchdog (SIGSTOP): systemd kills it and
+# Restart= starts another, which takes the memory back from the fd store. A
+# runtime drop-in shortens the shipped WatchdogSec=30s for the test, and
+# kills with SIGKILL rather than a core-dumping SIGABRT.
+stop_daemon() {
+        in_ns systemctl kill --signal=SIGSTOP gpumemd@0.service
+}
+
+step "a watchdog-triggered kill with a live client keeps its memory"
+in_ns mkdir -p /run/systemd/system/gpumemd@0.service.d
+in_ns sh -c 'printf "[Service]\nWatchdogSec=2s\nWatchdogSignal=SIGKILL\n" \
+        >/run/systemd/system/gpumemd@0.service.d/watchdog.conf'
+in_ns systemctl daemon-reload
+restart
+across "a watchdog kill" stop_daemon
+in_ns journalctl -u gpumemd@0.service --no-pager | grep -qi 'watchdog timeout' ||
+        fail "systemd logged no watchdog timeout: $(in_ns journalctl -u gpumemd@0.service --no-pager -n 20)"
+in_ns rm -rf /run/systemd/system/gpumemd@0.service.d
+in_ns systemctl daemon-reload
+
+# A rebuilt gpumemd package with a higher version: the same files, repacked
+# with dpkg-deb; its postinst restarts the running instances.
+upgrade() {
+        out=$(T=180 in_ns sh -c 'set -e
+                cd /var/tmp/gm-system
+                rm -rf upgrade && mkdir upgrade
+                dpkg-deb -R gpumemd_*.deb upgrade/pkg
+                version=$(sed -n "s/^Version: //p" upgrade/pkg/DEBIAN/control)
+                sed -i "s/^Version: .*/Version: ${version}+upgrade1/" upgrade/pkg/DEBIAN/control
+                dpkg-deb --root-owner-group -b upgrade/pkg upgrade/gpumemd-upgrade.deb >/dev/null
+                dpkg -i upgrade/gpumemd-upgrade.deb
+                dpkg-query -W -f "\${Version}" gpumemd' 2>&1) || fail "the upgrade: $out"
+        echo "$out" | grep -q '+upgrade1$' || fail "dpkg -i did not upgrade gpumemd: $out"
+}
+
+step "an upgrade (dpkg -i of a higher version) with a live client loses nothing"
+across "an upgrade" upgrade
 
 step "systemctl stop, then dpkg --purge, leave nothing behind"
 out=$(T=90 in_ns systemctl stop gpumemd 2>&1) || fail "systemctl stop gpumemd: $out"

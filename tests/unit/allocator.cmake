@@ -14,3 +14,8 @@ add_executable(test_restore ${CMAKE_CURRENT_LIST_DIR}/test_restore.c ${GM_TEST_L
 target_include_directories(test_restore PRIVATE ${GM_TEST_LIB_DIR})
 target_link_libraries(test_restore PRIVATE gm_allocator PkgConfig::CHECK)
 add_test(NAME allocator_restore COMMAND test_restore)
+
+# The free set's AVL tree on its own: every insert and remove checked.
+add_executable(test_freeset ${CMAKE_CURRENT_LIST_DIR}/test_freeset.c)
+target_link_libraries(test_freeset PRIVATE gm_allocator PkgConfig::CHECK)
+add_test(NAME allocator_freeset COMMAND test_freeset)

@@ -729,6 +729,120 @@ START_TEST(test_return_checked_by_process_figure) {
 }
 END_TEST
 
+/* Issue #25, the audit: a return believed on the figure (right at that
+ * instant) is audited again on the tick; the process mapping it again (it
+ * kept the fds) is charged as audited bytes against its tenant's quota (its
+ * grants refused past it, naming them) and the device, until the figure
+ * drops; at most
+ * GM_AUDIT_SESSIONS_PER_TICK sessions a tick, each every audit_interval_ms;
+ * a trusted tenant is not audited, and its unverifiable returns are released
+ * at once (issue #23). */
+START_TEST(test_audit_finds_memory_taken_back) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+        gm_broker_limits_t limits = b_->limits;
+        limits.audit_interval_ms = 1000;
+        gm_broker_set_limits(b_, &limits);
+        grant_ok(s, 1, 20 * MiB);
+        return_whole(s, 1, 20 * MiB); /* believed: its figure shows it gone */
+        ck_assert(b_->driver_attributes_mappings && !s->lied);
+        uint64_t now = gm_now_ms();
+        gm_broker_tick(b_, now);
+        CHECK(b_);
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        ck_assert_uint_eq(b_->audit_checks, 1);
+
+        figure_ += 20 * MiB;           /* imports and maps the fd it kept */
+        gm_broker_tick(b_, now + 500); /* not due yet */
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        gm_broker_tick(b_, now + 1000);
+        CHECK(b_);
+        ck_assert_uint_eq(t->audited_bytes, 20 * MiB);
+        ck_assert_uint_eq(b_->audited_bytes, 20 * MiB);
+        ck_assert_uint_eq(t->audit_catches, 1);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_ptr_nonnull(strstr(host_.last_log, "maps 20.00 MiB of the memory it gave back"));
+        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, true, 21 * MiB);
+        gm_outcome_t out;
+        gm_grant_t g = whole(2, 2 * MiB); /* 0 charged + 20 audited + 2 > 21 */
+        gm_broker_grant(s, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_ptr_nonnull(strstr(out.message, "20.00 MiB more is device memory this tenant's clients gave back"));
+        gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
+        /* Another tenant's quota and the device count it too. */
+        gm_session_t *other = local_session(b_, 1001, "b");
+        uint64_t room = backend_.capacity - 20 * MiB;
+        g = whole(1, room + 2 * MiB);
+        gm_broker_grant(other, 10, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -ENOMEM);
+
+        figure_ -= 20 * MiB; /* lets go of it */
+        gm_broker_tick(b_, now + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        ck_assert_uint_eq(b_->audited_bytes, 0);
+        grant_ok(s, 3, 2 * MiB);
+
+        /* Trusted: not audited. */
+        gm_tenant_set_release_check(t, true, GM_RELEASE_CHECK_TRUST);
+        figure_ += 20 * MiB;
+        gm_broker_tick(b_, now + 3000);
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        figure_ -= 20 * MiB;
+        gm_session_free(other);
+        gm_session_free(s);
+        CHECK(b_);
+
+        /* The bound: twelve sessions due, eight audited a tick, the rest next. */
+        gm_tenant_set_release_check(t, false, GM_RELEASE_CHECK_VERIFY);
+        gm_session_t *many[12];
+        for (int i = 0; i < 12; i++) {
+                many[i] = local_session(b_, 2000 + (uid_t) i, "a");
+                many[i]->audit_based = true;
+                many[i]->audit_released = MiB;
+        }
+        uint64_t checks = b_->audit_checks;
+        gm_broker_tick(b_, now + 10000);
+        ck_assert_uint_eq(b_->audit_checks - checks, GM_AUDIT_SESSIONS_PER_TICK);
+        gm_broker_tick(b_, now + 10100);
+        ck_assert_uint_eq(b_->audit_checks - checks, 12);
+        gm_broker_tick(b_, now + 10200);
+        ck_assert_uint_eq(b_->audit_checks - checks, 12);
+        for (int i = 0; i < 12; i++)
+                gm_session_free(many[i]);
+        CHECK(b_);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
+/* Issue #23: release_check = trust takes the client's word where the figure
+ * cannot verify (here a driver not shown to count mappings): released at
+ * once; verify holds it. */
+START_TEST(test_trust_releases_unverifiable_return) {
+        gm_session_t *s = figured_session(true, 100 * MiB);
+        gm_tenant_t *t = s->tenant;
+        grant_ok(s, 1, 20 * MiB);
+        figure_ += 8 * MiB; /* its own allocation: the figure did not drop by it */
+        return_whole(s, 1, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB); /* verify: held */
+        gm_tenant_set_release_check(t, true, GM_RELEASE_CHECK_TRUST);
+        ck_assert_str_eq(gm_release_check_name(gm_tenant_release_check(b_, t)), "trust");
+        grant_ok(s, 2, 20 * MiB);
+        return_whole(s, 2, 20 * MiB);
+        ck_assert_uint_eq(t->release_unverified_bytes, 20 * MiB); /* the new one released at once */
+        ck_assert_uint_eq(t->charged_bytes, 20 * MiB);
+        gm_release_check_t check;
+        ck_assert_int_eq(gm_release_check_parse("verify", &check), 0);
+        ck_assert_int_eq(check, GM_RELEASE_CHECK_VERIFY);
+        ck_assert_int_eq(gm_release_check_parse("Trust", &check), -EINVAL);
+        gm_session_free(s);
+        CHECK(b_);
+        backend_.ops = &fake_backend_ops;
+}
+END_TEST
+
 /* Issue #17, the local reference: a give-back announced by a ReturnIntent
  * is checked against the figure of that moment, so device memory the process
  * allocated itself since its first Grant (noted before) is no lie; while the
@@ -1807,6 +1921,8 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_release_checked_by_process_figure);
         tcase_add_test(tc, test_return_checked_by_process_figure);
         tcase_add_test(tc, test_return_intent_notes_reference);
+        tcase_add_test(tc, test_audit_finds_memory_taken_back);
+        tcase_add_test(tc, test_trust_releases_unverifiable_return);
         tcase_add_test(tc, test_release_during_release_keeps_reference);
         tcase_add_test(tc, test_release_with_reply_in_flight_not_a_lie);
         tcase_add_test(tc, test_checker_catches_broken_books);

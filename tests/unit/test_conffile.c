@@ -201,8 +201,10 @@ START_TEST(test_example_file) {
                   c->has_max_fds && c->has_release_timeout_ms && c->has_park_timeout_ms &&
                   c->has_unresponsive_timeout_ms && c->unresponsive_timeout_ms == 10000 &&
                   c->has_max_parked_per_session && c->has_max_sessions_per_uid && c->has_hello_timeout_ms &&
-                  c->has_metrics_tenants);
+                  c->has_metrics_tenants && c->has_release_check && c->has_audit_interval_ms);
         ck_assert(c->metrics_tenants);
+        ck_assert_int_eq(c->release_check, GM_RELEASE_CHECK_VERIFY);
+        ck_assert_uint_eq(c->audit_interval_ms, 2000);
         ck_assert_uint_eq(c->socket_mode, 0660);
         ck_assert_uint_eq(c->socket_group, gid_of("video"));
         ck_assert_uint_eq(c->admin_group, gid_of("adm"));
@@ -214,6 +216,8 @@ START_TEST(test_example_file) {
         ck_assert_uint_eq(c->tenants[1].quota, 16ull << 30); /* an inline comment after the value */
         ck_assert(c->tenants[2].has_quota);
         ck_assert_uint_eq(c->tenants[2].quota, 0); /* none */
+        ck_assert(c->tenants[2].has_release_check && !c->tenants[1].has_release_check);
+        ck_assert_int_eq(c->tenants[2].release_check, GM_RELEASE_CHECK_TRUST);
         const gm_config_tenant_t *t = gm_config_tenant_find(c, "uid:1001");
         ck_assert_ptr_nonnull(t);
         ck_assert_uint_eq(t->quota, 4ull << 30);
@@ -388,6 +392,12 @@ START_TEST(test_errors_values) {
                 {"[tenant a]\ngroup = no-such-group-gm\n", "2: unknown group 'no-such-group-gm'"},
                 {"[tenant a]\nuser =\n", "2: invalid user '': a name or a numeric id"},
                 {"[tenant a]\nquota = 0\n", "2: invalid quota '0': a positive size such as 40G, or 'none'"},
+                {"[tenant a]\nrelease_check = maybe\n", "2: invalid release_check 'maybe': 'verify' or 'trust'"},
+                {"[tenant a]\nrelease_check = trust\nrelease_check = trust\n",
+                 "3: 'release_check' already set in [tenant a]"},
+                {"[daemon]\nrelease_check = yes\n", "2: invalid release_check 'yes': 'verify' or 'trust'"},
+                {"[daemon]\naudit_interval_ms = 3600001\n",
+                 "2: invalid audit_interval_ms '3600001': a whole number from 0 to 3600000"},
                 {"[tenant a]\nquota = lots\n", "2: invalid quota 'lots': a positive size such as 40G, or 'none'"},
                 /* the same rule twice, by name and by number */
                 {"[tenant a]\nuser = 0\n[tenant b]\nuser = root\n",

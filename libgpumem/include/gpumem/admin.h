@@ -116,6 +116,8 @@ GPUMEM_EXPORT int gpumem_admin_alloc_conf(gpumem_admin *a, const char *conf, cha
 typedef struct gpumem_tenant_usage {
         gpumem_tenant_info info;
         uint64_t release_unverified_bytes; /* of charged: released, not verified as unmapped */
+        const char *release_check;         /* "verify" or "trust" ("" from an older daemon) */
+        uint64_t audited_bytes;            /* beyond charged: given back and mapped again (the daemon's audit) */
 } gpumem_tenant_usage;
 
 typedef enum gpumem_quota_op {

@@ -50,6 +50,66 @@ GPUMEM_EXPORT void gpumem_torch_record_stream(void *ptr, struct CUstream_st *str
  * releases its idle cached memory. */
 GPUMEM_EXPORT void gpumem_torch_empty_cache(void);
 
+/* PyTorch's alloc_fn with an out-of-memory PyTorch recognises: as
+ * gpumem_torch_alloc, but a refusal throws instead of returning NULL (what
+ * gpumem_torch_oom_mode() says), with "CUDA out of memory." and gpumemd's
+ * diagnosis as its message. A C++ entry point, exported only when the library
+ * is built with a C++ compiler; gpumem.torch.use() installs it when present.
+ * Never call it from C. */
+GPUMEM_EXPORT void *gpumem_torch_malloc(size_t size, int device, struct CUstream_st *stream);
+
+/* For set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction):
+ * from now on the bytes this library hands out on `device` (live blocks plus
+ * the blocks private pools hold) stay within fraction x the daemon's
+ * capacity; an allocation past it is refused (NULL, ENOMEM, diagnosis kept).
+ * A fraction outside (0, 1] is ignored (PyTorch validates it first); 1 removes
+ * the limit. Enforced here, in the process, not by the daemon: libgpumem's
+ * cached segments and other processes are not counted. */
+GPUMEM_EXPORT void gpumem_torch_set_memory_fraction(double fraction, int device);
+
+/* A private pool's id: c10::cuda::MempoolId_t, std::pair<unsigned long long,
+ * unsigned long long>, which is passed as this struct is (two registers). */
+typedef struct gpumem_torch_pool_id {
+        unsigned long long first;
+        unsigned long long second;
+} gpumem_torch_pool_id;
+
+/* For set_begin_allocate_to_pool: allocations on `device` whose stream
+ * `filter` accepts go to private pool `id` until
+ * gpumem_torch_end_allocate_to_pool(). `filter` is PyTorch's
+ * std::function<bool(cudaStream_t)> passed by value, that is the address of
+ * the caller's object (copied here, before the call returns); NULL (C
+ * callers) accepts every stream. A block allocated into a pool and freed
+ * while the pool lives is kept here and reused only by that pool's
+ * allocations on the stream it was freed on; it goes back to libgpumem when
+ * the pool is released. While the pool is allocating, its allocations are
+ * assumed to be inside a CUDA graph capture: one the pool's kept blocks
+ * cannot serve goes to libgpumem (see gpumem_torch(3), "CUDA graphs", for
+ * which libgpumem calls that makes). */
+GPUMEM_EXPORT void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, const void *filter);
+
+/* For set_end_allocate_to_pool_fn: pool `id` takes no new allocations. */
+GPUMEM_EXPORT void gpumem_torch_end_allocate_to_pool(int device, gpumem_torch_pool_id id);
+
+/* For set_release_pool: the pool's kept blocks go back to libgpumem (freed in
+ * the order of the stream each was freed on); its blocks still in use go
+ * back when they are freed. An unknown pool is ignored. */
+GPUMEM_EXPORT void gpumem_torch_release_pool(int device, gpumem_torch_pool_id id);
+
+/* Bytes private pools of `device` keep for reuse (freed into a live pool). */
+GPUMEM_EXPORT uint64_t gpumem_torch_pool_kept_bytes(int device);
+
+/* How an allocation refused through gpumem_torch_malloc() reaches PyTorch:
+ * GPUMEM_TORCH_OOM_C10 (c10::OutOfMemoryError, torch.OutOfMemoryError in
+ * Python), GPUMEM_TORCH_OOM_RUNTIME_ERROR (a std::runtime_error, RuntimeError
+ * in Python: built without PyTorch's headers) or GPUMEM_TORCH_OOM_NULL (no
+ * C++ entry point: gpumem_torch_alloc's NULL, which PyTorch 2.11 does not
+ * check). */
+#define GPUMEM_TORCH_OOM_NULL 0
+#define GPUMEM_TORCH_OOM_RUNTIME_ERROR 1
+#define GPUMEM_TORCH_OOM_C10 2
+GPUMEM_EXPORT int gpumem_torch_oom_mode(void);
+
 /* The session of process device `device`, connected on first use; it stays
  * the library's (never disconnect it). On failure gpumem_last_error(NULL)
  * says why, on the calling thread. */
