@@ -70,9 +70,14 @@ static void host_destroy(gm_backend_t *b) {
         free(b);
 }
 
-/* Sealing writes succeeds only once no shared writable mapping of the memfd
- * is left anywhere (the memory is on its way out, so the seal costs nothing). */
+/* Asked only when the memory is on its way out (its session is over, or
+ * its client said it unmapped it): the pages are punched out of the memfd
+ * first, so every copy a client kept (the fd, a private or read-only
+ * mapping) reads zeros from then on. Then sealing writes succeeds only once
+ * no shared writable mapping is left anywhere; once sealed, no holder can
+ * write pages back (a punch after the seal is refused, so it comes first). */
 static int host_mapped(gm_backend_t *b, const gm_phys_t *phys) {
+        fallocate(phys->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t) phys->size);
         if (fcntl(phys->fd, F_ADD_SEALS, F_SEAL_WRITE) == 0)
                 return 0;
         return errno == EBUSY ? 1 : 0;

@@ -1037,6 +1037,40 @@ START_TEST(test_host_segment_is_sealed_memfd) {
 }
 END_TEST
 
+START_TEST(test_host_check_empties_every_copy) {
+        /* The check is made only when the memory is on its way out: what a
+         * client kept of it (the fd, a private mapping) reads zeros and holds
+         * no pages, a lying writable mapping included, and once sealed
+         * nobody can map it writable again. */
+        gm_backend_t *b = open_host(64 * MiB);
+        gm_phys_t p;
+        ck_assert_ok(gm_backend_create(b, 4 * MiB, &p));
+        int kept = dup(p.fd);
+        char *w = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
+        char *priv = mmap(NULL, p.size, PROT_READ, MAP_PRIVATE, p.fd, 0);
+        ck_assert_ptr_ne(w, MAP_FAILED);
+        ck_assert_ptr_ne(priv, MAP_FAILED);
+        memset(w, 0x5a, p.size);
+        ck_assert_int_eq(priv[0], 0x5a);
+        struct stat st;
+        ck_assert_int_eq(b->ops->mapped(b, &p), 1); /* the liar's mapping: its data gone all the same */
+        ck_assert_int_eq(fstat(kept, &st), 0);
+        ck_assert_int_eq(st.st_blocks, 0);
+        ck_assert_int_eq(w[p.size - 1], 0);
+        munmap(w, p.size);
+        ck_assert_int_eq(b->ops->mapped(b, &p), 0);
+        ck_assert_int_eq(fstat(kept, &st), 0);
+        ck_assert_int_eq(st.st_blocks, 0);
+        ck_assert_int_eq(priv[p.size - 1], 0);
+        ck_assert_ptr_eq(mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, kept, 0), MAP_FAILED);
+        ck_assert_int_eq(fails_with(write(kept, "x", 1)), EPERM);
+        munmap(priv, p.size);
+        close(kept);
+        gm_backend_release(b, &p);
+        gm_backend_close(b);
+}
+END_TEST
+
 START_TEST(test_host_sizes_must_be_granules) {
         gm_backend_t *b = open_host(64 * MiB);
         gm_phys_t p = {.fd = -7};
@@ -1171,6 +1205,7 @@ static Suite *ipc_suite(void) {
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_host_capacity_enforced);
         tcase_add_test(tc, test_host_segment_is_sealed_memfd);
+        tcase_add_test(tc, test_host_check_empties_every_copy);
         tcase_add_test(tc, test_host_sizes_must_be_granules);
         tcase_add_test(tc, test_host_capacity_defaults_and_rounding);
         tcase_add_test(tc, test_backend_open_kinds);
