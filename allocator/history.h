@@ -31,9 +31,11 @@ typedef struct gm_history_entry {
         uint64_t addr; /* for GM_TRACE_OOM: the device's free bytes (device_free) */
         uint64_t size;
         uint64_t stream;
-        uint64_t time_us;   /* epoch microseconds */
-        uint32_t pid;       /* the client process the event belongs to */
-        uint64_t frames_id; /* output only (ignored by record): 0 = no frames; entries
+        uint64_t time_us;    /* epoch microseconds */
+        uint32_t pid;        /* the client process the event belongs to */
+        uint64_t session_id; /* the daemon's session it belongs to (ids are never reused); 0 = not known
+                              * (a client's own ring): then the pid says whose it is */
+        uint64_t frames_id;  /* output only (ignored by record): 0 = no frames; entries
                              * with equal ids share one stack; ids are never reused */
 } gm_history_entry_t;
 

@@ -220,12 +220,16 @@ int gm_snapshot_data_add_trace(gm_snapshot_data_t *d, const gm_history_entry_t *
 
 /* pid -> its first owner (in d->owners, which must not grow while the map
  * is in use). */
-static int index_owners_by_pid(const gm_snapshot_data_t *d, gm_u64map_t *ret_map) {
+/* The owners by pid, or by session id (`by_session`: owners with none are
+ * left out). */
+static int index_owners(const gm_snapshot_data_t *d, bool by_session, gm_u64map_t *ret_map) {
         gm_u64map_t m = {0};
         int r = gm_u64map_reserve(&m, d->n_owners);
-        for (size_t i = 0; r == 0 && i < d->n_owners; i++)
-                if (!gm_u64map_find(&m, d->owners[i].pid, NULL))
-                        r = gm_u64map_put(&m, d->owners[i].pid, (void *) &d->owners[i]);
+        for (size_t i = 0; r == 0 && i < d->n_owners; i++) {
+                uint64_t key = by_session ? d->owners[i].session_id : d->owners[i].pid;
+                if ((!by_session || key) && !gm_u64map_find(&m, key, NULL))
+                        r = gm_u64map_put(&m, key, (void *) &d->owners[i]);
+        }
         if (r < 0) {
                 gm_u64map_done(&m);
                 return r;
@@ -236,16 +240,19 @@ static int index_owners_by_pid(const gm_snapshot_data_t *d, gm_u64map_t *ret_map
 
 typedef struct history_copy {
         gm_snapshot_data_t *d;
-        const gm_u64map_t *owners; /* the pids whose entries are copied; NULL = every entry */
-        gm_u64map_t stacks;        /* frames_id -> index + 1 of its first trace in d */
-        uint64_t last_us;          /* times are made non-decreasing, so sorting by time keeps this order */
+        /* Whose entries are copied (NULL = every entry): an entry that names
+         * its session, that session's owner's; one that does not, its pid's. */
+        const gm_u64map_t *owners, *sessions;
+        gm_u64map_t stacks; /* frames_id -> index + 1 of its first trace in d */
+        uint64_t last_us;   /* times are made non-decreasing, so sorting by time keeps this order */
         int error;
 } history_copy_t;
 
 static void copy_entry(const gm_history_entry_t *e, const gm_frame_t *frames, size_t n_frames, void *userdata) {
         history_copy_t *x = userdata;
         gm_snapshot_data_t *d = x->d;
-        if (x->error || (x->owners && !gm_u64map_find(x->owners, e->pid, NULL)))
+        if (x->error || (x->owners && !(e->session_id ? gm_u64map_find(x->sessions, e->session_id, NULL)
+                                                      : gm_u64map_find(x->owners, e->pid, NULL))))
                 return;
         gm_history_entry_t entry = *e;
         if (entry.time_us < x->last_us)
@@ -271,16 +278,22 @@ int gm_snapshot_data_add_history(gm_snapshot_data_t *d, const gm_history_t *h, b
         if (!h)
                 return 0;
         history_copy_t x = {.d = d};
-        gm_u64map_t owners = {0};
+        gm_u64map_t owners = {0}, sessions = {0};
         if (only_owned) {
-                int r = index_owners_by_pid(d, &owners);
-                if (r < 0)
+                int r = index_owners(d, false, &owners);
+                if (r == 0)
+                        r = index_owners(d, true, &sessions);
+                if (r < 0) {
+                        gm_u64map_done(&owners);
                         return r;
+                }
                 x.owners = &owners;
+                x.sessions = &sessions;
         }
         gm_history_foreach(h, copy_entry, &x);
         gm_u64map_done(&x.stacks);
         gm_u64map_done(&owners);
+        gm_u64map_done(&sessions);
         return x.error;
 }
 
@@ -654,7 +667,7 @@ int gm_snapshot_render(gm_snapshot_data_t *d, const gm_snapshot_options_t *o, ch
         /* Sources (the device's ring, each local session's) merge by time. */
         if (d->n_traces > 1)
                 qsort(d->traces, d->n_traces, sizeof(*d->traces), cmp_trace_time);
-        if ((ret = build_alloc_index(&r)) < 0 || (ret = index_owners_by_pid(r.d, &r.owners_by_pid)) < 0)
+        if ((ret = build_alloc_index(&r)) < 0 || (ret = index_owners(r.d, false, &r.owners_by_pid)) < 0)
                 goto finish;
         ret = gm_pickler_init(&r.w, o->format == GM_SNAPSHOT_JSON ? GM_PICKLE_FORMAT_JSON : GM_PICKLE_FORMAT_PICKLE);
         if (ret < 0)

@@ -193,6 +193,7 @@ static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t s
                 .stream = stream,
                 .time_us = gm_realtime_us(),
                 .pid = (uint32_t) s->pid,
+                .session_id = s->id,
         };
         if (action == GM_TRACE_OOM) {
                 uint64_t free_bytes = 0, total = 0;

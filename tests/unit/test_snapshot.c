@@ -668,6 +668,45 @@ static void render(gm_snapshot_data_t *d, const gm_snapshot_options_t *o, char *
         ck_assert_ok(gm_snapshot_render(d, o, ret_buf, ret_len));
 }
 
+/* A caller's view holds the entries of the sessions in it: an entry that
+ * names its session is matched by that session, not by its pid, so an ended
+ * session of another tenant whose pid a session in view now has stays out
+ * (issue 25: pids are reused); an entry naming no session (a client's own
+ * ring) is matched by its pid. */
+START_TEST(test_history_in_view_by_session) {
+        gm_history_t *h;
+        ck_assert_ok(gm_history_new(16, 0, &h));
+        const gm_history_entry_t
+                ended_other = {.action = GM_TRACE_ALLOC, .addr = 1 << 20, .size = 512, .pid = 4242, .session_id = 7},
+                mine = {.action = GM_TRACE_ALLOC, .addr = 2 << 20, .size = 1024, .pid = 4242, .session_id = 9},
+                no_session = {.action = GM_TRACE_ALLOC, .addr = 3 << 20, .size = 2048, .pid = 4242},
+                elsewhere = {.action = GM_TRACE_ALLOC, .addr = 4 << 20, .size = 4096, .pid = 5000, .session_id = 10};
+        ck_assert_ok(gm_history_record(h, &ended_other, NULL, 0));
+        ck_assert_ok(gm_history_record(h, &mine, NULL, 0));
+        ck_assert_ok(gm_history_record(h, &no_session, NULL, 0));
+        ck_assert_ok(gm_history_record(h, &elsewhere, NULL, 0));
+        gm_snapshot_data_t *d;
+        uint32_t owner;
+        ck_assert_ok(gm_snapshot_data_new(&d));
+        gm_snapshot_owner_t o = {.pid = 4242, .tenant = "b", .session_id = 9};
+        ck_assert_ok(gm_snapshot_data_add_owner(d, &o, &owner));
+        ck_assert_ok(gm_snapshot_data_add_history(d, h, true));
+        ck_assert_uint_eq(gm_snapshot_data_traces(d), 2); /* mine and no_session */
+        gm_alloc_config_t conf;
+        char err[128];
+        ck_assert_ok(gm_alloc_config_parse("", &conf, err, sizeof(err)));
+        char *buf;
+        size_t len;
+        render(d, &(gm_snapshot_options_t){.format = GM_SNAPSHOT_JSON, .config = &conf}, &buf, &len);
+        ck_assert_msg(!strstr(buf, "\"size\":512,") && strstr(buf, "\"size\":1024,") && strstr(buf, "\"size\":2048,") &&
+                              !strstr(buf, "\"size\":4096,"),
+                      "%s", buf);
+        free(buf);
+        gm_snapshot_data_free(d);
+        gm_history_free(h);
+}
+END_TEST
+
 /* Device scale: each block's and trace entry's category (its tenant, or
  * "pid N"), the closing `snapshot` entry in "unknown" (MemoryViz.js throws
  * when categories lack it), and the process named in the outermost frame. */
@@ -977,6 +1016,7 @@ static Suite *snapshot_suite(void) {
         tcase_add_test(tc, test_snapshot_bad_source);
         tcase_add_test(tc, test_checker_rejects);
         tcase_add_test(tc, test_snapshot_categories);
+        tcase_add_test(tc, test_history_in_view_by_session);
         tcase_add_test(tc, test_snapshot_pickle_1_13);
         tcase_add_test(tc, test_snapshot_blocks_unknown_and_limits);
         tcase_add_test(tc, test_snapshot_answer);
