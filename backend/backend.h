@@ -35,7 +35,11 @@ typedef struct gm_backend_ops {
         int (*adopt)(gm_backend_t *b, int fd, uint64_t size, gm_phys_t *ret_phys);
         /* Whether the memory is still mapped writable by some process (the
          * daemon maps none): 1 yes, 0 no, or NULL when the backend cannot
-         * tell. Asked before a client's word that it unmapped is believed. */
+         * tell. Asked only when the memory is on its way out (before a
+         * client's word that it unmapped is believed, or once its session
+         * is over), never at a daemon's stop: its contents are gone from
+         * then on for every holder of the fd (host: punched out of the
+         * memfd, then sealed against writes), even when it answers 1. */
         int (*mapped)(gm_backend_t *b, const gm_phys_t *phys);
         /* The driver's figure of the device memory process `pid` holds (its
          * allocations, its context and what it maps, as nvidia-smi lists

@@ -78,6 +78,8 @@ struct gm_session {
         gm_heap_t *heap; /* created at the first allocation */
         uint64_t last_active_ms;
         const gm_frame_t *cur_frames; /* frames of the allocation being served (history) */
+        gm_history_t *history;        /* its own history (gm_session_history()); NULL while off */
+        size_t history_max_entries;   /* its own history's bound */
         size_t n_cur_frames;
         gm_piece_t *pieces;              /* every piece it owns (any state) */
         gm_piece_t *new_head, *new_tail; /* LIVE, not yet sent, in creation order */

@@ -447,6 +447,8 @@ typedef struct gm_session_view {
         const gm_piece_t *pieces;          /* every piece it owns (any state), linked by ->next */
         void *userdata;                    /* gm_session_params_t's */
         void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
+        const gm_history_t *history;       /* its own history (gm_session_history()); NULL while off */
+        size_t history_max_entries;        /* its bound, while on */
 } gm_session_view_t;
 
 void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
@@ -474,6 +476,14 @@ void gm_session_describe(gm_session_t *s, const char *name, bool admin_conn);
 void gm_session_touch(gm_session_t *s, uint64_t now_ms);
 /* Ends it if needed and frees it. Accepts NULL. */
 void gm_session_free(gm_session_t *s);
+/* The session's own allocation history, which any session may record
+ * (PyTorch's is per process): on (max_entries bounded by
+ * GM_SESSION_HISTORY_MAX_ENTRIES; 0 keeps the last bound, at first the
+ * device's default) or off (clears it). While it is on, its central heap's
+ * events go to it instead of the device's ring; a local heap records its
+ * own trace, so it stays empty. Freed when the session ends. -ENOMEM. */
+#define GM_SESSION_HISTORY_MAX_ENTRIES 1000000u
+int gm_session_history(gm_session_t *s, bool enabled, size_t max_entries);
 /* The session's heap, created on first use. */
 int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 

@@ -229,7 +229,14 @@ void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
          * client unmaps just after its session ends, so it is not checked). */
         gm_tenant_t *t = p->session && p->session->lied ? p->session->tenant : NULL;
         pid_t pid = t ? p->session->pid : 0;
-        bool keep = t && !b->stopping && !b->keep_stored && still_held(b, p, pid);
+        bool leaving = !b->stopping && !b->keep_stored; /* not kept for a next daemon */
+        bool keep = t && leaving && still_held(b, p, pid);
+        /* Its session is over: whatever its client kept (the fd, a private
+         * or read-only mapping) loses the contents (the host backend's check
+         * punches them out, then seals). Not at a stop: live clients keep
+         * their memory across the daemon's exit. */
+        if (!keep && leaving)
+                (void) gm_piece_still_mapped(b, p);
         detach(p);
         if (keep && linger(b, t, pid, p)) {
                 gm_ledger_unstore(b, p);

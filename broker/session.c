@@ -107,7 +107,8 @@ void gm_session_end(gm_session_t *s) {
         if (s->pieces)
                 b->memory_freed = true;
         s->ended = true;
-        s->heap = gm_heap_destroy(s->heap); /* every piece at once: ended is set */
+        s->heap = gm_heap_destroy(s->heap);       /* every piece at once: ended is set */
+        s->history = gm_history_free(s->history); /* nobody may read an ended session's history */
         free(s->moves);
         s->moves = NULL;
         s->n_moves = s->cap_moves = 0;
@@ -435,6 +436,8 @@ void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
                 .pieces = s->pieces,
                 .userdata = s->userdata,
                 .owned = s->owned,
+                .history = s->history,
+                .history_max_entries = s->history ? s->history_max_entries : 0,
         };
 }
 
@@ -448,4 +451,28 @@ gm_session_t *gm_session_next(const gm_session_t *s) {
 
 void **gm_session_owned(gm_session_t *s) {
         return &s->owned;
+}
+
+/* ---- its own history ---- */
+
+/* Interned frame data one session's own history may hold, at most. */
+#define SESSION_HISTORY_FRAME_BYTES (16u << 20)
+#define SESSION_HISTORY_DEFAULT_ENTRIES 100000u
+
+int gm_session_history(gm_session_t *s, bool enabled, size_t max_entries) {
+        if (!enabled) {
+                s->history = gm_history_free(s->history); /* as PyTorch: disabling clears it */
+                return 0;
+        }
+        if (max_entries)
+                s->history_max_entries = max_entries;
+        if (!s->history_max_entries)
+                s->history_max_entries = SESSION_HISTORY_DEFAULT_ENTRIES;
+        if (s->history_max_entries > GM_SESSION_HISTORY_MAX_ENTRIES)
+                s->history_max_entries = GM_SESSION_HISTORY_MAX_ENTRIES;
+        if (s->ended)
+                return 0;
+        if (!s->history)
+                return gm_history_new(s->history_max_entries, SESSION_HISTORY_FRAME_BYTES, &s->history);
+        return gm_history_set_max(s->history, s->history_max_entries);
 }

@@ -178,11 +178,13 @@ void gm_session_central_frees_fenced(gm_session_t *s, uint64_t stream) {
                 f->asked = fence;
 }
 
-/* Records allocator events in the device's memory history while it is on. */
+/* Records allocator events in the session's own history while it is on,
+ * else in the device's while that is on: each event in one ring only. */
 static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
         gm_session_t *s = userdata;
         gm_broker_t *b = s->broker;
-        if (!b->history)
+        gm_history_t *h = s->history ? s->history : b->history;
+        if (!h)
                 return;
         gm_history_entry_t e = {
                 .action = action,
@@ -199,7 +201,7 @@ static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t s
         }
         bool with_frames = action == GM_TRACE_ALLOC || action == GM_TRACE_OOM;
         /* A failed record only loses this entry; allocation goes on. */
-        gm_history_record(b->history, &e, with_frames ? s->cur_frames : NULL, with_frames ? s->n_cur_frames : 0);
+        gm_history_record(h, &e, with_frames ? s->cur_frames : NULL, with_frames ? s->n_cur_frames : 0);
 }
 
 int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap) {

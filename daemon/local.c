@@ -119,8 +119,6 @@ void gm_local_push_alloc_conf(void *userdata, gm_session_t *s, const gm_alloc_co
 void gm_local_push_history(const gm_requests_t *rq) {
         gm_broker_t *b = rq->broker;
         Gpumem__HistoryControl h = GPUMEM__HISTORY_CONTROL__INIT;
-        h.enabled = b->history != NULL;
-        h.max_entries = b->history_max_entries;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_PUSH;
         out.history_push = &h;
@@ -128,6 +126,9 @@ void gm_local_push_history(const gm_requests_t *rq) {
                 gm_request_conn_t *oc = gm_session_userdata(o);
                 gm_session_view_t ov;
                 gm_session_view(o, &ov);
+                /* One recording its own history goes on with it, whatever the device's. */
+                h.enabled = b->history != NULL || ov.history != NULL;
+                h.max_entries = b->history ? b->history_max_entries : ov.history_max_entries;
                 if (oc && oc->local && !oc->closed && !ov.ended)
                         gm_request_send(oc, 0, &out, NULL, 0);
         }

@@ -224,7 +224,18 @@ int gm_req_admin_reset_stats(gm_request_conn_t *c, uint64_t request_id, const Gp
 
 /* ---- memory history ---- */
 
+/* Whether a request is for the caller's own history: a non-admin's session
+ * (an administration tool's connection has none to record). An admin's is
+ * for the device's, as before. */
+static bool own_history(const gm_request_conn_t *c) {
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        return !sv.admin && !sv.admin_conn;
+}
+
 const char *gm_req_admin_for_history(const gm_request_conn_t *c, const Gpumem__Envelope *env) {
+        if (own_history(c))
+                return NULL; /* anyone may record its own, as in PyTorch */
         return env->history_control->status_only ? "reading the state of memory history" : "controlling memory history";
 }
 
@@ -234,9 +245,34 @@ int gm_req_admin_check_history(const gm_request_conn_t *c, const Gpumem__Envelop
         return 0;
 }
 
+/* A non-admin session's HistoryControl: its own history, on, off or its state. */
+static int own_history_control(gm_request_conn_t *c, uint64_t request_id, const Gpumem__HistoryControl *req) {
+        if (!req->status_only) {
+                int r = gm_session_history(c->session, req->enabled, req->max_entries);
+                if (r < 0)
+                        return gm_request_error(c, request_id, r, "cannot set up memory history: %s", strerror(-r)), 0;
+        }
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        if (!req->status_only)
+                log_debug("session %llu: its own memory history %s (max %zu entries)", (unsigned long long) sv.id,
+                          sv.history ? "on" : "off", sv.history_max_entries);
+        Gpumem__HistoryReply reply = GPUMEM__HISTORY_REPLY__INIT;
+        reply.enabled = sv.history != NULL;
+        reply.max_entries = sv.history_max_entries;
+        reply.entries = sv.history ? gm_history_len(sv.history) : 0; /* a local heap counts its own */
+        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
+        out.body_case = GPUMEM__ENVELOPE__BODY_HISTORY_REPLY;
+        out.history_reply = &reply;
+        gm_request_send(c, request_id, &out, NULL, 0);
+        return 0;
+}
+
 int gm_req_admin_history(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__HistoryControl *req = env->history_control;
         gm_broker_t *b = c->rq->broker;
+        if (own_history(c))
+                return own_history_control(c, request_id, req);
         if (!req->status_only) {
                 gm_session_view_t sv;
                 gm_session_view(c->session, &sv);

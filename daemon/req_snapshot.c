@@ -342,12 +342,12 @@ static bool send_query(gm_snapjobs_t *js, ask_t *a) {
         return gm_request_send(a->conn, 0, &out, NULL, 0) == 0;
 }
 
-/* Copies what the loop owns (central heaps, the device's trace, local
- * sessions' pieces) and asks the local sessions. The trace is whole only
- * for an admin asking for the whole device; anyone else gets the entries of
- * the live sessions in view, so an ended session's entries are never shown
- * to another tenant (the entries record a pid, not a tenant). -ESRCH: a
- * --pid that names no session in view. */
+/* Copies what the loop owns (central heaps, the device's trace and each
+ * session's own, local sessions' pieces) and asks the local sessions. The
+ * device's trace is whole only for an admin asking for the whole device;
+ * anyone else gets the entries of the live sessions in view, so an ended
+ * session's entries are never shown to another tenant (the entries record
+ * a pid, not a tenant). -ESRCH: a --pid that names no session in view. */
 static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Snapshot *req, bool *ret_everything) {
         gm_broker_t *b = c->rq->broker;
         gm_snapjobs_t *js = c->rq->snapjobs;
@@ -376,12 +376,16 @@ static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Sn
                 gm_request_conn_t *oc = gm_session_userdata(o);
                 if (!in_view(&sv, &ov, req->pid) || (!ov.heap && !(oc && oc->local)))
                         continue;
+                /* What it recorded of its own (gm_session_history()): its entries only. */
+                int r = gm_snapshot_data_add_history(j->data, ov.history, false);
+                if (r < 0)
+                        return r;
                 char command[64];
                 command_of(&ov, oc, command, sizeof(command));
                 gm_snapshot_owner_t owner = {
                         .pid = (uint32_t) ov.pid, .tenant = ov.tenant->name, .command = command, .session_id = ov.id};
                 uint32_t idx;
-                int r = gm_snapshot_data_add_owner(j->data, &owner, &idx);
+                r = gm_snapshot_data_add_owner(j->data, &owner, &idx);
                 if (r < 0)
                         return r;
                 if (ov.heap) {

@@ -33,9 +33,10 @@
 # --emulator runs the same stages over the emulated driver (tests/lib/fakecuda:
 # GPUMEM_LIBCUDA, GPUMEM_LIBNVML, a device pool file) with a stand-in
 # nvidia-smi (gpu-check/nvidia-smi) reading that pool, to know the check
-# works up to the hardware. The emulator runs no kernels: those stages then
-# write and verify through the CPU mapping of the emulated pointer and say so
-# in their line, and figures are the emulator's, not a GPU's.
+# works up to the hardware. The emulator is asynchronous: its kernels (fill,
+# verify, spin) run later on per-stream workers, the CPU cannot touch its
+# device memory, and unmapping memory under a queued kernel faults it; the
+# lines say "emulated kernels", and figures are the emulator's, not a GPU's.
 #
 # usage: scripts/gpu-check.sh [--emulator] [--bundle DIR | --build DIR]
 #   --bundle DIR  the bundle (default: gpu-check-bundle/ in the repository)
@@ -95,7 +96,7 @@ if [ "$EMULATOR" = 1 ]; then
         export GPUMEM_LIBCUDA=$FAKELIB/libcuda.so.1 GPUMEM_LIBNVML=$FAKELIB/libnvidia-ml.so.1
         export FAKECUDA_POOL=$WORK/device-pool FAKECUDA_CAPACITY=8G FAKECUDA_CONTEXT_BYTES=256M GM_CHECK_SMALL=1
         export PATH=$HERE:$PATH # the stand-in nvidia-smi
-        MODE="emulator (tests/lib/fakecuda; no kernels run, figures are not a GPU's)"
+        MODE="emulator (tests/lib/fakecuda, asynchronous; figures are not a GPU's)"
 else
         unset GPUMEM_LIBCUDA GPUMEM_LIBNVML FAKECUDA_POOL
         MODE="hardware"
@@ -191,6 +192,12 @@ if [ -f "$WORK/meet/held-1" ] && [ -f "$WORK/meet/held-2" ]; then
         held=$(($(cat "$WORK/meet/held-1") + $(cat "$WORK/meet/held-2")))
         json=$(stats "$SOCK")
         allocated=$(json_number 'allocated_bytes.all.current' "$json")
+        # What NVML attributes to the daemon (the exporter) and to an importer:
+        # the evidence for release_check's default (verify needs the importer's
+        # figure to count imported memory).
+        apps=$(smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits)
+        listed=$(sed 's/, */=/' <<<"$apps" | tr '\n' ' ')
+        pass "nvml: per-process used memory (measured, for release_check's default) while two importers hold $((held / 1048576)) MiB: daemon (the exporter, pid $DAEMON_PID) $(sed -n "s/^$DAEMON_PID, *//p" <<<"$apps" | head -1 | grep . || echo 'not listed'); compute apps pid=MiB: ${listed:-none}"
         if [ "${allocated:-x}" = "$held" ]; then
                 pass "clients: both hold memory at once, the daemon counts $allocated bytes allocated"
         else
@@ -209,6 +216,11 @@ note "expandable segments"
 if start_daemon "$WORK/exp.sock" "$WORK/gpumemd-exp.log" --alloc-conf expandable_segments:True; then
         EXP_PID=$STARTED_PID
         if out=$(timeout "$(left)" "$CLIENT" expandable "$WORK/exp.sock" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "expandable: $(tail -1 <<<"$out")"; fi
+        # The cost of growing in 2 MiB pages: 16 GiB on a GPU, 1 GiB over the emulator.
+        grow_bytes=$(( EMULATOR == 1 ? 1073741824 : 17179869184 ))
+        for g in "expandable $WORK/exp.sock" "plain $SOCK"; do
+                if out=$(timeout "$(left)" "$CLIENT" grow "${g#* }" "$grow_bytes" 2>&1); then pass "${g%% *} $(tail -1 <<<"$out")"; else fail "grow (${g%% *}): $(tail -1 <<<"$out")"; fi
+        done
         stop_daemon "$EXP_PID" || fail "expandable: its gpumemd did not exit cleanly"
 else
         fail "expandable: gpumemd with expandable segments did not start"
@@ -216,10 +228,7 @@ fi
 
 # ---- streams ----
 note "stream-ordered frees"
-hold=$WORK/hold-events
-if [ "$EMULATOR" = 1 ]; then touch "$hold"; fi
-if out=$(FAKECUDA_HOLD_EVENTS=$hold GM_CHECK_HOLD_EVENTS=$([ "$EMULATOR" = 1 ] && echo "$hold") \
-        timeout "$(left)" "$CLIENT" streams "$SOCK" 2>&1); then
+if out=$(timeout "$(left)" "$CLIENT" streams "$SOCK" 2>&1); then
         pass "$(tail -1 <<<"$out")"
 else
         fail "streams: $(tail -1 <<<"$out")"

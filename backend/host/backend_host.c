@@ -15,11 +15,13 @@
 
 #define HOST_GRANULARITY (2ull << 20)          /* bytes: a huge page, so a segment can use THP */
 #define HOST_DEFAULT_CAPACITY_MAX (8ull << 30) /* bytes */
-/* Sealed so that no holder of the fd can shrink it under another's mapping
- * (SIGBUS) or grow it past what was charged. */
-/* Not F_SEAL_SEAL: host_mapped() adds F_SEAL_WRITE to learn whether any
- * writable mapping is left (the kernel refuses it with EBUSY while one is). */
-#define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+/* Sealed so that no holder of the fd can grow it past what was charged. Not
+ * F_SEAL_SHRINK: a segment is mapped by its one session's process only (a
+ * holder that shrinks it hurts only its own mapping), and host_mapped()
+ * truncates released memory to nothing. Not F_SEAL_SEAL: host_mapped() adds
+ * F_SEAL_WRITE to learn whether any writable mapping is left (the kernel
+ * refuses it with EBUSY while one is). */
+#define HOST_SEALS F_SEAL_GROW
 
 static int host_create(gm_backend_t *b, uint64_t size, gm_phys_t *ret_phys) {
         if (size == 0 || size % b->granularity != 0)
@@ -70,12 +72,22 @@ static void host_destroy(gm_backend_t *b) {
         free(b);
 }
 
-/* Sealing writes succeeds only once no shared writable mapping of the memfd
- * is left anywhere (the memory is on its way out, so the seal costs nothing). */
+/* Asked only when the memory is on its way out (its session is over, or
+ * its client said it unmapped it): the pages are punched out of the memfd
+ * first, so the data is gone for every copy a client kept (the fd, a
+ * private or read-only mapping). Sealing writes then succeeds only once no
+ * shared writable mapping is left anywhere (a punch after the seal is
+ * refused, so it comes first). Once sealed, the file is cut to size 0 and
+ * sealed against growing and shrinking: a kept mapping now lies past the
+ * end of the file (a touch is SIGBUS, never a new page), a kept fd can
+ * neither write nor fallocate, so no holder can pin memory again. */
 static int host_mapped(gm_backend_t *b, const gm_phys_t *phys) {
-        if (fcntl(phys->fd, F_ADD_SEALS, F_SEAL_WRITE) == 0)
-                return 0;
-        return errno == EBUSY ? 1 : 0;
+        fallocate(phys->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t) phys->size);
+        if (fcntl(phys->fd, F_ADD_SEALS, F_SEAL_WRITE) < 0)
+                return errno == EBUSY ? 1 : 0;
+        if (ftruncate(phys->fd, 0) == 0)
+                fcntl(phys->fd, F_ADD_SEALS, F_SEAL_SHRINK);
+        return 0;
 }
 
 static const gm_backend_ops_t host_ops = {

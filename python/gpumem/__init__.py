@@ -350,13 +350,16 @@ _FRAME_HOOK = _lib.FRAME_HOOK(_collect_frames)
 
 
 def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None):
-    """torch.cuda.memory._record_memory_history(): turns the daemon's trace
-    ring on ("all", "state" or True) or off (None or False: clears it, as in
-    PyTorch); needs admin rights, since the ring is the device's. With a
+    """torch.cuda.memory._record_memory_history(): turns this process's
+    allocation history on ("all", "state" or True) or off (None or False:
+    clears it, as in PyTorch); it needs no rights, and this process's
+    _snapshot() shows it. With admin rights it is the daemon's trace ring
+    of the whole device instead (`gpumemctl history`). With a
     context (not None) this process's allocations through PyTorch carry their
     Python stack (stacks "python" and "all" record the same: gpumemd sees no
-    C++ frames). max_entries bounds the ring (at most 100000000; the default,
-    sys.maxsize, keeps the daemon's bound)."""
+    C++ frames). max_entries bounds the ring (at most 100000000, and
+    1000000 for one's own; the default, sys.maxsize, keeps the daemon's
+    bound)."""
     if enabled not in (None, False, True, "state", "all"):
         raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
     if context not in (None, "state", "alloc", "all") or stacks not in ("python", "all"):

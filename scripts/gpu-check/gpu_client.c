@@ -4,16 +4,17 @@
  *
  * On a GPU it writes and checks memory with real kernels (kernels.cu as PTX,
  * $GM_CHECK_PTX, JIT-compiled by the driver). Over the emulated driver
- * (tests/lib/fakecuda), which runs no kernels, it says so and writes and checks
- * through the CPU mapping of the emulated device pointer instead: every
- * result line names which of the two it did ("kernels" or "host writes").
+ * (tests/lib/fakecuda), whose device memory the CPU cannot touch either, the
+ * same fills, checks and long-running work are the emulator's kernels
+ * (fakecuda_launch_*, queued on the same streams and run later by its stream
+ * workers): every result line names which of the two ran ("kernels" or
+ * "emulated kernels").
  *
  *   gpu_client pattern SOCKET SEED DIR   allocate blocks of assorted sizes, fill
  *        them, write DIR/held-SEED (bytes held), wait for DIR/go, verify, free
  *   gpu_client expandable SOCKET          many pages, partial frees, trim, verify
  *   gpu_client streams SOCKET             record_stream/free_async on real streams
- *        with kernels still running; with $GM_CHECK_HOLD_EVENTS (emulator) the
- *        events are held by that file until the pending state was seen
+ *        with 300 ms kernels still running on the second stream
  *   gpu_client trim-busy SOCKET           trim while a kernel writes a live block
  *   gpu_client cache SOCKET DIR           cache memory, DIR/cached, wait for DIR/go,
  *        report whether the daemon reclaimed it meanwhile
@@ -25,6 +26,8 @@
  *        the diagnosis
  *   gpu_client bench SOCKET               median ns of a cached alloc+free through
  *        the daemon and of cuMemAlloc+cuMemFree
+ *   gpu_client grow SOCKET BYTES           the driver's minimum and recommended
+ *        granularity; the time to grow to BYTES in 2 MiB blocks, then free, trim
  *   gpu_client probe -                    load the driver (and the kernels) only
  * Exit status 0 when the mode's checks held; the last line is the result. */
 #ifndef _GNU_SOURCE
@@ -67,8 +70,13 @@ static struct {
         PFN_cuLaunchKernel_v4000 LaunchKernel;
         PFN_cuMemsetD32_v3020 MemsetD32;
         PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
+        PFN_cuMemGetAllocationGranularity_v10020 Granularity;
         CUfunction fill, check, spin_fill;
         CUdeviceptr bad; /* mismatch counter of gm_check */
+        /* The emulator's kernels (tests/lib/fakecuda/fakecuda.h), when it is the driver. */
+        int (*emu_pattern)(void *stream, uint64_t dst, size_t bytes, uint64_t seed);
+        int (*emu_verify_pattern)(void *stream, uint64_t src, size_t bytes, uint64_t seed, int *ret_ok);
+        int (*emu_spin)(void *stream, unsigned ms);
 } cu;
 
 static gpumem_client *client;
@@ -110,7 +118,7 @@ static void *sym(void *lib, const char *name, bool required) {
         } while (0)
 
 static const char *method(void) {
-        return cu.kernels ? "kernels" : "host writes through the emulated mapping (the emulator runs no kernels)";
+        return cu.kernels ? "kernels" : "emulated kernels";
 }
 
 /* Loads the driver, makes device 0's primary context current (as an
@@ -136,12 +144,18 @@ static void driver_open(void) {
         SYM(LaunchKernel, "cuLaunchKernel", false);
         SYM(MemsetD32, "cuMemsetD32_v2", false);
         SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", false);
+        SYM(Granularity, "cuMemGetAllocationGranularity", true);
+        SYM(emu_pattern, "fakecuda_launch_pattern", false);
+        SYM(emu_verify_pattern, "fakecuda_launch_verify_pattern", false);
+        SYM(emu_spin, "fakecuda_launch_spin", false);
         ck(cu.Init(0), "cuInit");
         CUcontext ctx;
         ck(cu.PrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
         ck(cu.CtxPush(ctx), "cuCtxPushCurrent");
+        if (cu.emu_pattern && cu.emu_verify_pattern && cu.emu_spin)
+                return; /* the emulator: its own kernels */
         if (!cu.ModuleLoadData || !cu.LaunchKernel || !cu.MemsetD32 || !cu.MemcpyDtoH)
-                return; /* the emulator */
+                die("the driver has neither cuLaunchKernel nor the emulator's kernels");
         const char *ptx_path = getenv("GM_CHECK_PTX");
         FILE *f = ptx_path ? fopen(ptx_path, "re") : NULL;
         if (!f)
@@ -167,10 +181,6 @@ static void driver_close(void) {
         cu.PrimaryCtxRelease(0);
 }
 
-static uint32_t pattern(uint32_t seed, uint64_t i) {
-        return seed ^ (uint32_t) (i * 2654435761u);
-}
-
 static void launch(CUfunction f, CUstream stream, void **params) {
         ck(cu.LaunchKernel(f, 264, 1, 1, 256, 1, 1, 0, stream, params, NULL), "cuLaunchKernel");
 }
@@ -180,9 +190,9 @@ static void fill_async(void *p, uint64_t bytes, uint32_t seed, CUstream stream, 
         unsigned long long n = bytes / 4, ns = spin_ns;
         CUdeviceptr d = (CUdeviceptr) (uintptr_t) p;
         if (!cu.kernels) {
-                uint32_t *w = p;
-                for (uint64_t i = 0; i < n; i++)
-                        w[i] = pattern(seed, i);
+                if (spin_ns)
+                        ck(cu.emu_spin(stream, (unsigned) (spin_ns / 1000000)), "fakecuda_launch_spin");
+                ck(cu.emu_pattern(stream, d, bytes, seed), "fakecuda_launch_pattern");
                 return;
         }
         void *params[] = {&d, &n, &seed, &ns};
@@ -191,20 +201,18 @@ static void fill_async(void *p, uint64_t bytes, uint32_t seed, CUstream stream, 
 
 static void fill(void *p, uint64_t bytes, uint32_t seed) {
         fill_async(p, bytes, seed, NULL, 0);
-        if (cu.kernels)
-                ck(cu.StreamSynchronize(NULL), "cuStreamSynchronize");
+        ck(cu.StreamSynchronize(NULL), "cuStreamSynchronize");
 }
 
 static bool verify(const void *p, uint64_t bytes, uint32_t seed) {
         unsigned long long n = bytes / 4;
-        if (!cu.kernels) {
-                const uint32_t *w = p;
-                for (uint64_t i = 0; i < n; i++)
-                        if (w[i] != pattern(seed, i))
-                                return false;
-                return true;
-        }
         CUdeviceptr d = (CUdeviceptr) (uintptr_t) p;
+        if (!cu.kernels) {
+                int ok = 0;
+                ck(cu.emu_verify_pattern(NULL, d, bytes, seed, &ok), "fakecuda_launch_verify_pattern");
+                ck(cu.StreamSynchronize(NULL), "cuStreamSynchronize");
+                return ok == 1;
+        }
         unsigned bad = 0;
         ck(cu.MemsetD32(cu.bad, 0, 1), "cuMemsetD32");
         void *params[] = {&d, &n, &seed, &cu.bad};
@@ -360,9 +368,6 @@ static int mode_streams(const char *socket) {
         ck_gm(gpumem_free_async(client, b, (uint64_t) (uintptr_t) s2), "gpumem_free_async");
         int64_t pending = stat_of("active_bytes.all.current");
         int64_t allocated = stat_of("allocated_bytes.all.current");
-        const char *hold = getenv("GM_CHECK_HOLD_EVENTS");
-        if (hold)
-                unlink(hold); /* the emulator: the "kernels" end now */
         uint64_t t0 = now_ns();
         int64_t active = pending;
         for (int i = 0; i < 1000 && active != 0; i++) {
@@ -380,7 +385,8 @@ static int mode_streams(const char *socket) {
                     pending, 128 * MiB, allocated, active, waited_ms);
         printf("free_async/record_stream: %.0f MiB pending while the streams were busy (%s), released %" PRIu64
                " ms after\n",
-               (double) pending / MiB, cu.kernels ? "300 ms kernels on a second stream" : "events held by the emulator",
+               (double) pending / MiB,
+               cu.kernels ? "300 ms kernels on a second stream" : "300 ms emulated kernels on a second stream",
                waited_ms);
         return 0;
 }
@@ -489,6 +495,38 @@ static int mode_oom(const char *socket) {
         return 0;
 }
 
+static int mode_grow(const char *socket, uint64_t bytes) {
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                                    .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+        size_t minimum = 0, recommended = 0;
+        ck(cu.Granularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+        ck(cu.Granularity(&recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity");
+        connect_to(socket);
+        enum { MAX_PAGES = 8192 }; /* 16 GiB of 2 MiB blocks */
+        static void *p[MAX_PAGES];
+        uint64_t n = bytes / (2 * MiB) < MAX_PAGES ? bytes / (2 * MiB) : MAX_PAGES;
+        uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; i++)
+                ck_gm(gpumem_alloc(client, 2 * MiB, 0, &p[i]), "gpumem_alloc(2 MiB)");
+        uint64_t grow_ns = now_ns() - t0;
+        int64_t reserved = stat_of("reserved_bytes.all.current");
+        t0 = now_ns();
+        for (uint64_t i = 0; i < n; i++)
+                ck_gm(gpumem_free(client, p[i]), "gpumem_free");
+        uint64_t released = 0;
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        uint64_t shrink_ns = now_ns() - t0;
+        gpumem_disconnect(client);
+        printf("grow: granularity minimum %zu KiB, recommended %zu KiB; %" PRIu64 " x 2 MiB (%.1f GiB, reserved %.1f "
+               "GiB) in %.1f ms (%.1f us a block), freed and trimmed (%.1f GiB) in %.1f ms%s\n",
+               minimum / 1024, recommended / 1024, n, (double) (n * 2 * MiB) / (1024.0 * MiB),
+               (double) reserved / (1024.0 * MiB), (double) grow_ns / 1e6, (double) grow_ns / 1e3 / (double) n,
+               (double) released / (1024.0 * MiB), (double) shrink_ns / 1e6,
+               cu.kernels ? "" : " (emulated driver: not the GPU's figures)");
+        return n > 0 && released > 0 ? 0 : 1;
+}
+
 static int cmp_u64(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
         return x < y ? -1 : x > y;
@@ -569,8 +607,10 @@ int main(int argc, char **argv) {
                 r = mode_oom(argv[2]);
         else if (strcmp(mode, "bench") == 0)
                 r = mode_bench(argv[2]);
+        else if (strcmp(mode, "grow") == 0 && argc == 4)
+                r = mode_grow(argv[2], strtoull(argv[3], NULL, 10));
         else if (strcmp(mode, "probe") == 0)
-                r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "no kernels (emulator)") < 0;
+                r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "the emulator's kernels") < 0;
         else
                 die("unknown mode or arguments: %s", mode);
         driver_close();

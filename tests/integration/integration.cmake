@@ -52,9 +52,8 @@ set_tests_properties(tenants_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=ho
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)
   add_dependencies(test_tenants fakecuda fakenvml)
   add_test(NAME tenants_cuda COMMAND test_tenants)
-  # FAKECUDA_SYNC: gm-test-client's "zero" reads device memory from the CPU.
   set_tests_properties(tenants_cuda PROPERTIES
-    ENVIRONMENT "FAKECUDA_SYNC=1;GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
+    ENVIRONMENT "GPUMEM_TEST_BACKEND=cuda;GPUMEM_HEAP=central;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G;FAKECUDA_POOL=${CMAKE_BINARY_DIR}/tests/fakecuda/pool-tenants"
     TIMEOUT 900 SKIP_RETURN_CODE 77 FIXTURES_REQUIRED fakecuda_pools)
 endif()
 

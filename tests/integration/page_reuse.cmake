@@ -9,7 +9,6 @@ set_tests_properties(page_reuse_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND
 if(GPUMEM_HAVE_CUDA)
   add_dependencies(test_page_reuse fakecuda fakenvml)
   add_test(NAME page_reuse_cuda COMMAND test_page_reuse)
-  # FAKECUDA_SYNC: the suite tags pages by writing device memory from the CPU.
   set_tests_properties(page_reuse_cuda PROPERTIES TIMEOUT 300 ENVIRONMENT
-    "FAKECUDA_SYNC=1;GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
+    "GPUMEM_TEST_BACKEND=cuda;GPUMEM_LIBCUDA=${GPUMEM_FAKECUDA};GPUMEM_LIBNVML=${GPUMEM_FAKENVML};FAKECUDA_CAPACITY=4G")
 endif()

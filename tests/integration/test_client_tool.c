@@ -142,11 +142,11 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
                         return 1;
                 }
-                for (size_t i = 0; i < size && status == 0; i++)
-                        if (((unsigned char *) p)[i] != 0) {
-                                fprintf(stderr, "byte %zu is %#x: memory was not fresh\n", i, ((unsigned char *) p)[i]);
-                                status = 1;
-                        }
+                size_t dirty = gm_test_first_nonzero(p, size);
+                if (dirty != size) {
+                        fprintf(stderr, "byte %zu is not 0: memory was not fresh\n", dirty);
+                        status = 1;
+                }
                 gpumem_free(c, p);
         } else if (strcmp(cmd, "race") == 0 && argc == 5) {
                 int rounds = atoi(argv[4]);

@@ -609,12 +609,14 @@ static char *map_filled(const char *socket_path, int seg_fd, size_t length, int 
         return p;
 }
 
-/* After a lying session is gone: its memory is still charged (and the data
- * still there) until this process unmaps it, then the charge goes. */
+/* After a lying session is gone: its memory is still charged until this
+ * process unmaps it, then the charge goes. Its contents are gone at once
+ * (`byte` no longer reads back): a client that says it unmapped loses them. */
 static void charged_until_unmapped(const char *socket_path, char *p, size_t length, int byte) {
         sleep_ms(500);
         ck_assert_uint_eq(gm_test_tenant_charged(socket_path, "uid:0"), length);
-        ck_assert_int_eq(p[length - 1], byte);
+        ck_assert_int_ne(p[length - 1], byte);
+        ck_assert_int_eq(p[0], 0);
         munmap(p, length);
         uint64_t charged = length;
         for (int i = 0; i < 500 && charged; i++) {

@@ -150,10 +150,7 @@ START_TEST(test_idle_cache_of_another_tenant_is_reclaimed) {
         void *p;
         int r = gpumem_alloc(c, 200 * MiB, 0, &p);
         ck_assert_msg(r == 0, "alloc: %s", gpumem_last_error(c));
-        size_t dirty = 200 * MiB;
-        for (size_t i = 0; i < 200 * MiB && dirty == 200 * MiB; i += 8)
-                if (*(uint64_t *) ((char *) p + i) != 0)
-                        dirty = i;
+        size_t dirty = gm_test_first_nonzero(p, 200 * MiB);
         ck_assert_msg(dirty == 200 * MiB, "byte %zu is not fresh", dirty);
         ck_assert_uint_eq(tenant_charged("uid:65534"), 0);
         ck_assert_int_eq(gm_test_proc_finish(&idle), 0);

@@ -407,6 +407,18 @@ void gm_test_fill(void *p, size_t n, uint64_t seed) {
                 ((uint8_t *) p)[i] = (uint8_t) seed;
 }
 
+size_t gm_test_first_nonzero(const void *p, size_t n) {
+#ifdef GM_TEST_FAKECUDA
+        int on_device = gm_fake_device_verify_byte(p, n, 0);
+        if (on_device >= 0)
+                return on_device == 1 ? n : 0;
+#endif
+        for (size_t i = 0; i < n; i++)
+                if (((const uint8_t *) p)[i] != 0)
+                        return i;
+        return n;
+}
+
 bool gm_test_verify(const void *p, size_t n, uint64_t seed) {
 #ifdef GM_TEST_FAKECUDA
         int on_device = gm_fake_device_verify(p, n, seed);

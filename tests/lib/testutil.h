@@ -119,3 +119,7 @@ size_t gm_test_count(const char *text, const char *what);
 /* Fills / verifies a pattern derived from seed. */
 void gm_test_fill(void *p, size_t n, uint64_t seed);
 bool gm_test_verify(const void *p, size_t n, uint64_t seed);
+/* The offset of the first byte of [p, +n) that is not 0, or n when all are
+ * (fresh memory); on the emulator's device memory only whether one is not,
+ * by an emulated kernel: then 0 for "some byte", n for "none". */
+size_t gm_test_first_nonzero(const void *p, size_t n);

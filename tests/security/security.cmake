@@ -8,10 +8,3 @@ add_dependencies(test_security gpumemd gpumemctl)
 add_test(NAME security COMMAND test_security)
 set_tests_properties(security PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host"
   TIMEOUT 300 SKIP_RETURN_CODE 77)
-# An open hole (docs/security.md, "host backend"): memory a client returned
-# stays in the copies it kept (a read-only or private mapping, or the fd).
-# The case fails while the hole is open; this test passes while it fails, so
-# closing the hole shows here and the case moves into `security`.
-add_test(NAME security_host_kept_copies_open COMMAND test_security)
-set_tests_properties(security_host_kept_copies_open PROPERTIES
-  ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GM_TEST_OPEN_HOLES=1" TIMEOUT 120 WILL_FAIL TRUE SKIP_RETURN_CODE 77)

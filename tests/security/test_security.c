@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpumem/gpumem.h"
 #include "msg.h"
 #include "testutil.h"
 
@@ -97,22 +98,58 @@ static size_t resident_pages(void *p, size_t len) {
         return n;
 }
 
-/* A local session touches its segments, keeps the fd, a read-only shared
- * mapping (through a read-only reopen, which write seals do not see) and a
- * private mapping of each, unmaps its writable mapping and returns them.
- * Prints the memory its copies still hold (memfd blocks, resident pages of
- * the kept mappings), then whether they read zeros, and holds on to
- * everything until its stdin closes. */
-static int attack_keep_returned(const char *socket_path) {
+/* How a keeper lets go of its memory. */
+typedef enum keep_how {
+        KEEP_RETURN,  /* a local session returns it (ReturnPieces) */
+        KEEP_HANG_UP, /* a local session hangs up */
+        KEEP_TRIM,    /* a central session frees it, trims and acknowledges the release */
+} keep_how_t;
+
+/* A central session's allocation of a whole segment; its fd in *ret_fd. */
+static uint64_t central_segment(int fd, uint64_t request_id, int *ret_fd) {
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = KEPT_SEGMENT_SIZE;
+        gm_test_raw_send_body(fd, request_id, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        Gpumem__Envelope *reply = gm_test_raw_recv_fd(fd, ret_fd);
+        ck_assert_ptr_nonnull(reply);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(reply->alloc_reply->n_new_mappings, 1);
+        ck_assert_uint_eq(reply->alloc_reply->new_mappings[0]->length, KEPT_SEGMENT_SIZE);
+        uint64_t block = reply->alloc_reply->block_id;
+        gm_msg_free(reply);
+        return block;
+}
+
+/* A session touches its segments, keeps the fd, a read-only shared mapping
+ * (through a read-only reopen, which write seals do not see) and a private
+ * mapping of each, unmaps its writable mapping and lets go of them (`how`;
+ * after a hang-up it waits for a line on stdin: the daemon saw the session
+ * end). Prints the memory its copies still hold (memfd blocks, resident
+ * pages of the kept mappings), then the file's size and whether it could
+ * grow it back (a touch of a kept mapping past the end would be SIGBUS),
+ * and holds on to everything until its stdin closes. */
+static int attack_keep(const char *socket_path, keep_how_t how) {
         int fd = gm_test_raw_connect(socket_path);
         set_reply_timeout(fd);
-        gm_test_raw_hello_local(fd);
+        if (how == KEEP_TRIM) {
+                Gpumem__Envelope *reply =
+                        gm_test_raw_hello_mode(fd, false, "keeper", NULL, GPUMEM__HEAP_MODE__HEAP_MODE_CENTRAL);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
+                gm_msg_free(reply);
+        } else {
+                gm_test_raw_hello_local(fd);
+        }
         int kept_fd[KEPT_SEGMENTS];
+        uint64_t block[KEPT_SEGMENTS];
         char *shared_ro[KEPT_SEGMENTS], *private_ro[KEPT_SEGMENTS];
         for (uint64_t i = 0; i < KEPT_SEGMENTS; i++) {
-                Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, KEPT_SEGMENT_SIZE, &kept_fd[i]);
-                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
-                gm_msg_free(reply);
+                if (how == KEEP_TRIM) {
+                        block[i] = central_segment(fd, 2 + i, &kept_fd[i]);
+                } else {
+                        Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, KEPT_SEGMENT_SIZE, &kept_fd[i]);
+                        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+                        gm_msg_free(reply);
+                }
                 ck_assert_int_ge(kept_fd[i], 0);
                 char *w = mmap(NULL, KEPT_SEGMENT_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, kept_fd[i], 0);
                 ck_assert_ptr_ne(w, MAP_FAILED);
@@ -132,12 +169,33 @@ static int attack_keep_returned(const char *socket_path) {
                 (void) sum;
                 munmap(w, KEPT_SEGMENT_SIZE); /* "unmapped" */
         }
-        for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
-                gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
-        /* A request with a reply after them: they were handled. */
-        Gpumem__Envelope *reply = gm_test_raw_return_intent(fd, 20);
-        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_OK);
-        gm_msg_free(reply);
+        char c;
+        if (how == KEEP_HANG_UP) {
+                close(fd);
+                fd = -1;
+                printf("hung up\n");
+                fflush(stdout);
+                ck_assert_int_eq(read(STDIN_FILENO, &c, 1), 1);
+        } else if (how == KEEP_TRIM) {
+                for (int i = 0; i < KEPT_SEGMENTS; i++)
+                        gm_test_raw_acknowledge_mapped(fd, block[i]); /* "unmapped": its writable mapping is */
+                /* One more trim's reply after them: they were handled. */
+                Gpumem__Trim trim = GPUMEM__TRIM__INIT;
+                trim.tenant = "";
+                gm_test_raw_send_body(fd, 20, GPUMEM__ENVELOPE__BODY_TRIM, &trim);
+                Gpumem__Envelope *e;
+                while ((e = gm_test_raw_recv(fd)) && e->request_id != 20)
+                        gm_msg_free(e);
+                ck_assert_ptr_nonnull(e);
+                gm_msg_free(e);
+        } else {
+                for (uint64_t i = 0; i < KEPT_SEGMENTS; i++)
+                        gm_test_raw_return(fd, 10 + i, 1 + i, KEPT_SEGMENT_SIZE);
+                /* A request with a reply after them: they were handled. */
+                Gpumem__Envelope *reply = gm_test_raw_return_intent(fd, 20);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_OK);
+                gm_msg_free(reply);
+        }
         uint64_t blocks = 0, resident = 0;
         for (int i = 0; i < KEPT_SEGMENTS; i++) {
                 struct stat st;
@@ -147,15 +205,20 @@ static int attack_keep_returned(const char *socket_path) {
                             resident_pages(private_ro[i], KEPT_SEGMENT_SIZE);
         }
         printf("kept %llu bytes %llu pages\n", (unsigned long long) blocks, (unsigned long long) resident);
-        int zeros = 1;
-        for (int i = 0; i < KEPT_SEGMENTS; i++)
-                zeros &= shared_ro[i][0] == 0 && private_ro[i][KEPT_SEGMENT_SIZE - 1] == 0;
-        printf("zeros %d\n", zeros);
+        long long size = 0;
+        int regrown = 0;
+        for (int i = 0; i < KEPT_SEGMENTS; i++) {
+                struct stat st;
+                ck_assert_int_eq(fstat(kept_fd[i], &st), 0);
+                size += st.st_size;
+                regrown += fallocate(kept_fd[i], 0, 0, KEPT_SEGMENT_SIZE) == 0;
+        }
+        printf("size %lld regrown %d\n", size, regrown);
         fflush(stdout);
-        char c;
         while (read(STDIN_FILENO, &c, 1) > 0)
                 ;
-        close(fd);
+        if (fd >= 0)
+                close(fd);
         return 0;
 }
 
@@ -184,6 +247,39 @@ static int attack_alloc_and_leave(const char *socket_path) {
         return 0;
 }
 
+/* A session of `mode` records its own history without admin rights: an
+ * allocation with a frame of its own shows, frames included, in its own
+ * snapshot, and nothing else does. Prints "own N frames F", then holds its
+ * session until its stdin closes. */
+#define OWN_SIZE (5u << 20)
+#define OWN_FRAME "attacker_own_frame.py"
+
+static int attack_own_history(const char *socket_path, gpumem_heap_mode mode) {
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect_heap(socket_path, mode, &c), 0);
+        gpumem_history_state st;
+        ck_assert_int_eq(gpumem_history(c, true, 1000, &st), 0);
+        ck_assert(st.enabled);
+        gpumem_frame frame = {.filename = OWN_FRAME, .line = 7, .name = "own"};
+        void *ptr = NULL;
+        ck_assert_int_eq(gpumem_alloc_frames(c, OWN_SIZE, 0, &frame, 1, &ptr), 0);
+        void *data = NULL;
+        size_t len = 0;
+        ck_assert_int_eq(gpumem_snapshot(c, GPUMEM_SNAPSHOT_JSON, 0, &data, &len), 0);
+        char size[32];
+        snprintf(size, sizeof(size), "%u", OWN_SIZE);
+        printf("own %d frames %d\n", memmem(data, len, size, strlen(size)) != NULL,
+               memmem(data, len, OWN_FRAME, strlen(OWN_FRAME)) != NULL);
+        fflush(stdout);
+        gpumem_buffer_free(data);
+        char ch;
+        while (read(STDIN_FILENO, &ch, 1) > 0)
+                ;
+        gpumem_free(c, ptr);
+        gpumem_disconnect(c);
+        return 0;
+}
+
 static const char *attack_name, *attack_socket;
 
 /* The testutil helpers assert with check: an attack runs as a test of its own. */
@@ -194,7 +290,15 @@ START_TEST(test_attack) {
         else if (strcmp(attack_name, "alloc-and-leave") == 0)
                 r = attack_alloc_and_leave(attack_socket);
         else if (strcmp(attack_name, "keep-returned") == 0)
-                r = attack_keep_returned(attack_socket);
+                r = attack_keep(attack_socket, KEEP_RETURN);
+        else if (strcmp(attack_name, "keep-and-hang-up") == 0)
+                r = attack_keep(attack_socket, KEEP_HANG_UP);
+        else if (strcmp(attack_name, "keep-trimmed") == 0)
+                r = attack_keep(attack_socket, KEEP_TRIM);
+        else if (strcmp(attack_name, "own-history-central") == 0)
+                r = attack_own_history(attack_socket, GPUMEM_HEAP_CENTRAL);
+        else if (strcmp(attack_name, "own-history-local") == 0)
+                r = attack_own_history(attack_socket, GPUMEM_HEAP_LOCAL);
         else if (strcmp(attack_name, "fdstore-flood") == 0)
                 r = attack_fdstore_flood(attack_socket);
         ck_assert_msg(r == 0, "attack %s: %d", attack_name, r);
@@ -227,6 +331,21 @@ static void run_attack(const gm_test_daemon_t *d, const char *name) {
         const char *argv[] = {SECURITY_BIN, name, d->socket_path, NULL};
         int status = gm_test_run_as(out, sizeof(out), ATTACKER, argv);
         ck_assert_msg(status == 0, "attack %s exited %d: %s", name, status, out);
+}
+
+/* Starts attack `name` against d as ATTACKER, to go on while the test
+ * looks; its first line of report (past check's banner) that starts with
+ * one of `firsts` ("a|b") goes in line. */
+static void spawn_attack(const gm_test_daemon_t *d, const char *name, const char *firsts, gm_test_proc_t *ret_proc,
+                         char *line, size_t len) {
+        const char *argv[] = {SECURITY_BIN, name, d->socket_path, NULL};
+        gm_test_spawn(argv, ATTACKER, ret_proc);
+        for (;;) {
+                ck_assert_msg(gm_test_proc_read_line(ret_proc, line, len), "attack %s reported nothing", name);
+                for (const char *f = firsts; *f; f += strcspn(f, "|"), f += *f == '|')
+                        if (strncmp(line, f, strcspn(f, "|")) == 0)
+                                return;
+        }
 }
 
 /* The daemon is still running and serves a new session. */
@@ -297,6 +416,42 @@ START_TEST(test_snapshot_hides_ended_sessions_of_others) {
         ck_assert_int_ne(snapshot_as(&d, ATTACKER, out, sizeof(out), "--pid 1"), 0);
         ck_assert_int_ne(snapshot_as(&d, 0, out, sizeof(out), "--pid 1"), 0);
         gm_test_daemon_stop(&d);
+}
+END_TEST
+
+/* ---- 5: one's own history needs no admin; the device's stays admin-only ---- */
+
+/* Runs `attack` (own-history-central or -local) against a daemon of its own. */
+static void own_history_is_own(const char *attack) {
+        gm_test_daemon_t d;
+        char line[256];
+        gm_test_daemon_start(&d, "64M", NULL);
+        gm_test_proc_t recorder;
+        spawn_attack(&d, attack, "own ", &recorder, line, sizeof(line));
+        ck_assert_str_eq(line, "own 1 frames 1");
+        static char out[1 << 20];
+        /* The device's history is not on, and a non-admin cannot turn it on. */
+        ck_assert_int_eq(ctl_as(&d, 0, out, sizeof(out), "history status"), 0);
+        ck_assert_msg(strstr(out, "history off"), "%s", out);
+        ck_assert_int_ne(ctl_as(&d, ATTACKER, out, sizeof(out), "history on"), 0);
+        ck_assert_int_eq(ctl_as(&d, 0, out, sizeof(out), "history status"), 0);
+        ck_assert_msg(strstr(out, "history off"), "%s", out);
+        /* Another tenant does not see it; an admin does, frames included. */
+        ck_assert_int_eq(snapshot_as(&d, VICTIM, out, sizeof(out), ""), 0);
+        ck_assert_msg(!strstr(out, OWN_FRAME), "another tenant sees a session's own history");
+        ck_assert_int_eq(snapshot_as(&d, 0, out, sizeof(out), ""), 0);
+        ck_assert_msg(strstr(out, OWN_FRAME), "the admin's snapshot lacks a session's own history");
+        ck_assert_int_eq(gm_test_proc_finish(&recorder), 0);
+        gm_test_daemon_stop(&d);
+}
+
+START_TEST(test_own_history_without_admin_central) {
+        own_history_is_own("own-history-central");
+}
+END_TEST
+
+START_TEST(test_own_history_without_admin_local) {
+        own_history_is_own("own-history-local");
 }
 END_TEST
 
@@ -377,26 +532,35 @@ START_TEST(test_stuck_service_manager_does_not_stop_loop) {
 }
 END_TEST
 
-/* ---- 3: host backend: returned memory is gone for every holder ----
- * Open: the write seal that tells whether a writable mapping is left also
- * forbids punching the pages out afterwards, and F_SEAL_SHRINK (a segment's
- * tested contract) forbids truncating them away (docs/security.md). */
+/* ---- 3: host backend: released memory is gone for every holder ---- */
 
-START_TEST(test_returned_memory_gone_for_every_holder) {
+/* Polls until d charges `tenant` nothing (its session's end handled). */
+static void wait_uncharged(const gm_test_daemon_t *d, const char *tenant) {
+        for (int i = 0; i < 250 && gm_test_tenant_charged(d->socket_path, tenant) != 0; i++)
+                sleep_ms(20);
+        ck_assert_uint_eq(gm_test_tenant_charged(d->socket_path, tenant), 0);
+}
+
+/* The keeper `attack` (keep-returned, keep-and-hang-up, keep-trimmed) lets go of its
+ * memory and keeps copies: they hold no memory, the file is cut to nothing
+ * and cannot be grown back, while another tenant is granted the whole
+ * capacity. */
+static void kept_copies_hold_nothing(const char *attack) {
         gm_test_daemon_t d;
         gm_test_daemon_start(&d, "64M", NULL);
-        const char *argv[] = {SECURITY_BIN, "keep-returned", d.socket_path, NULL};
         gm_test_proc_t keeper;
-        gm_test_spawn(argv, ATTACKER, &keeper);
         char line[256];
-        do /* past check's banner */
-                ck_assert_msg(gm_test_proc_read_line(&keeper, line, sizeof(line)), "the keeper reported nothing");
-        while (strncmp(line, "kept ", 5) != 0);
+        spawn_attack(&d, attack, "kept |hung up", &keeper, line, sizeof(line));
+        if (strcmp(line, "hung up") == 0) {
+                wait_uncharged(&d, "uid:65534");
+                ck_assert_int_eq(write(keeper.stdin_fd, "\n", 1), 1);
+                ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
+        }
         unsigned long long bytes = 1, pages = 1;
         ck_assert_int_eq(sscanf(line, "kept %llu bytes %llu pages", &bytes, &pages), 2);
-        ck_assert_msg(bytes == 0 && pages == 0, "returned memory still held by its client's copies: %s", line);
+        ck_assert_msg(bytes == 0 && pages == 0, "released memory still held by its client's copies: %s", line);
         ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
-        ck_assert_str_eq(line, "zeros 1");
+        ck_assert_str_eq(line, "size 0 regrown 0");
         ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:65534"), 0);
         /* Another tenant gets the whole capacity while the keeper holds on. */
         int fd = gm_test_raw_connect(d.socket_path);
@@ -411,6 +575,20 @@ START_TEST(test_returned_memory_gone_for_every_holder) {
         ck_assert_int_eq(gm_test_proc_finish(&keeper), 0);
         gm_test_daemon_stop(&d);
 }
+
+START_TEST(test_returned_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-returned");
+}
+END_TEST
+
+START_TEST(test_ended_session_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-and-hang-up");
+}
+END_TEST
+
+START_TEST(test_trimmed_memory_gone_for_every_holder) {
+        kept_copies_hold_nothing("keep-trimmed"); /* a central session's released segments */
+}
 END_TEST
 
 static Suite *security_suite(void) {
@@ -422,20 +600,18 @@ static Suite *security_suite(void) {
         TCase *snap = tcase_create("snapshots");
         tcase_set_timeout(snap, 60);
         tcase_add_test(snap, test_snapshot_hides_ended_sessions_of_others);
+        tcase_add_test(snap, test_own_history_without_admin_central);
+        tcase_add_test(snap, test_own_history_without_admin_local);
         suite_add_tcase(s, snap);
         TCase *sd = tcase_create("service-manager");
         tcase_set_timeout(sd, 60);
         tcase_add_test(sd, test_stuck_service_manager_does_not_stop_loop);
         suite_add_tcase(s, sd);
-        return s;
-}
-
-/* The attacks the daemon does not stop yet (docs/security.md): each fails. */
-static Suite *open_holes_suite(void) {
-        Suite *s = suite_create("security-open-holes");
         TCase *host = tcase_create("host-backend");
         tcase_set_timeout(host, 60);
         tcase_add_test(host, test_returned_memory_gone_for_every_holder);
+        tcase_add_test(host, test_ended_session_memory_gone_for_every_holder);
+        tcase_add_test(host, test_trimmed_memory_gone_for_every_holder);
         suite_add_tcase(s, host);
         return s;
 }
@@ -447,6 +623,5 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "test_security: needs root to act as other users\n");
                 return getenv("CI") ? EXIT_FAILURE : 77;
         }
-        const char *open_holes = getenv("GM_TEST_OPEN_HOLES");
-        return gm_test_run_suite(open_holes && *open_holes == '1' ? open_holes_suite() : security_suite());
+        return gm_test_run_suite(security_suite());
 }

@@ -8,6 +8,7 @@
 #include <ftw.h>
 #include <grp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1012,9 +1013,9 @@ START_TEST(test_host_segment_is_sealed_memfd) {
         ck_assert_int_eq(fd_size(p.fd), 4 * MiB);
         ck_assert(has_cloexec(p.fd));
         /* Not F_SEAL_SEAL: F_SEAL_WRITE is how the daemon learns whether a
-         * client still maps the memory (below). */
-        ck_assert_int_eq(fcntl(p.fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW);
-        ck_assert_int_eq(fails_with(ftruncate(p.fd, 2 * MiB)), EPERM);
+         * client still maps the memory (below); not F_SEAL_SHRINK: released
+         * memory is cut to size 0 (test_host_check_empties_every_copy). */
+        ck_assert_int_eq(fcntl(p.fd, F_GET_SEALS), F_SEAL_GROW);
         ck_assert_int_eq(fails_with(ftruncate(p.fd, 6 * MiB)), EPERM);
 
         /* Shared memory: a write through one mapping shows in another. */
@@ -1032,6 +1033,52 @@ START_TEST(test_host_segment_is_sealed_memfd) {
         ck_assert_int_eq(b->ops->mapped(b, &p), 1);
         munmap(r, p.size);
         ck_assert_int_eq(b->ops->mapped(b, &p), 0);
+        gm_backend_release(b, &p);
+        gm_backend_close(b);
+}
+END_TEST
+
+START_TEST(test_host_check_empties_every_copy) {
+        /* The check is made only when the memory is on its way out: what a
+         * client kept of it (the fd, a private mapping) reads zeros and holds
+         * no pages, a lying writable mapping included, and once sealed
+         * nobody can map it writable again. */
+        gm_backend_t *b = open_host(64 * MiB);
+        gm_phys_t p;
+        ck_assert_ok(gm_backend_create(b, 4 * MiB, &p));
+        int kept = dup(p.fd);
+        char *w = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
+        char *priv = mmap(NULL, p.size, PROT_READ, MAP_PRIVATE, p.fd, 0);
+        ck_assert_ptr_ne(w, MAP_FAILED);
+        ck_assert_ptr_ne(priv, MAP_FAILED);
+        memset(w, 0x5a, p.size);
+        ck_assert_int_eq(priv[0], 0x5a);
+        struct stat st;
+        ck_assert_int_eq(b->ops->mapped(b, &p), 1); /* the liar's mapping: its data gone all the same */
+        ck_assert_int_eq(fstat(kept, &st), 0);
+        ck_assert_int_eq(st.st_blocks, 0);
+        ck_assert_int_eq(w[p.size - 1], 0);
+        munmap(w, p.size);
+        ck_assert_int_eq(b->ops->mapped(b, &p), 0);
+        ck_assert_int_eq(fstat(kept, &st), 0);
+        ck_assert_int_eq(st.st_blocks, 0);
+        ck_assert_int_eq(st.st_size, 0); /* cut to nothing: */
+        pid_t child = fork();            /* a kept mapping's touch is SIGBUS, not a new page */
+        ck_assert_int_ge(child, 0);
+        if (child == 0) {
+                volatile char c = priv[0];
+                (void) c;
+                _exit(0);
+        }
+        int status;
+        ck_assert_int_eq(waitpid(child, &status, 0), child);
+        ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS);
+        ck_assert_ptr_eq(mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, kept, 0), MAP_FAILED);
+        ck_assert_int_eq(fails_with(write(kept, "x", 1)), EPERM);
+        ck_assert_int_eq(fails_with(fallocate(kept, 0, 0, (off_t) p.size)), EPERM); /* nor grown back */
+        ck_assert_int_eq(fails_with(ftruncate(kept, (off_t) p.size)), EPERM);
+        munmap(priv, p.size);
+        close(kept);
         gm_backend_release(b, &p);
         gm_backend_close(b);
 }
@@ -1171,6 +1218,7 @@ static Suite *ipc_suite(void) {
         tcase_set_timeout(tc, 60);
         tcase_add_test(tc, test_host_capacity_enforced);
         tcase_add_test(tc, test_host_segment_is_sealed_memfd);
+        tcase_add_test(tc, test_host_check_empties_every_copy);
         tcase_add_test(tc, test_host_sizes_must_be_granules);
         tcase_add_test(tc, test_host_capacity_defaults_and_rounding);
         tcase_add_test(tc, test_backend_open_kinds);

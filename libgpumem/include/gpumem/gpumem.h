@@ -181,9 +181,12 @@ typedef struct gpumem_history_state {
         uint64_t entries;     /* entries recorded now */
 } gpumem_history_state;
 
-/* Turns the daemon's memory history (the trace ring of snapshots) on or off
- * (admin; turning it off clears it, as in PyTorch). max_entries 0 keeps the
- * current bound. *ret_state (may be NULL) receives the state after the call. */
+/* Turns the session's own memory history (its trace in snapshots, frames
+ * included) on or off, with no rights needed, as PyTorch's is per process;
+ * with admin rights the daemon's trace ring of the whole device instead.
+ * Turning it off clears it, as in PyTorch. max_entries 0 keeps the current
+ * bound (one's own: at most 1000000, silently). *ret_state (may be NULL)
+ * receives the state after the call. */
 GPUMEM_EXPORT int gpumem_history(gpumem_client *c, bool enabled, uint64_t max_entries, gpumem_history_state *ret_state);
 
 /* One session on the daemon, as `gpumemctl clients` lists it. */

@@ -1541,6 +1541,10 @@ int fakecuda_device_verify_pattern(uint64_t src, size_t bytes, uint64_t seed, in
         return run_sync(WORK_VERIFY_PATTERN, src, bytes, seed, ret_ok);
 }
 
+int fakecuda_device_verify(uint64_t src, size_t bytes, unsigned char value, int *ret_ok) {
+        return run_sync(WORK_VERIFY, src, bytes, value, ret_ok);
+}
+
 bool fakecuda_is_device_pointer(const void *p) {
         LOCKED();
         size_t len = 1;

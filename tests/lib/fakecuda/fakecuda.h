@@ -56,6 +56,7 @@ typedef int (*fakecuda_launch_spin_fn)(void *stream, unsigned ms);
  * device, waited for (run at once when no context of it is active). */
 typedef int (*fakecuda_device_pattern_fn)(uint64_t dst, size_t bytes, uint64_t seed);
 typedef int (*fakecuda_device_verify_pattern_fn)(uint64_t src, size_t bytes, uint64_t seed, int *ret_ok);
+typedef int (*fakecuda_device_verify_fn)(uint64_t src, size_t bytes, unsigned char value, int *ret_ok);
 /* Whether `p` is mapped device memory of this process (or a cuMemAlloc block). */
 typedef bool (*fakecuda_is_device_pointer_fn)(const void *p);
 
@@ -70,6 +71,7 @@ int fakecuda_launch_from_host(void *stream, uint64_t dst, const void *src, size_
 int fakecuda_launch_spin(void *stream, unsigned ms);
 int fakecuda_device_pattern(uint64_t dst, size_t bytes, uint64_t seed);
 int fakecuda_device_verify_pattern(uint64_t src, size_t bytes, uint64_t seed, int *ret_ok);
+int fakecuda_device_verify(uint64_t src, size_t bytes, unsigned char value, int *ret_ok);
 bool fakecuda_is_device_pointer(const void *p);
 int fakecuda_usage(fakecuda_usage_t *ret);
 int fakecuda_device_usage(int device, uint64_t *ret_bytes, uint64_t *ret_allocations);

@@ -95,6 +95,20 @@ int gm_fake_device_verify(const void *p, size_t n, uint64_t seed) {
         return ok;
 }
 
+int gm_fake_device_verify_byte(const void *p, size_t n, unsigned char value) {
+        if (!is_device_pointer(p))
+                return -1;
+        fakecuda_device_verify_fn verify;
+        void *fn = device_symbol("fakecuda_device_verify");
+        memcpy(&verify, &fn, sizeof(fn));
+        int ok = 0, r = verify((uint64_t) (uintptr_t) p, n, value, &ok);
+        if (r != 0) {
+                fprintf(stderr, "fakecuda_device_verify(%p, %zu): CUresult %d\n", p, n, r);
+                abort();
+        }
+        return ok;
+}
+
 void gm_fake_assert_no_objects(void) {
         fakecuda_usage_t u;
         if (!gm_fake_usage(&u))
