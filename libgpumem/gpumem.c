@@ -130,7 +130,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
         c->session_hooks = &session_hooks;
         c->heap_choice = mode;
         pthread_mutex_init(&c->lock, NULL);
-        pthread_mutex_init(&c->heap_lock, NULL);
+        gm_heap_lock_init(&c->heap_lock);
         pthread_mutex_init(&c->read_lock, NULL);
         pthread_rwlock_init(&c->fd_lock, NULL);
         const char *timeout = getenv("GPUMEM_RECONNECT_TIMEOUT_MS");
@@ -150,7 +150,6 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
                 /* Keep the message readable on this thread after c is gone. */
                 gm_session_close(c, true);
                 pthread_mutex_destroy(&c->lock);
-                pthread_mutex_destroy(&c->heap_lock);
                 pthread_mutex_destroy(&c->read_lock);
                 pthread_rwlock_destroy(&c->fd_lock);
                 free(c->rx_buf);
@@ -167,7 +166,6 @@ void gpumem_disconnect(gpumem_client *c) {
                 return;
         gm_session_close(c, c->pid == getpid());
         pthread_mutex_destroy(&c->lock);
-        pthread_mutex_destroy(&c->heap_lock);
         pthread_mutex_destroy(&c->read_lock);
         pthread_rwlock_destroy(&c->fd_lock);
         free(c->rx_buf);
@@ -176,12 +174,11 @@ void gpumem_disconnect(gpumem_client *c) {
 
 /* ---- allocation ---- */
 
-int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
-        return gpumem_alloc_frames(c, size, stream, NULL, 0, ret_ptr);
-}
-
-int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
-                        void **ret_ptr) {
+/* Both public entry points' body, inlined into each (an exported function
+ * calling another pays a call and cannot inline it: it may be interposed). */
+static inline __attribute__((always_inline)) int alloc_frames(gpumem_client *c, size_t size, uint64_t stream,
+                                                              const gpumem_frame *frames, size_t n_frames,
+                                                              void **ret_ptr) {
         if (!c || !ret_ptr || (n_frames && !frames))
                 return -EINVAL;
         if (size == 0)
@@ -196,6 +193,15 @@ int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gp
         return gm_local_session_alloc(c, size, stream, NULL, 0, ret_ptr);
 }
 
+int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr) {
+        return alloc_frames(c, size, stream, NULL, 0, ret_ptr);
+}
+
+int gpumem_alloc_frames(gpumem_client *c, size_t size, uint64_t stream, const gpumem_frame *frames, size_t n_frames,
+                        void **ret_ptr) {
+        return alloc_frames(c, size, stream, frames, n_frames, ret_ptr);
+}
+
 static int free_block_on_streams(gpumem_client *c, void *ptr, block_t *b, bool on_stream, uint64_t stream);
 
 /* Frees the block at ptr once the work on `stream` (if it is not the
@@ -207,12 +213,12 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
         int r = gm_session_ensure_own(c);
         if (r < 0)
                 return r;
-        pthread_mutex_lock(gm_client_blocks_lock(c));
+        gm_client_blocks_take(c);
         block_t *b = ptr ? gm_u64map_remove(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
         if (b && c->local && !b->n_stream_uses && (!on_stream || stream == b->stream))
                 return gm_local_session_free(c, b, NULL); /* no stream work to wait for */
         if (!b || !c->local)
-                pthread_mutex_unlock(gm_client_blocks_lock(c));
+                gm_client_blocks_drop(c);
         if (!b)
                 return gm_conn_set_error(c, -EINVAL,
                                          "gpumem: free of %p: not a live allocation of this client "
@@ -246,7 +252,7 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
                         if (!c->local)
                                 pthread_mutex_lock(&c->lock);
                         gm_u64map_put(&c->blocks, (uint64_t) (uintptr_t) ptr, b); /* still live */
-                        pthread_mutex_unlock(gm_client_blocks_lock(c));
+                        gm_client_blocks_drop(c);
                         return gm_conn_set_error(c, r, "gpumem: free of %p: cannot record stream events: %s", ptr,
                                                  strerror(-r));
                 }
@@ -275,7 +281,7 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
         int r = gm_session_ensure_own(c);
         if (r < 0)
                 return r;
-        pthread_mutex_lock(gm_client_blocks_lock(c));
+        gm_client_blocks_take(c);
         block_t *b = ptr ? gm_u64map_get(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
         r = b ? 0 : -EINVAL;
         bool known = !b || stream == b->stream;
@@ -292,7 +298,7 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
                         r = -ENOSPC;
                 }
         }
-        pthread_mutex_unlock(gm_client_blocks_lock(c));
+        gm_client_blocks_drop(c);
         if (r == -EINVAL)
                 return gm_conn_set_error(c, r, "gpumem: record_stream on %p: not a live allocation", ptr);
         if (r == -ENOSPC)
@@ -308,9 +314,9 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         if (r < 0)
                 return r;
         if (c->local) {
-                pthread_mutex_lock(&c->heap_lock);
+                gm_heap_lock_take(&c->heap_lock);
                 uint64_t released = gm_local_session_release_cached(c);
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
                 if (ret_released_bytes)
                         *ret_released_bytes = released;
                 return 0;
@@ -324,9 +330,9 @@ int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_devi
                 return r;
         if (!c->local)
                 return -EOPNOTSUPP;
-        pthread_mutex_lock(&c->heap_lock);
+        gm_heap_lock_take(&c->heap_lock);
         *ret_stats = *gm_local_heap_stats(c->heap);
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         *ret_device = c->device;
         *ret_capacity = c->capacity;
         return 0;
@@ -340,18 +346,18 @@ int gm_client_local_snapshot(gpumem_client *c, bool json, char **ret_buf, size_t
                 return -EOPNOTSUPP;
         gm_local_heap_owner_t owner = {
                 .device = c->device, .pid = (uint32_t) getpid(), .tenant = c->tenant, .session_id = c->session_id};
-        pthread_mutex_lock(&c->heap_lock);
+        gm_heap_lock_take(&c->heap_lock);
         r = gm_local_heap_snapshot(c->heap, &owner, json, ret_buf, ret_len);
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         return r < 0 ? gm_conn_set_error(c, r, "gpumem: cannot write the local heap's snapshot: %s", strerror(-r)) : 0;
 }
 
 int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries) {
         if (gm_session_ensure_own(c) < 0 || !c->local)
                 return 0;
-        pthread_mutex_lock(&c->heap_lock);
+        gm_heap_lock_take(&c->heap_lock);
         int r = gm_local_heap_history(c->heap, enabled, max_entries, (uint32_t) getpid());
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         return r < 0 ? gm_conn_set_error(c, r, "gpumem: cannot set up the local heap's memory history: %s",
                                          strerror(-r))
                      : 0;
@@ -360,9 +366,9 @@ int gm_client_local_history(gpumem_client *c, bool enabled, uint64_t max_entries
 void gm_client_reset_local_stats(gpumem_client *c, bool peak, bool accumulated) {
         if (gm_session_ensure_own(c) < 0 || !c->local)
                 return;
-        pthread_mutex_lock(&c->heap_lock);
+        gm_heap_lock_take(&c->heap_lock);
         gm_local_heap_reset_stats(c->heap, peak, accumulated);
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
 }
 
 int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value) {
@@ -373,9 +379,9 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
                 return r;
         if (c->local) {
                 int64_t v = 0;
-                pthread_mutex_lock(&c->heap_lock);
+                gm_heap_lock_take(&c->heap_lock);
                 r = gm_local_heap_stat(c->heap, pytorch_stat_name, &v);
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
                 if (r < 0)
                         return gm_conn_set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
                 *ret_value = v;

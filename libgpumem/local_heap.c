@@ -9,48 +9,6 @@
 #include "local_heap.h"
 #include "snapshot.h"
 
-struct gm_local_heap {
-        gm_heap_t *heap;
-        const gm_stats_t *stats; /* the heap's (they stay where they are while it lives) */
-        gm_statpage_t *page;
-        gm_local_heap_ops_t ops;
-        uint64_t va_cursor;     /* the heap's synthetic addresses */
-        uint64_t cur_size;      /* the request being served (for the diagnosis) */
-        int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
-        bool refused_by_daemon;
-        bool destroying;              /* pieces are forgotten, not given back */
-        gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
-        gm_history_t *history;        /* this process's trace ring while memory history is on */
-        const gm_frame_t *cur_frames; /* frames of the allocation being served */
-        size_t n_cur_frames;
-        uint32_t pid;         /* the process the trace entries name */
-        uint64_t last_handle; /* pieces get distinct handles (page reuse moves them) */
-        gm_fences_t fences;   /* page reuse's stream fences */
-};
-
-/* The heap keeps its statistics in the page's payload itself (the
- * heap's own gm_stats_t lives there), so a change writes only the figures
- * it changes. Every change is bracketed by the page's sequence lock: the
- * page reads as busy from before the change until after it. Around a grant
- * or a give-back it is published as it stands. */
-static void begin(gm_local_heap_t *l) {
-        if (l->page)
-                gm_statpage_write_begin(l->page);
-}
-
-static void end(gm_local_heap_t *l) {
-        if (l->page)
-                gm_statpage_write_end(l->page);
-}
-
-/* The debug tier (GPUMEMD_DEBUG builds): the heap's integrity after every
- * operation, the grants, give-backs and moves inside it included; a
- * violation aborts. Nothing in other builds. */
-static void check(const gm_local_heap_t *l) {
-        if (GM_DEBUG)
-                gm_assert(gm_heap_check(l->heap) == 0);
-}
-
 /* The heap's create_run(): one grant for the run (create(): a run of one). */
 static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                                uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
@@ -67,9 +25,9 @@ static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t seg
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
-        end(l); /* the daemon reads the figures as of now while it decides */
+        gm_local_heap_end(l); /* the daemon reads the figures as of now while it decides */
         int r = l->ops.grant(l->ops.ctx, &g);
-        begin(l);
+        gm_local_heap_begin(l);
         if (r == -ENOMEM || r == -EDQUOT)
                 l->refused_by_daemon = true;
         if (r < 0)
@@ -90,9 +48,9 @@ static void provider_release_run(void *userdata, uint64_t segment_id, uint64_t o
         gm_local_heap_t *l = userdata;
         if (l->destroying)
                 return;
-        end(l); /* the page never claims more than what is still granted */
+        gm_local_heap_end(l); /* the page never claims more than what is still granted */
         l->ops.give_back(l->ops.ctx, segment_id, offset, page_size, n_pages, whole_segment);
-        begin(l);
+        gm_local_heap_begin(l);
 }
 
 static void provider_release(void *userdata, uint64_t segment_id, uint64_t offset, uint64_t size, uint64_t handle,
@@ -114,9 +72,9 @@ static int64_t provider_remap(void *userdata, const uint64_t *handles, uint64_t 
                 .page_size = page_size,
                 .from_segment_empty = from_segment_empty,
         };
-        end(l); /* the daemon may read the figures while it follows the move */
+        gm_local_heap_end(l); /* the daemon may read the figures while it follows the move */
         int64_t r = l->ops.move(l->ops.ctx, &move);
-        begin(l);
+        gm_local_heap_begin(l);
         return r;
 }
 
@@ -176,15 +134,15 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
                                    .va_cursor = &l->va_cursor,
                                    .granularity = granularity,
                                    .stats = page ? gm_statpage_payload(page) : NULL};
-        begin(l);
+        gm_local_heap_begin(l);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
-        end(l);
+        gm_local_heap_end(l);
         if (r < 0) {
                 free(l);
                 return r;
         }
         l->stats = gm_heap_stats(l->heap);
-        check(l);
+        gm_local_heap_check(l);
         *ret_local = l;
         return 0;
 }
@@ -194,10 +152,10 @@ int gm_local_heap_set_config(gm_local_heap_t *l, const char *alloc_conf, char *e
         int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
         if (r < 0)
                 return r;
-        begin(l);
+        gm_local_heap_begin(l);
         gm_heap_set_config(l->heap, &cfg);
-        end(l);
-        check(l);
+        gm_local_heap_end(l);
+        gm_local_heap_check(l);
         l->config = cfg;
         return 0;
 }
@@ -216,44 +174,11 @@ gm_local_heap_t *gm_local_heap_destroy(gm_local_heap_t *l) {
         return NULL;
 }
 
-int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
-                        gm_alloc_result_t *ret_result) {
-        l->cur_size = size;
-        l->retries_before = l->stats->num_alloc_retries;
-        l->refused_by_daemon = false;
-        l->cur_frames = frames;
-        l->n_cur_frames = n_frames;
-        begin(l);
-        int r = gm_heap_alloc(l->heap, size, stream, ret_result);
-        end(l);
-        gm_assert(r < 0 || ret_result->size >= size);
-        check(l);
-        l->cur_frames = NULL;
-        l->n_cur_frames = 0;
-        return r;
-}
-
-int gm_local_heap_free(gm_local_heap_t *l, uint64_t block_id, bool deferred) {
-        begin(l);
-        int r = gm_heap_free(l->heap, block_id, deferred);
-        end(l);
-        check(l);
-        return r;
-}
-
-int gm_local_heap_free_completed(gm_local_heap_t *l, uint64_t block_id) {
-        begin(l);
-        int r = gm_heap_free_completed(l->heap, block_id);
-        end(l);
-        check(l);
-        return r;
-}
-
 uint64_t gm_local_heap_release_cached(gm_local_heap_t *l) {
-        begin(l);
+        gm_local_heap_begin(l);
         uint64_t released = gm_heap_release_cached(l->heap);
-        end(l);
-        check(l);
+        gm_local_heap_end(l);
+        gm_local_heap_check(l);
         return released;
 }
 
@@ -266,13 +191,13 @@ const gm_stats_t *gm_local_heap_stats(const gm_local_heap_t *l) {
 }
 
 void gm_local_heap_reset_stats(gm_local_heap_t *l, bool peak, bool accumulated) {
-        begin(l);
+        gm_local_heap_begin(l);
         if (peak)
                 gm_stats_reset_peak(gm_heap_stats_mut(l->heap));
         if (accumulated)
                 gm_stats_reset_accumulated(gm_heap_stats_mut(l->heap));
-        end(l);
-        check(l);
+        gm_local_heap_end(l);
+        gm_local_heap_check(l);
 }
 
 bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l) {

@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "allocator.h"
+#include "debug.h"
+#include "fence.h"
 #include "history.h"
 #include "statpage.h"
 
@@ -88,15 +90,14 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
  * ending: its mappings and the daemon's ledger go with it). Accepts NULL. */
 gm_local_heap_t *gm_local_heap_destroy(gm_local_heap_t *l);
 
-/* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
 /* New allocator settings (the daemon changed its alloc_conf at run time), as
  * gm_heap_set_config(); -EINVAL (reason in err) leaves the old ones. Caller
  * holds the heap's lock. */
 int gm_local_heap_set_config(gm_local_heap_t *l, const char *alloc_conf, char *err, size_t err_len);
-int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames, size_t n_frames,
-                        gm_alloc_result_t *ret_result);
-int gm_local_heap_free(gm_local_heap_t *l, uint64_t block_id, bool deferred);
-int gm_local_heap_free_completed(gm_local_heap_t *l, uint64_t block_id);
+/* gm_local_heap_alloc(), gm_local_heap_free() and
+ * gm_local_heap_free_completed() (gm_heap_alloc(), gm_heap_free(),
+ * gm_heap_free_completed() under the page's sequence lock) are inline, at
+ * the end of this header. */
 /* empty_cache(): gives every idle cached segment (and free page) back. */
 uint64_t gm_local_heap_release_cached(gm_local_heap_t *l);
 int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value);
@@ -131,3 +132,84 @@ typedef struct gm_local_heap_owner {
  * trace ring), as JSON or a pickle; *ret_buf is freed with free(). */
 int gm_local_heap_snapshot(const gm_local_heap_t *l, const gm_local_heap_owner_t *owner, bool json, char **ret_buf,
                            size_t *ret_len);
+
+/* ---- the hot path, inline in its caller (the session's heap lock held) ----
+ * The heap's state is here so that a cached allocation or free costs the
+ * caller one call, gm_heap_alloc() or gm_heap_free(), and the page's
+ * sequence lock two inline stores; local_heap.c holds everything else. */
+
+struct gm_local_heap {
+        gm_heap_t *heap;
+        const gm_stats_t *stats; /* the heap's (they stay where they are while it lives) */
+        gm_statpage_t *page;
+        gm_local_heap_ops_t ops;
+        uint64_t va_cursor;     /* the heap's synthetic addresses */
+        uint64_t cur_size;      /* the request being served (for the diagnosis) */
+        int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
+        bool refused_by_daemon;
+        bool destroying;              /* pieces are forgotten, not given back */
+        gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
+        gm_history_t *history;        /* this process's trace ring while memory history is on */
+        const gm_frame_t *cur_frames; /* frames of the allocation being served */
+        size_t n_cur_frames;
+        uint32_t pid;         /* the process the trace entries name */
+        uint64_t last_handle; /* pieces get distinct handles (page reuse moves them) */
+        gm_fences_t fences;   /* page reuse's stream fences */
+};
+
+/* The heap keeps its statistics in the page's payload itself (the
+ * heap's own gm_stats_t lives there), so a change writes only the figures
+ * it changes. Every change is bracketed by the page's sequence lock: the
+ * page reads as busy from before the change until after it. Around a grant
+ * or a give-back it is published as it stands. */
+static inline void gm_local_heap_begin(gm_local_heap_t *l) {
+        if (l->page)
+                gm_statpage_write_begin(l->page);
+}
+
+static inline void gm_local_heap_end(gm_local_heap_t *l) {
+        if (l->page)
+                gm_statpage_write_end(l->page);
+}
+
+/* The debug tier (GPUMEMD_DEBUG builds): the heap's integrity after every
+ * operation, the grants, give-backs and moves inside it included; a
+ * violation aborts. Nothing in other builds. */
+static inline void gm_local_heap_check(const gm_local_heap_t *l) {
+        if (GM_DEBUG)
+                gm_assert(gm_heap_check(l->heap) == 0);
+}
+
+/* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
+static inline int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames,
+                                      size_t n_frames, gm_alloc_result_t *ret_result) {
+        l->cur_size = size;
+        l->retries_before = l->stats->num_alloc_retries;
+        l->refused_by_daemon = false;
+        l->cur_frames = frames;
+        l->n_cur_frames = n_frames;
+        gm_local_heap_begin(l);
+        int r = gm_heap_alloc(l->heap, size, stream, ret_result);
+        gm_local_heap_end(l);
+        gm_assert(r < 0 || ret_result->size >= size);
+        gm_local_heap_check(l);
+        l->cur_frames = NULL;
+        l->n_cur_frames = 0;
+        return r;
+}
+
+static inline int gm_local_heap_free(gm_local_heap_t *l, uint64_t block_id, bool deferred) {
+        gm_local_heap_begin(l);
+        int r = gm_heap_free(l->heap, block_id, deferred);
+        gm_local_heap_end(l);
+        gm_local_heap_check(l);
+        return r;
+}
+
+static inline int gm_local_heap_free_completed(gm_local_heap_t *l, uint64_t block_id) {
+        gm_local_heap_begin(l);
+        int r = gm_heap_free_completed(l->heap, block_id);
+        gm_local_heap_end(l);
+        gm_local_heap_check(l);
+        return r;
+}

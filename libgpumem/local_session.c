@@ -299,9 +299,9 @@ int gm_local_session_page_replace(gpumem_client *c, int page_fd) {
         if (c->page_fd_pending >= 0)
                 close(c->page_fd_pending);
         c->page_fd_pending = -1;
-        if (pthread_mutex_trylock(&c->heap_lock) == 0) {
+        if (gm_heap_lock_try(&c->heap_lock)) {
                 local_page_swap(c, page_fd);
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
         } else {
                 c->page_fd_pending = page_fd;
         }
@@ -314,12 +314,12 @@ int gm_local_session_page_replace(gpumem_client *c, int page_fd) {
 static bool local_page_replace_pending(gpumem_client *c) {
         pthread_mutex_lock(&c->lock);
         bool waiting = c->page_fd_pending >= 0;
-        if (waiting && pthread_mutex_trylock(&c->heap_lock) == 0) {
+        if (waiting && gm_heap_lock_try(&c->heap_lock)) {
                 /* heap_lock goes before lock, so only a trylock may come after it */
                 local_page_swap(c, c->page_fd_pending);
                 c->page_fd_pending = -1;
                 waiting = false;
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
         }
         pthread_mutex_unlock(&c->lock);
         return waiting;
@@ -335,7 +335,7 @@ static bool finish_completed_frees(gpumem_client *c) {
         pthread_mutex_unlock(&c->lock);
         if (!done)
                 return false;
-        if (pthread_mutex_trylock(&c->heap_lock) != 0) {
+        if (!gm_heap_lock_try(&c->heap_lock)) {
                 pthread_mutex_lock(&c->lock);
                 pending_free_t **tail = &done;
                 while (*tail)
@@ -351,7 +351,7 @@ static bool finish_completed_frees(gpumem_client *c) {
                 gm_local_heap_free_completed(c->heap, p->block_id);
                 gm_frees_destroy(c, p, true);
         }
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         return false;
 }
 
@@ -373,20 +373,20 @@ static bool serve_reclaim(gpumem_client *c) {
         pthread_mutex_unlock(&c->lock);
         if (!id)
                 return false;
-        if (pthread_mutex_trylock(&c->heap_lock) != 0)
+        if (!gm_heap_lock_try(&c->heap_lock))
                 return true;
         /* The device's queued work is waited for without the heap's lock,
          * so the application's frees go on meanwhile; the give-back waits
          * again only for frees that came since. */
         uint64_t frees = c->local_frees;
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         gm_mapping_sync_device(c);
-        if (pthread_mutex_trylock(&c->heap_lock) != 0)
+        if (!gm_heap_lock_try(&c->heap_lock))
                 return true;
         if (c->local_frees_synced < frees)
                 c->local_frees_synced = frees;
         uint64_t released = gm_local_session_release_cached(c);
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         Gpumem__ReclaimAck ack = GPUMEM__RECLAIM_ACK__INIT;
         ack.reclaim_id = id;
         ack.released_bytes = released;
@@ -412,7 +412,7 @@ static bool serve_alloc_conf(gpumem_client *c) {
         pthread_mutex_unlock(&c->lock);
         if (!conf)
                 return false;
-        if (pthread_mutex_trylock(&c->heap_lock) != 0) {
+        if (!gm_heap_lock_try(&c->heap_lock)) {
                 pthread_mutex_lock(&c->lock);
                 if (!c->alloc_conf_update) /* a newer one wins */
                         c->alloc_conf_update = conf;
@@ -423,7 +423,7 @@ static bool serve_alloc_conf(gpumem_client *c) {
         }
         char err[256];
         int r = gm_local_heap_set_config(c->heap, conf, err, sizeof(err));
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         free(conf);
         if (r < 0) {
                 pthread_mutex_lock(&c->lock);
@@ -439,20 +439,20 @@ static bool serve_alloc_conf(gpumem_client *c) {
 int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const gm_frame_t *trace_frames,
                            size_t n_trace, void **ret_ptr) {
         gm_alloc_result_t res;
-        pthread_mutex_lock(&c->heap_lock);
+        gm_heap_lock_take(&c->heap_lock);
         block_t *b = c->spare_blocks;
         if (b)
                 c->spare_blocks = b->next_spare;
         else
                 b = malloc(sizeof(*b));
         if (!b) {
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
                 return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory");
         }
         int r = gm_local_heap_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
         if (r < 0) {
                 bool told = gm_local_heap_refused_by_daemon(c->heap);
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
                 free(b);
                 if (told || (r != -ENOMEM && r != -EDQUOT && gm_conn_error_is_for(c)))
                         return r; /* the daemon's diagnosis (or the grant's failure) is the thread's error */
@@ -480,11 +480,11 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
         r = seg ? gm_u64map_put(&c->blocks, ptr, b) : -EPROTO;
         if (r < 0) {
                 gm_local_heap_free(c->heap, res.block_id, false);
-                pthread_mutex_unlock(&c->heap_lock);
+                gm_heap_lock_drop(&c->heap_lock);
                 free(b);
                 return gm_conn_set_error(c, r, "gpumem: cannot track the block: %s", strerror(-r));
         }
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         *ret_ptr = (void *) (uintptr_t) ptr;
         return 0;
 }
@@ -507,7 +507,7 @@ int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p) {
                 free(b->stream_uses);
         b->next_spare = c->spare_blocks;
         c->spare_blocks = b;
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         if (r < 0) {
                 if (p)
                         gm_frees_destroy(c, p, true);
@@ -575,7 +575,7 @@ static bool asks_serve(gpumem_client *c) {
         pthread_mutex_unlock(&c->lock);
         if (!due.query_id && !due.history_due)
                 return false;
-        if (!c->local || pthread_mutex_trylock(&c->heap_lock) != 0)
+        if (!c->local || !gm_heap_lock_try(&c->heap_lock))
                 return true;
         gm_local_heap_t *heap = c->heap;
         if (due.history_due)
@@ -585,7 +585,7 @@ static bool asks_serve(gpumem_client *c) {
         int r = due.query_id ? gm_snapshot_answer_encode(gm_local_heap_core(heap), gm_local_heap_history_ring(heap),
                                                          due.query_max_bytes, &buf, &len)
                              : 0;
-        pthread_mutex_unlock(&c->heap_lock);
+        gm_heap_lock_drop(&c->heap_lock);
         pthread_mutex_lock(&c->lock);
         gm_local_session_asks_t *asks = &c->asks;
         if (asks->query_id == due.query_id)

@@ -391,7 +391,7 @@ int gm_session_after_fork(gpumem_client *c, unsigned generation) {
                 return 0;
         pthread_mutex_init(&c->lock, NULL);
         pthread_mutex_init(&c->read_lock, NULL);
-        pthread_mutex_init(&c->heap_lock, NULL);
+        gm_heap_lock_init(&c->heap_lock);
         pthread_rwlock_init(&c->fd_lock, NULL);
         gm_session_close(c, false);
         c->waiters = NULL;
