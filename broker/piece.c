@@ -224,10 +224,13 @@ void gm_piece_sweep_lingering(gm_broker_t *b, bool all) {
 }
 
 void gm_piece_destroy(gm_broker_t *b, gm_piece_t *p) {
-        /* Memory of a session that lied about unmapping is not gone because the
-         * session is: while a process maps it, it stays charged (an honest
-         * client unmaps just after its session ends, so it is not checked). */
-        gm_tenant_t *t = p->session && p->session->lied ? p->session->tenant : NULL;
+        /* Memory is not gone because its session is: while a process maps
+         * it, it stays charged. Where the backend can tell per piece (host),
+         * every session's pieces are asked (an honest client unmaps before it
+         * closes its connection, and a killed process's mappings are gone
+         * before its socket closes); elsewhere only a session that lied,
+         * judged by its process's figure. */
+        gm_tenant_t *t = p->session && (p->session->lied || b->backend->ops->mapped) ? p->session->tenant : NULL;
         pid_t pid = t ? p->session->pid : 0;
         bool leaving = !b->stopping && !b->keep_stored; /* not kept for a next daemon */
         bool keep = t && leaving && still_held(b, p, pid);

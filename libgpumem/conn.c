@@ -193,6 +193,11 @@ static void *service_main(void *arg) {
                         uint64_t v;
                         if (read(c->wake_fd, &v, sizeof(v)) < 0) {
                         }
+                        pthread_mutex_lock(&c->lock);
+                        bool closing = c->closing;
+                        pthread_mutex_unlock(&c->lock);
+                        if (closing) /* gpumem_disconnect(): it unmaps, then closes the socket */
+                                break;
                 }
                 if (!(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
                         pthread_mutex_lock(&c->lock);

@@ -355,15 +355,16 @@ void gm_session_close(gpumem_client *c, bool owner) {
                         /* full counter: the thread is awake anyway */
                 }
         }
-        if (c->fd >= 0 && owner)
-                shutdown(c->fd, SHUT_RDWR); /* wakes the service thread's recv */
         if (c->service_started && owner)
-                pthread_join(c->service, NULL);
+                pthread_join(c->service, NULL); /* woken by wake_fd, it sees `closing` */
         c->service_started = false;
-        close_and_forget(&c->fd);
-        close_and_forget(&c->wake_fd);
+        /* The memory goes before the connection does: a mapping still there
+         * when the daemon sees the session end is one its process kept, and
+         * the daemon keeps it charged until it is gone. */
         c->session_hooks->forget(c, owner);
         gm_mapping_forget(c, owner);
+        close_and_forget(&c->fd);
+        close_and_forget(&c->wake_fd);
         if (c->mapper)
                 c->mapper->ops->destroy(c->mapper);
         c->mapper = NULL;

@@ -280,6 +280,40 @@ static int attack_own_history(const char *socket_path, gpumem_heap_mode mode) {
         return 0;
 }
 
+/* A local session maps its segments writable, hangs up without unmapping
+ * and, once the daemon has seen the session end, writes every page again:
+ * memory it would hold outside its quota if the end of its session
+ * released it. Holds on until its stdin closes. */
+static int attack_keep_writable(const char *socket_path) {
+        int fd = gm_test_raw_connect(socket_path);
+        set_reply_timeout(fd);
+        gm_test_raw_hello_local(fd);
+        char *w[KEPT_SEGMENTS];
+        for (uint64_t i = 0; i < KEPT_SEGMENTS; i++) {
+                int seg_fd = -1;
+                Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2 + i, 1 + i, KEPT_SEGMENT_SIZE, &seg_fd);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+                gm_msg_free(reply);
+                ck_assert_int_ge(seg_fd, 0);
+                w[i] = mmap(NULL, KEPT_SEGMENT_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+                ck_assert_ptr_ne(w[i], MAP_FAILED);
+                close(seg_fd);
+                memset(w[i], 0x5a, KEPT_SEGMENT_SIZE);
+        }
+        close(fd);
+        printf("hung up\n");
+        fflush(stdout);
+        char c;
+        ck_assert_int_eq(read(STDIN_FILENO, &c, 1), 1);
+        for (int i = 0; i < KEPT_SEGMENTS; i++)
+                memset(w[i], 0x77, KEPT_SEGMENT_SIZE);
+        printf("rewrote\n");
+        fflush(stdout);
+        while (read(STDIN_FILENO, &c, 1) > 0)
+                ;
+        return 0;
+}
+
 static const char *attack_name, *attack_socket;
 
 /* The testutil helpers assert with check: an attack runs as a test of its own. */
@@ -293,6 +327,8 @@ START_TEST(test_attack) {
                 r = attack_keep(attack_socket, KEEP_RETURN);
         else if (strcmp(attack_name, "keep-and-hang-up") == 0)
                 r = attack_keep(attack_socket, KEEP_HANG_UP);
+        else if (strcmp(attack_name, "keep-writable-and-hang-up") == 0)
+                r = attack_keep_writable(attack_socket);
         else if (strcmp(attack_name, "keep-trimmed") == 0)
                 r = attack_keep(attack_socket, KEEP_TRIM);
         else if (strcmp(attack_name, "own-history-central") == 0)
@@ -586,6 +622,67 @@ START_TEST(test_ended_session_memory_gone_for_every_holder) {
 }
 END_TEST
 
+/* How many sessions `tenant` has, as the daemon counts them. */
+static uint32_t tenant_sessions(const char *socket_path, const char *tenant) {
+        int fd = gm_test_raw_connect(socket_path);
+        gm_test_raw_hello(fd, true);
+        Gpumem__Quota q = GPUMEM__QUOTA__INIT;
+        q.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
+        q.tenant = (char *) tenant;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = 2;
+        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
+        env.quota = &q;
+        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+        ck_assert_ptr_nonnull(reply);
+        uint32_t n = reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1
+                             ? reply->quota_reply->tenants[0]->sessions
+                             : 0;
+        gm_msg_free(reply);
+        close(fd);
+        return n;
+}
+
+/* A process that ends its session but keeps its writable mappings stays
+ * charged for them while it maps them: it cannot write pages back outside
+ * its quota, nor is another tenant granted memory that is still in use.
+ * Before, the end of the session released them (charged 0) and the keeper
+ * wrote 48 MiB back while another tenant was granted the whole capacity. */
+START_TEST(test_kept_writable_mapping_stays_charged) {
+        gm_test_daemon_t d;
+        gm_test_daemon_start(&d, "64M", NULL);
+        gm_test_proc_t keeper;
+        char line[256];
+        spawn_attack(&d, "keep-writable-and-hang-up", "hung up", &keeper, line, sizeof(line));
+        /* The daemon sees the session end (its session count drops)... */
+        for (int i = 0; i < 250 && tenant_sessions(d.socket_path, "uid:65534") != 0; i++)
+                sleep_ms(20);
+        ck_assert_uint_eq(tenant_sessions(d.socket_path, "uid:65534"), 0);
+        ck_assert_int_eq(write(keeper.stdin_fd, "\n", 1), 1);
+        ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
+        ck_assert_str_eq(line, "rewrote");
+        /* ...and keeps the mapped memory charged to the keeper's tenant. */
+        ck_assert_uint_eq(gm_test_tenant_charged(d.socket_path, "uid:65534"),
+                          (uint64_t) KEPT_SEGMENTS * KEPT_SEGMENT_SIZE);
+        int fd = gm_test_raw_connect(d.socket_path);
+        gm_test_raw_hello_local(fd);
+        int seg_fd = -1;
+        Gpumem__Envelope *reply = gm_test_raw_grant(fd, 2, 1, 64u << 20, &seg_fd);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR); /* only 16 MiB is free */
+        gm_msg_free(reply);
+        /* Once the keeper's mappings are gone, so is the charge. */
+        ck_assert_int_eq(gm_test_proc_finish(&keeper), 0);
+        wait_uncharged(&d, "uid:65534");
+        reply = gm_test_raw_grant(fd, 3, 2, 64u << 20, &seg_fd);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_GRANT_REPLY);
+        gm_msg_free(reply);
+        if (seg_fd >= 0)
+                close(seg_fd);
+        close(fd);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_trimmed_memory_gone_for_every_holder) {
         kept_copies_hold_nothing("keep-trimmed"); /* a central session's released segments */
 }
@@ -611,6 +708,7 @@ static Suite *security_suite(void) {
         tcase_set_timeout(host, 60);
         tcase_add_test(host, test_returned_memory_gone_for_every_holder);
         tcase_add_test(host, test_ended_session_memory_gone_for_every_holder);
+        tcase_add_test(host, test_kept_writable_mapping_stays_charged);
         tcase_add_test(host, test_trimmed_memory_gone_for_every_holder);
         suite_add_tcase(s, host);
         return s;
