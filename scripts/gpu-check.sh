@@ -16,8 +16,15 @@
 #                 with kernels while both hold memory; the daemon's stats agree
 #   expandable    expandable segments: 1500 MiB of pages, partial frees, trim
 #   streams       record_stream/free_async on real streams with kernels running
+#   early reuse   a record_stream'd block freed while a kernel on the recorded
+#                 stream runs is not handed out again meanwhile (or keeps its data)
 #   reclaim       a trim reclaims an idle client's cache; a trim while a kernel
 #                 writes a live block leaves that block intact
+#   queued free   a free with a kernel still queued, then gpumem_trim and an
+#                 admin trim's Reclaim: cuStreamSynchronize still succeeds, the
+#                 trimmed bytes are released
+#   context       a non-primary context current in the caller stays current
+#                 through alloc, free and trim, on a page-reuse daemon
 #   oom           a cuMemCreate out-of-memory (memory held outside gpumemd by
 #                 cuMemAlloc) and its diagnosis
 #   restart       SIGKILL and restart under an fd-store harness playing
@@ -234,6 +241,10 @@ else
         fail "streams: $(tail -1 <<<"$out")"
 fi
 
+# ---- early reuse after record_stream ----
+note "early reuse after record_stream"
+if out=$(timeout "$(left)" "$CLIENT" early-reuse "$SOCK" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "early reuse: $(tail -1 <<<"$out")"; fi
+
 # ---- reclaim and trim while kernels run ----
 note "reclaim and trim"
 rm -f "$WORK/meet/go" "$WORK/meet/cached"
@@ -244,6 +255,24 @@ trim=$(timeout 30 "$GPUMEMCTL" -s "$SOCK" trim 2>&1)
 touch "$WORK/meet/go"
 if wait "$CC"; then pass "$(tail -1 "$WORK/cache.log") ($(tr '\n' ' ' <<<"$trim"))"; else fail "reclaim: $(tail -1 "$WORK/cache.log")"; fi
 if out=$(timeout "$(left)" "$CLIENT" trim-busy "$SOCK" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "reclaim: $(tail -1 <<<"$out")"; fi
+
+rm -f "$WORK/meet/go" "$WORK/meet/queued"
+timeout "$(left)" "$CLIENT" queued-free "$SOCK" "$WORK/meet" >"$WORK/queued.log" 2>&1 &
+QF=$!
+for _ in $(seq 600); do [ -f "$WORK/meet/queued" ] || ! kill -0 "$QF" 2>/dev/null && break; sleep 0.1; done
+trim=$(timeout 30 "$GPUMEMCTL" -s "$SOCK" trim 2>&1)
+touch "$WORK/meet/go"
+if wait "$QF"; then pass "$(tail -1 "$WORK/queued.log") ($(tr '\n' ' ' <<<"$trim"))"; else fail "queued free: $(tail -1 "$WORK/queued.log")"; fi
+
+# ---- a non-primary context, page reuse on (a third daemon) ----
+note "the caller's context"
+if start_daemon "$WORK/reuse.sock" "$WORK/gpumemd-reuse.log" --alloc-conf expandable_segments:True,gpumemd_page_reuse:True; then
+        REUSE_PID=$STARTED_PID
+        if out=$(timeout "$(left)" "$CLIENT" context "$WORK/reuse.sock" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "context: $(tail -1 <<<"$out")"; fi
+        stop_daemon "$REUSE_PID" || fail "context: its gpumemd did not exit cleanly"
+else
+        fail "context: gpumemd with page reuse did not start: $(tail -3 "$WORK/gpumemd-reuse.log" | tr '\n' ' ')"
+fi
 
 # ---- out of memory ----
 note "out of memory"

@@ -28,6 +28,16 @@
  *        the daemon and of cuMemAlloc+cuMemFree
  *   gpu_client grow SOCKET BYTES           the driver's minimum and recommended
  *        granularity; the time to grow to BYTES in 2 MiB blocks, then free, trim
+ *   gpu_client early-reuse SOCKET          record_stream'd block freed while a
+ *        kernel on a second stream still uses it; the next allocation of that
+ *        size must not be it (or, if it is, keeps its data after the kernel)
+ *   gpu_client queued-free SOCKET DIR     free with a kernel still queued, then
+ *        gpumem_trim; again, DIR/queued, wait for DIR/go (an admin trim, a
+ *        Reclaim, meanwhile); each time cuStreamSynchronize must succeed and
+ *        the trimmed bytes be released
+ *   gpu_client context SOCKET             a context of the caller's own current
+ *        (cuCtxCreate; the emulator has none: device 0's primary context) stays
+ *        current through gpumem_alloc, gpumem_free, gpumem_trim (page reuse on)
  *   gpu_client probe -                    load the driver (and the kernels) only
  * Exit status 0 when the mode's checks held; the last line is the result. */
 #ifndef _GNU_SOURCE
@@ -71,6 +81,9 @@ static struct {
         PFN_cuMemsetD32_v3020 MemsetD32;
         PFN_cuMemcpyDtoH_v3020 MemcpyDtoH;
         PFN_cuMemGetAllocationGranularity_v10020 Granularity;
+        PFN_cuCtxGetCurrent_v4000 CtxGetCurrent;
+        PFN_cuCtxCreate_v3020 CtxCreate;   /* absent in the emulator */
+        PFN_cuCtxDestroy_v4000 CtxDestroy; /* absent in the emulator */
         CUfunction fill, check, spin_fill;
         CUdeviceptr bad; /* mismatch counter of gm_check */
         /* The emulator's kernels (tests/lib/fakecuda/fakecuda.h), when it is the driver. */
@@ -145,6 +158,9 @@ static void driver_open(void) {
         SYM(MemsetD32, "cuMemsetD32_v2", false);
         SYM(MemcpyDtoH, "cuMemcpyDtoH_v2", false);
         SYM(Granularity, "cuMemGetAllocationGranularity", true);
+        SYM(CtxGetCurrent, "cuCtxGetCurrent", true);
+        SYM(CtxCreate, "cuCtxCreate_v2", false);
+        SYM(CtxDestroy, "cuCtxDestroy_v2", false);
         SYM(emu_pattern, "fakecuda_launch_pattern", false);
         SYM(emu_verify_pattern, "fakecuda_launch_verify_pattern", false);
         SYM(emu_spin, "fakecuda_launch_spin", false);
@@ -495,6 +511,129 @@ static int mode_oom(const char *socket) {
         return 0;
 }
 
+/* A block freed after gpumem_record_stream must not be handed out while the
+ * recorded stream's kernel still uses it. */
+static int mode_early_reuse(const char *socket) {
+        connect_to(socket);
+        CUstream s1, s2;
+        ck(cu.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        ck(cu.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        const uint64_t size = big(64 * MiB);
+        void *a, *b;
+        ck_gm(gpumem_alloc(client, size, (uint64_t) (uintptr_t) s1, &a), "gpumem_alloc");
+        fill_async(a, size, 21, s2, 500000000); /* 500 ms on s2, then it writes the block */
+        ck_gm(gpumem_record_stream(client, a, (uint64_t) (uintptr_t) s2), "gpumem_record_stream");
+        ck_gm(gpumem_free(client, a), "gpumem_free");
+        ck_gm(gpumem_alloc(client, size, (uint64_t) (uintptr_t) s1, &b), "gpumem_alloc right after the free");
+        fill_async(b, size, 22, s1, 0); /* done long before the kernel on s2 writes */
+        ck(cu.StreamSynchronize(s1), "cuStreamSynchronize");
+        ck(cu.StreamSynchronize(s2), "cuStreamSynchronize");
+        bool same = a == b, ok = verify(b, size, 22);
+        ck_gm(gpumem_free(client, b), "gpumem_free");
+        ck(cu.StreamDestroy(s1), "cuStreamDestroy");
+        ck(cu.StreamDestroy(s2), "cuStreamDestroy");
+        gpumem_disconnect(client);
+        if (!ok)
+                die("early reuse: the allocation after a record_stream'd free %s the freed block and lost its data to "
+                    "the recorded stream's kernel",
+                    same ? "was" : "was not");
+        printf("early reuse after record_stream: %s while a 500 ms %s on the recorded stream ran; its data intact "
+               "after (verified with %s)\n",
+               same ? "the next allocation got the freed address" : "the next allocation got another address",
+               cu.kernels ? "kernel" : "emulated kernel", method());
+        return 0;
+}
+
+/* Frees a block whose kernel is still queued on `s` and trims, by
+ * gpumem_trim or (with dir) by an admin trim of another process; then
+ * cuStreamSynchronize must succeed and the reserved bytes must go. */
+static uint64_t queued_free_round(CUstream s, uint64_t size, const char *dir) {
+        void *p;
+        ck_gm(gpumem_alloc(client, size, (uint64_t) (uintptr_t) s, &p), "gpumem_alloc");
+        fill_async(p, size, 31, s, dir ? 1500000000 : 500000000);
+        ck_gm(gpumem_free(client, p), "gpumem_free");
+        uint64_t released = 0;
+        if (dir) {
+                touch(dir, "queued", "1");
+                wait_for(dir, "go", 120);
+        } else {
+                ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        }
+        ck(cu.StreamSynchronize(s),
+           dir ? "cuStreamSynchronize after the Reclaim" : "cuStreamSynchronize after the trim");
+        int64_t left = stat_of("reserved_bytes.all.current");
+        for (int i = 0; i < 200 && left != 0; i++) { /* a release may wait for the stream's work */
+                usleep(50000);
+                left = stat_of("reserved_bytes.all.current");
+        }
+        if (left != 0)
+                die("queued free: %" PRId64 " bytes still reserved after the %s", left, dir ? "Reclaim" : "trim");
+        return released;
+}
+
+static int mode_queued_free(const char *socket, const char *dir) {
+        connect_to(socket);
+        CUstream s;
+        ck(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        const uint64_t size = big(256 * MiB);
+        uint64_t released = queued_free_round(s, size, NULL);
+        queued_free_round(s, size, dir);
+        ck(cu.StreamDestroy(s), "cuStreamDestroy");
+        gpumem_disconnect(client);
+        printf("free with %s still queued: gpumem_trim (%.0f MiB released at once) and an admin trim's Reclaim each "
+               "gave back %.0f MiB; cuStreamSynchronize succeeded after both\n",
+               cu.kernels ? "a kernel" : "an emulated kernel", (double) released / MiB, (double) size / MiB);
+        return 0;
+}
+
+static void context_unchanged(CUcontext want, const char *after) {
+        CUcontext now = NULL;
+        ck(cu.CtxGetCurrent(&now), "cuCtxGetCurrent");
+        if (now != want)
+                die("context: after %s the current context is %p, not the caller's %p", after, (void *) now,
+                    (void *) want);
+}
+
+static int mode_context(const char *socket) {
+        CUcontext own = NULL;
+        bool created = cu.CtxCreate && cu.CtxDestroy;
+        if (created) {
+                ck(cu.CtxCreate(&own, 0, 0), "cuCtxCreate");
+        } else {
+                ck(cu.CtxGetCurrent(&own), "cuCtxGetCurrent");
+        }
+        connect_to(socket);
+        context_unchanged(own, "gpumem_connect");
+        /* Page reuse: the third request fits no free block, so it takes the
+         * pages under the first one's hole instead of mapping new ones. */
+        void *a, *b, *c;
+        ck_gm(gpumem_alloc(client, 8 * MiB, 0, &a), "gpumem_alloc");
+        context_unchanged(own, "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, 8 * MiB, 0, &b), "gpumem_alloc");
+        ck_gm(gpumem_free(client, a), "gpumem_free");
+        context_unchanged(own, "gpumem_free");
+        ck_gm(gpumem_alloc(client, 12 * MiB, 0, &c), "gpumem_alloc (page reuse)");
+        context_unchanged(own, "gpumem_alloc with page reuse");
+        ck_gm(gpumem_free(client, b), "gpumem_free");
+        ck_gm(gpumem_free(client, c), "gpumem_free");
+        uint64_t released = 0;
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        context_unchanged(own, "gpumem_trim");
+        gpumem_disconnect(client);
+        context_unchanged(own, "gpumem_disconnect");
+        if (created) {
+                CUcontext popped;
+                ck(cu.CtxPop(&popped), "cuCtxPopCurrent");
+                ck(cu.CtxDestroy(own), "cuCtxDestroy");
+        }
+        printf("context: %s stayed current through gpumem_alloc, gpumem_free (page reuse on) and gpumem_trim "
+               "(%.0f MiB released)\n",
+               created ? "a non-primary context (cuCtxCreate)"
+                       : "the caller's context (device 0's primary: the emulator has no cuCtxCreate)",
+               (double) released / MiB);
+        return 0;
+}
+
 static int mode_grow(const char *socket, uint64_t bytes) {
         CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                     .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
@@ -609,6 +748,12 @@ int main(int argc, char **argv) {
                 r = mode_bench(argv[2]);
         else if (strcmp(mode, "grow") == 0 && argc == 4)
                 r = mode_grow(argv[2], strtoull(argv[3], NULL, 10));
+        else if (strcmp(mode, "early-reuse") == 0)
+                r = mode_early_reuse(argv[2]);
+        else if (strcmp(mode, "queued-free") == 0 && argc == 4)
+                r = mode_queued_free(argv[2], argv[3]);
+        else if (strcmp(mode, "context") == 0)
+                r = mode_context(argv[2]);
         else if (strcmp(mode, "probe") == 0)
                 r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "the emulator's kernels") < 0;
         else
