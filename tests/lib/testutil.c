@@ -311,7 +311,9 @@ void gm_test_raw_hello_named(int fd, bool admin, const char *client_name) {
         gm_msg_free(reply);
 }
 
-uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant) {
+/* Tenant `tenant`'s charged bytes and session count, as an admin's quota
+ * query answers them (zeros for a tenant the daemon does not know). */
+static void tenant_figures(const char *socket_path, const char *tenant, uint64_t *ret_charged, uint32_t *ret_sessions) {
         int fd = gm_test_raw_connect(socket_path);
         gm_test_raw_hello(fd, true);
         Gpumem__Quota q = GPUMEM__QUOTA__INIT;
@@ -323,12 +325,25 @@ uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant) {
         env.quota = &q;
         Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
         ck_assert_ptr_nonnull(reply);
-        uint64_t charged = 0;
-        if (reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1)
-                charged = reply->quota_reply->tenants[0]->charged;
+        bool known = reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1;
+        *ret_charged = known ? reply->quota_reply->tenants[0]->charged : 0;
+        *ret_sessions = known ? reply->quota_reply->tenants[0]->sessions : 0;
         gm_msg_free(reply);
         close(fd);
+}
+
+uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant) {
+        uint64_t charged;
+        uint32_t sessions;
+        tenant_figures(socket_path, tenant, &charged, &sessions);
         return charged;
+}
+
+uint32_t gm_test_tenant_sessions(const char *socket_path, const char *tenant) {
+        uint64_t charged;
+        uint32_t sessions;
+        tenant_figures(socket_path, tenant, &charged, &sessions);
+        return sessions;
 }
 
 int64_t gm_test_device_stat(const char *socket_path, const char *name) {

@@ -85,6 +85,8 @@ Gpumem__Envelope *gm_test_raw_return_intent(int fd, uint64_t request_id);
 
 /* A tenant's charged bytes (gpumemctl quota get), via an admin connection. */
 uint64_t gm_test_tenant_charged(const char *socket_path, const char *tenant);
+/* How many sessions `tenant` has, as the daemon counts them. */
+uint32_t gm_test_tenant_sessions(const char *socket_path, const char *tenant);
 /* One device-wide statistic via an admin connection. */
 int64_t gm_test_device_stat(const char *socket_path, const char *name);
 /* Polls gm_test_device_stat until it equals `want` or ~10 s pass; returns the last value. */

@@ -622,27 +622,6 @@ START_TEST(test_ended_session_memory_gone_for_every_holder) {
 }
 END_TEST
 
-/* How many sessions `tenant` has, as the daemon counts them. */
-static uint32_t tenant_sessions(const char *socket_path, const char *tenant) {
-        int fd = gm_test_raw_connect(socket_path);
-        gm_test_raw_hello(fd, true);
-        Gpumem__Quota q = GPUMEM__QUOTA__INIT;
-        q.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
-        q.tenant = (char *) tenant;
-        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
-        env.request_id = 2;
-        env.body_case = GPUMEM__ENVELOPE__BODY_QUOTA;
-        env.quota = &q;
-        Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
-        ck_assert_ptr_nonnull(reply);
-        uint32_t n = reply->body_case == GPUMEM__ENVELOPE__BODY_QUOTA_REPLY && reply->quota_reply->n_tenants == 1
-                             ? reply->quota_reply->tenants[0]->sessions
-                             : 0;
-        gm_msg_free(reply);
-        close(fd);
-        return n;
-}
-
 /* A process that ends its session but keeps its writable mappings stays
  * charged for them while it maps them: it cannot write pages back outside
  * its quota, nor is another tenant granted memory that is still in use.
@@ -655,9 +634,9 @@ START_TEST(test_kept_writable_mapping_stays_charged) {
         char line[256];
         spawn_attack(&d, "keep-writable-and-hang-up", "hung up", &keeper, line, sizeof(line));
         /* The daemon sees the session end (its session count drops)... */
-        for (int i = 0; i < 250 && tenant_sessions(d.socket_path, "uid:65534") != 0; i++)
+        for (int i = 0; i < 250 && gm_test_tenant_sessions(d.socket_path, "uid:65534") != 0; i++)
                 sleep_ms(20);
-        ck_assert_uint_eq(tenant_sessions(d.socket_path, "uid:65534"), 0);
+        ck_assert_uint_eq(gm_test_tenant_sessions(d.socket_path, "uid:65534"), 0);
         ck_assert_int_eq(write(keeper.stdin_fd, "\n", 1), 1);
         ck_assert(gm_test_proc_read_line(&keeper, line, sizeof(line)));
         ck_assert_str_eq(line, "rewrote");
