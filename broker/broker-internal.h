@@ -72,6 +72,7 @@ struct gm_session {
         bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
         uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
         gm_session_grants_t grants;   /* local */
+        gm_session_sleep_t sleep;     /* local: asleep (gm_session_local_sleep_state) */
         gm_session_reclaim_t reclaim; /* local */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */

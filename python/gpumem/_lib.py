@@ -36,6 +36,8 @@ class ClientInfo(ctypes.Structure):
         ("heap", ctypes.c_char_p),
         ("stats_page_invalid", ctypes.c_bool),
         ("requests", ctypes.c_uint64),
+        ("asleep", ctypes.c_bool),
+        ("sleeping_bytes", ctypes.c_uint64),
     ]
 
 

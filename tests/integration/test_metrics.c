@@ -899,10 +899,10 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
         /* Every request kind of the table has its series, timed or not yet. */
         static const char *const every_op[] = {
-                "hello",       "alloc",           "free",         "free_completed", "trim",        "stats",
-                "release_ack", "reset_stats",     "history",      "snapshot",       "alloc_conf",  "quota",
-                "clients",     "reattach",        "grant",        "return_pieces",  "reclaim_ack", "move_pieces",
-                "samples",     "snapshot_answer", "return_intent"};
+                "hello",       "alloc",           "free",          "free_completed", "trim",        "stats",
+                "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
+                "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
+                "samples",     "snapshot_answer", "return_intent", "sleep_state"};
         ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
         for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
                 char series[128];

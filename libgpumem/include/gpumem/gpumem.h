@@ -206,6 +206,8 @@ typedef struct gpumem_client_info {
         const char *heap;         /* "local" (its heap runs in the client) or "central" */
         bool stats_page_invalid;  /* local: its statistics page failed the daemon's bounds (figures as zero) */
         uint64_t requests;        /* packets the daemon received from it */
+        bool asleep;              /* local: asleep (gpumem_sleep()): its memory went back, its addresses stay */
+        uint64_t sleeping_bytes;  /* asleep: what its wake needs */
 } gpumem_client_info;
 
 /* The sessions the caller may see (its tenant's; every one for an admin).
