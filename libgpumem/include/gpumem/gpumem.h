@@ -242,6 +242,33 @@ GPUMEM_EXPORT int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint
 /* Frees a buffer this library returned. Accepts NULL. */
 GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
 
+/* ---- sleep and wake ---- */
+
+/* Gives this session's physical memory back to the device while keeping
+ * every address reservation: blocks stay allocated and their pointers stay
+ * valid. Cached (free) memory is released outright. The data of allocated
+ * blocks in `keep_tags` (NULL-terminated; NULL: none; {"*", NULL}: all) is
+ * copied to host memory first (the bytes each allocation asked for).
+ * `tags` (NULL: every pool) chooses which pools sleep: until tagged pools
+ * land only NULL is accepted (-EINVAL otherwise). Work queued on the device
+ * must be done first (the call synchronizes the device). Local sessions only
+ * (-EOPNOTSUPP for central); -EALREADY when asleep. *ret_released_bytes (may
+ * be NULL): the bytes given back. While asleep, gpumem_alloc() fails with
+ * -EAGAIN ("the session is asleep: gpumem_wake() first"), gpumem_trim()
+ * releases nothing, and gpumem_free() of a sleeping block is allowed (its
+ * kept data is dropped). Memory of a sleeping block must not be touched. */
+GPUMEM_EXPORT int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *keep_tags,
+                               uint64_t *ret_released_bytes);
+/* Maps new memory at the same addresses and restores the kept data (other
+ * blocks hold undefined bytes). Waits while quota or device is short, up to
+ * timeout_ms (0: the daemon's park_timeout_ms); -ENOMEM (or -EDQUOT) with
+ * the diagnosis in gpumem_last_error() when it runs out: then whatever was
+ * granted went back, the session is still asleep and wake may be called
+ * again. 0 at once when awake. */
+GPUMEM_EXPORT int gpumem_wake(gpumem_client *c, uint32_t timeout_ms);
+/* Bytes a wake needs (0 when awake). */
+GPUMEM_EXPORT uint64_t gpumem_sleeping_bytes(gpumem_client *c);
+
 #ifdef __cplusplus
 }
 #endif
