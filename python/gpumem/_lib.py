@@ -90,6 +90,11 @@ _SIGNATURES = {
     "gpumem_mem_get_info": (ctypes.c_int, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_buffer_free": (None, [ctypes.c_void_p]),
+    # sleep and wake
+    "gpumem_sleep": (ctypes.c_int, [c_client_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                                    ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_wake": (ctypes.c_int, [c_client_p, ctypes.c_uint32]),
+    "gpumem_sleeping_bytes": (ctypes.c_uint64, [c_client_p]),
     # libgpumem_torch
     "gpumem_torch_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "gpumem_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
