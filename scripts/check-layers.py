@@ -20,7 +20,7 @@ root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 # one floor per request family (req_*.c: none may include another's) ->
 # the request side's bottom floor (the connection type and reply helpers,
 # local sessions' life and figures, sampling) -> the daemon's leaves.
-REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples")
+REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples", "claim")
 REQ_LAYERS = {f"req-{f}" for f in REQUEST_FAMILIES}
 DAEMON_LAYER = {
     "main.c": "main",
@@ -174,6 +174,7 @@ LIBGPUMEM_FLOOR = {
     "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4,
     "central.c": 4.5, "central.h": 4.5, "local_session.c": 4.5, "local_session.h": 4.5,
     "gpumem.c": 5, "client-internal.h": 5,
+    "claim.c": 5.5, "claim.h": 5.5,
     "admin.c": 6,
 }
 # The daemon's floors (the include check above also keeps the request
