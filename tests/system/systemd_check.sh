@@ -274,16 +274,42 @@ step "journalctl -u shows the daemon's lines, with their priorities"
 wait_for 30 "the start line in the journal" sh -c "timeout 10 nsenter -t $init -m -p -n -r -w journalctl -u gpumemd@0.service -p notice --no-pager |
         grep -q 'listening on /run/gpumem/gpu0.sock'"
 
-step "systemctl reload applies a changed configuration"
+# reloads: how many SIGHUP reloads gpumemd@0 has logged (every line it wrote
+# before is in the journal once "journalctl --sync" returns).
+reloads() {
+        in_ns journalctl --sync
+        in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 'configuration reloaded' || true
+}
+
+# reload_once: "systemctl reload gpumemd" reloads gpumemd@0 exactly once. It
+# returns once every job it caused is done (each SIGHUP sent); the daemon logs
+# each reload before it answers the client that follows, and the count is
+# taken again after that client.
+reload_once() {
+        before=$(reloads)
+        out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
+        wait_for 30 "the reload in the journal" sh -c "[ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w \
+                journalctl -u gpumemd@0.service --no-pager | grep -c 'configuration reloaded')\" -gt $before ]"
+}
+
+# reloaded_once: no more than the one reload of reload_once.
+reloaded_once() {
+        after=$(reloads)
+        [ "$after" -eq $((before + 1)) ] ||
+                fail "one systemctl reload gpumemd reloaded gpumemd@0 $((after - before)) times"
+}
+
+step "systemctl reload applies a changed configuration, once"
 in_ns cp /etc/gpumem/gpumemd.conf /var/tmp/gm-system/gpumemd.conf.orig
 in_ns sh -c 'printf "\n[tenant capped]\nuser = alice\nquota = 4M\n" >>/etc/gpumem/gpumemd.conf'
-out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
-wait_for 30 "the reload in the journal" sh -c "timeout 10 nsenter -t $init -m -p -n -r -w journalctl -u gpumemd@0.service --no-pager |
-        grep -q 'configuration reloaded'"
+reload_once
 out=$(as_user alice python3 "$client" once 2>&1) && fail "alice allocated 8 MiB past a 4 MiB quota: $out"
 echo "$out" | grep -qi 'quota' || fail "the refusal does not name the quota: $out"
+reloaded_once
 in_ns cp /var/tmp/gm-system/gpumemd.conf.orig /etc/gpumem/gpumemd.conf
-out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
+reload_once
+out=$(as_user alice python3 "$client" once 2>&1) || fail "alice's client after the second reload: $out"
+reloaded_once
 
 step "socket activation: the first connect starts the service"
 out=$(T=90 in_ns systemctl stop gpumemd 2>&1) || fail "systemctl stop gpumemd: $out"
