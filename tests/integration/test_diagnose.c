@@ -5,7 +5,6 @@
  * process), read back by the real gpumemctl diagnose, top and status. The
  * end-to-end cases run in the heap mode of $GPUMEM_HEAP (both legs). */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -470,41 +469,6 @@ START_TEST(test_e2e_pending_stream_free) {
 END_TEST
 
 /* Whether every thread of `pid` is in the stopped state ('T' in its stat). */
-static bool all_threads_stopped(pid_t pid) {
-        char path[320];
-        snprintf(path, sizeof(path), "/proc/%d/task", (int) pid);
-        DIR *dir = opendir(path);
-        ck_assert_ptr_nonnull(dir);
-        bool stopped = true;
-        for (struct dirent *t; stopped && (t = readdir(dir));) {
-                if (t->d_name[0] == '.')
-                        continue;
-                char stat[512] = "";
-                snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int) pid, t->d_name);
-                FILE *f = fopen(path, "re");
-                if (!f)
-                        continue; /* the thread has exited */
-                size_t n = fread(stat, 1, sizeof(stat) - 1, f);
-                fclose(f);
-                stat[n] = '\0';
-                const char *state = strrchr(stat, ')'); /* "TID (COMM) STATE ..." */
-                stopped = state && state[1] == ' ' && state[2] == 'T';
-        }
-        closedir(dir);
-        return stopped;
-}
-
-/* SIGSTOP, then until every thread is stopped: kill() returns before the
- * group stop reaches the threads, and until it does libgpumem's service
- * thread still answers the daemon (it would give the cache back). */
-static void stop_process(pid_t pid) {
-        ck_assert_int_eq(kill(pid, SIGSTOP), 0);
-        for (int tries = 0; !all_threads_stopped(pid); tries++) {
-                ck_assert_msg(tries < 3000, "pid %d did not stop", (int) pid);
-                usleep(10000);
-        }
-}
-
 #define HOARDER_WINDOW "6s"
 /* The idle time the idle-cache rule asks for in that window (diagnose.c:
  * half the window, under GM_DIAG_IDLE_MS). */
@@ -549,7 +513,7 @@ START_TEST(test_e2e_idle_hoarder_beside_refused) {
          * Inside the period the change would merge into the sample of its own frees. */
         diagnosis_when(out, sizeof(out), hoarder.pid, 0, 3 * 64 * MiB, 0);
         usleep(GM_SAMPLE_PERIOD_MS * 1000);
-        stop_process(hoarder.pid);
+        gm_test_stop_process(hoarder.pid);
         const char *rv[] = {GM_TEST_CLIENT, daemon_.socket_path, "hold", "134217728", "1", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), rv), 1); /* refused: the cache did not come back */
         /* Idle as the daemon's samples see it: waited for, not slept for (the refusal stays
