@@ -167,6 +167,9 @@ typedef struct gm_broker_limits {
         /* How often a session whose give-backs were believed on its process's
          * figure has that figure audited again (0: never; process_check.c). */
         uint32_t audit_interval_ms;
+        /* Ended processes whose memory the audit still follows (the oldest
+         * dropped past it, logged; 0: none followed; process_check.c). */
+        uint32_t max_audited_processes;
         gm_release_check_t release_check; /* of tenants that set none */
 } gm_broker_limits_t;
 
