@@ -556,18 +556,19 @@ START_TEST(test_ended_processes_bounded) {
 }
 END_TEST
 
-/* The other side: an honest process (libgpumem, this one) that holds device
- * memory of its own (16 MiB by cuMemCreate, before its session), returns
- * memory (confirming the driver's attribution), is granted 32 MiB and
- * disconnects (libgpumem unmaps first), and stays alive: never charged. */
-START_TEST(test_honest_disconnect_not_audited) {
+/* The other side: an honest process (libgpumem, this one, a `heap`
+ * session) that holds device memory of its own (16 MiB by cuMemCreate,
+ * before its session), returns memory (confirming the driver's
+ * attribution), is handed 32 MiB and disconnects (libgpumem unmaps first),
+ * and stays alive: never charged. */
+static void check_honest_disconnect(gpumem_heap_mode heap) {
         start_daemon("audit_interval_ms = 1000\n[tenant honest]\nuser = 0\nquota = 64M\n", NULL, NULL, NULL);
         const gm_cuda_t *cu = cuda();
         CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
         CUmemGenericAllocationHandle own;
         ck_assert_int_eq(cu->MemCreate(&own, 16 * MiB, &prop, 0), CUDA_SUCCESS); /* outside gpumemd */
         uint64_t released;
-        gpumem_client *c = connect_and_give_back(GPUMEM_HEAP_LOCAL, 32 * MiB, &released);
+        gpumem_client *c = connect_and_give_back(heap, 32 * MiB, &released);
         ck_assert_int_eq(wait_field("honest", "reserved_bytes", 0), 0); /* believed */
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, 32 * MiB, 0, &p), 0);
@@ -580,6 +581,15 @@ START_TEST(test_honest_disconnect_not_audited) {
         ck_assert_int_eq(log_lines("after its session ended"), 0);
         ck_assert_int_eq(cu->MemRelease(own), CUDA_SUCCESS);
         finish();
+}
+
+START_TEST(test_honest_disconnect_not_audited_local) {
+        check_honest_disconnect(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_honest_disconnect_not_audited_central) {
+        check_honest_disconnect(GPUMEM_HEAP_CENTRAL);
 }
 END_TEST
 
@@ -596,7 +606,8 @@ static Suite *audit_suite(void) {
         tcase_add_test(tc, test_reimport_after_return_audited);
         tcase_add_test(tc, test_kept_mapping_after_end_audited);
         tcase_add_test(tc, test_ended_processes_bounded);
-        tcase_add_test(tc, test_honest_disconnect_not_audited);
+        tcase_add_test(tc, test_honest_disconnect_not_audited_local);
+        tcase_add_test(tc, test_honest_disconnect_not_audited_central);
         suite_add_tcase(s, tc);
         return s;
 }
