@@ -55,10 +55,7 @@ static void detach(gm_piece_t *p) {
         p->session = NULL;
 }
 
-/* 0 when `bytes` more fit the quota of session s's tenant and the device
- * (audited memory counting as charged: process_check.c), else -EDQUOT or
- * -ENOMEM. */
-static int room_for(const gm_session_t *s, uint64_t bytes) {
+int gm_piece_room(const gm_session_t *s, uint64_t bytes) {
         const gm_broker_t *b = s->broker;
         const gm_tenant_t *t = s->tenant;
         uint64_t held = t->charged_bytes + t->audited_bytes, elsewhere = b->unbacked_bytes + b->audited_bytes;
@@ -77,7 +74,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
             spec->offset + spec->size > spec->segment_va_size)
                 return -EINVAL;
-        int r = room_for(s, spec->size);
+        int r = gm_piece_room(s, spec->size);
         if (r < 0)
                 return r;
         gm_piece_t *p = calloc(1, sizeof(*p));
@@ -104,7 +101,7 @@ int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t 
         if (n == 0 || first->size == 0 || first->offset > first->segment_va_size ||
             n > (first->segment_va_size - first->offset) / first->size)
                 return -EINVAL;
-        int r = room_for(s, n * first->size); /* the run as a whole */
+        int r = gm_piece_room(s, n * first->size); /* the run as a whole */
         uint64_t k = 0;
         for (; k < n && r == 0; k += r == 0) {
                 gm_piece_spec_t spec = *first;

@@ -62,8 +62,8 @@ KNOWN = set()
 # session_local.c stand on session.c within the holders' floor.
 BROKER_FLOOR = {
     "broker.h": 0, "broker-internal.h": 0,
-    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1,
-    "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2,
+    "books.h": 1, "host.c": 1, "checker.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1,
+    "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2, "shared.c": 2,
     "holder.h": 3, "session.c": 3, "session_central.c": 3.5, "session_local.c": 3.5,
     "reclaim.h": 4, "reclaim.c": 4,
     "broker.c": 5, "reattach.c": 5,
