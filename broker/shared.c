@@ -159,6 +159,10 @@ static gm_shared_t *link_new(gm_broker_t *b) {
         gm_shared_t *o = calloc(1, sizeof(*o));
         if (!o)
                 return NULL;
+        /* Ids start at the realtime clock, so that an id a client kept from
+         * the previous daemon names nothing here. */
+        if (!b->next_shared_id)
+                b->next_shared_id = gm_realtime_us();
         o->id = ++b->next_shared_id;
         o->next = b->shared;
         b->shared = o;

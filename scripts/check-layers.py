@@ -20,7 +20,7 @@ root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 # one floor per request family (req_*.c: none may include another's) ->
 # the request side's bottom floor (the connection type and reply helpers,
 # local sessions' life and figures, sampling) -> the daemon's leaves.
-REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples")
+REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples", "shared")
 REQ_LAYERS = {f"req-{f}" for f in REQUEST_FAMILIES}
 DAEMON_LAYER = {
     "main.c": "main",
