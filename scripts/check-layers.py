@@ -171,7 +171,7 @@ LIBGPUMEM_FLOOR = {
     "conn.c": 1, "conn.h": 1, "control.c": 1, "control.h": 1,
     "mapping.c": 2, "mapping.h": 2,
     "session.c": 3, "session.h": 3,
-    "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4,
+    "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4, "shared.c": 4,
     "central.c": 4.5, "central.h": 4.5, "local_session.c": 4.5, "local_session.h": 4.5,
     "gpumem.c": 5, "client-internal.h": 5,
     "admin.c": 6,
