@@ -370,10 +370,11 @@ int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
  * pieces, a local session's granted bytes, pieces and segments = its granted
  * pieces, its parked requests (allocations only in central sessions, grants
  * only in local ones) and Reclaim; per tenant charged bytes = its sessions'
- * charged pieces and session count, its audited bytes = its sessions' (each
+ * charged pieces plus its shared objects, and session count; the shared
+ * registry's mapper counts = its sessions' opens (shared.c); its audited bytes = its sessions' (each
  * at most what that session gave back, none once ended) and the broker's =
  * its tenants'; the backend's in-use = every piece with a
- * handle, unbacked bytes = those without, the store count, the broker's
+ * handle and every shared object, unbacked bytes = those without, the store count, the broker's
  * releasing bytes, parked counts. Returns the number of violations (0 =
  * consistent); never modifies anything. With `why`, the first violation is
  * described there. */
