@@ -187,6 +187,7 @@ typedef struct gm_ledger_entry {
 typedef struct gm_shared_open {
         gm_session_t *session;
         uint32_t count;
+        uint64_t handed_ms; /* its last open's fd was sent (gm_now_ms): maybe not mapped yet */
         struct gm_shared_open *next;
 } gm_shared_open_t;
 
@@ -200,6 +201,7 @@ struct gm_shared {
         gm_phys_t phys;
         gm_shared_state_t state;
         gm_session_t *stager; /* STAGING: the session filling it */
+        uint64_t handed_ms;   /* STAGING: when its fd went to the stager (gm_now_ms) */
         gm_shared_open_t *opens;
         uint32_t mappers; /* = the opens' counts */
         uint64_t created_unix_ms;

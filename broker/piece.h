@@ -39,6 +39,10 @@ void gm_piece_sweep_lingering(gm_broker_t *b, bool all);
  * ones are in broker.h). */
 /* s ends: its opens are dropped, its staging objects released. */
 void gm_shared_session_ended(gm_session_t *s);
+/* Bytes of shared objects s maps (staging or opened, each once: the
+ * driver's figure of its process shows them), and in *ret_recent those
+ * handed to it less than settle_ms before now_ms (maybe not mapped yet). */
+uint64_t gm_shared_mapped(const gm_session_t *s, uint64_t now_ms, uint64_t settle_ms, uint64_t *ret_recent);
 /* Withdraws published objects whose retention ran out (realtime clock). */
 void gm_shared_expire(gm_broker_t *b, uint64_t now_unix_ms);
 /* Releases every object (the broker goes away; stored ones stay stored for

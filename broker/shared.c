@@ -78,6 +78,26 @@ uint64_t gm_shared_bytes(const gm_broker_t *b) {
         return bytes;
 }
 
+uint64_t gm_shared_mapped(const gm_session_t *s, uint64_t now_ms, uint64_t settle_ms, uint64_t *ret_recent) {
+        uint64_t bytes = 0, recent = 0;
+        for (const gm_shared_t *o = s->shared_opens ? s->broker->shared : NULL; o; o = o->next) {
+                uint64_t handed_ms = o->handed_ms;
+                bool maps = o->stager == s;
+                for (const gm_shared_open_t *so = o->opens; so && !maps; so = so->next)
+                        if (so->session == s) {
+                                maps = true;
+                                handed_ms = so->handed_ms;
+                        }
+                if (!maps)
+                        continue;
+                bytes += o->phys.size;
+                if (now_ms < handed_ms + settle_ms)
+                        recent += o->phys.size;
+        }
+        *ret_recent = recent;
+        return bytes;
+}
+
 uint64_t gm_shared_charged(const gm_broker_t *b, const gm_tenant_t *t) {
         uint64_t bytes = 0;
         for (const gm_shared_t *o = b->shared; o; o = o->next)
@@ -151,6 +171,7 @@ static void add_open(gm_session_t *s, gm_shared_t *o, gm_shared_open_t *so) {
                 o->opens = so;
         }
         so->count++;
+        so->handed_ms = gm_now_ms();
         o->mappers++;
         s->shared_opens++;
 }
@@ -205,6 +226,7 @@ int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared
         o->phys = phys;
         o->state = GM_SHARED_STAGING;
         o->stager = s;
+        o->handed_ms = gm_now_ms();
         o->created_unix_ms = gm_realtime_us() / 1000;
         s->tenant->charged_bytes += rounded;
         s->shared_opens++;

@@ -738,15 +738,22 @@ END_TEST
  * GM_AUDIT_SESSIONS_PER_TICK sessions a tick, each every audit_interval_ms;
  * a trusted tenant is not audited, and its unverifiable returns are released
  * at once (issue #23). */
-START_TEST(test_audit_finds_memory_taken_back) {
+/* A local session whose 20 MiB return its process's figure showed gone,
+ * audited every second. */
+static gm_session_t *audited_session(void) {
         gm_session_t *s = figured_session(true, 100 * MiB);
-        gm_tenant_t *t = s->tenant;
         gm_broker_limits_t limits = b_->limits;
         limits.audit_interval_ms = 1000;
         gm_broker_set_limits(b_, &limits);
         grant_ok(s, 1, 20 * MiB);
         return_whole(s, 1, 20 * MiB); /* believed: its figure shows it gone */
         ck_assert(b_->driver_attributes_mappings && !s->lied);
+        return s;
+}
+
+START_TEST(test_audit_finds_memory_taken_back) {
+        gm_session_t *s = audited_session();
+        gm_tenant_t *t = s->tenant;
         uint64_t now = gm_now_ms();
         gm_broker_tick(b_, now);
         CHECK(b_);
@@ -2048,6 +2055,32 @@ START_TEST(test_shared_survives_restart) {
 }
 END_TEST
 
+/* The process figure of a session that maps a shared object shows the
+ * object: it is the daemon's memory, not memory the session took back, so
+ * the audit does not charge it. */
+START_TEST(test_shared_mapping_is_not_audited) {
+        gm_session_t *s = audited_session();
+        gm_tenant_t *t = s->tenant;
+        gm_session_t *pub = session(b_, 1001, "b");
+        gm_shared_view_t v;
+        ck_assert_int_eq(gm_shared_create(pub, "w", 8 * MiB, &v), 0);
+        const char *all[] = {"*"};
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, all, 1, NULL, 0, 0, &v), 0);
+        ck_assert_int_eq(gm_shared_open(s, "w", 0, &v), 0);
+        figure_ += 8 * MiB; /* maps the object */
+        uint64_t now = gm_now_ms();
+        gm_broker_tick(b_, now + 1000);
+        gm_broker_tick(b_, now + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_int_eq(gm_shared_close(s, v.id), 0);
+        figure_ -= 8 * MiB;
+        gm_session_free(pub);
+        CHECK(b_);
+}
+END_TEST
+
 /* The checker sees a registry's broken books. */
 START_TEST(test_shared_checker) {
         gm_session_t *pub = session(b_, 1000, "a");
@@ -2104,6 +2137,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_shared_books);
         tcase_add_test(tc, test_shared_survives_restart);
         tcase_add_test(tc, test_shared_checker);
+        tcase_add_test(tc, test_shared_mapping_is_not_audited);
         suite_add_tcase(s, tc);
         return s;
 }
