@@ -357,6 +357,9 @@ static bool parse_shared(const char *line, gm_ledger_shared_t *e) {
         return e->store_id != 0 && e->version != 0 && e->size != 0; /* the name: checked at adoption */
 }
 
+/* A side file's path: the journal's, ".o" and up to 16 hex digits. */
+#define SIDE_PATH_LEN (sizeof(((gm_broker_t *) 0)->ledger_path) + 24)
+
 static void shared_side_path(const gm_broker_t *b, uint64_t store_id, char *buf, size_t len) {
         snprintf(buf, len, "%s.o%010" PRIx64, b->ledger_path, store_id);
 }
@@ -364,7 +367,7 @@ static void shared_side_path(const gm_broker_t *b, uint64_t store_id, char *buf,
 /* The side file: "readers N\n", N names a line, "meta LEN\n", LEN bytes;
  * written whole (a new file renamed over) before the "o" line. */
 static int shared_side_write(const gm_broker_t *b, const gm_shared_t *o) {
-        char path[sizeof(b->ledger_path) + 16], tmp[sizeof(path) + 8];
+        char path[SIDE_PATH_LEN], tmp[sizeof(path) + 8];
         shared_side_path(b, o->store_id, path, sizeof(path));
         snprintf(tmp, sizeof(tmp), "%s.new", path);
         FILE *f = fopen(tmp, "we");
@@ -388,7 +391,7 @@ static int shared_side_write(const gm_broker_t *b, const gm_shared_t *o) {
 
 int gm_ledger_shared_load(gm_broker_t *b, uint64_t store_id, char ***ret_readers, size_t *ret_n_readers,
                           void **ret_meta, size_t *ret_meta_len) {
-        char path[sizeof(b->ledger_path) + 16], line[128];
+        char path[SIDE_PATH_LEN], line[128];
         shared_side_path(b, store_id, path, sizeof(path));
         FILE *f = fopen(path, "re");
         if (!f)
@@ -445,7 +448,7 @@ void gm_ledger_shared_store(gm_broker_t *b, gm_shared_t *o) {
         if (r == 0)
                 r = b->ops.store_add(b->ops.userdata, o->phys.fd, name);
         if (r < 0) {
-                char path[sizeof(b->ledger_path) + 16];
+                char path[SIDE_PATH_LEN];
                 shared_side_path(b, o->store_id, path, sizeof(path));
                 unlink(path);
                 gm_host_log(b, LOG_WARNING, "Failed to keep shared object '%s' over a restart: %s", o->name,
@@ -459,7 +462,7 @@ void gm_ledger_shared_store(gm_broker_t *b, gm_shared_t *o) {
 }
 
 void gm_ledger_shared_forget(gm_broker_t *b, uint64_t store_id) {
-        char path[sizeof(b->ledger_path) + 16];
+        char path[SIDE_PATH_LEN];
         shared_side_path(b, store_id, path, sizeof(path));
         unlink(path);
         gm_ledger_forget(b, store_id);
