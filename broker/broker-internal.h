@@ -12,7 +12,7 @@
  *      session.c
  *   2  piece.c, orphan.c (adopts shared objects too), shared.c (the shared
  *      registry), process_check.c
- *   1  ledger.c, tenant.c, outcome.c, host.c, checker.c
+ *   1  ledger.c, tenant.c, claim.c, outcome.c, host.c, checker.c
  * Upward only through the host's gm_broker_ops_t. */
 #pragma once
 
@@ -99,6 +99,7 @@ struct gm_session {
                                        * out with the next allocation reply */
         size_t n_fences;
         uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        uint64_t claim_bytes;              /* its unconsumed claim (claim.c): set aside for it alone */
         gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
         bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
         bool return_intents;     /* local: it has announced a give-back: each brings its own reference */

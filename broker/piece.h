@@ -7,10 +7,12 @@
 
 /* piece.c */
 bool gm_piece_charged(const gm_piece_t *p);
+/* The most that session s could be given now (gm_piece_create's checks):
+ * the least of its tenant's quota room and the device's. */
+uint64_t gm_piece_room(const gm_session_t *s);
 /* 0 when `bytes` more fit the quota of session s's tenant and the device
- * (audited memory counting as charged: process_check.c), else -EDQUOT or
- * -ENOMEM. */
-int gm_piece_room(const gm_session_t *s, uint64_t bytes);
+ * (gm_piece_create's checks), else -EDQUOT or -ENOMEM. */
+int gm_piece_room_for(const gm_session_t *s, uint64_t bytes);
 /* Links a piece into s's list (state and charge as given). */
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
 /* Returns a piece's memory to the backend, uncharges and unstores it (keeps

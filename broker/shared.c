@@ -209,7 +209,7 @@ int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared
                         return -EEXIST;
         if (b->n_shared >= max_objects(b) || s->shared_opens >= GM_SHARED_OPENS_PER_SESSION)
                 return -ENOSPC;
-        int r = gm_piece_room(s, rounded);
+        int r = gm_piece_room_for(s, rounded);
         if (r < 0)
                 return r;
         gm_phys_t phys;
@@ -229,6 +229,7 @@ int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared
         o->handed_ms = gm_now_ms();
         o->created_unix_ms = gm_realtime_us() / 1000;
         s->tenant->charged_bytes += rounded;
+        gm_claim_consume(s, rounded); /* its claim covers what it stages too */
         s->shared_opens++;
         gm_shared_view(o, ret_view);
         return 0;

@@ -9,6 +9,7 @@
 #include "ipc.h"
 #include "req_admin.h"
 #include "req_central.h"
+#include "req_claim.h"
 #include "req_local.h"
 #include "req_samples.h"
 #include "req_session.h"
@@ -48,6 +49,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_req_local_reclaim_ack},
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_req_snapshot_answer},
         {BODY(SAMPLES), .op = "samples", .handle = gm_req_samples_handle, .admin_for = gm_req_samples_admin_for},
+        {BODY(CLAIM), .op = "claim", .handle = gm_req_claim_handle, .check = gm_req_claim_check},
         {BODY(SHARED_CREATE), .op = "shared_create", .handle = gm_req_shared_create, .check = gm_req_shared_check},
         {BODY(SHARED_PUBLISH), .op = "shared_publish", .handle = gm_req_shared_publish, .check = gm_req_shared_check},
         {BODY(SHARED_OPEN), .op = "shared_open", .handle = gm_req_shared_open, .check = gm_req_shared_check},

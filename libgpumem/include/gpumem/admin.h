@@ -118,6 +118,7 @@ typedef struct gpumem_tenant_usage {
         uint64_t release_unverified_bytes; /* of charged: released, not verified as unmapped */
         const char *release_check;         /* "verify" or "trust" ("" from an older daemon) */
         uint64_t audited_bytes;            /* beyond charged: given back and mapped again (the daemon's audit) */
+        uint64_t claimed_bytes;            /* beyond charged: its sessions' unconsumed claims (gpumem_claim()) */
 } gpumem_tenant_usage;
 
 typedef enum gpumem_quota_op {
@@ -138,6 +139,7 @@ typedef struct gpumem_session_info {
         bool unresponsive;                 /* owes an answer to a release request (stopped or hung) */
         uint64_t unresponsive_ms;          /* for how long */
         uint64_t release_unverified_bytes; /* released, not verified as unmapped */
+        uint64_t claimed_bytes;            /* its unconsumed claim (gpumem_claim()) */
 } gpumem_session_info;
 
 /* gpumem_list_clients() with the fields above. One buffer, as there. */
