@@ -63,6 +63,13 @@ static int fake_mapped(gm_backend_t *b, const gm_phys_t *phys) {
         return 0;
 }
 
+/* As the host backend's seals: -EBUSY while freeze_busy_ (a writable
+ * mapping left somewhere). */
+static bool freeze_busy_;
+static int fake_freeze(gm_backend_t *b, const gm_phys_t *phys) {
+        return freeze_busy_ ? -EBUSY : 0;
+}
+
 static const gm_backend_ops_t fake_backend_ops = {
         .name = "fake",
         .caps = &gm_kind_cuda_caps, /* frees need stream fences, as on a device */
@@ -71,6 +78,7 @@ static const gm_backend_ops_t fake_backend_ops = {
         .adopt = fake_adopt,
         .mem_info = fake_mem_info,
         .mapped = fake_mapped,
+        .freeze = fake_freeze,
         .destroy = fake_destroy,
 };
 
@@ -267,6 +275,7 @@ static void setup(void) {
         backend_ = (gm_backend_t){.ops = &fake_backend_ops, .capacity = 256 * MiB, .granularity = 2 * MiB};
         memset(&host_, 0, sizeof(host_));
         create_fails_in_ = 0;
+        freeze_busy_ = false;
         snprintf(dir_, sizeof(dir_), "/tmp/gm-broker-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
         snprintf(ledger_, sizeof(ledger_), "%s/ledger", dir_);
@@ -2081,8 +2090,8 @@ START_TEST(test_shared_mapping_is_not_audited) {
 }
 END_TEST
 
-/* A claim covers what its session stages; the checker sees a registry's
- * broken books. */
+/* A claim covers what its session stages; a publish refused while a
+ * writable mapping is left; the checker sees a registry's broken books. */
 START_TEST(test_shared_checker) {
         gm_session_t *pub = session(b_, 1000, "a");
         gm_shared_view_t v;
@@ -2101,7 +2110,19 @@ START_TEST(test_shared_checker) {
         ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
         gm_tenant_find(b_, "a")->charged_bytes += MiB;
         CHECK(b_);
+        /* A writable mapping left: the publish is refused, the object stays
+         * staging (unnumbered, not openable), and publishes once it is gone. */
+        ck_assert_int_eq(gm_shared_create(pub, "busy", MiB, &v), 0);
+        freeze_busy_ = true;
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, "m", 1, 0, &v), -EBUSY);
+        freeze_busy_ = false;
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_open(pub, "busy", 0, &v), -ENOENT);
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, "m", 1, 0, &v), 0);
+        ck_assert_uint_eq(v.version, 1);
+        CHECK(b_);
         gm_session_free(pub);
+        ck_assert_int_eq(gm_shared_unpublish(session(b_, 0, "a"), "busy", 0), 0);
         ck_assert_int_eq(gm_shared_unpublish(session(b_, 0, "a"), "w", 0), 0);
         CHECK(b_);
 }
