@@ -60,7 +60,7 @@ struct gm_tenant {
         char name[64];
         gm_stats_t stats;       /* allocator statistics of all its sessions; accumulated ones never reset */
         gm_stats_t shown_base;  /* stats at the last reset_accumulated: what replies subtract (a view offset) */
-        uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
+        uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces and of its shared objects */
         uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
         uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
@@ -173,6 +173,7 @@ typedef struct gm_broker_limits {
          * dropped past it, logged; 0: none followed; process_check.c). */
         uint32_t max_audited_processes;
         gm_release_check_t release_check; /* of tenants that set none */
+        uint32_t max_shared_objects;      /* shared objects at once, staging ones included (0: the default) */
 } gm_broker_limits_t;
 
 /* Processes the tick audits at most (one driver call each, for all its sessions, live and ended), oldest audit first. */
@@ -346,7 +347,12 @@ struct gm_broker {
         struct gm_ledger_entry *records; /* the previous daemon's pieces with no stored handle: each claimable once,
                                             by its session, until the re-attach grace ends */
         size_t n_records;
-        uint32_t n_recorded; /* sessions' pieces with a record_id */
+        uint32_t n_recorded;      /* sessions' pieces with a record_id */
+        struct gm_shared *shared; /* the shared registry (shared.c), newest first */
+        uint32_t n_shared;
+        uint64_t next_shared_id;
+        struct gm_ledger_shared *ledger_shared; /* the previous daemon's shared objects, until adoption is done */
+        size_t n_ledger_shared;
 };
 
 int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
@@ -372,10 +378,11 @@ int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
  * pieces, a local session's granted bytes, pieces and segments = its granted
  * pieces, its parked requests (allocations only in central sessions, grants
  * only in local ones) and Reclaim; per tenant charged bytes = its sessions'
- * charged pieces and session count, its audited bytes = its sessions' (each
+ * charged pieces plus its shared objects, and session count; the shared
+ * registry's mapper counts = its sessions' opens (shared.c); its audited bytes = its sessions' (each
  * at most what that session gave back, none once ended) and the broker's =
  * its tenants'; the backend's in-use = every piece with a
- * handle, unbacked bytes = those without, the store count, the broker's
+ * handle and every shared object, unbacked bytes = those without, the store count, the broker's
  * releasing bytes, parked counts. Returns the number of violations (0 =
  * consistent); never modifies anything. With `why`, the first violation is
  * described there. */
@@ -696,3 +703,79 @@ typedef struct gm_tenant_view {
 
 /* One row per tenant, sorted by name (malloc'd). -ENOMEM. */
 int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, size_t *ret_n);
+
+/* ---- shared objects ---- */
+
+/* A shared object: named, versioned, read-only memory one session filled and
+ * published for the sessions of the tenants its readers admit. The broker's
+ * shared registry (shared.c) owns it, not a session: it is charged once, to
+ * the publishing tenant, from its creation until it is withdrawn (unpublished
+ * or its retention ended) and its last mapper closed it. Opaque outside the
+ * broker (gm_shared_view()). */
+typedef struct gm_shared gm_shared_t;
+
+#define GM_SHARED_NAME_MAX 127           /* [A-Za-z0-9_.:/-]{1,127} */
+#define GM_SHARED_META_MAX (1u << 20)    /* bytes of the opaque blob kept with it */
+#define GM_SHARED_MAX_READERS 64         /* tenant names one publish may admit */
+#define GM_SHARED_OPENS_PER_SESSION 1024 /* opens (and stagings) one session may hold */
+#define GM_SHARED_DEFAULT_MAX_OBJECTS 256
+
+typedef enum gm_shared_state {
+        GM_SHARED_STAGING,   /* created, writable by its session only, not openable */
+        GM_SHARED_PUBLISHED, /* immutable, openable by admitted tenants */
+        GM_SHARED_WITHDRAWN, /* unpublished or retention over: released when its last mapper closes it */
+} gm_shared_state_t;
+
+/* What the daemon (and listings, metrics, snapshots) read of one object;
+ * the pointers are the broker's, valid while the object is. */
+typedef struct gm_shared_view {
+        uint64_t id; /* the registry's handle of it (the wire's object_id) */
+        const char *name;
+        uint64_t version; /* 0 while staging */
+        const char *tenant;
+        uint64_t size;
+        gm_shared_state_t state;
+        uint32_t mappers;           /* opens by live sessions */
+        uint64_t created_unix_ms;   /* when it was created (published: when published) */
+        uint32_t retention_s;       /* 0: until unpublished */
+        const char *const *readers; /* admitted tenants ("*": all); none: the publisher's only */
+        size_t n_readers;
+        const void *meta;
+        size_t meta_len;
+        int fd; /* its memory's exportable fd (the daemon's; send a copy) */
+} gm_shared_view_t;
+
+/* "staging", "published" or "withdrawn". */
+const char *gm_shared_state_name(gm_shared_state_t state);
+/* Whether `name` is a valid object name. */
+bool gm_shared_name_valid(const char *name);
+/* A staging object of `size` bytes (rounded up to the backend's granularity)
+ * for session s to fill, charged to its tenant at once: -EINVAL (name,
+ * size 0), -EEXIST (s stages that name already), -EDQUOT, -ENOMEM (device),
+ * -ENOSPC (limits.max_shared_objects or the session's opens),
+ * -EFBIG (larger than its tenant's quota or the device). */
+int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared_view_t *ret_view);
+/* Commits s's staging object `id` (its client unmapped its writable
+ * mapping): sealed read-only where the backend can (-EBUSY while a writable
+ * mapping remains: it stays staging), versioned (the name's highest + 1),
+ * stored for restarts, and opened for s. readers: tenant names ("*": all;
+ * none: the publisher's tenant only). -ENOENT (not s's staging object),
+ * -EINVAL (a reader's name, too many), -EMSGSIZE (meta). */
+int gm_shared_publish(gm_session_t *s, uint64_t id, const char *const *readers, size_t n_readers, const void *meta,
+                      size_t meta_len, uint32_t retention_s, gm_shared_view_t *ret_view);
+/* Opens published `name` at `version` (0: the newest) for s: its mappers
+ * grow by one. -ENOENT, -EACCES (s's tenant not admitted), -ENOSPC (s's
+ * opens). */
+int gm_shared_open(gm_session_t *s, const char *name, uint64_t version, gm_shared_view_t *ret_view);
+/* s's mapping of object `id` is gone (an open, or its own staging object
+ * abandoned). -ENOENT when s holds none. */
+int gm_shared_close(gm_session_t *s, uint64_t id);
+/* Withdraws name@version (0: every version): nobody opens it any more; its
+ * memory goes back once its last mapper closes it. The publisher's tenant or
+ * an admin (-EPERM); -ENOENT. */
+int gm_shared_unpublish(gm_session_t *s, const char *name, uint64_t version);
+/* Iterates the registry (NULL: the first), newest first; NULL at the end. */
+const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev);
+void gm_shared_view(const gm_shared_t *o, gm_shared_view_t *ret);
+/* Shared objects' bytes and count (for the device's figures). */
+uint64_t gm_shared_bytes(const gm_broker_t *b);

@@ -70,9 +70,7 @@ static void room(const gm_session_t *s, uint64_t *ret_quota_room, uint64_t *ret_
         *ret_device_room = elsewhere < free ? free - elsewhere : 0;
 }
 
-/* 0 when `bytes` more fit the quota of session s's tenant and the device,
- * else -EDQUOT or -ENOMEM. */
-static int room_for(const gm_session_t *s, uint64_t bytes) {
+int gm_piece_room_for(const gm_session_t *s, uint64_t bytes) {
         uint64_t quota_room, device_room;
         room(s, &quota_room, &device_room);
         if (bytes > quota_room)
@@ -95,7 +93,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
             spec->offset + spec->size > spec->segment_va_size)
                 return -EINVAL;
-        int r = room_for(s, spec->size);
+        int r = gm_piece_room_for(s, spec->size);
         if (r < 0)
                 return r;
         gm_piece_t *p = calloc(1, sizeof(*p));
@@ -123,7 +121,7 @@ int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t 
         if (n == 0 || first->size == 0 || first->offset > first->segment_va_size ||
             n > (first->segment_va_size - first->offset) / first->size)
                 return -EINVAL;
-        int r = room_for(s, n * first->size); /* the run as a whole */
+        int r = gm_piece_room_for(s, n * first->size); /* the run as a whole */
         uint64_t k = 0;
         for (; k < n && r == 0; k += r == 0) {
                 gm_piece_spec_t spec = *first;

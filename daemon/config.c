@@ -158,6 +158,7 @@ static const daemon_key_t daemon_keys[] = {
         KEY(park_timeout_ms, K_UINT, 1, 3600000),
         KEY(unresponsive_timeout_ms, K_UINT, 0, 86400000),
         KEY(max_parked_per_session, K_UINT, 0, 65536),
+        KEY(max_shared_objects, K_UINT, 1, 65536),
         KEY(reattach_grace_ms, K_UINT, 0, 86400000),
         KEY(max_sessions_per_uid, K_UINT, 1, 1u << 20),
         KEY(hello_timeout_ms, K_UINT, 1, 3600000),

@@ -91,6 +91,8 @@ typedef struct gm_config {
         uint32_t unresponsive_timeout_ms; /* 0: a client that does not answer is waited for every time */
         bool has_max_parked_per_session;
         uint32_t max_parked_per_session;
+        bool has_max_shared_objects;
+        uint32_t max_shared_objects; /* shared objects at once, staging ones included */
         bool has_reattach_grace_ms;
         uint32_t reattach_grace_ms; /* after a restart, how long stored segments wait for their client */
         bool has_max_sessions_per_uid;

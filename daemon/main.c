@@ -177,6 +177,7 @@ static void options_default(gm_options_t *o) {
                                 .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
                                 .max_fds = GM_IPC_MAX_FDS_DEFAULT,
                                 .max_parked_per_session = 64,
+                                .max_shared_objects = GM_SHARED_DEFAULT_MAX_OBJECTS,
                                 .park_timeout_ms = 2000,
                                 .release_timeout_ms = 2000,
                                 .unresponsive_timeout_ms = 10000,
@@ -233,6 +234,8 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.release_check = c->release_check;
         if (c->has_max_parked_per_session)
                 o->limits.max_parked_per_session = c->max_parked_per_session;
+        if (c->has_max_shared_objects)
+                o->limits.max_shared_objects = c->max_shared_objects;
         if (c->has_reattach_grace_ms)
                 o->limits.reattach_grace_ms = c->reattach_grace_ms;
         if (c->has_max_sessions_per_uid)
@@ -308,6 +311,7 @@ static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
         return (gm_broker_limits_t){
                 .max_blocks_per_session = l->max_blocks_per_session,
                 .max_parked_per_session = l->max_parked_per_session,
+                .max_shared_objects = l->max_shared_objects,
                 .park_timeout_ms = l->park_timeout_ms,
                 .release_timeout_ms = l->release_timeout_ms,
                 .unresponsive_timeout_ms = l->unresponsive_timeout_ms,
@@ -372,6 +376,7 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_audited_processes = o.limits.max_audited_processes;
         d->opts.limits.release_check = o.limits.release_check;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
+        d->opts.limits.max_shared_objects = o.limits.max_shared_objects;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
         snapshot_limits_from_config(&d->snapjobs.limits, c);
