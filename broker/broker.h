@@ -112,6 +112,7 @@ struct gm_piece {
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
+        uint8_t tag;           /* its tagged pool: an id of its session's gm_session_tags_t (0: default) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -123,6 +124,7 @@ typedef struct gm_piece_spec {
         uint64_t segment_va_size;
         uint64_t offset;
         uint64_t size;
+        uint8_t tag; /* the tagged pool it is booked under (gm_session_tags_t id; 0: default) */
 } gm_piece_spec_t;
 
 /* Creates `spec->size` bytes of fresh memory for session `s` (no heap
@@ -420,6 +422,27 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
+/* Tagged pools (docs/tags.md): a session's pool names and their charged
+ * bytes. Id 0 is the default pool ""; ids 1 .. GM_SESSION_MAX_TAGS are
+ * named on first use and keep their name while the session lives (a local
+ * session's ids are its client's, a central one's the broker's). bytes[id]
+ * is the charge of its pieces booked under id; over all ids it is the
+ * session's charge (gm_broker_check()). */
+#define GM_SESSION_MAX_TAGS 16
+typedef struct gm_session_tags {
+        char names[GM_SESSION_MAX_TAGS + 1][32];
+        uint64_t bytes[GM_SESSION_MAX_TAGS + 1];
+        unsigned n; /* ids 1 .. n may be named (the highest named) */
+} gm_session_tags_t;
+
+/* Names id `id` `name` (a client's numbering): -EINVAL for a malformed name
+ * or one other than the id already has, -E2BIG for an id past
+ * GM_SESSION_MAX_TAGS; id 0 takes only "". */
+int gm_session_tags_name(gm_session_tags_t *t, unsigned id, const char *name);
+/* The id of `name`, named with the next free id if new: -EINVAL, -E2BIG
+ * past GM_SESSION_MAX_TAGS names. */
+int gm_session_tags_intern(gm_session_tags_t *t, const char *name, unsigned *ret_id);
+
 /* What the daemon reads of a session (gm_session_t is opaque outside the
  * broker): plain fields, copied at the call; the pointers are the broker's
  * and stay valid while the session does. */
@@ -449,6 +472,7 @@ typedef struct gm_session_view {
         void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
         const gm_history_t *history;       /* its own history (gm_session_history()); NULL while off */
         size_t history_max_entries;        /* its bound, while on */
+        const gm_session_tags_t *tags;     /* its tagged pools and their charged bytes */
 } gm_session_view_t;
 
 void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
@@ -490,6 +514,10 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret);
+/* gm_broker_alloc() from tagged pool `tag` (NULL or "": the default),
+ * refused -EINVAL for a malformed name, -E2BIG past GM_SESSION_MAX_TAGS. */
+void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
+                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
 /* The reply built from allocation outcome `out` was sent: its pieces are
  * the client's (their releases need acks from now on), its moves and fence
  * marks are done. */
@@ -558,6 +586,8 @@ typedef struct gm_grant {
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
+        const char *tag;       /* the tagged pool it is for (NULL or "": default), the client's id ... */
+        unsigned tag_id;       /* ... of it (0 with the default) */
 } gm_grant_t;
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a

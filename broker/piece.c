@@ -18,11 +18,14 @@ static void charge(gm_piece_t *p, bool on) {
         gm_tenant_t *t = p->session ? p->session->tenant : NULL;
         if (!t)
                 return;
+        uint64_t *tag_bytes = &p->session->tags.bytes[p->tag];
         if (on) {
                 t->charged_bytes += p->phys.size;
+                *tag_bytes += p->phys.size;
         } else {
-                gm_assert(t->charged_bytes >= p->phys.size);
+                gm_assert(t->charged_bytes >= p->phys.size && *tag_bytes >= p->phys.size);
                 t->charged_bytes -= p->phys.size;
+                *tag_bytes -= p->phys.size;
         }
 }
 
@@ -91,6 +94,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         p->segment_id = spec->segment_id;
         p->segment_va_size = spec->segment_va_size;
         p->offset = spec->offset;
+        p->tag = spec->tag <= GM_SESSION_MAX_TAGS ? spec->tag : 0;
         gm_piece_attach(s, p, GM_PIECE_LIVE);
         gm_ledger_store(b, s, p);
         gm_piece_list_unsent(s, p); /* for the reply that hands it to the client */
