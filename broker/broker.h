@@ -55,6 +55,14 @@ typedef enum gm_release_check {
         _GM_RELEASE_CHECK_MAX,
 } gm_release_check_t;
 
+/* A tenant's limit on the bytes its sessions' pieces of one tagged pool may
+ * hold together (the config's tag_quota = kv_cache:40G,weights:20G). */
+#define GM_TENANT_MAX_TAG_QUOTAS 16
+typedef struct gm_tag_quota {
+        char tag[32]; /* a tag name (never the default pool) */
+        uint64_t bytes;
+} gm_tag_quota_t;
+
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
@@ -72,6 +80,8 @@ struct gm_tenant {
         uint64_t audited_bytes; /* beyond charged_bytes: memory its sessions gave back that their processes map
                                    again (process_check.c's audit), counted against its quota and the device */
         uint64_t audit_catches; /* audits that found such memory (a counter) */
+        gm_tag_quota_t tag_quotas[GM_TENANT_MAX_TAG_QUOTAS]; /* checked at each piece of a pool it names */
+        size_t n_tag_quotas;
         struct gm_tenant *next;
 };
 
@@ -380,6 +390,13 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len);
 gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name);
 /* Finds or creates; NULL on -ENOMEM. */
 gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
+/* Replaces a tenant's tag quotas (n 0: none; at most GM_TENANT_MAX_TAG_QUOTAS). */
+void gm_tenant_set_tag_quotas(gm_tenant_t *t, const gm_tag_quota_t *quotas, size_t n);
+/* Parses "TAG:SIZE[,TAG:SIZE...]" (sizes as 40G, each positive, tags
+ * distinct and well formed): -EINVAL, or -E2BIG past GM_TENANT_MAX_TAG_QUOTAS. */
+int gm_tag_quotas_parse(const char *text, gm_tag_quota_t *ret_quotas, size_t *ret_n);
+/* The bytes the pieces of tenant t's sessions charge to pool `tag`. */
+uint64_t gm_tenant_tag_charged(const gm_broker_t *b, const gm_tenant_t *t, const char *tag);
 /* Sets (has = true) or clears one source of a tenant's quota. */
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "piece.h"
@@ -58,14 +59,34 @@ static void detach(gm_piece_t *p) {
         p->session = NULL;
 }
 
-/* 0 when `bytes` more fit the quota of session s's tenant and the device
- * (audited memory counting as charged: process_check.c), else -EDQUOT or
- * -ENOMEM. */
-static int room_for(const gm_session_t *s, uint64_t bytes) {
+const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,
+                                              uint64_t *ret_charged) {
+        const gm_tenant_t *t = s->tenant;
+        if (!t || tag == 0 || tag > GM_SESSION_MAX_TAGS || !t->n_tag_quotas)
+                return NULL;
+        for (size_t i = 0; i < t->n_tag_quotas; i++) {
+                const gm_tag_quota_t *q = &t->tag_quotas[i];
+                if (strcmp(q->tag, s->tags.names[tag]) != 0)
+                        continue;
+                uint64_t charged = gm_tenant_tag_charged(s->broker, t, q->tag);
+                if (charged <= q->bytes && bytes <= q->bytes - charged)
+                        return NULL;
+                *ret_charged = charged;
+                return q;
+        }
+        return NULL;
+}
+
+/* 0 when `bytes` more fit the quota of session s's tenant, its tag quota of
+ * pool `tag`, and the device (audited memory counting as charged:
+ * process_check.c), else -EDQUOT or -ENOMEM. */
+static int room_for(const gm_session_t *s, uint64_t bytes, unsigned tag) {
         const gm_broker_t *b = s->broker;
         const gm_tenant_t *t = s->tenant;
-        uint64_t held = t->charged_bytes + t->audited_bytes, elsewhere = b->unbacked_bytes + b->audited_bytes;
+        uint64_t held = t->charged_bytes + t->audited_bytes, elsewhere = b->unbacked_bytes + b->audited_bytes, charged;
         if (t->quota && (held > t->quota || bytes > t->quota - held))
+                return -EDQUOT;
+        if (gm_piece_tag_quota_over(s, tag, bytes, &charged))
                 return -EDQUOT;
         if (elsewhere > b->backend->capacity - b->backend->in_use ||
             bytes > b->backend->capacity - b->backend->in_use - elsewhere)
@@ -80,7 +101,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
             spec->offset + spec->size > spec->segment_va_size)
                 return -EINVAL;
-        int r = room_for(s, spec->size);
+        int r = room_for(s, spec->size, spec->tag);
         if (r < 0)
                 return r;
         gm_piece_t *p = calloc(1, sizeof(*p));
@@ -108,7 +129,7 @@ int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t 
         if (n == 0 || first->size == 0 || first->offset > first->segment_va_size ||
             n > (first->segment_va_size - first->offset) / first->size)
                 return -EINVAL;
-        int r = room_for(s, n * first->size); /* the run as a whole */
+        int r = room_for(s, n * first->size, first->tag); /* the run as a whole */
         uint64_t k = 0;
         for (; k < n && r == 0; k += r == 0) {
                 gm_piece_spec_t spec = *first;

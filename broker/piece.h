@@ -7,6 +7,10 @@
 
 /* piece.c */
 bool gm_piece_charged(const gm_piece_t *p);
+/* The tag quota of session s's tenant that `bytes` more in pool `tag` would
+ * exceed (*ret_charged: what the pool's pieces charge now), or NULL. */
+const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,
+                                              uint64_t *ret_charged);
 /* Links a piece into s's list (state and charge as given). */
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
 /* Returns a piece's memory to the backend, uncharges and unstores it (keeps

@@ -283,7 +283,20 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 }
         }
         r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
-        if (gm_oom_format(&r, buf, len) < 0)
+        uint64_t tag_charged;
+        const gm_tag_quota_t *tq = err == -EDQUOT
+                                           ? gm_piece_tag_quota_over(s, rq->is_grant ? rq->grant.piece.tag : rq->tag,
+                                                                     r.alloc_size ? r.alloc_size : 1, &tag_charged)
+                                           : NULL;
+        if (tq) { /* the tagged pool's own limit, not the tenant's */
+                char q[32], c[32], a[32];
+                snprintf(buf, len,
+                         "gpumemd: out of memory %s %s in pool '%s': tenant '%s' has a tag_quota of %s for it, "
+                         "%s of which its sessions hold",
+                         rq->is_grant ? "granting" : "allocating", gm_format_size(r.alloc_size, a, sizeof(a)), tq->tag,
+                         s->tenant->name, gm_format_size(tq->bytes, q, sizeof(q)),
+                         gm_format_size(tag_charged, c, sizeof(c)));
+        } else if (gm_oom_format(&r, buf, len) < 0)
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
                          rq->is_grant ? "granting" : "allocating",
                          rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size);

@@ -270,6 +270,35 @@ START_TEST(test_tags_limits) {
 }
 END_TEST
 
+/* A tenant's tag_quota refuses what would take a pool past it, naming the
+ * pool, in both heap modes; other pools and the default are not limited. */
+START_TEST(test_tags_quota) {
+        gm_test_daemon_stop(&daemon_);
+        char conf[128];
+        snprintf(conf, sizeof(conf), "[tenant uid:%u]\ntag_quota = kv:16M,weights:64M\n", (unsigned) getuid());
+        gm_test_daemon_start_config(&daemon_, "1G", NULL, conf);
+        for (int mode = 0; mode < 2; mode++) {
+                gpumem_client *c = connect_mode(mode ? GPUMEM_HEAP_CENTRAL : GPUMEM_HEAP_LOCAL);
+                void *a, *b, *d, *o;
+                ck_assert_int_eq(gpumem_pool_begin(c, "kv"), 0);
+                ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &a), 0); /* its own 12 MiB segment */
+                ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &b), -EDQUOT);
+                ck_assert_msg(strstr(gpumem_last_error(c), "pool 'kv'") && strstr(gpumem_last_error(c), "tag_quota"),
+                              "%s", gpumem_last_error(c));
+                ck_assert_int_eq(gpumem_pool_end(c), 0);
+                ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &d), 0); /* the default pool has no tag quota */
+                ck_assert_int_eq(gpumem_pool_begin(c, "other"), 0);
+                ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &o), 0);
+                ck_assert_int_eq(gpumem_pool_end(c), 0);
+                ck_assert_int_eq(daemon_tag_bytes(getpid(), "kv"), 12 * MiB);
+                ck_assert_int_eq(gpumem_free(c, a), 0);
+                ck_assert_int_eq(gpumem_free(c, d), 0);
+                ck_assert_int_eq(gpumem_free(c, o), 0);
+                gpumem_disconnect(c);
+        }
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("tags");
         TCase *tc = tcase_create("tags");
@@ -279,6 +308,7 @@ int main(void) {
         tcase_add_test(tc, test_tags_central);
         tcase_add_test(tc, test_tags_child_process);
         tcase_add_test(tc, test_tags_limits);
+        tcase_add_test(tc, test_tags_quota);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }
