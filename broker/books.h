@@ -12,6 +12,18 @@ void gm_host_log(const gm_broker_t *b, int priority, const char *fmt, ...) __att
  * (the outcome is decided), for the callers that return it. */
 int gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* claim.c: a session's claim (gm_broker_claim()) and its tenant's and the
+ * broker's books of claims. */
+/* Sets s's unconsumed claim to `bytes` (0: it lapses); a smaller claim marks
+ * memory as freed for the parked requests. */
+void gm_claim_set(gm_session_t *s, uint64_t bytes);
+/* s was given `bytes` of new memory: taken from its claim first. */
+void gm_claim_consume(gm_session_t *s, uint64_t bytes);
+/* What sessions other than s have claimed, of its tenant and of the device:
+ * taken, for s. */
+uint64_t gm_claim_others_of_tenant(const gm_session_t *s);
+uint64_t gm_claim_others_of_device(const gm_session_t *s);
+
 /* ledger.c */
 void gm_ledger_store(gm_broker_t *b, const gm_session_t *s, gm_piece_t *p);
 void gm_ledger_unstore(gm_broker_t *b, gm_piece_t *p);

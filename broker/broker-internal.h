@@ -11,7 +11,7 @@
  *   3  session_central.c, session_local.c (the two kinds of holders) over
  *      session.c
  *   2  piece.c, orphan.c, process_check.c
- *   1  ledger.c, tenant.c, outcome.c, host.c
+ *   1  ledger.c, tenant.c, claim.c, outcome.c, host.c
  * Upward only through the host's gm_broker_ops_t. */
 #pragma once
 
@@ -100,6 +100,7 @@ struct gm_session {
                                        * out with the next allocation reply */
         size_t n_fences;
         uint64_t release_unverified_bytes; /* released on its word, which nothing could check: held until it ends */
+        uint64_t claim_bytes;              /* its unconsumed claim (claim.c): set aside for it alone */
         gm_holder_note_t holder;           /* local: what its returned pieces are checked against */
         bool return_intent_open; /* local: holder was noted for a give-back whose last ReturnPieces has not come */
         bool return_intents;     /* local: it has announced a give-back: each brings its own reference */

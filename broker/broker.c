@@ -206,6 +206,26 @@ size_t gm_broker_return_pieces(gm_session_t *s, const gm_release_range_t *ranges
         return bad;
 }
 
+int gm_broker_claim(gm_session_t *s, uint64_t bytes, uint64_t *ret_claimed) {
+        if (s->ended || !s->tenant)
+                return -ESHUTDOWN;
+        if (bytes > s->broker->backend->capacity)
+                return -EINVAL;
+        uint64_t old = s->claim_bytes;
+        gm_claim_set(s, 0); /* a new claim replaces the old one */
+        uint64_t room = gm_piece_room(s);
+        uint64_t claimed = bytes < room ? bytes : room;
+        gm_claim_set(s, claimed);
+        if (claimed < old)
+                gm_reclaim_retry_parked(s->broker, false);
+        *ret_claimed = claimed;
+        return 0;
+}
+
+uint64_t gm_broker_room(const gm_session_t *s) {
+        return s->ended || !s->tenant ? 0 : gm_piece_room(s);
+}
+
 /* ---- views ---- */
 
 static int view_by_name(const void *x, const void *y) {
@@ -514,10 +534,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 violation(&c, "releasing %llu bytes counted, sessions %llu", (unsigned long long) b->releasing_bytes,
                           (unsigned long long) releasing);
         uint32_t n_tenants = 0;
-        uint64_t audited_all = 0;
+        uint64_t audited_all = 0, claimed_all = 0, charged_all = 0;
         for (const gm_tenant_t *t = b->tenants; t; t = t->next) {
                 n_tenants++;
-                uint64_t charged = 0, unverified = 0, audited = 0;
+                uint64_t charged = 0, unverified = 0, audited = 0, claimed = 0;
                 int64_t reserved = 0;
                 uint32_t sessions = 0;
                 for (const gm_session_t *s = b->sessions; s; s = s->next) {
@@ -527,6 +547,10 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                                 sessions++;
                         unverified += s->release_unverified_bytes;
                         audited += s->audited_bytes;
+                        claimed += s->claim_bytes;
+                        if (s->ended && s->claim_bytes)
+                                violation(&c, "session %llu has ended and still claims %llu bytes",
+                                          (unsigned long long) s->id, (unsigned long long) s->claim_bytes);
                         if (s->audited_bytes > s->audit_released || (s->ended && s->audited_bytes))
                                 violation(&c, "session %llu: %llu bytes audited, beyond what it gave back",
                                           (unsigned long long) s->id, (unsigned long long) s->audited_bytes);
@@ -549,6 +573,11 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                         violation(&c, "tenant '%s' counts %llu bytes audited, its sessions %llu", t->name,
                                   (unsigned long long) t->audited_bytes, (unsigned long long) audited);
                 audited_all += audited;
+                if (claimed != t->claimed_bytes)
+                        violation(&c, "tenant '%s' counts %llu bytes claimed, its sessions %llu", t->name,
+                                  (unsigned long long) t->claimed_bytes, (unsigned long long) claimed);
+                claimed_all += claimed;
+                charged_all += t->charged_bytes;
                 if (sessions != t->sessions)
                         violation(&c, "tenant '%s' counts %u sessions, %u are live", t->name, t->sessions, sessions);
                 if (reserved != t->stats.reserved_bytes[GM_STAT_ALL].current)
@@ -557,6 +586,13 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         }
         if (n_tenants != b->n_tenants)
                 violation(&c, "%u tenants listed, %u counted", n_tenants, b->n_tenants);
+        if (claimed_all != b->claimed_bytes)
+                violation(&c, "%llu bytes claimed counted, tenants %llu", (unsigned long long) b->claimed_bytes,
+                          (unsigned long long) claimed_all);
+        if (claimed_all && claimed_all + charged_all > b->backend->capacity) /* a claim never over-commits */
+                violation(&c, "%llu bytes claimed and %llu charged exceed the capacity of %llu",
+                          (unsigned long long) claimed_all, (unsigned long long) charged_all,
+                          (unsigned long long) b->backend->capacity);
         if (audited_all != b->audited_bytes)
                 violation(&c, "%llu bytes audited counted, tenants %llu", (unsigned long long) b->audited_bytes,
                           (unsigned long long) audited_all);

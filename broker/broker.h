@@ -80,6 +80,8 @@ struct gm_tenant {
         uint64_t audited_bytes; /* beyond charged_bytes: memory its sessions gave back that their processes map
                                    again (process_check.c's audit), counted against its quota and the device */
         uint64_t audit_catches; /* audits that found such memory (a counter) */
+        uint64_t claimed_bytes; /* = its sessions' unconsumed claims (gm_broker_claim()): beyond charged_bytes,
+                                   counted against its quota and the device for every other session */
         gm_tag_quota_t tag_quotas[GM_TENANT_MAX_TAG_QUOTAS]; /* checked at each piece of a pool it names */
         size_t n_tag_quotas;
         struct gm_tenant *next;
@@ -324,6 +326,7 @@ struct gm_broker {
         uint64_t unbacked_bytes;         /* pieces with no handle here (re-registered by their clients) */
         bool driver_attributes_mappings; /* an acknowledged release left its process's driver figure (process_check.c) */
         uint64_t audited_bytes;          /* = the tenants' audited_bytes */
+        uint64_t claimed_bytes;          /* = the tenants' claimed_bytes */
         uint64_t audit_checks;           /* per-process figures read by the audit (a counter: its cost) */
         bool memory_freed;               /* a session's end freed memory: the next tick retries every parked request */
         uint64_t next_park_seq;          /* parked requests, in order across sessions */
@@ -418,6 +421,21 @@ int gm_broker_set_quota(gm_broker_t *b, const char *tenant, bool runtime, uint64
 int gm_tenant_quotas_load(gm_broker_t *b, const char *state_dir);
 int gm_tenant_quotas_save(const gm_broker_t *b, const char *state_dir);
 
+/* ---- claims ---- */
+
+/* Sets aside up to `bytes` of the device for session s, replacing its claim:
+ * *ret_claimed = min(bytes, what s could be given now: the device's capacity
+ * less what others hold or have claimed, and what its tenant's quota leaves
+ * less its other sessions' claims). Nothing is reclaimed for it: idle cache
+ * of others stays theirs. The claim is consumed as s's pieces are created,
+ * counts against the quota and the device for every other session, and
+ * lapses when s ends or claims 0. -EINVAL: more than the capacity;
+ * -ESHUTDOWN: s has ended. A smaller claim retries parked requests. */
+int gm_broker_claim(gm_session_t *s, uint64_t bytes, uint64_t *ret_claimed);
+/* What s could be given now, its own claim included (what a claim of the
+ * capacity would set aside). */
+uint64_t gm_broker_room(const gm_session_t *s);
+
 /* ---- sessions ---- */
 
 typedef struct gm_session_params {
@@ -482,6 +500,7 @@ typedef struct gm_session_view {
         uint64_t releasing_bytes;          /* asked back with release requests, not yet acknowledged */
         uint64_t reclaim_bytes;            /* asked back with its pending Reclaim (0: none) */
         uint64_t release_unverified_bytes; /* released on its word only: held until it ends */
+        uint64_t claim_bytes;              /* its unconsumed claim (gm_broker_claim()) */
         gm_heap_t *heap;                   /* central: created at its first allocation (NULL before) */
         gm_session_grants_t grants;        /* local: what its client's heap holds */
         const gm_piece_t *pieces;          /* every piece it owns (any state), linked by ->next */

@@ -77,21 +77,39 @@ const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned ta
         return NULL;
 }
 
-/* 0 when `bytes` more fit the quota of session s's tenant, its tag quota of
- * pool `tag`, and the device (audited memory counting as charged:
- * process_check.c), else -EDQUOT or -ENOMEM. */
-static int room_for(const gm_session_t *s, uint64_t bytes, unsigned tag) {
+/* What session s could still be given under its tenant's quota (UINT64_MAX:
+ * none) and on the device: audited memory counts as charged
+ * (process_check.c), other sessions' claims as taken, its own claim as its
+ * own. */
+static void room(const gm_session_t *s, uint64_t *ret_quota_room, uint64_t *ret_device_room) {
         const gm_broker_t *b = s->broker;
         const gm_tenant_t *t = s->tenant;
-        uint64_t held = t->charged_bytes + t->audited_bytes, elsewhere = b->unbacked_bytes + b->audited_bytes, charged;
-        if (t->quota && (held > t->quota || bytes > t->quota - held))
+        uint64_t held = t->charged_bytes + t->audited_bytes + gm_claim_others_of_tenant(s);
+        uint64_t elsewhere = b->unbacked_bytes + b->audited_bytes + gm_claim_others_of_device(s);
+        uint64_t free = b->backend->capacity - b->backend->in_use; /* the unbacked pieces' and the audited memory are
+                                                                      the device's too */
+        *ret_quota_room = !t->quota ? UINT64_MAX : held < t->quota ? t->quota - held : 0;
+        *ret_device_room = elsewhere < free ? free - elsewhere : 0;
+}
+
+/* 0 when `bytes` more fit the quota of session s's tenant, its tag quota of
+ * pool `tag`, and the device, else -EDQUOT or -ENOMEM. */
+static int room_for(const gm_session_t *s, uint64_t bytes, unsigned tag) {
+        uint64_t quota_room, device_room, charged;
+        room(s, &quota_room, &device_room);
+        if (bytes > quota_room)
                 return -EDQUOT;
         if (gm_piece_tag_quota_over(s, tag, bytes, &charged))
                 return -EDQUOT;
-        if (elsewhere > b->backend->capacity - b->backend->in_use ||
-            bytes > b->backend->capacity - b->backend->in_use - elsewhere)
-                return -ENOMEM; /* the unbacked pieces' and the audited memory are the device's too */
+        if (bytes > device_room)
+                return -ENOMEM;
         return 0;
+}
+
+uint64_t gm_piece_room(const gm_session_t *s) {
+        uint64_t quota_room, device_room;
+        room(s, &quota_room, &device_room);
+        return quota_room < device_room ? quota_room : device_room;
 }
 
 int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece) {
@@ -117,6 +135,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         p->offset = spec->offset;
         p->tag = spec->tag <= GM_SESSION_MAX_TAGS ? spec->tag : 0;
         gm_piece_attach(s, p, GM_PIECE_LIVE);
+        gm_claim_consume(s, spec->size);
         gm_ledger_store(b, s, p);
         gm_piece_list_unsent(s, p); /* for the reply that hands it to the client */
         *ret_piece = p;
@@ -312,7 +331,7 @@ int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_
 gm_piece_t *gm_piece_new_unbacked(gm_session_t *s, const gm_piece_spec_t *spec) {
         gm_broker_t *b = s->broker;
         /* Memory nobody can vouch for is believed only while it fits the device. */
-        uint64_t used = gm_piece_reserved(b);
+        uint64_t used = gm_piece_reserved(b) + b->claimed_bytes;
         if (spec->size > b->backend->capacity || used > b->backend->capacity - spec->size)
                 return NULL;
         gm_piece_t *p = calloc(1, sizeof(*p));

@@ -7,6 +7,9 @@
 
 /* piece.c */
 bool gm_piece_charged(const gm_piece_t *p);
+/* The most that session s could be given now (gm_piece_create's checks):
+ * the least of its tenant's quota room and the device's. */
+uint64_t gm_piece_room(const gm_session_t *s);
 /* The tag quota of session s's tenant that `bytes` more in pool `tag` would
  * exceed (*ret_charged: what the pool's pieces charge now), or NULL. */
 const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,

@@ -235,6 +235,20 @@ static void name_audited(const gm_broker_t *b, const gm_tenant_t *tenant, char *
                        gm_format_size(bytes, held, sizeof(held)), tenant ? "this tenant's clients" : "clients");
 }
 
+/* Says how much of the tenant's (NULL: the device's) free memory other
+ * sessions than s have claimed (gpumem_claim()): set aside for them. */
+static void name_claimed(const gm_session_t *s, const gm_tenant_t *tenant, char *buf, size_t len) {
+        uint64_t bytes = tenant ? gm_claim_others_of_tenant(s) : gm_claim_others_of_device(s);
+        if (!bytes)
+                return;
+        char held[32];
+        gm_text_append(buf, len,
+                       " gpumemd: %s of what is free is claimed by %s (gpumem_claim): set aside for them until "
+                       "they use it, claim less, or end.",
+                       gm_format_size(bytes, held, sizeof(held)),
+                       tenant ? "other sessions of this tenant" : "other sessions");
+}
+
 /* Explains why `rq` was refused with `err` (PyTorch's text plus the
  * diagnosis) into buf; returns the reason. */
 static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq, int err, char *buf, size_t len) {
@@ -303,6 +317,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_audited(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
+        name_claimed(s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         return r.reason;
 }
 

@@ -135,8 +135,10 @@ void gm_session_end(gm_session_t *s) {
                 gm_piece_destroy(b, s->pieces);
         gm_session_unpark_all(s);
         gm_process_check_forget(s);
-        if (s->tenant)
+        if (s->tenant) {
+                gm_claim_set(s, 0); /* its claim lapses */
                 s->tenant->sessions--;
+        }
 }
 
 void gm_session_free(gm_session_t *s) {
@@ -431,6 +433,7 @@ void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
                 .releasing_bytes = s->releasing_bytes,
                 .reclaim_bytes = s->reclaim.id ? s->reclaim.bytes : 0,
                 .release_unverified_bytes = s->release_unverified_bytes,
+                .claim_bytes = s->claim_bytes,
                 .heap = s->heap,
                 .grants = s->grants,
                 .pieces = s->pieces,

@@ -153,8 +153,8 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
         if (json) {
                 printf("{\"device\": %d, \"backend\": ", gpumem_stats_device(st));
                 print_json_string(gpumem_admin_backend(c->admin));
-                printf(", \"capacity_bytes\": %" PRIu64 ", \"sessions\": %" PRIu64, gpumem_stats_capacity(st),
-                       gpumem_stats_sessions(st));
+                printf(", \"capacity_bytes\": %" PRIu64 ", \"sessions\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64,
+                       gpumem_stats_capacity(st), gpumem_stats_sessions(st), gpumem_stats_claimed(st));
                 if (scope == GPUMEM_SCOPE_TENANT) {
                         printf(", \"tenant\": ");
                         print_json_string(tenant);
@@ -368,7 +368,8 @@ static void print_quota_json(const gpumem_tenant_usage *list, size_t n) {
                        t->charged_bytes, t->allocated_bytes, t->cached_bytes, t->sessions,
                        list[i].release_unverified_bytes);
                 print_json_string(list[i].release_check);
-                printf(", \"audited_bytes\": %" PRIu64 "}", list[i].audited_bytes);
+                printf(", \"audited_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64 "}", list[i].audited_bytes,
+                       list[i].claimed_bytes);
         }
         printf("]\n");
 }
@@ -450,6 +451,8 @@ static int cmd_quota(ctl_t *c, int argc, char **argv) {
                        list[i].release_check[0] ? list[i].release_check : "-");
                 if (list[i].audited_bytes) /* memory it gave back and maps again: beyond RESERVED */
                         printf(" +%s audited", fmt_size(list[i].audited_bytes, au, sizeof(au)));
+                if (list[i].claimed_bytes) /* set aside for its sessions: beyond RESERVED */
+                        printf(" +%s claimed", fmt_size(list[i].claimed_bytes, au, sizeof(au)));
                 printf("\n");
         }
         gpumem_buffer_free(list);
@@ -491,11 +494,12 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
                                ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64
-                               ", \"release_unverified_bytes\": %" PRIu64,
+                               ", \"release_unverified_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64,
                                ci->reserved_bytes, ci->allocated_bytes, ci->cached_bytes, ci->segments,
                                ci->releasing_bytes, ci->control ? "true" : "false", ci->heap,
                                ci->stats_page_invalid ? "true" : "false", ci->requests,
-                               si->unresponsive ? "true" : "false", si->unresponsive_ms, si->release_unverified_bytes);
+                               si->unresponsive ? "true" : "false", si->unresponsive_ms, si->release_unverified_bytes,
+                               si->claimed_bytes);
                         printf(", \"tags\": {"); /* tagged pools' bytes: {"": default, "kv_cache": ...} */
                         for (size_t k = 0; k < si->n_tags; k++) {
                                 printf("%s", k ? ", " : "");
@@ -505,16 +509,18 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         printf("}}");
                         continue;
                 }
-                char rs[32], a[32], ca[32], uv[48] = "";
+                char rs[32], a[32], ca[32], uv[48] = "", cl[48] = "";
                 if (si->release_unverified_bytes)
                         snprintf(uv, sizeof(uv), " (%s released, unverified)",
                                  fmt_size(si->release_unverified_bytes, rs, sizeof(rs)));
-                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s\n", ci->pid, ci->tenant,
+                if (si->claimed_bytes)
+                        snprintf(cl, sizeof(cl), " (+%s claimed)", fmt_size(si->claimed_bytes, rs, sizeof(rs)));
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s%s\n", ci->pid, ci->tenant,
                        ci->unit[0] ? ci->unit : (ci->control ? "(control)" : "-"),
                        fmt_size(ci->reserved_bytes, rs, sizeof(rs)), fmt_size(ci->allocated_bytes, a, sizeof(a)),
                        fmt_size(ci->cached_bytes, ca, sizeof(ca)), ci->segments, ci->heap,
                        si->command[0] ? si->command : "-", ci->stats_page_invalid ? " (stats page invalid)" : "",
-                       si->unresponsive ? " (unresponsive)" : "", uv);
+                       si->unresponsive ? " (unresponsive)" : "", uv, cl);
         }
         if (json)
                 printf("]\n");

@@ -410,6 +410,11 @@ static void render_tenants(out_t *o, const gm_broker_t *b, const char *dev, cons
                "processes' driver figures), counted against its quota and the device.");
         for (size_t i = 0; i < n; i++)
                 sample(o, "gpumem_audited_bytes", rows[i].labels, "", (int64_t) rows[i].tenant->audited_bytes);
+        family(o, "gpumem_claimed_bytes", "gauge",
+               "Beyond the charged bytes: the tenant's sessions' unconsumed claims (gpumem_claim), set aside for "
+               "them and counted against its quota and the device for every other session.");
+        for (size_t i = 0; i < n; i++)
+                sample(o, "gpumem_claimed_bytes", rows[i].labels, "", (int64_t) rows[i].tenant->claimed_bytes);
         family(o, "gpumem_audit_catches_total", "counter",
                "Audits that found a session of the tenant mapping memory it had given back (charged as audited).");
         for (size_t i = 0; i < n; i++)

@@ -83,7 +83,7 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         gm_session_view(s, &sv);
         gm_stats_t scratch;
         const gm_stats_t *st = NULL;
-        uint64_t sessions = 0;
+        uint64_t sessions = 0, claimed = 0;
         gm_localstats_refresh(c->rq);
         switch (req->scope) {
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
@@ -95,12 +95,14 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                         st = &scratch;
                 }
                 sessions = 1;
+                claimed = sv.claim_bytes;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_DEVICE:
                 gm_localstats_device_stats(c->rq, &scratch);
                 gm_stats_subtract_accumulated(&scratch, &b->device_shown_base);
                 st = &scratch;
                 sessions = b->n_sessions;
+                claimed = b->claimed_bytes;
                 break;
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT: {
                 const char *name = tenant_named(c, req->tenant);
@@ -111,6 +113,7 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 gm_stats_subtract_accumulated(&scratch, &t->shown_base);
                 st = &scratch;
                 sessions = t->sessions;
+                claimed = t->claimed_bytes;
                 break;
         }
         case GPUMEM__STATS_SCOPE__STATS_SCOPE_PID:
@@ -126,6 +129,7 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                                 continue;
                         gm_localstats_add(&scratch, gm_localstats_session(o));
                         sessions++;
+                        claimed += ov.claim_bytes;
                 }
                 st = &scratch;
                 break;
@@ -151,6 +155,7 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         reply.device = c->rq->broker->backend->device;
         reply.capacity = c->rq->broker->backend->capacity;
         reply.sessions = sessions;
+        reply.claimed = claimed;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_STATS_REPLY;
         out.stats_reply = &reply;
@@ -340,6 +345,7 @@ static void tenant_info(const gm_requests_t *d, const gm_tenant_t *t, Gpumem__Te
         info->release_unverified = t->release_unverified_bytes;
         info->release_check = (char *) gm_release_check_name(gm_tenant_release_check(d->broker, t));
         info->audited = t->audited_bytes;
+        info->claimed = t->claimed_bytes;
         info->allocated = (uint64_t) st.allocated_bytes[GM_STAT_ALL].current;
         int64_t cached = st.reserved_bytes[GM_STAT_ALL].current - st.active_bytes[GM_STAT_ALL].current;
         info->cached = cached > 0 ? (uint64_t) cached : 0;
@@ -489,6 +495,7 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                 ci->admin = ov.admin_conn;
                 ci->releasing = ov.releasing_bytes;
                 ci->release_unverified = ov.release_unverified_bytes;
+                ci->claimed = ov.claim_bytes;
                 const gm_request_conn_t *oc = gm_session_userdata(o);
                 ci->heap_mode = oc && oc->local ? "local" : "central";
                 ci->stats_page_invalid = gm_localstats_page_invalid(o);

@@ -9,6 +9,7 @@
 #include "ipc.h"
 #include "req_admin.h"
 #include "req_central.h"
+#include "req_claim.h"
 #include "req_local.h"
 #include "req_samples.h"
 #include "req_session.h"
@@ -47,6 +48,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_req_local_reclaim_ack},
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_req_snapshot_answer},
         {BODY(SAMPLES), .op = "samples", .handle = gm_req_samples_handle, .admin_for = gm_req_samples_admin_for},
+        {BODY(CLAIM), .op = "claim", .handle = gm_req_claim_handle, .check = gm_req_claim_check},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 

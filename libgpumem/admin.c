@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "claim.h"
 #include "client-internal.h"
 #include "control.h"
 #include "cuda_loader.h"
@@ -192,6 +193,7 @@ struct gpumem_stats {
         int device;
         uint64_t capacity;
         uint64_t sessions;
+        uint64_t claimed; /* the scope's unconsumed claims */
         size_t n;
         struct {
                 char *name; /* into the same allocation */
@@ -261,6 +263,7 @@ static int stats_request(const channel_t *ch, gpumem_scope scope, const char *te
         s->device = sr->device;
         s->capacity = sr->capacity;
         s->sessions = sr->sessions;
+        s->claimed = sr->claimed;
         s->n = sr->n_stats;
         char *names = (char *) &s->entries[s->n];
         for (size_t i = 0; i < s->n; i++) {
@@ -328,6 +331,10 @@ uint64_t gpumem_stats_capacity(const gpumem_stats *s) {
 
 uint64_t gpumem_stats_sessions(const gpumem_stats *s) {
         return s ? s->sessions : 0;
+}
+
+uint64_t gpumem_stats_claimed(const gpumem_stats *s) {
+        return s ? s->claimed : 0;
 }
 
 int gpumem_stats_summary(const gpumem_stats *s, bool abbreviated, char **ret_text) {
@@ -794,6 +801,7 @@ static int clients_request(const channel_t *ch, bool detailed, void **ret_list, 
                         e->unresponsive = ci->unresponsive;
                         e->unresponsive_ms = ci->unresponsive_ms;
                         e->release_unverified_bytes = ci->release_unverified;
+                        e->claimed_bytes = ci->claimed;
                         e->tags = tag_area;
                         e->n_tags = ci->n_tags;
                         for (size_t k = 0; k < ci->n_tags; k++)
@@ -854,6 +862,7 @@ static int quota_call(const channel_t *ch, Gpumem__Quota *req, bool detailed, vo
                         e->release_unverified_bytes = t->release_unverified;
                         e->release_check = put_str(&area, t->release_check);
                         e->audited_bytes = t->audited;
+                        e->claimed_bytes = t->claimed;
                 }
         }
         if (ret_list) {
@@ -896,20 +905,26 @@ int gpumem_admin_quota(gpumem_admin *a, gpumem_quota_op op, const char *tenant, 
         return quota_call(ADMIN_CHANNEL(a), &req, true, (void **) ret_list, ret_n);
 }
 
-/* The caller's own tenant: its quota (0: none) and charged bytes. */
-static int own_tenant(gpumem_client *c, uint64_t *ret_quota, uint64_t *ret_charged) {
-        gpumem_tenant_info *list;
+/* The caller's own tenant: its quota (0: none), charged and claimed bytes. */
+static int own_tenant(gpumem_client *c, uint64_t *ret_quota, uint64_t *ret_charged, uint64_t *ret_claimed) {
+        gpumem_tenant_usage *list;
         size_t n;
         Gpumem__Quota req = GPUMEM__QUOTA__INIT;
         req.op = GPUMEM__QUOTA_OP__QUOTA_OP_GET;
         req.tenant = ""; /* the daemon reads it as the caller's */
-        int r = quota_call(CLIENT_CHANNEL(c), &req, false, (void **) &list, &n);
+        int r = quota_call(CLIENT_CHANNEL(c), &req, true, (void **) &list, &n);
         if (r < 0)
                 return r;
-        *ret_quota = n ? list[0].quota : 0;
-        *ret_charged = n ? list[0].charged_bytes : 0;
+        *ret_quota = n ? list[0].info.quota : 0;
+        *ret_charged = n ? list[0].info.charged_bytes : 0;
+        *ret_claimed = n ? list[0].claimed_bytes : 0;
         free(list);
         return 0;
+}
+
+/* b less a, or 0. */
+static uint64_t less(uint64_t b, uint64_t a) {
+        return a < b ? b - a : 0;
 }
 
 int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint64_t *ret_total) {
@@ -917,22 +932,30 @@ int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint64_t *ret_tota
                 return -EINVAL;
         gpumem_stats *st = NULL;
         int r = gpumem_stats_get(c, GPUMEM_SCOPE_DEVICE, NULL, 0, &st);
-        if (r == -EPERM) /* the device is not the caller's to see: its tenant is */
+        bool device_seen = r != -EPERM;
+        if (!device_seen) /* the device is not the caller's to see: its tenant is */
                 r = gpumem_stats_get(c, GPUMEM_SCOPE_TENANT, NULL, 0, &st);
-        uint64_t quota = 0, charged = 0;
+        uint64_t quota = 0, charged = 0, tenant_claimed = 0, own_claim = 0, available = 0;
         if (r == 0)
-                r = own_tenant(c, &quota, &charged);
+                r = own_tenant(c, &quota, &charged, &tenant_claimed);
+        if (r == 0)
+                r = gm_claim_query(c, &own_claim, &available);
         int64_t reserved = 0;
         if (r == 0 && gpumem_stats_find(st, "reserved_bytes.all.current", &reserved) < 0)
                 r = gm_client_set_error(c, -EPROTO, "gpumem: the daemon sent no reserved_bytes.all.current");
         if (r == 0) {
                 uint64_t total = gpumem_stats_capacity(st);
-                uint64_t used = reserved > 0 ? (uint64_t) reserved : 0;
-                uint64_t avail = used < total ? total - used : 0;
+                /* Others' claims are taken, this session's own is its to use. */
+                uint64_t used = (reserved > 0 ? (uint64_t) reserved : 0) + less(gpumem_stats_claimed(st), own_claim);
+                uint64_t avail = less(total, used);
                 if (quota) {
-                        uint64_t left = charged < quota ? quota - charged : 0;
+                        uint64_t left = less(quota, charged + less(tenant_claimed, own_claim));
                         avail = left < avail ? left : avail;
                 }
+                /* Nor more than the daemon could give it now: the device's
+                 * memory and claims the caller may not see count too. */
+                if (!device_seen && available < avail)
+                        avail = available;
                 *ret_free = avail;
                 *ret_total = total;
         }

@@ -20,7 +20,7 @@ root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 # one floor per request family (req_*.c: none may include another's) ->
 # the request side's bottom floor (the connection type and reply helpers,
 # local sessions' life and figures, sampling) -> the daemon's leaves.
-REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples")
+REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples", "claim")
 REQ_LAYERS = {f"req-{f}" for f in REQUEST_FAMILIES}
 DAEMON_LAYER = {
     "main.c": "main",
@@ -62,7 +62,7 @@ KNOWN = set()
 # session_local.c stand on session.c within the holders' floor.
 BROKER_FLOOR = {
     "broker.h": 0, "broker-internal.h": 0,
-    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "tags.c": 1,
+    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "claim.c": 1, "tags.c": 1,
     "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2,
     "holder.h": 3, "session.c": 3, "session_central.c": 3.5, "session_local.c": 3.5,
     "reclaim.h": 4, "reclaim.c": 4,
@@ -175,6 +175,7 @@ LIBGPUMEM_FLOOR = {
     "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4,
     "central.c": 4.5, "central.h": 4.5, "local_session.c": 4.5, "local_session.h": 4.5,
     "gpumem.c": 5, "client-internal.h": 5,
+    "claim.c": 5.5, "claim.h": 5.5,
     "admin.c": 6,
 }
 # The daemon's floors (the include check above also keeps the request

@@ -55,6 +55,7 @@ __all__ = [
     "get_quota",
     "set_quota",
     "last_refusal",
+    "claim",
     "pool",
     "current_pool",
 ]
@@ -294,7 +295,8 @@ def empty_cache(device=None, *, tenant=None):
 def mem_get_info(device=None):
     """torch.cuda.mem_get_info(): (free, total) bytes as gpumemd sees them:
     total is the daemon's capacity, free what this session could still be
-    given (the device's unreserved bytes, within the tenant's quota)."""
+    given (the device's unreserved bytes, within the tenant's quota; other
+    sessions' claims count as taken, this session's own claim as free)."""
     client = _session(device)
     free, total = _lib.ctypes.c_uint64(), _lib.ctypes.c_uint64()
     _check(_lib.lib.gpumem_mem_get_info(client, free, total), client, "gpumem: mem_get_info")
@@ -492,3 +494,18 @@ def last_refusal(device=None):
     if err == 0:
         return None
     return Refusal(-err, _lib.lib.gpumem_strerror(err).decode(), buf.value.decode(errors="replace"), count.value)
+
+
+# ---- claims ----
+
+def claim(nbytes, device=None):
+    """Sets aside up to nbytes of the device for this session, in one step
+    with the answer: returns what was set aside (at most what mem_get_info()
+    offers). Size a KV cache from the return value, not from mem_get_info():
+    two engines starting together never get the same memory. The claim is
+    used up as this session allocates, is not offered to anyone else, and
+    lapses when the session ends or with claim(0); a new claim replaces it."""
+    client = _session(device)
+    claimed = _lib.ctypes.c_uint64()
+    _check(_lib.lib.gpumem_claim(client, int(nbytes), claimed), client, "gpumem: claim")
+    return claimed.value

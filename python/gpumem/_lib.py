@@ -88,6 +88,7 @@ _SIGNATURES = {
     "gpumem_mem_get_info": (ctypes.c_int, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_buffer_free": (None, [ctypes.c_void_p]),
+    "gpumem_claim": (ctypes.c_int, [c_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
     # tagged pools
     "gpumem_pool_begin": (ctypes.c_int, [c_client_p, ctypes.c_char_p]),
     "gpumem_pool_end": (ctypes.c_int, [c_client_p]),

@@ -646,6 +646,38 @@ START_TEST(test_release_unverified_gauge) {
 }
 END_TEST
 
+/* A claim shows as gpumem_claimed_bytes{tenant} while it stands, shrinks as
+ * the session is granted memory inside it, and is gone with the session. */
+START_TEST(test_claimed_gauge) {
+        gpumem_client *c = connect_client();
+        uint64_t claimed = 0;
+        ck_assert_int_eq(gpumem_claim(c, 40 * MiB, &claimed), 0);
+        ck_assert_uint_eq(claimed, 40 * MiB);
+        char series[256];
+        snprintf(series, sizeof(series), "gpumem_claimed_bytes{device=\"0\",tenant=\"%s\"}", tenant_);
+        char *body = scrape();
+        char msg[4096];
+        int rc = promtool_check(body, msg, sizeof(msg));
+        ck_assert_msg(rc == 0, "promtool check metrics failed (%d): %s", rc, msg);
+        ck_assert(metric(body, series) == (double) (40 * MiB));
+        free(body);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 16 * MiB, 0, &p), 0); /* one 16 MiB segment, taken from the claim */
+        body = scrape();
+        ck_assert(metric(body, series) == (double) (24 * MiB));
+        free(body);
+        gpumem_disconnect(c);
+        body = scrape();
+        for (int i = 0; i < 500 && metric(body, series) != 0; i++) {
+                free(body);
+                sleep_ms(10);
+                body = scrape();
+        }
+        ck_assert(metric(body, series) == 0);
+        free(body);
+}
+END_TEST
+
 START_TEST(test_http_errors) {
         char *resp;
         ck_assert_int_eq(http_unix("GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", NULL), 404);
@@ -899,10 +931,10 @@ START_TEST(test_render_labels_counters_and_overflow) {
         ck_assert(metric(text, "gpumem_reclaim_wait_seconds_count{device=\"0\"}") == 1);
         /* Every request kind of the table has its series, timed or not yet. */
         static const char *const every_op[] = {
-                "hello",       "alloc",           "free",         "free_completed", "trim",        "stats",
-                "release_ack", "reset_stats",     "history",      "snapshot",       "alloc_conf",  "quota",
-                "clients",     "reattach",        "grant",        "return_pieces",  "reclaim_ack", "move_pieces",
-                "samples",     "snapshot_answer", "return_intent"};
+                "hello",       "alloc",           "free",          "free_completed", "trim",        "stats",
+                "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
+                "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
+                "samples",     "snapshot_answer", "return_intent", "claim"};
         ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
         for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
                 char series[128];
@@ -1010,6 +1042,7 @@ static Suite *metrics_suite(void) {
         tcase_add_test(tc, test_counters_survive_resets);
         tcase_add_test(tc, test_no_series_for_unused_tenants);
         tcase_add_test(tc, test_reclaim_wait_observed);
+        tcase_add_test(tc, test_claimed_gauge);
         suite_add_tcase(s, tc);
         tc = tcase_create("uuid");
         tcase_add_checked_fixture(tc, setup_uuid, teardown);

@@ -1972,12 +1972,68 @@ START_TEST(test_alloc_conf_reaches_stats_everywhere) {
 }
 END_TEST
 
+/* Claims: set aside at once, taken for everyone else (refusals say so),
+ * consumed by the claimant's new pieces (local grants and central segments
+ * alike), lapsing at 0 and with the session; the checker keeps the books. */
+START_TEST(test_claims) {
+        backend_.capacity = 128 * MiB;
+        gm_session_t *a = local_session(b_, 1000, "a"), *b = local_session(b_, 1001, "b");
+        gm_session_t *c = session(b_, 1002, "c"); /* central */
+        uint64_t claimed = 7;
+        ck_assert_int_eq(gm_broker_claim(a, 129 * MiB, &claimed), -EINVAL);
+        ck_assert_uint_eq(claimed, 7);
+        ck_assert_int_eq(gm_broker_claim(a, 100 * MiB, &claimed), 0);
+        ck_assert_uint_eq(claimed, 100 * MiB);
+        ck_assert_int_eq(gm_broker_claim(b, 100 * MiB, &claimed), 0);
+        ck_assert_uint_eq(claimed, 28 * MiB); /* only what a left */
+        CHECK(b_);
+        ck_assert_uint_eq(gm_broker_room(a), 100 * MiB);
+        ck_assert_uint_eq(gm_broker_room(c), 0);
+        gm_outcome_t out;
+        gm_broker_alloc(c, 1, 512 * 1024, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -ENOMEM);
+        ck_assert_msg(strstr(out.message, "128.00 MiB of what is free is claimed"), "message: %s", out.message);
+        CHECK(b_);
+
+        grant_ok(a, 1, 64 * MiB); /* inside its claim */
+        ck_assert_uint_eq(a->claim_bytes, 36 * MiB);
+        grant_ok(b, 1, 28 * MiB);
+        ck_assert_uint_eq(b->claim_bytes, 0);
+        ck_assert_uint_eq(b_->claimed_bytes, 36 * MiB);
+        ck_assert_int_eq(gm_broker_claim(a, 0, &claimed), 0); /* lapses */
+        ck_assert_uint_eq(claimed, 0);
+        ck_assert_uint_eq(b_->claimed_bytes, 0);
+        CHECK(b_);
+
+        ck_assert_int_eq(gm_broker_claim(c, 30 * MiB, &claimed), 0);
+        ck_assert_uint_eq(claimed, 30 * MiB);
+        client_uses(a, 64 * MiB); /* no cache anywhere to reclaim */
+        client_uses(b, 28 * MiB);
+        gm_grant_t g = whole(2, 8 * MiB);
+        gm_broker_grant(a, 2, &g, &out); /* 36 MiB free, 30 of it claimed */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -ENOMEM);
+        alloc_ok(c, 4 * MiB); /* a 20 MiB segment, taken from its claim */
+        ck_assert_uint_eq(c->claim_bytes, 10 * MiB);
+        ck_assert_uint_eq(gm_tenant_find(b_, "c")->claimed_bytes, 10 * MiB);
+        b_->claimed_bytes++; /* a broken book is caught */
+        ck_assert_int_gt(gm_broker_check(b_, NULL, 0), 0);
+        b_->claimed_bytes--;
+        gm_session_end(c);
+        ck_assert_uint_eq(b_->claimed_bytes, 0);
+        ck_assert_uint_eq(gm_tenant_find(b_, "c")->claimed_bytes, 0);
+        CHECK(b_);
+}
+END_TEST
+
 static Suite *broker_suite(void) {
         Suite *s = suite_create("broker");
         TCase *tc = tcase_create("core");
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_test(tc, test_quota_refuses_and_charges_exactly);
         tcase_add_test(tc, test_grant_run_all_or_nothing);
+        tcase_add_test(tc, test_claims);
         tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);

@@ -119,6 +119,7 @@ typedef struct gpumem_tenant_usage {
         uint64_t release_unverified_bytes; /* of charged: released, not verified as unmapped */
         const char *release_check;         /* "verify" or "trust" ("" from an older daemon) */
         uint64_t audited_bytes;            /* beyond charged: given back and mapped again (the daemon's audit) */
+        uint64_t claimed_bytes;            /* beyond charged: its sessions' unconsumed claims (gpumem_claim()) */
 } gpumem_tenant_usage;
 
 typedef enum gpumem_quota_op {
@@ -145,6 +146,7 @@ typedef struct gpumem_session_info {
         bool unresponsive;                 /* owes an answer to a release request (stopped or hung) */
         uint64_t unresponsive_ms;          /* for how long */
         uint64_t release_unverified_bytes; /* released, not verified as unmapped */
+        uint64_t claimed_bytes;            /* its unconsumed claim (gpumem_claim()) */
         const gpumem_tag_bytes *tags;      /* its tagged pools ("" first), none until it names one */
         size_t n_tags;
 } gpumem_session_info;

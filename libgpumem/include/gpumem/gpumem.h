@@ -234,12 +234,31 @@ GPUMEM_EXPORT int gpumem_quota_set(gpumem_client *c, const char *tenant, uint64_
 /* torch.cuda.mem_get_info(): *ret_total is the daemon's capacity; *ret_free
  * what this session could still be given: the capacity less the device's
  * reserved bytes (as far as the caller may see them: else less its tenant's),
- * and no more than the tenant's quota leaves. */
+ * and no more than the tenant's quota leaves. Unconsumed claims
+ * (gpumem_claim()) of other sessions count as taken (as far as the caller
+ * may see them), this session's own claim as free. */
 GPUMEM_EXPORT int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint64_t *ret_total);
 
 /* Frees a buffer this library returned. Accepts NULL. */
 GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
 
+/* ---- claims ---- */
+
+/* Sets aside up to `bytes` of the device for this session, atomically: *ret_claimed is what was
+ * set aside, min(bytes, what this session could still be given now) -- never more than the
+ * device's capacity less what others hold or have claimed, nor more than the tenant's quota
+ * leaves. The claim is consumed as the session is granted memory (a grant is taken from it
+ * first, and a grant inside the claim is never refused for lack of device memory or quota),
+ * counts against the quota and the device for everyone else (mem_get_info of other sessions no
+ * longer offers it), shows in stats, and lapses at the session's end or with
+ * gpumem_claim(c, 0, ...). A new claim replaces the old one. Nothing is reclaimed for a claim:
+ * other sessions' idle cache is not counted as free. -EINVAL: `bytes` is more than the
+ * daemon's capacity. */
+GPUMEM_EXPORT int gpumem_claim(gpumem_client *c, uint64_t bytes, uint64_t *ret_claimed);
+/* The unconsumed claims of a statistics set's scope as the daemon counts them (the session's,
+ * its tenant's, a pid's or the device's); 0 for a local session's own set, which is read in
+ * the process. */
+GPUMEM_EXPORT uint64_t gpumem_stats_claimed(const gpumem_stats *s);
 /* ---- tagged pools ---- */
 
 /* Allocations this thread makes on `c` until gpumem_pool_end() carry tag

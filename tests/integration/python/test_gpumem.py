@@ -13,7 +13,7 @@ import pytest
 from conftest import CAPACITY
 
 MiB = 1 << 20
-META_KEYS = {"device", "backend", "capacity_bytes", "sessions", "tenant"}
+META_KEYS = {"device", "backend", "capacity_bytes", "sessions", "tenant", "claimed_bytes"}
 
 
 class Blocks:
