@@ -1933,6 +1933,14 @@ START_TEST(test_tagged_pool_books) {
         ck_assert_uint_eq(v.tags->bytes[2], 12 * MiB);
         ck_assert_str_eq(v.tags->names[2], "weights");
         ck_assert_uint_eq(gm_tenant_tag_charged(b_, s->tenant, "kv"), 8 * MiB);
+        /* a refusal at the tenant's quota names its biggest pools */
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, true, 24 * MiB);
+        g = whole(4, 4 * MiB);
+        gm_broker_grant(s, 5, &g, &out);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "biggest pools: 'weights' 12.00 MiB, 'kv' 8.00 MiB, 'default' 2.00 MiB."),
+                      "message: %s", out.message);
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, false, 0);
         return_whole(s, 1, 8 * MiB);
         ck_assert_uint_eq(s->tags.bytes[1], 0);
 
