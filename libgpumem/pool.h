@@ -49,3 +49,6 @@ static inline unsigned gm_pool_current(const gm_pool_names_t *p) {
 const char *gm_pool_name(const gm_pool_names_t *p, unsigned id);
 /* The id of `tag`: 0 for "", -ENOENT for a name the session never used. */
 int gm_pool_find(const gm_pool_names_t *p, const char *tag, unsigned *ret_id);
+/* A thread that exits with scopes open leaves gm_pool_scopes_open above 0:
+ * gm_pool_current() then takes its slow path (a lookup in the thread's four
+ * slots) for the rest of the process, still correct. */
