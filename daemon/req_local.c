@@ -42,6 +42,8 @@ int gm_req_local_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 .will_retry = g->will_retry,
                 .wait_for_memory = g->wait_for_memory,
                 .wait_ms = g->wait_ms,
+                .tag = g->tag,
+                .tag_id = g->tag_id,
         };
         if (g->wait_ms > GM_MAX_GRANT_WAIT_MS) {
                 gm_request_error(c, request_id, EINVAL, "a Grant waits at most %u ms (wait_ms)", GM_MAX_GRANT_WAIT_MS);
