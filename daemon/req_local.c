@@ -146,10 +146,10 @@ int gm_req_local_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gp
 /* Pools one SleepState may name. */
 #define MAX_SLEEP_TAGS 16u
 
-/* Whether `tag` is a pool's name: [A-Za-z0-9_.-]{1,31}. */
+/* Whether `tag` is a pool's name: [A-Za-z0-9_.-]{1,31}, or "" (the default). */
 static bool sleep_tag_valid(const char *tag) {
         size_t n = strlen(tag);
-        if (n == 0 || n > 31)
+        if (n > 31)
                 return false;
         for (size_t i = 0; i < n; i++)
                 if (!isalnum((unsigned char) tag[i]) && !strchr("_.-", tag[i]))
@@ -166,7 +166,7 @@ int gm_req_local_sleep_state(gm_request_conn_t *c, uint64_t request_id, const Gp
         for (size_t i = 0; i < ss->n_tags; i++)
                 if (!sleep_tag_valid(ss->tags[i]))
                         return gm_request_error(c, request_id, EINVAL,
-                                                "SleepState: pool %zu is not a tag ([A-Za-z0-9_.-]{1,31})", i),
+                                                "SleepState: pool %zu is not a tag ([A-Za-z0-9_.-]{0,31})", i),
                                0;
         gm_session_view_t sv;
         gm_session_view(c->session, &sv);

@@ -18,12 +18,15 @@
 #include "cuda_loader.h"
 #include "local_session.h"
 #include "mapping.h"
+#include "pool.h"
 #include "size.h"
 #include "sleep.h"
 
-/* Pieces given back together: consecutive ones of one segment. */
+/* Pieces given back together: consecutive ones of one segment (of heap tag
+ * id `tag`: its wake's grant is for that pool). */
 typedef struct sleep_run {
         uint64_t segment_id, va_size, offset, piece_size, n_pieces;
+        unsigned tag;
 } sleep_run_t;
 
 /* A kept block's data in host memory. */
@@ -58,10 +61,10 @@ static void sleep_free(struct gm_sleep *s) {
 
 /* ---- what sleeps and what is kept ---- */
 
-/* Whether `name` is a pool's tag: [A-Za-z0-9_.-]{1,31}. */
+/* Whether `name` names a pool: a tag ([A-Za-z0-9_.-]{1,31}) or "" (the default). */
 static bool tag_valid(const char *name) {
         size_t n = strlen(name);
-        if (n == 0 || n > 31)
+        if (n > 31)
                 return false;
         for (size_t i = 0; i < n; i++)
                 if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-", name[i]))
@@ -69,26 +72,31 @@ static bool tag_valid(const char *name) {
         return true;
 }
 
-/* The pool (tag) of a block: the default pool's "" until tagged pools land. */
-static const char *block_tag(const block_t *b) {
-        (void) b;
-        return "";
+/* The heap tag id of a segment (a segment carries one tag; 0: the default). */
+static unsigned segment_tag(const gpumem_client *c, uint64_t segment_id) {
+        unsigned tag = 0;
+        return gm_heap_segment_tag(gm_local_heap_core(c->heap), segment_id, &tag) == 0 ? tag : 0;
 }
 
-/* Whether the data of block `b` is kept: keep_tags NULL keeps none, "*" every
- * one, else the blocks of the named pools. */
-static bool block_kept(const block_t *b, const char *const *keep_tags) {
-        for (size_t i = 0; keep_tags && keep_tags[i]; i++)
-                if (strcmp(keep_tags[i], "*") == 0 || strcmp(keep_tags[i], block_tag(b)) == 0)
+/* Whether `names` (NULL-terminated) holds "*" (when `star`) or the name of
+ * heap tag id `tag`. */
+static bool names_pool(const gpumem_client *c, const char *const *names, unsigned tag, bool star) {
+        const char *name = gm_pool_name(&c->pools, tag);
+        for (size_t i = 0; names && names[i]; i++)
+                if ((star && strcmp(names[i], "*") == 0) || strcmp(names[i], name) == 0)
                         return true;
         return false;
 }
 
-/* Whether segment `seg` sleeps: tags NULL is every pool (the only choice
- * before tagged pools: gpumem_sleep() refuses others). */
-static bool segment_sleeps(const segment_t *seg, const char *const *tags) {
-        (void) seg;
-        return tags == NULL;
+/* Whether the data of block `b` is kept: keep_tags NULL keeps none, "*" every
+ * one, else the blocks of the named pools. */
+static bool block_kept(const gpumem_client *c, const block_t *b, const char *const *keep_tags) {
+        return names_pool(c, keep_tags, segment_tag(c, b->segment_id), true);
+}
+
+/* Whether segment `seg` sleeps: tags NULL is every pool, else the named ones. */
+static bool segment_sleeps(const gpumem_client *c, const segment_t *seg, const char *const *tags) {
+        return !tags || names_pool(c, tags, segment_tag(c, seg->id), false);
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -96,7 +104,7 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-static int add_run(struct gm_sleep *s, const segment_t *seg, uint64_t offset, uint64_t n) {
+static int add_run(struct gm_sleep *s, const segment_t *seg, unsigned tag, uint64_t offset, uint64_t n) {
         if (s->n_runs == s->cap_runs) {
                 size_t cap = s->cap_runs ? 2 * s->cap_runs : 8;
                 sleep_run_t *runs = realloc(s->runs, cap * sizeof(*runs));
@@ -109,13 +117,14 @@ static int add_run(struct gm_sleep *s, const segment_t *seg, uint64_t offset, ui
                                              .va_size = seg->va_size,
                                              .offset = offset,
                                              .piece_size = seg->piece_size,
-                                             .n_pieces = n};
+                                             .n_pieces = n,
+                                             .tag = tag};
         s->bytes += n * seg->piece_size;
         return 0;
 }
 
 /* The runs of the mapped pieces of one segment, in offset order. */
-static int segment_runs(struct gm_sleep *s, const segment_t *seg) {
+static int segment_runs(const gpumem_client *c, struct gm_sleep *s, const segment_t *seg) {
         uint64_t *offsets = malloc(seg->n_pieces * sizeof(*offsets));
         if (!offsets)
                 return -ENOMEM;
@@ -126,7 +135,7 @@ static int segment_runs(struct gm_sleep *s, const segment_t *seg) {
                 size_t n = 1;
                 while (i + n < seg->n_pieces && offsets[i + n] == offsets[i] + n * seg->piece_size)
                         n++;
-                r = add_run(s, seg, offsets[i], n);
+                r = add_run(s, seg, segment_tag(c, seg->id), offsets[i], n);
                 i += n;
         }
         free(offsets);
@@ -137,7 +146,7 @@ static int segment_runs(struct gm_sleep *s, const segment_t *seg) {
 static int sleep_collect_runs(gpumem_client *c, struct gm_sleep *s, const char *const *tags) {
         for (size_t i = 0; i < c->segments.cap; i++) {
                 const segment_t *seg = c->segments.values[i];
-                int r = seg && seg->n_pieces && segment_sleeps(seg, tags) ? segment_runs(s, seg) : 0;
+                int r = seg && seg->n_pieces && segment_sleeps(c, seg, tags) ? segment_runs(c, s, seg) : 0;
                 if (r < 0)
                         return r;
         }
@@ -149,7 +158,7 @@ static int sleep_keep_blocks(gpumem_client *c, struct gm_sleep *s, const char *c
         const gm_mapper_ops_t *ops = c->mapper->ops;
         for (size_t i = 0; keep_tags && i < c->blocks.cap; i++) {
                 const block_t *b = c->blocks.values[i];
-                if (!b || !block_kept(b, keep_tags))
+                if (!b || !block_kept(c, b, keep_tags))
                         continue;
                 if (!ops->copy_to_host)
                         return gm_conn_set_error(c, -EOPNOTSUPP, "gpumem: the %s backend cannot copy memory to host",
@@ -170,11 +179,15 @@ static int sleep_keep_blocks(gpumem_client *c, struct gm_sleep *s, const char *c
         return 0;
 }
 
-/* Tells the daemon the session sleeps (needing `bytes` to wake) or woke. */
-static int sleep_tell(gpumem_client *c, bool asleep, uint64_t bytes) {
+/* Tells the daemon the session sleeps (needing `bytes` to wake; the pools
+ * `tags`, NULL: all) or woke. */
+static int sleep_tell(gpumem_client *c, bool asleep, uint64_t bytes, const char *const *tags) {
         Gpumem__SleepState ss = GPUMEM__SLEEP_STATE__INIT;
         ss.asleep = asleep;
         ss.sleeping_bytes = bytes;
+        while (tags && tags[ss.n_tags])
+                ss.n_tags++;
+        ss.tags = (char **) tags;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_SLEEP_STATE;
         env.sleep_state = &ss;
@@ -195,8 +208,13 @@ static void sleep_give_back(gpumem_client *c, const struct gm_sleep *s, size_t n
 /* ---- the calls ---- */
 
 int gm_sleep_check_tags(gpumem_client *c, const char *const *tags, const char *const *keep_tags) {
-        if (tags)
-                return gm_conn_set_error(c, -EINVAL, "gpumem: sleep of chosen pools needs tagged pools: pass NULL");
+        size_t n = 0;
+        for (; tags && tags[n]; n++)
+                if (!tag_valid(tags[n]))
+                        return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: '%s' is not a pool's tag", tags[n]);
+        if (tags && (n == 0 || n > GM_SLEEP_MAX_TAGS))
+                return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: name 1 to %d pools (NULL: every pool)",
+                                         GM_SLEEP_MAX_TAGS);
         for (size_t i = 0; keep_tags && keep_tags[i]; i++)
                 if (strcmp(keep_tags[i], "*") != 0 && !tag_valid(keep_tags[i]))
                         return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: '%s' is not a pool's tag", keep_tags[i]);
@@ -224,7 +242,7 @@ int gm_sleep_enter(gpumem_client *c, const char *const *tags, const char *const 
         if (r == 0)
                 r = sleep_keep_blocks(c, s, keep_tags);
         if (r == 0)
-                r = sleep_tell(c, true, s->bytes);
+                r = sleep_tell(c, true, s->bytes, tags);
         if (r < 0) {
                 sleep_free(s);
                 return r;
@@ -247,7 +265,8 @@ int gm_sleep_wake(gpumem_client *c, uint32_t timeout_ms) {
                                            .segment_va_size = run->va_size,
                                            .offset = run->offset,
                                            .size = run->piece_size,
-                                           .n_pieces = run->n_pieces};
+                                           .n_pieces = run->n_pieces,
+                                           .tag = run->tag};
                 r = gm_local_session_regrant(c, &g, timeout_ms);
         }
         if (r < 0) {
@@ -269,7 +288,7 @@ int gm_sleep_wake(gpumem_client *c, uint32_t timeout_ms) {
         }
         c->sleep = NULL;
         sleep_free(s);
-        r = sleep_tell(c, false, 0);
+        r = sleep_tell(c, false, 0, NULL);
         return err ? err : r;
 }
 

@@ -9,8 +9,11 @@
 
 #include "conn.h"
 
-/* -EINVAL (with the message) unless `tags` is NULL (until tagged pools)
- * and every keep tag is "*" or a pool's tag. */
+/* Pools one sleep may name (SleepState's bound). */
+#define GM_SLEEP_MAX_TAGS 16
+/* -EINVAL (with the message) unless `tags` is NULL or names 1 to
+ * GM_SLEEP_MAX_TAGS pools ("" the default) and every keep tag is "*" or a
+ * pool's name. */
 int gm_sleep_check_tags(gpumem_client *c, const char *const *tags, const char *const *keep_tags);
 /* gpumem_sleep(): cached memory released, the device synchronized, the kept
  * blocks copied to host memory, the daemon told, every mapped piece given

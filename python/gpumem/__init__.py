@@ -321,8 +321,8 @@ def sleep(tags=None, keep=None, *, device=None):
     address: tensors stay allocated and their pointers valid, but must not be
     touched until wake(). keep: the pools whose tensors' data is copied to
     host memory first (a list of tag names, or True for every one; None:
-    none). tags: the pools that sleep (None: all; until tagged pools land
-    only None). Synchronizes the device first. Needs a local session
+    none). tags: the pools that sleep (a list of tag names, "" the default;
+    None: all). Synchronizes the device first. Needs a local session
     (GPUMEM_HEAP=local). Returns the bytes given back."""
     if isinstance(keep, str):
         raise TypeError("keep is a list of tag names, or True")

@@ -281,12 +281,13 @@ START_TEST(test_sleep_keep_nothing_and_end_asleep) {
 }
 END_TEST
 
-/* What sleep refuses: chosen pools (before tagged pools), a bad keep tag,
- * a central session. */
+/* What sleep refuses: a malformed pool name or none, a bad keep tag, a
+ * central session. */
 START_TEST(test_sleep_refusals) {
         gpumem_client *c = connect_local();
-        const char *pools[] = {"kv_cache", NULL}, *bad[] = {"no spaces", NULL};
-        ck_assert_int_eq(gpumem_sleep(c, pools, NULL, NULL), -EINVAL);
+        const char *none[] = {NULL}, *bad[] = {"no spaces", NULL};
+        ck_assert_int_eq(gpumem_sleep(c, bad, NULL, NULL), -EINVAL);
+        ck_assert_int_eq(gpumem_sleep(c, none, NULL, NULL), -EINVAL);
         ck_assert_int_eq(gpumem_sleep(c, NULL, bad, NULL), -EINVAL);
         ck_assert_uint_eq(gpumem_sleeping_bytes(c), 0);
         gpumem_disconnect(c);
@@ -295,6 +296,39 @@ START_TEST(test_sleep_refusals) {
         ck_assert_int_eq(gpumem_sleep(central, NULL, NULL, NULL), -EOPNOTSUPP);
         ck_assert_int_eq(gpumem_wake(central, 0), -EOPNOTSUPP);
         gpumem_disconnect(central);
+}
+END_TEST
+
+/* One tagged pool sleeps: its pieces go (its blocks' data kept), the default
+ * pool's stay mapped and usable; the wake's grants are booked under the
+ * pool's name again. */
+START_TEST(test_sleep_one_pool) {
+        gpumem_client *c = connect_local();
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        void *kv = alloc(c, 24 * MiB);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        void *weights = alloc(c, 12 * MiB);
+        fill(kv, 24 * MiB, 11);
+        fill(weights, 12 * MiB, 12);
+        const char *pools[] = {"kv_cache", NULL};
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_sleep(c, pools, pools, &released), 0);
+        ck_assert_uint_eq(released, 24 * MiB);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 24 * MiB);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        ck_assert_msg(verify(weights, 12 * MiB, 12), "the awake pool's block lost its data");
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 36 * MiB);
+        ck_assert_msg(verify(kv, 24 * MiB, 11), "the pool's block lost its data");
+        char out[16384], pat[64];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        snprintf(pat, sizeof(pat), "\"kv_cache\": %llu", 24 * MiB);
+        ck_assert_msg(strstr(out, pat), "want %s in %s", pat, out);
+        ck_assert_int_eq(gpumem_free(c, kv), 0);
+        ck_assert_int_eq(gpumem_free(c, weights), 0);
+        gpumem_disconnect(c);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
 }
 END_TEST
 
@@ -359,6 +393,7 @@ static Suite *sleep_suite(void) {
         tcase_add_test(tc, test_sleep_neighbour_wake);
         tcase_add_test(tc, test_sleep_keep_nothing_and_end_asleep);
         tcase_add_test(tc, test_sleep_refusals);
+        tcase_add_test(tc, test_sleep_one_pool);
         tcase_add_test(tc, test_sleep_state_validated);
         suite_add_tcase(s, tc);
         return s;

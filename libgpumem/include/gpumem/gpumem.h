@@ -251,11 +251,12 @@ GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
  * valid. Cached (free) memory is released outright. The data of allocated
  * blocks in `keep_tags` (NULL-terminated; NULL: none; {"*", NULL}: all) is
  * copied to host memory first (the bytes each allocation asked for).
- * `tags` (NULL: every pool) chooses which pools sleep: until tagged pools
- * land only NULL is accepted (-EINVAL otherwise). Work queued on the device
+ * `tags` (NULL-terminated, 1 to 16 pool names, "" the default pool; NULL:
+ * every pool) chooses which pools sleep (-EINVAL for a malformed name); the
+ * others stay mapped. Work queued on the device
  * must be done first (the call synchronizes the device). Local sessions only
  * (-EOPNOTSUPP for central); -EALREADY when asleep. *ret_released_bytes (may
- * be NULL): the bytes given back. While asleep, gpumem_alloc() fails with
+ * be NULL): the bytes given back. While asleep (any pool), gpumem_alloc() fails with
  * -EAGAIN ("the session is asleep: gpumem_wake() first"), gpumem_trim()
  * releases nothing, and gpumem_free() of a sleeping block is allowed (its
  * kept data is dropped). Memory of a sleeping block must not be touched. */

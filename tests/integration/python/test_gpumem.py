@@ -390,7 +390,7 @@ SLEEP_CHILD = (
     "print(released, gpumem.sleeping_bytes(), flush=True)\n"
     "sys.stdin.readline()\n"
     "try:\n"
-    "    gpumem.sleep(tags=['kv_cache'])\n"
+    "    gpumem.sleep(tags=['not a tag'])\n"
     "except OSError as e:\n"
     "    print('tags:', e.errno, flush=True)\n"
     "gpumem.wake(timeout=5)\n"
