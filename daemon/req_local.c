@@ -2,7 +2,6 @@
  * MovePieces, SleepState and ReclaimAck (table handlers). Decoding only: the session's
  * pieces and its parked grants are the broker's (broker.h, "local
  * sessions"); a central session is refused. */
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,6 +9,7 @@
 
 #include "local.h"
 #include "req_local.h"
+#include "text.h"
 
 /* Ranges one ReturnPieces may name (each is a walk over the session's pieces). */
 #define MAX_RETURN_RANGES 512u
@@ -146,17 +146,6 @@ int gm_req_local_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gp
 /* Pools one SleepState may name. */
 #define MAX_SLEEP_TAGS 16u
 
-/* Whether `tag` is a pool's name: [A-Za-z0-9_.-]{1,31}, or "" (the default). */
-static bool sleep_tag_valid(const char *tag) {
-        size_t n = strlen(tag);
-        if (n > 31)
-                return false;
-        for (size_t i = 0; i < n; i++)
-                if (!isalnum((unsigned char) tag[i]) && !strchr("_.-", tag[i]))
-                        return false;
-        return true;
-}
-
 int gm_req_local_sleep_state(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         if (!c->local)
                 return refuse_central(c, request_id, "SleepState");
@@ -164,7 +153,7 @@ int gm_req_local_sleep_state(gm_request_conn_t *c, uint64_t request_id, const Gp
         if (ss->n_tags > MAX_SLEEP_TAGS)
                 return gm_request_error(c, request_id, E2BIG, "at most %u pools in one SleepState", MAX_SLEEP_TAGS), 0;
         for (size_t i = 0; i < ss->n_tags; i++)
-                if (!sleep_tag_valid(ss->tags[i]))
+                if (!gm_text_tag_valid(ss->tags[i], true))
                         return gm_request_error(c, request_id, EINVAL,
                                                 "SleepState: pool %zu is not a tag ([A-Za-z0-9_.-]{0,31})", i),
                                0;

@@ -21,6 +21,7 @@
 #include "pool.h"
 #include "size.h"
 #include "sleep.h"
+#include "text.h"
 
 /* Pieces given back together: consecutive ones of one segment (of heap tag
  * id `tag`: its wake's grant is for that pool). */
@@ -60,17 +61,6 @@ static void sleep_free(struct gm_sleep *s) {
 }
 
 /* ---- what sleeps and what is kept ---- */
-
-/* Whether `name` names a pool: a tag ([A-Za-z0-9_.-]{1,31}) or "" (the default). */
-static bool tag_valid(const char *name) {
-        size_t n = strlen(name);
-        if (n > 31)
-                return false;
-        for (size_t i = 0; i < n; i++)
-                if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-", name[i]))
-                        return false;
-        return true;
-}
 
 /* The heap tag id of a segment (a segment carries one tag; 0: the default). */
 static unsigned segment_tag(const gpumem_client *c, uint64_t segment_id) {
@@ -210,13 +200,13 @@ static void sleep_give_back(gpumem_client *c, const struct gm_sleep *s, size_t n
 int gm_sleep_check_tags(gpumem_client *c, const char *const *tags, const char *const *keep_tags) {
         size_t n = 0;
         for (; tags && tags[n]; n++)
-                if (!tag_valid(tags[n]))
+                if (!gm_text_tag_valid(tags[n], true))
                         return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: '%s' is not a pool's tag", tags[n]);
         if (tags && (n == 0 || n > GM_SLEEP_MAX_TAGS))
                 return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: name 1 to %d pools (NULL: every pool)",
                                          GM_SLEEP_MAX_TAGS);
         for (size_t i = 0; keep_tags && keep_tags[i]; i++)
-                if (strcmp(keep_tags[i], "*") != 0 && !tag_valid(keep_tags[i]))
+                if (strcmp(keep_tags[i], "*") != 0 && !gm_text_tag_valid(keep_tags[i], true))
                         return gm_conn_set_error(c, -EINVAL, "gpumem: sleep: '%s' is not a pool's tag", keep_tags[i]);
         return 0;
 }
