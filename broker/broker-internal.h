@@ -109,6 +109,8 @@ struct gm_session {
          * what the last audit found beyond it, and when. */
         uint64_t audit_released;
         bool audit_based;
+        bool baseline_tried;       /* its baseline was read (once, before its first hand-out) */
+        gm_holder_note_t baseline; /* its process's own memory then: what an ended session is audited against */
         int64_t audit_base;
         uint64_t audited_bytes;
         uint64_t audited_ms;
@@ -166,6 +168,22 @@ typedef struct gm_lingering {
         pid_t pid; /* the session's, where the backend can only tell per process */
         struct gm_lingering *next;
 } gm_lingering_t;
+
+/* A process whose session ended while its driver figure still showed
+ * memory the daemon had handed it (process_check.c): audited on the tick
+ * like a live session, the excess charged to its tenant as audited, until
+ * the driver lists it with no memory (it exited). One per process and
+ * tenant, at most limits.max_audited_processes, the oldest dropped. */
+typedef struct gm_audited_process {
+        pid_t pid;
+        gm_tenant_t *tenant;
+        int64_t base;           /* its own memory: its figure less the daemon's, before its sessions' first hand-out */
+        uint64_t held;          /* the most it may still map: what its ended sessions were handed or gave back */
+        uint64_t audited_bytes; /* what the last audit found of it: charged as audited */
+        uint64_t audited_ms;
+        uint64_t ended_ms; /* its latest session's end */
+        struct gm_audited_process *next;
+} gm_audited_process_t;
 
 /* A session the journal says the previous daemon had: only such tokens (or an
  * orphan's) may be re-attached, and only by the same uid. */

@@ -45,6 +45,7 @@ gm_broker_t *gm_broker_free(gm_broker_t *b) {
         while (b->sessions)
                 gm_session_free(b->sessions);
         gm_piece_sweep_lingering(b, true);
+        gm_process_check_free_all(b);
         gm_orphan_free_all(b);
         gm_ledger_close(b);
         while (b->tenants) {
@@ -127,6 +128,7 @@ void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;
         }
+        gm_process_check_baseline(s, NULL); /* what its process holds before gpumemd's memory */
         gm_request_t rq = {.size = size, .stream = stream};
         if (s->parked) /* keep order behind earlier waiting requests */
                 return gm_reclaim_park(s, request_id, &rq, ret);
@@ -158,8 +160,10 @@ void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, 
                 gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
                 return;
         }
-        if (!s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0)
+        bool first = !s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0;
+        if (first)
                 gm_process_check_note(s, &s->holder); /* what its process holds before gpumemd's memory */
+        gm_process_check_baseline(s, first ? &s->holder : NULL);
         gm_request_t rq = {.is_grant = true, .grant = *g};
         if (s->parked) /* in order behind the waiting ones */
                 return gm_reclaim_park(s, request_id, &rq, ret);
@@ -518,6 +522,13 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 for (const gm_lingering_t *l = b->lingering; l; l = l->next)
                         if (l->tenant == t)
                                 charged += l->phys.size;
+                for (const gm_audited_process_t *a = b->audited_processes; a; a = a->next)
+                        if (a->tenant == t) {
+                                audited += a->audited_bytes;
+                                if (a->audited_bytes > a->held)
+                                        violation(&c, "pid %d: %llu bytes audited, beyond what it was handed",
+                                                  (int) a->pid, (unsigned long long) a->audited_bytes);
+                        }
                 if (charged != t->charged_bytes)
                         violation(&c, "tenant '%s' charged %llu bytes, its sessions' pieces %llu", t->name,
                                   (unsigned long long) t->charged_bytes, (unsigned long long) charged);
@@ -541,6 +552,11 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
         }
         if (n_tenants != b->n_tenants)
                 violation(&c, "%u tenants listed, %u counted", n_tenants, b->n_tenants);
+        uint32_t n_audited = 0;
+        for (const gm_audited_process_t *a = b->audited_processes; a; a = a->next)
+                n_audited++;
+        if (n_audited != b->n_audited_processes)
+                violation(&c, "%u ended processes audited, %u counted", n_audited, b->n_audited_processes);
         if (claimed_all != b->claimed_bytes)
                 violation(&c, "%llu bytes claimed counted, tenants %llu", (unsigned long long) b->claimed_bytes,
                           (unsigned long long) claimed_all);

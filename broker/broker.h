@@ -169,10 +169,13 @@ typedef struct gm_broker_limits {
         /* How often a session whose give-backs were believed on its process's
          * figure has that figure audited again (0: never; process_check.c). */
         uint32_t audit_interval_ms;
+        /* Ended processes whose memory the audit still follows (the oldest
+         * dropped past it, logged; 0: none followed; process_check.c). */
+        uint32_t max_audited_processes;
         gm_release_check_t release_check; /* of tenants that set none */
 } gm_broker_limits_t;
 
-/* Sessions the tick audits at most (each one driver call), oldest audit first. */
+/* Processes the tick audits at most (one driver call each, for all its sessions, live and ended), oldest audit first. */
 #define GM_AUDIT_SESSIONS_PER_TICK 8u
 
 typedef enum gm_reclaim_outcome {
@@ -332,6 +335,8 @@ struct gm_broker {
         uint64_t ledger_lines;          /* lines in it; compacted when they outnumber the live ones (ledger.c) */
         bool stopping;                  /* the daemon is stopping: ending sessions stay claimable by their clients */
         struct gm_lingering *lingering; /* memory its session let go of that a process still maps: charged */
+        struct gm_audited_process *audited_processes; /* ended processes still audited (process_check.c) */
+        uint32_t n_audited_processes;
         struct gm_known_token *known_tokens; /* sessions of the previous daemon ("t" lines), until claimed or expired */
         size_t n_known_tokens;
         gm_refusal_ring_t refusals; /* the device's last refusals: written by the daemon's diagnosis (daemon/diag.c) */

@@ -56,9 +56,19 @@ gm_release_verdict_t gm_process_check_verdict(gm_session_t *s, const gm_holder_n
 /* Whether the driver (once it has shown that it counts mappings) lists pid
  * with any device memory. */
 bool gm_process_check_holds_memory(const gm_broker_t *b, pid_t pid);
-/* The tick's audit of sessions whose give-backs were believed on their
- * process's figure (at most GM_AUDIT_SESSIONS_PER_TICK, each at most every
+/* The tick's audit of processes whose sessions' give-backs were believed on
+ * their figure, and of those followed after their session ended (at most
+ * GM_AUDIT_SESSIONS_PER_TICK processes, one figure each, each at most every
  * limits.audit_interval_ms). */
 void gm_process_check_audit_tick(gm_broker_t *b, uint64_t now_ms);
-/* s ends: what the audit found of it is no longer charged. */
-void gm_process_check_forget(gm_session_t *s);
+/* Before s's first hand-out (once): notes its process's own memory, what
+ * the audit follows it against once it ends; `fresh`, if noted, is such a
+ * note just read (not read again). */
+void gm_process_check_baseline(gm_session_t *s, const gm_holder_note_t *fresh);
+/* s has just ended (its pieces still listed): where its process's figure
+ * still shows more than its own memory and what the daemon accounts for,
+ * the process is audited on (what was found of s stays charged to its
+ * tenant); else what the audit found of s is no longer charged. */
+void gm_process_check_end(gm_session_t *s);
+/* Stops following every ended process (the broker is going away). */
+void gm_process_check_free_all(gm_broker_t *b);

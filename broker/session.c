@@ -107,6 +107,7 @@ void gm_session_end(gm_session_t *s) {
         if (s->pieces)
                 b->memory_freed = true;
         s->ended = true;
+        gm_process_check_end(s);                  /* while its pieces are listed: what its process may still map */
         s->heap = gm_heap_destroy(s->heap);       /* every piece at once: ended is set */
         s->history = gm_history_free(s->history); /* nobody may read an ended session's history */
         free(s->moves);
@@ -134,7 +135,6 @@ void gm_session_end(gm_session_t *s) {
         while (s->pieces) /* granted without a heap, or a re-attach that did not finish */
                 gm_piece_destroy(b, s->pieces);
         gm_session_unpark_all(s);
-        gm_process_check_forget(s);
         if (s->tenant) {
                 gm_claim_set(s, 0); /* its claim lapses */
                 s->tenant->sessions--;

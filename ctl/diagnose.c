@@ -136,7 +136,10 @@ static void figures(const gm_diag_input_t *in, gm_diag_figures_t *f) {
                in->samples[i - 1].allocated == last->allocated)
                 i--;
         bool quiet_in_span = last->allocated_min == last->allocated_max;
-        uint64_t since = quiet_in_span || i < in->n_samples - 1 ? in->samples[i].t_ms : last->until_ms;
+        /* A change merges into a sample only within its period, so a busy last
+         * sample's activity ended by then, however long it is extended since. */
+        uint64_t busy_until = min_u64(last->until_ms, last->t_ms + GM_SAMPLE_PERIOD_MS);
+        uint64_t since = quiet_in_span || i < in->n_samples - 1 ? in->samples[i].t_ms : busy_until;
         f->idle_ms = in->now_ms > since ? in->now_ms - since : 0;
 }
 

@@ -166,6 +166,7 @@ static const daemon_key_t daemon_keys[] = {
         KEY(snapshot_max_entries, K_UINT, 0, 1ull << 32),
         KEY(snapshot_answer_timeout_ms, K_UINT, 1, 600000),
         KEY(audit_interval_ms, K_UINT, 0, 3600000),
+        KEY(max_audited_processes, K_UINT, 0, 65536),
         KEY(release_check, K_RELEASE_CHECK, 0, 0),
 };
 #define N_DAEMON_KEYS (sizeof(daemon_keys) / sizeof(daemon_keys[0]))

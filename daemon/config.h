@@ -107,6 +107,8 @@ typedef struct gm_config {
         uint32_t snapshot_answer_timeout_ms; /* a local session's time to answer a snapshot query */
         bool has_audit_interval_ms;
         uint32_t audit_interval_ms; /* how often believed give-backs are audited by their process's figure (0: never) */
+        bool has_max_audited_processes;
+        uint32_t max_audited_processes; /* processes whose session ended still audited, at most (0: none) */
         bool has_release_check;
         gm_release_check_t release_check; /* of tenants whose section sets none, and of unnamed tenants */
 

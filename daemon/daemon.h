@@ -32,6 +32,7 @@ typedef struct gm_limits {
         /* A client that answers no release request for this long is not waited for (0: never). */
         uint32_t unresponsive_timeout_ms;
         uint32_t audit_interval_ms;       /* believed give-backs audited again this often (0: never) */
+        uint32_t max_audited_processes;   /* ended processes the audit still follows (0: none) */
         gm_release_check_t release_check; /* of tenants that set none */
 } gm_limits_t;
 

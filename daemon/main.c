@@ -181,6 +181,7 @@ static void options_default(gm_options_t *o) {
                                 .release_timeout_ms = 2000,
                                 .unresponsive_timeout_ms = 10000,
                                 .audit_interval_ms = 2000,
+                                .max_audited_processes = 1024,
                                 .reattach_grace_ms = 30000,
                                 .max_reattach_items = 4u << 20,
                         },
@@ -226,6 +227,8 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.unresponsive_timeout_ms = c->unresponsive_timeout_ms;
         if (c->has_audit_interval_ms)
                 o->limits.audit_interval_ms = c->audit_interval_ms;
+        if (c->has_max_audited_processes)
+                o->limits.max_audited_processes = c->max_audited_processes;
         if (c->has_release_check)
                 o->limits.release_check = c->release_check;
         if (c->has_max_parked_per_session)
@@ -309,6 +312,7 @@ static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
                 .release_timeout_ms = l->release_timeout_ms,
                 .unresponsive_timeout_ms = l->unresponsive_timeout_ms,
                 .audit_interval_ms = l->audit_interval_ms,
+                .max_audited_processes = l->max_audited_processes,
                 .release_check = l->release_check,
                 .reattach_grace_ms = l->reattach_grace_ms,
                 .max_reattach_items = l->max_reattach_items,
@@ -365,6 +369,7 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.park_timeout_ms = o.limits.park_timeout_ms;
         d->opts.limits.unresponsive_timeout_ms = o.limits.unresponsive_timeout_ms;
         d->opts.limits.audit_interval_ms = o.limits.audit_interval_ms;
+        d->opts.limits.max_audited_processes = o.limits.max_audited_processes;
         d->opts.limits.release_check = o.limits.release_check;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
         d->opts.has_admin_group = o.has_admin_group;

@@ -715,6 +715,10 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
         family(&o, "gpumem_audit_checks_total", "counter",
                "Per-process driver figures read by the audit of believed give-backs (one NVML query each).");
         sample(&o, "gpumem_audit_checks_total", dev, "", (int64_t) b->audit_checks);
+        family(&o, "gpumem_audited_processes", "gauge",
+               "Processes still audited after their session ended while their driver figure showed gpumemd's memory "
+               "(at most max_audited_processes).");
+        sample(&o, "gpumem_audited_processes", dev, "", (int64_t) b->n_audited_processes);
         if (b->store_max) {
                 family(&o, "gpumem_fdstore_fds", "gauge",
                        "Memory handles kept in systemd's fd store for a restart; absent outside systemd.");

@@ -49,10 +49,15 @@ units_agree "${work}/usr" /usr /etc
 pcdir="$(dirname "$(find "${prefix}" -name gpumem.pc | head -n1)")"
 libdir="$(PKG_CONFIG_PATH="${pcdir}" pkg-config --variable=libdir gpumem)"
 ls "${libdir}"/libgpumem.so* "${libdir}"/libgpumem_torch.so.0 >/dev/null
-# The Python package, where Debian's python3 looks under this prefix.
-pkg="$(find "${prefix}" -path '*/dist-packages/gpumem/__init__.py' | head -n1)"
-[ -n "${pkg}" ] || { echo "missing the gpumem Python package in the install" >&2; exit 1; }
-pydir="$(dirname "$(dirname "${pkg}")")"
+# The Python package, in the prefix's purelib (PREFIX/lib/python3.N/
+# site-packages), which a venv made at the prefix searches with no PYTHONPATH.
+pydir="$(/usr/bin/python3 -c 'import sys, sysconfig
+print(sysconfig.get_path("purelib", "posix_prefix", vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' "${prefix}")"
+[ -f "${pydir}/gpumem/__init__.py" ] ||
+        { echo "missing the gpumem Python package in ${pydir}: $(find "${prefix}" -name __init__.py)" >&2; exit 1; }
+/usr/bin/python3 -m venv --without-pip "${prefix}"
+[ "$("${prefix}/bin/python3" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib"))')" = "${pydir}" ] ||
+        { echo "a venv at ${prefix} does not search ${pydir}" >&2; exit 1; }
 
 # 1. pkg-config
 # shellcheck disable=SC2046
@@ -77,10 +82,11 @@ for example in "${work}/example-pc" "${work}/consumer/example"; do
         stats="$("${prefix}/bin/gpumemctl" -s "${sock}" stats --json)"
         grep -q '"allocated_bytes.all.current": 8388608' <<<"${stats}" ||
                 { echo "${example}: stats do not show its block: ${stats}" >&2; exit 1; }
-        # The installed Python package loads the installed libraries and reads
-        # the same figure (device 0 of the socket template is this daemon).
+        # The installed Python package, imported by the prefix's python3 with
+        # no PYTHONPATH, loads the installed libraries and reads the same
+        # figure (device 0 of the socket template is this daemon).
         # shellcheck disable=SC2086
-        py="$(env -u GPUMEM_LIBRARY_DIR ${pyenv} PYTHONPATH="${pydir}" GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" /usr/bin/python3 -c '
+        py="$(env -u GPUMEM_LIBRARY_DIR -u PYTHONPATH ${pyenv} GPUMEM_SOCKET_TEMPLATE="${work}/gpu%d.sock" "${prefix}/bin/python3" -c '
 import gpumem, gpumem.torch
 print(gpumem._lib.TORCH_LIBRARY_PATH, gpumem.memory_stats(0, scope="device")["allocated_bytes.all.current"])')"
         [ "${py}" = "$(realpath "${libdir}")/libgpumem_torch.so.0 8388608" ] ||

@@ -1,10 +1,12 @@
 /* Issues #23 and #25 on the emulated cuda backend: how a tenant's give-backs
  * are checked (release_check = verify | trust), and the continuous audit of
- * believed give-backs by each process's NVML figure. The attack runs as a
+ * believed give-backs by each process's NVML figure. The attacks run as a
  * separate process of another uid (this binary again, through setpriv,
- * with "attack" as its first argument): it returns memory honestly at that
- * instant, keeps the fds, imports and maps them again. Needs root (to act
- * as another uid) for the audit case; reports and skips it otherwise. */
+ * with "attack" or "keep" as its first argument): "attack" returns memory
+ * honestly at that instant, keeps the fds, imports and maps them again;
+ * "keep" ends two sessions while it still maps their memory and stays
+ * alive. Needs root (to act as another uid) for those cases; reports and
+ * skips them otherwise. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
@@ -111,6 +113,21 @@ static void fetch_metrics(int port, char *out, size_t len) {
 
 /* ---- release_check ---- */
 
+/* A new session (`heap`) that allocates `size`, frees it and gives it back
+ * (trim): its client, and what the trim released. */
+static gpumem_client *connect_and_give_back(gpumem_heap_mode heap, uint64_t size, uint64_t *ret_released) {
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect_heap(daemon_.socket_path, heap, &c), 0);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, size, 0, &p), 0);
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_gt(released, 0);
+        *ret_released = released;
+        return c;
+}
+
 /* The daemon's environment for "nothing can check": no NVML at all, or NVML
  * whose process list gives no per-process figure. */
 static const char *const unchecked_env[][2] = {
@@ -125,14 +142,8 @@ static void check_release(const char *config, bool trusted, gpumem_heap_mode hea
         size_t n = sizeof(unchecked_env) / sizeof(unchecked_env[0]);
         for (size_t k = 0; k < n; k++) {
                 start_daemon(config, NULL, unchecked_env[k][0], unchecked_env[k][1]);
-                gpumem_client *c = NULL;
-                ck_assert_int_eq(gpumem_connect_heap(daemon_.socket_path, heap, &c), 0);
-                void *p;
-                ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, 0, &p), 0);
-                ck_assert_int_eq(gpumem_free(c, p), 0);
-                uint64_t released = 0;
-                ck_assert_int_eq(gpumem_trim(c, &released), 0);
-                ck_assert_uint_gt(released, 0);
+                uint64_t released;
+                gpumem_client *c = connect_and_give_back(heap, 8 * MiB, &released);
                 if (trusted) {
                         ck_assert_int_eq(wait_field("solo", "reserved_bytes", 0), 0); /* at once */
                         ck_assert_int_eq(tenant_field("solo", "release_unverified_bytes"), 0);
@@ -238,14 +249,28 @@ static bool read_command(char *buf, size_t len) {
         return true;
 }
 
+static const char *attack_socket;
+static FILE *to_parent; /* stdout, the parent's pipe; check's own output goes to stderr */
+
+/* One more Grant of 2 MiB on fd: tells the parent "refused CODE TEXT" or
+ * "granted" (the piece not mapped). */
+static void try_grant(int fd, uint64_t request_id) {
+        int seg_fd;
+        Gpumem__Envelope *e = gm_test_raw_grant(fd, request_id, 100, 2 * MiB, &seg_fd);
+        if (e->body_case == GPUMEM__ENVELOPE__BODY_ERROR)
+                fprintf(to_parent, "refused %u %s\n", e->error->code, e->error->message);
+        else
+                fprintf(to_parent, "granted\n");
+        if (seg_fd >= 0)
+                close(seg_fd);
+        gm_msg_free(e);
+}
+
 /* The attacker (uid ATTACKER): each piece granted, mapped, announced,
  * unmapped and returned (believed: it is gone at that instant), its fd kept;
  * then every kept fd imported and mapped again. Prints "mapped BYTES", then
  * on "grant" tries one more Grant and prints its outcome, on "unmap" lets go
  * of everything and prints "unmapped", and ends at "exit". */
-static const char *attack_socket;
-static FILE *to_parent; /* stdout, the parent's pipe; check's own output goes to stderr */
-
 static void attack(const char *socket_path) {
         int fd = gm_test_raw_connect(socket_path);
         gm_test_raw_hello_local(fd);
@@ -272,15 +297,7 @@ static void attack(const char *socket_path) {
         char cmd[64];
         while (read_command(cmd, sizeof(cmd))) {
                 if (strcmp(cmd, "grant") == 0) {
-                        int seg_fd;
-                        Gpumem__Envelope *e = gm_test_raw_grant(fd, id++, 100, 2 * MiB, &seg_fd);
-                        if (e->body_case == GPUMEM__ENVELOPE__BODY_ERROR)
-                                fprintf(to_parent, "refused %u %s\n", e->error->code, e->error->message);
-                        else
-                                fprintf(to_parent, "granted\n");
-                        if (seg_fd >= 0)
-                                close(seg_fd);
-                        gm_msg_free(e);
+                        try_grant(fd, id++);
                 } else if (strcmp(cmd, "unmap") == 0) {
                         for (int k = 0; k < ATTACK_PIECES; k++) {
                                 driver_unmap(bases[k], ATTACK_PIECE);
@@ -295,8 +312,64 @@ static void attack(const char *socket_path) {
         close(fd);
 }
 
+/* The process that keeps mapping after its sessions end (uid ATTACKER):
+ * session A is granted a piece, maps, announces, unmaps and returns it
+ * (believed: the driver's attribution of mappings is confirmed), then is
+ * granted another and maps it; session B, on a second connection of the
+ * same process, is granted one and maps it; both connections close with
+ * the two pieces still mapped (their fds closed: the mappings alone hold
+ * them). Prints "kept BYTES", then on "grant" opens a new session, tries a
+ * Grant and prints its outcome, and ends at "exit". */
+static void keep(const char *socket_path) {
+        int a = gm_test_raw_connect(socket_path), seg_fd;
+        gm_test_raw_hello_local(a);
+        uint64_t id = 2;
+        Gpumem__Envelope *e = gm_test_raw_grant(a, id++, 1, ATTACK_PIECE, &seg_fd);
+        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_GRANT_REPLY && seg_fd >= 0, "grant: %s",
+                      e->error ? e->error->message : "?");
+        gm_msg_free(e);
+        CUdeviceptr returned = driver_map(seg_fd, ATTACK_PIECE);
+        e = gm_test_raw_return_intent(a, id++);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_OK);
+        gm_msg_free(e);
+        driver_unmap(returned, ATTACK_PIECE);
+        close(seg_fd);
+        gm_test_raw_return_closing(a, id++, 1, ATTACK_PIECE, true);
+        usleep(50000); /* believed: the charge drops */
+        int b = gm_test_raw_connect(socket_path);
+        gm_test_raw_hello_local(b);
+        int fds[2] = {a, b};
+        for (int k = 0; k < 2; k++) {
+                e = gm_test_raw_grant(fds[k], id++, 2 + (uint64_t) k, ATTACK_PIECE, &seg_fd);
+                ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_GRANT_REPLY && seg_fd >= 0, "grant %d: %s", k,
+                              e->error ? e->error->message : "?");
+                gm_msg_free(e);
+                (void) driver_map(seg_fd, ATTACK_PIECE); /* kept: never unmapped */
+                close(seg_fd);
+        }
+        close(a);
+        close(b);
+        fprintf(to_parent, "kept %llu\n", (unsigned long long) (2 * ATTACK_PIECE));
+        fflush(to_parent);
+        char cmd[64];
+        while (read_command(cmd, sizeof(cmd)) && strcmp(cmd, "exit") != 0) {
+                if (strcmp(cmd, "grant") != 0)
+                        continue;
+                int c = gm_test_raw_connect(socket_path);
+                gm_test_raw_hello_local(c);
+                try_grant(c, id++);
+                close(c);
+                fflush(to_parent);
+        }
+}
+
+static bool keeping; /* the attacker's process runs keep(), not attack() */
+
 START_TEST(test_attack) {
-        attack(attack_socket);
+        if (keeping)
+                keep(attack_socket);
+        else
+                attack(attack_socket);
 }
 END_TEST
 
@@ -327,6 +400,62 @@ static void tell(gm_test_proc_t *p, const char *cmd) {
         ck_assert_int_eq(write(p->stdin_fd, cmd, strlen(cmd)), (ssize_t) strlen(cmd));
 }
 
+/* Starts gpumemd with `config` for an attack, where this run may act as
+ * another uid (root); false (said) where it skips. */
+static bool start_attack(const char *test, const char *config) {
+        if (geteuid() != 0) {
+                fprintf(stderr, "%s: needs root (acts as uid %d), skipped\n", test, ATTACKER);
+                return false;
+        }
+        start_daemon(config, NULL, NULL, NULL);
+        cuda(); /* the emulator loaded here: its device figures */
+        return true;
+}
+
+/* Runs this binary again as the attacker (`mode`, uid ATTACKER) against the
+ * daemon; its first line starts with `first`. */
+static void spawn_attacker(const char *mode, const char *first, gm_test_proc_t *ret) {
+        const char *argv[] = {AUDIT_BIN, mode, daemon_.socket_path, NULL};
+        gm_test_spawn(argv, ATTACKER, ret);
+        char line[2048];
+        ck_assert(gm_test_proc_read_line(ret, line, sizeof(line)));
+        ck_assert_msg(strncmp(line, first, strlen(first)) == 0, "attacker: %s", line);
+}
+
+/* Lines of the daemon's log that hold `text`. */
+static int log_lines(const char *text) {
+        char out[64];
+        const char *grep[] = {"/bin/grep", "-c", text, daemon_.log_path, NULL};
+        gm_test_run(out, sizeof(out), grep); /* exits 1 when there is none */
+        return atoi(out);
+}
+
+/* Waits until tenant `liar` is charged `bytes` as audited, found within one
+ * audit interval (plus the tick and the polling) of `since_ms`. */
+static void assert_audited_soon(long long bytes, uint64_t since_ms) {
+        long long audited = wait_field("liar", "audited_bytes", bytes);
+        uint64_t found_after = now_ms() - since_ms;
+        ck_assert_int_eq(audited, bytes);
+        ck_assert_msg(found_after <= 3 * AUDIT_INTERVAL_MS, "found after %llu ms", (unsigned long long) found_after);
+}
+
+/* While the liar is charged as audited: its next Grant is refused (over
+ * its quota; the refusal saying `refusal_says`), and another tenant asking
+ * for `too_big` (more than is really free) is refused naming the audited
+ * memory, not granted it: no over-commit. The other tenant's client. */
+static gpumem_client *assert_contained(gm_test_proc_t *p, const char *refusal_says, uint64_t too_big) {
+        char line[2048];
+        tell(p, "grant\n");
+        ck_assert(gm_test_proc_read_line(p, line, sizeof(line)));
+        ck_assert_msg(strncmp(line, "refused 122 ", 12) == 0 && strstr(line, refusal_says), "attacker: %s", line);
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_connect_heap(daemon_.socket_path, GPUMEM_HEAP_LOCAL, &c), 0);
+        void *big;
+        ck_assert_int_eq(gpumem_alloc(c, too_big, 0, &big), -ENOMEM);
+        ck_assert_msg(strstr(gpumem_last_error(c), "audited"), "%s", gpumem_last_error(c));
+        return c;
+}
+
 static const char attack_config[] = "audit_interval_ms = 1000\n[tenant liar]\nuser = 65534\nquota = 64M\n";
 
 /* Issue #25: the attacker maps 160 MiB under its 64 MiB quota, charged 0.
@@ -335,41 +464,20 @@ static const char attack_config[] = "audit_interval_ms = 1000\n[tenant liar]\nus
  * tenant's request for the whole device is refused instead of over-committing
  * it; once it unmaps, the next audit lifts it all. */
 START_TEST(test_reimport_after_return_audited) {
-        if (geteuid() != 0) {
-                fprintf(stderr, "test_reimport_after_return_audited: needs root (acts as uid %d), skipped\n", ATTACKER);
+        if (!start_attack("test_reimport_after_return_audited", attack_config))
                 return;
-        }
-        start_daemon(attack_config, NULL, NULL, NULL);
-        cuda(); /* the emulator loaded here: its device figures */
-        const char *argv[] = {AUDIT_BIN, "attack", daemon_.socket_path, NULL};
         gm_test_proc_t p;
-        gm_test_spawn(argv, ATTACKER, &p);
+        spawn_attacker("attack", "mapped ", &p);
         char line[2048];
-        ck_assert(gm_test_proc_read_line(&p, line, sizeof(line)));
-        ck_assert_msg(strncmp(line, "mapped ", 7) == 0, "attacker: %s", line);
         uint64_t mapped_at = now_ms();
         ck_assert_int_ge(gm_fake_device_bytes(0), (int64_t) (ATTACK_PIECES * ATTACK_PIECE)); /* it is live */
 
-        long long audited = wait_field("liar", "audited_bytes", (long long) (ATTACK_PIECES * ATTACK_PIECE));
-        uint64_t found_after = now_ms() - mapped_at;
-        ck_assert_int_eq(audited, (long long) (ATTACK_PIECES * ATTACK_PIECE));
+        assert_audited_soon((long long) (ATTACK_PIECES * ATTACK_PIECE), mapped_at);
         ck_assert_int_eq(tenant_field("liar", "reserved_bytes"), 0);
-        ck_assert_msg(found_after <= 3 * AUDIT_INTERVAL_MS, "found after %llu ms", (unsigned long long) found_after);
-        char log[1 << 16];
-        const char *grep[] = {"/bin/grep", "-c", "of the memory it gave back", daemon_.log_path, NULL};
-        ck_assert_int_eq(gm_test_run(log, sizeof(log), grep), 0);
-        ck_assert_int_eq(atoi(log), 1); /* one line */
-
-        tell(&p, "grant\n");
-        ck_assert(gm_test_proc_read_line(&p, line, sizeof(line)));
-        ck_assert_msg(strncmp(line, "refused 122 ", 12) == 0 && strstr(line, "gave back"), "attacker: %s", line);
+        ck_assert_int_eq(log_lines("of the memory it gave back"), 1); /* one line */
 
         /* Another tenant asks for the whole daemon: no over-commit. */
-        gpumem_client *c = NULL;
-        ck_assert_int_eq(gpumem_connect_heap(daemon_.socket_path, GPUMEM_HEAP_LOCAL, &c), 0);
-        void *big;
-        ck_assert_int_eq(gpumem_alloc(c, 200 * MiB, 0, &big), -ENOMEM);
-        ck_assert_msg(strstr(gpumem_last_error(c), "audited"), "%s", gpumem_last_error(c));
+        gpumem_client *c = assert_contained(&p, "gave back", 200 * MiB);
         void *small;
         ck_assert_int_eq(gpumem_alloc(c, 64 * MiB, 0, &small), 0); /* what is really free */
         ck_assert_int_eq(gpumem_free(c, small), 0);
@@ -388,6 +496,103 @@ START_TEST(test_reimport_after_return_audited) {
 }
 END_TEST
 
+/* Issue #25, the last cuda hole: a process of another uid ends two
+ * sessions (one process, two connections) while it still maps 64 MiB they
+ * were granted, and stays alive. Within one audit interval (plus a tick)
+ * its tenant is charged the memory as audited, once (64 MiB, not once per
+ * session), one log line; its next session's Grant is refused (over its
+ * quota) and another tenant is not granted the still-live memory; the
+ * charge goes once the process exits. */
+START_TEST(test_kept_mapping_after_end_audited) {
+        if (!start_attack("test_kept_mapping_after_end_audited", attack_config))
+                return;
+        gm_test_proc_t p;
+        spawn_attacker("keep", "kept ", &p);
+        uint64_t kept_at = now_ms();
+        long long kept = 2 * (long long) ATTACK_PIECE;
+        ck_assert_int_eq(wait_field("liar", "reserved_bytes", 0), 0); /* its sessions are over */
+        ck_assert_int_ge(gm_fake_device_bytes(0), kept);              /* and the memory is live */
+
+        assert_audited_soon(kept, kept_at);
+        usleep(2500 * 1000); /* two more audits: charged once, not once per session */
+        ck_assert_int_eq(tenant_field("liar", "audited_bytes"), kept);
+        ck_assert_int_eq(log_lines("after its session ended"), 1); /* one line */
+        /* Another tenant asks for all that is not audited and more. */
+        gpumem_disconnect(assert_contained(&p, "audited", 224 * MiB));
+
+        tell(&p, "exit\n");
+        ck_assert_int_eq(gm_test_proc_finish(&p), 0);
+        ck_assert_int_eq(wait_field("liar", "audited_bytes", 0), 0);
+        finish();
+}
+END_TEST
+
+/* The bound: with max_audited_processes = 1, a second process that keeps
+ * mapping after its sessions end takes the first one's place (the oldest
+ * dropped, one log line): only its 64 MiB stay audited. */
+START_TEST(test_ended_processes_bounded) {
+        if (!start_attack("test_ended_processes_bounded",
+                          "audit_interval_ms = 1000\nmax_audited_processes = 1\n[tenant liar]\nuser = 65534\n"
+                          "quota = 128M\n"))
+                return;
+        gm_test_proc_t p[2];
+        long long kept = 2 * (long long) ATTACK_PIECE;
+        const char *dropped = "no longer audited after its session ended";
+        for (int k = 0; k < 2; k++) {
+                spawn_attacker("keep", "kept ", &p[k]);
+                for (int i = 0; k == 1 && i < 500 && log_lines(dropped) == 0; i++)
+                        usleep(20000); /* the second's sessions ended: the first dropped */
+                ck_assert_int_eq(wait_field("liar", "audited_bytes", kept), kept);
+        }
+        ck_assert_int_eq(log_lines(dropped), 1);
+        usleep(1500 * 1000); /* another audit: still only the second one's */
+        ck_assert_int_eq(tenant_field("liar", "audited_bytes"), kept);
+        for (int k = 0; k < 2; k++) {
+                tell(&p[k], "exit\n");
+                ck_assert_int_eq(gm_test_proc_finish(&p[k]), 0);
+        }
+        ck_assert_int_eq(wait_field("liar", "audited_bytes", 0), 0);
+        finish();
+}
+END_TEST
+
+/* The other side: an honest process (libgpumem, this one, a `heap`
+ * session) that holds device memory of its own (16 MiB by cuMemCreate,
+ * before its session), returns memory (confirming the driver's
+ * attribution), is handed 32 MiB and disconnects (libgpumem unmaps first),
+ * and stays alive: never charged. */
+static void check_honest_disconnect(gpumem_heap_mode heap) {
+        start_daemon("audit_interval_ms = 1000\n[tenant honest]\nuser = 0\nquota = 64M\n", NULL, NULL, NULL);
+        const gm_cuda_t *cu = cuda();
+        CUmemAllocationProp prop = gm_cuda_alloc_prop(0, false);
+        CUmemGenericAllocationHandle own;
+        ck_assert_int_eq(cu->MemCreate(&own, 16 * MiB, &prop, 0), CUDA_SUCCESS); /* outside gpumemd */
+        uint64_t released;
+        gpumem_client *c = connect_and_give_back(heap, 32 * MiB, &released);
+        ck_assert_int_eq(wait_field("honest", "reserved_bytes", 0), 0); /* believed */
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 32 * MiB, 0, &p), 0);
+        gpumem_disconnect(c);
+        ck_assert_int_eq(wait_field("honest", "reserved_bytes", 0), 0);
+        for (int i = 0; i < 30; i++) { /* three audit intervals */
+                ck_assert_int_eq(tenant_field("honest", "audited_bytes"), 0);
+                usleep(100000);
+        }
+        ck_assert_int_eq(log_lines("after its session ended"), 0);
+        ck_assert_int_eq(cu->MemRelease(own), CUDA_SUCCESS);
+        finish();
+}
+
+START_TEST(test_honest_disconnect_not_audited_local) {
+        check_honest_disconnect(GPUMEM_HEAP_LOCAL);
+}
+END_TEST
+
+START_TEST(test_honest_disconnect_not_audited_central) {
+        check_honest_disconnect(GPUMEM_HEAP_CENTRAL);
+}
+END_TEST
+
 static Suite *audit_suite(void) {
         Suite *s = suite_create("cuda_audit");
         TCase *tc = tcase_create("release_check");
@@ -399,13 +604,19 @@ static Suite *audit_suite(void) {
         tcase_add_test(tc, test_verify_holds_unverified_central);
         tcase_add_test(tc, test_release_check_shown);
         tcase_add_test(tc, test_reimport_after_return_audited);
+        tcase_add_test(tc, test_kept_mapping_after_end_audited);
+        tcase_add_test(tc, test_ended_processes_bounded);
+        tcase_add_test(tc, test_honest_disconnect_not_audited_local);
+        tcase_add_test(tc, test_honest_disconnect_not_audited_central);
         suite_add_tcase(s, tc);
         return s;
 }
 
 int main(int argc, char **argv) {
-        if (argc == 3 && strcmp(argv[1], "attack") == 0)
+        if (argc == 3 && (strcmp(argv[1], "attack") == 0 || strcmp(argv[1], "keep") == 0)) {
+                keeping = strcmp(argv[1], "keep") == 0;
                 return attack_main(argv[2]);
+        }
         SRunner *sr = srunner_create(audit_suite());
         srunner_run_all(sr, CK_NORMAL);
         int failed = srunner_ntests_failed(sr);

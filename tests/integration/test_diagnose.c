@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -467,6 +468,38 @@ START_TEST(test_e2e_pending_stream_free) {
 }
 END_TEST
 
+/* Whether every thread of `pid` is in the stopped state ('T' in its stat). */
+#define HOARDER_WINDOW "6s"
+/* The idle time the idle-cache rule asks for in that window (diagnose.c:
+ * half the window, under GM_DIAG_IDLE_MS). */
+#define HOARDER_IDLE_MS 3000u
+
+/* The figure `name` of a process's diagnosis entry. */
+static uint64_t figure_of(const char *entry, const char *name) {
+        char key[64];
+        snprintf(key, sizeof(key), "\"%s\": ", name);
+        const char *f = strstr(entry, key);
+        ck_assert_msg(f, "no %s in: %s", name, entry);
+        return strtoull(f + strlen(key), NULL, 10);
+}
+
+/* The process's entry of `diagnose --json` over HOARDER_WINDOW once its
+ * figures show `allocated` and at least `reserved` and `idle_ms` bytes and
+ * ms, asked again every 100 ms (each request samples every session first). */
+static const char *diagnosis_when(char *out, size_t len, pid_t pid, uint64_t allocated, uint64_t reserved,
+                                  uint64_t idle_ms) {
+        for (int tries = 0;; tries++) {
+                const char *e = diagnosis_of(out, len, pid, HOARDER_WINDOW);
+                if (figure_of(e, "allocated_bytes") == allocated && figure_of(e, "reserved_bytes") >= reserved &&
+                    figure_of(e, "idle_ms") >= idle_ms)
+                        return e;
+                ck_assert_msg(tries < 100,
+                              "pid %d: want allocated %" PRIu64 ", reserved >= %" PRIu64 ", idle >= %" PRIu64 " ms: %s",
+                              (int) pid, allocated, reserved, idle_ms, e);
+                usleep(100000);
+        }
+}
+
 START_TEST(test_e2e_idle_hoarder_beside_refused) {
         /* Quick timeouts: the hoarder is stopped and cannot give its cache back. */
         start("256M", "park_timeout_ms = 800\nrelease_timeout_ms = 400\n");
@@ -474,11 +507,18 @@ START_TEST(test_e2e_idle_hoarder_beside_refused) {
         char line[128], out[65536];
         const char *hv[] = {GM_TEST_CLIENT, daemon_.socket_path, "cache", "67108864", "3", NULL};
         spawn_ready(hv, &hoarder, line, sizeof(line));
-        usleep(3200 * 1000); /* idle */
-        ck_assert_int_eq(kill(hoarder.pid, SIGSTOP), 0);
+        /* Its last figures (192 MiB cached, nothing live) in a sample, then that sample's period
+         * over (the ring takes a new sample at most once a period): the refusal's change to its
+         * figures then starts a sample of its own, after which the daemon tells how long it idled.
+         * Inside the period the change would merge into the sample of its own frees. */
+        diagnosis_when(out, sizeof(out), hoarder.pid, 0, 3 * 64 * MiB, 0);
+        usleep(GM_SAMPLE_PERIOD_MS * 1000);
+        gm_test_stop_process(hoarder.pid);
         const char *rv[] = {GM_TEST_CLIENT, daemon_.socket_path, "hold", "134217728", "1", NULL};
         ck_assert_int_eq(gm_test_run(out, sizeof(out), rv), 1); /* refused: the cache did not come back */
-        const char *e = diagnosis_of(out, sizeof(out), hoarder.pid, "6s");
+        /* Idle as the daemon's samples see it: waited for, not slept for (the refusal stays
+         * inside the window). */
+        const char *e = diagnosis_when(out, sizeof(out), hoarder.pid, 0, 0, HOARDER_IDLE_MS);
         assert_verdict(e, "idle_cache");
         ck_assert_msg(strstr(e, "\"others_refused\": ") && !strstr(e, "\"others_refused\": 0"), "%s", e);
         ck_assert_msg(strstr(out, "\"class\": \"reclaim\""), "%s", out);

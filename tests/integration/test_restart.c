@@ -469,7 +469,7 @@ START_TEST(test_unclaimed_segments_released_after_grace) {
         ck_assert_uint_gt(stored, 0);
         /* The client is stopped first, so it cannot reconnect (its queued
          * Hello would re-attach it) between the two deaths. */
-        ck_assert_int_eq(kill(client.pid, SIGSTOP), 0);
+        gm_test_stop_process(client.pid);
         int status;
         ck_assert_int_eq(waitpid(client.pid, &status, WUNTRACED), client.pid);
         ck_assert(WIFSTOPPED(status));

@@ -163,7 +163,7 @@ START_TEST(test_stopped_session_shows_its_segments) {
         gm_test_proc_t a, b;
         spawn_blocks(&a, 0, "30");
         spawn_blocks(&b, 0, "12");
-        ck_assert_int_eq(kill(b.pid, SIGSTOP), 0);
+        gm_test_stop_process(b.pid);
         snprintf(file, sizeof(file), "%s/stopped.json", daemon_.dir);
         snapshot(0, file, "json", "pid");
         ck_assert_int_eq(check(file, "--device 0 --categories"), 0);

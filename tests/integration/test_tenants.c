@@ -285,7 +285,7 @@ START_TEST(test_stopped_client_is_not_waited_for) {
         gm_test_spawn(argv, NOBODY, &idle);
         ck_assert(gm_test_proc_read_line(&idle, line, sizeof(line)));
         ck_assert_uint_eq(tenant_charged("uid:65534"), 200 * MiB);
-        ck_assert_int_eq(kill(idle.pid, SIGSTOP), 0);
+        gm_test_stop_process(idle.pid);
 
         /* The first request waits for the stopped client, until it is found unresponsive. */
         double seconds;

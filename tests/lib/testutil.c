@@ -532,3 +532,35 @@ size_t gm_test_count(const char *text, const char *what) {
                 n++;
         return n;
 }
+
+static bool all_threads_stopped(pid_t pid) {
+        char path[320];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int) pid);
+        DIR *dir = opendir(path);
+        ck_assert_ptr_nonnull(dir);
+        bool stopped = true;
+        for (struct dirent *t; stopped && (t = readdir(dir));) {
+                if (t->d_name[0] == '.')
+                        continue;
+                char stat[512] = "";
+                snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int) pid, t->d_name);
+                FILE *f = fopen(path, "re");
+                if (!f)
+                        continue; /* the thread has exited */
+                size_t n = fread(stat, 1, sizeof(stat) - 1, f);
+                fclose(f);
+                stat[n] = '\0';
+                const char *state = strrchr(stat, ')'); /* "TID (COMM) STATE ..." */
+                stopped = state && state[1] == ' ' && state[2] == 'T';
+        }
+        closedir(dir);
+        return stopped;
+}
+
+void gm_test_stop_process(pid_t pid) {
+        ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+        for (int tries = 0; !all_threads_stopped(pid); tries++) {
+                ck_assert_msg(tries < 3000, "pid %d did not stop", (int) pid);
+                usleep(10000);
+        }
+}

@@ -115,6 +115,11 @@ int gm_test_proc_finish(gm_test_proc_t *p);
 /* gm_test_run as another user. */
 int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv);
 
+/* SIGSTOP, then waits until every thread of pid is stopped: kill() returns
+ * before the group stop reaches the threads, and until it does libgpumem's
+ * service thread still answers the daemon (it would give the cache back). */
+void gm_test_stop_process(pid_t pid);
+
 /* How often `what` occurs in `text` (not overlapping). */
 size_t gm_test_count(const char *text, const char *what);
 

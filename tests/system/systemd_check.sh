@@ -260,6 +260,7 @@ out=$(as_user alice python3 "$client" once 2>&1) || fail "alice's client: $out"
 step "a user outside the group is told which group admits him"
 out=$(as_user bob python3 "$client" once 2>&1) && fail "bob connected: $out"
 echo "$out" | grep -q "group 'gpumem'" || fail "bob's error does not name the group: $out"
+echo "$out" | grep -q "usermod -aG gpumem USER" || fail "bob's error does not say how to join the group: $out"
 
 step "persistent quotas go to the service's state directory"
 out=$(in_ns gpumemctl quota set alice 64M 2>&1) || fail "gpumemctl quota set: $out"
@@ -274,16 +275,59 @@ step "journalctl -u shows the daemon's lines, with their priorities"
 wait_for 30 "the start line in the journal" sh -c "timeout 10 nsenter -t $init -m -p -n -r -w journalctl -u gpumemd@0.service -p notice --no-pager |
         grep -q 'listening on /run/gpumem/gpu0.sock'"
 
-step "systemctl reload applies a changed configuration"
+# reloads: how many SIGHUP reloads gpumemd@0 has logged (every line it wrote
+# before is in the journal once "journalctl --sync" returns).
+reloads() {
+        in_ns journalctl --sync
+        in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 'configuration reloaded' || true
+}
+
+# reload_once: "systemctl reload gpumemd" reloads gpumemd@0 exactly once. It
+# returns once every job it caused is done (each SIGHUP sent); the daemon logs
+# each reload before it answers the client that follows, and the count is
+# taken again after that client.
+reload_once() {
+        before=$(reloads)
+        out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
+        wait_for 30 "the reload in the journal" sh -c "[ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w \
+                journalctl -u gpumemd@0.service --no-pager | grep -c 'configuration reloaded')\" -gt $before ]"
+}
+
+# reloaded_once: no more than the one reload of reload_once.
+reloaded_once() {
+        after=$(reloads)
+        [ "$after" -eq $((before + 1)) ] ||
+                fail "one systemctl reload gpumemd reloaded gpumemd@0 $((after - before)) times"
+}
+
+# A GPU added since the start: gpumemd-instances counts the entries of
+# GPUMEM_GPU_DIR (a runtime drop-in) instead of /proc/driver/nvidia/gpus,
+# here GPU 0's and a second one's.
+in_ns mkdir -p /run/gm-gpus/0000:01:00.0 /run/gm-gpus/0000:02:00.0 /run/systemd/system/gpumemd.service.d
+in_ns sh -c 'printf "[Service]\nEnvironment=GPUMEM_GPU_DIR=/run/gm-gpus\n" \
+        >/run/systemd/system/gpumemd.service.d/gpus.conf'
+in_ns systemctl daemon-reload
+
+step "systemctl reload applies a changed configuration, once, and starts a GPU added since"
 in_ns cp /etc/gpumem/gpumemd.conf /var/tmp/gm-system/gpumemd.conf.orig
 in_ns sh -c 'printf "\n[tenant capped]\nuser = alice\nquota = 4M\n" >>/etc/gpumem/gpumemd.conf'
-out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
-wait_for 30 "the reload in the journal" sh -c "timeout 10 nsenter -t $init -m -p -n -r -w journalctl -u gpumemd@0.service --no-pager |
-        grep -q 'configuration reloaded'"
+reload_once
 out=$(as_user alice python3 "$client" once 2>&1) && fail "alice allocated 8 MiB past a 4 MiB quota: $out"
 echo "$out" | grep -qi 'quota' || fail "the refusal does not name the quota: $out"
+reloaded_once
+for unit in gpumemd@1.socket gpumemd@1.service; do
+        [ "$(in_ns systemctl is-active "$unit")" = active ] || fail "the reload did not start $unit"
+done
+in_ns test -S /run/gpumem/gpu1.sock || fail "no /run/gpumem/gpu1.sock after the reload"
+status=$(in_ns systemctl status --no-pager -n 20 gpumemd 2>&1)
+echo "$status" | grep -q 'gpumemd@1.service: active' || fail "systemctl status gpumemd does not show gpumemd@1: $status"
 in_ns cp /var/tmp/gm-system/gpumemd.conf.orig /etc/gpumem/gpumemd.conf
-out=$(in_ns systemctl reload gpumemd 2>&1) || fail "systemctl reload gpumemd: $out"
+reload_once
+out=$(as_user alice python3 "$client" once 2>&1) || fail "alice's client after the second reload: $out"
+reloaded_once
+# Back to one GPU; the next step's "systemctl stop gpumemd" stops gpumemd@1.
+in_ns rm -rf /run/systemd/system/gpumemd.service.d /run/gm-gpus
+in_ns systemctl daemon-reload
 
 step "socket activation: the first connect starts the service"
 out=$(T=90 in_ns systemctl stop gpumemd 2>&1) || fail "systemctl stop gpumemd: $out"
@@ -371,6 +415,7 @@ out=$(T=120 in_ns dpkg --purge python3-gpumem libgpumem-torch0 libgpumem0 gpumem
 left=$(in_ns sh -c 'ls -d /etc/gpumem /var/lib/gpumem /run/gpumem /usr/libexec/gpumemd \
         /usr/lib/systemd/system/gpumemd* /etc/systemd/system/*/gpumemd* 2>/dev/null')
 [ -z "$left" ] || fail "purge left: $left"
+in_ns id gpumem >/dev/null || fail "the purge removed the gpumem user (Debian keeps system users)"
 units=$(in_ns systemctl list-units --all --plain --no-legend 'gpumemd*')
 [ -z "$units" ] || fail "systemd still knows: $units"
 echo "PASS"

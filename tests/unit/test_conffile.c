@@ -201,7 +201,8 @@ START_TEST(test_example_file) {
                   c->has_max_fds && c->has_release_timeout_ms && c->has_park_timeout_ms &&
                   c->has_unresponsive_timeout_ms && c->unresponsive_timeout_ms == 10000 &&
                   c->has_max_parked_per_session && c->has_max_sessions_per_uid && c->has_hello_timeout_ms &&
-                  c->has_metrics_tenants && c->has_release_check && c->has_audit_interval_ms);
+                  c->has_metrics_tenants && c->has_release_check && c->has_audit_interval_ms &&
+                  c->has_max_audited_processes && c->max_audited_processes == 1024);
         ck_assert(c->metrics_tenants);
         ck_assert_int_eq(c->release_check, GM_RELEASE_CHECK_VERIFY);
         ck_assert_uint_eq(c->audit_interval_ms, 2000);
