@@ -30,16 +30,21 @@ static size_t wire_frames_of(const gpumem_frame *frames, size_t n_frames, Gpumem
 
 /* ---- carried frees ---- */
 
-/* A free is carried only while the service thread wakes within the
- * connection's caller grace (conn.h) and sends what is carried then: a
- * call is in flight or ended less than this long ago (the coarse clock may
- * lag the service thread's wake by up to a tick, 4 ms). Otherwise it is
+/* A free is carried only while the service thread is sure to wake within
+ * the connection's caller grace (conn.h) and send what is carried then: no
+ * call is in flight (one parked in the daemon could leave the thread asleep
+ * on the socket) and the last ended less than this long ago (the coarse
+ * clock may lag the thread's wake by up to a tick, 4 ms). Otherwise it is
  * sent at once, so no free waits longer than one grace period. */
 #define CARRY_WINDOW_MS (GM_CONN_CALLER_GRACE_MS / 2)
 
-/* Sends the carried frees as one Free (block_id and more_block_ids), ahead
- * of whatever the caller sends next. Caller holds lock. */
-static void send_carried_locked(gpumem_client *c) {
+static bool carry_window_open(const gpumem_client *c) {
+        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
+                return false;
+        return gm_conn_idle_ms(c) < CARRY_WINDOW_MS;
+}
+
+void gm_central_send_carried(gpumem_client *c) {
         if (!c->n_carried_frees)
                 return;
         Gpumem__Free f = GPUMEM__FREE__INIT;
@@ -57,11 +62,7 @@ static void send_carried_locked(gpumem_client *c) {
 
 void gm_central_before_send(gpumem_client *c, const Gpumem__Envelope *env) {
         if (env->body_case != GPUMEM__ENVELOPE__BODY_ALLOC)
-                send_carried_locked(c);
-}
-
-void gm_central_send_carried(gpumem_client *c) {
-        send_carried_locked(c);
+                gm_central_send_carried(c);
 }
 
 /* Moves the carried frees into the Alloc being sent (ids: room for
@@ -74,10 +75,11 @@ static void carry_into(gpumem_client *c, Gpumem__Alloc *alloc, uint64_t *ids) {
         atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
 }
 
-/* Sends an Alloc with the fences complete since the last report (a central
- * session on a device backend) and the frees carried since the last message. Reports are built and sent under lock, so
- * the daemon gets each stream's numbers in rising order; a resent Alloc
- * (after a re-attach) reports what is complete for the new daemon. After
+/* Sends an Alloc with the frees carried since the last message and the
+ * fences complete since the last report (a central session on a device
+ * backend). Reports are built and sent under lock, so the daemon gets
+ * each stream's numbers in rising order; a resent Alloc (after a
+ * re-attach) reports what is complete for the new daemon. After
  * frees (client_fences), an event recorded under lock on each stream freed
  * on follows every free sent before the Alloc (they are sent under lock
  * too): those complete at once are named (frees_fenced for the Alloc's own
@@ -243,12 +245,12 @@ int gm_central_free(gpumem_client *c, block_t *b, pending_free_t *p) {
         env.free = &f;
         if (!p) {
                 pthread_mutex_lock(&c->lock);
-                if (c->carries_frees && !c->dead && gm_conn_idle_ms(c) < CARRY_WINDOW_MS) {
+                if (c->carries_frees && !c->dead && carry_window_open(c)) {
                         /* The next Alloc carries it (or the next message, or the service thread). */
                         c->carried_frees[c->n_carried_frees++] = f.block_id;
                         atomic_store_explicit(&c->frees_carried, true, memory_order_relaxed);
                         if (c->n_carried_frees == GM_CARRIED_FREES_MAX)
-                                send_carried_locked(c);
+                                gm_central_send_carried(c);
                         r = 0;
                 } else {
                         r = gm_conn_post_locked(c, &env);
@@ -329,7 +331,7 @@ void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr) {
 void gm_central_forget(gpumem_client *c, bool owner) {
         pthread_mutex_lock(&c->lock);
         if (owner) /* the daemon's figures count them before the session ends */
-                send_carried_locked(c);
+                gm_central_send_carried(c);
         c->n_carried_frees = 0;
         atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
         pthread_mutex_unlock(&c->lock);

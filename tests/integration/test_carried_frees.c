@@ -3,10 +3,13 @@
  * by the service thread within one caller grace; the daemon applies carried
  * frees before the allocation that carries them. Real gpumemd. */
 #include <check.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "gpumem/gpumem.h"
+#include "ipc.h"
+#include "msg.h"
 #include "testutil.h"
 
 static gm_test_daemon_t daemon_;
@@ -97,6 +100,56 @@ START_TEST(test_disconnect_sends_carried_frees) {
 }
 END_TEST
 
+static Gpumem__Envelope *raw_alloc(int fd, uint64_t request_id, uint64_t *freed, size_t n_freed) {
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        alloc.size = 4096;
+        alloc.freed_block_ids = freed;
+        alloc.n_freed_block_ids = n_freed;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        return gm_test_raw_call(fd, &env);
+}
+
+/* Over the wire: a carried free is checked as a Free is (a block that is
+ * not live refuses the Alloc, the session stays), its block serves the
+ * Alloc that carries it, and a list longer than GM_CARRIED_FREES_MAX ends
+ * the session. */
+START_TEST(test_carried_frees_are_checked) {
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Envelope *reply = raw_alloc(fd, 2, NULL, 0);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        uint64_t block = reply->alloc_reply->block_id, offset = reply->alloc_reply->offset;
+        gm_msg_free(reply);
+        uint64_t unknown = 424242;
+        reply = raw_alloc(fd, 3, &unknown, 1);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EINVAL);
+        gm_msg_free(reply);
+        reply = raw_alloc(fd, 4, &block, 1);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        ck_assert_uint_eq(reply->alloc_reply->offset, offset); /* the freed block, reused at once */
+        block = reply->alloc_reply->block_id;
+        gm_msg_free(reply);
+        reply = raw_alloc(fd, 5, &block, 1);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+        gm_msg_free(reply);
+        reply = raw_alloc(fd, 6, &block, 1); /* a double free, carried */
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EINVAL);
+        gm_msg_free(reply);
+        uint64_t many[GM_CARRIED_FREES_MAX + 1] = {0};
+        reply = raw_alloc(fd, 7, many, GM_CARRIED_FREES_MAX + 1);
+        ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(reply->error->code, EPROTO);
+        gm_msg_free(reply);
+        ck_assert_ptr_null(gm_test_raw_recv(fd)); /* the daemon closed the connection */
+        close(fd);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("carried_frees");
         TCase *tc = tcase_create("core");
@@ -106,6 +159,7 @@ int main(void) {
         tcase_add_test(tc, test_many_frees_in_a_row);
         tcase_add_test(tc, test_carried_free_reaches_the_daemon_without_a_call);
         tcase_add_test(tc, test_disconnect_sends_carried_frees);
+        tcase_add_test(tc, test_carried_frees_are_checked);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }
