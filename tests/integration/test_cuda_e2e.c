@@ -955,6 +955,23 @@ START_TEST(test_default_stream_event_on_daemon_device) {
 }
 END_TEST
 
+/* The emulator's stream capture entry points (not in gm_cuda_t). */
+typedef struct capture_api {
+        CUresult (*begin)(CUstream, CUstreamCaptureMode);
+        CUresult (*end)(CUstream, CUgraph *);
+        CUresult (*destroy)(CUgraph);
+} capture_api_t;
+
+static capture_api_t capture_api(void) {
+        capture_api_t cap;
+        void *a = gm_fake_symbol("cuStreamBeginCapture_v2"), *b = gm_fake_symbol("cuStreamEndCapture"),
+             *d = gm_fake_symbol("cuGraphDestroy");
+        memcpy(&cap.begin, &a, sizeof(a));
+        memcpy(&cap.end, &b, sizeof(b));
+        memcpy(&cap.destroy, &d, sizeof(d));
+        return cap;
+}
+
 /* While the application captures a CUDA graph in global mode, the library's
  * own driver calls (the service thread polling a pending free's event) do
  * not invalidate the capture. */
@@ -969,31 +986,71 @@ START_TEST(test_capture_survives_library_calls) {
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
         ck_assert_int_eq(gpumem_free_async(c, p, side), 0); /* an event the service thread polls */
-        typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-        typedef CUresult (*end_fn)(CUstream, CUgraph *);
-        typedef CUresult (*destroy_fn)(CUgraph);
-        begin_fn begin;
-        end_fn end;
-        destroy_fn destroy;
-        void *a = gm_fake_symbol("cuStreamBeginCapture_v2"), *b = gm_fake_symbol("cuStreamEndCapture"),
-             *d = gm_fake_symbol("cuGraphDestroy");
-        memcpy(&begin, &a, sizeof(a));
-        memcpy(&end, &b, sizeof(b));
-        memcpy(&destroy, &d, sizeof(d));
+        capture_api_t cap = capture_api();
         long polls = usage().event_queries;
-        ck_assert_int_eq(begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
         for (int i = 0; i < 300 && usage().event_queries == polls; i++)
                 usleep(10000);
         ck_assert_int_gt(usage().event_queries, polls); /* the service thread queried during the capture */
         CUgraph g = NULL;
-        ck_assert_int_eq(end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
-        ck_assert_int_eq(destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
         ck_assert_int_eq(usage().capture_refusals, 0);
         unlink(hold);
         unsetenv("FAKECUDA_HOLD_EVENTS");
         wait_no_active_bytes(c);
         destroy_stream(cu, side);
         destroy_stream(cu, graph);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
+/* During a global-mode capture of a local heap's stream, allocations that
+ * hit the cache or miss with room (a grant: import, map, set-access in
+ * relaxed mode) succeed; one only the retry ladder could serve (its
+ * synchronize and unmap would invalidate the capture) is refused with
+ * -ENOMEM and says why; the capture stays valid, and after it the same
+ * allocation succeeds through the ladder. */
+START_TEST(test_capture_miss_skips_the_ladder) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *cached, *live, *hit, *room, *big = NULL;
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &cached), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 60 * MiB, other, &live), 0);
+        late_write(other, live, 60 * MiB, 0, 0x55);
+        ck_assert_int_eq(gpumem_free(c, cached), 0); /* 100 MiB cached on the captured stream */
+        int64_t retries = -1, after = -1;
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &retries), 0);
+
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &hit), 0); /* a hit */
+        ck_assert_ptr_eq(hit, cached);
+        ck_assert_int_eq(gpumem_alloc(c, 40 * MiB, graph, &room), 0); /* a miss with room: granted */
+        ck_assert_int_eq(gpumem_free(c, hit), 0);                     /* cached again */
+        /* 56 MiB free on the device: only releasing the cached 100 MiB fits 120. */
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), -ENOMEM);
+        ck_assert_msg(strstr(gpumem_last_error(c), "refused during a capture") != NULL, "%s", gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+        ck_assert_int_eq(after, retries); /* the ladder did not run */
+        CUgraph g = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0); /* now through the ladder */
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+        ck_assert_int_eq(after, retries + 1);
+        assert_no_fault(cu);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, room), 0);
+        ck_assert_int_eq(gpumem_free(c, live), 0);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
         pop_device(cu, 0);
         finish(c);
 }
@@ -1034,6 +1091,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_record_stream_no_early_reuse);
         tcase_add_test(tc, test_default_stream_event_on_daemon_device);
         tcase_add_test(tc, test_capture_survives_library_calls);
+        tcase_add_test(tc, test_capture_miss_skips_the_ladder);
         suite_add_tcase(s, tc);
         return s;
 }
