@@ -1056,6 +1056,40 @@ START_TEST(test_capture_miss_skips_the_ladder) {
 }
 END_TEST
 
+/* A block record_stream'd to a stream being captured and freed during the
+ * capture: its event on that stream is recorded only once the capture ends
+ * (one recorded inside would be part of the graph, and the service thread's
+ * query of it would invalidate the capture); the free completes after. */
+START_TEST(test_capture_free_waits_for_its_end) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, other, &p), 0);
+        ck_assert_int_eq(gpumem_record_stream(c, p, graph), 0);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        long polls = usage().event_queries;
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        usleep(300000); /* the service thread polls meanwhile */
+        int64_t active = -1;
+        ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &active), 0);
+        ck_assert_int_eq(active, 4 * MiB); /* pending until the capture ends */
+        CUgraph g = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        wait_no_active_bytes(c);
+        ck_assert_int_gt(usage().event_queries, polls);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -1092,6 +1126,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_default_stream_event_on_daemon_device);
         tcase_add_test(tc, test_capture_survives_library_calls);
         tcase_add_test(tc, test_capture_miss_skips_the_ladder);
+        tcase_add_test(tc, test_capture_free_waits_for_its_end);
         suite_add_tcase(s, tc);
         return s;
 }
