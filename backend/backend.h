@@ -41,6 +41,11 @@ typedef struct gm_backend_ops {
          * then on for every holder of the fd (host: punched out of the
          * memfd, then sealed against writes), even when it answers 1. */
         int (*mapped)(gm_backend_t *b, const gm_phys_t *phys);
+        /* Makes the memory immutable for every holder of its fd (a published
+         * shared object): no write, no resize, ever. -EBUSY while a writable
+         * mapping of it remains anywhere (nothing changed). NULL where the
+         * kind protects only per mapping (cuda: read-only access). */
+        int (*freeze)(gm_backend_t *b, const gm_phys_t *phys);
         /* The driver's figure of the device memory process `pid` holds (its
          * allocations, its context and what it maps, as nvidia-smi lists
          * it); 0 when the driver does not list it. -ENOSYS (or NULL) when the

@@ -20,6 +20,10 @@ typedef struct gm_mapper_ops {
         /* Maps `length` bytes of the physical memory behind `fd` at base+offset,
          * read-write. The fd is consumed (closed) whether or not this succeeds. */
         int (*map)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd);
+        /* As map(), read-only (a published shared object): host PROT_READ
+         * (the kernel refuses a writable mapping of its sealed memfd), cuda
+         * read-only access; a write through it faults. */
+        int (*map_read)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd);
         /* Unmaps [base+offset, +length), exactly one map()'s range, keeping the
          * reservation. The work using it must be done (see sync). */
         int (*unmap)(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length);

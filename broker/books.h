@@ -8,6 +8,14 @@
 /* host.c: one log line through ops->log. */
 void gm_host_log(const gm_broker_t *b, int priority, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* checker.c: gm_broker_check()'s violations; the first is described in why. */
+typedef struct gm_checker {
+        int violations;
+        char *why;
+        size_t why_len;
+} gm_checker_t;
+void gm_check_violation(gm_checker_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* outcome.c: fills a REFUSE with `err` and the client's message; returns 0
  * (the outcome is decided), for the callers that return it. */
 int gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -33,6 +41,21 @@ void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p);
  * broker is stopping: then its client may claim it from the next daemon). */
 void gm_ledger_session_started(gm_broker_t *b, const gm_session_t *s);
 void gm_ledger_session_ended(gm_broker_t *b, const gm_session_t *s);
+/* Shared objects (shared.c's registry) in the journal: an "o" line per
+ * published object (store id, version, size, retention, publication time,
+ * tenant, name) and a side file <journal>.o<store id> with its readers and
+ * meta; its fd in the store as GM_STORE_PREFIX<store id>. store: journals
+ * and stores o (nothing without a store or journal: it then lives until this
+ * daemon ends); unstore: forgets it (no-op when not stored). */
+void gm_ledger_shared_store(gm_broker_t *b, gm_shared_t *o);
+void gm_ledger_shared_unstore(gm_broker_t *b, gm_shared_t *o);
+/* An "o" entry whose fd did not come back: journalled gone, side file removed. */
+void gm_ledger_shared_forget(gm_broker_t *b, uint64_t store_id);
+/* The "o" entry of a stored fd's name, read at open; NULL when none. */
+const gm_ledger_shared_t *gm_ledger_shared_find(const gm_broker_t *b, const char *name);
+/* Reads the side file of object store_id (malloc'd readers and meta). */
+int gm_ledger_shared_load(gm_broker_t *b, uint64_t store_id, char ***ret_readers, size_t *ret_n_readers,
+                          void **ret_meta, size_t *ret_meta_len);
 /* Whether t is a session token (GM_TOKEN_LEN lowercase hex digits). */
 bool gm_ledger_token_valid(const char *t);
 /* A stored piece (or a record) is gone: journalled, compacting when due. */

@@ -10,8 +10,9 @@
  *   4  reclaim.c (reclaim across sessions, parking, refusals)
  *   3  session_central.c, session_local.c (the two kinds of holders) over
  *      session.c
- *   2  piece.c, orphan.c, process_check.c
- *   1  ledger.c, tenant.c, claim.c, outcome.c, host.c
+ *   2  piece.c, orphan.c (adopts shared objects too), shared.c (the shared
+ *      registry), process_check.c
+ *   1  ledger.c, tenant.c, claim.c, outcome.c, host.c, checker.c
  * Upward only through the host's gm_broker_ops_t. */
 #pragma once
 
@@ -72,6 +73,8 @@ struct gm_session {
         bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
         uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
         gm_session_grants_t grants;   /* local */
+        gm_session_tags_t tags;       /* its tagged pools' names and charged bytes (piece.c books them) */
+        uint8_t cur_tag;              /* central: the tag of the allocation being served (its new pieces') */
         gm_session_reclaim_t reclaim; /* local */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */
@@ -114,6 +117,7 @@ struct gm_session {
         int64_t audit_base;
         uint64_t audited_bytes;
         uint64_t audited_ms;
+        uint32_t shared_opens; /* its opens and staging objects in the shared registry (shared.c) */
         struct gm_session *prev, *next;
 };
 
@@ -137,6 +141,7 @@ typedef struct gm_release {
 typedef struct gm_request {
         bool is_grant;
         uint64_t size, stream; /* an allocation */
+        uint8_t tag;           /* its tagged pool (an id of the session's tags) */
         gm_grant_t grant;      /* a grant */
 } gm_request_t;
 
@@ -199,3 +204,42 @@ typedef struct gm_ledger_entry {
         uint64_t segment_id, offset, size, va_size;
         gm_piece_pool_t pool;
 } gm_ledger_entry_t;
+
+/* A session's opens of one shared object. */
+typedef struct gm_shared_open {
+        gm_session_t *session;
+        uint32_t count;
+        uint64_t handed_ms; /* its last open's fd was sent (gm_now_ms): maybe not mapped yet */
+        struct gm_shared_open *next;
+} gm_shared_open_t;
+
+/* A shared object (shared.c). Charged to `tenant` while it exists; its phys
+ * counts in the backend's in_use. */
+struct gm_shared {
+        uint64_t id;
+        char name[GM_SHARED_NAME_MAX + 1];
+        uint64_t version;
+        gm_tenant_t *tenant;
+        gm_phys_t phys;
+        gm_shared_state_t state;
+        gm_session_t *stager; /* STAGING: the session filling it */
+        uint64_t handed_ms;   /* STAGING: when its fd went to the stager (gm_now_ms) */
+        gm_shared_open_t *opens;
+        uint32_t mappers; /* = the opens' counts */
+        uint64_t created_unix_ms;
+        uint32_t retention_s;
+        char **readers;
+        size_t n_readers;
+        void *meta;
+        size_t meta_len;
+        uint64_t store_id; /* kept in the fd store and journalled (0: not) */
+        struct gm_shared *next;
+};
+
+/* A shared object as the journal recorded it ("o" line and its side file). */
+typedef struct gm_ledger_shared {
+        uint64_t store_id, version, size, created_unix_ms;
+        uint32_t retention_s;
+        char name[GM_SHARED_NAME_MAX + 1];
+        char tenant[64];
+} gm_ledger_shared_t;

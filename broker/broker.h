@@ -55,12 +55,20 @@ typedef enum gm_release_check {
         _GM_RELEASE_CHECK_MAX,
 } gm_release_check_t;
 
+/* A tenant's limit on the bytes its sessions' pieces of one tagged pool may
+ * hold together (the config's tag_quota = kv_cache:40G,weights:20G). */
+#define GM_TENANT_MAX_TAG_QUOTAS 16
+typedef struct gm_tag_quota {
+        char tag[32]; /* a tag name (never the default pool) */
+        uint64_t bytes;
+} gm_tag_quota_t;
+
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
         gm_stats_t stats;       /* allocator statistics of all its sessions; accumulated ones never reset */
         gm_stats_t shown_base;  /* stats at the last reset_accumulated: what replies subtract (a view offset) */
-        uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces */
+        uint64_t charged_bytes; /* = the sizes of its sessions' charged pieces and of its shared objects */
         uint64_t quota;         /* effective limit on charged_bytes; 0 = unlimited */
         bool quota_set[_GM_QUOTA_SOURCE_MAX];
         uint64_t quota_by_source[_GM_QUOTA_SOURCE_MAX]; /* 0 = explicitly unlimited */
@@ -74,6 +82,8 @@ struct gm_tenant {
         uint64_t audit_catches; /* audits that found such memory (a counter) */
         uint64_t claimed_bytes; /* = its sessions' unconsumed claims (gm_broker_claim()): beyond charged_bytes,
                                    counted against its quota and the device for every other session */
+        gm_tag_quota_t tag_quotas[GM_TENANT_MAX_TAG_QUOTAS]; /* checked at each piece of a pool it names */
+        size_t n_tag_quotas;
         struct gm_tenant *next;
 };
 
@@ -114,6 +124,7 @@ struct gm_piece {
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
+        uint8_t tag;           /* its tagged pool: an id of its session's gm_session_tags_t (0: default) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -125,6 +136,7 @@ typedef struct gm_piece_spec {
         uint64_t segment_va_size;
         uint64_t offset;
         uint64_t size;
+        uint8_t tag; /* the tagged pool it is booked under (gm_session_tags_t id; 0: default) */
 } gm_piece_spec_t;
 
 /* Creates `spec->size` bytes of fresh memory for session `s` (no heap
@@ -173,6 +185,7 @@ typedef struct gm_broker_limits {
          * dropped past it, logged; 0: none followed; process_check.c). */
         uint32_t max_audited_processes;
         gm_release_check_t release_check; /* of tenants that set none */
+        uint32_t max_shared_objects;      /* shared objects at once, staging ones included (0: the default) */
 } gm_broker_limits_t;
 
 /* Processes the tick audits at most (one driver call each, for all its sessions, live and ended), oldest audit first. */
@@ -346,7 +359,12 @@ struct gm_broker {
         struct gm_ledger_entry *records; /* the previous daemon's pieces with no stored handle: each claimable once,
                                             by its session, until the re-attach grace ends */
         size_t n_records;
-        uint32_t n_recorded; /* sessions' pieces with a record_id */
+        uint32_t n_recorded;      /* sessions' pieces with a record_id */
+        struct gm_shared *shared; /* the shared registry (shared.c), newest first */
+        uint32_t n_shared;
+        uint64_t next_shared_id;
+        struct gm_ledger_shared *ledger_shared; /* the previous daemon's shared objects, until adoption is done */
+        size_t n_ledger_shared;
 };
 
 int gm_broker_new(const gm_broker_params_t *params, gm_broker_t **ret_broker);
@@ -372,10 +390,11 @@ int gm_broker_history(gm_broker_t *b, bool enabled, size_t max_entries);
  * pieces, a local session's granted bytes, pieces and segments = its granted
  * pieces, its parked requests (allocations only in central sessions, grants
  * only in local ones) and Reclaim; per tenant charged bytes = its sessions'
- * charged pieces and session count, its audited bytes = its sessions' (each
+ * charged pieces plus its shared objects, and session count; the shared
+ * registry's mapper counts = its sessions' opens (shared.c); its audited bytes = its sessions' (each
  * at most what that session gave back, none once ended) and the broker's =
  * its tenants'; the backend's in-use = every piece with a
- * handle, unbacked bytes = those without, the store count, the broker's
+ * handle and every shared object, unbacked bytes = those without, the store count, the broker's
  * releasing bytes, parked counts. Returns the number of violations (0 =
  * consistent); never modifies anything. With `why`, the first violation is
  * described there. */
@@ -386,6 +405,13 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len);
 gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name);
 /* Finds or creates; NULL on -ENOMEM. */
 gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
+/* Replaces a tenant's tag quotas (n 0: none; at most GM_TENANT_MAX_TAG_QUOTAS). */
+void gm_tenant_set_tag_quotas(gm_tenant_t *t, const gm_tag_quota_t *quotas, size_t n);
+/* Parses "TAG:SIZE[,TAG:SIZE...]" (sizes as 40G, each positive, tags
+ * distinct and well formed): -EINVAL, or -E2BIG past GM_TENANT_MAX_TAG_QUOTAS. */
+int gm_tag_quotas_parse(const char *text, gm_tag_quota_t *ret_quotas, size_t *ret_n);
+/* The bytes the pieces of tenant t's sessions charge to pool `tag`. */
+uint64_t gm_tenant_tag_charged(const gm_broker_t *b, const gm_tenant_t *t, const char *tag);
 /* Sets (has = true) or clears one source of a tenant's quota. */
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
@@ -443,6 +469,27 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
+/* Tagged pools (docs/tags.md): a session's pool names and their charged
+ * bytes. Id 0 is the default pool ""; ids 1 .. GM_SESSION_MAX_TAGS are
+ * named on first use and keep their name while the session lives (a local
+ * session's ids are its client's, a central one's the broker's). bytes[id]
+ * is the charge of its pieces booked under id; over all ids it is the
+ * session's charge (gm_broker_check()). */
+#define GM_SESSION_MAX_TAGS 16
+typedef struct gm_session_tags {
+        char names[GM_SESSION_MAX_TAGS + 1][32];
+        uint64_t bytes[GM_SESSION_MAX_TAGS + 1];
+        unsigned n; /* ids 1 .. n may be named (the highest named) */
+} gm_session_tags_t;
+
+/* Names id `id` `name` (a client's numbering): -EINVAL for a malformed name
+ * or one other than the id already has, -E2BIG for an id past
+ * GM_SESSION_MAX_TAGS; id 0 takes only "". */
+int gm_session_tags_name(gm_session_tags_t *t, unsigned id, const char *name);
+/* The id of `name`, named with the next free id if new: -EINVAL, -E2BIG
+ * past GM_SESSION_MAX_TAGS names. */
+int gm_session_tags_intern(gm_session_tags_t *t, const char *name, unsigned *ret_id);
+
 /* What the daemon reads of a session (gm_session_t is opaque outside the
  * broker): plain fields, copied at the call; the pointers are the broker's
  * and stay valid while the session does. */
@@ -473,6 +520,7 @@ typedef struct gm_session_view {
         void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
         const gm_history_t *history;       /* its own history (gm_session_history()); NULL while off */
         size_t history_max_entries;        /* its bound, while on */
+        const gm_session_tags_t *tags;     /* its tagged pools and their charged bytes */
 } gm_session_view_t;
 
 void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
@@ -514,6 +562,10 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret);
+/* gm_broker_alloc() from tagged pool `tag` (NULL or "": the default),
+ * refused -EINVAL for a malformed name, -E2BIG past GM_SESSION_MAX_TAGS. */
+void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
+                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
 /* The reply built from allocation outcome `out` was sent: its pieces are
  * the client's (their releases need acks from now on), its moves and fence
  * marks are done. */
@@ -582,6 +634,8 @@ typedef struct gm_grant {
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
+        const char *tag;       /* the tagged pool it is for (NULL or "": default), the client's id ... */
+        unsigned tag_id;       /* ... of it (0 with the default) */
 } gm_grant_t;
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a
@@ -671,3 +725,79 @@ typedef struct gm_tenant_view {
 
 /* One row per tenant, sorted by name (malloc'd). -ENOMEM. */
 int gm_broker_tenant_views(const gm_broker_t *b, gm_tenant_view_t **ret_views, size_t *ret_n);
+
+/* ---- shared objects ---- */
+
+/* A shared object: named, versioned, read-only memory one session filled and
+ * published for the sessions of the tenants its readers admit. The broker's
+ * shared registry (shared.c) owns it, not a session: it is charged once, to
+ * the publishing tenant, from its creation until it is withdrawn (unpublished
+ * or its retention ended) and its last mapper closed it. Opaque outside the
+ * broker (gm_shared_view()). */
+typedef struct gm_shared gm_shared_t;
+
+#define GM_SHARED_NAME_MAX 127           /* [A-Za-z0-9_.:/-]{1,127} */
+#define GM_SHARED_META_MAX (1u << 20)    /* bytes of the opaque blob kept with it */
+#define GM_SHARED_MAX_READERS 64         /* tenant names one publish may admit */
+#define GM_SHARED_OPENS_PER_SESSION 1024 /* opens (and stagings) one session may hold */
+#define GM_SHARED_DEFAULT_MAX_OBJECTS 256
+
+typedef enum gm_shared_state {
+        GM_SHARED_STAGING,   /* created, writable by its session only, not openable */
+        GM_SHARED_PUBLISHED, /* immutable, openable by admitted tenants */
+        GM_SHARED_WITHDRAWN, /* unpublished or retention over: released when its last mapper closes it */
+} gm_shared_state_t;
+
+/* What the daemon (and listings, metrics, snapshots) read of one object;
+ * the pointers are the broker's, valid while the object is. */
+typedef struct gm_shared_view {
+        uint64_t id; /* the registry's handle of it (the wire's object_id) */
+        const char *name;
+        uint64_t version; /* 0 while staging */
+        const char *tenant;
+        uint64_t size;
+        gm_shared_state_t state;
+        uint32_t mappers;           /* opens by live sessions */
+        uint64_t created_unix_ms;   /* when it was created (published: when published) */
+        uint32_t retention_s;       /* 0: until unpublished */
+        const char *const *readers; /* admitted tenants ("*": all); none: the publisher's only */
+        size_t n_readers;
+        const void *meta;
+        size_t meta_len;
+        int fd; /* its memory's exportable fd (the daemon's; send a copy) */
+} gm_shared_view_t;
+
+/* "staging", "published" or "withdrawn". */
+const char *gm_shared_state_name(gm_shared_state_t state);
+/* Whether `name` is a valid object name. */
+bool gm_shared_name_valid(const char *name);
+/* A staging object of `size` bytes (rounded up to the backend's granularity)
+ * for session s to fill, charged to its tenant at once: -EINVAL (name,
+ * size 0), -EEXIST (s stages that name already), -EDQUOT, -ENOMEM (device),
+ * -ENOSPC (limits.max_shared_objects or the session's opens),
+ * -EFBIG (larger than its tenant's quota or the device). */
+int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared_view_t *ret_view);
+/* Commits s's staging object `id` (its client unmapped its writable
+ * mapping): sealed read-only where the backend can (-EBUSY while a writable
+ * mapping remains: it stays staging), versioned (the name's highest + 1),
+ * stored for restarts, and opened for s. readers: tenant names ("*": all;
+ * none: the publisher's tenant only). -ENOENT (not s's staging object),
+ * -EINVAL (a reader's name, too many), -EMSGSIZE (meta). */
+int gm_shared_publish(gm_session_t *s, uint64_t id, const char *const *readers, size_t n_readers, const void *meta,
+                      size_t meta_len, uint32_t retention_s, gm_shared_view_t *ret_view);
+/* Opens published `name` at `version` (0: the newest) for s: its mappers
+ * grow by one. -ENOENT, -EACCES (s's tenant not admitted), -ENOSPC (s's
+ * opens). */
+int gm_shared_open(gm_session_t *s, const char *name, uint64_t version, gm_shared_view_t *ret_view);
+/* s's mapping of object `id` is gone (an open, or its own staging object
+ * abandoned). -ENOENT when s holds none. */
+int gm_shared_close(gm_session_t *s, uint64_t id);
+/* Withdraws name@version (0: every version): nobody opens it any more; its
+ * memory goes back once its last mapper closes it. The publisher's tenant or
+ * an admin (-EPERM); -ENOENT. */
+int gm_shared_unpublish(gm_session_t *s, const char *name, uint64_t version);
+/* Iterates the registry (NULL: the first), newest first; NULL at the end. */
+const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev);
+void gm_shared_view(const gm_shared_t *o, gm_shared_view_t *ret);
+/* Shared objects' bytes and count (for the device's figures). */
+uint64_t gm_shared_bytes(const gm_broker_t *b);

@@ -63,6 +63,14 @@ static bool entry_valid(const gm_ledger_entry_t *e) {
                e->offset + e->size <= e->va_size;
 }
 
+/* The store id in a stored fd's name (GM_STORE_PREFIX + hex digits). */
+static bool store_id_of(const char *name, uint64_t *ret_id) {
+        int end = 0;
+        size_t prefix = strlen(GM_STORE_PREFIX);
+        return strncmp(name, GM_STORE_PREFIX, prefix) == 0 &&
+               sscanf(name + prefix, "%" SCNx64 "%n", ret_id, &end) == 1 && name[prefix + (size_t) end] == '\0';
+}
+
 static void store_name(uint64_t store_id, char *buf, size_t len) {
         snprintf(buf, len, "%s%010" PRIx64, GM_STORE_PREFIX, store_id);
 }
@@ -151,6 +159,24 @@ void gm_ledger_runtime_quota(gm_broker_t *b, const char *tenant, uint64_t bytes)
 
 #define LEDGER_SLACK_LINES 256
 
+static void append_shared(gm_broker_t *b, const gm_ledger_shared_t *e) {
+        ledger_append(b, "o %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %" PRIu64 " %s %s\n", e->store_id, e->version,
+                      e->size, e->retention_s, e->created_unix_ms, e->tenant, e->name);
+}
+
+static gm_ledger_shared_t shared_entry(const gm_shared_t *o) {
+        gm_ledger_shared_t e = {
+                .store_id = o->store_id,
+                .version = o->version,
+                .size = o->phys.size,
+                .created_unix_ms = o->created_unix_ms,
+                .retention_s = o->retention_s,
+        };
+        snprintf(e.name, sizeof(e.name), "%s", o->name);
+        snprintf(e.tenant, sizeof(e.tenant), "%s", o->tenant->name);
+        return e;
+}
+
 /* Journals every live piece of `pieces` (linked by ->next) with its owner's
  * token and uid. */
 static void append_live(gm_broker_t *b, const gm_piece_t *pieces, const char *token, uid_t uid) {
@@ -190,6 +216,13 @@ static int ledger_rewrite(gm_broker_t *b) {
         }
         for (const gm_orphan_t *o = b->orphans; o; o = o->next)
                 append_live(b, o->pieces, o->token, o->uid);
+        for (size_t i = 0; i < b->n_ledger_shared; i++)
+                append_shared(b, &b->ledger_shared[i]);
+        for (const gm_shared_t *o = b->shared; o; o = o->next)
+                if (o->store_id) {
+                        gm_ledger_shared_t e = shared_entry(o);
+                        append_shared(b, &e);
+                }
         int r = fsync(fd) < 0 ? -errno : 0;
         close(fd);
         b->ledger_fd = old_fd;
@@ -211,7 +244,8 @@ static int ledger_rewrite(gm_broker_t *b) {
  * rewritten once adoption is done, so a churning client cannot grow it
  * without bound (amortised: a rewrite per LEDGER_SLACK_LINES lines at least). */
 static void ledger_maybe_compact(gm_broker_t *b) {
-        uint64_t live = b->n_stored + b->n_recorded + b->n_records + b->n_tenants + b->n_sessions + b->n_known_tokens;
+        uint64_t live = b->n_stored + b->n_recorded + b->n_records + b->n_tenants + b->n_sessions + b->n_known_tokens +
+                        b->n_ledger_shared;
         if (b->ledger_fd >= 0 && !b->ledger && b->ledger_lines > 2 * live + LEDGER_SLACK_LINES) {
                 int r = ledger_rewrite(b);
                 if (r < 0)
@@ -312,6 +346,152 @@ void gm_ledger_moved(gm_broker_t *b, gm_piece_t *p) {
         gm_ledger_forget(b, id);
 }
 
+/* An "o" line as append_shared() writes it, newline included. */
+static bool parse_shared(const char *line, gm_ledger_shared_t *e) {
+        int end = 0;
+        *e = (gm_ledger_shared_t){0};
+        if (sscanf(line, "o %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %" SCNu64 " %63s %127s%n", &e->store_id, &e->version,
+                   &e->size, &e->retention_s, &e->created_unix_ms, e->tenant, e->name, &end) != 7 ||
+            strcmp(line + end, "\n") != 0)
+                return false;
+        return e->store_id != 0 && e->version != 0 && e->size != 0; /* the name: checked at adoption */
+}
+
+/* A side file's path: the journal's, ".o" and up to 16 hex digits. */
+#define SIDE_PATH_LEN (sizeof(((gm_broker_t *) 0)->ledger_path) + 24)
+
+static void shared_side_path(const gm_broker_t *b, uint64_t store_id, char *buf, size_t len) {
+        snprintf(buf, len, "%s.o%010" PRIx64, b->ledger_path, store_id);
+}
+
+/* The side file: "readers N\n", N names a line, "meta LEN\n", LEN bytes;
+ * written whole (a new file renamed over) before the "o" line. */
+static int shared_side_write(const gm_broker_t *b, const gm_shared_t *o) {
+        char path[SIDE_PATH_LEN], tmp[sizeof(path) + 8];
+        shared_side_path(b, o->store_id, path, sizeof(path));
+        snprintf(tmp, sizeof(tmp), "%s.new", path);
+        FILE *f = fopen(tmp, "we");
+        if (!f)
+                return -errno;
+        fprintf(f, "readers %zu\n", o->n_readers);
+        for (size_t i = 0; i < o->n_readers; i++)
+                fprintf(f, "%s\n", o->readers[i]);
+        fprintf(f, "meta %zu\n", o->meta_len);
+        if (o->meta_len)
+                fwrite(o->meta, 1, o->meta_len, f);
+        int r = ferror(f) || fflush(f) != 0 || fsync(fileno(f)) < 0 ? -EIO : 0;
+        if (fclose(f) != 0 && r == 0)
+                r = -EIO;
+        if (r == 0 && rename(tmp, path) < 0)
+                r = -errno;
+        if (r < 0)
+                unlink(tmp);
+        return r;
+}
+
+int gm_ledger_shared_load(gm_broker_t *b, uint64_t store_id, char ***ret_readers, size_t *ret_n_readers,
+                          void **ret_meta, size_t *ret_meta_len) {
+        char path[SIDE_PATH_LEN], line[128];
+        shared_side_path(b, store_id, path, sizeof(path));
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        size_t n = 0, meta_len = 0, got = 0;
+        char **readers = NULL;
+        void *meta = NULL;
+        int r = fgets(line, sizeof(line), f) && sscanf(line, "readers %zu", &n) == 1 && n <= GM_SHARED_MAX_READERS
+                        ? 0
+                        : -EINVAL;
+        if (r == 0 && n && !(readers = calloc(n, sizeof(*readers))))
+                r = -ENOMEM;
+        for (; r == 0 && got < n; got++) {
+                size_t len;
+                if (!fgets(line, sizeof(line), f) || (len = strlen(line)) < 2 || line[len - 1] != '\n')
+                        r = -EINVAL;
+                else if (line[len - 1] = '\0', !(readers[got] = strdup(line)))
+                        r = -ENOMEM;
+        }
+        if (r == 0 && !(fgets(line, sizeof(line), f) && sscanf(line, "meta %zu", &meta_len) == 1 &&
+                        meta_len <= GM_SHARED_META_MAX))
+                r = -EINVAL;
+        if (r == 0 && meta_len && !(meta = malloc(meta_len)))
+                r = -ENOMEM;
+        if (r == 0 && meta_len && fread(meta, 1, meta_len, f) != meta_len)
+                r = -EINVAL;
+        fclose(f);
+        if (r < 0) {
+                for (size_t i = 0; readers && i < n; i++)
+                        free(readers[i]);
+                free(readers);
+                free(meta);
+                return r;
+        }
+        *ret_readers = readers;
+        *ret_n_readers = n;
+        *ret_meta = meta;
+        *ret_meta_len = meta_len;
+        return 0;
+}
+
+void gm_ledger_shared_store(gm_broker_t *b, gm_shared_t *o) {
+        if (b->ledger_fd < 0 || !b->ops.store_add || !b->store_max)
+                return;
+        if (b->n_stored >= b->store_max) {
+                gm_host_log(b, LOG_WARNING, "fd store full (%u): shared object '%s' will not survive a restart",
+                            b->n_stored, o->name);
+                return;
+        }
+        o->store_id = ++b->next_store_id;
+        char name[GM_STORE_NAME_MAX];
+        store_name(o->store_id, name, sizeof(name));
+        int r = shared_side_write(b, o);
+        if (r == 0)
+                r = b->ops.store_add(b->ops.userdata, o->phys.fd, name);
+        if (r < 0) {
+                char path[SIDE_PATH_LEN];
+                shared_side_path(b, o->store_id, path, sizeof(path));
+                unlink(path);
+                gm_host_log(b, LOG_WARNING, "Failed to keep shared object '%s' over a restart: %s", o->name,
+                            strerror(-r));
+                o->store_id = 0;
+                return;
+        }
+        b->n_stored++;
+        gm_ledger_shared_t e = shared_entry(o);
+        append_shared(b, &e);
+}
+
+void gm_ledger_shared_forget(gm_broker_t *b, uint64_t store_id) {
+        char path[SIDE_PATH_LEN];
+        shared_side_path(b, store_id, path, sizeof(path));
+        unlink(path);
+        gm_ledger_forget(b, store_id);
+}
+
+void gm_ledger_shared_unstore(gm_broker_t *b, gm_shared_t *o) {
+        if (!o->store_id)
+                return;
+        uint64_t store_id = o->store_id;
+        char name[GM_STORE_NAME_MAX];
+        store_name(store_id, name, sizeof(name));
+        if (b->ops.store_remove)
+                b->ops.store_remove(b->ops.userdata, name);
+        o->store_id = 0;
+        gm_assert(b->n_stored > 0);
+        b->n_stored--;
+        gm_ledger_shared_forget(b, store_id);
+}
+
+const gm_ledger_shared_t *gm_ledger_shared_find(const gm_broker_t *b, const char *name) {
+        uint64_t id;
+        if (!store_id_of(name, &id))
+                return NULL;
+        for (size_t i = 0; i < b->n_ledger_shared; i++)
+                if (b->ledger_shared[i].store_id == id)
+                        return &b->ledger_shared[i];
+        return NULL;
+}
+
 /* Reads the journal into b->ledger (the live "+" entries), applies runtime
  * quotas, and rewrites it compactly. */
 int gm_ledger_open(gm_broker_t *b, const char *path) {
@@ -319,8 +499,9 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                 return -ENAMETOOLONG;
         snprintf(b->ledger_path, sizeof(b->ledger_path), "%s", path);
         FILE *f = fopen(b->ledger_path, "re");
-        size_t cap = 0, known_cap = 0;
+        size_t cap = 0, known_cap = 0, shared_cap = 0;
         char line[512], token[GM_TOKEN_LEN + 1];
+        gm_ledger_shared_t se;
         unsigned uid;
         while (f && fgets(line, sizeof(line), f)) {
                 gm_ledger_entry_t e = {0};
@@ -339,10 +520,26 @@ int gm_ledger_open(gm_broker_t *b, const char *path) {
                         b->ledger[b->n_ledger++] = e;
                         if (e.store_id > b->next_store_id)
                                 b->next_store_id = e.store_id;
+                } else if (parse_shared(line, &se)) {
+                        if (b->n_ledger_shared == shared_cap) {
+                                shared_cap = shared_cap ? 2 * shared_cap : 16;
+                                gm_ledger_shared_t *n = realloc(b->ledger_shared, shared_cap * sizeof(*n));
+                                if (!n)
+                                        break;
+                                b->ledger_shared = n;
+                        }
+                        b->ledger_shared[b->n_ledger_shared++] = se;
+                        if (se.store_id > b->next_store_id)
+                                b->next_store_id = se.store_id;
                 } else if (sscanf(line, "- %" SCNu64, &v) == 1) {
                         for (size_t i = 0; i < b->n_ledger; i++)
                                 if (b->ledger[i].store_id == v) {
                                         b->ledger[i] = b->ledger[--b->n_ledger];
+                                        break;
+                                }
+                        for (size_t i = 0; i < b->n_ledger_shared; i++)
+                                if (b->ledger_shared[i].store_id == v) {
+                                        b->ledger_shared[i] = b->ledger_shared[--b->n_ledger_shared];
                                         break;
                                 }
                 } else if (sscanf(line, "t %32s %u", token, &uid) == 2 && gm_ledger_token_valid(token)) {
@@ -390,10 +587,7 @@ void gm_ledger_close(gm_broker_t *b) {
 
 const gm_ledger_entry_t *gm_ledger_find(const gm_broker_t *b, const char *name) {
         uint64_t id;
-        int end = 0;
-        size_t prefix = strlen(GM_STORE_PREFIX);
-        if (strncmp(name, GM_STORE_PREFIX, prefix) != 0 || sscanf(name + prefix, "%" SCNx64 "%n", &id, &end) != 1 ||
-            name[prefix + (size_t) end] != '\0')
+        if (!store_id_of(name, &id))
                 return NULL;
         for (size_t i = 0; i < b->n_ledger; i++)
                 if (b->ledger[i].store_id == id)

@@ -21,6 +21,17 @@ static gm_orphan_t *orphan_find(gm_broker_t *b, const char *token) {
 }
 
 void gm_orphan_adopt(gm_broker_t *b, const char *name, int fd) {
+        const gm_ledger_shared_t *se = gm_ledger_shared_find(b, name);
+        if (se) { /* a shared object's: the registry's again, not an orphan */
+                int r = gm_shared_adopt(b, se, fd);
+                if (r < 0) {
+                        gm_host_log(b, LOG_WARNING, "Cannot adopt stored shared object '%s': %s, dropping it", se->name,
+                                    strerror(-r));
+                        if (b->ops.store_remove)
+                                b->ops.store_remove(b->ops.userdata, name);
+                }
+                return;
+        }
         const gm_ledger_entry_t *e = gm_ledger_find(b, name);
         if (!e || e->size == 0 || e->offset + e->size > e->va_size) {
                 gm_host_log(b, LOG_WARNING, "Dropping fd '%s' from the fd store: the ledger does not know it", name);
@@ -56,6 +67,7 @@ void gm_orphan_adopt(gm_broker_t *b, const char *name, int fd) {
 }
 
 void gm_orphan_adopt_done(gm_broker_t *b, uint64_t now_ms) {
+        gm_shared_adopt_done(b);
         uint64_t adopted = 0, bytes = 0;
         for (gm_orphan_t *o = b->orphans; o; o = o->next)
                 for (gm_piece_t *p = o->pieces; p; p = p->next) {

@@ -10,6 +10,14 @@ bool gm_piece_charged(const gm_piece_t *p);
 /* The most that session s could be given now (gm_piece_create's checks):
  * the least of its tenant's quota room and the device's. */
 uint64_t gm_piece_room(const gm_session_t *s);
+/* 0 when `bytes` more fit the quota of session s's tenant, its tag quota of
+ * pool `tag` (0: the default pool, which has none) and the device
+ * (gm_piece_create's checks), else -EDQUOT or -ENOMEM. */
+int gm_piece_room_for(const gm_session_t *s, uint64_t bytes, unsigned tag);
+/* The tag quota of session s's tenant that `bytes` more in pool `tag` would
+ * exceed (*ret_charged: what the pool's pieces charge now), or NULL. */
+const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,
+                                              uint64_t *ret_charged);
 /* Links a piece into s's list (state and charge as given). */
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
 /* Returns a piece's memory to the backend, uncharges and unstores it (keeps
@@ -33,6 +41,30 @@ bool gm_piece_still_mapped(const gm_broker_t *b, const gm_piece_t *p);
 /* Checks the lingering memory, releasing what nobody maps any more; with
  * `all`, releases all of it (the broker is going away). */
 void gm_piece_sweep_lingering(gm_broker_t *b, bool all);
+
+/* shared.c: the shared registry's calls for the floors above (its public
+ * ones are in broker.h). */
+/* s ends: its opens are dropped, its staging objects released. */
+void gm_shared_session_ended(gm_session_t *s);
+/* Bytes of shared objects s maps (staging or opened, each once: the
+ * driver's figure of its process shows them), and in *ret_recent those
+ * handed to it less than settle_ms before now_ms (maybe not mapped yet). */
+uint64_t gm_shared_mapped(const gm_session_t *s, uint64_t now_ms, uint64_t settle_ms, uint64_t *ret_recent);
+/* Withdraws published objects whose retention ran out (realtime clock). */
+void gm_shared_expire(gm_broker_t *b, uint64_t now_unix_ms);
+/* Releases every object (the broker goes away; stored ones stay stored for
+ * the next daemon when the broker keeps stored pieces). */
+void gm_shared_free_all(gm_broker_t *b);
+/* A stored fd the journal names as a shared object: adopted, published
+ * again with no mappers. Consumes fd. */
+int gm_shared_adopt(gm_broker_t *b, const gm_ledger_shared_t *e, int fd);
+/* Adoption is over: journalled objects whose fd did not come back are forgotten. */
+void gm_shared_adopt_done(gm_broker_t *b);
+/* gm_broker_check()'s part: the registry's books, into c; adds its bytes
+ * to *backed and its stored objects to *stored (a tenant's part of its
+ * charge is gm_shared_charged()). */
+void gm_shared_check(const gm_broker_t *b, gm_checker_t *c, uint64_t *backed, uint32_t *stored);
+uint64_t gm_shared_charged(const gm_broker_t *b, const gm_tenant_t *t);
 
 /* orphan.c */
 /* Frees every orphan (their pieces kept stored when the broker keeps them). */

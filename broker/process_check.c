@@ -113,7 +113,8 @@ static bool process_figure(const gm_broker_t *b, pid_t pid, uint64_t *ret_bytes)
  * HANDOUT_SETTLE_MS ago, which the figure may not show yet (a reply on its
  * way), but for those of `settled` (a local session: its heap maps a Grant's
  * pieces before it can announce a give-back); pieces being given back were
- * mapped, or their blocks would not have been freed. */
+ * mapped, or their blocks would not have been freed. Shared objects its
+ * sessions map count too (shared.c). */
 static uint64_t mapped_into(const gm_broker_t *b, pid_t pid, const gm_session_t *settled, uint64_t *ret_in_flight) {
         uint64_t n = 0, in_flight = 0, now_ms = ret_in_flight ? gm_now_ms() : 0;
         for (const gm_session_t *s = b->sessions; s; s = s->next)
@@ -125,6 +126,12 @@ static uint64_t mapped_into(const gm_broker_t *b, pid_t pid, const gm_session_t 
                                             now_ms < p->handed_ms + HANDOUT_SETTLE_MS)
                                                 in_flight += p->phys.size;
                                 }
+        for (const gm_session_t *s = b->sessions; s; s = s->next)
+                if (s->pid == pid && !s->ended) { /* the shared objects it maps: the daemon's memory too */
+                        uint64_t recent;
+                        n += gm_shared_mapped(s, now_ms, HANDOUT_SETTLE_MS, &recent);
+                        in_flight += recent;
+                }
         if (ret_in_flight)
                 *ret_in_flight = in_flight;
         return n;

@@ -104,10 +104,11 @@ void gm_session_end(gm_session_t *s) {
                 return;
         gm_broker_t *b = s->broker;
         gm_ledger_session_ended(b, s);
-        if (s->pieces)
+        if (s->pieces || s->shared_opens)
                 b->memory_freed = true;
         s->ended = true;
         gm_process_check_end(s);                  /* while its pieces are listed: what its process may still map */
+        gm_shared_session_ended(s);               /* its opens go; a shared object may go with its last */
         s->heap = gm_heap_destroy(s->heap);       /* every piece at once: ended is set */
         s->history = gm_history_free(s->history); /* nobody may read an ended session's history */
         free(s->moves);
@@ -441,6 +442,7 @@ void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
                 .owned = s->owned,
                 .history = s->history,
                 .history_max_entries = s->history ? s->history_max_entries : 0,
+                .tags = &s->tags,
         };
 }
 

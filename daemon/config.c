@@ -158,6 +158,7 @@ static const daemon_key_t daemon_keys[] = {
         KEY(park_timeout_ms, K_UINT, 1, 3600000),
         KEY(unresponsive_timeout_ms, K_UINT, 0, 86400000),
         KEY(max_parked_per_session, K_UINT, 0, 65536),
+        KEY(max_shared_objects, K_UINT, 1, 65536),
         KEY(reattach_grace_ms, K_UINT, 0, 86400000),
         KEY(max_sessions_per_uid, K_UINT, 1, 1u << 20),
         KEY(hello_timeout_ms, K_UINT, 1, 3600000),
@@ -470,6 +471,18 @@ static int tenant_key(parse_state_t *st, const char *name, const char *value, un
                 if (gm_release_check_parse(value, &t->release_check) < 0)
                         return fail(st, -EINVAL, line, "invalid release_check '%s': 'verify' or 'trust'", value);
                 t->has_release_check = true;
+                return 1;
+        }
+        if (strcmp(name, "tag_quota") == 0) {
+                if (t->has_tag_quota)
+                        return fail(st, -EINVAL, line, "'tag_quota' already set in [tenant %s]", t->name);
+                int r = gm_tag_quotas_parse(value, t->tag_quotas, &t->n_tag_quotas);
+                if (r < 0)
+                        return fail(st, -EINVAL, line,
+                                    "invalid tag_quota '%s': TAG:SIZE[,TAG:SIZE...] with at most %d distinct tags "
+                                    "([A-Za-z0-9_.-]{1,31}) and positive sizes such as 40G",
+                                    value, GM_TENANT_MAX_TAG_QUOTAS);
+                t->has_tag_quota = true;
                 return 1;
         }
         if (strcmp(name, "quota") != 0)

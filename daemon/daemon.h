@@ -24,6 +24,7 @@ typedef struct gm_limits {
         uint32_t max_packet;             /* bytes in one packet, both ways */
         uint32_t max_fds;                /* fds in one packet */
         uint32_t max_parked_per_session; /* allocations waiting for reclaim */
+        uint32_t max_shared_objects;     /* shared objects at once (docs/shared.md) */
         uint32_t park_timeout_ms;        /* how long an allocation waits for reclaim */
         uint32_t release_timeout_ms;     /* a client's time to acknowledge a release */
         uint32_t reattach_grace_ms;      /* after a restart: how long stored segments wait for their client */

@@ -177,6 +177,7 @@ static void options_default(gm_options_t *o) {
                                 .max_packet = GM_IPC_MAX_PACKET_DEFAULT,
                                 .max_fds = GM_IPC_MAX_FDS_DEFAULT,
                                 .max_parked_per_session = 64,
+                                .max_shared_objects = GM_SHARED_DEFAULT_MAX_OBJECTS,
                                 .park_timeout_ms = 2000,
                                 .release_timeout_ms = 2000,
                                 .unresponsive_timeout_ms = 10000,
@@ -233,6 +234,8 @@ static void options_from_config(gm_options_t *o, const gm_config_t *c) {
                 o->limits.release_check = c->release_check;
         if (c->has_max_parked_per_session)
                 o->limits.max_parked_per_session = c->max_parked_per_session;
+        if (c->has_max_shared_objects)
+                o->limits.max_shared_objects = c->max_shared_objects;
         if (c->has_reattach_grace_ms)
                 o->limits.reattach_grace_ms = c->reattach_grace_ms;
         if (c->has_max_sessions_per_uid)
@@ -308,6 +311,7 @@ static gm_broker_limits_t broker_limits(const gm_daemon_t *d) {
         return (gm_broker_limits_t){
                 .max_blocks_per_session = l->max_blocks_per_session,
                 .max_parked_per_session = l->max_parked_per_session,
+                .max_shared_objects = l->max_shared_objects,
                 .park_timeout_ms = l->park_timeout_ms,
                 .release_timeout_ms = l->release_timeout_ms,
                 .unresponsive_timeout_ms = l->unresponsive_timeout_ms,
@@ -328,12 +332,14 @@ static void apply_config_quotas(gm_daemon_t *d) {
                 if (t) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
                         gm_tenant_set_release_check(t, ct->has_release_check, ct->release_check);
+                        gm_tenant_set_tag_quotas(t, ct->tag_quotas, ct->has_tag_quota ? ct->n_tag_quotas : 0);
                 }
         }
         for (gm_tenant_t *t = d->broker->tenants; t; t = t->next)
                 if (!gm_config_tenant_find(d->config, t->name)) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
                         gm_tenant_set_release_check(t, false, GM_RELEASE_CHECK_VERIFY);
+                        gm_tenant_set_tag_quotas(t, NULL, 0);
                 }
 }
 
@@ -372,6 +378,7 @@ static void reload_config(gm_daemon_t *d) {
         d->opts.limits.max_audited_processes = o.limits.max_audited_processes;
         d->opts.limits.release_check = o.limits.release_check;
         d->opts.limits.max_parked_per_session = o.limits.max_parked_per_session;
+        d->opts.limits.max_shared_objects = o.limits.max_shared_objects;
         d->opts.has_admin_group = o.has_admin_group;
         d->opts.admin_group = o.admin_group;
         snapshot_limits_from_config(&d->snapjobs.limits, c);

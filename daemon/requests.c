@@ -13,6 +13,7 @@
 #include "req_local.h"
 #include "req_samples.h"
 #include "req_session.h"
+#include "req_shared.h"
 #include "req_snapshot.h"
 #include "requests.h"
 
@@ -49,6 +50,12 @@ static const gm_request_kind_t kinds[] = {
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_req_snapshot_answer},
         {BODY(SAMPLES), .op = "samples", .handle = gm_req_samples_handle, .admin_for = gm_req_samples_admin_for},
         {BODY(CLAIM), .op = "claim", .handle = gm_req_claim_handle, .check = gm_req_claim_check},
+        {BODY(SHARED_CREATE), .op = "shared_create", .handle = gm_req_shared_create, .check = gm_req_shared_check},
+        {BODY(SHARED_PUBLISH), .op = "shared_publish", .handle = gm_req_shared_publish, .check = gm_req_shared_check},
+        {BODY(SHARED_OPEN), .op = "shared_open", .handle = gm_req_shared_open, .check = gm_req_shared_check},
+        {BODY(SHARED_CLOSE), .op = "shared_close", .handle = gm_req_shared_close},
+        {BODY(SHARED_UNPUBLISH), .op = "shared_unpublish", .handle = gm_req_shared_unpublish,
+         .check = gm_req_shared_check},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 

@@ -20,7 +20,7 @@ root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 # one floor per request family (req_*.c: none may include another's) ->
 # the request side's bottom floor (the connection type and reply helpers,
 # local sessions' life and figures, sampling) -> the daemon's leaves.
-REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples", "claim")
+REQUEST_FAMILIES = ("session", "central", "local", "admin", "snapshot", "samples", "claim", "shared")
 REQ_LAYERS = {f"req-{f}" for f in REQUEST_FAMILIES}
 DAEMON_LAYER = {
     "main.c": "main",
@@ -62,8 +62,8 @@ KNOWN = set()
 # session_local.c stand on session.c within the holders' floor.
 BROKER_FLOOR = {
     "broker.h": 0, "broker-internal.h": 0,
-    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "claim.c": 1,
-    "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2,
+    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "claim.c": 1, "checker.c": 1, "tags.c": 1,
+    "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2, "shared.c": 2,
     "holder.h": 3, "session.c": 3, "session_central.c": 3.5, "session_local.c": 3.5,
     "reclaim.h": 4, "reclaim.c": 4,
     "broker.c": 5, "reattach.c": 5,
@@ -168,10 +168,11 @@ def check_floors(module, floor_of, prefixes=("gm", "gpumem")):
 # the callback tables conn.h and session.h document.
 LIBGPUMEM_FLOOR = {
     "client_state.h": 0, "fence.c": 0, "fence.h": 0, "peer_check.c": 0, "peer_check.h": 0,
+    "pool.c": 0, "pool.h": 0,
     "conn.c": 1, "conn.h": 1, "control.c": 1, "control.h": 1,
     "mapping.c": 2, "mapping.h": 2,
     "session.c": 3, "session.h": 3,
-    "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4,
+    "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4, "shared.c": 4,
     "central.c": 4.5, "central.h": 4.5, "local_session.c": 4.5, "local_session.h": 4.5,
     "gpumem.c": 5, "client-internal.h": 5,
     "claim.c": 5.5, "claim.h": 5.5,

@@ -75,8 +75,9 @@ static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
         return 0;
 }
 
-static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
-        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+/* Imports fd and maps it at base+offset with `access` for the device. */
+static int map_with(cuda_mapper_t *cm, uint64_t base, uint64_t offset, uint64_t length, int fd,
+                    const CUmemAccessDesc *access) {
         RELAXED_CAPTURE(cm->cu);
         const gm_cuda_t *cu = cm->cu;
         int r = gm_cuda_check_process();
@@ -96,7 +97,7 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
         if (cr != CUDA_SUCCESS) {
                 r = gm_cuda_fail(cu, cr, "cuMemMap");
         } else {
-                cr = cu->MemSetAccess(at, length, &cm->access, 1);
+                cr = cu->MemSetAccess(at, length, access, 1);
                 if (cr != CUDA_SUCCESS) {
                         r = gm_cuda_fail(cu, cr, "cuMemSetAccess");
                         cu->MemUnmap(at, length);
@@ -105,6 +106,21 @@ static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
         /* From here the mapping alone keeps the memory. */
         cu->MemRelease(handle);
         return r;
+}
+
+static int cuda_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        return map_with(cm, base, offset, length, fd, &cm->access);
+}
+
+/* Read-only for this process's device access. Nothing stops a process that
+ * holds the fd from importing and mapping it read-write itself: the driver
+ * protects per mapping, not per handle (docs/security.md). */
+static int cuda_map_read(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        CUmemAccessDesc read = cm->access;
+        read.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+        return map_with(cm, base, offset, length, fd, &read);
 }
 
 static int cuda_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
@@ -270,6 +286,7 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .caps = &gm_kind_cuda_caps,
         .reserve = cuda_reserve,
         .map = cuda_map,
+        .map_read = cuda_map_read,
         .unmap = cuda_unmap,
         .move = cuda_move,
         .sync = cuda_sync,

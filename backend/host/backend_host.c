@@ -90,6 +90,17 @@ static int host_mapped(gm_backend_t *b, const gm_phys_t *phys) {
         return 0;
 }
 
+/* A staging memfd was created without F_SEAL_SEAL (HOST_SEALS), so the
+ * seals that make it immutable can still be added; the kernel refuses
+ * F_SEAL_WRITE with EBUSY while a shared writable mapping exists. From
+ * then on a PROT_WRITE mmap of it is refused to every holder. */
+static int host_freeze(gm_backend_t *b, const gm_phys_t *phys) {
+        (void) b;
+        if (fcntl(phys->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                return -errno;
+        return 0;
+}
+
 static const gm_backend_ops_t host_ops = {
         .name = "host",
         .caps = &gm_kind_host_caps,
@@ -97,6 +108,7 @@ static const gm_backend_ops_t host_ops = {
         .release = host_release,
         .adopt = host_adopt,
         .mapped = host_mapped,
+        .freeze = host_freeze,
         .mem_info = host_mem_info,
         .destroy = host_destroy,
 };

@@ -16,9 +16,9 @@ static int host_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
         return 0;
 }
 
-static int host_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+static int map_with(uint64_t base, uint64_t offset, uint64_t length, int fd, int prot) {
         void *want = (void *) (uintptr_t) (base + offset);
-        void *p = mmap(want, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        void *p = mmap(want, length, prot, MAP_SHARED | MAP_FIXED, fd, 0);
         int r = p == MAP_FAILED ? -errno : 0;
         close(fd);
         if (r < 0)
@@ -29,6 +29,14 @@ static int host_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t len
                 return r;
         }
         return 0;
+}
+
+static int host_map(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+        return map_with(base, offset, length, fd, PROT_READ | PROT_WRITE);
+}
+
+static int host_map_read(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length, int fd) {
+        return map_with(base, offset, length, fd, PROT_READ);
 }
 
 static int host_unmap(gm_mapper_t *m, uint64_t base, uint64_t offset, uint64_t length) {
@@ -63,6 +71,7 @@ static const gm_mapper_ops_t host_ops = {
         .caps = &gm_kind_host_caps,
         .reserve = host_reserve,
         .map = host_map,
+        .map_read = host_map_read,
         .unmap = host_unmap,
         .move = host_move,
         .unreserve = host_unreserve,

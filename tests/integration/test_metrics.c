@@ -935,11 +935,14 @@ START_TEST(test_render_labels_counters_and_overflow) {
                 "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
                 "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
                 "samples",     "snapshot_answer", "return_intent", "claim"};
-        ck_assert_uint_eq(fake_.n_ops, sizeof(every_op) / sizeof(every_op[0]));
-        for (size_t i = 0; i < sizeof(every_op) / sizeof(every_op[0]); i++) {
+        static const char *const shared_ops[] = {"shared_create", "shared_publish", "shared_open", "shared_close",
+                                                 "shared_unpublish"};
+        size_t n_every = sizeof(every_op) / sizeof(every_op[0]), n_shared = sizeof(shared_ops) / sizeof(shared_ops[0]);
+        ck_assert_uint_eq(fake_.n_ops, n_every + n_shared);
+        for (size_t i = 0; i < n_every + n_shared; i++) {
                 char series[128];
                 snprintf(series, sizeof(series), "gpumem_request_duration_seconds_count{device=\"0\",op=\"%s\"}",
-                         every_op[i]);
+                         i < n_every ? every_op[i] : shared_ops[i - n_every]);
                 ck_assert_msg(has_series(text, series), "no series %s", series);
         }
         ck_assert(metric(text, "gpumem_reclaim_requests_total{device=\"0\",outcome=\"requested\"}") == 0);

@@ -495,6 +495,48 @@ START_TEST(test_unclaimed_segments_released_after_grace) {
 }
 END_TEST
 
+/* One line of a shared-object client (test_shared's modes) as `uid`. */
+static void shared_client(uid_t uid, const char *const *args, const char *want) {
+        const char *argv[10] = {SHARED_BIN};
+        for (size_t i = 0; args[i] && i < 8; i++)
+                argv[i + 1] = args[i];
+        gm_test_proc_t p;
+        gm_test_spawn(argv, uid, &p);
+        char line[128] = "";
+        ck_assert(gm_test_proc_read_line(&p, line, sizeof(line)));
+        ck_assert_int_eq(gm_test_proc_finish(&p), 0);
+        ck_assert_str_eq(line, want);
+}
+
+/* Issue 27: a published shared object outlives its publisher and a
+ * SIGKILL of the daemon (its fd in the store, its entry and side file in
+ * the journal): the next daemon adopts it as a published object, a new
+ * process reads the publisher's bytes, and its unpublish gives the memory
+ * back and takes it out of the store. */
+START_TEST(test_shared_object_survives_sigkill) {
+        sd_start_daemon("expandable_segments:False", true);
+        const char *publish[] = {"publish", sd.control_path, "model/weights", "4194304", "41", "*", NULL};
+        shared_client(0, publish, "published 1");
+        sd_pump();
+        ck_assert_uint_eq(stored_count(), 1);
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(sd.daemon, NULL, 0), sd.daemon);
+        sd.daemon = 0;
+        sd_start_daemon("expandable_segments:False", true);
+        const char *read[] = {"read", sd.control_path, "model/weights", "1", "41", NULL};
+        shared_client(0, read, "ok");
+        ck_assert_uint_eq(gm_test_tenant_charged(sd.control_path, "uid:0"), 4u << 20);
+        publish[4] = "42"; /* the next version numbers on from the journal's */
+        shared_client(0, publish, "published 2");
+        const char *unpublish[] = {"unpublish", sd.control_path, "model/weights", "0", NULL};
+        shared_client(0, unpublish, "ok");
+        ck_assert_uint_eq(gm_test_tenant_charged(sd.control_path, "uid:0"), 0);
+        usleep(100000);
+        sd_pump();
+        ck_assert_uint_eq(stored_count(), 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("restart");
         TCase *tc = tcase_create("restart");
@@ -509,6 +551,7 @@ int main(void) {
         tcase_add_test(tc, test_unclaimed_segments_released_after_grace);
         tcase_add_test(tc, test_page_reuse_pools_with_fd_store);
         tcase_add_test(tc, test_page_reuse_pools_without_fd_store);
+        tcase_add_test(tc, test_shared_object_survives_sigkill);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "broker-internal.h"
+#include "piece.h"
 #include "clock.h"
 #include "testutil.h"
 
@@ -62,6 +63,13 @@ static int fake_mapped(gm_backend_t *b, const gm_phys_t *phys) {
         return 0;
 }
 
+/* As the host backend's seals: -EBUSY while freeze_busy_ (a writable
+ * mapping left somewhere). */
+static bool freeze_busy_;
+static int fake_freeze(gm_backend_t *b, const gm_phys_t *phys) {
+        return freeze_busy_ ? -EBUSY : 0;
+}
+
 static const gm_backend_ops_t fake_backend_ops = {
         .name = "fake",
         .caps = &gm_kind_cuda_caps, /* frees need stream fences, as on a device */
@@ -70,6 +78,7 @@ static const gm_backend_ops_t fake_backend_ops = {
         .adopt = fake_adopt,
         .mem_info = fake_mem_info,
         .mapped = fake_mapped,
+        .freeze = fake_freeze,
         .destroy = fake_destroy,
 };
 
@@ -266,6 +275,7 @@ static void setup(void) {
         backend_ = (gm_backend_t){.ops = &fake_backend_ops, .capacity = 256 * MiB, .granularity = 2 * MiB};
         memset(&host_, 0, sizeof(host_));
         create_fails_in_ = 0;
+        freeze_busy_ = false;
         snprintf(dir_, sizeof(dir_), "/tmp/gm-broker-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir_));
         snprintf(ledger_, sizeof(ledger_), "%s/ledger", dir_);
@@ -737,15 +747,22 @@ END_TEST
  * GM_AUDIT_SESSIONS_PER_TICK sessions a tick, each every audit_interval_ms;
  * a trusted tenant is not audited, and its unverifiable returns are released
  * at once (issue #23). */
-START_TEST(test_audit_finds_memory_taken_back) {
+/* A local session whose 20 MiB return its process's figure showed gone,
+ * audited every second. */
+static gm_session_t *audited_session(void) {
         gm_session_t *s = figured_session(true, 100 * MiB);
-        gm_tenant_t *t = s->tenant;
         gm_broker_limits_t limits = b_->limits;
         limits.audit_interval_ms = 1000;
         gm_broker_set_limits(b_, &limits);
         grant_ok(s, 1, 20 * MiB);
         return_whole(s, 1, 20 * MiB); /* believed: its figure shows it gone */
         ck_assert(b_->driver_attributes_mappings && !s->lied);
+        return s;
+}
+
+START_TEST(test_audit_finds_memory_taken_back) {
+        gm_session_t *s = audited_session();
+        gm_tenant_t *t = s->tenant;
         uint64_t now = gm_now_ms();
         gm_broker_tick(b_, now);
         CHECK(b_);
@@ -1883,6 +1900,89 @@ START_TEST(test_set_quota_saves_or_keeps_the_old) {
 }
 END_TEST
 
+/* Tagged pools: each session's pool bytes are its charged pieces' (checked
+ * by gm_broker_check() after every step), a Grant's id keeps its name, at
+ * most 16 names, and a tenant's tag_quota refuses a piece past it, naming
+ * the pool. */
+START_TEST(test_tagged_pool_books) {
+        gm_tag_quota_t q[GM_TENANT_MAX_TAG_QUOTAS];
+        size_t n = 0;
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M,weights:1G", q, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_str_eq(q[0].tag, "kv");
+        ck_assert_uint_eq(q[1].bytes, 1ull << 30);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M,kv:1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:0", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("bad tag:1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse(":1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M", q, &n), 0);
+        gm_tenant_set_tag_quotas(gm_tenant_get(b_, "r"), q, n);
+
+        gm_session_t *s = local_session(b_, 1000, "r");
+        gm_outcome_t out;
+        gm_grant_t g = whole(1, 8 * MiB);
+        g.tag = "kv";
+        g.tag_id = 1;
+        gm_broker_grant(s, 1, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        CHECK(b_);
+        ck_assert_uint_eq(s->tags.bytes[1], 8 * MiB);
+        g = whole(2, 12 * MiB); /* 20 MiB in kv: past its 16 MiB */
+        g.tag = "kv";
+        g.tag_id = 1;
+        gm_broker_grant(s, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "pool 'kv'"), "message: %s", out.message);
+        g.tag = "other"; /* id 1 is kv's */
+        gm_broker_grant(s, 3, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EINVAL);
+        g.tag = "weights";
+        g.tag_id = 2;
+        gm_broker_grant(s, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        grant_ok(s, 3, 2 * MiB); /* the default pool */
+        CHECK(b_);
+        gm_session_view_t v;
+        gm_session_view(s, &v);
+        ck_assert_uint_eq(v.tags->bytes[0], 2 * MiB);
+        ck_assert_uint_eq(v.tags->bytes[2], 12 * MiB);
+        ck_assert_str_eq(v.tags->names[2], "weights");
+        ck_assert_uint_eq(gm_tenant_tag_charged(b_, s->tenant, "kv"), 8 * MiB);
+        /* a refusal at the tenant's quota names its biggest pools */
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, true, 24 * MiB);
+        g = whole(4, 4 * MiB);
+        gm_broker_grant(s, 5, &g, &out);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "biggest pools: 'weights' 12.00 MiB, 'kv' 8.00 MiB, 'default' 2.00 MiB."),
+                      "message: %s", out.message);
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, false, 0);
+        return_whole(s, 1, 8 * MiB);
+        ck_assert_uint_eq(s->tags.bytes[1], 0);
+
+        /* central: the broker numbers the names, 16 at most */
+        gm_session_t *c = session(b_, 1001, "r");
+        char name[16];
+        for (int i = 0; i < GM_SESSION_MAX_TAGS; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                gm_broker_alloc_tagged(c, 10 + (uint64_t) i, 4096, 0, name, NULL, 0, &out);
+                ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "%s: %s", name, out.message);
+                gm_broker_commit(c, &out);
+                CHECK(b_);
+        }
+        ck_assert_uint_eq(c->tags.bytes[16], 2 * MiB); /* its own small segment */
+        gm_broker_alloc_tagged(c, 30, 4096, 0, "one_too_many", NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -E2BIG);
+        gm_broker_alloc_tagged(c, 31, 4096, 0, "bad name", NULL, 0, &out);
+        ck_assert_int_eq(out.error, -EINVAL);
+        gm_session_free(c);
+        gm_session_free(s);
+        CHECK(b_);
+}
+END_TEST
+
 START_TEST(test_alloc_conf_reaches_stats_everywhere) {
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 1 * MiB);
@@ -1893,6 +1993,220 @@ START_TEST(test_alloc_conf_reaches_stats_everywhere) {
         ck_assert_int_eq(b_->device_stats.max_split_size, 64 * MiB);
         ck_assert_int_eq(s->tenant->stats.max_split_size, 64 * MiB);
         ck_assert_int_eq(gm_tenant_get(b_, "new")->stats.max_split_size, 64 * MiB);
+        CHECK(b_);
+}
+END_TEST
+
+/* ---- the shared registry ---- */
+
+/* Create, publish, open by another tenant, the publisher's end, unpublish
+ * and the last close: charged once, to the publisher's tenant, until the
+ * memory is back; the books hold after every step. */
+/* A fresh broker over the journal, with a store, after a restart with
+ * nothing stored. */
+static void restart_with_store(void) {
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(NULL, 16);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        gm_orphan_adopt_done(b_, gm_now_ms());
+}
+
+START_TEST(test_shared_books) {
+        gm_session_t *pub = session(b_, 1000, "a"), *rd = session(b_, 1001, "b"), *other = session(b_, 1002, "c");
+        gm_shared_view_t v;
+        ck_assert_int_eq(gm_shared_create(pub, "bad name", MiB, &v), -EINVAL);
+        ck_assert_int_eq(gm_shared_create(pub, "w", 0, &v), -EINVAL);
+        ck_assert_int_eq(gm_shared_create(pub, "w", 1024 * MiB, &v), -EFBIG);
+        ck_assert_int_eq(gm_shared_create(pub, "model/w:1", 3 * MiB, &v), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(v.size, 4 * MiB); /* whole granules */
+        ck_assert_int_eq(v.state, GM_SHARED_STAGING);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        ck_assert_uint_eq(backend_.in_use, 4 * MiB);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 0, &v), -ENOENT); /* not published yet */
+        uint64_t id = v.id;
+        const char *readers[] = {"b"};
+        ck_assert_int_eq(gm_shared_publish(rd, id, readers, 1, NULL, 0, 0, &v), -ENOENT); /* not its own */
+        const char *bad[] = {"has space"};
+        ck_assert_int_eq(gm_shared_publish(pub, id, bad, 1, NULL, 0, 0, &v), -EINVAL);
+        ck_assert_int_eq(gm_shared_publish(pub, id, readers, 1, "meta", 4, 0, &v), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(v.version, 1);
+        ck_assert_uint_eq(v.mappers, 1); /* the publisher maps it read-only */
+        ck_assert_uint_eq(v.meta_len, 4);
+
+        ck_assert_int_eq(gm_shared_open(other, "model/w:1", 0, &v), -EACCES);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 2, &v), -ENOENT);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 0, &v), 0);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 1, &v), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(v.mappers, 3);
+        ck_assert_uint_eq(gm_tenant_find(b_, "b")->charged_bytes, 0); /* charged once, to the publisher */
+
+        /* The publisher goes; the object stays. */
+        gm_session_free(pub);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        ck_assert_int_eq(gm_shared_unpublish(rd, "model/w:1", 0), -EPERM); /* not its tenant's, not an admin */
+
+        /* A second version; unpublish by the publisher's tenant. */
+        gm_session_t *pub2 = session(b_, 1000, "a");
+        ck_assert_int_eq(gm_shared_create(pub2, "model/w:1", MiB, &v), 0);
+        ck_assert_int_eq(gm_shared_create(pub2, "model/w:1", MiB, &v), -EEXIST);
+        ck_assert_int_eq(gm_shared_publish(pub2, v.id, NULL, 0, NULL, 0, 0, &v), 0);
+        ck_assert_uint_eq(v.version, 2);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 2, &v), -EACCES); /* the publisher's tenant only */
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 6 * MiB);
+        ck_assert_int_eq(gm_shared_close(pub2, v.id), 0);
+        ck_assert_int_eq(gm_shared_close(pub2, v.id), -ENOENT);
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_unpublish(pub2, "model/w:1", 0), 0);
+        CHECK(b_);
+        /* Version 2 had no mapper: gone; version 1 waits for rd's two opens. */
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        ck_assert_int_eq(gm_shared_open(rd, "model/w:1", 0, &v), -ENOENT);
+        ck_assert_int_eq(gm_shared_close(rd, id), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        gm_session_free(rd); /* its last open goes with it */
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        /* A staging object dies with its session; the quota counts it. */
+        gm_tenant_set_quota(gm_tenant_get(b_, "a"), GM_QUOTA_CONFIG, true, 8 * MiB);
+        ck_assert_int_eq(gm_shared_create(pub2, "x", 10 * MiB, &v), -EFBIG);
+        ck_assert_int_eq(gm_shared_create(pub2, "x", 6 * MiB, &v), 0);
+        ck_assert_int_eq(gm_shared_create(pub2, "y", 4 * MiB, &v), -EDQUOT);
+        gm_session_free(pub2);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_ptr_null(gm_shared_next(b_, NULL));
+        gm_session_free(other);
+}
+END_TEST
+
+/* A published object survives the broker (its fd stored, its entry and side
+ * file journalled) and comes back published, with readers and meta; its
+ * unpublish after the restart gives the memory back. Retention withdraws. */
+START_TEST(test_shared_survives_restart) {
+        restart_with_store();
+        gm_session_t *pub = session(b_, 1000, "a");
+        gm_shared_view_t v;
+        ck_assert_int_eq(gm_shared_create(pub, "weights", 2 * MiB, &v), 0);
+        const char *readers[] = {"*"};
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, readers, 1, "layout", 6, 0, &v), 0);
+        ck_assert_int_eq(gm_shared_create(pub, "short", 2 * MiB, &v), 0);
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, NULL, 0, 1, &v), 0);
+        ck_assert_uint_eq(host_.n_stored, 2);
+        CHECK(b_);
+        b_->keep_stored = true;
+        b_ = gm_broker_free(b_);
+        ck_assert_uint_eq(backend_.in_use, 0);
+
+        b_ = broker_new(NULL, 16);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        for (size_t i = 0; i < host_.n_stored; i++)
+                gm_orphan_adopt(b_, host_.stored[i].name, fcntl(host_.stored[i].fd, F_DUPFD_CLOEXEC, 3));
+        gm_orphan_adopt_done(b_, gm_now_ms());
+        CHECK(b_);
+        ck_assert_ptr_null(b_->orphans); /* the registry's, not orphans */
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        gm_session_t *rd = session(b_, 1001, "b");
+        ck_assert_int_eq(gm_shared_open(rd, "weights", 0, &v), 0);
+        ck_assert_uint_eq(v.version, 1);
+        ck_assert_uint_eq(v.meta_len, 6);
+        ck_assert_mem_eq(v.meta, "layout", 6);
+        ck_assert_uint_eq(v.n_readers, 1);
+        ck_assert_str_eq(v.readers[0], "*");
+        ck_assert_int_eq(v.state, GM_SHARED_PUBLISHED);
+        CHECK(b_);
+
+        /* Retention: withdrawn once over, released with no mapper. */
+        gm_shared_expire(b_, gm_realtime_us() / 1000 + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 2 * MiB);
+        gm_session_t *admin = session(b_, 0, "root");
+        admin->admin = true;
+        ck_assert_int_eq(gm_shared_unpublish(admin, "weights", 1), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 2 * MiB); /* rd maps it still */
+        ck_assert_int_eq(gm_shared_close(rd, v.id), 0);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 0);
+        ck_assert_uint_eq(host_.n_stored, 0);
+        gm_session_free(rd);
+        gm_session_free(admin);
+        CHECK(b_);
+        /* Nothing shared is left in the journal. */
+        b_ = gm_broker_free(b_);
+        b_ = broker_new(NULL, 16);
+        ck_assert_int_eq(gm_ledger_open(b_, ledger_), 0);
+        ck_assert_uint_eq(b_->n_ledger_shared, 0);
+        gm_orphan_adopt_done(b_, gm_now_ms());
+}
+END_TEST
+
+/* The process figure of a session that maps a shared object shows the
+ * object: it is the daemon's memory, not memory the session took back, so
+ * the audit does not charge it. */
+START_TEST(test_shared_mapping_is_not_audited) {
+        gm_session_t *s = audited_session();
+        gm_tenant_t *t = s->tenant;
+        gm_session_t *pub = session(b_, 1001, "b");
+        gm_shared_view_t v;
+        ck_assert_int_eq(gm_shared_create(pub, "w", 8 * MiB, &v), 0);
+        const char *all[] = {"*"};
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, all, 1, NULL, 0, 0, &v), 0);
+        ck_assert_int_eq(gm_shared_open(s, "w", 0, &v), 0);
+        figure_ += 8 * MiB; /* maps the object */
+        uint64_t now = gm_now_ms();
+        gm_broker_tick(b_, now + 1000);
+        gm_broker_tick(b_, now + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(t->audited_bytes, 0);
+        ck_assert_uint_eq(t->charged_bytes, 0);
+        ck_assert_int_eq(gm_shared_close(s, v.id), 0);
+        figure_ -= 8 * MiB;
+        gm_session_free(pub);
+        CHECK(b_);
+}
+END_TEST
+
+/* A claim covers what its session stages; a publish refused while a
+ * writable mapping is left; the checker sees a registry's broken books. */
+START_TEST(test_shared_checker) {
+        gm_session_t *pub = session(b_, 1000, "a");
+        gm_shared_view_t v;
+        uint64_t claimed;
+        ck_assert_int_eq(gm_broker_claim(pub, 10 * MiB, &claimed), 0);
+        ck_assert_int_eq(gm_shared_create(pub, "w", MiB, &v), 0);
+        ck_assert_uint_eq(pub->claim_bytes, 8 * MiB); /* a staging object is taken from its claim */
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, NULL, 0, 0, &v), 0);
+        char why[256];
+        b_->shared->mappers++;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        ck_assert_ptr_nonnull(strstr(why, "mappers"));
+        b_->shared->mappers--;
+        gm_tenant_find(b_, "a")->charged_bytes -= MiB;
+        ck_assert_int_gt(gm_broker_check(b_, why, sizeof(why)), 0);
+        gm_tenant_find(b_, "a")->charged_bytes += MiB;
+        CHECK(b_);
+        /* A writable mapping left: the publish is refused, the object stays
+         * staging (unnumbered, not openable), and publishes once it is gone. */
+        ck_assert_int_eq(gm_shared_create(pub, "busy", MiB, &v), 0);
+        freeze_busy_ = true;
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, "m", 1, 0, &v), -EBUSY);
+        freeze_busy_ = false;
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_open(pub, "busy", 0, &v), -ENOENT);
+        ck_assert_int_eq(gm_shared_publish(pub, v.id, NULL, 0, "m", 1, 0, &v), 0);
+        ck_assert_uint_eq(v.version, 1);
+        CHECK(b_);
+        gm_session_free(pub);
+        ck_assert_int_eq(gm_shared_unpublish(session(b_, 0, "a"), "busy", 0), 0);
+        ck_assert_int_eq(gm_shared_unpublish(session(b_, 0, "a"), "w", 0), 0);
         CHECK(b_);
 }
 END_TEST
@@ -1985,6 +2299,11 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_tenant_views_and_persistent_quotas);
         tcase_add_test(tc, test_set_quota_saves_or_keeps_the_old);
         tcase_add_test(tc, test_alloc_conf_reaches_stats_everywhere);
+        tcase_add_test(tc, test_shared_books);
+        tcase_add_test(tc, test_shared_survives_restart);
+        tcase_add_test(tc, test_shared_checker);
+        tcase_add_test(tc, test_shared_mapping_is_not_audited);
+        tcase_add_test(tc, test_tagged_pool_books);
         suite_add_tcase(s, tc);
         return s;
 }

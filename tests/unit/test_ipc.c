@@ -1038,6 +1038,36 @@ START_TEST(test_host_segment_is_sealed_memfd) {
 }
 END_TEST
 
+/* A published shared object's memfd (freeze): refused while a writable
+ * mapping is left; once frozen nobody maps it writable or writes it, a
+ * read-only mapping sees the bytes, and it still adopts after a restart. */
+START_TEST(test_host_freeze_is_read_only_for_every_holder) {
+        gm_backend_t *b = open_host(64 * MiB);
+        gm_phys_t p;
+        ck_assert_ok(gm_backend_create(b, 2 * MiB, &p));
+        char *w = mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
+        ck_assert_ptr_ne(w, MAP_FAILED);
+        memset(w, 0x3c, p.size);
+        ck_assert_int_eq(b->ops->freeze(b, &p), -EBUSY);
+        munmap(w, p.size);
+        ck_assert_int_eq(b->ops->freeze(b, &p), 0);
+        ck_assert_ptr_eq(mmap(NULL, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0), MAP_FAILED);
+        ck_assert_int_eq(errno, EPERM);
+        ck_assert_int_lt(pwrite(p.fd, "x", 1, 0), 0);
+        ck_assert_int_lt(ftruncate(p.fd, 0), 0);
+        ck_assert_int_lt(fcntl(p.fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0); /* sealed for good */
+        char *r = mmap(NULL, p.size, PROT_READ, MAP_SHARED, p.fd, 0);
+        ck_assert_ptr_ne(r, MAP_FAILED);
+        ck_assert_int_eq(r[p.size - 1], 0x3c);
+        munmap(r, p.size);
+        gm_phys_t adopted;
+        ck_assert_ok(b->ops->adopt(b, dup(p.fd), p.size, &adopted));
+        gm_backend_release(b, &adopted);
+        gm_backend_release(b, &p);
+        gm_backend_close(b);
+}
+END_TEST
+
 START_TEST(test_host_check_empties_every_copy) {
         /* The check is made only when the memory is on its way out: what a
          * client kept of it (the fd, a private mapping) reads zeros and holds
@@ -1220,6 +1250,7 @@ static Suite *ipc_suite(void) {
         tcase_add_test(tc, test_host_capacity_enforced);
         tcase_add_test(tc, test_host_segment_is_sealed_memfd);
         tcase_add_test(tc, test_host_check_empties_every_copy);
+        tcase_add_test(tc, test_host_freeze_is_read_only_for_every_holder);
         tcase_add_test(tc, test_host_sizes_must_be_granules);
         tcase_add_test(tc, test_host_capacity_defaults_and_rounding);
         tcase_add_test(tc, test_backend_open_kinds);

@@ -259,6 +259,71 @@ GPUMEM_EXPORT int gpumem_claim(gpumem_client *c, uint64_t bytes, uint64_t *ret_c
  * its tenant's, a pid's or the device's); 0 for a local session's own set, which is read in
  * the process. */
 GPUMEM_EXPORT uint64_t gpumem_stats_claimed(const gpumem_stats *s);
+/* ---- tagged pools ---- */
+
+/* Allocations this thread makes on `c` until gpumem_pool_end() carry tag
+ * `tag` and come from that tag's own pool: a block is carved only from
+ * segments of its tag, so a tag's memory can be counted, limited and put to
+ * sleep as a whole. Scopes nest (a stack of at most 8 per thread); the empty
+ * tag "" is the default pool. -EINVAL for a malformed name
+ * ([A-Za-z0-9_.-]{1,31}), -E2BIG past the depth or past max_tags distinct
+ * tags per session (16), -ENOBUFS when this thread has scopes open on four
+ * other clients. */
+GPUMEM_EXPORT int gpumem_pool_begin(gpumem_client *c, const char *tag);
+/* Closes this thread's innermost scope on `c`; -ENOENT when none is open. */
+GPUMEM_EXPORT int gpumem_pool_end(gpumem_client *c);
+/* The tag this thread's allocations on `c` carry now ("" for none). */
+GPUMEM_EXPORT const char *gpumem_pool_current(gpumem_client *c);
+/* A PyTorch statistic of one tag's pool (as gpumem_stat(); names as there):
+ * the figures of its blocks and segments; the num_* counters are the
+ * session's only and read 0 here. A valid tag no scope used yet reads 0.
+ * Local sessions; -EOPNOTSUPP for a central one. */
+GPUMEM_EXPORT int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value);
+
+/* ---- shared objects ---- */
+
+/* Named, versioned, read-only memory one session fills and publishes and any
+ * session of an admitted tenant maps (docs/shared.md). The daemon owns it:
+ * charged once, to the publisher's tenant, it outlives the publisher and a
+ * daemon restart, until unpublished (or its retention ended) and closed by
+ * its last mapper. A handle is used by one thread at a time; close every
+ * handle before gpumem_disconnect(). */
+typedef struct gpumem_shared gpumem_shared;
+
+/* Makes a writable staging object `name` ([A-Za-z0-9_.:/-]{1,127}) of `size`
+ * bytes (rounded up to the granularity) for this session to fill (charged to
+ * the caller's tenant at once); *ret_ptr is its device address, mapped
+ * read-write here only. -EDQUOT, -ENOMEM, -ENOSPC (max_shared_objects),
+ * -EFBIG (larger than the tenant's quota or the device), -EEXIST. */
+GPUMEM_EXPORT int gpumem_shared_create(gpumem_client *c, const char *name, uint64_t size, gpumem_shared **ret,
+                                       void **ret_ptr);
+/* Commits it: the caller's writable mapping goes (after the device's work on
+ * it is done), the memory becomes immutable, version = the name's previous
+ * highest + 1. `readers`: NULL-terminated tenant names admitted to open it
+ * ("*" every tenant; NULL: the publisher's tenant only). `meta`: an opaque
+ * blob of at most 1 MiB (and one packet: max_packet) kept with it (a tensor
+ * layout). retention_s 0: until unpublished. Afterwards the handle is as one
+ * from gpumem_shared_open() (mapped read-only here, at the same address on
+ * host). -EBUSY: a writable mapping of it remains elsewhere (it stays a
+ * staging object, mapped read-write again). */
+GPUMEM_EXPORT int gpumem_shared_publish(gpumem_client *c, gpumem_shared *s, const char *const *readers,
+                                        const void *meta, size_t meta_len, uint32_t retention_s, uint64_t *ret_version);
+/* Maps published object `name` (version 0: the newest) read-only; -ENOENT,
+ * -EACCES when the caller's tenant is not admitted. */
+GPUMEM_EXPORT int gpumem_shared_open(gpumem_client *c, const char *name, uint64_t version, gpumem_shared **ret);
+/* Its address here, size in bytes, version (0 while staging). */
+GPUMEM_EXPORT const void *gpumem_shared_ptr(const gpumem_shared *s);
+GPUMEM_EXPORT uint64_t gpumem_shared_size(const gpumem_shared *s);
+GPUMEM_EXPORT uint64_t gpumem_shared_version(const gpumem_shared *s);
+/* The meta blob kept with it (NULL, 0 when none); valid until close. */
+GPUMEM_EXPORT int gpumem_shared_meta(const gpumem_shared *s, const void **ret_meta, size_t *ret_len);
+/* Unmaps it here (the device's work on it must be done) and frees the
+ * handle; a staging object is given up. Accepts NULL. */
+GPUMEM_EXPORT void gpumem_shared_close(gpumem_client *c, gpumem_shared *s);
+/* Withdraws name@version (0: every version) so nobody can open it again; its
+ * memory goes back to the device when the last mapper closes. The
+ * publisher's tenant or an admin (-EPERM); -ENOENT. */
+GPUMEM_EXPORT int gpumem_shared_unpublish(gpumem_client *c, const char *name, uint64_t version);
 
 #ifdef __cplusplus
 }
