@@ -960,6 +960,9 @@ typedef struct capture_api {
         CUresult (*begin)(CUstream, CUstreamCaptureMode);
         CUresult (*end)(CUstream, CUgraph *);
         CUresult (*destroy)(CUgraph);
+        CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+        CUresult (*launch)(CUgraphExec, CUstream);
+        CUresult (*exec_destroy)(CUgraphExec);
 } capture_api_t;
 
 static capture_api_t capture_api(void) {
@@ -969,6 +972,11 @@ static capture_api_t capture_api(void) {
         memcpy(&cap.begin, &a, sizeof(a));
         memcpy(&cap.end, &b, sizeof(b));
         memcpy(&cap.destroy, &d, sizeof(d));
+        void *i = gm_fake_symbol("cuGraphInstantiateWithFlags"), *l = gm_fake_symbol("cuGraphLaunch"),
+             *x = gm_fake_symbol("cuGraphExecDestroy");
+        memcpy(&cap.instantiate, &i, sizeof(i));
+        memcpy(&cap.launch, &l, sizeof(l));
+        memcpy(&cap.exec_destroy, &x, sizeof(x));
         return cap;
 }
 
@@ -1090,6 +1098,59 @@ START_TEST(test_capture_free_waits_for_its_end) {
 }
 END_TEST
 
+/* Whether [p, +bytes) holds `value` once `stream`'s work so far is done. */
+static bool holds(const gm_cuda_t *cu, uint64_t stream, void *p, size_t bytes, unsigned char value) {
+        fakecuda_launch_verify_fn verify;
+        void *v = gm_fake_symbol("fakecuda_launch_verify");
+        memcpy(&verify, &v, sizeof(v));
+        int ok = -1;
+        ck_assert_int_eq(verify((void *) (uintptr_t) stream, (uint64_t) (uintptr_t) p, bytes, value, &ok),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(cu->StreamSynchronize((CUstream) (uintptr_t) stream), CUDA_SUCCESS);
+        ck_assert_int_ne(ok, -1);
+        return ok == 1;
+}
+
+/* The emulator replays a captured graph: its kernels do not run at capture,
+ * they run at every cuGraphLaunch; so a block freed after the capture and
+ * handed out again (no private pool) is overwritten by the next replay: the
+ * hazard private pools exist for, shown. */
+START_TEST(test_graph_replay_shows_reuse_hazard) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *x, *y;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0);
+        late_write(graph, x, 8 * MiB, 0, 0x00);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        late_write(graph, x, 8 * MiB, 0, 0xab); /* two nodes: spin 0 ms, fill */
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.instantiate(&exec, g, 0), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0x00)); /* not run at capture */
+        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* run at the replay */
+        ck_assert_int_eq(gpumem_free(c, x), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &y), 0);
+        ck_assert_ptr_eq(y, x); /* the cache hands the graph's block out again */
+        late_write(graph, y, 8 * MiB, 0, 0x11);
+        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(!holds(cu, graph, y, 8 * MiB, 0x11)); /* the replay overwrote the new owner's data */
+        ck_assert_int_eq(cap.exec_destroy(exec), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        assert_no_fault(cu);
+        ck_assert_int_eq(gpumem_free(c, y), 0);
+        destroy_stream(cu, graph);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -1127,6 +1188,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_capture_survives_library_calls);
         tcase_add_test(tc, test_capture_miss_skips_the_ladder);
         tcase_add_test(tc, test_capture_free_waits_for_its_end);
+        tcase_add_test(tc, test_graph_replay_shows_reuse_hazard);
         suite_add_tcase(s, tc);
         return s;
 }
