@@ -111,7 +111,8 @@ typedef struct block {
 typedef struct pending_free {
         block_t block; /* as it was allocated (stream_uses not kept) */
         uint64_t block_id;
-        uint64_t *events;
+        uint64_t *events;  /* one per stream; 0 while that stream is captured (recorded once it ends) */
+        uint64_t *streams; /* the streams the events mark */
         size_t n_events;
         struct pending_free *next;
 } pending_free_t;
