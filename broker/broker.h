@@ -666,6 +666,10 @@ int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, u
 int gm_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */
 int gm_reattach_count(gm_session_t *s, uint64_t n);
+/* A shared object the re-attaching client still maps (gm_shared_reattach():
+ * -ENOENT when the adopted registry has no such object, which is then not
+ * counted; -EACCES; -ENOSPC). */
+int gm_reattach_shared(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size);
 
 /* ---- snapshots for metrics and listings ---- */
 

@@ -10,7 +10,8 @@
  *   publish SOCKET NAME SIZE SEED READERS   create, fill from SEED, publish (READERS: comma-separated
  *                                           tenants, "-" for none), print "published VERSION"
  *   read SOCKET NAME VERSION SEED           open, verify, print "ok", "bad" or "refused ERRNO"
- *   hold SOCKET NAME                        open, print "ready", close at stdin's EOF
+ *   hold SOCKET NAME [SEED]                 open, print "ready", close at stdin's EOF (with SEED:
+ *                                           verify first, print "ok" or "bad")
  *   write SOCKET NAME                       open and write through the read-only mapping:
  *                                           host dies by SIGSEGV; cuda prints "faulted" or "wrote"
  *   unpublish SOCKET NAME VERSION           print "ok" or "refused ERRNO" */
@@ -133,7 +134,7 @@ static int client_main(int argc, char **argv) {
                         printf("ok\n");
                 else
                         printf("bad\n");
-        } else if (strcmp(mode, "hold") == 0 && argc == 4) {
+        } else if (strcmp(mode, "hold") == 0 && (argc == 4 || argc == 5)) {
                 if ((r = gpumem_shared_open(c, name, 0, &s)) < 0) {
                         printf("refused %d\n", -r);
                 } else {
@@ -142,6 +143,10 @@ static int client_main(int argc, char **argv) {
                         char line[16];
                         while (fgets(line, sizeof(line), stdin))
                                 ;
+                        if (argc == 5) /* still the publisher's bytes (after a daemon restart, say) */
+                                printf(verify(gpumem_shared_ptr(s), gpumem_shared_size(s), strtoull(argv[4], NULL, 0))
+                                               ? "ok\n"
+                                               : "bad\n");
                 }
         } else if (strcmp(mode, "write") == 0 && argc == 4) {
                 if ((r = gpumem_shared_open(c, name, 0, &s)) < 0) {
