@@ -71,6 +71,31 @@ const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev)
         return prev ? prev->next : b->shared;
 }
 
+const gm_session_t *gm_shared_mapper_next(const gm_shared_t *o, const gm_session_t *prev, uint32_t *ret_opens) {
+        if (o->stager) { /* staging: its one writable mapping */
+                if (prev)
+                        return NULL;
+                *ret_opens = 1;
+                return o->stager;
+        }
+        const gm_shared_open_t *so = o->opens;
+        while (prev && so && so->session != prev) /* prev's first record */
+                so = so->next;
+        for (so = prev ? (so ? so->next : NULL) : so; so; so = so->next) {
+                bool seen = false; /* a session re-attached under two ids has two records */
+                for (const gm_shared_open_t *e = o->opens; e != so && !seen; e = e->next)
+                        seen = e->session == so->session;
+                if (seen)
+                        continue;
+                uint32_t opens = 0;
+                for (const gm_shared_open_t *e = so; e; e = e->next)
+                        opens += e->session == so->session ? e->count : 0;
+                *ret_opens = opens;
+                return so->session;
+        }
+        return NULL;
+}
+
 uint64_t gm_shared_bytes(const gm_broker_t *b) {
         uint64_t bytes = 0;
         for (const gm_shared_t *o = b->shared; o; o = o->next)
@@ -297,7 +322,7 @@ int gm_shared_publish(gm_session_t *s, uint64_t id, const char *const *readers, 
         return 0;
 }
 
-static bool admits(const gm_shared_t *o, const gm_tenant_t *t) {
+bool gm_shared_admits(const gm_shared_t *o, const gm_tenant_t *t) {
         if (t == o->tenant)
                 return true;
         for (size_t i = 0; i < o->n_readers; i++)
@@ -309,7 +334,7 @@ static bool admits(const gm_shared_t *o, const gm_tenant_t *t) {
 /* s opens o (its client names it client_id; 0: o's id): -EACCES when o's
  * readers do not admit s's tenant, -ENOSPC past s's opens. */
 static int open_for(gm_session_t *s, gm_shared_t *o, uint64_t client_id) {
-        if (!admits(o, s->tenant))
+        if (!gm_shared_admits(o, s->tenant))
                 return -EACCES;
         if (s->shared_opens >= GM_SHARED_OPENS_PER_SESSION)
                 return -ENOSPC;

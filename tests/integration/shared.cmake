@@ -3,7 +3,8 @@
 # uid and another. Host, and the emulated cuda driver when it is built.
 add_executable(test_shared ${CMAKE_CURRENT_LIST_DIR}/test_shared.c)
 target_link_libraries(test_shared PRIVATE gm_testutil gpumem PkgConfig::CHECK)
-add_dependencies(test_shared gpumemd)
+add_dependencies(test_shared gpumemd gpumemctl)
+target_compile_definitions(test_shared PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
 add_test(NAME shared_host COMMAND test_shared)
 set_tests_properties(shared_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 300 SKIP_RETURN_CODE 77)
 if(GPUMEM_HAVE_CUDA AND TARGET fakecuda)

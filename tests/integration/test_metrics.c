@@ -935,8 +935,8 @@ START_TEST(test_render_labels_counters_and_overflow) {
                 "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
                 "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
                 "samples",     "snapshot_answer", "return_intent", "claim"};
-        static const char *const shared_ops[] = {"shared_create", "shared_publish", "shared_open", "shared_close",
-                                                 "shared_unpublish"};
+        static const char *const shared_ops[] = {"shared_create", "shared_publish",   "shared_open",
+                                                 "shared_close",  "shared_unpublish", "shared_list"};
         size_t n_every = sizeof(every_op) / sizeof(every_op[0]), n_shared = sizeof(shared_ops) / sizeof(shared_ops[0]);
         ck_assert_uint_eq(fake_.n_ops, n_every + n_shared);
         for (size_t i = 0; i < n_every + n_shared; i++) {

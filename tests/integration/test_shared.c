@@ -232,6 +232,15 @@ static void unpublish(uid_t uid, const char *name, const char *version, const ch
         ck_assert_str_eq(line, want);
 }
 
+/* A process of `uid` that maps `name` until its stdin closes. */
+static void hold_as(uid_t uid, const char *name, gm_test_proc_t *ret) {
+        const char *argv[] = {self_, "hold", daemon_.socket_path, name, NULL};
+        gm_test_spawn(argv, uid, ret);
+        char line[64];
+        ck_assert(gm_test_proc_read_line(ret, line, sizeof(line)));
+        ck_assert_str_eq(line, "ready");
+}
+
 static uint64_t charged(const char *tenant) {
         return gm_test_tenant_charged(daemon_.socket_path, tenant);
 }
@@ -291,12 +300,8 @@ END_TEST
  * until its last mapper closes it, then the memory is back. */
 START_TEST(test_unpublish_then_last_close) {
         publish("kv/prefix", 4 * MiB, "3", "*", "published 1");
-        const char *argv[] = {self_, "hold", daemon_.socket_path, "kv/prefix", NULL};
         gm_test_proc_t holder;
-        gm_test_spawn(argv, NOBODY, &holder);
-        char line[64];
-        ck_assert(gm_test_proc_read_line(&holder, line, sizeof(line)));
-        ck_assert_str_eq(line, "ready");
+        hold_as(NOBODY, "kv/prefix", &holder);
         unpublish(0, "kv/prefix", "1", "ok");
         read_as(0, "kv/prefix", "0", "3", "refused 2");
         ck_assert_uint_eq(charged("uid:0"), 4 * MiB);
@@ -305,6 +310,63 @@ START_TEST(test_unpublish_then_last_close) {
                 usleep(10000);
         ck_assert_uint_eq(charged("uid:0"), 0);
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+}
+END_TEST
+
+/* gpumemctl shared as `uid`: its output in out, its exit status returned. */
+static int ctl_shared(uid_t uid, char *out, size_t len, const char *sub, const char *arg, bool json) {
+        const char *argv[8] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "shared", sub};
+        size_t n = 5;
+        if (arg)
+                argv[n++] = arg;
+        if (json)
+                argv[n++] = "--json";
+        return gm_test_run_as(out, len, uid, argv);
+}
+
+/* gpumemctl shared: list shows what the caller may see (an admin all; a
+ * tenant what it published or may open), show one object's readers and
+ * the sessions that map it, rm unpublishes (the publisher's tenant or an
+ * admin). */
+START_TEST(test_gpumemctl_shared) {
+        publish("w/open", 2 * MiB, "1", "*", "published 1");
+        publish("w/private", 4 * MiB, "2", "-", "published 1");
+        gm_test_proc_t holder;
+        hold_as(NOBODY, "w/open", &holder);
+        static char out[16384];
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"name\": \"w/open\"") && strstr(out, "\"name\": \"w/private\""), "%s", out);
+        ck_assert_msg(strstr(out, "\"state\": \"published\""), "%s", out);
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"name\": \"w/open\"") && !strstr(out, "w/private"), "%s", out);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, false), 0);
+        ck_assert_msg(strstr(out, "MAPPERS") && strstr(out, "w/open"), "%s", out);
+
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@1", true), 0);
+        char pid[64];
+        snprintf(pid, sizeof(pid), "\"pid\": %d, \"tenant\": \"uid:65534\", \"opens\": 1", (int) holder.pid);
+        ck_assert_msg(strstr(out, pid) && strstr(out, "\"mappers\": 1") && strstr(out, "\"readers\": [\"*\"]") &&
+                              strstr(out, "\"meta_bytes\": 6") && strstr(out, "\"size\": 2097152"),
+                      "%s", out);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open", false), 0);
+        snprintf(pid, sizeof(pid), "mapped by pid %d", (int) holder.pid);
+        ck_assert_msg(strstr(out, pid) && strstr(out, "readers: *"), "%s", out);
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "show", "w/private", false), 1);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@2", false), 1);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@x", false), 2);
+
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "rm", "w/private", false), 1); /* EPERM */
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "rm", "w/private@1", false), 0);
+        ck_assert_uint_eq(charged("uid:0"), 2 * MiB);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "rm", "w/open", false), 0);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open", true), 0); /* withdrawn, still mapped */
+        ck_assert_msg(strstr(out, "\"state\": \"withdrawn\""), "%s", out);
+        ck_assert_int_eq(gm_test_proc_finish(&holder), 0);
+        for (int i = 0; i < 500 && charged("uid:0"); i++)
+                usleep(10000);
+        ck_assert_uint_eq(charged("uid:0"), 0);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"objects\": []"), "%s", out);
 }
 END_TEST
 
@@ -323,6 +385,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_write_faults);
         tcase_add_test(tc, test_unadmitted_tenant_refused);
         tcase_add_test(tc, test_unpublish_then_last_close);
+        tcase_add_test(tc, test_gpumemctl_shared);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }
