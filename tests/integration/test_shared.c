@@ -370,6 +370,72 @@ START_TEST(test_gpumemctl_shared) {
 }
 END_TEST
 
+/* A snapshot by `uid` (gpumemctl snapshot, --pid unless 0) into file, judged
+ * by tests/lib/snapshot_check.py; then whether the Python expression `expr`
+ * holds of its shared segments (`sh`: each segment's gpumemd_shared). */
+static bool snapshot_holds(uid_t uid, const char *file, const char *format, pid_t pid, const char *expr) {
+        char pid_arg[16], out[512];
+        snprintf(pid_arg, sizeof(pid_arg), "%d", (int) pid);
+        const char *argv[] = {GPUMEMCTL_BIN, "-s",   daemon_.socket_path,  "snapshot", "-o", file,
+                              "--format",    format, pid ? "--pid" : NULL, pid_arg,    NULL};
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), uid, argv), 0);
+        char cmd[4096];
+        snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s'", GM_PYTHON3, GM_SNAPSHOT_CHECK, file);
+        ck_assert_int_eq(system(cmd), 0);
+        if (strcmp(format, "json") != 0)
+                return true;
+        snprintf(cmd, sizeof(cmd),
+                 "'%s' -c \"import json,sys; d=json.load(open('%s')); "
+                 "sh=[s['gpumemd_shared'] for s in d['segments'] if 'gpumemd_shared' in s]; "
+                 "pids=lambda o: sorted(m['pid'] for m in o['mappers']); "
+                 "sys.exit(0 if (%s) else 1)\"",
+                 GM_PYTHON3, file, expr);
+        return system(cmd) == 0;
+}
+
+/* A snapshot lists each shared object once, as a segment of its own with its
+ * mappers, not once per mapper; a tenant sees only the objects it may open
+ * and its own mappers; --pid only what that process maps. */
+START_TEST(test_snapshot_shows_shared_once) {
+        publish("snap/open", 2 * MiB, "1", "*", "published 1");
+        publish("snap/private", 4 * MiB, "2", "-", "published 1");
+        gm_test_proc_t theirs, ours;
+        hold_as(NOBODY, "snap/open", &theirs);
+        hold_as(0, "snap/open", &ours);
+        char file[64], expr[512];
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d.json", (int) getpid());
+        snprintf(expr, sizeof(expr),
+                 "len(sh) == 2 and sorted(o['name'] for o in sh) == ['snap/open', 'snap/private'] and "
+                 "[pids(o) for o in sh if o['name'] == 'snap/open'] == [sorted([%d, %d])] and "
+                 "[pids(o) for o in sh if o['name'] == 'snap/private'] == [[]] and "
+                 "all(o['state'] == 'published' and o['tenant'] == 'uid:0' for o in sh) and "
+                 "sorted(s['total_size'] for s in d['segments'] if 'gpumemd_shared' in s) == [%llu, %llu]",
+                 (int) theirs.pid, (int) ours.pid, 2 * MiB, 4 * MiB);
+        ck_assert_msg(snapshot_holds(0, file, "json", 0, expr), "admin's snapshot");
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d.pickle", (int) getpid());
+        ck_assert(snapshot_holds(0, file, "pickle", 0, NULL));
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d-nobody.json", (int) getpid());
+        snprintf(expr, sizeof(expr), "[o['name'] for o in sh] == ['snap/open'] and pids(sh[0]) == [%d]",
+                 (int) theirs.pid);
+        ck_assert_msg(snapshot_holds(NOBODY, file, "json", 0, expr), "another tenant's snapshot");
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d-pid.json", (int) getpid());
+        snprintf(expr, sizeof(expr), "[o['name'] for o in sh] == ['snap/open'] and pids(sh[0]) == [%d]",
+                 (int) ours.pid);
+        ck_assert_msg(snapshot_holds(0, file, "json", ours.pid, expr), "one process's snapshot");
+        unlink(file);
+        ck_assert_int_eq(gm_test_proc_finish(&theirs), 0);
+        ck_assert_int_eq(gm_test_proc_finish(&ours), 0);
+        unpublish(0, "snap/open", "0", "ok");
+        unpublish(0, "snap/private", "0", "ok");
+        for (int i = 0; i < 500 && charged("uid:0"); i++)
+                usleep(10000);
+        ck_assert_uint_eq(charged("uid:0"), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
         if (argc > 2)
                 return client_main(argc, argv);
@@ -386,6 +452,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_unadmitted_tenant_refused);
         tcase_add_test(tc, test_unpublish_then_last_close);
         tcase_add_test(tc, test_gpumemctl_shared);
+        tcase_add_test(tc, test_snapshot_shows_shared_once);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }
