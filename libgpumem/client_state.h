@@ -21,6 +21,7 @@
 #include "gpumem/gpumem.h"
 #include "mapper.h"
 #include "msg.h"
+#include "pool.h"
 #include "statpage.h"
 #include "u64map.h"
 
@@ -203,6 +204,14 @@ struct gpumem_client {
          * for that check (read without lock, written under it). */
         _Atomic bool client_fences;
         _Atomic bool fences_freed;
+        /* A central session whose daemon takes carried frees
+         * (HelloReply.carried_frees): plain frees not yet sent, under lock,
+         * carried by the next Alloc or sent before any other message
+         * (central.c). frees_carried: whether any wait, read without lock. */
+        bool carries_frees;
+        size_t n_carried_frees;
+        uint64_t carried_frees[GM_CARRIED_FREES_MAX];
+        _Atomic bool frees_carried;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is
@@ -210,6 +219,7 @@ struct gpumem_client {
          * a heap_lock holder (a grant's reply is mapped while it waits, a give
          * back unmaps under it) or at close, so heap_lock holders read it
          * without lock. */
+        gm_pool_names_t pools;        /* tagged pools' names (pool.h) */
         gpumem_heap_mode heap_choice; /* what the application asked for */
         bool local;
         bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */
