@@ -159,10 +159,35 @@ def test_mem_get_info(gpumem, daemons, blocks):
         daemons.ctl(0, "quota", "set", "uid:0", "0", "--runtime")
 
 
+def process_gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def settled_clients(gpumem, daemons, wait_s=10):
+    """gpumem.list_clients() and `gpumemctl clients --json` (less gpumemctl's
+    sessions), taken once neither lists a session of a process that has
+    exited: an earlier test's client or gpumemctl ends its session by
+    exiting, and the daemon sees that close asynchronously. Past wait_s the
+    last pair is returned as it is, for the comparison to judge."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        mine = gpumem.list_clients()
+        theirs = [c for c in daemons.ctl_json(0, "clients", "--json")
+                  if not (c["control"] and c["name"] == "gpumemctl")]
+        if not any(process_gone(c["pid"]) for c in mine + theirs) or time.monotonic() > deadline:
+            return mine, theirs
+        time.sleep(0.05)
+
+
 def test_list_clients_matches_gpumemctl(gpumem, daemons, blocks):
     blocks().alloc(6 * MiB)
-    mine = gpumem.list_clients()
-    theirs = [c for c in daemons.ctl_json(0, "clients", "--json") if not (c["control"] and c["name"] == "gpumemctl")]
+    mine, theirs = settled_clients(gpumem, daemons)
     keys = set(mine[0])  # gpumemctl may print more
     assert keys <= set(theirs[0])
     assert sorted(mine, key=lambda c: c["session_id"]) == sorted(({k: c[k] for k in keys} for c in theirs),
