@@ -162,6 +162,7 @@ cleanup() {
         trap - EXIT INT TERM
         if [ "$status" -ne 0 ] && [ -n "$init" ]; then
                 echo "--- journal (last 60 lines)" >&2
+                timeout 10 nsenter -t "$init" -m -p -n -r -w journalctl --sync 2>/dev/null || true
                 timeout 10 nsenter -t "$init" -m -p -n -r -w journalctl --no-pager -n 60 >&2 2>/dev/null || true
                 echo "--- console" >&2
                 tail -n 30 "$work/console.log" >&2
@@ -337,28 +338,45 @@ out=$(in_ns systemctl start gpumemd@0.socket 2>&1) || fail "systemctl start gpum
 out=$(as_user alice python3 "$client" once 2>&1) || fail "the first client of the socket: $out"
 [ "$(in_ns systemctl is-active gpumemd@0.service)" = active ] || fail "the first client did not start gpumemd@0.service"
 
+# unit_log ARGS...: gpumemd@0's journal (its lines and systemd's about it)
+# with every line written before the call in it: journald reads the
+# daemons' stderr streams asynchronously, and --sync returns once it has
+# taken what was queued (under load that can be seconds behind).
+unit_log() {
+        in_ns journalctl --sync
+        in_ns journalctl -u gpumemd@0.service --no-pager -o short-monotonic "$@"
+}
+
 # across DESCRIPTION COMMAND...: a client of alice's holds 8 MiB of written
 # memory while COMMAND replaces the daemon; the client then finds its data
-# intact and allocates again, and the new daemon logged its re-attach.
+# intact and allocates again, and the new daemon logged its re-attach. A
+# failure shows the unit's journal from the client's start on.
 across() {
         during=$1
         shift
+        cursor=$(in_ns journalctl -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p')
         in_ns rm -f /var/tmp/gm-system/go
         timeout 150 nsenter -t "$init" -m -p -n -r -w -- env -i PATH=/usr/bin:/bin setpriv --reuid alice --regid alice \
                 --init-groups python3 "$client" hold /var/tmp/gm-system/go >"$work/hold.out" 2>&1 &
         holder=$!
         wait_for 30 "the client to allocate" grep -q holding "$work/hold.out"
         before=$(in_ns systemctl show -p MainPID --value gpumemd@0.service)
-        reattached=$(in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 're-attached' || true)
+        reattached=$(unit_log | grep -c 're-attached' || true)
         "$@"
         wait_for 60 "a new daemon after $during" sh -c "[ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w \
                 systemctl show -p MainPID --value gpumemd@0.service)\" != $before ] &&
                 [ \"\$(timeout 10 nsenter -t $init -m -p -n -r -w systemctl is-active gpumemd@0.service)\" = active ]"
         in_ns touch /var/tmp/gm-system/go
-        wait "$holder" || fail "the client across $during: $(cat "$work/hold.out")"
-        grep -q intact "$work/hold.out" || fail "the client across $during said: $(cat "$work/hold.out")"
-        [ "$(in_ns journalctl -u gpumemd@0.service --no-pager | grep -c 're-attached' || true)" -gt "$reattached" ] ||
-                fail "the daemon after $during logged no re-attached session"
+        wait "$holder" || fail "the client across $during: $(cat "$work/hold.out")$(across_log)"
+        grep -q intact "$work/hold.out" || fail "the client across $during said: $(cat "$work/hold.out")$(across_log)"
+        [ "$(unit_log | grep -c 're-attached' || true)" -gt "$reattached" ] ||
+                fail "the daemon after $during logged no re-attached session$(across_log)"
+}
+
+# across_log: what the failure of an across step shows after its message.
+across_log() {
+        printf '\n--- journalctl -u gpumemd@0.service since the client started\n'
+        unit_log ${cursor:+--after-cursor="$cursor"} 2>&1 | tail -n 80
 }
 
 restart() {
