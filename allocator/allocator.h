@@ -176,6 +176,21 @@ typedef struct gm_alloc_result {
  * -EINVAL for size 0 or >= 2^60, -ENOMEM / -EDQUOT when memory cannot be had. */
 int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result);
 
+/* Tagged pools: tag 0 is the default pool, 1 .. GM_HEAP_MAX_TAGS-1 are the
+ * caller's (it maps names to these ids). A segment carries one tag and a
+ * block is carved, split, merged and reused only within its segment's tag;
+ * page reuse moves pages only between segments of one tag. */
+#define GM_HEAP_MAX_TAGS 17
+/* gm_heap_alloc() in tag `tag`'s pools; -EINVAL for a tag >= GM_HEAP_MAX_TAGS. */
+int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned tag, gm_alloc_result_t *ret_result);
+/* Tag `tag`'s share of the heap's statistics: the gm_stat_t figures (current,
+ * peak, allocated, freed) of blocks and segments of that tag; the num_*
+ * counters are the heap's only and read 0. Over all tags the currents add up
+ * to the heap's. -EINVAL for a tag >= GM_HEAP_MAX_TAGS. */
+int gm_heap_tag_stats(const gm_heap_t *h, unsigned tag, gm_stats_t *ret_stats);
+/* The tag of segment `segment_id`; -ENOENT when the heap has no such segment. */
+int gm_heap_segment_tag(const gm_heap_t *h, uint64_t segment_id, unsigned *ret_tag);
+
 /* free(): with deferred=false the block returns to the pool at once
  * (free_requested + free_completed); with deferred=true it stays active
  * (active_pending_free) until gm_heap_free_completed(). -ENOENT for an id that
@@ -286,6 +301,7 @@ typedef struct gm_segment_info {
         uint64_t stream;
         bool small_pool;
         bool expandable;
+        unsigned tag; /* gm_heap_alloc_tagged()'s; 0 = default pool */
         uint64_t allocated_size, active_size, requested_size;
 } gm_segment_info_t;
 

@@ -71,6 +71,7 @@ struct gm_segment {
         bool small;
         bool expandable;
         bool oversize; /* counted in oversize_segments */
+        uint8_t tag;   /* its pool's tag (gm_heap_alloc_tagged()); never changes */
         /* expandable only: */
         uint64_t page_size;
         uint64_t n_pages, mapped_pages;

@@ -34,6 +34,7 @@ typedef struct pool {
         gm_tnode_t *unmapped; /* free unmapped ranges by (stream, 0, addr) */
         uint64_t gc_calls;    /* get_free_block calls while GC is active */
         bool small;
+        uint8_t tag; /* every segment of the pool carries it */
 } pool_t;
 
 /* Page reuse: what is known of a stream's device work. */
@@ -51,7 +52,11 @@ struct gm_heap {
         gm_stats_t own_stats;
         gm_stats_t *sinks[4]; /* stats, then the params' extra sinks */
         size_t n_sinks;
-        pool_t small, large;
+        /* [tag][1] small, [tag][0] large: a tag's blocks come only from its
+         * own pools, so two tags never share a segment */
+        pool_t pools[GM_HEAP_MAX_TAGS][2];
+        unsigned n_tags;       /* tags 0 .. n_tags-1 have been used (>= 1) */
+        gm_stats_t *tag_stats; /* per tag, from the first tagged allocation on (NULL: only tag 0 so far) */
         gm_segment_t *seg_head, *seg_tail;
         gm_idmap_t live;
         gm_block_t *spare; /* spare block structs, linked through next */
@@ -98,22 +103,30 @@ static void sinks_refresh(gm_heap_t *h) {
                 h->sinks[h->n_sinks++] = h->params.extra_sinks[i];
 }
 
-static inline void stat_pool(gm_heap_t *h, size_t off, bool small, int64_t delta) {
-        gm_stat_type_t pool = small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
+static inline void stat_pool_one(gm_stats_t *sink, size_t off, gm_stat_type_t pool, int64_t delta) {
+        gm_stat_t *a = (gm_stat_t *) ((char *) sink + off);
+
+        gm_stat_update(&a[GM_STAT_ALL], delta);
+        gm_stat_update(&a[pool], delta);
+}
+
+/* Every sink, then segment s's tag where tags are counted. */
+static inline void stat_pool(gm_heap_t *h, size_t off, const gm_segment_t *s, int64_t delta) {
+        gm_stat_type_t pool = s->small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
 
         if (!delta)
                 return;
-        for (size_t i = 0; i < h->n_sinks; i++) {
-                gm_stat_t *a = (gm_stat_t *) ((char *) h->sinks[i] + off);
-
-                gm_stat_update(&a[GM_STAT_ALL], delta);
-                gm_stat_update(&a[pool], delta);
-        }
+        for (size_t i = 0; i < h->n_sinks; i++)
+                stat_pool_one(h->sinks[i], off, pool, delta);
+        if (h->tag_stats)
+                stat_pool_one(&h->tag_stats[s->tag], off, pool, delta);
 }
 
-static inline void stat_single(gm_heap_t *h, size_t off, int64_t delta) {
+static inline void stat_single(gm_heap_t *h, size_t off, const gm_segment_t *s, int64_t delta) {
         for (size_t i = 0; i < h->n_sinks; i++)
                 gm_stat_update((gm_stat_t *) ((char *) h->sinks[i] + off), delta);
+        if (h->tag_stats)
+                gm_stat_update((gm_stat_t *) ((char *) &h->tag_stats[s->tag] + off), delta);
 }
 
 static inline void count_event(gm_heap_t *h, size_t off) {
@@ -123,29 +136,32 @@ static inline void count_event(gm_heap_t *h, size_t off) {
 
 /* The figures every handout and every free_block() moves, one pass over the
  * sinks for them all (sign = +1 for a handout, -1 for a completed free). */
-static inline void stat_block(gm_heap_t *h, bool small, int sign, uint64_t size, uint64_t requested) {
-        gm_stat_type_t pool = small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
-
-        for (size_t i = 0; i < h->n_sinks; i++) {
-                gm_stats_t *s = h->sinks[i];
-
-                if (sign > 0) { /* allocation and allocated_bytes drop at free_request() */
-                        gm_stat_update(&s->allocation[GM_STAT_ALL], 1);
-                        gm_stat_update(&s->allocation[pool], 1);
-                        gm_stat_update(&s->allocated_bytes[GM_STAT_ALL], (int64_t) size);
-                        gm_stat_update(&s->allocated_bytes[pool], (int64_t) size);
-                }
-                gm_stat_update(&s->active[GM_STAT_ALL], sign);
-                gm_stat_update(&s->active[pool], sign);
-                gm_stat_update(&s->active_bytes[GM_STAT_ALL], sign * (int64_t) size);
-                gm_stat_update(&s->active_bytes[pool], sign * (int64_t) size);
-                gm_stat_update(&s->requested_bytes[GM_STAT_ALL], sign * (int64_t) requested);
-                gm_stat_update(&s->requested_bytes[pool], sign * (int64_t) requested);
+static inline void stat_block_one(gm_stats_t *s, gm_stat_type_t pool, int sign, uint64_t size, uint64_t requested) {
+        if (sign > 0) { /* allocation and allocated_bytes drop at free_request() */
+                gm_stat_update(&s->allocation[GM_STAT_ALL], 1);
+                gm_stat_update(&s->allocation[pool], 1);
+                gm_stat_update(&s->allocated_bytes[GM_STAT_ALL], (int64_t) size);
+                gm_stat_update(&s->allocated_bytes[pool], (int64_t) size);
         }
+        gm_stat_update(&s->active[GM_STAT_ALL], sign);
+        gm_stat_update(&s->active[pool], sign);
+        gm_stat_update(&s->active_bytes[GM_STAT_ALL], sign * (int64_t) size);
+        gm_stat_update(&s->active_bytes[pool], sign * (int64_t) size);
+        gm_stat_update(&s->requested_bytes[GM_STAT_ALL], sign * (int64_t) requested);
+        gm_stat_update(&s->requested_bytes[pool], sign * (int64_t) requested);
 }
 
-#define STAT(h, field, small, delta) stat_pool(h, offsetof(gm_stats_t, field), small, (int64_t) (delta))
-#define STAT1(h, field, delta) stat_single(h, offsetof(gm_stats_t, field), (int64_t) (delta))
+static inline void stat_block(gm_heap_t *h, const gm_segment_t *seg, int sign, uint64_t size, uint64_t requested) {
+        gm_stat_type_t pool = seg->small ? GM_STAT_SMALL_POOL : GM_STAT_LARGE_POOL;
+
+        for (size_t i = 0; i < h->n_sinks; i++)
+                stat_block_one(h->sinks[i], pool, sign, size, requested);
+        if (h->tag_stats)
+                stat_block_one(&h->tag_stats[seg->tag], pool, sign, size, requested);
+}
+
+#define STAT(h, field, seg, delta) stat_pool(h, offsetof(gm_stats_t, field), seg, (int64_t) (delta))
+#define STAT1(h, field, seg, delta) stat_single(h, offsetof(gm_stats_t, field), seg, (int64_t) (delta))
 #define COUNT(h, field) count_event(h, offsetof(gm_stats_t, field))
 
 static void trace(gm_heap_t *h, int action, uint64_t addr, uint64_t size, uint64_t stream) {
@@ -291,7 +307,7 @@ static bool is_split(const gm_block_t *b) {
 }
 
 static pool_t *pool_of(gm_heap_t *h, const gm_segment_t *s) {
-        return s->small ? &h->small : &h->large;
+        return &h->pools[s->tag][s->small];
 }
 
 static void free_key(const gm_block_t *b, uint64_t key[3]) {
@@ -449,13 +465,14 @@ static int segment_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t size
         s->size = size;
         s->stream = stream;
         s->small = p->small;
+        s->tag = p->tag;
         s->first = block_new(h, s, 0, size, true);
         segment_link(h, s);
-        STAT(h, segment, s->small, 1);
-        STAT(h, reserved_bytes, s->small, size);
+        STAT(h, segment, s, 1);
+        STAT(h, reserved_bytes, s, size);
         if (size >= h->cfg.max_split_size) {
                 s->oversize = true;
-                STAT1(h, oversize_segments, 1);
+                STAT1(h, oversize_segments, s, 1);
         }
         COUNT(h, num_device_alloc);
         trace(h, GM_TRACE_SEGMENT_ALLOC, s->addr, size, stream);
@@ -471,10 +488,10 @@ static uint64_t release_block(gm_heap_t *h, gm_block_t *b) {
         gm_dassert(b->state == GM_BSTATE_FREE && !is_split(b) && !s->expandable && b->size == size);
         COUNT(h, num_device_free);
         trace(h, GM_TRACE_SEGMENT_FREE, s->addr, size, s->stream);
-        STAT(h, segment, s->small, -1);
-        STAT(h, reserved_bytes, s->small, -(int64_t) size);
+        STAT(h, segment, s, -1);
+        STAT(h, reserved_bytes, s, -(int64_t) size);
         if (s->oversize)
-                STAT1(h, oversize_segments, -1);
+                STAT1(h, oversize_segments, s, -1);
         segment_forget(h, s);
         h->prov.release(h->prov.userdata, id, 0, size, handle, true);
         return size;
@@ -590,6 +607,7 @@ static int expandable_new(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t min
         s->addr = take_va(h, s->size);
         s->stream = stream;
         s->small = p->small;
+        s->tag = p->tag;
         s->expandable = true;
         s->page_size = page;
         s->n_pages = n;
@@ -629,7 +647,7 @@ static void unmap_range(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t en
         b->offset = begin * page;
         b->size = (end - begin) * page;
         b->mapped = false;
-        STAT(h, reserved_bytes, s->small, -(int64_t) b->size);
+        STAT(h, reserved_bytes, s, -(int64_t) b->size);
         COUNT(h, num_device_free);
         trace(h, GM_TRACE_SEGMENT_UNMAP, block_addr(b), b->size, s->stream);
         set_insert(h, b);
@@ -781,11 +799,11 @@ static uint64_t move_pages(gm_heap_t *h, gm_block_t *b, uint64_t begin, uint64_t
 }
 
 /* Fills pages [first, end) of t->seg, in order, with pages moved from free
- * blocks anywhere in the heap (the target's pool first; within a pool by
+ * blocks of t->seg's tag (the target's pool first; within a pool by
  * stream, then smallest block first, each giving its top pages); returns how
  * many were filled. */
 static uint64_t reuse_pages(gm_heap_t *h, const reuse_target_t *t, uint64_t first, uint64_t end) {
-        pool_t *pools[2] = {pool_of(h, t->seg), t->seg->small ? &h->large : &h->small};
+        pool_t *pools[2] = {pool_of(h, t->seg), &h->pools[t->seg->tag][!t->seg->small]}; /* pages stay in the tag */
         uint64_t page = t->seg->page_size, filled = 0;
 
         for (int i = 0; i < 2 && first + filled < end; i++) {
@@ -894,7 +912,7 @@ static int map_block(gm_heap_t *h, gm_block_t *b, uint64_t size, const reuse_tar
         gm_dassert(m->mapped && m->size >= mapped &&
                    (!m->next || !m->next->mapped || m->next->state != GM_BSTATE_FREE));
         *ret_block = m;
-        STAT(h, reserved_bytes, s->small, mapped);
+        STAT(h, reserved_bytes, s, mapped);
         COUNT(h, num_device_alloc);
         trace(h, GM_TRACE_SEGMENT_MAP, addr, mapped, s->stream);
         return 0;
@@ -1020,23 +1038,18 @@ static bool gc_candidate(const gm_block_t *b) {
 }
 
 static uint64_t gc_age(const gm_heap_t *h, const gm_block_t *b) {
-        return h->large.gc_calls - b->gc_stamp;
+        return h->pools[b->seg->tag][0].gc_calls - b->gc_stamp;
 }
 
-/* PyTorch's garbage_collect_cached_blocks(): above threshold x allowed, release
- * idle unsplit large segments of at least the mean age, round after round. */
-static void garbage_collect(gm_heap_t *h) {
-        uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
-        uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(h->stats);
-        uint64_t threshold = (uint64_t) (h->cfg.garbage_collection_threshold * (double) allowed);
-        uint64_t target, reclaimed = 0, total_age = 0, count = 0, key[3];
+/* PyTorch's garbage_collect_cached_blocks() on one large pool: releases idle
+ * unsplit segments of at least the mean age, round after round, until
+ * `target` bytes went; returns the bytes released. */
+static uint64_t garbage_collect_pool(gm_heap_t *h, pool_t *p, uint64_t target) {
+        uint64_t reclaimed = 0, total_age = 0, count = 0, key[3];
         bool freed = true;
         gm_block_t *b;
 
-        if (total <= threshold)
-                return;
-        target = total - threshold;
-        for (b = block_of(tree_first(h->large.free_set)); b; b = block_of(gm_tree_next(h->large.free_set, b->node.key)))
+        for (b = block_of(tree_first(p->free_set)); b; b = block_of(gm_tree_next(p->free_set, b->node.key)))
                 if (gc_candidate(b)) {
                         total_age += gc_age(h, b);
                         count++;
@@ -1045,8 +1058,7 @@ static void garbage_collect(gm_heap_t *h) {
                 double age_threshold = (double) total_age / (double) count;
 
                 freed = false;
-                for (b = block_of(tree_first(h->large.free_set)); b;
-                     b = block_of(gm_tree_next(h->large.free_set, key))) {
+                for (b = block_of(tree_first(p->free_set)); b; b = block_of(gm_tree_next(p->free_set, key))) {
                         memcpy(key, b->node.key, sizeof(key));
                         if (!gc_candidate(b) || (double) gc_age(h, b) < age_threshold)
                                 continue;
@@ -1056,6 +1068,18 @@ static void garbage_collect(gm_heap_t *h) {
                         reclaimed += release_block(h, b);
                 }
         }
+        return reclaimed;
+}
+
+/* Above threshold x allowed, each tag's large pool in turn (tag 0 first). */
+static void garbage_collect(gm_heap_t *h) {
+        uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
+        uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(h->stats);
+        uint64_t threshold = (uint64_t) (h->cfg.garbage_collection_threshold * (double) allowed);
+        uint64_t reclaimed = 0;
+
+        for (unsigned t = 0; t < h->n_tags && total > threshold + reclaimed; t++)
+                reclaimed += garbage_collect_pool(h, &h->pools[t][0], total - threshold - reclaimed);
 }
 
 /* An idle unsplit ordinary segment. */
@@ -1110,11 +1134,14 @@ static uint64_t release_pool(gm_heap_t *h, pool_t *p) {
 }
 
 uint64_t gm_heap_release_cached(gm_heap_t *h) {
-        uint64_t released;
+        uint64_t released = 0;
 
         COUNT(h, num_sync_all_streams);
-        released = release_pool(h, &h->large);
-        return released + release_pool(h, &h->small);
+        for (unsigned t = 0; t < h->n_tags; t++) {
+                released += release_pool(h, &h->pools[t][0]);
+                released += release_pool(h, &h->pools[t][1]);
+        }
+        return released;
 }
 
 /* PyTorch's alloc_block(): a new segment (or newly mapped expandable pages). */
@@ -1146,24 +1173,24 @@ static void hand_out(gm_heap_t *h, gm_block_t *b, uint64_t rsize, uint64_t orig,
                 gm_dassert(b->next->offset == b->offset + b->size);
                 set_insert(h, b->next);
                 if (counted && already_split)
-                        STAT(h, inactive_split_bytes, s->small, -(int64_t) rsize);
+                        STAT(h, inactive_split_bytes, s, -(int64_t) rsize);
                 else if (counted) {
-                        STAT(h, inactive_split_bytes, s->small, b->next->size);
-                        STAT(h, inactive_split, s->small, 1);
+                        STAT(h, inactive_split_bytes, s, b->next->size);
+                        STAT(h, inactive_split, s, 1);
                 }
         } else if (counted && already_split) {
-                STAT(h, inactive_split_bytes, s->small, -(int64_t) b->size);
-                STAT(h, inactive_split, s->small, -1);
+                STAT(h, inactive_split_bytes, s, -(int64_t) b->size);
+                STAT(h, inactive_split, s, -1);
         }
         b->state = GM_BSTATE_ALLOCATED;
         b->id = h->next_block_id++;
         b->requested_size = orig;
         gm_idmap_put(&h->live, b);
         trace(h, GM_TRACE_ALLOC, block_addr(b), orig, s->stream);
-        stat_block(h, s->small, 1, b->size, orig);
+        stat_block(h, s, 1, b->size, orig);
         b->oversize = b->size >= h->cfg.max_split_size;
         if (b->oversize)
-                STAT1(h, oversize_allocations, 1);
+                STAT1(h, oversize_allocations, s, 1);
         *ret_result = (gm_alloc_result_t){
                 .block_id = b->id,
                 .segment_id = s->id,
@@ -1189,7 +1216,26 @@ void gm_heap_count_reclaim_wait(gm_heap_t *h) {
         COUNT(h, num_reclaim_waits);
 }
 
-int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
+/* Tag `tag` is used from now on: its statistics start (tag 0's as a copy
+ * of the heap's, which until the first tag were all tag 0's). */
+static int tag_start(gm_heap_t *h, unsigned tag) {
+        if (!h->tag_stats) {
+                h->tag_stats = calloc(GM_HEAP_MAX_TAGS, sizeof(*h->tag_stats));
+                if (!h->tag_stats)
+                        return -ENOMEM;
+                for (unsigned t = 0; t < GM_HEAP_MAX_TAGS; t++)
+                        gm_stats_init(&h->tag_stats[t]);
+                h->tag_stats[0] = *h->stats;
+                h->tag_stats[0].num_alloc_retries = h->tag_stats[0].num_ooms = 0;
+                h->tag_stats[0].num_sync_all_streams = h->tag_stats[0].num_device_alloc = 0;
+                h->tag_stats[0].num_device_free = h->tag_stats[0].num_reclaim_waits = 0;
+        }
+        if (tag >= h->n_tags)
+                h->n_tags = tag + 1;
+        return 0;
+}
+
+int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned tag, gm_alloc_result_t *ret_result) {
         uint64_t rsize, asize, moved_before = h->reuse.pages_moved;
         gm_block_t *b;
         pool_t *p;
@@ -1197,10 +1243,17 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
 
         if (size == 0 || size >= MAX_REQUEST)
                 return -EINVAL;
+        if (tag >= h->n_tags) {
+                if (tag >= GM_HEAP_MAX_TAGS)
+                        return -EINVAL;
+                r = tag_start(h, tag);
+                if (r < 0)
+                        return r;
+        }
         h->n_allocs++;
         h->refusal_uncounted = false;
         rsize = round_size(&h->cfg, size);
-        p = rsize <= SMALL_SIZE ? &h->small : &h->large;
+        p = &h->pools[tag][rsize <= SMALL_SIZE];
         asize = allocation_size(h, rsize);
         r = gm_idmap_reserve(&h->live, 1);
         if (r >= 0)
@@ -1235,6 +1288,10 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
         return 0;
 }
 
+int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_t *ret_result) {
+        return gm_heap_alloc_tagged(h, size, stream, 0, ret_result);
+}
+
 /* PyTorch's free_block(): the block returns to its pool, merged with free
  * neighbours; active/requested drop. */
 static void free_block(gm_heap_t *h, gm_block_t *b) {
@@ -1267,10 +1324,10 @@ static void free_block(gm_heap_t *h, gm_block_t *b) {
                 d_bytes += (int64_t) b->size;
         }
         if (!s->expandable) {
-                STAT(h, inactive_split, s->small, d_count);
-                STAT(h, inactive_split_bytes, s->small, d_bytes);
+                STAT(h, inactive_split, s, d_count);
+                STAT(h, inactive_split_bytes, s, d_bytes);
         }
-        stat_block(h, s->small, -1, size, req);
+        stat_block(h, s, -1, size, req);
 }
 
 /* PyTorch's free(): allocation counts drop now, the block stays active until free_block. */
@@ -1279,12 +1336,12 @@ static void free_request(gm_heap_t *h, gm_block_t *b) {
 
         gm_dassert(b->state == GM_BSTATE_ALLOCATED);
         b->state = GM_BSTATE_PENDING;
-        STAT(h, allocation, s->small, -1);
-        STAT(h, allocated_bytes, s->small, -(int64_t) b->size);
+        STAT(h, allocation, s, -1);
+        STAT(h, allocated_bytes, s, -(int64_t) b->size);
         trace(h, GM_TRACE_FREE_REQUESTED, block_addr(b), b->requested_size, s->stream);
         if (b->oversize) {
                 b->oversize = false;
-                STAT1(h, oversize_allocations, -1);
+                STAT1(h, oversize_allocations, s, -1);
         }
 }
 
@@ -1330,7 +1387,11 @@ int gm_heap_new(const gm_alloc_config_t *config, const gm_provider_t *provider, 
         sinks_refresh(h);
         gm_stats_init(h->stats);
         apply_config(h, config);
-        h->small.small = true;
+        for (unsigned t = 0; t < GM_HEAP_MAX_TAGS; t++) {
+                h->pools[t][1].small = true;
+                h->pools[t][0].tag = h->pools[t][1].tag = (uint8_t) t;
+        }
+        h->n_tags = 1;
         h->next_block_id = 1;
         h->next_segment_id = 1;
         *ret_heap = h;
@@ -1377,6 +1438,7 @@ gm_heap_t *gm_heap_destroy(gm_heap_t *h) {
         }
         gm_idmap_done(&h->live);
         free(h->streams);
+        free(h->tag_stats);
         free(h);
         return NULL;
 }
@@ -1411,10 +1473,13 @@ uint64_t gm_heap_free_count(const gm_heap_t *h) {
 }
 
 uint64_t gm_heap_largest_free(const gm_heap_t *h) {
-        uint64_t s = h->small.free_set ? h->small.free_set->max_key1 : 0;
-        uint64_t l = h->large.free_set ? h->large.free_set->max_key1 : 0;
+        uint64_t largest = 0;
 
-        return s > l ? s : l;
+        for (unsigned t = 0; t < h->n_tags; t++)
+                for (int i = 0; i < 2; i++)
+                        if (h->pools[t][i].free_set && h->pools[t][i].free_set->max_key1 > largest)
+                                largest = h->pools[t][i].free_set->max_key1;
+        return largest;
 }
 
 const gm_stats_t *gm_heap_stats(const gm_heap_t *h) {
@@ -1459,6 +1524,7 @@ void gm_heap_walk(const gm_heap_t *h, const gm_heap_visitor_t *visitor) {
                                 .stream = s->stream,
                                 .small_pool = s->small,
                                 .expandable = s->expandable,
+                                .tag = s->tag,
                         };
 
                         if (!b->mapped) {
@@ -1503,7 +1569,8 @@ typedef struct recount {
 } recount_t;
 
 typedef struct check_ctx {
-        recount_t pool[2]; /* [0] small, [1] large */
+        recount_t pool[2];                  /* [0] small, [1] large */
+        recount_t tag[GM_HEAP_MAX_TAGS][2]; /* the same per tag */
         uint64_t live, oversize_allocations, oversize_segments;
 } check_ctx_t;
 
@@ -1517,7 +1584,7 @@ static bool pages_are(const gm_segment_t *s, uint64_t first, uint64_t end, uint8
 
 /* The block must be exactly the node found under its key in its set. */
 static int check_in_set(const gm_heap_t *h, const gm_block_t *b) {
-        const pool_t *p = b->seg->small ? &h->small : &h->large;
+        const pool_t *p = &h->pools[b->seg->tag][b->seg->small];
 
         if (!key_current(b))
                 return 1;
@@ -1526,7 +1593,7 @@ static int check_in_set(const gm_heap_t *h, const gm_block_t *b) {
 
 static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, check_ctx_t *c) {
         const gm_segment_t *s = b->seg;
-        recount_t *r = &c->pool[s->small ? 0 : 1];
+        recount_t *r = &c->tag[s->tag][s->small ? 0 : 1];
         int bad = 0;
 
         if (s->expandable) {
@@ -1575,7 +1642,7 @@ static int check_block(const gm_heap_t *h, const gm_block_t *b, bool split, chec
 }
 
 static int check_segment(const gm_heap_t *h, const gm_segment_t *s, check_ctx_t *c) {
-        recount_t *r = &c->pool[s->small ? 0 : 1];
+        recount_t *r = &c->tag[s->tag][s->small ? 0 : 1];
         const gm_block_t *b, *pb = NULL;
         uint64_t off = 0, pages = 0;
         int bad = 0;
@@ -1641,37 +1708,67 @@ static int check_stat(const gm_stat_t *a, int64_t small, int64_t large) {
                (a[GM_STAT_ALL].current != small + large);
 }
 
-#define CHECK_STAT(c, field) check_stat(h->stats->field, (c)->pool[0].field, (c)->pool[1].field)
+#define CHECK_STAT(stats, r, field) check_stat((stats)->field, (r)[0].field, (r)[1].field)
+
+/* The statistics `st` against recount `r` ([0] small, [1] large). */
+static int check_stats(const gm_stats_t *st, const recount_t r[2]) {
+        int bad = 0;
+
+        bad += CHECK_STAT(st, r, allocation);
+        bad += CHECK_STAT(st, r, allocated_bytes);
+        bad += CHECK_STAT(st, r, active);
+        bad += CHECK_STAT(st, r, active_bytes);
+        bad += CHECK_STAT(st, r, requested_bytes);
+        bad += CHECK_STAT(st, r, reserved_bytes);
+        bad += CHECK_STAT(st, r, segment);
+        bad += CHECK_STAT(st, r, inactive_split);
+        bad += CHECK_STAT(st, r, inactive_split_bytes);
+        return bad;
+}
+
+static void recount_add(recount_t *to, const recount_t *r) {
+        to->allocation += r->allocation;
+        to->allocated_bytes += r->allocated_bytes;
+        to->active += r->active;
+        to->active_bytes += r->active_bytes;
+        to->requested_bytes += r->requested_bytes;
+        to->reserved_bytes += r->reserved_bytes;
+        to->segment += r->segment;
+        to->inactive_split += r->inactive_split;
+        to->inactive_split_bytes += r->inactive_split_bytes;
+        to->free_blocks += r->free_blocks;
+        to->unmapped_blocks += r->unmapped_blocks;
+}
 
 int gm_heap_check(const gm_heap_t *h) {
-        check_ctx_t c = {0};
+        check_ctx_t c = {0}; /* about 3 KiB */
         const gm_segment_t *s, *ps = NULL;
-        const pool_t *pools[2] = {&h->small, &h->large};
         uint64_t n;
         int bad = 0;
 
+        bad += h->n_tags == 0 || h->n_tags > GM_HEAP_MAX_TAGS || (h->n_tags > 1 && !h->tag_stats);
         for (s = h->seg_head; s; ps = s, s = s->next) {
                 if (s->prev != ps || (ps && ps->addr + ps->size > s->addr))
                         bad++;
+                bad += s->tag >= h->n_tags; /* a segment's tag is one in use */
                 bad += check_segment(h, s, &c);
         }
         bad += ps != h->seg_tail;
-        for (int i = 0; i < 2; i++) {
-                bad += gm_tree_check(pools[i]->free_set, &n);
-                bad += n != c.pool[i].free_blocks;
-                bad += gm_tree_check(pools[i]->unmapped, &n);
-                bad += n != c.pool[i].unmapped_blocks;
-        }
+        for (unsigned t = 0; t < GM_HEAP_MAX_TAGS; t++)
+                for (int i = 0; i < 2; i++) {
+                        const pool_t *p = &h->pools[t][i ? 0 : 1]; /* recount [0] small, [1] large */
+
+                        bad += p->tag != t || p->small != !i;
+                        bad += gm_tree_check(p->free_set, &n);
+                        bad += n != c.tag[t][i].free_blocks;
+                        bad += gm_tree_check(p->unmapped, &n);
+                        bad += n != c.tag[t][i].unmapped_blocks;
+                        recount_add(&c.pool[i], &c.tag[t][i]);
+                        if (h->tag_stats)
+                                bad += i == 1 ? check_stats(&h->tag_stats[t], c.tag[t]) : 0;
+                }
         bad += c.live != h->live.count;
-        bad += CHECK_STAT(&c, allocation);
-        bad += CHECK_STAT(&c, allocated_bytes);
-        bad += CHECK_STAT(&c, active);
-        bad += CHECK_STAT(&c, active_bytes);
-        bad += CHECK_STAT(&c, requested_bytes);
-        bad += CHECK_STAT(&c, reserved_bytes);
-        bad += CHECK_STAT(&c, segment);
-        bad += CHECK_STAT(&c, inactive_split);
-        bad += CHECK_STAT(&c, inactive_split_bytes);
+        bad += check_stats(h->stats, c.pool);
         bad += h->stats->oversize_allocations.current != (int64_t) c.oversize_allocations;
         bad += h->stats->oversize_segments.current != (int64_t) c.oversize_segments;
         if (h->cfg.page_reuse)
@@ -1688,6 +1785,27 @@ static gm_segment_t *segment_find(const gm_heap_t *h, uint64_t id) {
                 if (s->id == id)
                         return s;
         return NULL;
+}
+
+int gm_heap_segment_tag(const gm_heap_t *h, uint64_t segment_id, unsigned *ret_tag) {
+        const gm_segment_t *s = segment_find(h, segment_id);
+        if (!s)
+                return -ENOENT;
+        *ret_tag = s->tag;
+        return 0;
+}
+
+int gm_heap_tag_stats(const gm_heap_t *h, unsigned tag, gm_stats_t *ret_stats) {
+        if (tag >= GM_HEAP_MAX_TAGS)
+                return -EINVAL;
+        if (h->tag_stats)
+                *ret_stats = h->tag_stats[tag];
+        else if (tag == 0)
+                *ret_stats = *h->stats;
+        else
+                gm_stats_init(ret_stats);
+        ret_stats->max_split_size = h->stats->max_split_size;
+        return 0;
 }
 
 int gm_heap_segment_pool(const gm_heap_t *h, uint64_t segment_id, bool *ret_small_pool) {
@@ -1782,13 +1900,13 @@ static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, 
                 set_insert(h, b);
         uint64_t reserved = expandable ? s->mapped_pages * page : va_size;
         if (!expandable) {
-                STAT(h, segment, s->small, 1);
+                STAT(h, segment, s, 1);
                 if (va_size >= h->cfg.max_split_size) {
                         s->oversize = true;
-                        STAT1(h, oversize_segments, 1);
+                        STAT1(h, oversize_segments, s, 1);
                 }
         }
-        STAT(h, reserved_bytes, s->small, reserved);
+        STAT(h, reserved_bytes, s, reserved);
         COUNT(h, num_device_alloc);
         if (segment_id >= h->next_segment_id)
                 h->next_segment_id = segment_id + 1;
@@ -1839,15 +1957,15 @@ int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, 
         b->requested_size = requested_size;
         gm_idmap_put(&h->live, b);
         if (!pending) {
-                STAT(h, allocation, s->small, 1);
-                STAT(h, allocated_bytes, s->small, size);
+                STAT(h, allocation, s, 1);
+                STAT(h, allocated_bytes, s, size);
                 b->oversize = size >= h->cfg.max_split_size;
                 if (b->oversize)
-                        STAT1(h, oversize_allocations, 1);
+                        STAT1(h, oversize_allocations, s, 1);
         }
-        STAT(h, active, s->small, 1);
-        STAT(h, active_bytes, s->small, size);
-        STAT(h, requested_bytes, s->small, requested_size);
+        STAT(h, active, s, 1);
+        STAT(h, active_bytes, s, size);
+        STAT(h, requested_bytes, s, requested_size);
         if (block_id >= h->next_block_id)
                 h->next_block_id = block_id + 1;
         return 0;
@@ -1863,8 +1981,8 @@ int gm_heap_restore_finish(gm_heap_t *h) {
                         continue;
                 for (gm_block_t *b = s->first; b; b = b->next)
                         if (b->state == GM_BSTATE_FREE && is_split(b)) {
-                                STAT(h, inactive_split, s->small, 1);
-                                STAT(h, inactive_split_bytes, s->small, b->size);
+                                STAT(h, inactive_split, s, 1);
+                                STAT(h, inactive_split_bytes, s, b->size);
                         }
         }
         return gm_heap_check(h) == 0 ? 0 : -EBADMSG;

@@ -24,7 +24,8 @@ typedef struct seg_rec {
 
 typedef struct owner_rec {
         uint32_t pid;
-        size_t tenant, command; /* string offsets */
+        size_t tenant, command;             /* string offsets */
+        size_t tag_names[GM_HEAP_MAX_TAGS]; /* string offsets ("default", "tag N" where unnamed) */
         uint64_t session_id;
         bool blocks_unknown;
 } owner_rec_t;
@@ -129,6 +130,12 @@ int gm_snapshot_data_add_owner(gm_snapshot_data_t *d, const gm_snapshot_owner_t 
                 r = string_add(d, o->tenant, &rec.tenant);
         if (r == 0)
                 r = string_add(d, o->command, &rec.command);
+        for (size_t id = 0; id < GM_HEAP_MAX_TAGS && r == 0; id++) {
+                char unnamed[16];
+                const char *name = o->tag_names && id < o->n_tag_names ? o->tag_names[id] : NULL;
+                snprintf(unnamed, sizeof(unnamed), id ? "tag %zu" : "default", id);
+                r = string_add(d, name && *name ? name : unnamed, &rec.tag_names[id]);
+        }
         if (r < 0)
                 return r;
         d->owners[d->n_owners] = rec;
@@ -438,9 +445,31 @@ static void key_frames(render_t *r, const trace_rec_t *t, const owner_rec_t *o) 
         gm_pickler_end_list(w);
 }
 
-static void category(render_t *r, const owner_rec_t *o) {
+/* The segment holding addr (segments sorted by address), or NULL. */
+static const seg_rec_t *segment_at(const render_t *r, uint64_t addr) {
+        size_t lo = 0, hi = r->d->n_segs;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (r->d->segs[mid].info.addr + r->d->segs[mid].info.size <= addr)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo < r->d->n_segs && r->d->segs[lo].info.addr <= addr ? &r->d->segs[lo] : NULL;
+}
+
+/* `category` of a block of segment s, or of a trace entry (s NULL) at addr. */
+static void category(render_t *r, const owner_rec_t *o, const seg_rec_t *s, uint64_t addr) {
         char pid[32];
         switch (r->o->category) {
+        case GM_SNAPSHOT_CATEGORY_TAG:
+                if (!s)
+                        s = segment_at(r, addr);
+                if (s && s->info.tag < GM_HEAP_MAX_TAGS && &r->d->owners[s->owner] == o)
+                        key_str(&r->w, "category", string_at(r->d, o->tag_names[s->info.tag]));
+                else
+                        key_str(&r->w, "category", "unknown");
+                break;
         case GM_SNAPSHOT_CATEGORY_TENANT:
                 key_str(&r->w, "category", o ? string_at(r->d, o->tenant) : "unknown");
                 break;
@@ -486,7 +515,7 @@ static void write_blocks(render_t *r, const seg_rec_t *s, const owner_rec_t *o) 
                 key_str(w, "state", "active_allocated");
                 if (!legacy) {
                         key_frames(r, NULL, o);
-                        category(r, o);
+                        category(r, o, s, s->info.addr);
                 }
                 gm_pickler_end_dict(w);
                 gm_pickler_end_list(w);
@@ -516,7 +545,7 @@ static void write_blocks(render_t *r, const seg_rec_t *s, const owner_rec_t *o) 
                 } else {
                         key_frames(r, t, b->state != GM_BLOCK_INACTIVE ? o : NULL);
                         if (b->state != GM_BLOCK_INACTIVE)
-                                category(r, o);
+                                category(r, o, s, b->addr);
                 }
                 gm_pickler_end_dict(w);
         }
@@ -571,7 +600,7 @@ static void write_trace_entry(render_t *r, const trace_rec_t *t) {
         key_uint(w, "time_us", t->e.time_us);
         if (t->n_frames > 0 || (o && r->o->process_frames))
                 key_frames(r, t, o);
-        category(r, o);
+        category(r, o, NULL, t->e.addr);
         key_uint(w, "pid", t->e.pid);
         gm_pickler_end_dict(w);
 }
@@ -747,7 +776,8 @@ typedef struct answer_segment {
         uint32_t flags; /* ANSWER_SMALL, ANSWER_EXPANDABLE */
 } answer_segment_t;
 
-enum { ANSWER_SMALL = 1, ANSWER_EXPANDABLE = 2 };
+/* flags: the pool bits, and the heap tag id in bits 8-15 (tagged pools). */
+enum { ANSWER_SMALL = 1, ANSWER_EXPANDABLE = 2, ANSWER_TAG_SHIFT = 8 };
 
 typedef struct answer_block {
         uint64_t size, requested_size;
@@ -817,7 +847,8 @@ int gm_snapshot_answer_encode(const gm_heap_t *heap, const gm_history_t *h, size
                                          .stream = s->info.stream,
                                          .n_blocks = (uint32_t) s->n_blocks,
                                          .flags = (s->info.small_pool ? ANSWER_SMALL : 0u) |
-                                                  (s->info.expandable ? ANSWER_EXPANDABLE : 0u)};
+                                                  (s->info.expandable ? ANSWER_EXPANDABLE : 0u) |
+                                                  (uint32_t) s->info.tag << ANSWER_TAG_SHIFT};
                 if (s->info.addr + s->info.size > span)
                         span = s->info.addr + s->info.size;
         }
@@ -1033,7 +1064,10 @@ static int add_answer(gm_snapshot_data_t *d, uint32_t owner, const char *buf, si
                                           .size = s->size,
                                           .stream = s->stream,
                                           .small_pool = s->flags & ANSWER_SMALL,
-                                          .expandable = s->flags & ANSWER_EXPANDABLE};
+                                          .expandable = s->flags & ANSWER_EXPANDABLE,
+                                          .tag = s->flags >> ANSWER_TAG_SHIFT};
+                if (info.tag >= GM_HEAP_MAX_TAGS)
+                        return -EBADMSG;
                 /* Blocks go in through the checked path, in batches. */
                 if ((r = GROW(d, segs, 1)) < 0)
                         return r;

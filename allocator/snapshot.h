@@ -34,6 +34,8 @@ typedef enum gm_snapshot_category {
         GM_SNAPSHOT_CATEGORY_NONE, /* no category key */
         GM_SNAPSHOT_CATEGORY_TENANT,
         GM_SNAPSHOT_CATEGORY_PID, /* "pid N" */
+        GM_SNAPSHOT_CATEGORY_TAG, /* the segment's tagged pool ("default" for tag 0, "unknown" for a trace
+                                   * entry at an address no segment of the snapshot holds any more) */
         _GM_SNAPSHOT_CATEGORY_MAX,
 } gm_snapshot_category_t;
 
@@ -77,6 +79,10 @@ typedef struct gm_snapshot_owner {
         bool blocks_unknown; /* its blocks are not known (a local session that did not
                               * answer in time): each of its segments is written as one
                               * active block and marked `gpumemd_blocks_unknown` */
+        /* Its tagged pools' names by heap tag id (n_tag_names <= GM_HEAP_MAX_TAGS; a
+         * missing or empty one reads "default" for id 0, "tag N" above). */
+        const char *const *tag_names;
+        size_t n_tag_names;
 } gm_snapshot_owner_t;
 
 int gm_snapshot_data_new(gm_snapshot_data_t **ret_data);

@@ -73,6 +73,8 @@ struct gm_session {
         bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
         uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
         gm_session_grants_t grants;   /* local */
+        gm_session_tags_t tags;       /* its tagged pools' names and charged bytes (piece.c books them) */
+        uint8_t cur_tag;              /* central: the tag of the allocation being served (its new pieces') */
         gm_session_reclaim_t reclaim; /* local */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */
@@ -139,6 +141,7 @@ typedef struct gm_release {
 typedef struct gm_request {
         bool is_grant;
         uint64_t size, stream; /* an allocation */
+        uint8_t tag;           /* its tagged pool (an id of the session's tags) */
         gm_grant_t grant;      /* a grant */
 } gm_request_t;
 

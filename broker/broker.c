@@ -125,13 +125,26 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
 
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret) {
+        gm_broker_alloc_tagged(s, request_id, size, stream, "", frames, n_frames, ret);
+}
+
+void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
+                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
         *ret = (gm_outcome_t){0};
         if (s->ended || !s->tenant) {
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;
         }
+        unsigned tag_id = 0;
+        int r = gm_session_tags_intern(&s->tags, tag, &tag_id);
+        if (r < 0) {
+                gm_outcome_refuse(ret, r, "gpumemd: allocation refused: %s",
+                                  r == -E2BIG ? "more than 16 tagged pools in the session"
+                                              : "malformed pool tag (want [A-Za-z0-9_.-]{1,31})");
+                return;
+        }
         gm_process_check_baseline(s, NULL); /* what its process holds before gpumemd's memory */
-        gm_request_t rq = {.size = size, .stream = stream};
+        gm_request_t rq = {.size = size, .stream = stream, .tag = (uint8_t) tag_id};
         if (s->parked) /* keep order behind earlier waiting requests */
                 return gm_reclaim_park(s, request_id, &rq, ret);
         s->cur_frames = frames;
@@ -162,11 +175,21 @@ void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, 
                 gm_outcome_refuse(ret, -EPROTO, "gpumemd: Grant needs a local session");
                 return;
         }
+        int r = gm_session_tags_name(&s->tags, g->tag_id, g->tag ? g->tag : "");
+        if (r < 0) {
+                gm_outcome_refuse(ret, r, "gpumemd: grant refused: %s (pool id %u)",
+                                  r == -E2BIG ? "more than 16 tagged pools in the session"
+                                              : "malformed pool tag, or another name than its id has",
+                                  g->tag_id);
+                return;
+        }
         bool first = !s->holder.noted && s->grants.pieces == 0 && s->grants.returned == 0;
         if (first)
                 gm_process_check_note(s, &s->holder); /* what its process holds before gpumemd's memory */
         gm_process_check_baseline(s, first ? &s->holder : NULL);
         gm_request_t rq = {.is_grant = true, .grant = *g};
+        rq.grant.piece.tag = (uint8_t) g->tag_id; /* the name is in s->tags now: a parked grant keeps no pointer */
+        rq.grant.tag = NULL;
         if (s->parked) /* in order behind the waiting ones */
                 return gm_reclaim_park(s, request_id, &rq, ret);
         gm_reclaim_try(s, &rq, true, ret);
@@ -295,6 +318,28 @@ static void check_grants(gm_checker_t *c, const gm_session_t *s) {
         if (s->local && s->heap)
                 gm_check_violation(c, "local session %llu has a heap in the daemon", (unsigned long long) s->id);
         gm_u64map_done(&segments);
+}
+
+/* Tagged pools: each id's bytes are its charged pieces', ids in use are named. */
+static void check_session_tags(gm_checker_t *c, const gm_session_t *s) {
+        uint64_t bytes[GM_SESSION_MAX_TAGS + 1] = {0};
+        const gm_session_tags_t *t = &s->tags;
+        for (const gm_piece_t *p = s->pieces; p; p = p->next) {
+                if (p->tag > GM_SESSION_MAX_TAGS || (p->tag && !t->names[p->tag][0])) {
+                        gm_check_violation(c, "session %llu: a piece in unnamed pool %u", (unsigned long long) s->id,
+                                           p->tag);
+                        continue;
+                }
+                if (gm_piece_charged(p))
+                        bytes[p->tag] += p->phys.size;
+        }
+        if (t->n > GM_SESSION_MAX_TAGS || t->names[0][0])
+                gm_check_violation(c, "session %llu: %u tagged pools", (unsigned long long) s->id, t->n);
+        for (unsigned k = 0; k <= GM_SESSION_MAX_TAGS; k++)
+                if (bytes[k] != t->bytes[k])
+                        gm_check_violation(c, "session %llu: pool '%s' counts %llu bytes, its pieces %llu",
+                                           (unsigned long long) s->id, t->names[k], (unsigned long long) t->bytes[k],
+                                           (unsigned long long) bytes[k]);
 }
 
 static void check_session(gm_checker_t *c, const gm_session_t *s, uint64_t *backed, uint64_t *unbacked,
@@ -452,6 +497,7 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 if (s->next && s->next->prev != s)
                         gm_check_violation(&c, "session list broken at %llu", (unsigned long long) s->id);
                 check_session(&c, s, &backed, &unbacked, &stored, &recorded);
+                check_session_tags(&c, s);
                 releasing += s->releasing_bytes;
         }
         if (n_sessions != b->n_sessions)

@@ -55,6 +55,14 @@ typedef enum gm_release_check {
         _GM_RELEASE_CHECK_MAX,
 } gm_release_check_t;
 
+/* A tenant's limit on the bytes its sessions' pieces of one tagged pool may
+ * hold together (the config's tag_quota = kv_cache:40G,weights:20G). */
+#define GM_TENANT_MAX_TAG_QUOTAS 16
+typedef struct gm_tag_quota {
+        char tag[32]; /* a tag name (never the default pool) */
+        uint64_t bytes;
+} gm_tag_quota_t;
+
 /* Read-only outside the broker. */
 struct gm_tenant {
         char name[64];
@@ -74,6 +82,8 @@ struct gm_tenant {
         uint64_t audit_catches; /* audits that found such memory (a counter) */
         uint64_t claimed_bytes; /* = its sessions' unconsumed claims (gm_broker_claim()): beyond charged_bytes,
                                    counted against its quota and the device for every other session */
+        gm_tag_quota_t tag_quotas[GM_TENANT_MAX_TAG_QUOTAS]; /* checked at each piece of a pool it names */
+        size_t n_tag_quotas;
         struct gm_tenant *next;
 };
 
@@ -114,6 +124,7 @@ struct gm_piece {
         uint64_t store_id;     /* kept in the fd store as GM_STORE_PREFIX<store_id> (0: not kept) */
         uint64_t record_id;    /* journaled, with no handle in the fd store: a re-attach may claim it (0: not) */
         gm_piece_pool_t pool;  /* as journaled: restores its segment in that pool after a restart */
+        uint8_t tag;           /* its tagged pool: an id of its session's gm_session_tags_t (0: default) */
         gm_session_t *session; /* NULL for orphans */
         struct gm_orphan *orphan;
         struct gm_piece *prev, *next; /* in its owner's list of pieces */
@@ -125,6 +136,7 @@ typedef struct gm_piece_spec {
         uint64_t segment_va_size;
         uint64_t offset;
         uint64_t size;
+        uint8_t tag; /* the tagged pool it is booked under (gm_session_tags_t id; 0: default) */
 } gm_piece_spec_t;
 
 /* Creates `spec->size` bytes of fresh memory for session `s` (no heap
@@ -393,6 +405,13 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len);
 gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name);
 /* Finds or creates; NULL on -ENOMEM. */
 gm_tenant_t *gm_tenant_get(gm_broker_t *b, const char *name);
+/* Replaces a tenant's tag quotas (n 0: none; at most GM_TENANT_MAX_TAG_QUOTAS). */
+void gm_tenant_set_tag_quotas(gm_tenant_t *t, const gm_tag_quota_t *quotas, size_t n);
+/* Parses "TAG:SIZE[,TAG:SIZE...]" (sizes as 40G, each positive, tags
+ * distinct and well formed): -EINVAL, or -E2BIG past GM_TENANT_MAX_TAG_QUOTAS. */
+int gm_tag_quotas_parse(const char *text, gm_tag_quota_t *ret_quotas, size_t *ret_n);
+/* The bytes the pieces of tenant t's sessions charge to pool `tag`. */
+uint64_t gm_tenant_tag_charged(const gm_broker_t *b, const gm_tenant_t *t, const char *tag);
 /* Sets (has = true) or clears one source of a tenant's quota. */
 void gm_tenant_set_quota(gm_tenant_t *t, gm_quota_source_t source, bool has, uint64_t bytes);
 /* "runtime", "persistent", "config" or "none". */
@@ -450,6 +469,27 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
+/* Tagged pools (docs/tags.md): a session's pool names and their charged
+ * bytes. Id 0 is the default pool ""; ids 1 .. GM_SESSION_MAX_TAGS are
+ * named on first use and keep their name while the session lives (a local
+ * session's ids are its client's, a central one's the broker's). bytes[id]
+ * is the charge of its pieces booked under id; over all ids it is the
+ * session's charge (gm_broker_check()). */
+#define GM_SESSION_MAX_TAGS 16
+typedef struct gm_session_tags {
+        char names[GM_SESSION_MAX_TAGS + 1][32];
+        uint64_t bytes[GM_SESSION_MAX_TAGS + 1];
+        unsigned n; /* ids 1 .. n may be named (the highest named) */
+} gm_session_tags_t;
+
+/* Names id `id` `name` (a client's numbering): -EINVAL for a malformed name
+ * or one other than the id already has, -E2BIG for an id past
+ * GM_SESSION_MAX_TAGS; id 0 takes only "". */
+int gm_session_tags_name(gm_session_tags_t *t, unsigned id, const char *name);
+/* The id of `name`, named with the next free id if new: -EINVAL, -E2BIG
+ * past GM_SESSION_MAX_TAGS names. */
+int gm_session_tags_intern(gm_session_tags_t *t, const char *name, unsigned *ret_id);
+
 /* What the daemon reads of a session (gm_session_t is opaque outside the
  * broker): plain fields, copied at the call; the pointers are the broker's
  * and stay valid while the session does. */
@@ -480,6 +520,7 @@ typedef struct gm_session_view {
         void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
         const gm_history_t *history;       /* its own history (gm_session_history()); NULL while off */
         size_t history_max_entries;        /* its bound, while on */
+        const gm_session_tags_t *tags;     /* its tagged pools and their charged bytes */
 } gm_session_view_t;
 
 void gm_session_view(const gm_session_t *s, gm_session_view_t *ret);
@@ -521,6 +562,10 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* An allocation: REPLY (with gm_session_central_new_pieces() to map), PARK or REFUSE. */
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret);
+/* gm_broker_alloc() from tagged pool `tag` (NULL or "": the default),
+ * refused -EINVAL for a malformed name, -E2BIG past GM_SESSION_MAX_TAGS. */
+void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
+                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
 /* The reply built from allocation outcome `out` was sent: its pieces are
  * the client's (their releases need acks from now on), its moves and fence
  * marks are done. */
@@ -589,6 +634,8 @@ typedef struct gm_grant {
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
+        const char *tag;       /* the tagged pool it is for (NULL or "": default), the client's id ... */
+        unsigned tag_id;       /* ... of it (0 with the default) */
 } gm_grant_t;
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a

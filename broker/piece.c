@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "piece.h"
@@ -18,11 +19,14 @@ static void charge(gm_piece_t *p, bool on) {
         gm_tenant_t *t = p->session ? p->session->tenant : NULL;
         if (!t)
                 return;
+        uint64_t *tag_bytes = &p->session->tags.bytes[p->tag];
         if (on) {
                 t->charged_bytes += p->phys.size;
+                *tag_bytes += p->phys.size;
         } else {
-                gm_assert(t->charged_bytes >= p->phys.size);
+                gm_assert(t->charged_bytes >= p->phys.size && *tag_bytes >= p->phys.size);
                 t->charged_bytes -= p->phys.size;
+                *tag_bytes -= p->phys.size;
         }
 }
 
@@ -55,6 +59,24 @@ static void detach(gm_piece_t *p) {
         p->session = NULL;
 }
 
+const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,
+                                              uint64_t *ret_charged) {
+        const gm_tenant_t *t = s->tenant;
+        if (!t || tag == 0 || tag > GM_SESSION_MAX_TAGS || !t->n_tag_quotas)
+                return NULL;
+        for (size_t i = 0; i < t->n_tag_quotas; i++) {
+                const gm_tag_quota_t *q = &t->tag_quotas[i];
+                if (strcmp(q->tag, s->tags.names[tag]) != 0)
+                        continue;
+                uint64_t charged = gm_tenant_tag_charged(s->broker, t, q->tag);
+                if (charged <= q->bytes && bytes <= q->bytes - charged)
+                        return NULL;
+                *ret_charged = charged;
+                return q;
+        }
+        return NULL;
+}
+
 /* What session s could still be given under its tenant's quota (UINT64_MAX:
  * none) and on the device: audited memory counts as charged
  * (process_check.c), other sessions' claims as taken, its own claim as its
@@ -70,10 +92,12 @@ static void room(const gm_session_t *s, uint64_t *ret_quota_room, uint64_t *ret_
         *ret_device_room = elsewhere < free ? free - elsewhere : 0;
 }
 
-int gm_piece_room_for(const gm_session_t *s, uint64_t bytes) {
-        uint64_t quota_room, device_room;
+int gm_piece_room_for(const gm_session_t *s, uint64_t bytes, unsigned tag) {
+        uint64_t quota_room, device_room, charged;
         room(s, &quota_room, &device_room);
         if (bytes > quota_room)
+                return -EDQUOT;
+        if (gm_piece_tag_quota_over(s, tag, bytes, &charged))
                 return -EDQUOT;
         if (bytes > device_room)
                 return -ENOMEM;
@@ -93,7 +117,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         if (spec->size == 0 || spec->offset + spec->size < spec->offset ||
             spec->offset + spec->size > spec->segment_va_size)
                 return -EINVAL;
-        int r = gm_piece_room_for(s, spec->size);
+        int r = gm_piece_room_for(s, spec->size, spec->tag);
         if (r < 0)
                 return r;
         gm_piece_t *p = calloc(1, sizeof(*p));
@@ -107,6 +131,7 @@ int gm_piece_create(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **r
         p->segment_id = spec->segment_id;
         p->segment_va_size = spec->segment_va_size;
         p->offset = spec->offset;
+        p->tag = spec->tag <= GM_SESSION_MAX_TAGS ? spec->tag : 0;
         gm_piece_attach(s, p, GM_PIECE_LIVE);
         gm_claim_consume(s, spec->size);
         gm_ledger_store(b, s, p);
@@ -121,7 +146,7 @@ int gm_piece_create_run(gm_session_t *s, const gm_piece_spec_t *first, uint64_t 
         if (n == 0 || first->size == 0 || first->offset > first->segment_va_size ||
             n > (first->segment_va_size - first->offset) / first->size)
                 return -EINVAL;
-        int r = gm_piece_room_for(s, n * first->size); /* the run as a whole */
+        int r = gm_piece_room_for(s, n * first->size, first->tag); /* the run as a whole */
         uint64_t k = 0;
         for (; k < n && r == 0; k += r == 0) {
                 gm_piece_spec_t spec = *first;

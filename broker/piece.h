@@ -10,9 +10,14 @@ bool gm_piece_charged(const gm_piece_t *p);
 /* The most that session s could be given now (gm_piece_create's checks):
  * the least of its tenant's quota room and the device's. */
 uint64_t gm_piece_room(const gm_session_t *s);
-/* 0 when `bytes` more fit the quota of session s's tenant and the device
+/* 0 when `bytes` more fit the quota of session s's tenant, its tag quota of
+ * pool `tag` (0: the default pool, which has none) and the device
  * (gm_piece_create's checks), else -EDQUOT or -ENOMEM. */
-int gm_piece_room_for(const gm_session_t *s, uint64_t bytes);
+int gm_piece_room_for(const gm_session_t *s, uint64_t bytes, unsigned tag);
+/* The tag quota of session s's tenant that `bytes` more in pool `tag` would
+ * exceed (*ret_charged: what the pool's pieces charge now), or NULL. */
+const gm_tag_quota_t *gm_piece_tag_quota_over(const gm_session_t *s, unsigned tag, uint64_t bytes,
+                                              uint64_t *ret_charged);
 /* Links a piece into s's list (state and charge as given). */
 void gm_piece_attach(gm_session_t *s, gm_piece_t *p, gm_piece_state_t state);
 /* Returns a piece's memory to the backend, uncharges and unstores it (keeps

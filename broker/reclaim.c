@@ -222,6 +222,45 @@ static void name_unverified(const gm_broker_t *b, const gm_tenant_t *tenant, cha
                                       : "clients");
 }
 
+/* Names the tenant's biggest tagged pools (at most three, by the bytes its
+ * sessions' pieces charge to each name), when its sessions named any. */
+static void name_biggest_pools(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
+        struct {
+                const char *name;
+                uint64_t bytes;
+        } pools[GM_SESSION_MAX_TAGS + 1] = {{0}};
+        size_t n = 0;
+        for (const gm_session_t *s = b->sessions; s; s = s->next)
+                for (unsigned id = 0; s->tenant == tenant && id <= s->tags.n; id++) {
+                        const char *name = id ? s->tags.names[id] : "";
+                        size_t k = 0;
+                        while (k < n && strcmp(pools[k].name, name) != 0)
+                                k++;
+                        if (k == n && n == GM_SESSION_MAX_TAGS + 1)
+                                continue; /* beyond the names counted: left out */
+                        if (k == n)
+                                pools[n++].name = name;
+                        pools[k].bytes += s->tags.bytes[id];
+                }
+        if (n < 2)
+                return; /* the default pool alone: nothing to tell apart */
+        gm_text_append(buf, len, " gpumemd: its biggest pools:");
+        for (int shown = 0; shown < 3; shown++) {
+                size_t best = n;
+                for (size_t k = 0; k < n; k++)
+                        if (pools[k].bytes && (best == n || pools[k].bytes > pools[best].bytes))
+                                best = k;
+                if (best == n)
+                        break;
+                char size[32];
+                gm_text_append(buf, len, "%s '%s' %s", shown ? "," : "",
+                               pools[best].name[0] ? pools[best].name : "default",
+                               gm_format_size(pools[best].bytes, size, sizeof(size)));
+                pools[best].bytes = 0;
+        }
+        gm_text_append(buf, len, ".");
+}
+
 /* Says how much of the tenant's (NULL: the device's) memory is memory its
  * clients gave back and map again (the audit, process_check.c). */
 static void name_audited(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
@@ -297,7 +336,20 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 }
         }
         r.reason = err == -EDQUOT ? GM_OOM_QUOTA : gm_oom_classify(&r);
-        if (gm_oom_format(&r, buf, len) < 0)
+        uint64_t tag_charged;
+        const gm_tag_quota_t *tq = err == -EDQUOT
+                                           ? gm_piece_tag_quota_over(s, rq->is_grant ? rq->grant.piece.tag : rq->tag,
+                                                                     r.alloc_size ? r.alloc_size : 1, &tag_charged)
+                                           : NULL;
+        if (tq) { /* the tagged pool's own limit, not the tenant's */
+                char q[32], c[32], a[32];
+                snprintf(buf, len,
+                         "gpumemd: out of memory %s %s in pool '%s': tenant '%s' has a tag_quota of %s for it, "
+                         "%s of which its sessions hold",
+                         rq->is_grant ? "granting" : "allocating", gm_format_size(r.alloc_size, a, sizeof(a)), tq->tag,
+                         s->tenant->name, gm_format_size(tq->bytes, q, sizeof(q)),
+                         gm_format_size(tag_charged, c, sizeof(c)));
+        } else if (gm_oom_format(&r, buf, len) < 0)
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
                          rq->is_grant ? "granting" : "allocating",
                          rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size);
@@ -305,6 +357,8 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_audited(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_claimed(s, err == -EDQUOT ? s->tenant : NULL, buf, len);
+        if (err == -EDQUOT)
+                name_biggest_pools(b, s->tenant, buf, len);
         return r.reason;
 }
 
@@ -358,7 +412,7 @@ void gm_reclaim_park(gm_session_t *s, uint64_t request_id, const gm_request_t *r
 
 void gm_reclaim_try(gm_session_t *s, const gm_request_t *rq, bool may_park, gm_outcome_t *out) {
         int r = rq->is_grant ? gm_session_local_try_grant(s, &rq->grant, out)
-                             : gm_session_central_try_alloc(s, rq->size, rq->stream, out);
+                             : gm_session_central_try_alloc(s, rq->size, rq->stream, rq->tag, out);
         if (r < 0)
                 out_of_memory(s, rq, r, may_park, out);
 }

@@ -442,6 +442,7 @@ void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
                 .owned = s->owned,
                 .history = s->history,
                 .history_max_entries = s->history ? s->history_max_entries : 0,
+                .tags = &s->tags,
         };
 }
 

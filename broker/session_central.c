@@ -16,8 +16,11 @@
 static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                            uint64_t size, uint64_t *ret_handle) {
         gm_session_t *s = userdata;
-        gm_piece_spec_t spec = {
-                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = size};
+        gm_piece_spec_t spec = {.segment_id = segment_id,
+                                .segment_va_size = segment_va_size,
+                                .offset = offset,
+                                .size = size,
+                                .tag = s->cur_tag};
         gm_piece_t *p;
         int r = gm_piece_create(s, &spec, &p);
         if (r < 0)
@@ -32,8 +35,11 @@ static int provider_create(void *userdata, uint64_t segment_id, uint64_t segment
 static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t segment_va_size, uint64_t offset,
                                uint64_t page_size, uint64_t n_pages, uint64_t *handles) {
         gm_session_t *s = userdata;
-        gm_piece_spec_t first = {
-                .segment_id = segment_id, .segment_va_size = segment_va_size, .offset = offset, .size = page_size};
+        gm_piece_spec_t first = {.segment_id = segment_id,
+                                 .segment_va_size = segment_va_size,
+                                 .offset = offset,
+                                 .size = page_size,
+                                 .tag = s->cur_tag};
         gm_piece_t **pieces = n_pages <= SIZE_MAX / sizeof(*pieces) ? malloc(n_pages * sizeof(*pieces)) : NULL;
         int r = pieces ? gm_piece_create_run(s, &first, n_pages, pieces) : -ENOMEM;
         for (uint64_t k = 0; r == 0 && k < n_pages; k++) {
@@ -261,7 +267,7 @@ static void reply_of(const gm_session_t *s, gm_outcome_t *out) {
                                 (gm_fence_mark_t){.stream = s->fences[k].stream, .fence = s->fences[k].asked};
 }
 
-int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, gm_outcome_t *out) {
+int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, unsigned tag, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_heap_t *heap;
         int r = gm_session_central_heap(s, &heap);
@@ -283,7 +289,9 @@ int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream
         /* The tenant's quota is also the heap's limit: its garbage collection
          * aims below it (PyTorch's garbage_collection_threshold). */
         gm_heap_set_limit(heap, s->tenant->quota, &s->tenant->stats);
-        r = gm_heap_alloc(heap, size, stream, &out->alloc);
+        s->cur_tag = (uint8_t) tag; /* the provider books new pieces under it */
+        r = gm_heap_alloc_tagged(heap, size, stream, tag, &out->alloc);
+        s->cur_tag = 0;
         if (r == 0) {
                 out->kind = GM_OUTCOME_REPLY;
                 reply_of(s, out);

@@ -209,7 +209,7 @@ int gm_shared_create(gm_session_t *s, const char *name, uint64_t size, gm_shared
                         return -EEXIST;
         if (b->n_shared >= max_objects(b) || s->shared_opens >= GM_SHARED_OPENS_PER_SESSION)
                 return -ENOSPC;
-        int r = gm_piece_room_for(s, rounded);
+        int r = gm_piece_room_for(s, rounded, 0);
         if (r < 0)
                 return r;
         gm_phys_t phys;

@@ -2,7 +2,8 @@
  * the daemon's lifetime so that their statistics stay continuous. Quotas come
  * from three sources (runtime > persistent > config); persistent ones live in
  * <state_dir>/quotas. Each has a release check (verify or trust, its own or
- * the broker's default). */
+ * the broker's default), and may limit tagged pools (tag quotas, checked by
+ * piece.c against the bytes its sessions' pieces charge to each pool). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include "books.h"
+#include "size.h"
+#include "text.h"
 
 gm_tenant_t *gm_tenant_find(const gm_broker_t *b, const char *name) {
         for (gm_tenant_t *t = b->tenants; t; t = t->next)
@@ -143,4 +146,52 @@ int gm_tenant_quotas_save(const gm_broker_t *b, const char *state_dir) {
         if (r < 0)
                 unlink(tmp);
         return r;
+}
+
+void gm_tenant_set_tag_quotas(gm_tenant_t *t, const gm_tag_quota_t *quotas, size_t n) {
+        t->n_tag_quotas = n < GM_TENANT_MAX_TAG_QUOTAS ? n : GM_TENANT_MAX_TAG_QUOTAS;
+        for (size_t i = 0; i < t->n_tag_quotas; i++)
+                t->tag_quotas[i] = quotas[i];
+}
+
+int gm_tag_quotas_parse(const char *text, gm_tag_quota_t *ret_quotas, size_t *ret_n) {
+        gm_tag_quota_t q[GM_TENANT_MAX_TAG_QUOTAS];
+        size_t n = 0;
+        char item[64];
+
+        for (const char *p = text; p && *p;) {
+                const char *end = strchr(p, ',');
+                size_t len = end ? (size_t) (end - p) : strlen(p);
+                const char *colon = memchr(p, ':', len);
+                if (len == 0 || len >= sizeof(item) || !colon)
+                        return -EINVAL;
+                if (n == GM_TENANT_MAX_TAG_QUOTAS)
+                        return -E2BIG;
+                memcpy(item, p, len);
+                item[len] = '\0';
+                item[colon - p] = '\0';
+                if (!gm_text_tag_valid(item, false) || gm_parse_size(item + (colon - p) + 1, &q[n].bytes) < 0 ||
+                    q[n].bytes == 0)
+                        return -EINVAL;
+                for (size_t k = 0; k < n; k++)
+                        if (strcmp(q[k].tag, item) == 0)
+                                return -EINVAL;
+                memcpy(q[n].tag, item, strlen(item) + 1); /* gm_text_tag_valid(): at most 31 bytes */
+                n++;
+                p = end ? end + 1 : NULL;
+        }
+        for (size_t k = 0; k < n; k++)
+                ret_quotas[k] = q[k];
+        *ret_n = n;
+        return 0;
+}
+
+uint64_t gm_tenant_tag_charged(const gm_broker_t *b, const gm_tenant_t *t, const char *tag) {
+        uint64_t bytes = 0;
+
+        for (const gm_session_t *s = b->sessions; s; s = s->next)
+                for (unsigned id = 1; s->tenant == t && id <= s->tags.n; id++)
+                        if (strcmp(s->tags.names[id], tag) == 0)
+                                bytes += s->tags.bytes[id];
+        return bytes;
 }

@@ -68,3 +68,18 @@ void gm_text_append(char *buf, size_t len, const char *fmt, ...) {
         vsnprintf(buf + used, len - used, fmt, ap);
         va_end(ap);
 }
+
+bool gm_text_tag_valid(const char *tag, bool allow_empty) {
+        size_t n = 0;
+
+        if (!tag)
+                return false;
+        for (; tag[n]; n++) {
+                char ch = tag[n];
+                bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+                          ch == '_' || ch == '.' || ch == '-';
+                if (!ok || n >= GM_TAG_NAME_MAX)
+                        return false;
+        }
+        return n > 0 || allow_empty;
+}

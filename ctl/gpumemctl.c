@@ -23,7 +23,7 @@ static void usage(FILE *f) {
                    "                                          the device's for an admin, else your tenant's\n"
                    "  stats --reset-peak|--reset-accumulated [--tenant T]\n"
                    "  trim [--tenant T]                       release idle cached memory\n"
-                   "  snapshot -o FILE [--format pickle|json|pickle-1.13] [--pid P] [--category tenant|pid]\n"
+                   "  snapshot -o FILE [--format pickle|json|pickle-1.13] [--pid P] [--category tenant|pid|tag]\n"
                    "                                          PyTorch memory snapshot (torch.cuda.memory._snapshot())\n"
                    "  history on [--max-entries N] | off | status\n"
                    "                                          record allocation history for snapshots\n"
@@ -241,10 +241,12 @@ static int cmd_snapshot(ctl_t *c, int argc, char **argv) {
                                 category = GPUMEM_SNAPSHOT_CATEGORY_TENANT;
                         else if (strcmp(optarg, "pid") == 0)
                                 category = GPUMEM_SNAPSHOT_CATEGORY_PID;
+                        else if (strcmp(optarg, "tag") == 0)
+                                category = GPUMEM_SNAPSHOT_CATEGORY_TAG;
                         else if (strcmp(optarg, "none") == 0)
                                 category = GPUMEM_SNAPSHOT_CATEGORY_NONE;
                         else {
-                                fprintf(stderr, "gpumemctl: --category is tenant, pid or none\n");
+                                fprintf(stderr, "gpumemctl: --category is tenant, pid, tag or none\n");
                                 return EXIT_USAGE;
                         }
                         break;
@@ -492,12 +494,19 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
                                ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64
-                               ", \"release_unverified_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64 "}",
+                               ", \"release_unverified_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64,
                                ci->reserved_bytes, ci->allocated_bytes, ci->cached_bytes, ci->segments,
                                ci->releasing_bytes, ci->control ? "true" : "false", ci->heap,
                                ci->stats_page_invalid ? "true" : "false", ci->requests,
                                si->unresponsive ? "true" : "false", si->unresponsive_ms, si->release_unverified_bytes,
                                si->claimed_bytes);
+                        printf(", \"tags\": {"); /* tagged pools' bytes: {"": default, "kv_cache": ...} */
+                        for (size_t k = 0; k < si->n_tags; k++) {
+                                printf("%s", k ? ", " : "");
+                                print_json_string(si->tags[k].tag);
+                                printf(": %" PRIu64, si->tags[k].bytes);
+                        }
+                        printf("}}");
                         continue;
                 }
                 char rs[32], a[32], ca[32], uv[48] = "", cl[48] = "";

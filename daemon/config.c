@@ -473,6 +473,18 @@ static int tenant_key(parse_state_t *st, const char *name, const char *value, un
                 t->has_release_check = true;
                 return 1;
         }
+        if (strcmp(name, "tag_quota") == 0) {
+                if (t->has_tag_quota)
+                        return fail(st, -EINVAL, line, "'tag_quota' already set in [tenant %s]", t->name);
+                int r = gm_tag_quotas_parse(value, t->tag_quotas, &t->n_tag_quotas);
+                if (r < 0)
+                        return fail(st, -EINVAL, line,
+                                    "invalid tag_quota '%s': TAG:SIZE[,TAG:SIZE...] with at most %d distinct tags "
+                                    "([A-Za-z0-9_.-]{1,31}) and positive sizes such as 40G",
+                                    value, GM_TENANT_MAX_TAG_QUOTAS);
+                t->has_tag_quota = true;
+                return 1;
+        }
         if (strcmp(name, "quota") != 0)
                 return fail(st, -EINVAL, line, "unknown key '%s' in [tenant %s]", name, t->name);
         if (st->quota_line[st->tenant])

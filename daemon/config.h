@@ -44,7 +44,10 @@ typedef struct gm_config_tenant {
         bool heap_central; /* heap = central: its sessions' heaps must run in the daemon (else "any") */
         bool has_release_check;
         gm_release_check_t release_check; /* how its give-backs are checked (else [daemon] release_check's) */
-        unsigned line;                    /* of its [tenant NAME] header */
+        bool has_tag_quota;
+        gm_tag_quota_t tag_quotas[GM_TENANT_MAX_TAG_QUOTAS]; /* tag_quota = kv_cache:40G,weights:20G */
+        size_t n_tag_quotas;
+        unsigned line; /* of its [tenant NAME] header */
 } gm_config_tenant_t;
 
 /* A loaded file. Every [daemon] key has a has_* flag that is true only when

@@ -332,12 +332,14 @@ static void apply_config_quotas(gm_daemon_t *d) {
                 if (t) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, ct->has_quota, ct->quota);
                         gm_tenant_set_release_check(t, ct->has_release_check, ct->release_check);
+                        gm_tenant_set_tag_quotas(t, ct->tag_quotas, ct->has_tag_quota ? ct->n_tag_quotas : 0);
                 }
         }
         for (gm_tenant_t *t = d->broker->tenants; t; t = t->next)
                 if (!gm_config_tenant_find(d->config, t->name)) {
                         gm_tenant_set_quota(t, GM_QUOTA_CONFIG, false, 0);
                         gm_tenant_set_release_check(t, false, GM_RELEASE_CHECK_VERIFY);
+                        gm_tenant_set_tag_quotas(t, NULL, 0);
                 }
 }
 

@@ -441,6 +441,28 @@ int gm_req_admin_quota(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
         return 0;
 }
 
+/* One session's tagged pools on the wire: every named pool and the default
+ * (only once it has named pools), with their charged bytes. */
+typedef struct client_tags {
+        Gpumem__TagBytes bytes[GM_SESSION_MAX_TAGS + 1];
+        Gpumem__TagBytes *ptrs[GM_SESSION_MAX_TAGS + 1];
+} client_tags_t;
+
+static void client_tags_fill(client_tags_t *ct, const gm_session_tags_t *t, Gpumem__ClientInfo *ci) {
+        if (!t || t->n == 0)
+                return;
+        for (unsigned id = 0; id <= t->n; id++) {
+                if (id && !t->names[id][0])
+                        continue;
+                Gpumem__TagBytes *tb = &ct->bytes[ci->n_tags];
+                gpumem__tag_bytes__init(tb);
+                tb->tag = (char *) t->names[id];
+                tb->bytes = t->bytes[id];
+                ct->ptrs[ci->n_tags++] = tb;
+        }
+        ci->tags = ct->ptrs;
+}
+
 int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         gm_broker_t *b = c->rq->broker;
         gm_session_t *s = c->session;
@@ -448,9 +470,11 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         gm_session_view(s, &sv);
         Gpumem__ClientInfo *infos = calloc(b->n_sessions + 1, sizeof(*infos));
         Gpumem__ClientInfo **ptrs = calloc(b->n_sessions + 1, sizeof(*ptrs));
-        if (!infos || !ptrs) {
+        client_tags_t *tags = calloc(b->n_sessions + 1, sizeof(*tags));
+        if (!infos || !ptrs || !tags) {
                 free(infos);
                 free(ptrs);
+                free(tags);
                 return gm_request_error(c, request_id, ENOMEM, "out of memory"), 0;
         }
         size_t k = 0;
@@ -479,6 +503,7 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                 ci->unresponsive = ov.unresponsive;
                 ci->unresponsive_ms = ov.unresponsive ? gm_now_ms() - ov.owing_since_ms : 0;
                 ci->command = oc ? (char *) oc->command : "";
+                client_tags_fill(&tags[k], ov.tags, ci);
                 const gm_stats_t *st = gm_localstats_session(o);
                 if (st) {
                         ci->reserved = (uint64_t) st->reserved_bytes[GM_STAT_ALL].current;
@@ -499,5 +524,6 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         gm_request_send(c, request_id, &out, NULL, 0);
         free(infos);
         free(ptrs);
+        free(tags);
         return 0;
 }

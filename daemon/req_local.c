@@ -39,6 +39,8 @@ int gm_req_local_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 .block_size = g->block_size,
                 .largest_free = g->largest_free,
                 .will_retry = g->will_retry,
+                .tag = g->tag,
+                .tag_id = g->tag_id,
         };
         gm_localstats_refresh_conn(c); /* its figures, for a refusal's diagnosis */
         gm_outcome_t out;

@@ -382,8 +382,15 @@ static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Sn
                         return r;
                 char command[64];
                 command_of(&ov, oc, command, sizeof(command));
-                gm_snapshot_owner_t owner = {
-                        .pid = (uint32_t) ov.pid, .tenant = ov.tenant->name, .command = command, .session_id = ov.id};
+                const char *tag_names[GM_SESSION_MAX_TAGS + 1]; /* its heap's tag ids are its pools' ids */
+                for (size_t id = 0; id <= GM_SESSION_MAX_TAGS; id++)
+                        tag_names[id] = ov.tags->names[id];
+                gm_snapshot_owner_t owner = {.pid = (uint32_t) ov.pid,
+                                             .tenant = ov.tenant->name,
+                                             .command = command,
+                                             .session_id = ov.id,
+                                             .tag_names = tag_names,
+                                             .n_tag_names = GM_SESSION_MAX_TAGS + 1};
                 uint32_t idx;
                 r = gm_snapshot_data_add_owner(j->data, &owner, &idx);
                 if (r < 0)
@@ -424,6 +431,8 @@ static gm_snapshot_category_t category_of(Gpumem__SnapshotCategory c) {
                 return GM_SNAPSHOT_CATEGORY_TENANT;
         case GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_PID:
                 return GM_SNAPSHOT_CATEGORY_PID;
+        case GPUMEM__SNAPSHOT_CATEGORY__SNAPSHOT_CATEGORY_TAG:
+                return GM_SNAPSHOT_CATEGORY_TAG;
         default:
                 return GM_SNAPSHOT_CATEGORY_NONE;
         }

@@ -485,7 +485,7 @@ static int snapshot_request(const channel_t *ch, gpumem_snapshot_format format, 
 int gpumem_admin_snapshot(gpumem_admin *a, gpumem_snapshot_format format, gpumem_snapshot_category category,
                           uint32_t pid, int *ret_fd, gpumem_snapshot_info *ret_info) {
         if (!a || !ret_fd || !ret_info || format > GPUMEM_SNAPSHOT_PICKLE_1_13 ||
-            category > GPUMEM_SNAPSHOT_CATEGORY_PID)
+            (category > GPUMEM_SNAPSHOT_CATEGORY_PID && category != GPUMEM_SNAPSHOT_CATEGORY_TAG))
                 return -EINVAL;
         int fd;
         gpumem_snapshot_info info;
@@ -759,17 +759,23 @@ static int clients_request(const channel_t *ch, bool detailed, void **ret_list, 
                 return r;
         const Gpumem__ClientsReply *cr = reply->clients_reply;
         size_t stride = detailed ? sizeof(gpumem_session_info) : sizeof(gpumem_client_info);
-        size_t text = 0;
-        for (size_t i = 0; i < cr->n_clients; i++)
+        size_t text = 0, n_tags = 0;
+        for (size_t i = 0; i < cr->n_clients; i++) {
                 text += str_size(cr->clients[i]->tenant) + str_size(cr->clients[i]->unit) +
                         str_size(cr->clients[i]->name) + str_size(heap_name(cr->clients[i])) +
                         (detailed ? str_size(cr->clients[i]->command) : 0);
-        char *list = malloc(cr->n_clients * stride + text + 1);
+                for (size_t k = 0; detailed && k < cr->clients[i]->n_tags; k++) {
+                        text += str_size(cr->clients[i]->tags[k]->tag);
+                        n_tags++;
+                }
+        }
+        char *list = malloc(cr->n_clients * stride + n_tags * sizeof(gpumem_tag_bytes) + text + 1);
         if (!list) {
                 gm_msg_free(reply);
                 return channel_error(ch, -ENOMEM, "gpumem: out of memory");
         }
-        char *area = list + cr->n_clients * stride;
+        gpumem_tag_bytes *tag_area = (gpumem_tag_bytes *) (void *) (list + cr->n_clients * stride);
+        char *area = (char *) (tag_area + n_tags);
         for (size_t i = 0; i < cr->n_clients; i++) {
                 const Gpumem__ClientInfo *ci = cr->clients[i];
                 gpumem_session_info *e = (gpumem_session_info *) (list + i * stride);
@@ -796,6 +802,11 @@ static int clients_request(const channel_t *ch, bool detailed, void **ret_list, 
                         e->unresponsive_ms = ci->unresponsive_ms;
                         e->release_unverified_bytes = ci->release_unverified;
                         e->claimed_bytes = ci->claimed;
+                        e->tags = tag_area;
+                        e->n_tags = ci->n_tags;
+                        for (size_t k = 0; k < ci->n_tags; k++)
+                                *tag_area++ = (gpumem_tag_bytes){.tag = put_str(&area, ci->tags[k]->tag),
+                                                                 .bytes = ci->tags[k]->bytes};
                 }
         }
         *ret_n = cr->n_clients;

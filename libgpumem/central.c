@@ -121,6 +121,7 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
         alloc.size = size;
         alloc.stream = stream;
+        alloc.tag = (char *) gm_pool_name(&c->pools, gm_pool_current(&c->pools)); /* the daemon's heap's pool */
         Gpumem__Frame wire_frames[GPUMEM_MAX_FRAMES];
         Gpumem__Frame *frame_ptrs[GPUMEM_MAX_FRAMES];
         alloc.n_frames = wire_frames_of(frames, n_frames, wire_frames, frame_ptrs);

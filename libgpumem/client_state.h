@@ -21,6 +21,7 @@
 #include "gpumem/gpumem.h"
 #include "mapper.h"
 #include "msg.h"
+#include "pool.h"
 #include "statpage.h"
 #include "u64map.h"
 
@@ -198,6 +199,7 @@ struct gpumem_client {
          * a heap_lock holder (a grant's reply is mapped while it waits, a give
          * back unmaps under it) or at close, so heap_lock holders read it
          * without lock. */
+        gm_pool_names_t pools;        /* tagged pools' names (pool.h) */
         gpumem_heap_mode heap_choice; /* what the application asked for */
         bool local;
         bool grant_unmapped; /* the last grant's piece could not be mapped (under heap_lock) */

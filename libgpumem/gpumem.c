@@ -129,6 +129,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
         c->handlers = &conn_handlers;
         c->session_hooks = &session_hooks;
         c->heap_choice = mode;
+        gm_pool_names_init(&c->pools);
         pthread_mutex_init(&c->lock, NULL);
         gm_heap_lock_init(&c->heap_lock);
         pthread_mutex_init(&c->read_lock, NULL);
@@ -149,6 +150,7 @@ int gpumem_connect_heap(const char *socket_path, gpumem_heap_mode mode, gpumem_c
         if (r < 0) {
                 /* Keep the message readable on this thread after c is gone. */
                 gm_session_close(c, true);
+                gm_pool_names_done(&c->pools);
                 pthread_mutex_destroy(&c->lock);
                 pthread_mutex_destroy(&c->read_lock);
                 pthread_rwlock_destroy(&c->fd_lock);
@@ -165,6 +167,7 @@ void gpumem_disconnect(gpumem_client *c) {
         if (!c)
                 return;
         gm_session_close(c, c->pid == getpid());
+        gm_pool_names_done(&c->pools);
         pthread_mutex_destroy(&c->lock);
         pthread_mutex_destroy(&c->read_lock);
         pthread_rwlock_destroy(&c->fd_lock);
@@ -388,6 +391,58 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
                 return 0;
         }
         return gm_central_stat(c, pytorch_stat_name, ret_value);
+}
+
+/* ---- tagged pools ---- */
+
+int gpumem_pool_begin(gpumem_client *c, const char *tag) {
+        if (!c || !tag)
+                return -EINVAL;
+        int r = gm_pool_begin(&c->pools, tag);
+        switch (r) {
+        case -EINVAL:
+                return gm_conn_set_error(c, r, "gpumem: malformed pool tag '%.40s' (want [A-Za-z0-9_.-]{1,31})", tag);
+        case -E2BIG:
+                return gm_conn_set_error(c, r, "gpumem: pool '%s': more than %d nested scopes or %d tags", tag,
+                                         GM_POOL_MAX_DEPTH, GM_POOL_MAX_TAGS);
+        case -ENOBUFS:
+                return gm_conn_set_error(c, r, "gpumem: this thread has pool scopes open on too many clients");
+        default:
+                return r;
+        }
+}
+
+int gpumem_pool_end(gpumem_client *c) {
+        if (!c)
+                return -EINVAL;
+        int r = gm_pool_end(&c->pools);
+        return r < 0 ? gm_conn_set_error(c, r, "gpumem: no pool scope is open on this thread") : 0;
+}
+
+const char *gpumem_pool_current(gpumem_client *c) {
+        return c ? gm_pool_name(&c->pools, gm_pool_current(&c->pools)) : "";
+}
+
+int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value) {
+        if (!c || !tag || !pytorch_stat_name || !ret_value)
+                return -EINVAL;
+        unsigned id;
+        int r = gm_pool_find(&c->pools, tag, &id);
+        if (r == -EINVAL)
+                return gm_conn_set_error(c, r, "gpumem: malformed pool tag '%.40s'", tag);
+        bool used = r == 0; /* a tag no scope used yet has no figures: 0 */
+        if ((r = gm_session_ensure_own(c)) < 0)
+                return r;
+        if (!c->local)
+                return gm_conn_set_error(c, -EOPNOTSUPP, "gpumem: per-tag statistics need a local heap");
+        int64_t v = 0;
+        gm_heap_lock_take(&c->heap_lock);
+        r = gm_local_heap_tag_stat(c->heap, used ? id : 0, pytorch_stat_name, &v);
+        gm_heap_lock_drop(&c->heap_lock);
+        if (r < 0)
+                return gm_conn_set_error(c, -ENOENT, "gpumem: no statistic named '%s'", pytorch_stat_name);
+        *ret_value = used ? v : 0;
+        return 0;
 }
 
 /* ---- for the library's other files (client-internal.h) ---- */

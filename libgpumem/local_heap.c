@@ -22,6 +22,7 @@ static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t seg
                 .n_pieces = n_pages,
                 .largest_free = gm_heap_largest_free(l->heap),
                 .will_retry = l->stats->num_alloc_retries == l->retries_before,
+                .tag = l->cur_tag,
         };
         uint64_t segment_size;
         gm_heap_sizes_for(l->heap, l->cur_size, &g.block_size, &segment_size);
@@ -184,6 +185,13 @@ uint64_t gm_local_heap_release_cached(gm_local_heap_t *l) {
 
 int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value) {
         return gm_stats_get(gm_heap_stats(l->heap), name, ret_value);
+}
+
+int gm_local_heap_tag_stat(const gm_local_heap_t *l, unsigned tag, const char *name, int64_t *ret_value) {
+        gm_stats_t st;
+        int r = gm_heap_tag_stats(l->heap, tag, &st);
+
+        return r < 0 ? r : gm_stats_get(&st, name, ret_value);
 }
 
 const gm_stats_t *gm_local_heap_stats(const gm_local_heap_t *l) {

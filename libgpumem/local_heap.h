@@ -36,6 +36,7 @@ typedef struct gm_local_heap_grant {
         uint64_t block_size;
         uint64_t largest_free;
         bool will_retry;
+        unsigned tag; /* the tagged pool (heap tag id) the allocation asking for it is in */
 } gm_local_heap_grant_t;
 
 /* Page reuse: a run of n_pages granted pieces of page_size bytes moves
@@ -101,6 +102,8 @@ int gm_local_heap_set_config(gm_local_heap_t *l, const char *alloc_conf, char *e
 /* empty_cache(): gives every idle cached segment (and free page) back. */
 uint64_t gm_local_heap_release_cached(gm_local_heap_t *l);
 int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value);
+/* The same of one tagged pool (heap tag id `tag`; -EINVAL past GM_HEAP_MAX_TAGS). */
+int gm_local_heap_tag_stat(const gm_local_heap_t *l, unsigned tag, const char *name, int64_t *ret_value);
 const gm_stats_t *gm_local_heap_stats(const gm_local_heap_t *l);
 void gm_local_heap_reset_stats(gm_local_heap_t *l, bool peak, bool accumulated);
 /* Whether the last failed gm_local_heap_alloc() was refused by the daemon (its
@@ -145,6 +148,7 @@ struct gm_local_heap {
         gm_local_heap_ops_t ops;
         uint64_t va_cursor;     /* the heap's synthetic addresses */
         uint64_t cur_size;      /* the request being served (for the diagnosis) */
+        unsigned cur_tag;       /* its tagged pool (the grants it asks for carry it) */
         int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
         bool destroying;              /* pieces are forgotten, not given back */
@@ -180,16 +184,18 @@ static inline void gm_local_heap_check(const gm_local_heap_t *l) {
                 gm_assert(gm_heap_check(l->heap) == 0);
 }
 
-/* An allocation; `frames` (may be NULL) go into its trace entry while history is on. */
-static inline int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, const gm_frame_t *frames,
-                                      size_t n_frames, gm_alloc_result_t *ret_result) {
+/* An allocation in tagged pool `tag` (0: the default); `frames` (may be
+ * NULL) go into its trace entry while history is on. */
+static inline int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_t stream, unsigned tag,
+                                      const gm_frame_t *frames, size_t n_frames, gm_alloc_result_t *ret_result) {
         l->cur_size = size;
+        l->cur_tag = tag;
         l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;
         gm_local_heap_begin(l);
-        int r = gm_heap_alloc(l->heap, size, stream, ret_result);
+        int r = gm_heap_alloc_tagged(l->heap, size, stream, tag, ret_result);
         gm_local_heap_end(l);
         gm_assert(r < 0 || ret_result->size >= size);
         gm_local_heap_check(l);

@@ -79,6 +79,10 @@ static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t 
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
         grant.will_retry = g->will_retry;
+        if (g->tag) { /* the daemon books the pieces under the pool's name, by this session's id of it */
+                grant.tag = (char *) gm_pool_name(&c->pools, g->tag);
+                grant.tag_id = g->tag;
+        }
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_GRANT;
         env.grant = &grant;
@@ -449,7 +453,7 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                 gm_heap_lock_drop(&c->heap_lock);
                 return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory");
         }
-        int r = gm_local_heap_alloc(c->heap, size, stream, trace_frames, n_trace, &res);
+        int r = gm_local_heap_alloc(c->heap, size, stream, gm_pool_current(&c->pools), trace_frames, n_trace, &res);
         if (r < 0) {
                 bool told = gm_local_heap_refused_by_daemon(c->heap);
                 gm_heap_lock_drop(&c->heap_lock);

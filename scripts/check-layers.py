@@ -62,7 +62,7 @@ KNOWN = set()
 # session_local.c stand on session.c within the holders' floor.
 BROKER_FLOOR = {
     "broker.h": 0, "broker-internal.h": 0,
-    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "claim.c": 1, "checker.c": 1,
+    "books.h": 1, "host.c": 1, "outcome.c": 1, "tenant.c": 1, "ledger.c": 1, "claim.c": 1, "checker.c": 1, "tags.c": 1,
     "piece.h": 2, "piece.c": 2, "orphan.c": 2, "process_check.c": 2, "shared.c": 2,
     "holder.h": 3, "session.c": 3, "session_central.c": 3.5, "session_local.c": 3.5,
     "reclaim.h": 4, "reclaim.c": 4,
@@ -168,6 +168,7 @@ def check_floors(module, floor_of, prefixes=("gm", "gpumem")):
 # the callback tables conn.h and session.h document.
 LIBGPUMEM_FLOOR = {
     "client_state.h": 0, "fence.c": 0, "fence.h": 0, "peer_check.c": 0, "peer_check.h": 0,
+    "pool.c": 0, "pool.h": 0,
     "conn.c": 1, "conn.h": 1, "control.c": 1, "control.h": 1,
     "mapping.c": 2, "mapping.h": 2,
     "session.c": 3, "session.h": 3,

@@ -6,6 +6,8 @@
     print(gpumem.memory_summary())      # as torch.cuda.memory_summary()
     gpumem._record_memory_history()     # traces with Python frames
     snap = gpumem._snapshot()           # as torch.cuda.memory._snapshot()
+    with gpumem.pool("kv_cache"):       # tagged pools (docs/tags.md)
+        kv = torch.empty(n, device="cuda")
 
 Every function works on this process's session with the daemon of a CUDA
 device (`device`: None for the current one, an index, "cuda:N" or a
@@ -23,6 +25,7 @@ last_refusal().
 Pure Python over libgpumem with ctypes; needs nothing beyond Debian's python3.
 """
 import collections
+import contextlib
 import errno as _errno
 import io
 import json
@@ -58,6 +61,8 @@ __all__ = [
     "open",
     "close",
     "unpublish",
+    "pool",
+    "current_pool",
 ]
 
 __version__ = "0.1.0"
@@ -140,6 +145,27 @@ def _scope_args(scope, tenant, pid):
     return _lib.SCOPES[scope], (tenant or "").encode(), int(pid or 0)
 
 
+# ---- tagged pools ----
+
+@contextlib.contextmanager
+def pool(tag, device=None):
+    """Allocations this thread makes on the device's session (the one the
+    PyTorch allocator uses) inside the block carry `tag` and come from its own
+    pool ("" the default; [A-Za-z0-9_.-]{1,31}; nested at most 8 deep, 16
+    names per session). See docs/tags.md."""
+    client = _session(device)
+    _check(_lib.lib.gpumem_pool_begin(client, tag.encode()), client, f"gpumem: pool {tag!r}")
+    try:
+        yield tag
+    finally:
+        _check(_lib.lib.gpumem_pool_end(client), client, f"gpumem: pool {tag!r}")
+
+
+def current_pool(device=None):
+    """The tag this thread's allocations on the device's session carry now ("" for none)."""
+    return _lib.lib.gpumem_pool_current(_session(device)).decode()
+
+
 # ---- statistics ----
 
 class _Stats:
@@ -172,10 +198,23 @@ class _Stats:
             _lib.lib.gpumem_stats_free(self.handle)
 
 
-def memory_stats(device=None, *, scope="session", tenant=None, pid=None):
+def memory_stats(device=None, *, scope="session", tenant=None, pid=None, tag=None):
     """torch.cuda.memory_stats(): every statistic as a flat, sorted dict
-    ("allocated_bytes.all.current", ..., "num_ooms", "max_split_size")."""
-    return collections.OrderedDict(sorted(_Stats(device, scope, tenant, pid).items()))
+    ("allocated_bytes.all.current", ..., "num_ooms", "max_split_size").
+    tag= gives one tagged pool's figures of this session (its local heap's;
+    docs/tags.md): the same keys, the num_* counters 0."""
+    stats = collections.OrderedDict(sorted(_Stats(device, scope, tenant, pid).items()))
+    if tag is None:
+        return stats
+    if scope != "session":
+        raise ValueError("tag= goes with scope='session'")
+    client = _session(device)
+    value = _lib.ctypes.c_int64()
+    for name in stats:
+        _check(_lib.lib.gpumem_stat_tag(client, tag.encode(), name.encode(), value), client,
+               f"gpumem: pool {tag!r}")
+        stats[name] = value.value
+    return stats
 
 
 def memory_stats_as_nested_dict(device=None, *, scope="session", tenant=None, pid=None):

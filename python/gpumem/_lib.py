@@ -109,6 +109,11 @@ _SIGNATURES = {
     "gpumem_admin_connect": (ctypes.c_int, [c_admin_p]),
     "gpumem_admin_backend": (ctypes.c_char_p, [c_admin_p]),
     "gpumem_admin_free": (None, [c_admin_p]),
+    # tagged pools
+    "gpumem_pool_begin": (ctypes.c_int, [c_client_p, ctypes.c_char_p]),
+    "gpumem_pool_end": (ctypes.c_int, [c_client_p]),
+    "gpumem_pool_current": (ctypes.c_char_p, [c_client_p]),
+    "gpumem_stat_tag": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
     # libgpumem_torch
     "gpumem_torch_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "gpumem_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),

@@ -33,3 +33,4 @@ int64_t cur(const gm_stat_t *stat_array, int type);
 
 Suite *allocator_random_suite(void);
 Suite *allocator_reuse_suite(void);
+Suite *allocator_tags_suite(void);

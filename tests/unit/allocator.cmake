@@ -3,6 +3,7 @@
 add_executable(test_allocator
   ${CMAKE_CURRENT_LIST_DIR}/test_allocator.c
   ${CMAKE_CURRENT_LIST_DIR}/test_allocator_reuse.c
+  ${CMAKE_CURRENT_LIST_DIR}/test_allocator_tags.c
   ${GM_TEST_LIB_DIR}/fake_provider.c)
 target_include_directories(test_allocator PRIVATE ${GM_TEST_LIB_DIR})
 target_link_libraries(test_allocator PRIVATE gm_allocator PkgConfig::CHECK)

@@ -921,6 +921,7 @@ int main(void) {
 
         srunner_add_suite(sr, allocator_random_suite());
         srunner_add_suite(sr, allocator_reuse_suite());
+        srunner_add_suite(sr, allocator_tags_suite());
         srunner_run_all(sr, CK_NORMAL);
         failed = srunner_ntests_failed(sr);
         srunner_free(sr);

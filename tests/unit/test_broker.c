@@ -1900,6 +1900,89 @@ START_TEST(test_set_quota_saves_or_keeps_the_old) {
 }
 END_TEST
 
+/* Tagged pools: each session's pool bytes are its charged pieces' (checked
+ * by gm_broker_check() after every step), a Grant's id keeps its name, at
+ * most 16 names, and a tenant's tag_quota refuses a piece past it, naming
+ * the pool. */
+START_TEST(test_tagged_pool_books) {
+        gm_tag_quota_t q[GM_TENANT_MAX_TAG_QUOTAS];
+        size_t n = 0;
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M,weights:1G", q, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_str_eq(q[0].tag, "kv");
+        ck_assert_uint_eq(q[1].bytes, 1ull << 30);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M,kv:1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:0", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("bad tag:1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse(":1G", q, &n), -EINVAL);
+        ck_assert_int_eq(gm_tag_quotas_parse("kv:16M", q, &n), 0);
+        gm_tenant_set_tag_quotas(gm_tenant_get(b_, "r"), q, n);
+
+        gm_session_t *s = local_session(b_, 1000, "r");
+        gm_outcome_t out;
+        gm_grant_t g = whole(1, 8 * MiB);
+        g.tag = "kv";
+        g.tag_id = 1;
+        gm_broker_grant(s, 1, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        CHECK(b_);
+        ck_assert_uint_eq(s->tags.bytes[1], 8 * MiB);
+        g = whole(2, 12 * MiB); /* 20 MiB in kv: past its 16 MiB */
+        g.tag = "kv";
+        g.tag_id = 1;
+        gm_broker_grant(s, 2, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "pool 'kv'"), "message: %s", out.message);
+        g.tag = "other"; /* id 1 is kv's */
+        gm_broker_grant(s, 3, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -EINVAL);
+        g.tag = "weights";
+        g.tag_id = 2;
+        gm_broker_grant(s, 4, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REPLY);
+        grant_ok(s, 3, 2 * MiB); /* the default pool */
+        CHECK(b_);
+        gm_session_view_t v;
+        gm_session_view(s, &v);
+        ck_assert_uint_eq(v.tags->bytes[0], 2 * MiB);
+        ck_assert_uint_eq(v.tags->bytes[2], 12 * MiB);
+        ck_assert_str_eq(v.tags->names[2], "weights");
+        ck_assert_uint_eq(gm_tenant_tag_charged(b_, s->tenant, "kv"), 8 * MiB);
+        /* a refusal at the tenant's quota names its biggest pools */
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, true, 24 * MiB);
+        g = whole(4, 4 * MiB);
+        gm_broker_grant(s, 5, &g, &out);
+        ck_assert_int_eq(out.error, -EDQUOT);
+        ck_assert_msg(strstr(out.message, "biggest pools: 'weights' 12.00 MiB, 'kv' 8.00 MiB, 'default' 2.00 MiB."),
+                      "message: %s", out.message);
+        gm_tenant_set_quota(s->tenant, GM_QUOTA_RUNTIME, false, 0);
+        return_whole(s, 1, 8 * MiB);
+        ck_assert_uint_eq(s->tags.bytes[1], 0);
+
+        /* central: the broker numbers the names, 16 at most */
+        gm_session_t *c = session(b_, 1001, "r");
+        char name[16];
+        for (int i = 0; i < GM_SESSION_MAX_TAGS; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                gm_broker_alloc_tagged(c, 10 + (uint64_t) i, 4096, 0, name, NULL, 0, &out);
+                ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "%s: %s", name, out.message);
+                gm_broker_commit(c, &out);
+                CHECK(b_);
+        }
+        ck_assert_uint_eq(c->tags.bytes[16], 2 * MiB); /* its own small segment */
+        gm_broker_alloc_tagged(c, 30, 4096, 0, "one_too_many", NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(out.error, -E2BIG);
+        gm_broker_alloc_tagged(c, 31, 4096, 0, "bad name", NULL, 0, &out);
+        ck_assert_int_eq(out.error, -EINVAL);
+        gm_session_free(c);
+        gm_session_free(s);
+        CHECK(b_);
+}
+END_TEST
+
 START_TEST(test_alloc_conf_reaches_stats_everywhere) {
         gm_session_t *s = session(b_, 1000, "a");
         alloc_ok(s, 1 * MiB);
@@ -2220,6 +2303,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_shared_survives_restart);
         tcase_add_test(tc, test_shared_checker);
         tcase_add_test(tc, test_shared_mapping_is_not_audited);
+        tcase_add_test(tc, test_tagged_pool_books);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -74,6 +74,7 @@ typedef enum gpumem_snapshot_category {
         GPUMEM_SNAPSHOT_CATEGORY_NONE = 0,
         GPUMEM_SNAPSHOT_CATEGORY_TENANT = 1,
         GPUMEM_SNAPSHOT_CATEGORY_PID = 2,
+        GPUMEM_SNAPSHOT_CATEGORY_TAG = 400, /* the block's tagged pool (docs/tags.md) */
 } gpumem_snapshot_category;
 
 typedef struct gpumem_snapshot_info {
@@ -132,6 +133,12 @@ typedef enum gpumem_quota_op {
 GPUMEM_EXPORT int gpumem_admin_quota(gpumem_admin *a, gpumem_quota_op op, const char *tenant, uint64_t bytes,
                                      bool runtime, gpumem_tenant_usage **ret_list, size_t *ret_n);
 
+/* One tagged pool's charged bytes of a session (docs/tags.md). */
+typedef struct gpumem_tag_bytes {
+        const char *tag; /* "" the default pool */
+        uint64_t bytes;
+} gpumem_tag_bytes;
+
 /* A session as `gpumemctl clients` shows it. */
 typedef struct gpumem_session_info {
         gpumem_client_info info;
@@ -140,6 +147,8 @@ typedef struct gpumem_session_info {
         uint64_t unresponsive_ms;          /* for how long */
         uint64_t release_unverified_bytes; /* released, not verified as unmapped */
         uint64_t claimed_bytes;            /* its unconsumed claim (gpumem_claim()) */
+        const gpumem_tag_bytes *tags;      /* its tagged pools ("" first), none until it names one */
+        size_t n_tags;
 } gpumem_session_info;
 
 /* gpumem_list_clients() with the fields above. One buffer, as there. */

@@ -259,6 +259,26 @@ GPUMEM_EXPORT int gpumem_claim(gpumem_client *c, uint64_t bytes, uint64_t *ret_c
  * its tenant's, a pid's or the device's); 0 for a local session's own set, which is read in
  * the process. */
 GPUMEM_EXPORT uint64_t gpumem_stats_claimed(const gpumem_stats *s);
+/* ---- tagged pools ---- */
+
+/* Allocations this thread makes on `c` until gpumem_pool_end() carry tag
+ * `tag` and come from that tag's own pool: a block is carved only from
+ * segments of its tag, so a tag's memory can be counted, limited and put to
+ * sleep as a whole. Scopes nest (a stack of at most 8 per thread); the empty
+ * tag "" is the default pool. -EINVAL for a malformed name
+ * ([A-Za-z0-9_.-]{1,31}), -E2BIG past the depth or past max_tags distinct
+ * tags per session (16), -ENOBUFS when this thread has scopes open on four
+ * other clients. */
+GPUMEM_EXPORT int gpumem_pool_begin(gpumem_client *c, const char *tag);
+/* Closes this thread's innermost scope on `c`; -ENOENT when none is open. */
+GPUMEM_EXPORT int gpumem_pool_end(gpumem_client *c);
+/* The tag this thread's allocations on `c` carry now ("" for none). */
+GPUMEM_EXPORT const char *gpumem_pool_current(gpumem_client *c);
+/* A PyTorch statistic of one tag's pool (as gpumem_stat(); names as there):
+ * the figures of its blocks and segments; the num_* counters are the
+ * session's only and read 0 here. A valid tag no scope used yet reads 0.
+ * Local sessions; -EOPNOTSUPP for a central one. */
+GPUMEM_EXPORT int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value);
 
 /* ---- shared objects ---- */
 
