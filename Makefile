@@ -3,6 +3,7 @@
 BUILD ?= build
 BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
+BUILD_RELEASE ?= build-release
 FUZZ_SECONDS ?= 4
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -28,7 +29,7 @@ DEB_PACKAGES := cmake pkg-config gcc make libuv1-dev libprotobuf-c-dev protobuf-
 # only `make fuzz` installs it.
 FUZZ_PACKAGES := clang libclang-rt-dev
 
-.PHONY: all deps deps-fuzz build run test test-unit test-integration test-stress test-asan fuzz install deb clean
+.PHONY: all deps deps-fuzz build build-release run test test-unit test-integration test-stress test-asan fuzz install deb clean
 
 all: build
 
@@ -53,6 +54,12 @@ $(BUILD)/Makefile: deps
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The optimized build, compiled only: -O3 finds warnings (-Werror) the default
+# build does not, and every build type must compile cleanly.
+build-release: deps
+	cmake -S . -B $(BUILD_RELEASE) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD_RELEASE) -j $(JOBS)
 
 # Runs gpumemd in the foreground on the embedded default (host backend), with a
 # short demo workload from a few client processes once it is up.

@@ -18,6 +18,9 @@ void gm_check_violation(gm_checker_t *c, const char *fmt, ...) __attribute__((fo
 
 /* outcome.c: fills a REFUSE with `err` and the client's message; returns 0
  * (the outcome is decided), for the callers that return it. */
+/* An empty REPLY: every field set but the arrays past their counts (pieces,
+ * marks), so a request does not pay for clearing the whole record. */
+void gm_outcome_init(gm_outcome_t *out);
 int gm_outcome_refuse(gm_outcome_t *out, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* claim.c: a session's claim (gm_broker_claim()) and its tenant's and the

@@ -130,7 +130,7 @@ void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64
 
 void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
                             const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
-        *ret = (gm_outcome_t){0};
+        gm_outcome_init(ret);
         if (s->ended || !s->tenant) {
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;
@@ -166,7 +166,7 @@ void gm_broker_undo(gm_session_t *s, const gm_outcome_t *out) {
 }
 
 void gm_broker_grant(gm_session_t *s, uint64_t request_id, const gm_grant_t *g, gm_outcome_t *ret) {
-        *ret = (gm_outcome_t){0};
+        gm_outcome_init(ret);
         if (s->ended || !s->tenant) {
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
                 return;

@@ -439,7 +439,8 @@ void gm_reclaim_retry_parked(gm_broker_t *b, bool timed_out_only) {
         for (gm_session_t *s; (s = oldest_parked(b, pass, now, timed_out_only));) {
                 gm_parked_t *p = gm_session_parked_pop(s);
                 bool expired = now - p->parked_at_ms >= b->limits.park_timeout_ms;
-                gm_outcome_t out = {0};
+                gm_outcome_t out;
+                gm_outcome_init(&out);
                 gm_reclaim_try(s, &p->rq, !expired, &out);
                 if (out.kind == GM_OUTCOME_PARK) {
                         /* Still waiting: back to the head, keep its age. */

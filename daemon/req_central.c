@@ -1,5 +1,5 @@
-/* A central heap's requests: Alloc (and the reply with its new pieces),
- * Free, FreeCompleted, ReleaseAck and Trim. */
+/* A central heap's requests: Alloc (with the frees it carries, and the
+ * reply with its new pieces), Free, FreeCompleted, ReleaseAck and Trim. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "local.h"
+#include "msg.h"
 #include "req_central.h"
 
 /* Client-supplied frames kept with an allocation's trace event, at most. */
@@ -138,22 +139,48 @@ void gm_req_central_answer_alloc(gm_request_conn_t *c, uint64_t request_id, cons
         }
 }
 
+/* Frees one block as a Free asks; one that is not a live block of the
+ * session is answered with the refusal: -EINVAL. */
+static int free_block(gm_request_conn_t *c, uint64_t request_id, uint64_t block_id, bool deferred) {
+        if (gm_session_central_free_block(c->session, block_id, deferred) == 0)
+                return 0;
+        gm_request_error(c, request_id, EINVAL,
+                         "free of block %" PRIu64
+                         " refused: not a live block of this session (unknown id or double free)",
+                         block_id);
+        return -EINVAL;
+}
+
+/* Frees ids[0..n) in order (not deferred), up to the first refused one. */
+static int free_blocks(gm_request_conn_t *c, uint64_t request_id, const uint64_t *ids, size_t n) {
+        int r = 0;
+        for (size_t i = 0; i < n && r == 0; i++)
+                r = free_block(c, request_id, ids[i], false);
+        return r;
+}
+
 int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Alloc *alloc = env->alloc;
         if (c->local)
                 return gm_request_error(c, request_id, EPROTO, "a local session allocates in its own heap"), 0;
         /* Untrusted: a claim that cannot be true ends the session (a false
          * one within bounds only moves the liar's own pages early). */
-        int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_other_frees_fenced > MAX_FENCES_DONE ? -EPROTO : 0;
+        int r = alloc->n_fences_done > MAX_FENCES_DONE || alloc->n_other_frees_fenced > MAX_FENCES_DONE ||
+                                alloc->n_freed_block_ids > GM_CARRIED_FREES_MAX
+                        ? -EPROTO
+                        : 0;
         for (size_t i = 0; i < alloc->n_fences_done && r == 0; i++)
                 r = gm_session_central_fence_done(c->session, alloc->fences_done[i]->stream,
                                                   alloc->fences_done[i]->fence);
         if (r < 0) {
                 gm_request_error(c, request_id, EPROTO,
-                                 "allocation refused: its report of complete stream fences is too long or "
-                                 "names a fence this session was never asked to mark");
+                                 "allocation refused: its report of complete stream fences or its carried "
+                                 "frees are too long, or it names a fence this session was never asked to mark");
                 return r;
         }
+        /* The carried frees come first: their blocks are this allocation's to reuse. */
+        if (free_blocks(c, request_id, alloc->freed_block_ids, alloc->n_freed_block_ids) < 0)
+                return 0;
         if (alloc->frees_fenced)
                 gm_session_central_frees_fenced(c->session, alloc->stream);
         for (size_t i = 0; i < alloc->n_other_frees_fenced; i++)
@@ -175,11 +202,12 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
 
 int gm_req_central_free(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Free *f = env->free;
-        if (gm_session_central_free_block(c->session, f->block_id, f->deferred) < 0)
-                gm_request_error(c, request_id, EINVAL,
-                                 "free of block %" PRIu64
-                                 " refused: not a live block of this session (unknown id or double free)",
-                                 f->block_id);
+        if (f->n_more_block_ids > 0 && (f->deferred || f->n_more_block_ids >= GM_CARRIED_FREES_MAX)) {
+                gm_request_error(c, request_id, EPROTO, "free refused: too many blocks, or several deferred");
+                return -EPROTO;
+        }
+        if (free_block(c, request_id, f->block_id, f->deferred) == 0)
+                free_blocks(c, request_id, f->more_block_ids, f->n_more_block_ids);
         return 0;
 }
 

@@ -68,6 +68,7 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         reply.device_uuid = c->rq->broker->backend->device_uuid;
         reply.admin = sv.admin;
         reply.client_fences = gm_session_central_client_fences(s);
+        reply.carried_frees = !c->local;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;

@@ -9,6 +9,8 @@
 #define GM_PROTOCOL_VERSION 1u
 /* The most memory-history entries a HistoryControl may ask the daemon to keep. */
 #define GM_HISTORY_MAX_ENTRIES 100000000u
+/* The most frees one Alloc (freed_block_ids) or one Free (block_id and more_block_ids) carries. */
+#define GM_CARRIED_FREES_MAX 64u
 
 /* Envelopes up to this size fit the buffer callers of gm_msg_pack() keep on the stack. */
 #define GM_MSG_STACK_PACK_MAX 4096u

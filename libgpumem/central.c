@@ -1,6 +1,8 @@
 /* The central heap: a session whose allocator runs in the daemon. Every
- * allocation is an Alloc round trip (with the page-reuse fences it reports),
- * a free is a Free (or a FreeCompleted once its streams are done, frees.c). */
+ * allocation is an Alloc round trip (with the page-reuse fences it reports
+ * and the frees made since the last message), a free is carried by the next
+ * Alloc or is a Free of its own (or a FreeCompleted once its streams are
+ * done, frees.c). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,23 +28,82 @@ static size_t wire_frames_of(const gpumem_frame *frames, size_t n_frames, Gpumem
         return n;
 }
 
-/* Sends an Alloc with the fences complete since the last report (a central
- * session on a device backend). Reports are built and sent under lock, so
- * the daemon gets each stream's numbers in rising order; a resent Alloc
- * (after a re-attach) reports what is complete for the new daemon. After
+/* ---- carried frees ---- */
+
+/* A free is carried only while the service thread is sure to wake within
+ * the connection's caller grace (conn.h) and send what is carried then: no
+ * call is in flight (one parked in the daemon could leave the thread asleep
+ * on the socket) and the last ended less than this long ago (the coarse
+ * clock may lag the thread's wake by up to a tick, 4 ms). Otherwise it is
+ * sent at once, so no free waits longer than one grace period. */
+#define CARRY_WINDOW_MS (GM_CONN_CALLER_GRACE_MS / 2)
+
+static bool carry_window_open(const gpumem_client *c) {
+        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
+                return false;
+        return gm_conn_idle_ms(c) < CARRY_WINDOW_MS;
+}
+
+void gm_central_send_carried(gpumem_client *c) {
+        if (!c->n_carried_frees)
+                return;
+        Gpumem__Free f = GPUMEM__FREE__INIT;
+        f.block_id = c->carried_frees[0];
+        f.n_more_block_ids = c->n_carried_frees - 1;
+        f.more_block_ids = c->carried_frees + 1;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = GPUMEM__ENVELOPE__BODY_FREE;
+        env.free = &f;
+        gm_conn_send(c, &env); /* lost with the connection: the re-attach ledger has them */
+        c->n_carried_frees = 0;
+        atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
+}
+
+void gm_central_before_send(gpumem_client *c, const Gpumem__Envelope *env) {
+        if (env->body_case != GPUMEM__ENVELOPE__BODY_ALLOC)
+                gm_central_send_carried(c);
+}
+
+/* Moves the carried frees into the Alloc being sent (ids: room for
+ * GM_CARRIED_FREES_MAX). Caller holds lock. */
+static void carry_into(gpumem_client *c, Gpumem__Alloc *alloc, uint64_t *ids) {
+        memcpy(ids, c->carried_frees, c->n_carried_frees * sizeof(*ids));
+        alloc->freed_block_ids = ids;
+        alloc->n_freed_block_ids = c->n_carried_frees;
+        c->n_carried_frees = 0;
+        atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
+}
+
+/* Sends an Alloc with the frees carried since the last message and the
+ * fences complete since the last report (a central session on a device
+ * backend). Reports are built and sent under lock, so the daemon gets
+ * each stream's numbers in rising order; a resent Alloc (after a
+ * re-attach) reports what is complete for the new daemon. After
  * frees (client_fences), an event recorded under lock on each stream freed
  * on follows every free sent before the Alloc (they are sent under lock
  * too): those complete at once are named (frees_fenced for the Alloc's own
  * stream, other_frees_fenced) and their pages may move in this allocation. */
 static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         /* No mark outstanding: every complete one was reported when it was
-         * popped, and an Alloc without a report needs no order. */
-        if (!atomic_load_explicit(&c->fences_pending, memory_order_relaxed) &&
-            !atomic_load_explicit(&c->fences_freed, memory_order_relaxed))
+         * popped, and an Alloc without a report needs no order. No free
+         * carried: a free on another thread not seen yet is carried later. */
+        bool fences = atomic_load_explicit(&c->fences_pending, memory_order_relaxed) ||
+                      atomic_load_explicit(&c->fences_freed, memory_order_relaxed);
+        if (!fences && !atomic_load_explicit(&c->frees_carried, memory_order_relaxed))
                 return gm_conn_send(c, env);
+        uint64_t carried[GM_CARRIED_FREES_MAX];
+        pthread_mutex_lock(&c->lock);
+        carry_into(c, env->alloc, carried);
+        if (!fences) {
+                int r = gm_conn_send(c, env);
+                env->alloc->freed_block_ids = NULL;
+                env->alloc->n_freed_block_ids = 0;
+                pthread_mutex_unlock(&c->lock);
+                return r;
+        }
         gm_fence_done_t done[GM_FENCE_STREAMS];
         Gpumem__StreamFence msgs[GM_FENCE_STREAMS], *ptrs[GM_FENCE_STREAMS];
-        pthread_mutex_lock(&c->lock);
         size_t n = gm_fences_report(&c->fences, done);
         atomic_store_explicit(&c->fences_pending, c->fences.n_pending > 0, memory_order_relaxed);
         uint64_t fenced[GM_FENCE_STREAMS];
@@ -71,6 +132,8 @@ static int send_alloc(gpumem_client *c, Gpumem__Envelope *env) {
         env->alloc->frees_fenced = false;
         env->alloc->other_frees_fenced = NULL;
         env->alloc->n_other_frees_fenced = 0;
+        env->alloc->freed_block_ids = NULL;
+        env->alloc->n_freed_block_ids = 0;
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -183,7 +246,16 @@ int gm_central_free(gpumem_client *c, block_t *b, pending_free_t *p) {
         env.free = &f;
         if (!p) {
                 pthread_mutex_lock(&c->lock);
-                r = gm_conn_post_locked(c, &env);
+                if (c->carries_frees && !c->dead && carry_window_open(c)) {
+                        /* The next Alloc carries it (or the next message, or the service thread). */
+                        c->carried_frees[c->n_carried_frees++] = f.block_id;
+                        atomic_store_explicit(&c->frees_carried, true, memory_order_relaxed);
+                        if (c->n_carried_frees == GM_CARRIED_FREES_MAX)
+                                gm_central_send_carried(c);
+                        r = 0;
+                } else {
+                        r = gm_conn_post_locked(c, &env);
+                }
                 gm_frees_sent(c, stream_of_block, size_of_block);
                 pthread_mutex_unlock(&c->lock);
                 return r;
@@ -244,6 +316,10 @@ int gm_central_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *re
 }
 
 void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr) {
+        /* Opt-in: other connections (gpumemctl, /metrics, an admin's trim)
+         * see a carried free up to one caller grace late. */
+        const char *carry = getenv("GPUMEM_CARRY_FREES");
+        c->carries_frees = hr->carried_frees && !c->local && carry && strcmp(carry, "1") == 0;
         if (c->mapper->ops->caps->device_streams) {
                 gm_fences_init(&c->fences, &(gm_fence_ops_t){.record = gm_mapping_event_record,
                                                              .query = gm_mapping_event_query,
@@ -254,6 +330,12 @@ void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr) {
 }
 
 void gm_central_forget(gpumem_client *c, bool owner) {
+        pthread_mutex_lock(&c->lock);
+        if (owner) /* the daemon's figures count them before the session ends */
+                gm_central_send_carried(c);
+        c->n_carried_frees = 0;
+        atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
+        pthread_mutex_unlock(&c->lock);
         gm_fences_clear(&c->fences, owner);
         atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
         atomic_store_explicit(&c->fences_freed, false, memory_order_relaxed);

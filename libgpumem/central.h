@@ -24,5 +24,13 @@ int gm_central_trim(gpumem_client *c, uint64_t *ret_released_bytes);
 int gm_central_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value);
 /* The session said Hello: on a kind with device streams, its fences start. */
 void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr);
-/* The session closes: its fences go. */
+/* Holding lock, before env (not yet numbered) is sent on any path but an
+ * Alloc's: the carried frees go first, so the daemon sees every free before
+ * any later message (the connection's before_send handler). */
+void gm_central_before_send(gpumem_client *c, const Gpumem__Envelope *env);
+/* Holding lock: sends the carried frees now, as one Free (block_id and
+ * more_block_ids), ahead of whatever is sent next (the service thread's
+ * turns, 64 waiting, the session's end). */
+void gm_central_send_carried(gpumem_client *c);
+/* The session closes: carried frees are sent (owner), its fences go. */
 void gm_central_forget(gpumem_client *c, bool owner);

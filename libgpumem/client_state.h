@@ -192,6 +192,14 @@ struct gpumem_client {
          * for that check (read without lock, written under it). */
         _Atomic bool client_fences;
         _Atomic bool fences_freed;
+        /* A central session whose daemon takes carried frees
+         * (HelloReply.carried_frees): plain frees not yet sent, under lock,
+         * carried by the next Alloc or sent before any other message
+         * (central.c). frees_carried: whether any wait, read without lock. */
+        bool carries_frees;
+        size_t n_carried_frees;
+        uint64_t carried_frees[GM_CARRIED_FREES_MAX];
+        _Atomic bool frees_carried;
 
         /* Local heap mode (local_heap.c): the session's allocator runs here.
          * heap_lock serialises it and, in this mode, the blocks table; it is

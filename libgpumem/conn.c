@@ -148,13 +148,23 @@ static int read_packet(gpumem_client *c, bool *ret_pending, const waiter_t *mine
 }
 
 /* How long calling threads have the socket to themselves: while calls are
- * in flight (and for CALLER_GRACE_MS after the last) they read their own
+ * in flight (and for GM_CONN_CALLER_GRACE_MS after the last) they read their own
  * replies and whatever comes before them; the service thread, off the
  * socket, is not woken by every reply. 0: the socket is the service
  * thread's (no recent calls, or a caller's read failed). */
-#define CALLER_GRACE_MS 10
 
 static void reader_done(gpumem_client *c);
+
+uint64_t gm_conn_idle_ms(const gpumem_client *c) {
+        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
+                return 0;
+        uint64_t last = atomic_load_explicit(&c->last_call_ms, memory_order_relaxed);
+        if (!last)
+                return UINT64_MAX;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u - last;
+}
 
 static int socket_left_to_callers(gpumem_client *c) {
         pthread_mutex_lock(&c->lock);
@@ -162,13 +172,8 @@ static int socket_left_to_callers(gpumem_client *c) {
         pthread_mutex_unlock(&c->lock);
         if (lost)
                 return 0;
-        if (atomic_load_explicit(&c->callers, memory_order_relaxed) > 0)
-                return CALLER_GRACE_MS;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-        uint64_t now = (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
-        uint64_t last = atomic_load_explicit(&c->last_call_ms, memory_order_relaxed);
-        return last && now - last < CALLER_GRACE_MS ? (int) (CALLER_GRACE_MS - (now - last)) : 0;
+        uint64_t idle = gm_conn_idle_ms(c);
+        return idle < GM_CONN_CALLER_GRACE_MS ? (int) (GM_CONN_CALLER_GRACE_MS - idle) : 0;
 }
 
 static void *service_main(void *arg) {
@@ -249,6 +254,8 @@ int gm_conn_start_service(gpumem_client *c) {
 int gm_conn_post_locked(gpumem_client *c, Gpumem__Envelope *env) {
         if (c->dead)
                 return gm_conn_set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
+        if (c->handlers->before_send)
+                c->handlers->before_send(c, env);
         env->request_id = ++c->next_request_id;
         int r = gm_conn_send(c, env);
         /* A free lost with the connection is carried by the re-attach ledger. */
@@ -330,6 +337,8 @@ static int call_fd_inner(gpumem_client *c, Gpumem__Envelope *env, const gm_conn_
                 pthread_mutex_unlock(&c->lock);
                 return gm_conn_set_error(c, -ECONNRESET, "gpumem: the connection to gpumemd is closed");
         }
+        if (c->handlers->before_send)
+                c->handlers->before_send(c, env);
         w.request_id = ++c->next_request_id;
         w.next = c->waiters;
         c->waiters = &w;
@@ -457,6 +466,8 @@ int gm_conn_recv(gpumem_client *c, int fd, Gpumem__Envelope **ret_env, int *ret_
 
 int gm_conn_answer(gpumem_client *c, Gpumem__Envelope *env) {
         pthread_mutex_lock(&c->lock);
+        if (c->handlers->before_send)
+                c->handlers->before_send(c, env);
         env->request_id = ++c->next_request_id;
         pthread_mutex_unlock(&c->lock);
         return gm_conn_send(c, env);

@@ -41,7 +41,19 @@ typedef struct gm_conn_handlers {
         bool (*serve)(gpumem_client *c);
         /* The daemon went away: true once the session is back. */
         bool (*reconnect)(gpumem_client *c);
+        /* Holding lock, before a request, a post or an answer is sent: what
+         * the heaps held back goes first (central sessions' carried frees).
+         * NULL: nothing is held back. */
+        void (*before_send)(gpumem_client *c, const Gpumem__Envelope *env);
 } gm_conn_handlers_t;
+
+/* The service thread keeps off the socket while calls are in flight and for
+ * this long after the last; it wakes when it ends (its poll handler runs). */
+#define GM_CONN_CALLER_GRACE_MS 10
+
+/* Milliseconds since the last call ended (CLOCK_MONOTONIC_COARSE): 0 while
+ * one is in flight, UINT64_MAX when none was ever made. */
+uint64_t gm_conn_idle_ms(const gpumem_client *c);
 
 /* How one request is sent, and what follows when memory its reply brought
  * could not be mapped here (the reply is freed after). NULL members: the

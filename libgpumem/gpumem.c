@@ -75,12 +75,21 @@ static const gm_conn_push_t pushes[] = {
         {GPUMEM__ENVELOPE__BODY_RECLAIM, NULL, gm_local_session_on_reclaim},
 };
 
+/* The service thread's turn under lock: a central session's carried frees
+ * go (at most one caller grace after the call they followed), then the
+ * stream-ordered frees are polled. */
+static bool conn_poll(gpumem_client *c) {
+        gm_central_send_carried(c);
+        return gm_frees_poll(c);
+}
+
 static const gm_conn_handlers_t conn_handlers = {
         .pushes = pushes,
         .n_pushes = sizeof(pushes) / sizeof(pushes[0]),
-        .poll = gm_frees_poll,
+        .poll = conn_poll,
         .serve = gm_local_session_serve,
         .reconnect = gm_session_reconnect,
+        .before_send = gm_central_before_send,
 };
 
 /* A new session's heaps: the central fences, and a local session's heap. */

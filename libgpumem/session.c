@@ -270,6 +270,7 @@ static int reattach_once(gpumem_client *c) {
         if (r == 0 && page_fd >= 0)
                 r = c->session_hooks->page_replaced(c, page_fd);
         if (r == 0) {
+                c->carries_frees = c->carries_frees && reply->hello_reply->carried_frees;
                 gm_msg_free(reply);
                 reply = NULL;
                 r = reattach_send(c, fd);
@@ -294,6 +295,8 @@ static int reattach_once(gpumem_client *c) {
         gm_fences_clear(&c->fences, true); /* the new daemon's fence numbers start over */
         atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
         atomic_store_explicit(&c->fences_freed, false, memory_order_relaxed);
+        c->n_carried_frees = 0; /* not in the report: the new daemon never knew those blocks */
+        atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done) { /* sent to the old daemon, never answered */
                         w->resend = true;

@@ -108,8 +108,8 @@ int gpumem_shared_create(gpumem_client *c, const char *name, uint64_t size, gpum
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_SHARED_CREATE;
         env.shared_create = &sc;
-        Gpumem__Envelope *reply;
-        int fd;
+        Gpumem__Envelope *reply = NULL;
+        int fd = -1;
         if ((r = call_with_fd(c, &env, GPUMEM__ENVELOPE__BODY_SHARED_CREATE_REPLY, &reply, &fd)) < 0)
                 return r;
         uint64_t object_id = reply->shared_create_reply->object_id;
@@ -171,8 +171,8 @@ int gpumem_shared_publish(gpumem_client *c, gpumem_shared *s, const char *const 
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_SHARED_PUBLISH;
         env.shared_publish = &sp;
-        Gpumem__Envelope *reply;
-        int fd;
+        Gpumem__Envelope *reply = NULL;
+        int fd = -1;
         if ((r = call_with_fd(c, &env, GPUMEM__ENVELOPE__BODY_SHARED_OBJECT_REPLY, &reply, &fd)) < 0) {
                 /* Still staging: writable here again. */
                 int copy = fcntl(s->staging_fd, F_DUPFD_CLOEXEC, 0);
@@ -205,8 +205,8 @@ int gpumem_shared_open(gpumem_client *c, const char *name, uint64_t version, gpu
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.body_case = GPUMEM__ENVELOPE__BODY_SHARED_OPEN;
         env.shared_open = &so;
-        Gpumem__Envelope *reply;
-        int fd;
+        Gpumem__Envelope *reply = NULL;
+        int fd = -1;
         if ((r = call_with_fd(c, &env, GPUMEM__ENVELOPE__BODY_SHARED_OBJECT_REPLY, &reply, &fd)) < 0)
                 return r;
         const Gpumem__SharedObjectReply *o = reply->shared_object_reply;
