@@ -134,3 +134,34 @@ def test_meta_of_another_kind_is_refused(gpumem):
     with pytest.raises(ValueError):
         gpumem.open("py-foreign")
     gpumem.unpublish("py-foreign")
+
+
+OPEN_AS_READER = r"""
+import gpumem
+try:
+    x = gpumem.open("%s")["x"]
+except PermissionError as e:
+    print("refused", e.errno)
+else:
+    print("read", x.tolist())
+    try:
+        x[0] = 0.0
+    except TypeError:
+        print("read-only")
+"""
+
+
+def test_readers_admit_tenants(gpumem):
+    from test_gpumem import run_as_nobody
+    gpumem.share("py-private", {"x": array.array("d", [4.0, 2.0])})
+    gpumem.share("py-for-nobody", {"x": array.array("d", [4.0, 2.0])}, readers=["uid:65534"])
+    try:
+        out = run_as_nobody(OPEN_AS_READER % "py-private")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["refused", str(errno.EACCES)]
+        out = run_as_nobody(OPEN_AS_READER % "py-for-nobody")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["read [4.0, 2.0]", "read-only"]
+    finally:
+        gpumem.unpublish("py-private")
+        gpumem.unpublish("py-for-nobody")
