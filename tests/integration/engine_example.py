@@ -3,7 +3,8 @@
 a real gpumemd with a small capacity: `publish` loads the weights and exits,
 `run` drives engines A and B (as two other uids, their own tenants, when this
 runs as root), and afterwards the daemon's books hold nothing but the
-published object, charged to the publisher's tenant. The daemon's exit status
+published object, charged to the publisher's tenant and mapped by nobody
+(`gpumemctl shared list`). The daemon's exit status
 (0 only when gm_broker_check holds at exit) is checked too.
 
 Usage: engine_example.py GPUMEMD GPUMEMCTL GPUMEM_ENGINE BACKEND
@@ -90,6 +91,12 @@ def main():
         if charged.get(publisher) != WEIGHTS_MIB * MiB:
             failures.append(f"{publisher} (the publisher) is charged {charged.get(publisher)}, not the weights'"
                             f" {WEIGHTS_MIB * MiB} bytes")
+        shared = json.loads(subprocess.run([gpumemctl, "-s", sock, "shared", "list", "--json"], capture_output=True,
+                                           text=True, check=True, timeout=60).stdout)["objects"]
+        print(f"engine_example: shared objects after the run: {shared}")
+        if [(o["name"], o["tenant"], o["size"], o["mappers"], o["state"]) for o in shared] != \
+                [("weights", publisher, charged.get(publisher), 0, "published")]:
+            failures.append("the weights are not the one published object, of the publisher's charge, unmapped")
         for tenant in engines:
             if charged.get(tenant, 0) != 0 or claimed.get(tenant, 0) != 0:
                 failures.append(f"{tenant} still holds {charged.get(tenant)} bytes, claims {claimed.get(tenant)}")
