@@ -304,7 +304,6 @@ static int step_claim(engine_t *e, uint64_t *ret_figure) {
         return r < 0 ? 1 : 0;
 }
 
-#ifdef GPUMEM_ENGINE_HAVE_SLEEP
 static int step_sleep(engine_t *e, uint64_t *ret_figure) {
         const char *const keep[] = {KV_TAG, NULL};
         uint64_t released = 0;
@@ -330,17 +329,6 @@ static int step_wake(engine_t *e, uint64_t *ret_figure) {
         *ret_figure = same;
         return r < 0 || same != e->n_kv || weights != 1 ? 1 : 0;
 }
-#define HAVE_SLEEP true
-#else
-/* Built against a libgpumem from before sleep and wake (their steps are not run). */
-#define HAVE_SLEEP false
-static int step_sleep(engine_t *e, uint64_t *ret_figure) {
-        (void) e;
-        (void) ret_figure;
-        return 1;
-}
-#define step_wake step_sleep
-#endif
 
 static int step_grow(engine_t *e, uint64_t *ret_figure) {
         uint64_t free_now, total, released = 0;
@@ -501,13 +489,9 @@ static int run(const char *socket_path, const char *name, const char *user_a, co
                        (claim_a + claim_b) / MiB, free_a / MiB, fits ? "nothing over-committed" : "OVER-COMMITTED");
                 ok = fits;
         }
-        if (!HAVE_SLEEP) {
-                printf("run: this libgpumem has no gpumem_sleep: sleep, grow and wake skipped\n");
-        } else {
-                ok = ok && ask(&a, STEP_SLEEP, &v);
-                ok = ok && ask(&b, STEP_GROW, &v);
-                ok = ok && ask(&a, STEP_WAKE, &v);
-        }
+        ok = ok && ask(&a, STEP_SLEEP, &v);
+        ok = ok && ask(&b, STEP_GROW, &v);
+        ok = ok && ask(&a, STEP_WAKE, &v);
         close(a.to);
         close(b.to);
         int status_a = -1, status_b = -1;
