@@ -247,8 +247,10 @@ static int step_open(engine_t *e, uint64_t *ret_figure) {
         char text[128] = "";
         if (r >= 0 && (r = gpumem_shared_meta(e->weights, &meta, &len)) >= 0 && len < sizeof(text))
                 memcpy(text, meta, len);
-        if (r < 0 || sscanf(text, "gpumem-engine weights bytes=%" SCNu64 " seed=%" SCNu64, &e->weights_bytes,
-                            &e->weights_seed) != 2) {
+        if (r < 0 ||
+            sscanf(text, "gpumem-engine weights bytes=%" SCNu64 " seed=%" SCNu64, &e->weights_bytes,
+                   &e->weights_seed) != 2 ||
+            e->weights_bytes > gpumem_shared_size(e->weights) || e->weights_bytes % sizeof(uint64_t) != 0) {
                 printf("engine %c: open '%s': %s\n", e->id, e->name,
                        r < 0 ? gpumem_last_error(e->c) : "not its weights");
                 return 1;
@@ -296,8 +298,7 @@ static int step_claim(engine_t *e, uint64_t *ret_figure) {
         if (r >= 0)
                 r = gpumem_mem_get_info(e->c, &e->free_after, &total);
         printf("engine %c: claimed %" PRIu64 " MiB (90%% of %" PRIu64 " MiB seen): %zu KV blocks of %" PRIu64
-               " MiB in pool "
-               "'%s' (%" PRId64 " MiB), written; %" PRIu64 " MiB free now%s%s\n",
+               " MiB in pool '%s' (%" PRId64 " MiB), written; %" PRIu64 " MiB free now%s%s\n",
                e->id, claimed / MiB, e->seen_free / MiB, e->n_kv, KV_BLOCK / MiB, KV_TAG, tagged / (int64_t) MiB,
                e->free_after / MiB, r < 0 ? ": REFUSED " : "", r < 0 ? gpumem_last_error(e->c) : "");
         *ret_figure = claimed;
