@@ -52,6 +52,10 @@ typedef struct gm_mapper_ops {
         int (*event_record)(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event);
         int (*event_query)(gm_mapper_t *m, uint64_t event);
         void (*event_destroy)(gm_mapper_t *m, uint64_t event);
+        /* Whether `stream` is being captured into a CUDA graph (its capture
+         * active or invalidated): 1, 0, or a negative errno. Changes no
+         * capture. NULL on backends without device streams (never). */
+        int (*capturing)(gm_mapper_t *m, uint64_t stream);
         void (*destroy)(gm_mapper_t *m);
 } gm_mapper_ops_t;
 

@@ -210,6 +210,7 @@ typedef struct gm_shared_open {
         gm_session_t *session;
         uint32_t count;
         uint64_t handed_ms; /* its last open's fd was sent (gm_now_ms): maybe not mapped yet */
+        uint64_t client_id; /* re-attached: the previous daemon's id the client closes it by (0: opened here) */
         struct gm_shared_open *next;
 } gm_shared_open_t;
 
@@ -233,6 +234,10 @@ struct gm_shared {
         void *meta;
         size_t meta_len;
         uint64_t store_id; /* kept in the fd store and journalled (0: not) */
+        /* Adopted from the previous daemon, and its re-attach window
+         * (orphans_deadline_ms) is not over: sessions that map it may still
+         * re-attach, so it is not released while withdrawn. */
+        bool mappers_unknown;
         struct gm_shared *next;
 };
 

@@ -713,6 +713,10 @@ int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, u
 int gm_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */
 int gm_reattach_count(gm_session_t *s, uint64_t n);
+/* A shared object the re-attaching client still maps (gm_shared_reattach():
+ * -ENOENT when the adopted registry has no such object, which is then not
+ * counted; -EACCES; -ENOSPC). */
+int gm_reattach_shared(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size);
 
 /* ---- snapshots for metrics and listings ---- */
 
@@ -799,5 +803,11 @@ int gm_shared_unpublish(gm_session_t *s, const char *name, uint64_t version);
 /* Iterates the registry (NULL: the first), newest first; NULL at the end. */
 const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev);
 void gm_shared_view(const gm_shared_t *o, gm_shared_view_t *ret);
+/* Whether tenant t may open o: its publisher's tenant, or one its readers
+ * name ("*": every tenant). Listings show an object to them (and admins). */
+bool gm_shared_admits(const gm_shared_t *o, const gm_tenant_t *t);
+/* The sessions that map o, each once (NULL: the first; NULL after the
+ * last), with its opens of o in *ret_opens (its staging object: 1). */
+const gm_session_t *gm_shared_mapper_next(const gm_shared_t *o, const gm_session_t *prev, uint32_t *ret_opens);
 /* Shared objects' bytes and count (for the device's figures). */
 uint64_t gm_shared_bytes(const gm_broker_t *b);

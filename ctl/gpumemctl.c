@@ -36,6 +36,8 @@ static void usage(FILE *f) {
                    "                                          per process: leak, fragmentation, streams, idle cache\n"
                    "  top [--once] [--json] [--interval S]    live table of the device and its processes\n"
                    "  status                                  one-screen summary of the device\n"
+                   "  shared list [--json] | show NAME[@VERSION] [--json] | rm NAME[@VERSION]\n"
+                   "                                          shared objects: list, one with its mappers, unpublish\n"
                    "Options:\n"
                    "  -s, --socket SOCKET                     the daemon's socket\n"
                    "  -d, --device N                          the daemon of GPU N ($GPUMEM_SOCKET_TEMPLATE,\n"
@@ -591,6 +593,8 @@ int main(int argc, char **argv) {
                 fn = cmd_top;
         else if (strcmp(cmd, "status") == 0)
                 fn = cmd_status;
+        else if (strcmp(cmd, "shared") == 0)
+                fn = cmd_shared;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
         ctl_t c = {.socket_path = socket_path, .device = device};

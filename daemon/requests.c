@@ -56,6 +56,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(SHARED_CLOSE), .op = "shared_close", .handle = gm_req_shared_close},
         {BODY(SHARED_UNPUBLISH), .op = "shared_unpublish", .handle = gm_req_shared_unpublish,
          .check = gm_req_shared_check},
+        {BODY(SHARED_LIST), .op = "shared_list", .handle = gm_req_shared_list, .check = gm_req_shared_check},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 

@@ -258,7 +258,7 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
         pending_free_t *p = NULL;
         if (n > 0 && c->mapper->ops->caps->device_streams) {
                 p = calloc(1, sizeof(*p));
-                r = p ? gm_frees_record_events(c, streams, n, &p->events) : -ENOMEM;
+                r = p ? gm_frees_record_events(c, p, streams, n) : -ENOMEM;
                 if (r < 0) {
                         free(p);
                         if (!c->local)
@@ -272,7 +272,6 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
                 p->block = *b;
                 p->block.stream_uses = NULL;
                 p->block.n_stream_uses = 0;
-                p->n_events = n;
         }
         if (c->local)
                 return gm_local_session_free(c, b, p);

@@ -194,7 +194,7 @@ check_floors("libgpumem", LIBGPUMEM_FLOOR)
 check_floors("daemon", DAEMON_FLOOR)
 # gpumemctl: the commands over the connection they share.
 CTL_FLOOR = {"json_read.c": 0, "json_read.h": 0, "diagnose.c": 0, "diagnose.h": 0,
-             "ctl.c": 1, "gpumemctl.h": 1, "gpumemctl_top.c": 2, "gpumemctl.c": 3}
+             "ctl.c": 1, "gpumemctl.h": 1, "gpumemctl_top.c": 2, "gpumemctl_shared.c": 2, "gpumemctl.c": 3}
 check_floors("ctl", CTL_FLOOR, prefixes=("gm", "gpumem", "ctl", "cmd", "diag", "json"))
 for b in bad:
     print(b)

@@ -81,6 +81,7 @@ static const sym_t syms[] = {
         OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
         OPTIONAL(MemRetainAllocationHandle, 11000, "cuMemRetainAllocationHandle"),
         OPTIONAL(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode"),
+        OPTIONAL(StreamIsCapturing, 10000, "cuStreamIsCapturing"),
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

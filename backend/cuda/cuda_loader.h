@@ -59,6 +59,7 @@ typedef struct gm_cuda {
         PFN_cuCtxSynchronize_v2000 CtxSynchronize;                        /* optional; of the current context */
         PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle; /* optional: page reuse moves pages */
         PFN_cuThreadExchangeStreamCaptureMode_v10010 ThreadExchangeStreamCaptureMode; /* optional */
+        PFN_cuStreamIsCapturing_v10000 StreamIsCapturing;                             /* optional */
 } gm_cuda_t;
 
 /* Loads $GPUMEM_LIBCUDA (default "libcuda.so.1"), resolves every entry point

@@ -255,6 +255,23 @@ static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
                 cm->cu->EventDestroy((CUevent) (uintptr_t) event);
 }
 
+/* The legacy stream cannot be captured, and asking about it while a
+ * blocking stream captures is itself illegal: special streams answer 0 (the
+ * per-thread stream included, which this library never asks about either). */
+static int cuda_capturing(gm_mapper_t *m, uint64_t stream) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        if (special_stream(stream) || !cm->cu->StreamIsCapturing)
+                return 0;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+        CUresult cr = cm->cu->StreamIsCapturing((CUstream) (uintptr_t) stream, &status);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuStreamIsCapturing");
+        return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static void cuda_destroy(gm_mapper_t *m) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
         if (!cm)
@@ -277,6 +294,7 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .event_record = cuda_event_record,
         .event_query = cuda_event_query,
         .event_destroy = cuda_event_destroy,
+        .capturing = cuda_capturing,
         .destroy = cuda_destroy,
 };
 

@@ -2122,10 +2122,33 @@ START_TEST(test_shared_survives_restart) {
         ck_assert_int_eq(v.state, GM_SHARED_PUBLISHED);
         CHECK(b_);
 
-        /* Retention: withdrawn once over, released with no mapper. */
+        /* A re-attaching session's report: an adopted object with that name,
+         * version and size, its tenant admitted; closed by the old id. */
+        gm_session_t *back = session(b_, 1002, "c");
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 4 * MiB), -ENOENT); /* not its size */
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 2, 2 * MiB), -ENOENT);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "short", 1, 2 * MiB), -EACCES);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 2 * MiB), 0);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 2 * MiB), 0); /* two handles */
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_close(back, 777), 0);
+        ck_assert_int_eq(gm_shared_close(back, v.id), -ENOENT); /* it knows the object by 777 */
+        CHECK(b_);
+        gm_session_free(back); /* drops the other */
+        CHECK(b_);
+
+        /* Retention: withdrawn once over, released with no mapper once the
+         * re-attach window is over (until then a mapper may come back). */
+        gm_shared_expire(b_, gm_realtime_us() / 1000 + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        b_->orphans_deadline_ms = gm_now_ms(); /* the window ends */
         gm_shared_expire(b_, gm_realtime_us() / 1000 + 2000);
         CHECK(b_);
         ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 2 * MiB);
+        back = session(b_, 1003, "c");
+        ck_assert_int_eq(gm_shared_reattach(back, 1, "weights", 1, 2 * MiB), -ENOENT); /* window over */
+        gm_session_free(back);
         gm_session_t *admin = session(b_, 0, "root");
         admin->admin = true;
         ck_assert_int_eq(gm_shared_unpublish(admin, "weights", 1), 0);
