@@ -73,6 +73,7 @@ struct gm_session {
         bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
         uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
         gm_session_grants_t grants;   /* local */
+        gm_session_sleep_t sleep;     /* local: asleep (gm_session_local_sleep_state) */
         gm_session_tags_t tags;       /* its tagged pools' names and charged bytes (piece.c books them) */
         uint8_t cur_tag;              /* central: the tag of the allocation being served (its new pieces') */
         gm_session_reclaim_t reclaim; /* local */

@@ -795,6 +795,8 @@ static int clients_request(const channel_t *ch, bool detailed, void **ret_list, 
                         .heap = put_str(&area, heap_name(ci)),
                         .stats_page_invalid = ci->stats_page_invalid,
                         .requests = ci->requests,
+                        .asleep = ci->asleep,
+                        .sleeping_bytes = ci->sleeping_bytes,
                 };
                 if (detailed) {
                         e->command = put_str(&area, ci->command);

@@ -238,6 +238,11 @@ struct gpumem_client {
          * (under heap_lock). */
         uint64_t kept_bytes;
         uint64_t local_frees, local_frees_synced; /* heap_lock: frees so far, and before the last device sync */
+        /* Asleep (sleep.c, gpumem_sleep()): the pieces it gave back and the
+         * data it keeps; NULL while awake (under heap_lock). The local heap's
+         * provider reads it: no allocation and no release of cached memory
+         * while asleep. */
+        struct gm_sleep *sleep;
 };
 
 /* Takes the lock of the blocks table: the heap's in local mode, else lock. */

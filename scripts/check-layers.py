@@ -174,6 +174,7 @@ LIBGPUMEM_FLOOR = {
     "session.c": 3, "session.h": 3,
     "frees.c": 4, "frees.h": 4, "local_heap.c": 4, "local_heap.h": 4, "shared.c": 4,
     "central.c": 4.5, "central.h": 4.5, "local_session.c": 4.5, "local_session.h": 4.5,
+    "sleep.c": 4.7, "sleep.h": 4.7,
     "gpumem.c": 5, "client-internal.h": 5,
     "claim.c": 5.5, "claim.h": 5.5,
     "admin.c": 6,

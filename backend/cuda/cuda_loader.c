@@ -69,6 +69,8 @@ static const sym_t syms[] = {
         SYM(MemMap, 10020, "cuMemMap"),
         SYM(MemUnmap, 10020, "cuMemUnmap"),
         SYM(MemSetAccess, 10020, "cuMemSetAccess"),
+        SYM(MemcpyDtoH, 3020, "cuMemcpyDtoH_v2"),
+        SYM(MemcpyHtoD, 3020, "cuMemcpyHtoD_v2"),
         SYM(StreamGetCtx, 9020, "cuStreamGetCtx"),
         SYM(StreamSynchronize, 2000, "cuStreamSynchronize"),
         SYM(EventCreate, 2000, "cuEventCreate"),

@@ -47,6 +47,8 @@ typedef struct gm_cuda {
         PFN_cuMemMap_v10020 MemMap;
         PFN_cuMemUnmap_v10020 MemUnmap;
         PFN_cuMemSetAccess_v10020 MemSetAccess;
+        PFN_cuMemcpyDtoH_v3020 MemcpyDtoH; /* sleep: kept data to host memory */
+        PFN_cuMemcpyHtoD_v3020 MemcpyHtoD; /* wake: and back */
         PFN_cuStreamGetCtx_v9020 StreamGetCtx;
         PFN_cuStreamSynchronize_v2000 StreamSynchronize;
         PFN_cuEventCreate_v2000 EventCreate;

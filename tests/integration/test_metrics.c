@@ -975,7 +975,7 @@ START_TEST(test_render_labels_counters_and_overflow) {
                 "hello",       "alloc",           "free",          "free_completed", "trim",        "stats",
                 "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
                 "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
-                "samples",     "snapshot_answer", "return_intent", "claim"};
+                "samples",     "snapshot_answer", "return_intent", "sleep_state",    "claim"};
         static const char *const shared_ops[] = {"shared_create", "shared_publish",   "shared_open",
                                                  "shared_close",  "shared_unpublish", "shared_list"};
         size_t n_every = sizeof(every_op) / sizeof(every_op[0]), n_shared = sizeof(shared_ops) / sizeof(shared_ops[0]);

@@ -24,6 +24,8 @@
  *     queued or running work touches makes that work fault: its context's
  *     calls return CUDA_ERROR_ILLEGAL_ADDRESS from then on (sticky) and
  *     fakecuda_usage() counts the fault, which fails the test;
+ *   - cuMemcpyDtoH/HtoD copy synchronously on the current context's legacy
+ *     stream, after its queued work, and fault on unmapped memory;
  *   - stream capture (cuStreamBeginCapture in global, thread-local and
  *     relaxed modes, cuStreamEndCapture, cuStreamIsCapturing,
  *     cuThreadExchangeStreamCaptureMode): a thread that a capture forbids
@@ -1624,6 +1626,19 @@ static CUcontext context_of(uint64_t addr) {
         return NULL;
 }
 
+/* Queues `w` on ctx's legacy stream (made on first use) and waits for it;
+ * the context's sticky error, if any, after. Caller holds the lock. */
+static CUresult legacy_run_wait(CUcontext ctx, work_t *w) {
+        if (!ctx->legacy && !(ctx->legacy = stream_new(ctx, 0, true))) {
+                free(w);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        work_queue(ctx->legacy, w, NULL);
+        marks_t m = marks_of_point(ctx->legacy);
+        wait_marks(&m);
+        return ctx->error ? ctx->error : CUDA_SUCCESS;
+}
+
 /* A kernel run on the legacy stream of the memory's device and waited for
  * (cudaMemset's way); without an active context it runs here and now. */
 static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t value, int *ok) {
@@ -1646,14 +1661,36 @@ static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t valu
                 return ran ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
         }
         STICKY(ctx);
-        if (!ctx->legacy && !(ctx->legacy = stream_new(ctx, 0, true))) {
-                free(w);
+        return legacy_run_wait(ctx, w);
+}
+
+/* cuMemcpyDtoH/HtoD: synchronous copies on the current context's legacy
+ * stream, after the work queued there (and the blocking streams it is
+ * ordered with); device memory that is not mapped with the access the copy
+ * needs (PROT_NONE after cuMemUnmap, no cuMemSetAccess) makes it fault. */
+static CUresult memcpy_sync(work_kind_t kind, uint64_t device, void *host, size_t bytes) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = current_ctx();
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        STICKY(ctx);
+        UNSAFE_DURING_CAPTURE(kind == WORK_TO_HOST ? "cuMemcpyDtoH" : "cuMemcpyHtoD");
+        work_t *w = calloc(1, sizeof(*w));
+        if (!w)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        work_queue(ctx->legacy, w, NULL);
-        marks_t m = marks_of_point(ctx->legacy);
-        wait_marks(&m);
-        return ctx->error ? ctx->error : CUDA_SUCCESS;
+        bool to_host = kind == WORK_TO_HOST;
+        *w = (work_t){
+                .kind = kind, .dst = to_host ? 0 : device, .src = to_host ? device : 0, .bytes = bytes, .host = host};
+        return legacy_run_wait(ctx, w);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dst_host, CUdeviceptr src_device, size_t bytes) {
+        return memcpy_sync(WORK_TO_HOST, src_device, dst_host, bytes);
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst_device, const void *src_host, size_t bytes) {
+        return memcpy_sync(WORK_FROM_HOST, dst_device, (void *) src_host, bytes);
 }
 
 int fakecuda_device_pattern(uint64_t dst, size_t bytes, uint64_t seed) {
@@ -2394,6 +2431,8 @@ static const struct {
         ENTRY(cuMemMap, 10020),
         ENTRY(cuMemUnmap, 10020),
         ENTRY(cuMemSetAccess, 10020),
+        ENTRY(cuMemcpyDtoH, 3020),
+        ENTRY(cuMemcpyHtoD, 3020),
         ENTRY(cuMemRetainAllocationHandle, 11000),
         ENTRY(cuStreamCreate, 2000),
         ENTRY(cuStreamDestroy, 4000),
