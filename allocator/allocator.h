@@ -107,6 +107,14 @@ typedef struct gm_provider {
          * synchronous (no queued device work, e.g. the host backend): every
          * free page may move. */
         int (*stream_fence)(void *userdata, uint64_t stream, uint64_t fence, uint64_t *ret_done);
+        /* Optional: asked once per allocation that misses the cache, before
+         * any step that releases or moves memory (garbage collection, page
+         * reuse, the retry ladder's releases). False keeps every cached byte
+         * where it is: the request gets only new memory (create) or is
+         * refused, e.g. while `stream` is captured into a CUDA graph, where
+         * the release's synchronize and unmap would invalidate the capture.
+         * NULL = always true. */
+        bool (*may_release)(void *userdata, uint64_t stream);
         void *userdata;
 } gm_provider_t;
 

@@ -72,6 +72,7 @@ struct gm_heap {
         gm_page_reuse_info_t reuse;            /* counters (flags are computed on demand) */
         uint64_t refused_size, refused_stream; /* the last refusal (defer_oom: traced when counted) */
         bool refusal_uncounted;                /* the last gm_heap_alloc() was refused, not yet counted */
+        bool holding;                          /* this allocation releases and moves nothing (may_release) */
 };
 
 static const char *const trace_names[_GM_TRACE_ACTION_MAX] = {
@@ -949,7 +950,7 @@ static int expandable_alloc(gm_heap_t *h, pool_t *p, uint64_t stream, uint64_t r
                 if (r < 0)
                         return r;
         }
-        if (reuse_active(h) && c->seg->page_size == small_buffer(h)) {
+        if (reuse_active(h) && !h->holding && c->seg->page_size == small_buffer(h)) {
                 uint64_t page = c->seg->page_size;
                 target = (reuse_target_t){
                         .seg = c->seg,
@@ -1262,15 +1263,17 @@ int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned 
                 return r;
         b = get_free_block(h, p, stream, rsize);
         if (!b) {
-                if (gc_active(h))
+                h->holding = h->prov.may_release && !h->prov.may_release(h->prov.userdata, stream);
+                if (gc_active(h) && !h->holding)
                         garbage_collect(h);
                 r = alloc_block(h, p, stream, rsize, asize, false, &b);
-                if (is_oom(r) && release_available(h, p, stream, rsize))
+                if (is_oom(r) && !h->holding && release_available(h, p, stream, rsize))
                         r = alloc_block(h, p, stream, rsize, asize, false, &b);
-                if (is_oom(r)) {
+                if (is_oom(r) && !h->holding) {
                         gm_heap_release_cached(h);
                         r = alloc_block(h, p, stream, rsize, asize, true, &b);
                 }
+                h->holding = false;
                 if (is_oom(r)) {
                         h->refused_size = rsize;
                         h->refused_stream = stream;

@@ -15,12 +15,27 @@
 #include "u64map.h"
 
 #define NO_OWNER UINT32_MAX
+/* "shared NAME@VERSION": a shared object's owner's command. */
+#define SHARED_COMMAND_MAX 160
 
 typedef struct seg_rec {
         gm_segment_info_t info;
         uint32_t owner;
         size_t first_block, n_blocks; /* range in data.blocks */
+        size_t shared;                /* a shared object's: 1 + its index in data.shareds (0: a heap's) */
 } seg_rec_t;
+
+typedef struct shared_rec {
+        size_t name, state; /* string offsets */
+        uint64_t version;
+        size_t first_mapper, n_mappers; /* range in data.mappers */
+} shared_rec_t;
+
+typedef struct mapper_rec {
+        uint32_t pid;
+        uint64_t session_id;
+        size_t tenant; /* string offset */
+} mapper_rec_t;
 
 typedef struct owner_rec {
         uint32_t pid;
@@ -54,6 +69,11 @@ struct gm_snapshot_data {
         size_t n_frames, cap_frames;
         char *strings;
         size_t n_strings, cap_strings;
+        shared_rec_t *shareds;
+        size_t n_shareds, cap_shareds;
+        mapper_rec_t *mappers;
+        size_t n_mappers, cap_mappers;
+        uint64_t shared_next_addr; /* the next shared object's address (0: GM_SNAPSHOT_SHARED_BASE) */
 };
 
 /* Makes room for `more` elements in *arr. */
@@ -117,6 +137,8 @@ gm_snapshot_data_t *gm_snapshot_data_free(gm_snapshot_data_t *d) {
         free(d->traces);
         free(d->frames);
         free(d->strings);
+        free(d->shareds);
+        free(d->mappers);
         free(d);
         return NULL;
 }
@@ -167,6 +189,43 @@ int gm_snapshot_data_add_segment(gm_snapshot_data_t *d, uint32_t owner, const gm
                 (seg_rec_t){.info = *seg, .owner = owner, .first_block = d->n_blocks, .n_blocks = n_blocks};
         memcpy(d->blocks + d->n_blocks, blocks, n_blocks * sizeof(*blocks));
         d->n_blocks += n_blocks;
+        return 0;
+}
+
+int gm_snapshot_data_add_shared(gm_snapshot_data_t *d, const gm_snapshot_shared_t *s) {
+        enum { ALIGN = 2u << 20 };
+        uint64_t addr = d->shared_next_addr ? d->shared_next_addr : GM_SNAPSHOT_SHARED_BASE;
+        if (s->size == 0 || s->size > (1ull << 53) - addr)
+                return -EINVAL;
+        char command[SHARED_COMMAND_MAX];
+        snprintf(command, sizeof(command), "shared %s@%" PRIu64, s->name, s->version);
+        gm_snapshot_owner_t owner = {.pid = 0, .tenant = s->tenant, .command = command};
+        uint32_t idx;
+        shared_rec_t rec = {.version = s->version, .first_mapper = d->n_mappers, .n_mappers = s->n_mappers};
+        int r = gm_snapshot_data_add_owner(d, &owner, &idx);
+        if (r == 0)
+                r = GROW(d, shareds, 1) < 0 || GROW(d, mappers, s->n_mappers) < 0 ? -ENOMEM : 0;
+        if (r == 0)
+                r = string_add(d, s->name, &rec.name);
+        if (r == 0)
+                r = string_add(d, s->state, &rec.state);
+        for (size_t i = 0; r == 0 && i < s->n_mappers; i++) {
+                mapper_rec_t *m = &d->mappers[d->n_mappers + i];
+                *m = (mapper_rec_t){.pid = s->mappers[i].pid, .session_id = s->mappers[i].session_id};
+                r = string_add(d, s->mappers[i].tenant, &m->tenant);
+        }
+        const gm_segment_info_t seg = {.addr = addr, .size = s->size};
+        const gm_block_info_t block = {
+                .addr = addr, .size = s->size, .requested_size = s->size, .state = GM_BLOCK_ACTIVE_ALLOCATED};
+        if (r == 0)
+                r = gm_snapshot_data_add_segment(d, idx, &seg, &block, 1);
+        if (r < 0)
+                return r;
+        d->segs[d->n_segs - 1].shared = d->n_shareds + 1;
+        d->shareds[d->n_shareds++] = rec;
+        d->n_mappers += s->n_mappers;
+        uint64_t end = addr + s->size;
+        d->shared_next_addr = end > (1ull << 53) - ALIGN ? (1ull << 53) : (end + ALIGN - 1) / ALIGN * ALIGN;
         return 0;
 }
 
@@ -552,6 +611,29 @@ static void write_blocks(render_t *r, const seg_rec_t *s, const owner_rec_t *o) 
         gm_pickler_end_list(w);
 }
 
+/* "gpumemd_shared": the shared object this segment is, with its mappers. */
+static void write_shared(render_t *r, const shared_rec_t *sh, const owner_rec_t *o) {
+        gm_pickler_t *w = &r->w;
+        gm_pickler_key(w, "gpumemd_shared");
+        gm_pickler_begin_dict(w);
+        key_str(w, "name", string_at(r->d, sh->name));
+        key_uint(w, "version", sh->version);
+        key_str(w, "tenant", string_at(r->d, o->tenant));
+        key_str(w, "state", string_at(r->d, sh->state));
+        gm_pickler_key(w, "mappers");
+        gm_pickler_begin_list(w);
+        for (size_t i = 0; i < sh->n_mappers; i++) {
+                const mapper_rec_t *m = &r->d->mappers[sh->first_mapper + i];
+                gm_pickler_begin_dict(w);
+                key_uint(w, "pid", m->pid);
+                key_uint(w, "session_id", m->session_id);
+                key_str(w, "tenant", string_at(r->d, m->tenant));
+                gm_pickler_end_dict(w);
+        }
+        gm_pickler_end_list(w);
+        gm_pickler_end_dict(w);
+}
+
 static void write_segment(render_t *r, const seg_rec_t *s) {
         static const int64_t default_pool[2] = {0, 0};
         gm_pickler_t *w = &r->w;
@@ -585,6 +667,8 @@ static void write_segment(render_t *r, const seg_rec_t *s) {
                 gm_pickler_key(w, "gpumemd_blocks_unknown");
                 gm_pickler_bool(w, true);
         }
+        if (s->shared)
+                write_shared(r, &r->d->shareds[s->shared - 1], o);
         gm_pickler_end_dict(w);
 }
 

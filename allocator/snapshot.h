@@ -105,6 +105,34 @@ int gm_snapshot_data_add_history(gm_snapshot_data_t *d, const gm_history_t *h, b
 /* Adds one trace entry with a copy of its frames. */
 int gm_snapshot_data_add_trace(gm_snapshot_data_t *d, const gm_history_entry_t *e, const gm_frame_t *frames,
                                size_t n_frames);
+/* Shared objects' segments are placed from here up (each on an address of
+ * its own, below 2^53); everything else stays below. */
+#define GM_SNAPSHOT_SHARED_BASE (1ull << 52)
+
+/* A session that maps a shared object. */
+typedef struct gm_snapshot_mapper {
+        uint32_t pid;
+        uint64_t session_id;
+        const char *tenant;
+} gm_snapshot_mapper_t;
+
+/* A shared object (the daemon's, not a process's heap; strings are copied). */
+typedef struct gm_snapshot_shared {
+        const char *name;
+        uint64_t version;   /* 0 while staging */
+        const char *tenant; /* charged for it: its publisher's */
+        const char *state;  /* "staging", "published" or "withdrawn" */
+        uint64_t size;
+        const gm_snapshot_mapper_t *mappers; /* those the snapshot may show */
+        size_t n_mappers;
+} gm_snapshot_shared_t;
+
+/* Adds a shared object once, whoever maps it: one segment of one active
+ * block at the next address from GM_SNAPSHOT_SHARED_BASE, owned by pid 0
+ * and its tenant, written with `gpumemd_shared` (name, version, state and
+ * its mappers' pids, sessions and tenants; PyTorch's viewers ignore it).
+ * -EINVAL (size 0, or past 2^53), -ENOMEM. */
+int gm_snapshot_data_add_shared(gm_snapshot_data_t *d, const gm_snapshot_shared_t *s);
 size_t gm_snapshot_data_blocks(const gm_snapshot_data_t *d);
 size_t gm_snapshot_data_traces(const gm_snapshot_data_t *d);
 

@@ -42,6 +42,12 @@ typedef struct gm_mapper_ops {
          * errno with nothing changed. The work using the old place must be
          * done. */
         int (*move)(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length);
+        /* Sleep and wake: copy `length` bytes between mapped device memory at
+         * `device` and host memory, synchronously (cuMemcpyDtoH/HtoD: after the
+         * work queued on the device's default stream; callers that need every
+         * stream done sync the device first). 0 or a negative errno. */
+        int (*copy_to_host)(gm_mapper_t *m, void *host, uint64_t device, uint64_t length);
+        int (*copy_from_host)(gm_mapper_t *m, uint64_t device, const void *host, uint64_t length);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
         /* Stream-ordered frees (NULL on backends without device streams, where
@@ -52,6 +58,10 @@ typedef struct gm_mapper_ops {
         int (*event_record)(gm_mapper_t *m, uint64_t stream, uint64_t *ret_event);
         int (*event_query)(gm_mapper_t *m, uint64_t event);
         void (*event_destroy)(gm_mapper_t *m, uint64_t event);
+        /* Whether `stream` is being captured into a CUDA graph (its capture
+         * active or invalidated): 1, 0, or a negative errno. Changes no
+         * capture. NULL on backends without device streams (never). */
+        int (*capturing)(gm_mapper_t *m, uint64_t stream);
         void (*destroy)(gm_mapper_t *m);
 } gm_mapper_ops_t;
 

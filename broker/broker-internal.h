@@ -73,6 +73,7 @@ struct gm_session {
         bool unresponsive;            /* answered nothing it owes for unresponsive_timeout_ms: not waited for */
         uint64_t owing_since_ms;      /* since when it owes an answer to a release or Reclaim (0: nothing) */
         gm_session_grants_t grants;   /* local */
+        gm_session_sleep_t sleep;     /* local: asleep (gm_session_local_sleep_state) */
         gm_session_tags_t tags;       /* its tagged pools' names and charged bytes (piece.c books them) */
         uint8_t cur_tag;              /* central: the tag of the allocation being served (its new pieces') */
         gm_session_reclaim_t reclaim; /* local */
@@ -210,6 +211,7 @@ typedef struct gm_shared_open {
         gm_session_t *session;
         uint32_t count;
         uint64_t handed_ms; /* its last open's fd was sent (gm_now_ms): maybe not mapped yet */
+        uint64_t client_id; /* re-attached: the previous daemon's id the client closes it by (0: opened here) */
         struct gm_shared_open *next;
 } gm_shared_open_t;
 
@@ -233,6 +235,10 @@ struct gm_shared {
         void *meta;
         size_t meta_len;
         uint64_t store_id; /* kept in the fd store and journalled (0: not) */
+        /* Adopted from the previous daemon, and its re-attach window
+         * (orphans_deadline_ms) is not over: sessions that map it may still
+         * re-attach, so it is not released while withdrawn. */
+        bool mappers_unknown;
         struct gm_shared *next;
 };
 

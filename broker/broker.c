@@ -317,6 +317,11 @@ static void check_grants(gm_checker_t *c, const gm_session_t *s) {
                 gm_check_violation(c, "session %llu: granted figures out of bounds", (unsigned long long) s->id);
         if (s->local && s->heap)
                 gm_check_violation(c, "local session %llu has a heap in the daemon", (unsigned long long) s->id);
+        const gm_session_sleep_t *sl = &s->sleep;
+        if (sl->asleep ? !s->local || sl->bytes > sl->granted_bytes : sl->bytes || sl->granted_bytes || sl->segments)
+                gm_check_violation(c, "session %llu: its sleep record (%llu bytes of %llu) is out of bounds",
+                                   (unsigned long long) s->id, (unsigned long long) sl->bytes,
+                                   (unsigned long long) sl->granted_bytes);
         gm_u64map_done(&segments);
 }
 

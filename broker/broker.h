@@ -469,6 +469,17 @@ typedef struct gm_session_grants {
         uint64_t returned;  /* pieces given back or released, ever */
 } gm_session_grants_t;
 
+/* A local session asleep (docs/sleep.md): its client gave back the pieces
+ * under its blocks and keeps their address ranges; bytes is what a wake
+ * needs, never more than granted_bytes, what it held granted as it fell
+ * asleep (segments: its granted segments then). All zero while awake. */
+typedef struct gm_session_sleep {
+        bool asleep;
+        uint64_t bytes;
+        uint64_t granted_bytes;
+        uint64_t segments;
+} gm_session_sleep_t;
+
 /* Tagged pools (docs/tags.md): a session's pool names and their charged
  * bytes. Id 0 is the default pool ""; ids 1 .. GM_SESSION_MAX_TAGS are
  * named on first use and keep their name while the session lives (a local
@@ -515,6 +526,7 @@ typedef struct gm_session_view {
         uint64_t claim_bytes;              /* its unconsumed claim (gm_broker_claim()) */
         gm_heap_t *heap;                   /* central: created at its first allocation (NULL before) */
         gm_session_grants_t grants;        /* local: what its client's heap holds */
+        gm_session_sleep_t sleep;          /* local: asleep, and what its wake needs */
         const gm_piece_t *pieces;          /* every piece it owns (any state), linked by ->next */
         void *userdata;                    /* gm_session_params_t's */
         void *owned;                       /* the daemon's block in gm_session_owned() (NULL: none yet) */
@@ -634,9 +646,16 @@ typedef struct gm_grant {
         uint64_t block_size;   /* the block the heap needs it for (diagnosis only) */
         uint64_t largest_free; /* the heap's largest free block (diagnosis only) */
         bool will_retry;       /* the client's heap retries a refusal: the application does not see it */
-        const char *tag;       /* the tagged pool it is for (NULL or "": default), the client's id ... */
-        unsigned tag_id;       /* ... of it (0 with the default) */
+        /* A wake's grant: parks until memory comes back even when none is
+         * asked back, for wait_ms (0: park_timeout_ms), then is refused. */
+        bool wait_for_memory;
+        uint32_t wait_ms;
+        const char *tag; /* the tagged pool it is for (NULL or "": default), the client's id ... */
+        unsigned tag_id; /* ... of it (0 with the default) */
 } gm_grant_t;
+
+/* The longest a wake's grant may wait (Grant.wait_ms). */
+#define GM_MAX_GRANT_WAIT_MS 3600000u
 
 /* Makes a started session local (at Hello): -EBUSY when it already has a
  * heap or memory. */
@@ -670,6 +689,12 @@ bool gm_process_check_needs_intent(const gm_session_t *s);
  * there; memory, fd and charge unchanged. -EINVAL with the reason in *ret_why. */
 int gm_session_local_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset,
                                   const gm_piece_spec_t *to, const char **ret_why);
+/* The client's heap falls asleep (asleep: sleeping_bytes, what its wake
+ * needs, at most what the session holds granted now) or is awake again
+ * (asleep false: the record goes). -EPROTO for a central session, -EINVAL
+ * for more bytes than granted, -EBUSY when it is asleep already,
+ * -ESHUTDOWN once ended. */
+int gm_session_local_sleep_state(gm_session_t *s, bool asleep, uint64_t sleeping_bytes);
 /* The client answered Reclaim `reclaim_id` (what it gave back came before,
  * with ReturnPieces): parked requests are retried. -ENOENT: none pending. */
 int gm_reclaim_ack(gm_session_t *s, uint64_t reclaim_id, uint64_t released_bytes);
@@ -713,6 +738,10 @@ int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, u
 int gm_reattach_finish(gm_session_t *s);
 /* Counts `n` more reported items: -E2BIG past the limit. */
 int gm_reattach_count(gm_session_t *s, uint64_t n);
+/* A shared object the re-attaching client still maps (gm_shared_reattach():
+ * -ENOENT when the adopted registry has no such object, which is then not
+ * counted; -EACCES; -ENOSPC). */
+int gm_reattach_shared(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size);
 
 /* ---- snapshots for metrics and listings ---- */
 
@@ -799,5 +828,11 @@ int gm_shared_unpublish(gm_session_t *s, const char *name, uint64_t version);
 /* Iterates the registry (NULL: the first), newest first; NULL at the end. */
 const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev);
 void gm_shared_view(const gm_shared_t *o, gm_shared_view_t *ret);
+/* Whether tenant t may open o: its publisher's tenant, or one its readers
+ * name ("*": every tenant). Listings show an object to them (and admins). */
+bool gm_shared_admits(const gm_shared_t *o, const gm_tenant_t *t);
+/* The sessions that map o, each once (NULL: the first; NULL after the
+ * last), with its opens of o in *ret_opens (its staging object: 1). */
+const gm_session_t *gm_shared_mapper_next(const gm_shared_t *o, const gm_session_t *prev, uint32_t *ret_opens);
 /* Shared objects' bytes and count (for the device's figures). */
 uint64_t gm_shared_bytes(const gm_broker_t *b);

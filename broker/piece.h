@@ -58,6 +58,11 @@ void gm_shared_free_all(gm_broker_t *b);
 /* A stored fd the journal names as a shared object: adopted, published
  * again with no mappers. Consumes fd. */
 int gm_shared_adopt(gm_broker_t *b, const gm_ledger_shared_t *e, int fd);
+/* A re-attaching session maps adopted object name@version of `size` bytes,
+ * which its client knows by the previous daemon's `client_id`: s is its
+ * mapper again. -ENOENT (no such adopted object while its re-attach window
+ * is open), -EACCES (s's tenant not admitted), -ENOSPC (s's opens). */
+int gm_shared_reattach(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size);
 /* Adoption is over: journalled objects whose fd did not come back are forgotten. */
 void gm_shared_adopt_done(gm_broker_t *b);
 /* gm_broker_check()'s part: the registry's books, into c; adds its bytes

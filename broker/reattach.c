@@ -1,7 +1,9 @@
 /* Re-attach after a restart: a resuming session's client reports the
  * segments, blocks and granted pieces it still maps; each must be a piece
  * the ledger gives that session (adopted, or an unbacked record), the heap
- * is rebuilt, and what the client no longer holds is released. */
+ * is rebuilt, and what the client no longer holds is released. The shared
+ * objects it still maps make it their mapper again (the shared registry
+ * checks each against the adopted objects). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -183,6 +185,12 @@ int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, u
         if (r < 0)
                 return r;
         return gm_heap_restore_block(heap, block_id, segment_id, offset, size, requested_size, pending_free);
+}
+
+int gm_reattach_shared(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size) {
+        if (!s->reattaching)
+                return -EPROTO;
+        return gm_shared_reattach(s, client_id, name, version, size);
 }
 
 int gm_reattach_finish(gm_session_t *s) {

@@ -364,6 +364,12 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
 
 /* ---- parking ---- */
 
+/* How long `rq` may stay parked: a wake's own wait, else park_timeout_ms. */
+static uint64_t park_limit_ms(const gm_broker_t *b, const gm_request_t *rq) {
+        return rq->is_grant && rq->grant.wait_for_memory && rq->grant.wait_ms ? rq->grant.wait_ms
+                                                                              : b->limits.park_timeout_ms;
+}
+
 /* Whether memory asked back from sessions (of `tenant`, NULL: any) is still
  * expected. */
 static bool help_coming(const gm_broker_t *b, const gm_tenant_t *tenant) {
@@ -379,7 +385,8 @@ static void out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool
         /* Memory reclaimed from other sessions arrives once their clients answer. */
         uint64_t need = rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size;
         uint64_t asked = reclaim_from_others(b, s, scope, need);
-        if (may_park && (asked > 0 || help_coming(b, scope)) && s->n_parked < b->limits.max_parked_per_session) {
+        bool waits = asked > 0 || help_coming(b, scope) || (rq->is_grant && rq->grant.wait_for_memory);
+        if (may_park && waits && s->n_parked < b->limits.max_parked_per_session) {
                 out->kind = GM_OUTCOME_PARK;
                 return;
         }
@@ -424,7 +431,7 @@ static gm_session_t *oldest_parked(gm_broker_t *b, uint64_t pass, uint64_t now, 
         for (gm_session_t *s = b->sessions; s; s = s->next) {
                 if (!s->parked || s->ended || s->retry_pass == pass)
                         continue;
-                if (timed_out_only && now - s->parked->parked_at_ms < b->limits.park_timeout_ms)
+                if (timed_out_only && now - s->parked->parked_at_ms < park_limit_ms(b, &s->parked->rq))
                         continue;
                 if (!oldest || s->parked->seq < oldest->parked->seq)
                         oldest = s;
@@ -438,7 +445,7 @@ void gm_reclaim_retry_parked(gm_broker_t *b, bool timed_out_only) {
          * first request still waits keeps the rest waiting behind it. */
         for (gm_session_t *s; (s = oldest_parked(b, pass, now, timed_out_only));) {
                 gm_parked_t *p = gm_session_parked_pop(s);
-                bool expired = now - p->parked_at_ms >= b->limits.park_timeout_ms;
+                bool expired = now - p->parked_at_ms >= park_limit_ms(b, &p->rq);
                 gm_outcome_t out;
                 gm_outcome_init(&out);
                 gm_reclaim_try(s, &p->rq, !expired, &out);

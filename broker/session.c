@@ -437,6 +437,7 @@ void gm_session_view(const gm_session_t *s, gm_session_view_t *ret) {
                 .claim_bytes = s->claim_bytes,
                 .heap = s->heap,
                 .grants = s->grants,
+                .sleep = s->sleep,
                 .pieces = s->pieces,
                 .userdata = s->userdata,
                 .owned = s->owned,

@@ -257,6 +257,26 @@ void gm_session_local_close_return_intent(gm_session_t *s) {
         s->return_intent_open = false;
 }
 
+int gm_session_local_sleep_state(gm_session_t *s, bool asleep, uint64_t sleeping_bytes) {
+        if (s->ended)
+                return -ESHUTDOWN;
+        if (!s->local)
+                return -EPROTO;
+        if (!asleep) {
+                s->sleep = (gm_session_sleep_t){0};
+                return 0;
+        }
+        if (s->sleep.asleep)
+                return -EBUSY;
+        if (sleeping_bytes > (uint64_t) s->grants.bytes.current)
+                return -EINVAL;
+        s->sleep = (gm_session_sleep_t){.asleep = true,
+                                        .bytes = sleeping_bytes,
+                                        .granted_bytes = (uint64_t) s->grants.bytes.current,
+                                        .segments = (uint64_t) s->grants.segments.current};
+        return 0;
+}
+
 int gm_session_local_move_granted(gm_session_t *s, uint64_t from_segment_id, uint64_t from_offset,
                                   const gm_piece_spec_t *to, const char **ret_why) {
         gm_piece_t *p = gm_piece_find(s, from_segment_id, from_offset);

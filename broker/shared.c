@@ -71,6 +71,31 @@ const gm_shared_t *gm_shared_next(const gm_broker_t *b, const gm_shared_t *prev)
         return prev ? prev->next : b->shared;
 }
 
+const gm_session_t *gm_shared_mapper_next(const gm_shared_t *o, const gm_session_t *prev, uint32_t *ret_opens) {
+        if (o->stager) { /* staging: its one writable mapping */
+                if (prev)
+                        return NULL;
+                *ret_opens = 1;
+                return o->stager;
+        }
+        const gm_shared_open_t *so = o->opens;
+        while (prev && so && so->session != prev) /* prev's first record */
+                so = so->next;
+        for (so = prev ? (so ? so->next : NULL) : so; so; so = so->next) {
+                bool seen = false; /* a session re-attached under two ids has two records */
+                for (const gm_shared_open_t *e = o->opens; e != so && !seen; e = e->next)
+                        seen = e->session == so->session;
+                if (seen)
+                        continue;
+                uint32_t opens = 0;
+                for (const gm_shared_open_t *e = so; e; e = e->next)
+                        opens += e->session == so->session ? e->count : 0;
+                *ret_opens = opens;
+                return so->session;
+        }
+        return NULL;
+}
+
 uint64_t gm_shared_bytes(const gm_broker_t *b) {
         uint64_t bytes = 0;
         for (const gm_shared_t *o = b->shared; o; o = o->next)
@@ -153,21 +178,24 @@ static void destroy(gm_broker_t *b, gm_shared_t *o) {
         free(o);
 }
 
-/* A withdrawn object nobody maps any more is released. */
+/* A withdrawn object nobody maps any more is released (an adopted one once
+ * the sessions that may map it had their time to re-attach). */
 static void maybe_release(gm_broker_t *b, gm_shared_t *o) {
-        if (o->state == GM_SHARED_WITHDRAWN && o->mappers == 0)
+        if (o->state == GM_SHARED_WITHDRAWN && o->mappers == 0 && !o->mappers_unknown)
                 destroy(b, o);
 }
 
-static void add_open(gm_session_t *s, gm_shared_t *o, gm_shared_open_t *so) {
+/* One more open of o by s, in the record of s that its client names
+ * `client_id` (0: opened here, by o's id). */
+static void add_open(gm_session_t *s, gm_shared_t *o, gm_shared_open_t *so, uint64_t client_id) {
         for (gm_shared_open_t *e = o->opens; e; e = e->next)
-                if (e->session == s) {
+                if (e->session == s && e->client_id == client_id) {
                         free(so);
                         so = e;
                         break;
                 }
         if (so->session != s) {
-                *so = (gm_shared_open_t){.session = s, .next = o->opens};
+                *so = (gm_shared_open_t){.session = s, .client_id = client_id, .next = o->opens};
                 o->opens = so;
         }
         so->count++;
@@ -288,19 +316,33 @@ int gm_shared_publish(gm_session_t *s, uint64_t id, const char *const *readers, 
         o->created_unix_ms = gm_realtime_us() / 1000;
         o->stager = NULL;
         s->shared_opens--;
-        add_open(s, o, so); /* the publisher maps it read-only from now on */
+        add_open(s, o, so, 0); /* the publisher maps it read-only from now on */
         gm_ledger_shared_store(b, o);
         gm_shared_view(o, ret_view);
         return 0;
 }
 
-static bool admits(const gm_shared_t *o, const gm_tenant_t *t) {
+bool gm_shared_admits(const gm_shared_t *o, const gm_tenant_t *t) {
         if (t == o->tenant)
                 return true;
         for (size_t i = 0; i < o->n_readers; i++)
                 if (strcmp(o->readers[i], "*") == 0 || strcmp(o->readers[i], t->name) == 0)
                         return true;
         return false;
+}
+
+/* s opens o (its client names it client_id; 0: o's id): -EACCES when o's
+ * readers do not admit s's tenant, -ENOSPC past s's opens. */
+static int open_for(gm_session_t *s, gm_shared_t *o, uint64_t client_id) {
+        if (!gm_shared_admits(o, s->tenant))
+                return -EACCES;
+        if (s->shared_opens >= GM_SHARED_OPENS_PER_SESSION)
+                return -ENOSPC;
+        gm_shared_open_t *so = calloc(1, sizeof(*so));
+        if (!so)
+                return -ENOMEM;
+        add_open(s, o, so, client_id);
+        return 0;
 }
 
 int gm_shared_open(gm_session_t *s, const char *name, uint64_t version, gm_shared_view_t *ret_view) {
@@ -316,44 +358,59 @@ int gm_shared_open(gm_session_t *s, const char *name, uint64_t version, gm_share
                         found = o;
         if (!found)
                 return -ENOENT;
-        if (!admits(found, s->tenant))
-                return -EACCES;
-        if (s->shared_opens >= GM_SHARED_OPENS_PER_SESSION)
-                return -ENOSPC;
-        gm_shared_open_t *so = calloc(1, sizeof(*so));
-        if (!so)
-                return -ENOMEM;
-        add_open(s, found, so);
-        gm_shared_view(found, ret_view);
-        return 0;
+        int r = open_for(s, found, 0);
+        if (r == 0)
+                gm_shared_view(found, ret_view);
+        return r;
+}
+
+int gm_shared_reattach(gm_session_t *s, uint64_t client_id, const char *name, uint64_t version, uint64_t size) {
+        gm_broker_t *b = s->broker;
+        if (!s->tenant || s->ended)
+                return -ESHUTDOWN;
+        if (!gm_shared_name_valid(name) || !version || !client_id)
+                return -EINVAL;
+        gm_shared_t *found = NULL;
+        for (gm_shared_t *o = b->shared; o && !found; o = o->next)
+                if (o->mappers_unknown && o->version == version && o->phys.size == size && strcmp(o->name, name) == 0)
+                        found = o;
+        return found ? open_for(s, found, client_id) : -ENOENT;
+}
+
+/* The link to s's open record of o that its client names `client_id`
+ * (0: o's own id), or NULL. */
+static gm_shared_open_t **open_link(gm_shared_t *o, const gm_session_t *s, uint64_t client_id) {
+        for (gm_shared_open_t **sp = &o->opens; *sp; sp = &(*sp)->next)
+                if ((*sp)->session == s && (*sp)->client_id == client_id)
+                        return sp;
+        return NULL;
 }
 
 int gm_shared_close(gm_session_t *s, uint64_t id) {
         gm_broker_t *b = s->broker;
         gm_shared_t *o = find_id(b, id);
-        if (!o)
-                return -ENOENT;
-        if (o->state == GM_SHARED_STAGING) {
+        if (o && o->state == GM_SHARED_STAGING) {
                 if (o->stager != s)
                         return -ENOENT;
                 destroy(b, o); /* abandoned before it was published */
                 return 0;
         }
-        for (gm_shared_open_t **sp = &o->opens; *sp; sp = &(*sp)->next) {
-                gm_shared_open_t *so = *sp;
-                if (so->session != s)
-                        continue;
-                so->count--;
-                o->mappers--;
-                s->shared_opens--;
-                if (so->count == 0) {
-                        *sp = so->next;
-                        free(so);
-                }
-                maybe_release(b, o);
-                return 0;
+        gm_shared_open_t **sp = o ? open_link(o, s, 0) : NULL;
+        if (!sp) /* a re-attached open, named by the previous daemon's id */
+                for (o = b->shared; o && !(sp = open_link(o, s, id)); o = o->next)
+                        ;
+        if (!sp)
+                return -ENOENT;
+        gm_shared_open_t *so = *sp;
+        so->count--;
+        o->mappers--;
+        s->shared_opens--;
+        if (so->count == 0) {
+                *sp = so->next;
+                free(so);
         }
-        return -ENOENT;
+        maybe_release(b, o);
+        return 0;
 }
 
 /* Withdraws o: nobody opens it any more; released once unmapped. */
@@ -399,24 +456,34 @@ void gm_shared_session_ended(gm_session_t *s) {
                         destroy(b, o);
                         continue;
                 }
-                for (gm_shared_open_t **sp = &o->opens; *sp; sp = &(*sp)->next) {
+                bool opened = false; /* in one record or more (re-attached ones by their old ids) */
+                for (gm_shared_open_t **sp = &o->opens; *sp;) {
                         gm_shared_open_t *so = *sp;
-                        if (so->session != s)
+                        if (so->session != s) {
+                                sp = &so->next;
                                 continue;
+                        }
                         *sp = so->next;
                         o->mappers -= so->count;
                         s->shared_opens -= so->count;
                         free(so);
-                        maybe_release(b, o);
-                        break;
+                        opened = true;
                 }
+                if (opened)
+                        maybe_release(b, o);
         }
         gm_assert(s->shared_opens == 0);
 }
 
 void gm_shared_expire(gm_broker_t *b, uint64_t now_unix_ms) {
+        bool window_over = gm_now_ms() >= b->orphans_deadline_ms; /* the re-attach window */
         for (gm_shared_t *o = b->shared, *next; o; o = next) {
                 next = o->next;
+                if (o->mappers_unknown && window_over) {
+                        o->mappers_unknown = false; /* whoever did not re-attach does not map it */
+                        maybe_release(b, o);
+                        continue;
+                }
                 if (o->state == GM_SHARED_PUBLISHED && o->retention_s &&
                     now_unix_ms >= o->created_unix_ms + (uint64_t) o->retention_s * 1000) {
                         gm_host_log(b, LOG_NOTICE, "shared object '%s' version %" PRIu64 ": retention over, withdrawn",
@@ -475,6 +542,7 @@ int gm_shared_adopt(gm_broker_t *b, const gm_ledger_shared_t *e, int fd) {
         o->meta = meta;
         o->meta_len = meta_len;
         o->store_id = e->store_id;
+        o->mappers_unknown = true; /* until the re-attach window ends */
         b->n_stored++;
         t->charged_bytes += phys.size;
         return 0;
@@ -511,7 +579,7 @@ void gm_shared_check(const gm_broker_t *b, gm_checker_t *c, uint64_t *backed, ui
                                            o->mappers, mappers);
                 if ((o->state == GM_SHARED_STAGING) != (o->stager != NULL) || (o->stager && o->stager->ended))
                         gm_check_violation(c, "shared object %" PRIu64 ": staging without a live session", o->id);
-                if (o->state == GM_SHARED_WITHDRAWN && (o->mappers == 0 || o->store_id))
+                if (o->state == GM_SHARED_WITHDRAWN && ((o->mappers == 0 && !o->mappers_unknown) || o->store_id))
                         gm_check_violation(c, "shared object %" PRIu64 ": withdrawn, yet kept", o->id);
                 if ((o->state == GM_SHARED_PUBLISHED) != (o->version != 0) && o->state != GM_SHARED_WITHDRAWN)
                         gm_check_violation(c, "shared object %" PRIu64 ": version %" PRIu64 " while %s", o->id,

@@ -3,6 +3,7 @@
  * gpumemctl's messages and exit codes. Below gpumemctl.c and
  * gpumemctl_top.c; calls only libgpumem's admin API. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,4 +73,15 @@ int ctl_connect(ctl_t *c) {
                         device >= 0 ? device : 0, device >= 0 ? device : 0);
         gpumem_admin_free(a);
         return code;
+}
+
+const char *ctl_fmt_age(uint64_t ms, char *buf, size_t len) {
+        uint64_t s = ms / 1000;
+        if (s < 120)
+                snprintf(buf, len, "%" PRIu64 "s", s);
+        else if (s < 7200)
+                snprintf(buf, len, "%" PRIu64 "m", s / 60);
+        else
+                snprintf(buf, len, "%" PRIu64 "h", s / 3600);
+        return buf;
 }

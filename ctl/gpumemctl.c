@@ -36,6 +36,8 @@ static void usage(FILE *f) {
                    "                                          per process: leak, fragmentation, streams, idle cache\n"
                    "  top [--once] [--json] [--interval S]    live table of the device and its processes\n"
                    "  status                                  one-screen summary of the device\n"
+                   "  shared list [--json] | show NAME[@VERSION] [--json] | rm NAME[@VERSION]\n"
+                   "                                          shared objects: list, one with its mappers, unpublish\n"
                    "Options:\n"
                    "  -s, --socket SOCKET                     the daemon's socket\n"
                    "  -d, --device N                          the daemon of GPU N ($GPUMEM_SOCKET_TEMPLATE,\n"
@@ -494,12 +496,13 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                                ", \"releasing_bytes\": %" PRIu64
                                ", \"control\": %s, \"heap\": \"%s\", \"stats_page_invalid\": %s, \"requests\": %" PRIu64
                                ", \"unresponsive\": %s, \"unresponsive_ms\": %" PRIu64
-                               ", \"release_unverified_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64,
+                               ", \"release_unverified_bytes\": %" PRIu64 ", \"claimed_bytes\": %" PRIu64
+                               ", \"asleep\": %s, \"sleeping_bytes\": %" PRIu64,
                                ci->reserved_bytes, ci->allocated_bytes, ci->cached_bytes, ci->segments,
                                ci->releasing_bytes, ci->control ? "true" : "false", ci->heap,
                                ci->stats_page_invalid ? "true" : "false", ci->requests,
                                si->unresponsive ? "true" : "false", si->unresponsive_ms, si->release_unverified_bytes,
-                               si->claimed_bytes);
+                               si->claimed_bytes, ci->asleep ? "true" : "false", ci->sleeping_bytes);
                         printf(", \"tags\": {"); /* tagged pools' bytes: {"": default, "kv_cache": ...} */
                         for (size_t k = 0; k < si->n_tags; k++) {
                                 printf("%s", k ? ", " : "");
@@ -509,18 +512,21 @@ static int cmd_clients(ctl_t *c, int argc, char **argv) {
                         printf("}}");
                         continue;
                 }
-                char rs[32], a[32], ca[32], uv[48] = "", cl[48] = "";
+                char rs[32], a[32], ca[32], uv[48] = "", cl[48] = "", zz[48] = "";
                 if (si->release_unverified_bytes)
                         snprintf(uv, sizeof(uv), " (%s released, unverified)",
                                  fmt_size(si->release_unverified_bytes, rs, sizeof(rs)));
                 if (si->claimed_bytes)
                         snprintf(cl, sizeof(cl), " (+%s claimed)", fmt_size(si->claimed_bytes, rs, sizeof(rs)));
-                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s%s\n", ci->pid, ci->tenant,
+                if (ci->asleep)
+                        snprintf(zz, sizeof(zz), " (asleep: needs %s to wake)",
+                                 fmt_size(ci->sleeping_bytes, rs, sizeof(rs)));
+                printf("%7u %-16.16s %-18.18s %8s %9s %8s %5" PRIu64 " %-7s %s%s%s%s%s%s\n", ci->pid, ci->tenant,
                        ci->unit[0] ? ci->unit : (ci->control ? "(control)" : "-"),
                        fmt_size(ci->reserved_bytes, rs, sizeof(rs)), fmt_size(ci->allocated_bytes, a, sizeof(a)),
                        fmt_size(ci->cached_bytes, ca, sizeof(ca)), ci->segments, ci->heap,
                        si->command[0] ? si->command : "-", ci->stats_page_invalid ? " (stats page invalid)" : "",
-                       si->unresponsive ? " (unresponsive)" : "", uv, cl);
+                       si->unresponsive ? " (unresponsive)" : "", uv, cl, zz);
         }
         if (json)
                 printf("]\n");
@@ -591,6 +597,8 @@ int main(int argc, char **argv) {
                 fn = cmd_top;
         else if (strcmp(cmd, "status") == 0)
                 fn = cmd_status;
+        else if (strcmp(cmd, "shared") == 0)
+                fn = cmd_shared;
         if (!fn)
                 return usage_error("unknown command '%s'", cmd);
         ctl_t c = {.socket_path = socket_path, .device = device};

@@ -1,5 +1,5 @@
 /* gpumemctl's connection to the daemon, shared by its command files
- * (gpumemctl.c, gpumemctl_top.c) over ctl.c: one libgpumem control connection
+ * (gpumemctl.c, gpumemctl_top.c, gpumemctl_shared.c) over ctl.c: one libgpumem control connection
  * (gpumem/admin.h), whose failures become gpumemctl's messages and exit codes. */
 #pragma once
 
@@ -21,8 +21,13 @@ int ctl_connect(ctl_t *c);
 /* Prints why a call on c->admin failed (r: its return) and returns the exit
  * code: EXIT_UNREACHABLE for a daemon not reached or lost, else EXIT_REFUSED. */
 int ctl_failed(const ctl_t *c, int r);
+/* Milliseconds as "12s", "5m", "3h" (whole units, rounded down); returns buf. */
+const char *ctl_fmt_age(uint64_t ms, char *buf, size_t len);
 
 /* gpumemctl_top.c */
 int cmd_diagnose(ctl_t *c, int argc, char **argv);
 int cmd_top(ctl_t *c, int argc, char **argv);
 int cmd_status(ctl_t *c, int argc, char **argv);
+
+/* gpumemctl_shared.c */
+int cmd_shared(ctl_t *c, int argc, char **argv);

@@ -205,18 +205,6 @@ static const char *fmt_size(uint64_t v, char *buf, size_t len) {
         return gm_format_size_as(v, GM_SIZE_COMPACT, buf, len);
 }
 
-/* Seconds as "12s", "5m", "3h". */
-static const char *fmt_age(uint64_t ms, char *buf, size_t len) {
-        uint64_t s = ms / 1000;
-        if (s < 120)
-                snprintf(buf, len, "%" PRIu64 "s", s);
-        else if (s < 7200)
-                snprintf(buf, len, "%" PRIu64 "m", s / 60);
-        else
-                snprintf(buf, len, "%" PRIu64 "h", s / 3600);
-        return buf;
-}
-
 /* A duration: "500ms", "30s", "5m", "2h", or plain seconds. */
 static int parse_duration_ms(const char *s, uint64_t *ret_ms) {
         char *end = NULL;
@@ -554,7 +542,7 @@ static void print_table(const gpumem_sample_set *set, const row_t *rows, size_t 
                 double frag = r->last.reserved ? 1.0 - (double) r->last.allocated / (double) r->last.reserved : 0;
                 const char *refused = "-";
                 if (r->ss->last_refusal_ms && set->now_ms >= r->ss->last_refusal_ms)
-                        refused = fmt_age(set->now_ms - r->ss->last_refusal_ms, age, sizeof(age));
+                        refused = ctl_fmt_age(set->now_ms - r->ss->last_refusal_ms, age, sizeof(age));
                 print_line(cols, "%7u %-15.15s %-14.14s %-16.16s %-7s %9s %9s %5.2f %8s %4" PRIu64 " %8s%s%s",
                            r->ss->pid, cmd, r->ss->tenant, r->ss->unit && r->ss->unit[0] ? r->ss->unit : "-",
                            r->ss->heap_mode, fmt_size(r->last.allocated, a, sizeof(a)),

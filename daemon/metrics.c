@@ -466,6 +466,40 @@ static void render_tenants(out_t *o, const gm_broker_t *b, const char *dev, cons
         }
 }
 
+/* The shared registry: how many objects (staging ones included), and per
+ * staged-and-published object (published or withdrawn: the name and version
+ * identify it) its bytes and mappers. Cardinality: at most
+ * max_shared_objects series per family (256 by default, 65536 at most). */
+static void render_shared(out_t *o, const gm_broker_t *b, const char *dev, bool tenants) {
+        uint64_t n = 0;
+        for (const gm_shared_t *s = gm_shared_next(b, NULL); s; s = gm_shared_next(b, s))
+                n++;
+        family(o, "gpumem_shared_objects", "gauge",
+               "Shared objects the daemon holds: staging, published and withdrawn (still mapped).");
+        sample(o, "gpumem_shared_objects", dev, "", (int64_t) n);
+        if (!tenants)
+                return;
+        /* {device, name, version, tenant}: the name escaped (at most 2 * 127 characters). */
+        char labels[DEVICE_LABELS_MAX + 480], name[2 * GM_SHARED_NAME_MAX + 2], tenant[144];
+        for (int pass = 0; pass < 2; pass++) {
+                const char *metric = pass ? "gpumem_shared_mappers" : "gpumem_shared_bytes";
+                family(o, metric, "gauge",
+                       pass ? "Sessions' opens of a shared object (its mappers)."
+                            : "Bytes of a shared object, charged once to its publisher's tenant.");
+                for (const gm_shared_t *s = gm_shared_next(b, NULL); s; s = gm_shared_next(b, s)) {
+                        gm_shared_view_t v;
+                        gm_shared_view(s, &v);
+                        if (v.state == GM_SHARED_STAGING) /* no version yet: counted above only */
+                                continue;
+                        escape_label(v.name, name, sizeof(name));
+                        escape_label(v.tenant, tenant, sizeof(tenant));
+                        snprintf(labels, sizeof(labels), "%s,name=\"%s\",version=\"%llu\",tenant=\"%s\"", dev, name,
+                                 (unsigned long long) v.version, tenant);
+                        sample(o, metric, labels, "", pass ? (int64_t) v.mappers : (int64_t) v.size);
+                }
+        }
+}
+
 /* One histogram's series: cumulative buckets, sum in seconds, count. */
 static void render_histogram(out_t *o, const char *name, const char *labels, const histogram_t *h) {
         char series[96], sum[32];
@@ -730,6 +764,7 @@ int gm_metrics_render(const gm_broker_t *b, const gm_metrics_t *m, char **ret_bu
 
         if (!m || !m->src.hide_tenants)
                 render_tenants(&o, b, dev, m, rows, n);
+        render_shared(&o, b, dev, !m || !m->src.hide_tenants);
         if (m)
                 render_counters(&o, dev, m);
         render_process(&o, m);

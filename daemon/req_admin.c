@@ -495,6 +495,8 @@ int gm_req_admin_clients(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                 ci->admin = ov.admin_conn;
                 ci->releasing = ov.releasing_bytes;
                 ci->release_unverified = ov.release_unverified_bytes;
+                ci->asleep = ov.sleep.asleep;
+                ci->sleeping_bytes = ov.sleep.bytes;
                 ci->claimed = ov.claim_bytes;
                 const gm_request_conn_t *oc = gm_session_userdata(o);
                 ci->heap_mode = oc && oc->local ? "local" : "central";

@@ -1,5 +1,5 @@
 /* A local session's own requests: Grant, ReturnPieces, ReturnIntent,
- * MovePieces and ReclaimAck (table handlers). Decoding only: the session's
+ * MovePieces, SleepState and ReclaimAck (table handlers). Decoding only: the session's
  * pieces and its parked grants are the broker's (broker.h, "local
  * sessions"); a central session is refused. */
 #include <errno.h>
@@ -9,6 +9,7 @@
 
 #include "local.h"
 #include "req_local.h"
+#include "text.h"
 
 /* Ranges one ReturnPieces may name (each is a walk over the session's pieces). */
 #define MAX_RETURN_RANGES 512u
@@ -39,9 +40,15 @@ int gm_req_local_grant(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 .block_size = g->block_size,
                 .largest_free = g->largest_free,
                 .will_retry = g->will_retry,
+                .wait_for_memory = g->wait_for_memory,
+                .wait_ms = g->wait_ms,
                 .tag = g->tag,
                 .tag_id = g->tag_id,
         };
+        if (g->wait_ms > GM_MAX_GRANT_WAIT_MS) {
+                gm_request_error(c, request_id, EINVAL, "a Grant waits at most %u ms (wait_ms)", GM_MAX_GRANT_WAIT_MS);
+                return 0;
+        }
         gm_localstats_refresh_conn(c); /* its figures, for a refusal's diagnosis */
         gm_outcome_t out;
         /* num_reclaim_waits counts application allocations: a heap's first try
@@ -132,6 +139,38 @@ int gm_req_local_move_pieces(gm_request_conn_t *c, uint64_t request_id, const Gp
         }
         gm_localstats_exact_sync(c);
         return 0;
+}
+
+/* ---- sleep and wake ---- */
+
+/* Pools one SleepState may name. */
+#define MAX_SLEEP_TAGS 16u
+
+int gm_req_local_sleep_state(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        if (!c->local)
+                return refuse_central(c, request_id, "SleepState");
+        const Gpumem__SleepState *ss = env->sleep_state;
+        if (ss->n_tags > MAX_SLEEP_TAGS)
+                return gm_request_error(c, request_id, E2BIG, "at most %u pools in one SleepState", MAX_SLEEP_TAGS), 0;
+        for (size_t i = 0; i < ss->n_tags; i++)
+                if (!gm_text_tag_valid(ss->tags[i], true))
+                        return gm_request_error(c, request_id, EINVAL,
+                                                "SleepState: pool %zu is not a tag ([A-Za-z0-9_.-]{0,31})", i),
+                               0;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        int r = gm_session_local_sleep_state(c->session, ss->asleep, ss->sleeping_bytes);
+        if (r == -EINVAL)
+                return gm_request_error(c, request_id, EINVAL,
+                                        "SleepState: %" PRIu64 " sleeping bytes, more than the %" PRId64
+                                        " this session holds",
+                                        ss->sleeping_bytes, sv.grants.bytes.current),
+                       0;
+        if (r == -EBUSY)
+                return gm_request_error(c, request_id, EBUSY, "SleepState: the session is asleep already"), 0;
+        if (r < 0)
+                return gm_request_error(c, request_id, -r, "SleepState refused: %s", strerror(-r)), 0;
+        return gm_request_ok(c, request_id);
 }
 
 /* ---- reclaim ---- */

@@ -92,7 +92,7 @@ int gm_req_session_check_reattach(const gm_request_conn_t *c, const Gpumem__Enve
         const Gpumem__Reattach *req = env->reattach;
         if (!sv.reattaching)
                 return snprintf(why, why_len, "Reattach without a resuming Hello"), -EPROTO;
-        int r = gm_reattach_count(c->session, req->n_segments + req->n_blocks);
+        int r = gm_reattach_count(c->session, req->n_segments + req->n_blocks + req->n_shared);
         if (r < 0)
                 return snprintf(why, why_len, "re-attach reports too much"), r;
         for (size_t i = 0; i < req->n_segments; i++)
@@ -112,9 +112,35 @@ static int reattach_segment(gm_session_t *s, const Gpumem__ReattachSegment *seg,
         return r;
 }
 
+/* The shared objects the client still maps: each the registry knows (an
+ * adopted one) counts it as a mapper again; one it does not is left
+ * uncounted (its memory did not come back, or the report is wrong). */
+static int reattach_shared(gm_session_t *s, const Gpumem__Reattach *req) {
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        for (size_t i = 0; i < req->n_shared; i++) {
+                const Gpumem__ReattachShared *o = req->shared[i];
+                int r = gm_reattach_shared(s, o->object_id, o->name, o->version, o->size);
+                if (r == -ENOENT || r == -EACCES || r == -EINVAL)
+                        gm_log(LOG_NOTICE,
+                               "session %" PRIu64 " re-attaches shared object '%s' version %" PRIu64
+                               ": %s, not counted",
+                               sv.id, o->name, o->version,
+                               r == -EACCES ? "its tenant is not admitted" : "no such adopted object");
+                else if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 int gm_req_session_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
         const Gpumem__Reattach *req = env->reattach;
         gm_session_t *s = c->session;
+        int shared = reattach_shared(s, req);
+        if (shared < 0) {
+                gm_request_error(c, request_id, shared, "re-attach refused: shared objects: %s", strerror(-shared));
+                return shared;
+        }
         if (c->local)
                 return gm_local_reattach(c, request_id, req);
         int r = 0;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "req_shared.h"
@@ -55,6 +56,15 @@ int gm_req_shared_check(const gm_request_conn_t *c, const Gpumem__Envelope *env,
                 break;
         case GPUMEM__ENVELOPE__BODY_SHARED_UNPUBLISH:
                 name = env->shared_unpublish->name;
+                break;
+        case GPUMEM__ENVELOPE__BODY_SHARED_LIST:
+                if (!env->shared_list->name[0] && env->shared_list->version) {
+                        snprintf(why, why_len, "a version needs a name");
+                        return -EINVAL;
+                }
+                if (!env->shared_list->name[0])
+                        return 0;
+                name = env->shared_list->name;
                 break;
         case GPUMEM__ENVELOPE__BODY_SHARED_PUBLISH:
                 if (env->shared_publish->n_readers > GM_SHARED_MAX_READERS) {
@@ -142,4 +152,116 @@ int gm_req_shared_unpublish(gm_request_conn_t *c, uint64_t request_id, const Gpu
         if (r < 0)
                 return refuse(c, request_id, r, "SharedUnpublish");
         return gm_request_ok(c, request_id);
+}
+
+/* ---- listing ---- */
+
+/* Room one object's entry takes in a reply, at most (readers included). */
+static size_t info_bytes(const gm_shared_view_t *v, size_t n_sessions) {
+        size_t n = 64 + strlen(v->name) + strlen(v->tenant) + 24 * n_sessions;
+        for (size_t i = 0; i < v->n_readers; i++)
+                n += 4 + strlen(v->readers[i]);
+        return n;
+}
+
+/* The sessions mapping o, into *ret (malloc'd; NULL when none). */
+static int list_mappers(const gm_shared_t *o, Gpumem__SharedMapper ***ret, size_t *ret_n) {
+        size_t n = 0;
+        uint32_t opens;
+        for (const gm_session_t *s = gm_shared_mapper_next(o, NULL, &opens); s; s = gm_shared_mapper_next(o, s, &opens))
+                n++;
+        Gpumem__SharedMapper **ptrs = n ? calloc(n, sizeof(*ptrs)) : NULL;
+        Gpumem__SharedMapper *ms = n ? calloc(n, sizeof(*ms)) : NULL;
+        if (n && (!ptrs || !ms)) {
+                free(ptrs);
+                free(ms);
+                return -ENOMEM;
+        }
+        size_t k = 0;
+        for (const gm_session_t *s = gm_shared_mapper_next(o, NULL, &opens); s && k < n;
+             s = gm_shared_mapper_next(o, s, &opens)) {
+                gm_session_view_t sv;
+                gm_session_view((gm_session_t *) s, &sv);
+                gpumem__shared_mapper__init(&ms[k]);
+                ms[k].session_id = sv.id;
+                ms[k].pid = (uint32_t) sv.pid;
+                ms[k].tenant = sv.tenant ? sv.tenant->name : "";
+                ms[k].opens = opens;
+                ptrs[k] = &ms[k];
+                k++;
+        }
+        *ret = ptrs;
+        *ret_n = k;
+        return 0;
+}
+
+int gm_req_shared_list(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
+        const Gpumem__SharedList *q = env->shared_list;
+        const gm_broker_t *b = c->rq->broker;
+        gm_session_view_t caller;
+        gm_session_view(c->session, &caller);
+        bool named = q->name[0] != '\0';
+        size_t n = 0;
+        for (const gm_shared_t *o = gm_shared_next(b, NULL); o; o = gm_shared_next(b, o))
+                n++;
+        Gpumem__SharedInfo *infos = n ? calloc(n, sizeof(*infos)) : NULL;
+        Gpumem__SharedInfo **ptrs = n ? calloc(n, sizeof(*ptrs)) : NULL;
+        int r = !n || (infos && ptrs) ? 0 : -ENOMEM;
+        size_t k = 0, room = c->rq->config->max_packet / 2, used = 0;
+        bool truncated = false;
+        /* Newest first: a listing that does not fit leaves the oldest out. */
+        for (const gm_shared_t *o = gm_shared_next(b, NULL); o && r == 0 && k < n; o = gm_shared_next(b, o)) {
+                gm_shared_view_t v;
+                gm_shared_view(o, &v);
+                if ((!caller.admin && (!caller.tenant || !gm_shared_admits(o, caller.tenant))) ||
+                    (named && (strcmp(v.name, q->name) != 0 || (q->version && v.version != q->version))))
+                        continue;
+                Gpumem__SharedInfo *e = &infos[k];
+                gpumem__shared_info__init(e);
+                if (named)
+                        r = list_mappers(o, &e->sessions, &e->n_sessions);
+                if (r < 0)
+                        break;
+                size_t bytes = info_bytes(&v, e->n_sessions);
+                if (used + bytes > room) {
+                        truncated = true;
+                        free(e->sessions ? e->sessions[0] : NULL);
+                        free(e->sessions);
+                        break;
+                }
+                used += bytes;
+                e->object_id = v.id;
+                e->name = (char *) v.name;
+                e->version = v.version;
+                e->tenant = (char *) v.tenant;
+                e->size = v.size;
+                e->state = (char *) gm_shared_state_name(v.state);
+                e->mappers = v.mappers;
+                e->created_unix_ms = v.created_unix_ms;
+                e->retention_s = v.retention_s;
+                e->readers = (char **) v.readers;
+                e->n_readers = v.n_readers;
+                e->meta_len = v.meta_len;
+                ptrs[k++] = e;
+        }
+        if (r == 0) {
+                Gpumem__SharedListReply reply = GPUMEM__SHARED_LIST_REPLY__INIT;
+                reply.objects = ptrs;
+                reply.n_objects = k;
+                reply.truncated = truncated;
+                Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
+                out.body_case = GPUMEM__ENVELOPE__BODY_SHARED_LIST_REPLY;
+                out.shared_list_reply = &reply;
+                (void) gm_request_send(c, request_id, &out, NULL, 0);
+        } else {
+                gm_request_error(c, request_id, r, "SharedList: %s", strerror(-r));
+        }
+        for (size_t i = 0; i < k; i++)
+                if (infos[i].sessions) {
+                        free(infos[i].sessions[0]);
+                        free(infos[i].sessions);
+                }
+        free(infos);
+        free(ptrs);
+        return 0;
 }

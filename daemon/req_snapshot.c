@@ -31,10 +31,11 @@
 #include "text.h"
 
 /* Local sessions' windows start here (central addresses start at 2^40 and
- * stay far below), and every address stays below 2^53 (exact in
- * JavaScript). One session's declared span is at most LOCAL_SPAN_MAX. */
+ * stay far below), and stay below the shared objects' segments (from 2^52;
+ * every address stays below 2^53, exact in JavaScript). One session's
+ * declared span is at most LOCAL_SPAN_MAX. */
 #define LOCAL_BASE_MIN (1ull << 46)
-#define ADDR_LIMIT (1ull << 53)
+#define ADDR_LIMIT GM_SNAPSHOT_SHARED_BASE
 #define LOCAL_SPAN_MAX (1ull << 44)
 #define WINDOW_ALIGN (2ull << 20)
 /* An admin's snapshot: entries (segments + blocks + trace) at most. */
@@ -342,6 +343,53 @@ static bool send_query(gm_snapjobs_t *js, ask_t *a) {
         return gm_request_send(a->conn, 0, &out, NULL, 0) == 0;
 }
 
+/* The shared objects the viewer may see (an admin all, others those their
+ * tenant published or may open), each once, with the mapping sessions in
+ * view (with a pid: only objects that process maps, and only it). */
+static int collect_shared(gm_snapjob_t *j, const gm_broker_t *b, const gm_session_view_t *viewer, uint32_t pid) {
+        gm_snapshot_mapper_t *mappers = NULL;
+        size_t cap = 0;
+        int r = 0;
+        for (const gm_shared_t *o = gm_shared_next(b, NULL); o && r == 0; o = gm_shared_next(b, o)) {
+                if (!viewer->admin && (!viewer->tenant || !gm_shared_admits(o, viewer->tenant)))
+                        continue;
+                gm_shared_view_t v;
+                gm_shared_view(o, &v);
+                size_t n = 0;
+                uint32_t opens;
+                for (const gm_session_t *s = gm_shared_mapper_next(o, NULL, &opens); s && r == 0;
+                     s = gm_shared_mapper_next(o, s, &opens)) {
+                        gm_session_view_t mv;
+                        gm_session_view((gm_session_t *) s, &mv);
+                        if (!in_view(viewer, &mv, pid))
+                                continue;
+                        if (n == cap) {
+                                gm_snapshot_mapper_t *grown = realloc(mappers, (cap ? 2 * cap : 16) * sizeof(*grown));
+                                if (!grown) {
+                                        r = -ENOMEM;
+                                        break;
+                                }
+                                mappers = grown;
+                                cap = cap ? 2 * cap : 16;
+                        }
+                        mappers[n++] = (gm_snapshot_mapper_t){
+                                .pid = (uint32_t) mv.pid, .session_id = mv.id, .tenant = mv.tenant->name};
+                }
+                if (r < 0 || (pid && n == 0))
+                        continue;
+                const gm_snapshot_shared_t rec = {.name = v.name,
+                                                  .version = v.version,
+                                                  .tenant = v.tenant,
+                                                  .state = gm_shared_state_name(v.state),
+                                                  .size = v.size,
+                                                  .mappers = mappers,
+                                                  .n_mappers = n};
+                r = gm_snapshot_data_add_shared(j->data, &rec);
+        }
+        free(mappers);
+        return r;
+}
+
 /* Copies what the loop owns (central heaps, the device's trace and each
  * session's own, local sessions' pieces) and asks the local sessions. The
  * device's trace is whole only for an admin asking for the whole device;
@@ -408,6 +456,8 @@ static int collect(gm_snapjob_t *j, const gm_request_conn_t *c, const Gpumem__Sn
                         return r;
         }
         int r = gm_snapshot_data_add_history(j->data, b->history, !everything);
+        if (r == 0)
+                r = collect_shared(j, b, &sv, req->pid);
         if (r == 0 && entries_of(j->data) > j->max_entries)
                 r = -E2BIG;
         *ret_everything = everything;

@@ -47,6 +47,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(RETURN_INTENT), .op = "return_intent", .handle = gm_req_local_return_intent},
         {BODY(MOVE_PIECES), .op = "move_pieces", .handle = gm_req_local_move_pieces},
         {BODY(RECLAIM_ACK), .op = "reclaim_ack", .handle = gm_req_local_reclaim_ack},
+        {BODY(SLEEP_STATE), .op = "sleep_state", .handle = gm_req_local_sleep_state},
         {BODY(SNAPSHOT_ANSWER), .op = "snapshot_answer", .handle = gm_req_snapshot_answer},
         {BODY(SAMPLES), .op = "samples", .handle = gm_req_samples_handle, .admin_for = gm_req_samples_admin_for},
         {BODY(CLAIM), .op = "claim", .handle = gm_req_claim_handle, .check = gm_req_claim_check},
@@ -56,6 +57,7 @@ static const gm_request_kind_t kinds[] = {
         {BODY(SHARED_CLOSE), .op = "shared_close", .handle = gm_req_shared_close},
         {BODY(SHARED_UNPUBLISH), .op = "shared_unpublish", .handle = gm_req_shared_unpublish,
          .check = gm_req_shared_check},
+        {BODY(SHARED_LIST), .op = "shared_list", .handle = gm_req_shared_list, .check = gm_req_shared_check},
 };
 #define N_KINDS (sizeof(kinds) / sizeof(kinds[0]))
 

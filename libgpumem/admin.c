@@ -795,6 +795,8 @@ static int clients_request(const channel_t *ch, bool detailed, void **ret_list, 
                         .heap = put_str(&area, heap_name(ci)),
                         .stats_page_invalid = ci->stats_page_invalid,
                         .requests = ci->requests,
+                        .asleep = ci->asleep,
+                        .sleeping_bytes = ci->sleeping_bytes,
                 };
                 if (detailed) {
                         e->command = put_str(&area, ci->command);
@@ -960,5 +962,99 @@ int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint64_t *ret_tota
                 *ret_total = total;
         }
         gpumem_stats_free(st);
+        return r;
+}
+
+/* ---- shared objects ---- */
+
+/* Bytes one SharedInfo takes in a listing's buffer beyond its entry. */
+static size_t shared_info_size(const Gpumem__SharedInfo *o) {
+        size_t n = str_size(o->name) + str_size(o->tenant) + str_size(o->state) + o->n_readers * sizeof(char *) +
+                   o->n_sessions * sizeof(gpumem_shared_mapper);
+        for (size_t i = 0; i < o->n_readers; i++)
+                n += str_size(o->readers[i]);
+        for (size_t i = 0; i < o->n_sessions; i++)
+                n += str_size(o->sessions[i]->tenant);
+        return n;
+}
+
+/* Copies o into e, its arrays and text into *area (aligned for pointers first). */
+static void shared_info_put(gpumem_shared_info *e, const Gpumem__SharedInfo *o, char **area) {
+        const char **readers = (const char **) *area;
+        *area += o->n_readers * sizeof(char *);
+        gpumem_shared_mapper *sessions = (gpumem_shared_mapper *) *area;
+        *area += o->n_sessions * sizeof(gpumem_shared_mapper);
+        for (size_t i = 0; i < o->n_readers; i++)
+                readers[i] = put_str(area, o->readers[i]);
+        for (size_t i = 0; i < o->n_sessions; i++)
+                sessions[i] = (gpumem_shared_mapper){.session_id = o->sessions[i]->session_id,
+                                                     .pid = o->sessions[i]->pid,
+                                                     .tenant = put_str(area, o->sessions[i]->tenant),
+                                                     .opens = o->sessions[i]->opens};
+        *e = (gpumem_shared_info){
+                .object_id = o->object_id,
+                .name = put_str(area, o->name),
+                .version = o->version,
+                .tenant = put_str(area, o->tenant),
+                .size = o->size,
+                .state = put_str(area, o->state),
+                .mappers = o->mappers,
+                .created_unix_ms = o->created_unix_ms,
+                .retention_s = o->retention_s,
+                .readers = o->n_readers ? readers : NULL,
+                .n_readers = o->n_readers,
+                .meta_len = o->meta_len,
+                .sessions = o->n_sessions ? sessions : NULL,
+                .n_sessions = o->n_sessions,
+        };
+}
+
+int gpumem_admin_shared_list(gpumem_admin *a, const char *name, uint64_t version, gpumem_shared_info **ret_list,
+                             size_t *ret_n, bool *ret_truncated) {
+        if (!a || !ret_list || !ret_n || !ret_truncated || (version && !name))
+                return -EINVAL;
+        Gpumem__SharedList req = GPUMEM__SHARED_LIST__INIT;
+        req.name = (char *) (name ? name : "");
+        req.version = version;
+        Gpumem__Envelope *reply;
+        const channel_t *ch = ADMIN_CHANNEL(a);
+        int r = request(ch, GPUMEM__ENVELOPE__BODY_SHARED_LIST, &req, GPUMEM__ENVELOPE__BODY_SHARED_LIST_REPLY, &reply,
+                        NULL);
+        if (r < 0)
+                return r;
+        const Gpumem__SharedListReply *lr = reply->shared_list_reply;
+        size_t extra = 0;
+        for (size_t i = 0; i < lr->n_objects; i++) /* each entry's arrays start pointer-aligned */
+                extra += (shared_info_size(lr->objects[i]) + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+        char *list = malloc(lr->n_objects * sizeof(gpumem_shared_info) + extra + 1);
+        if (!list) {
+                gm_msg_free(reply);
+                return channel_error(ch, -ENOMEM, "gpumem: out of memory");
+        }
+        char *area = list + lr->n_objects * sizeof(gpumem_shared_info);
+        for (size_t i = 0; i < lr->n_objects; i++) {
+                char *start = area;
+                shared_info_put((gpumem_shared_info *) list + i, lr->objects[i], &area);
+                size_t used = (size_t) (area - start);
+                area = start + (used + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+        }
+        *ret_list = (gpumem_shared_info *) list;
+        *ret_n = lr->n_objects;
+        *ret_truncated = lr->truncated;
+        gm_msg_free(reply);
+        return 0;
+}
+
+int gpumem_admin_shared_unpublish(gpumem_admin *a, const char *name, uint64_t version) {
+        if (!a || !name)
+                return -EINVAL;
+        Gpumem__SharedUnpublish req = GPUMEM__SHARED_UNPUBLISH__INIT;
+        req.name = (char *) name;
+        req.version = version;
+        Gpumem__Envelope *reply;
+        int r = request(ADMIN_CHANNEL(a), GPUMEM__ENVELOPE__BODY_SHARED_UNPUBLISH, &req, GPUMEM__ENVELOPE__BODY_OK,
+                        &reply, NULL);
+        if (r == 0)
+                gm_msg_free(reply);
         return r;
 }

@@ -111,7 +111,8 @@ typedef struct block {
 typedef struct pending_free {
         block_t block; /* as it was allocated (stream_uses not kept) */
         uint64_t block_id;
-        uint64_t *events;
+        uint64_t *events;  /* one per stream; 0 while that stream is captured (recorded once it ends) */
+        uint64_t *streams; /* the streams the events mark */
         size_t n_events;
         struct pending_free *next;
 } pending_free_t;
@@ -128,6 +129,17 @@ typedef struct gm_local_session_asks {
         bool history_enabled;
         uint64_t history_max_entries;
 } gm_local_session_asks_t;
+
+/* A published shared object a handle of this process holds (shared.c): a
+ * re-attach after a daemon restart reports it (session.c), so that the new
+ * daemon counts this session as its mapper again. Listed under lock. */
+typedef struct gm_shared_held {
+        uint64_t object_id; /* the daemon's id when it was opened */
+        uint64_t version;
+        uint64_t size;
+        char name[128];
+        struct gm_shared_held *next;
+} gm_shared_held_t;
 
 struct gpumem_client {
         /* What the floors above the connection and the session do with the
@@ -170,6 +182,7 @@ struct gpumem_client {
         gm_u64map_t blocks;    /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;
+        gm_shared_held_t *shared_held;   /* the shared objects its handles hold open (under lock) */
         pending_free_t *completed_frees; /* local mode: stream work done, the heap not yet told */
         uint64_t reader_generation;      /* bumped whenever a reader lets read_lock go */
         bool reader_lost;                /* a caller's read failed: the service thread reads until it knows why */
@@ -230,6 +243,11 @@ struct gpumem_client {
          * (under heap_lock). */
         uint64_t kept_bytes;
         uint64_t local_frees, local_frees_synced; /* heap_lock: frees so far, and before the last device sync */
+        /* Asleep (sleep.c, gpumem_sleep()): the pieces it gave back and the
+         * data it keeps; NULL while awake (under heap_lock). The local heap's
+         * provider reads it: no allocation and no release of cached memory
+         * while asleep. */
+        struct gm_sleep *sleep;
 };
 
 /* Takes the lock of the blocks table: the heap's in local mode, else lock. */

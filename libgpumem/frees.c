@@ -1,18 +1,38 @@
 /* Stream-ordered frees, for both heaps: a free whose block's streams still
  * have work waits in the client's pending list with one event per stream;
- * the connection's poll (conn.h) completes it once they are done. */
+ * the connection's poll (conn.h) completes it once they are done. A stream
+ * being captured into a CUDA graph gets its event only after the capture. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "conn.h"
 #include "frees.h"
 
 void gm_frees_destroy(gpumem_client *c, pending_free_t *p, bool owner) {
         for (size_t i = 0; i < p->n_events && owner; i++)
-                c->mapper->ops->event_destroy(c->mapper, p->events[i]);
+                if (p->events[i])
+                        c->mapper->ops->event_destroy(c->mapper, p->events[i]);
         free(p->events);
+        free(p->streams);
         free(p);
+}
+
+/* Whether `stream` is being captured into a CUDA graph (an error: no). */
+static bool stream_captured(gpumem_client *c, uint64_t stream) {
+        return c->mapper->ops->capturing && c->mapper->ops->capturing(c->mapper, stream) == 1;
+}
+
+/* Whether event i of p is done: one deferred during a capture is recorded
+ * once the capture ended, and is pending until then. */
+static bool event_done(gpumem_client *c, pending_free_t *p, size_t i) {
+        if (!p->events[i]) {
+                if (stream_captured(c, p->streams[i]) ||
+                    c->mapper->ops->event_record(c->mapper, p->streams[i], &p->events[i]) < 0)
+                        return false;
+        }
+        return c->mapper->ops->event_query(c->mapper, p->events[i]) != 0; /* errors end the wait */
 }
 
 void gm_frees_sent(gpumem_client *c, uint64_t stream, uint64_t size) {
@@ -27,7 +47,7 @@ bool gm_frees_poll(gpumem_client *c) {
                 pending_free_t *p = *pp;
                 bool done = true;
                 for (size_t i = 0; i < p->n_events && done; i++)
-                        done = c->mapper->ops->event_query(c->mapper, p->events[i]) != 0; /* errors end the wait */
+                        done = event_done(c, p, i);
                 if (!done) {
                         pp = &p->next;
                         continue;
@@ -53,20 +73,30 @@ bool gm_frees_poll(gpumem_client *c) {
         return c->pending_frees != NULL || c->completed_frees != NULL;
 }
 
-int gm_frees_record_events(gpumem_client *c, const uint64_t *streams, size_t n, uint64_t **ret_events) {
-        uint64_t *events = calloc(n, sizeof(*events));
-        if (!events)
+int gm_frees_record_events(gpumem_client *c, pending_free_t *p, const uint64_t *streams, size_t n) {
+        uint64_t *events = calloc(n, sizeof(*events)), *copy = malloc(n * sizeof(*copy));
+        if (!events || !copy) {
+                free(events);
+                free(copy);
                 return -ENOMEM;
+        }
+        memcpy(copy, streams, n * sizeof(*copy));
         for (size_t i = 0; i < n; i++) {
-                int r = c->mapper->ops->event_record(c->mapper, streams[i], &events[i]);
+                int r = stream_captured(c, streams[i])
+                                ? 0
+                                : c->mapper->ops->event_record(c->mapper, streams[i], &events[i]);
                 if (r < 0) {
                         while (i-- > 0)
-                                c->mapper->ops->event_destroy(c->mapper, events[i]);
+                                if (events[i])
+                                        c->mapper->ops->event_destroy(c->mapper, events[i]);
                         free(events);
+                        free(copy);
                         return r;
                 }
         }
-        *ret_events = events;
+        p->events = events;
+        p->streams = copy;
+        p->n_events = n;
         return 0;
 }
 

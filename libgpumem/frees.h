@@ -11,8 +11,12 @@
 #include "client_state.h"
 
 /* Records one event on each stream in streams[0..n) (deduplicated by the
- * caller). On failure nothing stays recorded. */
-int gm_frees_record_events(gpumem_client *c, const uint64_t *streams, size_t n, uint64_t **ret_events);
+ * caller) into p's events and streams. A stream being captured into a CUDA
+ * graph gets its event once the capture ends (gm_frees_poll()): an event
+ * recorded inside a capture is part of the graph, and querying it would
+ * invalidate the capture. On failure nothing stays recorded and p is as
+ * it was. */
+int gm_frees_record_events(gpumem_client *c, pending_free_t *p, const uint64_t *streams, size_t n);
 /* Frees a pending free, destroying its events when `owner` (a fork()ed
  * child's are its parent's). */
 void gm_frees_destroy(gpumem_client *c, pending_free_t *p, bool owner);

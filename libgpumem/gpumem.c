@@ -3,6 +3,7 @@
  *
  *   gpumem.c          this file: the API; fills the floors' callback tables
  *   central.c         the central heap: Alloc/Free round trips, fences
+ *   sleep.c           sleep and wake of a local session, below its heap
  *   local_session.c   the local heap's provider, chores and snapshots
  *   local_heap.c      the local heap: allocator/ behind a provider
  *   frees.c           stream-ordered frees, for both heaps
@@ -32,6 +33,7 @@
 #include "msg.h"
 #include "peer_check.h"
 #include "session.h"
+#include "sleep.h"
 
 const char *gpumem_last_error(gpumem_client *c) {
         return gm_conn_last_error(c);
@@ -100,6 +102,7 @@ static int session_opened(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
 
 /* A closing session's frees, fences, heap and blocks. */
 static void session_forget(gpumem_client *c, bool owner) {
+        gm_sleep_forget(c);
         gm_frees_forget(c, owner);
         gm_central_forget(c, owner);
         gm_local_session_forget(c, owner);
@@ -227,6 +230,8 @@ static int free_block(gpumem_client *c, void *ptr, bool on_stream, uint64_t stre
                 return r;
         gm_client_blocks_take(c);
         block_t *b = ptr ? gm_u64map_remove(&c->blocks, (uint64_t) (uintptr_t) ptr) : NULL;
+        if (b && c->local && __builtin_expect(c->sleep != NULL, 0))
+                gm_sleep_drop_kept(c, (uint64_t) (uintptr_t) ptr); /* asleep: its kept data goes */
         if (b && c->local && !b->n_stream_uses && (!on_stream || stream == b->stream))
                 return gm_local_session_free(c, b, NULL); /* no stream work to wait for */
         if (!b || !c->local)
@@ -258,7 +263,7 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
         pending_free_t *p = NULL;
         if (n > 0 && c->mapper->ops->caps->device_streams) {
                 p = calloc(1, sizeof(*p));
-                r = p ? gm_frees_record_events(c, streams, n, &p->events) : -ENOMEM;
+                r = p ? gm_frees_record_events(c, p, streams, n) : -ENOMEM;
                 if (r < 0) {
                         free(p);
                         if (!c->local)
@@ -272,7 +277,6 @@ static __attribute__((noinline)) int free_block_on_streams(gpumem_client *c, voi
                 p->block = *b;
                 p->block.stream_uses = NULL;
                 p->block.n_stream_uses = 0;
-                p->n_events = n;
         }
         if (c->local)
                 return gm_local_session_free(c, b, p);
@@ -334,6 +338,56 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
                 return 0;
         }
         return gm_central_trim(c, ret_released_bytes);
+}
+
+/* ---- sleep and wake ---- */
+
+/* A local session of this process, or the error with its message. */
+static int sleep_session(gpumem_client *c, const char *what) {
+        if (!c)
+                return -EINVAL;
+        int r = gm_session_ensure_own(c);
+        if (r < 0)
+                return r;
+        if (!c->local)
+                return gm_conn_set_error(c, -EOPNOTSUPP, "gpumem: %s needs a local session (the heap in this process)",
+                                         what);
+        return 0;
+}
+
+int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *keep_tags,
+                 uint64_t *ret_released_bytes) {
+        int r = sleep_session(c, "gpumem_sleep");
+        if (r == 0)
+                r = gm_sleep_check_tags(c, tags, keep_tags);
+        if (r < 0)
+                return r;
+        uint64_t released = 0;
+        gm_heap_lock_take(&c->heap_lock);
+        r = gm_sleep_enter(c, tags, keep_tags, &released);
+        gm_heap_lock_drop(&c->heap_lock);
+        if (r == 0 && ret_released_bytes)
+                *ret_released_bytes = released;
+        return r;
+}
+
+int gpumem_wake(gpumem_client *c, uint32_t timeout_ms) {
+        int r = sleep_session(c, "gpumem_wake");
+        if (r < 0)
+                return r;
+        gm_heap_lock_take(&c->heap_lock);
+        r = gm_sleep_wake(c, timeout_ms);
+        gm_heap_lock_drop(&c->heap_lock);
+        return r;
+}
+
+uint64_t gpumem_sleeping_bytes(gpumem_client *c) {
+        if (!c || gm_session_ensure_own(c) < 0 || !c->local)
+                return 0;
+        gm_heap_lock_take(&c->heap_lock);
+        uint64_t bytes = gm_sleep_bytes(c);
+        gm_heap_lock_drop(&c->heap_lock);
+        return bytes;
 }
 
 int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_device, uint64_t *ret_capacity) {

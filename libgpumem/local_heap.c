@@ -21,7 +21,7 @@ static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t seg
                 .size = page_size,
                 .n_pieces = n_pages,
                 .largest_free = gm_heap_largest_free(l->heap),
-                .will_retry = l->stats->num_alloc_retries == l->retries_before,
+                .will_retry = !l->missed_in_capture && l->stats->num_alloc_retries == l->retries_before,
                 .tag = l->cur_tag,
         };
         uint64_t segment_size;
@@ -87,6 +87,14 @@ static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence
         return gm_fences_fence(&l->fences, stream, fence, ret_done);
 }
 
+/* The heap's may_release(): nothing is released or moved for a miss while
+ * the allocating stream is captured. */
+static bool provider_may_release(void *userdata, uint64_t stream) {
+        gm_local_heap_t *l = userdata;
+        l->missed_in_capture = l->ops.capturing && l->ops.capturing(l->ops.ctx, stream) == 1;
+        return !l->missed_in_capture;
+}
+
 /* Records the heap's events in its trace ring while history is on. */
 static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
         gm_local_heap_t *l = userdata;
@@ -129,6 +137,7 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
                 .trace = provider_trace,
                 .remap = ops->move ? provider_remap : NULL,
                 .stream_fence = ops->move && ops->event_record ? provider_stream_fence : NULL,
+                .may_release = ops->capturing ? provider_may_release : NULL,
                 .userdata = l,
         };
         gm_heap_params_t params = {.capacity = capacity,
@@ -210,6 +219,10 @@ void gm_local_heap_reset_stats(gm_local_heap_t *l, bool peak, bool accumulated) 
 
 bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l) {
         return l->refused_by_daemon;
+}
+
+bool gm_local_heap_missed_in_capture(const gm_local_heap_t *l) {
+        return l->missed_in_capture;
 }
 
 const gm_heap_t *gm_local_heap_core(const gm_local_heap_t *l) {

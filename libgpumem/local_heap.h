@@ -76,6 +76,12 @@ typedef struct gm_local_heap_ops {
         int (*event_record)(void *ctx, uint64_t stream, uint64_t *ret_event);
         int (*event_query)(void *ctx, uint64_t event);
         void (*event_destroy)(void *ctx, uint64_t event);
+        /* Whether `stream` is being captured into a CUDA graph: 1, 0, or a
+         * negative errno (taken as 0). Asked only when an allocation misses
+         * the cache; while it is 1 the allocation gets new memory (a grant)
+         * or is refused, never releasing or moving cached memory (whose
+         * synchronize and unmap would invalidate the capture). NULL: never. */
+        int (*capturing)(void *ctx, uint64_t stream);
         void *ctx;
 } gm_local_heap_ops_t;
 
@@ -109,6 +115,9 @@ void gm_local_heap_reset_stats(gm_local_heap_t *l, bool peak, bool accumulated);
 /* Whether the last failed gm_local_heap_alloc() was refused by the daemon (its
  * message is then the caller's thread error) rather than by the heap itself. */
 bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l);
+/* Whether the last gm_local_heap_alloc() missed the cache while its stream
+ * was captured (so nothing was released for it: a refusal then says so). */
+bool gm_local_heap_missed_in_capture(const gm_local_heap_t *l);
 /* The read-only walk of the heap (snapshots). */
 const gm_heap_t *gm_local_heap_core(const gm_local_heap_t *l);
 
@@ -151,6 +160,7 @@ struct gm_local_heap {
         unsigned cur_tag;       /* its tagged pool (the grants it asks for carry it) */
         int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
+        bool missed_in_capture;       /* the request missed the cache while its stream was captured */
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
         gm_history_t *history;        /* this process's trace ring while memory history is on */
@@ -192,6 +202,7 @@ static inline int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_
         l->cur_tag = tag;
         l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
+        l->missed_in_capture = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;
         gm_local_heap_begin(l);

@@ -68,8 +68,8 @@ static const gm_conn_request_ops_t grant_ops = {.unmapped = grant_unmapped};
  * before this returns. All or nothing: pieces that cannot all be mapped go
  * back (with whole_segment when `whole_at_first`: the segment had no piece
  * before). Caller holds heap_lock. */
-static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t offset, uint64_t n,
-                     bool whole_at_first) {
+static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t offset, uint64_t n, bool whole_at_first,
+                     int64_t wait_ms) {
         Gpumem__Grant grant = GPUMEM__GRANT__INIT;
         grant.segment_id = g->segment_id;
         grant.segment_va_size = g->segment_va_size;
@@ -79,6 +79,8 @@ static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t 
         grant.block_size = g->block_size;
         grant.largest_free = g->largest_free;
         grant.will_retry = g->will_retry;
+        grant.wait_for_memory = wait_ms >= 0;
+        grant.wait_ms = wait_ms > 0 ? (uint32_t) wait_ms : 0;
         if (g->tag) { /* the daemon books the pieces under the pool's name, by this session's id of it */
                 grant.tag = (char *) gm_pool_name(&c->pools, g->tag);
                 grant.tag_id = g->tag;
@@ -104,14 +106,15 @@ static int grant_run(gpumem_client *c, const gm_local_heap_grant_t *g, uint64_t 
         return 0;
 }
 
-/* Asks the daemon for the heap's pieces, all or nothing: a run of pages in
- * one Grant per max_grant_pieces pieces (a piece kept mapped after a failed unmap is
- * taken back as it is). On failure what was granted goes back. Caller holds
- * heap_lock. */
-static int local_grant(void *ctx, const gm_local_heap_grant_t *g) {
-        gpumem_client *c = ctx;
+/* Asks the daemon for pieces, all or nothing: a run of pages in one Grant
+ * per max_grant_pieces pieces (a piece kept mapped after a failed unmap is
+ * taken back as it is). On failure what was granted goes back, with the
+ * segment's range too when it had no piece before and `may_forget`. wait_ms
+ * < 0: the heap's grant; else a wake's, that waits for memory (0: the
+ * daemon's park_timeout_ms). Caller holds heap_lock. */
+static int grant_pieces(gpumem_client *c, const gm_local_heap_grant_t *g, bool may_forget, int64_t wait_ms) {
         const segment_t *seg = gm_u64map_get(&c->segments, g->segment_id);
-        bool new_segment = !seg || seg->n_pieces == 0;
+        bool new_segment = may_forget && (!seg || seg->n_pieces == 0);
         uint64_t done = 0;
         int r = 0;
         while (r == 0 && done < g->n_pieces) {
@@ -126,12 +129,20 @@ static int local_grant(void *ctx, const gm_local_heap_grant_t *g) {
                 while (done + n < g->n_pieces && n < c->max_grant_pieces &&
                        (n == 0 || !kept_piece(c, seg, g->size, offset + n * g->size)))
                         n++;
-                r = grant_run(c, g, offset, n, new_segment && done == 0);
+                r = grant_run(c, g, offset, n, new_segment && done == 0, wait_ms);
                 done += r == 0 ? n : 0;
         }
         if (r < 0)
                 local_give_back(c, g->segment_id, g->offset, g->size, done, new_segment);
         return r;
+}
+
+static int local_grant(void *ctx, const gm_local_heap_grant_t *g) {
+        return grant_pieces(ctx, g, true, -1);
+}
+
+int gm_local_session_regrant(gpumem_client *c, const gm_local_heap_grant_t *g, uint32_t wait_ms) {
+        return grant_pieces(c, g, false, wait_ms);
 }
 
 /* Ranges one ReturnPieces names here (the daemon takes up to 512); on the
@@ -203,6 +214,17 @@ static void local_give_back(void *ctx, uint64_t segment_id, uint64_t offset, uin
         pthread_mutex_unlock(&c->lock);
 }
 
+void gm_local_session_give_back(gpumem_client *c, uint64_t segment_id, uint64_t offset, uint64_t size,
+                                uint64_t n_pieces) {
+        local_give_back(c, segment_id, offset, size, n_pieces, false);
+}
+
+/* Whether the application's `stream` is being captured into a CUDA graph. */
+static int local_capturing(void *ctx, uint64_t stream) {
+        gpumem_client *c = ctx;
+        return c->mapper->ops->capturing(c->mapper, stream);
+}
+
 /* Pieces one MovePieces names at most (the daemon's limit). */
 #define MAX_MOVES_PER_MESSAGE 512
 
@@ -262,6 +284,7 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
                 .event_record = events ? gm_mapping_event_record : NULL,
                 .event_query = events ? gm_mapping_event_query : NULL,
                 .event_destroy = events ? gm_mapping_event_destroy : NULL,
+                .capturing = c->mapper->ops->capturing ? local_capturing : NULL,
                 .ctx = c,
         };
         char err[256] = "";
@@ -360,6 +383,8 @@ static bool finish_completed_frees(gpumem_client *c) {
 }
 
 uint64_t gm_local_session_release_cached(gpumem_client *c) {
+        if (c->sleep) /* asleep: its memory is back already, and its heap must not give its pieces twice */
+                return 0;
         uint64_t kept = c->kept_bytes;
         uint64_t released = gm_local_heap_release_cached(c->heap);
         gm_assert(c->kept_bytes >= kept); /* a give-back only adds to it */
@@ -440,10 +465,30 @@ static bool serve_alloc_conf(gpumem_client *c) {
 
 /* ---- allocation ---- */
 
+/* A miss during a stream capture that new memory could not serve: the
+ * retry ladder was skipped (its synchronize and unmaps would invalidate
+ * the capture), and the error says so, with the daemon's diagnosis when it
+ * refused the grant. */
+static int refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told) {
+        char diagnosis[512] = "";
+        if (told)
+                snprintf(diagnosis, sizeof(diagnosis), " (%s)", gm_conn_last_error(c));
+        return gm_conn_set_error(c, r,
+                                 "gpumem: out of memory allocating %zu bytes: refused during a capture of stream "
+                                 "0x%llx into a CUDA graph: no cached block fits and freeing cached memory would "
+                                 "synchronize and unmap, which invalidates the capture; allocate before the "
+                                 "capture or give the graph a private pool%s",
+                                 size, (unsigned long long) stream, diagnosis);
+}
+
 int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const gm_frame_t *trace_frames,
                            size_t n_trace, void **ret_ptr) {
         gm_alloc_result_t res;
         gm_heap_lock_take(&c->heap_lock);
+        if (__builtin_expect(c->sleep != NULL, 0)) {
+                gm_heap_lock_drop(&c->heap_lock);
+                return gm_conn_set_error(c, -EAGAIN, "gpumem: the session is asleep: gpumem_wake() first");
+        }
         block_t *b = c->spare_blocks;
         if (b)
                 c->spare_blocks = b->next_spare;
@@ -456,8 +501,11 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
         int r = gm_local_heap_alloc(c->heap, size, stream, gm_pool_current(&c->pools), trace_frames, n_trace, &res);
         if (r < 0) {
                 bool told = gm_local_heap_refused_by_daemon(c->heap);
+                bool in_capture = gm_local_heap_missed_in_capture(c->heap);
                 gm_heap_lock_drop(&c->heap_lock);
                 free(b);
+                if (in_capture && (r == -ENOMEM || r == -EDQUOT))
+                        return refused_in_capture(c, r, size, stream, told);
                 if (told || (r != -ENOMEM && r != -EDQUOT && gm_conn_error_is_for(c)))
                         return r; /* the daemon's diagnosis (or the grant's failure) is the thread's error */
                 return gm_conn_set_error(c, r, "gpumem: out of memory allocating %zu bytes: %s", size,

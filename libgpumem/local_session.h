@@ -36,6 +36,14 @@ int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p);
  * unmap failed stay here: not released). Caller holds heap_lock. */
 uint64_t gm_local_session_release_cached(gpumem_client *c);
 
+/* Sleep and wake (sleep.c): pieces given back as the heap's provider does,
+ * keeping the segment's range reserved; and granted again at the same place
+ * (the segment stays reserved when this fails), waiting for memory up to
+ * wait_ms (0: the daemon's park_timeout_ms). Caller holds heap_lock. */
+void gm_local_session_give_back(gpumem_client *c, uint64_t segment_id, uint64_t offset, uint64_t size,
+                                uint64_t n_pieces);
+int gm_local_session_regrant(gpumem_client *c, const gm_local_heap_grant_t *g, uint32_t wait_ms);
+
 /* The connection's serve handler (conn.h): a local session's Reclaim, new
  * settings, completed frees, page swap and snapshot asks, each once the
  * heap is free. */

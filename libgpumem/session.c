@@ -158,7 +158,9 @@ typedef struct reattach_builder {
         Gpumem__Range **range_ptrs;
         Gpumem__ReattachBlock *blocks;
         Gpumem__ReattachBlock **block_ptrs;
-        size_t n_segs, n_ranges, n_blocks, bytes;
+        Gpumem__ReattachShared *shared;
+        Gpumem__ReattachShared **shared_ptrs;
+        size_t n_segs, n_ranges, n_blocks, n_shared, bytes;
 } reattach_builder_t;
 
 static int reattach_flush(gpumem_client *c, int fd, reattach_builder_t *rb, bool last) {
@@ -167,14 +169,36 @@ static int reattach_flush(gpumem_client *c, int fd, reattach_builder_t *rb, bool
         ra.segments = rb->seg_ptrs;
         ra.n_blocks = rb->n_blocks;
         ra.blocks = rb->block_ptrs;
+        ra.n_shared = rb->n_shared;
+        ra.shared = rb->shared_ptrs;
         ra.last = last;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = ++c->next_request_id;
         env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
         env.reattach = &ra;
         int r = gm_msg_send(fd, &env, NULL, 0, c->max_packet);
-        rb->n_segs = rb->n_ranges = rb->n_blocks = rb->bytes = 0;
+        rb->n_segs = rb->n_ranges = rb->n_blocks = rb->n_shared = rb->bytes = 0;
         return r;
+}
+
+/* A shared object this process still maps (the new daemon counts it as a
+ * mapper again). */
+static int reattach_shared(gpumem_client *c, int fd, reattach_builder_t *rb, const gm_shared_held_t *h) {
+        enum { SHARED_BYTES = 48 + sizeof(h->name) };
+        if (rb->bytes + SHARED_BYTES > reattach_budget(c)) {
+                int r = reattach_flush(c, fd, rb, false);
+                if (r < 0)
+                        return r;
+        }
+        Gpumem__ReattachShared *rs = &rb->shared[rb->n_shared];
+        gpumem__reattach_shared__init(rs);
+        rs->object_id = h->object_id;
+        rs->name = (char *) h->name;
+        rs->version = h->version;
+        rs->size = h->size;
+        rb->shared_ptrs[rb->n_shared++] = rs;
+        rb->bytes += SHARED_BYTES;
+        return 0;
 }
 
 static int reattach_block(gpumem_client *c, int fd, reattach_builder_t *rb, const block_t *b, bool pending) {
@@ -197,7 +221,8 @@ static int reattach_block(gpumem_client *c, int fd, reattach_builder_t *rb, cons
 }
 
 /* Tells the daemon on `fd` everything this client holds: segments with their
- * mapped pieces, live blocks, frees waiting for streams. Caller holds lock. */
+ * mapped pieces, live blocks, frees waiting for streams, shared objects
+ * it maps. Caller holds lock. */
 static int reattach_send(gpumem_client *c, int fd) {
         size_t max_items = reattach_budget(c) / 16 + 1;
         reattach_builder_t rb = {
@@ -207,8 +232,13 @@ static int reattach_send(gpumem_client *c, int fd) {
                 .range_ptrs = calloc(max_items, sizeof(*rb.range_ptrs)),
                 .blocks = calloc(max_items, sizeof(*rb.blocks)),
                 .block_ptrs = calloc(max_items, sizeof(*rb.block_ptrs)),
+                .shared = calloc(max_items, sizeof(*rb.shared)),
+                .shared_ptrs = calloc(max_items, sizeof(*rb.shared_ptrs)),
         };
-        int r = rb.segs && rb.seg_ptrs && rb.ranges && rb.range_ptrs && rb.blocks && rb.block_ptrs ? 0 : -ENOMEM;
+        int r = rb.segs && rb.seg_ptrs && rb.ranges && rb.range_ptrs && rb.blocks && rb.block_ptrs && rb.shared &&
+                                rb.shared_ptrs
+                        ? 0
+                        : -ENOMEM;
         for (size_t i = 0; i < c->segments.cap && r == 0; i++) {
                 const segment_t *seg = c->segments.values[i];
                 if (!seg || seg->n_pieces == 0)
@@ -244,6 +274,8 @@ static int reattach_send(gpumem_client *c, int fd) {
                         r = reattach_block(c, fd, &rb, c->blocks.values[i], false);
         for (pending_free_t *p = c->pending_frees; p && r == 0 && !c->local; p = p->next)
                 r = reattach_block(c, fd, &rb, &p->block, true);
+        for (const gm_shared_held_t *h = c->shared_held; h && r == 0; h = h->next)
+                r = reattach_shared(c, fd, &rb, h);
         if (r == 0)
                 r = reattach_flush(c, fd, &rb, true);
         free(rb.segs);
@@ -252,6 +284,8 @@ static int reattach_send(gpumem_client *c, int fd) {
         free(rb.range_ptrs);
         free(rb.blocks);
         free(rb.block_ptrs);
+        free(rb.shared);
+        free(rb.shared_ptrs);
         return r;
 }
 

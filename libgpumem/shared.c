@@ -8,6 +8,7 @@
  * connection (conn.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "session.h"
 
 struct gpumem_shared {
+        gm_shared_held_t held; /* listed in c->shared_held once published or opened */
+        bool listed;
         uint64_t object_id; /* the daemon's */
         uint64_t base;      /* its reservation here */
         uint64_t size;
@@ -26,7 +29,36 @@ struct gpumem_shared {
         size_t meta_len;
 };
 
+/* s holds an open of a published object (s->held.name set): re-attaches
+ * report it. */
+static void held_list(gpumem_client *c, gpumem_shared *s) {
+        if (!s->version)
+                return; /* its reply was not taken: nothing to report */
+        s->held.object_id = s->object_id;
+        s->held.version = s->version;
+        s->held.size = s->size;
+        pthread_mutex_lock(&c->lock);
+        s->held.next = c->shared_held;
+        c->shared_held = &s->held;
+        s->listed = true;
+        pthread_mutex_unlock(&c->lock);
+}
+
+static void held_unlist(gpumem_client *c, gpumem_shared *s) {
+        if (!s->listed)
+                return;
+        pthread_mutex_lock(&c->lock);
+        gm_shared_held_t **hp = &c->shared_held;
+        while (*hp && *hp != &s->held)
+                hp = &(*hp)->next;
+        if (*hp)
+                *hp = s->held.next;
+        s->listed = false;
+        pthread_mutex_unlock(&c->lock);
+}
+
 static void shared_free(gpumem_client *c, gpumem_shared *s) {
+        held_unlist(c, s);
         if (s->mapped)
                 c->mapper->ops->unmap(c->mapper, s->base, 0, s->size);
         if (s->base)
@@ -82,10 +114,11 @@ static int map_object(gpumem_client *c, gpumem_shared *s, int fd, bool read_only
         return 0;
 }
 
-static gpumem_shared *shared_new(gpumem_client *c, uint64_t object_id, uint64_t size) {
+static gpumem_shared *shared_new(gpumem_client *c, const char *name, uint64_t object_id, uint64_t size) {
         gpumem_shared *s = calloc(1, sizeof(*s));
         if (!s)
                 return NULL;
+        snprintf(s->held.name, sizeof(s->held.name), "%s", name);
         s->object_id = object_id;
         s->size = size;
         s->staging_fd = -1;
@@ -113,7 +146,7 @@ int gpumem_shared_create(gpumem_client *c, const char *name, uint64_t size, gpum
         if ((r = call_with_fd(c, &env, GPUMEM__ENVELOPE__BODY_SHARED_CREATE_REPLY, &reply, &fd)) < 0)
                 return r;
         uint64_t object_id = reply->shared_create_reply->object_id;
-        gpumem_shared *s = shared_new(c, object_id, reply->shared_create_reply->size);
+        gpumem_shared *s = shared_new(c, name, object_id, reply->shared_create_reply->size);
         gm_msg_free(reply);
         if (s)
                 s->staging_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -184,6 +217,7 @@ int gpumem_shared_publish(gpumem_client *c, gpumem_shared *s, const char *const 
         gm_msg_free(reply);
         close(s->staging_fd);
         s->staging_fd = -1;
+        held_list(c, s); /* the daemon counts it open from here on */
         if (r < 0)
                 close(fd);
         if (r < 0 || (r = map_object(c, s, fd, true)) < 0)
@@ -211,7 +245,7 @@ int gpumem_shared_open(gpumem_client *c, const char *name, uint64_t version, gpu
                 return r;
         const Gpumem__SharedObjectReply *o = reply->shared_object_reply;
         uint64_t object_id = o->object_id;
-        gpumem_shared *s = shared_new(c, object_id, o->size);
+        gpumem_shared *s = shared_new(c, name, object_id, o->size);
         r = s ? take_object(c, s, o) : gm_conn_set_error(c, -ENOMEM, "gpumem: no room to map '%s'", name);
         gm_msg_free(reply);
         if (r < 0)
@@ -222,6 +256,7 @@ int gpumem_shared_open(gpumem_client *c, const char *name, uint64_t version, gpu
                 send_close(c, object_id);
                 return r;
         }
+        held_list(c, s);
         *ret = s;
         return 0;
 }

@@ -20,9 +20,17 @@
 #                 stream runs is not handed out again meanwhile (or keeps its data)
 #   reclaim       a trim reclaims an idle client's cache; a trim while a kernel
 #                 writes a live block leaves that block intact
+#   reclaim is real  while that trimmed client still lives, nvidia-smi's used
+#                 memory falls by the trimmed bytes and `gpumemctl quota list`
+#                 shows no unverified bytes (where NVML cannot verify: what it
+#                 attributes to the client, and why the bytes stayed held)
 #   queued free   a free with a kernel still queued, then gpumem_trim and an
 #                 admin trim's Reclaim: cuStreamSynchronize still succeeds, the
 #                 trimmed bytes are released
+#   oom ladder    (a daemon with per_process_memory_fraction:0.05) two cached
+#                 blocks freed with a kernel still queued on them, then a
+#                 request only the retry ladder's release of them can serve:
+#                 one retry, cuStreamSynchronize succeeds, a live block intact
 #   context       a non-primary context current in the caller stays current
 #                 through alloc, free and trim, on a page-reuse daemon
 #   oom           a cuMemCreate out-of-memory (memory held outside gpumemd by
@@ -247,12 +255,41 @@ if out=$(timeout "$(left)" "$CLIENT" early-reuse "$SOCK" 2>&1); then pass "$(tai
 
 # ---- reclaim and trim while kernels run ----
 note "reclaim and trim"
-rm -f "$WORK/meet/go" "$WORK/meet/cached"
+rm -f "$WORK/meet/go" "$WORK/meet/go2" "$WORK/meet/cached" "$WORK/meet/released"
 timeout "$(left)" "$CLIENT" cache "$SOCK" "$WORK/meet" >"$WORK/cache.log" 2>&1 &
 CC=$!
 for _ in $(seq 600); do [ -f "$WORK/meet/cached" ] || ! kill -0 "$CC" 2>/dev/null && break; sleep 0.1; done
+used_cached=$(used_mib)
 trim=$(timeout 30 "$GPUMEMCTL" -s "$SOCK" trim 2>&1)
 touch "$WORK/meet/go"
+for _ in $(seq 300); do [ -f "$WORK/meet/released" ] || ! kill -0 "$CC" 2>/dev/null && break; sleep 0.1; done
+if [ -f "$WORK/meet/released" ]; then
+        # Reclaim is real: while the trimmed client still lives, the device's
+        # used memory drops by the trimmed bytes and the daemon verified the
+        # release (quota list: no unverified bytes left). Measured, with
+        # what NVML attributes to the client when it could not verify.
+        read -r trimmed_bytes client_pid <"$WORK/meet/released"
+        trimmed_mib=$((trimmed_bytes / 1048576))
+        unverified=
+        for _ in $(seq 50); do
+                quotas=$(timeout 10 "$GPUMEMCTL" -s "$SOCK" quota list --json 2>/dev/null)
+                unverified=$(grep -o '"release_unverified_bytes": *[0-9]*' <<<"$quotas" | grep -o '[0-9]*$' | awk '{s += $1} END {if (NR) print s}')
+                [ "${unverified:-x}" = 0 ] && break
+                sleep 0.1
+        done
+        used_after=$(used_mib)
+        dropped=$((used_cached - used_after))
+        apps=$(smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits)
+        client_nvml=$(sed -n "s/^$client_pid, *\(.*\)/\1 MiB/p" <<<"$apps" | head -1 | grep . || echo 'not listed')
+        if [ "$dropped" -ge $((trimmed_mib * 9 / 10)) ] && [ "${unverified:-x}" = 0 ]; then
+                pass "reclaim is real: while the trimmed client lives, device memory used fell by ${dropped} MiB (${used_cached} -> ${used_after} MiB) for ${trimmed_mib} MiB trimmed; unverified bytes 0 (NVML attributes to the client: ${client_nvml})"
+        else
+                why="the daemon verifies a release by the importer's NVML figure (release_check=verify)"
+                [ "${unverified:-x}" != 0 ] && why="$why, and NVML attributes to the client (pid $client_pid): ${client_nvml}: its bytes stay held until the session ends (release_check=trust releases them at once)"
+                fail "reclaim is real: device memory used fell by ${dropped} MiB (${used_cached} -> ${used_after} MiB) for ${trimmed_mib} MiB trimmed; unverified bytes ${unverified:-unknown}; $why"
+        fi
+fi
+touch "$WORK/meet/go2"
 if wait "$CC"; then pass "$(tail -1 "$WORK/cache.log") ($(tr '\n' ' ' <<<"$trim"))"; else fail "reclaim: $(tail -1 "$WORK/cache.log")"; fi
 if out=$(timeout "$(left)" "$CLIENT" trim-busy "$SOCK" 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "reclaim: $(tail -1 <<<"$out")"; fi
 
@@ -263,6 +300,20 @@ for _ in $(seq 600); do [ -f "$WORK/meet/queued" ] || ! kill -0 "$QF" 2>/dev/nul
 trim=$(timeout 30 "$GPUMEMCTL" -s "$SOCK" trim 2>&1)
 touch "$WORK/meet/go"
 if wait "$QF"; then pass "$(tail -1 "$WORK/queued.log") ($(tr '\n' ' ' <<<"$trim"))"; else fail "queued free: $(tail -1 "$WORK/queued.log")"; fi
+
+# ---- the OOM retry ladder under a queued kernel (a daemon with a memory fraction) ----
+note "oom ladder"
+total=$(smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
+block_mib=$(( ${total:-0} * 5 / 400 / 2 * 2 )) # a quarter of the fraction's 5 %, in 2 MiB
+if [ "$block_mib" -lt 8 ]; then
+        fail "oom ladder: no device total from nvidia-smi (${total:-none})"
+elif start_daemon "$WORK/ladder.sock" "$WORK/gpumemd-ladder.log" --alloc-conf per_process_memory_fraction:0.05; then
+        LADDER_PID=$STARTED_PID
+        if out=$(timeout "$(left)" "$CLIENT" oom-ladder "$WORK/ladder.sock" $((block_mib * 1048576)) 2>&1); then pass "$(tail -1 <<<"$out")"; else fail "oom ladder: $(tail -1 <<<"$out")"; fi
+        stop_daemon "$LADDER_PID" || fail "oom ladder: its gpumemd did not exit cleanly"
+else
+        fail "oom ladder: gpumemd with a memory fraction did not start: $(tail -3 "$WORK/gpumemd-ladder.log" | tr '\n' ' ')"
+fi
 
 # ---- a non-primary context, page reuse on (a third daemon) ----
 note "the caller's context"

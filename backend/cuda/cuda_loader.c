@@ -69,6 +69,8 @@ static const sym_t syms[] = {
         SYM(MemMap, 10020, "cuMemMap"),
         SYM(MemUnmap, 10020, "cuMemUnmap"),
         SYM(MemSetAccess, 10020, "cuMemSetAccess"),
+        SYM(MemcpyDtoH, 3020, "cuMemcpyDtoH_v2"),
+        SYM(MemcpyHtoD, 3020, "cuMemcpyHtoD_v2"),
         SYM(StreamGetCtx, 9020, "cuStreamGetCtx"),
         SYM(StreamSynchronize, 2000, "cuStreamSynchronize"),
         SYM(EventCreate, 2000, "cuEventCreate"),
@@ -81,6 +83,7 @@ static const sym_t syms[] = {
         OPTIONAL(CtxSynchronize, 2000, "cuCtxSynchronize"),
         OPTIONAL(MemRetainAllocationHandle, 11000, "cuMemRetainAllocationHandle"),
         OPTIONAL(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode"),
+        OPTIONAL(StreamIsCapturing, 10000, "cuStreamIsCapturing"),
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

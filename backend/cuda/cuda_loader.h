@@ -47,6 +47,8 @@ typedef struct gm_cuda {
         PFN_cuMemMap_v10020 MemMap;
         PFN_cuMemUnmap_v10020 MemUnmap;
         PFN_cuMemSetAccess_v10020 MemSetAccess;
+        PFN_cuMemcpyDtoH_v3020 MemcpyDtoH; /* sleep: kept data to host memory */
+        PFN_cuMemcpyHtoD_v3020 MemcpyHtoD; /* wake: and back */
         PFN_cuStreamGetCtx_v9020 StreamGetCtx;
         PFN_cuStreamSynchronize_v2000 StreamSynchronize;
         PFN_cuEventCreate_v2000 EventCreate;
@@ -59,6 +61,7 @@ typedef struct gm_cuda {
         PFN_cuCtxSynchronize_v2000 CtxSynchronize;                        /* optional; of the current context */
         PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle; /* optional: page reuse moves pages */
         PFN_cuThreadExchangeStreamCaptureMode_v10010 ThreadExchangeStreamCaptureMode; /* optional */
+        PFN_cuStreamIsCapturing_v10000 StreamIsCapturing;                             /* optional */
 } gm_cuda_t;
 
 /* Loads $GPUMEM_LIBCUDA (default "libcuda.so.1"), resolves every entry point

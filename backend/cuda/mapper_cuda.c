@@ -190,6 +190,28 @@ static int cuda_sync(gm_mapper_t *m, uint64_t stream) {
         return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, cr, whole ? "cuCtxSynchronize" : "cuStreamSynchronize");
 }
 
+/* One synchronous copy in the mapper's device context (relaxed capture). */
+static int cuda_copy(cuda_mapper_t *cm, void *host, uint64_t device, uint64_t length, bool to_host) {
+        RELAXED_CAPTURE(cm->cu);
+        const gm_cuda_t *cu = cm->cu;
+        int r = gm_cuda_check_process();
+        if (r == 0)
+                r = gm_cuda_push(cu, cm->ctx);
+        if (r < 0)
+                return r;
+        CUresult cr = to_host ? cu->MemcpyDtoH(host, device, length) : cu->MemcpyHtoD(device, host, length);
+        gm_cuda_pop(cu);
+        return cr == CUDA_SUCCESS ? 0 : gm_cuda_fail(cu, cr, to_host ? "cuMemcpyDtoH" : "cuMemcpyHtoD");
+}
+
+static int cuda_copy_to_host(gm_mapper_t *m, void *host, uint64_t device, uint64_t length) {
+        return cuda_copy((cuda_mapper_t *) m, host, device, length, true);
+}
+
+static int cuda_copy_from_host(gm_mapper_t *m, uint64_t device, const void *host, uint64_t length) {
+        return cuda_copy((cuda_mapper_t *) m, (void *) host, device, length, false);
+}
+
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
         int r = gm_cuda_check_process();
@@ -255,6 +277,23 @@ static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
                 cm->cu->EventDestroy((CUevent) (uintptr_t) event);
 }
 
+/* The legacy stream cannot be captured, and asking about it while a
+ * blocking stream captures is itself illegal: special streams answer 0 (the
+ * per-thread stream included, which this library never asks about either). */
+static int cuda_capturing(gm_mapper_t *m, uint64_t stream) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        if (special_stream(stream) || !cm->cu->StreamIsCapturing)
+                return 0;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+        CUresult cr = cm->cu->StreamIsCapturing((CUstream) (uintptr_t) stream, &status);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cm->cu, cr, "cuStreamIsCapturing");
+        return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static void cuda_destroy(gm_mapper_t *m) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
         if (!cm)
@@ -273,10 +312,13 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .unmap = cuda_unmap,
         .move = cuda_move,
         .sync = cuda_sync,
+        .copy_to_host = cuda_copy_to_host,
+        .copy_from_host = cuda_copy_from_host,
         .unreserve = cuda_unreserve,
         .event_record = cuda_event_record,
         .event_query = cuda_event_query,
         .event_destroy = cuda_event_destroy,
+        .capturing = cuda_capturing,
         .destroy = cuda_destroy,
 };
 

@@ -3,6 +3,7 @@
  * fork() children (MADV_DONTFORK) so a child never pins its parent's memory. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,6 +59,16 @@ static int host_move(gm_mapper_t *m, uint64_t from, uint64_t to, uint64_t length
         return r;
 }
 
+static int host_copy_to_host(gm_mapper_t *m, void *host, uint64_t device, uint64_t length) {
+        memcpy(host, (const void *) (uintptr_t) device, length);
+        return 0;
+}
+
+static int host_copy_from_host(gm_mapper_t *m, uint64_t device, const void *host, uint64_t length) {
+        memcpy((void *) (uintptr_t) device, host, length);
+        return 0;
+}
+
 static int host_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         return munmap((void *) (uintptr_t) base, va_size) < 0 ? -errno : 0;
 }
@@ -74,6 +85,8 @@ static const gm_mapper_ops_t host_ops = {
         .map_read = host_map_read,
         .unmap = host_unmap,
         .move = host_move,
+        .copy_to_host = host_copy_to_host,
+        .copy_from_host = host_copy_from_host,
         .unreserve = host_unreserve,
         .destroy = host_destroy,
 };

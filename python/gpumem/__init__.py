@@ -55,6 +55,9 @@ __all__ = [
     "get_quota",
     "set_quota",
     "last_refusal",
+    "sleep",
+    "wake",
+    "sleeping_bytes",
     "claim",
     "pool",
     "current_pool",
@@ -303,6 +306,51 @@ def mem_get_info(device=None):
     return free.value, total.value
 
 
+# ---- sleep and wake (docs/sleep.md) ----
+
+def _names(names):
+    """A NULL-terminated char* array of names, or None."""
+    if names is None:
+        return None
+    encoded = [n.encode() for n in names]
+    return (_lib.ctypes.c_char_p * (len(encoded) + 1))(*encoded, None)
+
+
+def sleep(tags=None, keep=None, *, device=None):
+    """Gives this session's physical memory back to the device, keeping every
+    address: tensors stay allocated and their pointers valid, but must not be
+    touched until wake(). keep: the pools whose tensors' data is copied to
+    host memory first (a list of tag names, or True for every one; None:
+    none). tags: the pools that sleep (a list of tag names, "" the default;
+    None: all). Synchronizes the device first. Needs a local session
+    (GPUMEM_HEAP=local). Returns the bytes given back."""
+    if isinstance(keep, str):
+        raise TypeError("keep is a list of tag names, or True")
+    keep_names = ["*"] if keep is True else (None if keep in (None, False) else list(keep))
+    client = _session(device)
+    released = _lib.ctypes.c_uint64()
+    r = _lib.lib.gpumem_sleep(client, _names(None if tags is None else list(tags)), _names(keep_names), released)
+    _check(r, client, "gpumem: sleep")
+    return released.value
+
+
+def wake(timeout=None, *, device=None):
+    """Maps memory again at the same addresses and restores the kept data.
+    Waits while quota or device is short, up to `timeout` seconds (None: the
+    daemon's park_timeout_ms); then raises GpumemError (ENOMEM) with the
+    diagnosis, the session still asleep (wake may be called again)."""
+    if timeout is not None and not 0 < timeout * 1000 <= 0xFFFFFFFF:
+        raise ValueError("timeout is a positive number of seconds")
+    client = _session(device)
+    ms = 0 if timeout is None else max(1, int(timeout * 1000))
+    _check(_lib.lib.gpumem_wake(client, ms), client, "gpumem: wake")
+
+
+def sleeping_bytes(device=None):
+    """Bytes a wake() needs (0 when awake)."""
+    return _lib.lib.gpumem_sleeping_bytes(_session(device))
+
+
 # ---- snapshots and history ----
 
 def _snapshot_bytes(device, fmt, pid):
@@ -443,7 +491,7 @@ def list_clients(device=None):
     one for an admin), with the keys of `gpumemctl clients --json`:
     session_id, pid, uid, tenant, unit, name, reserved_bytes, allocated_bytes,
     cached_bytes, segments, releasing_bytes, control, heap ("local" or
-    "central"), stats_page_invalid, requests."""
+    "central"), stats_page_invalid, requests, asleep, sleeping_bytes."""
     client = _session(device)
 
     def fill(ptr, n):

@@ -36,6 +36,8 @@ class ClientInfo(ctypes.Structure):
         ("heap", ctypes.c_char_p),
         ("stats_page_invalid", ctypes.c_bool),
         ("requests", ctypes.c_uint64),
+        ("asleep", ctypes.c_bool),
+        ("sleeping_bytes", ctypes.c_uint64),
     ]
 
 
@@ -88,6 +90,11 @@ _SIGNATURES = {
     "gpumem_mem_get_info": (ctypes.c_int, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_buffer_free": (None, [ctypes.c_void_p]),
+    # sleep and wake
+    "gpumem_sleep": (ctypes.c_int, [c_client_p, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                                    ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_wake": (ctypes.c_int, [c_client_p, ctypes.c_uint32]),
+    "gpumem_sleeping_bytes": (ctypes.c_uint64, [c_client_p]),
     "gpumem_claim": (ctypes.c_int, [c_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
     # tagged pools
     "gpumem_pool_begin": (ctypes.c_int, [c_client_p, ctypes.c_char_p]),

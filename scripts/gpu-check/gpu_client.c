@@ -17,7 +17,9 @@
  *        with 300 ms kernels still running on the second stream
  *   gpu_client trim-busy SOCKET           trim while a kernel writes a live block
  *   gpu_client cache SOCKET DIR           cache memory, DIR/cached, wait for DIR/go,
- *        report whether the daemon reclaimed it meanwhile
+ *        report whether the daemon reclaimed it meanwhile; then DIR/released
+ *        (bytes and pid) and wait for DIR/go2 (the device's figures are read while
+ *        this client still lives)
  *   gpu_client hold SOCKET DIR            fill blocks, DIR/ready, wait for DIR/go
  *        (a daemon restart happens meanwhile), verify, allocate more, free
  *   gpu_client hog BYTES DIR              cuMemAlloc BYTES outside gpumemd, DIR/hog,
@@ -35,6 +37,11 @@
  *        gpumem_trim; again, DIR/queued, wait for DIR/go (an admin trim, a
  *        Reclaim, meanwhile); each time cuStreamSynchronize must succeed and
  *        the trimmed bytes be released
+ *   gpu_client oom-ladder SOCKET BLOCK    (a daemon with a memory fraction of 4
+ *        BLOCKs) three blocks, a kernel still queued on two of them when they
+ *        are freed, then a 1.5 BLOCK request that only the retry ladder's
+ *        release of the cached two can serve: cuStreamSynchronize must
+ *        succeed afterwards and the live block keep its data
  *   gpu_client context SOCKET             a context of the caller's own current
  *        (cuCtxCreate; the emulator has none: device 0's primary context) stays
  *        current through gpumem_alloc, gpumem_free, gpumem_trim (page reuse on)
@@ -451,9 +458,13 @@ static int mode_cache(const char *socket, const char *dir) {
                 usleep(50000);
                 left = stat_of("reserved_bytes.all.current");
         }
-        gpumem_disconnect(client);
         if (cached < (int64_t) size || left != 0)
                 die("reclaim: cached %" PRId64 " bytes, %" PRId64 " left after the trim", cached, left);
+        char released[64];
+        snprintf(released, sizeof(released), "%" PRId64 " %d", cached, (int) getpid());
+        touch(dir, "released", released);
+        wait_for(dir, "go2", 120);
+        gpumem_disconnect(client);
         printf("reclaim: an admin trim (gpumemctl trim) took back this idle client's %.0f MiB cache\n",
                (double) cached / MiB);
         return 0;
@@ -583,6 +594,52 @@ static int mode_queued_free(const char *socket, const char *dir) {
         printf("free with %s still queued: gpumem_trim (%.0f MiB released at once) and an admin trim's Reclaim each "
                "gave back %.0f MiB; cuStreamSynchronize succeeded after both\n",
                cu.kernels ? "a kernel" : "an emulated kernel", (double) released / MiB, (double) size / MiB);
+        return 0;
+}
+
+/* The retry ladder with a kernel still queued on the cached blocks it
+ * releases: the release must wait for that kernel (else it faults and the
+ * stream reports it), the live block must keep its data. */
+static int mode_oom_ladder(const char *socket, uint64_t block) {
+        connect_to(socket);
+        CUstream s;
+        ck(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        void *a, *b, *live, *big;
+        ck_gm(gpumem_alloc(client, block, (uint64_t) (uintptr_t) s, &a), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, block, (uint64_t) (uintptr_t) s, &b), "gpumem_alloc");
+        ck_gm(gpumem_alloc(client, block, (uint64_t) (uintptr_t) s, &live), "gpumem_alloc");
+        fill(live, block, 51);
+        fill_async(a, block, 52, s, 1500000000); /* 1.5 s of work first, then it writes a */
+        fill_async(b, block, 53, s, 0);
+        ck_gm(gpumem_free(client, a), "gpumem_free");
+        ck_gm(gpumem_free(client, b), "gpumem_free");
+        int64_t retries = stat_of("num_alloc_retries"), reserved = stat_of("reserved_bytes.all.current");
+        const uint64_t big_size = block + block / 2;
+        uint64_t t0 = now_ns();
+        int r = gpumem_alloc(client, big_size, (uint64_t) (uintptr_t) s, &big);
+        uint64_t alloc_ms = (now_ns() - t0) / 1000000;
+        if (r < 0)
+                die("oom ladder: %.0f MiB over the fraction refused: %s (%s)", (double) big_size / MiB,
+                    gpumem_strerror(r), gpumem_last_error(client));
+        int64_t retried = stat_of("num_alloc_retries") - retries, after = stat_of("reserved_bytes.all.current");
+        ck(cu.StreamSynchronize(s), "cuStreamSynchronize after the ladder");
+        bool ok = verify(live, block, 51);
+        fill(big, big_size, 54);
+        bool big_ok = verify(big, big_size, 54);
+        ck_gm(gpumem_free(client, big), "gpumem_free");
+        ck_gm(gpumem_free(client, live), "gpumem_free");
+        ck_gm(gpumem_trim(client, NULL), "gpumem_trim");
+        ck(cu.StreamDestroy(s), "cuStreamDestroy");
+        gpumem_disconnect(client);
+        if (retried != 1 || !ok || !big_ok)
+                die("oom ladder: %" PRId64 " retries (want 1), live block %s, new block %s", retried,
+                    ok ? "intact" : "damaged", big_ok ? "intact" : "damaged");
+        printf("oom ladder: a %.0f MiB request over the memory fraction (4 x %.0f MiB) released two cached blocks "
+               "%s still wrote (1 retry, reserved %.0f -> %.0f MiB, served in %" PRIu64
+               " ms); cuStreamSynchronize succeeded, the live block intact (%s)\n",
+               (double) big_size / MiB, (double) block / MiB,
+               cu.kernels ? "a queued kernel" : "a queued emulated kernel", (double) reserved / MiB,
+               (double) after / MiB, alloc_ms, method());
         return 0;
 }
 
@@ -752,6 +809,8 @@ int main(int argc, char **argv) {
                 r = mode_early_reuse(argv[2]);
         else if (strcmp(mode, "queued-free") == 0 && argc == 4)
                 r = mode_queued_free(argv[2], argv[3]);
+        else if (strcmp(mode, "oom-ladder") == 0 && argc == 4)
+                r = mode_oom_ladder(argv[2], strtoull(argv[3], NULL, 10));
         else if (strcmp(mode, "context") == 0)
                 r = mode_context(argv[2]);
         else if (strcmp(mode, "probe") == 0)

@@ -955,6 +955,31 @@ START_TEST(test_default_stream_event_on_daemon_device) {
 }
 END_TEST
 
+/* The emulator's stream capture entry points (not in gm_cuda_t). */
+typedef struct capture_api {
+        CUresult (*begin)(CUstream, CUstreamCaptureMode);
+        CUresult (*end)(CUstream, CUgraph *);
+        CUresult (*destroy)(CUgraph);
+        CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+        CUresult (*launch)(CUgraphExec, CUstream);
+        CUresult (*exec_destroy)(CUgraphExec);
+} capture_api_t;
+
+static capture_api_t capture_api(void) {
+        capture_api_t cap;
+        void *a = gm_fake_symbol("cuStreamBeginCapture_v2"), *b = gm_fake_symbol("cuStreamEndCapture"),
+             *d = gm_fake_symbol("cuGraphDestroy");
+        memcpy(&cap.begin, &a, sizeof(a));
+        memcpy(&cap.end, &b, sizeof(b));
+        memcpy(&cap.destroy, &d, sizeof(d));
+        void *i = gm_fake_symbol("cuGraphInstantiateWithFlags"), *l = gm_fake_symbol("cuGraphLaunch"),
+             *x = gm_fake_symbol("cuGraphExecDestroy");
+        memcpy(&cap.instantiate, &i, sizeof(i));
+        memcpy(&cap.launch, &l, sizeof(l));
+        memcpy(&cap.exec_destroy, &x, sizeof(x));
+        return cap;
+}
+
 /* While the application captures a CUDA graph in global mode, the library's
  * own driver calls (the service thread polling a pending free's event) do
  * not invalidate the capture. */
@@ -969,30 +994,157 @@ START_TEST(test_capture_survives_library_calls) {
         void *p;
         ck_assert_int_eq(gpumem_alloc(c, MiB, 0, &p), 0);
         ck_assert_int_eq(gpumem_free_async(c, p, side), 0); /* an event the service thread polls */
-        typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-        typedef CUresult (*end_fn)(CUstream, CUgraph *);
-        typedef CUresult (*destroy_fn)(CUgraph);
-        begin_fn begin;
-        end_fn end;
-        destroy_fn destroy;
-        void *a = gm_fake_symbol("cuStreamBeginCapture_v2"), *b = gm_fake_symbol("cuStreamEndCapture"),
-             *d = gm_fake_symbol("cuGraphDestroy");
-        memcpy(&begin, &a, sizeof(a));
-        memcpy(&end, &b, sizeof(b));
-        memcpy(&destroy, &d, sizeof(d));
+        capture_api_t cap = capture_api();
         long polls = usage().event_queries;
-        ck_assert_int_eq(begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
         for (int i = 0; i < 300 && usage().event_queries == polls; i++)
                 usleep(10000);
         ck_assert_int_gt(usage().event_queries, polls); /* the service thread queried during the capture */
         CUgraph g = NULL;
-        ck_assert_int_eq(end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
-        ck_assert_int_eq(destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
         ck_assert_int_eq(usage().capture_refusals, 0);
         unlink(hold);
         unsetenv("FAKECUDA_HOLD_EVENTS");
         wait_no_active_bytes(c);
         destroy_stream(cu, side);
+        destroy_stream(cu, graph);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
+/* During a global-mode capture of a local heap's stream, allocations that
+ * hit the cache or miss with room (a grant: import, map, set-access in
+ * relaxed mode) succeed; one only the retry ladder could serve (its
+ * synchronize and unmap would invalidate the capture) is refused with
+ * -ENOMEM and says why; the capture stays valid, and after it the same
+ * allocation succeeds through the ladder. */
+START_TEST(test_capture_miss_skips_the_ladder) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *cached, *live, *hit, *room, *big = NULL;
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &cached), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 60 * MiB, other, &live), 0);
+        late_write(other, live, 60 * MiB, 0, 0x55);
+        ck_assert_int_eq(gpumem_free(c, cached), 0); /* 100 MiB cached on the captured stream */
+        int64_t retries = -1, after = -1;
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &retries), 0);
+
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &hit), 0); /* a hit */
+        ck_assert_ptr_eq(hit, cached);
+        ck_assert_int_eq(gpumem_alloc(c, 40 * MiB, graph, &room), 0); /* a miss with room: granted */
+        ck_assert_int_eq(gpumem_free(c, hit), 0);                     /* cached again */
+        /* 56 MiB free on the device: only releasing the cached 100 MiB fits 120. */
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), -ENOMEM);
+        ck_assert_msg(strstr(gpumem_last_error(c), "refused during a capture") != NULL, "%s", gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+        ck_assert_int_eq(after, retries); /* the ladder did not run */
+        CUgraph g = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0); /* now through the ladder */
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+        ck_assert_int_eq(after, retries + 1);
+        assert_no_fault(cu);
+        ck_assert_int_eq(gpumem_free(c, big), 0);
+        ck_assert_int_eq(gpumem_free(c, room), 0);
+        ck_assert_int_eq(gpumem_free(c, live), 0);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
+/* A block record_stream'd to a stream being captured and freed during the
+ * capture: its event on that stream is recorded only once the capture ends
+ * (one recorded inside would be part of the graph, and the service thread's
+ * query of it would invalidate the capture); the free completes after. */
+START_TEST(test_capture_free_waits_for_its_end) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_ok();
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 4 * MiB, other, &p), 0);
+        ck_assert_int_eq(gpumem_record_stream(c, p, graph), 0);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        long polls = usage().event_queries;
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        usleep(300000); /* the service thread polls meanwhile */
+        int64_t active = -1;
+        ck_assert_int_eq(gpumem_stat(c, "active_bytes.all.current", &active), 0);
+        ck_assert_int_eq(active, 4 * MiB); /* pending until the capture ends */
+        CUgraph g = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        wait_no_active_bytes(c);
+        ck_assert_int_gt(usage().event_queries, polls);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
+/* Whether [p, +bytes) holds `value` once `stream`'s work so far is done. */
+static bool holds(const gm_cuda_t *cu, uint64_t stream, void *p, size_t bytes, unsigned char value) {
+        fakecuda_launch_verify_fn verify;
+        void *v = gm_fake_symbol("fakecuda_launch_verify");
+        memcpy(&verify, &v, sizeof(v));
+        int ok = -1;
+        ck_assert_int_eq(verify((void *) (uintptr_t) stream, (uint64_t) (uintptr_t) p, bytes, value, &ok),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(cu->StreamSynchronize((CUstream) (uintptr_t) stream), CUDA_SUCCESS);
+        ck_assert_int_ne(ok, -1);
+        return ok == 1;
+}
+
+/* The emulator replays a captured graph: its kernels do not run at capture,
+ * they run at every cuGraphLaunch; so a block freed after the capture and
+ * handed out again (no private pool) is overwritten by the next replay: the
+ * hazard private pools exist for, shown. */
+START_TEST(test_graph_replay_shows_reuse_hazard) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *x, *y;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0);
+        late_write(graph, x, 8 * MiB, 0, 0x00);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        late_write(graph, x, 8 * MiB, 0, 0xab); /* two nodes: spin 0 ms, fill */
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.instantiate(&exec, g, 0), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0x00)); /* not run at capture */
+        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* run at the replay */
+        ck_assert_int_eq(gpumem_free(c, x), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &y), 0);
+        ck_assert_ptr_eq(y, x); /* the cache hands the graph's block out again */
+        late_write(graph, y, 8 * MiB, 0, 0x11);
+        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(!holds(cu, graph, y, 8 * MiB, 0x11)); /* the replay overwrote the new owner's data */
+        ck_assert_int_eq(cap.exec_destroy(exec), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        assert_no_fault(cu);
+        ck_assert_int_eq(gpumem_free(c, y), 0);
         destroy_stream(cu, graph);
         pop_device(cu, 0);
         finish(c);
@@ -1034,6 +1186,9 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_record_stream_no_early_reuse);
         tcase_add_test(tc, test_default_stream_event_on_daemon_device);
         tcase_add_test(tc, test_capture_survives_library_calls);
+        tcase_add_test(tc, test_capture_miss_skips_the_ladder);
+        tcase_add_test(tc, test_capture_free_waits_for_its_end);
+        tcase_add_test(tc, test_graph_replay_shows_reuse_hazard);
         suite_add_tcase(s, tc);
         return s;
 }

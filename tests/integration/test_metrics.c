@@ -869,6 +869,47 @@ static char *render(const gm_metrics_t *m) {
         return text;
 }
 
+/* A shared object's series: its bytes and mappers labelled by name,
+ * version and the publisher's tenant while it lives, the count of objects;
+ * promtool accepts them; the series go with the object. */
+START_TEST(test_shared_series) {
+        gpumem_client *pub = connect_client(), *reader = connect_client();
+        gpumem_shared *s, *r;
+        void *p;
+        ck_assert_int_eq(gpumem_shared_create(pub, "model/w-1", 3 * MiB, &s, &p), 0);
+        char *body = scrape();
+        ck_assert(metric(body, "gpumem_shared_objects{device=\"0\"}") == 1);
+        ck_assert_ptr_null(strstr(body, "gpumem_shared_bytes{")); /* staging: no version yet */
+        free(body);
+        const char *readers[] = {"*", NULL};
+        ck_assert_int_eq(gpumem_shared_publish(pub, s, readers, NULL, 0, 0, NULL), 0);
+        ck_assert_int_eq(gpumem_shared_open(reader, "model/w-1", 0, &r), 0);
+        char bytes[256], mappers[256];
+        snprintf(bytes, sizeof(bytes),
+                 "gpumem_shared_bytes{device=\"0\",name=\"model/w-1\",version=\"1\",tenant=\"%s\"}", tenant_);
+        snprintf(mappers, sizeof(mappers), "gpumem_shared_mappers%s", strchr(bytes, '{'));
+        body = scrape();
+        char msg[4096];
+        int rc = promtool_check(body, msg, sizeof(msg));
+        ck_assert_msg(rc == 0, "promtool check metrics failed (%d): %s", rc, msg);
+        ck_assert(metric(body, bytes) == (double) (4 * MiB)); /* rounded up to the 2 MiB granularity */
+        ck_assert(metric(body, mappers) == 2);
+        free(body);
+        gpumem_shared_close(pub, s);
+        ck_assert_int_eq(gpumem_shared_unpublish(reader, "model/w-1", 0), 0);
+        body = scrape();
+        ck_assert(metric(body, mappers) == 1); /* withdrawn, still mapped by the reader */
+        free(body);
+        gpumem_shared_close(reader, r);
+        body = scrape();
+        ck_assert_ptr_null(strstr(body, "gpumem_shared_bytes{"));
+        ck_assert(metric(body, "gpumem_shared_objects{device=\"0\"}") == 0);
+        free(body);
+        gpumem_disconnect(reader);
+        gpumem_disconnect(pub);
+}
+END_TEST
+
 START_TEST(test_render_labels_counters_and_overflow) {
         char listen[160], err[256];
         snprintf(listen, sizeof(listen), "unix:%s", metrics_path_);
@@ -934,9 +975,9 @@ START_TEST(test_render_labels_counters_and_overflow) {
                 "hello",       "alloc",           "free",          "free_completed", "trim",        "stats",
                 "release_ack", "reset_stats",     "history",       "snapshot",       "alloc_conf",  "quota",
                 "clients",     "reattach",        "grant",         "return_pieces",  "reclaim_ack", "move_pieces",
-                "samples",     "snapshot_answer", "return_intent", "claim"};
-        static const char *const shared_ops[] = {"shared_create", "shared_publish", "shared_open", "shared_close",
-                                                 "shared_unpublish"};
+                "samples",     "snapshot_answer", "return_intent", "sleep_state",    "claim"};
+        static const char *const shared_ops[] = {"shared_create", "shared_publish",   "shared_open",
+                                                 "shared_close",  "shared_unpublish", "shared_list"};
         size_t n_every = sizeof(every_op) / sizeof(every_op[0]), n_shared = sizeof(shared_ops) / sizeof(shared_ops[0]);
         ck_assert_uint_eq(fake_.n_ops, n_every + n_shared);
         for (size_t i = 0; i < n_every + n_shared; i++) {
@@ -1046,6 +1087,7 @@ static Suite *metrics_suite(void) {
         tcase_add_test(tc, test_no_series_for_unused_tenants);
         tcase_add_test(tc, test_reclaim_wait_observed);
         tcase_add_test(tc, test_claimed_gauge);
+        tcase_add_test(tc, test_shared_series);
         suite_add_tcase(s, tc);
         tc = tcase_create("uuid");
         tcase_add_checked_fixture(tc, setup_uuid, teardown);

@@ -10,7 +10,8 @@
  *   publish SOCKET NAME SIZE SEED READERS   create, fill from SEED, publish (READERS: comma-separated
  *                                           tenants, "-" for none), print "published VERSION"
  *   read SOCKET NAME VERSION SEED           open, verify, print "ok", "bad" or "refused ERRNO"
- *   hold SOCKET NAME                        open, print "ready", close at stdin's EOF
+ *   hold SOCKET NAME [SEED]                 open, print "ready", close at stdin's EOF (with SEED:
+ *                                           verify first, print "ok" or "bad")
  *   write SOCKET NAME                       open and write through the read-only mapping:
  *                                           host dies by SIGSEGV; cuda prints "faulted" or "wrote"
  *   unpublish SOCKET NAME VERSION           print "ok" or "refused ERRNO" */
@@ -133,7 +134,7 @@ static int client_main(int argc, char **argv) {
                         printf("ok\n");
                 else
                         printf("bad\n");
-        } else if (strcmp(mode, "hold") == 0 && argc == 4) {
+        } else if (strcmp(mode, "hold") == 0 && (argc == 4 || argc == 5)) {
                 if ((r = gpumem_shared_open(c, name, 0, &s)) < 0) {
                         printf("refused %d\n", -r);
                 } else {
@@ -142,6 +143,10 @@ static int client_main(int argc, char **argv) {
                         char line[16];
                         while (fgets(line, sizeof(line), stdin))
                                 ;
+                        if (argc == 5) /* still the publisher's bytes (after a daemon restart, say) */
+                                printf(verify(gpumem_shared_ptr(s), gpumem_shared_size(s), strtoull(argv[4], NULL, 0))
+                                               ? "ok\n"
+                                               : "bad\n");
                 }
         } else if (strcmp(mode, "write") == 0 && argc == 4) {
                 if ((r = gpumem_shared_open(c, name, 0, &s)) < 0) {
@@ -227,6 +232,15 @@ static void unpublish(uid_t uid, const char *name, const char *version, const ch
         ck_assert_str_eq(line, want);
 }
 
+/* A process of `uid` that maps `name` until its stdin closes. */
+static void hold_as(uid_t uid, const char *name, gm_test_proc_t *ret) {
+        const char *argv[] = {self_, "hold", daemon_.socket_path, name, NULL};
+        gm_test_spawn(argv, uid, ret);
+        char line[64];
+        ck_assert(gm_test_proc_read_line(ret, line, sizeof(line)));
+        ck_assert_str_eq(line, "ready");
+}
+
 static uint64_t charged(const char *tenant) {
         return gm_test_tenant_charged(daemon_.socket_path, tenant);
 }
@@ -286,12 +300,8 @@ END_TEST
  * until its last mapper closes it, then the memory is back. */
 START_TEST(test_unpublish_then_last_close) {
         publish("kv/prefix", 4 * MiB, "3", "*", "published 1");
-        const char *argv[] = {self_, "hold", daemon_.socket_path, "kv/prefix", NULL};
         gm_test_proc_t holder;
-        gm_test_spawn(argv, NOBODY, &holder);
-        char line[64];
-        ck_assert(gm_test_proc_read_line(&holder, line, sizeof(line)));
-        ck_assert_str_eq(line, "ready");
+        hold_as(NOBODY, "kv/prefix", &holder);
         unpublish(0, "kv/prefix", "1", "ok");
         read_as(0, "kv/prefix", "0", "3", "refused 2");
         ck_assert_uint_eq(charged("uid:0"), 4 * MiB);
@@ -300,6 +310,129 @@ START_TEST(test_unpublish_then_last_close) {
                 usleep(10000);
         ck_assert_uint_eq(charged("uid:0"), 0);
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+}
+END_TEST
+
+/* gpumemctl shared as `uid`: its output in out, its exit status returned. */
+static int ctl_shared(uid_t uid, char *out, size_t len, const char *sub, const char *arg, bool json) {
+        const char *argv[8] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "shared", sub};
+        size_t n = 5;
+        if (arg)
+                argv[n++] = arg;
+        if (json)
+                argv[n++] = "--json";
+        return gm_test_run_as(out, len, uid, argv);
+}
+
+/* gpumemctl shared: list shows what the caller may see (an admin all; a
+ * tenant what it published or may open), show one object's readers and
+ * the sessions that map it, rm unpublishes (the publisher's tenant or an
+ * admin). */
+START_TEST(test_gpumemctl_shared) {
+        publish("w/open", 2 * MiB, "1", "*", "published 1");
+        publish("w/private", 4 * MiB, "2", "-", "published 1");
+        gm_test_proc_t holder;
+        hold_as(NOBODY, "w/open", &holder);
+        static char out[16384];
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"name\": \"w/open\"") && strstr(out, "\"name\": \"w/private\""), "%s", out);
+        ck_assert_msg(strstr(out, "\"state\": \"published\""), "%s", out);
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"name\": \"w/open\"") && !strstr(out, "w/private"), "%s", out);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, false), 0);
+        ck_assert_msg(strstr(out, "MAPPERS") && strstr(out, "w/open"), "%s", out);
+
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@1", true), 0);
+        char pid[64];
+        snprintf(pid, sizeof(pid), "\"pid\": %d, \"tenant\": \"uid:65534\", \"opens\": 1", (int) holder.pid);
+        ck_assert_msg(strstr(out, pid) && strstr(out, "\"mappers\": 1") && strstr(out, "\"readers\": [\"*\"]") &&
+                              strstr(out, "\"meta_bytes\": 6") && strstr(out, "\"size\": 2097152"),
+                      "%s", out);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open", false), 0);
+        snprintf(pid, sizeof(pid), "mapped by pid %d", (int) holder.pid);
+        ck_assert_msg(strstr(out, pid) && strstr(out, "readers: *"), "%s", out);
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "show", "w/private", false), 1);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@2", false), 1);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open@x", false), 2);
+
+        ck_assert_int_eq(ctl_shared(NOBODY, out, sizeof(out), "rm", "w/private", false), 1); /* EPERM */
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "rm", "w/private@1", false), 0);
+        ck_assert_uint_eq(charged("uid:0"), 2 * MiB);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "rm", "w/open", false), 0);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "show", "w/open", true), 0); /* withdrawn, still mapped */
+        ck_assert_msg(strstr(out, "\"state\": \"withdrawn\""), "%s", out);
+        ck_assert_int_eq(gm_test_proc_finish(&holder), 0);
+        for (int i = 0; i < 500 && charged("uid:0"); i++)
+                usleep(10000);
+        ck_assert_uint_eq(charged("uid:0"), 0);
+        ck_assert_int_eq(ctl_shared(0, out, sizeof(out), "list", NULL, true), 0);
+        ck_assert_msg(strstr(out, "\"objects\": []"), "%s", out);
+}
+END_TEST
+
+/* A snapshot by `uid` (gpumemctl snapshot, --pid unless 0) into file, judged
+ * by tests/lib/snapshot_check.py; then whether the Python expression `expr`
+ * holds of its shared segments (`sh`: each segment's gpumemd_shared). */
+static bool snapshot_holds(uid_t uid, const char *file, const char *format, pid_t pid, const char *expr) {
+        char pid_arg[16], out[512];
+        snprintf(pid_arg, sizeof(pid_arg), "%d", (int) pid);
+        const char *argv[] = {GPUMEMCTL_BIN, "-s",   daemon_.socket_path,  "snapshot", "-o", file,
+                              "--format",    format, pid ? "--pid" : NULL, pid_arg,    NULL};
+        ck_assert_int_eq(gm_test_run_as(out, sizeof(out), uid, argv), 0);
+        char cmd[4096];
+        snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s'", GM_PYTHON3, GM_SNAPSHOT_CHECK, file);
+        ck_assert_int_eq(system(cmd), 0);
+        if (strcmp(format, "json") != 0)
+                return true;
+        snprintf(cmd, sizeof(cmd),
+                 "'%s' -c \"import json,sys; d=json.load(open('%s')); "
+                 "sh=[s['gpumemd_shared'] for s in d['segments'] if 'gpumemd_shared' in s]; "
+                 "pids=lambda o: sorted(m['pid'] for m in o['mappers']); "
+                 "sys.exit(0 if (%s) else 1)\"",
+                 GM_PYTHON3, file, expr);
+        return system(cmd) == 0;
+}
+
+/* A snapshot lists each shared object once, as a segment of its own with its
+ * mappers, not once per mapper; a tenant sees only the objects it may open
+ * and its own mappers; --pid only what that process maps. */
+START_TEST(test_snapshot_shows_shared_once) {
+        publish("snap/open", 2 * MiB, "1", "*", "published 1");
+        publish("snap/private", 4 * MiB, "2", "-", "published 1");
+        gm_test_proc_t theirs, ours;
+        hold_as(NOBODY, "snap/open", &theirs);
+        hold_as(0, "snap/open", &ours);
+        char file[64], expr[512];
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d.json", (int) getpid());
+        snprintf(expr, sizeof(expr),
+                 "len(sh) == 2 and sorted(o['name'] for o in sh) == ['snap/open', 'snap/private'] and "
+                 "[pids(o) for o in sh if o['name'] == 'snap/open'] == [sorted([%d, %d])] and "
+                 "[pids(o) for o in sh if o['name'] == 'snap/private'] == [[]] and "
+                 "all(o['state'] == 'published' and o['tenant'] == 'uid:0' for o in sh) and "
+                 "sorted(s['total_size'] for s in d['segments'] if 'gpumemd_shared' in s) == [%llu, %llu]",
+                 (int) theirs.pid, (int) ours.pid, 2 * MiB, 4 * MiB);
+        ck_assert_msg(snapshot_holds(0, file, "json", 0, expr), "admin's snapshot");
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d.pickle", (int) getpid());
+        ck_assert(snapshot_holds(0, file, "pickle", 0, NULL));
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d-nobody.json", (int) getpid());
+        snprintf(expr, sizeof(expr), "[o['name'] for o in sh] == ['snap/open'] and pids(sh[0]) == [%d]",
+                 (int) theirs.pid);
+        ck_assert_msg(snapshot_holds(NOBODY, file, "json", 0, expr), "another tenant's snapshot");
+        unlink(file);
+        snprintf(file, sizeof(file), "/tmp/gm-shared-snap-%d-pid.json", (int) getpid());
+        snprintf(expr, sizeof(expr), "[o['name'] for o in sh] == ['snap/open'] and pids(sh[0]) == [%d]",
+                 (int) ours.pid);
+        ck_assert_msg(snapshot_holds(0, file, "json", ours.pid, expr), "one process's snapshot");
+        unlink(file);
+        ck_assert_int_eq(gm_test_proc_finish(&theirs), 0);
+        ck_assert_int_eq(gm_test_proc_finish(&ours), 0);
+        unpublish(0, "snap/open", "0", "ok");
+        unpublish(0, "snap/private", "0", "ok");
+        for (int i = 0; i < 500 && charged("uid:0"); i++)
+                usleep(10000);
+        ck_assert_uint_eq(charged("uid:0"), 0);
 }
 END_TEST
 
@@ -318,6 +451,8 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_write_faults);
         tcase_add_test(tc, test_unadmitted_tenant_refused);
         tcase_add_test(tc, test_unpublish_then_last_close);
+        tcase_add_test(tc, test_gpumemctl_shared);
+        tcase_add_test(tc, test_snapshot_shows_shared_once);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }

@@ -678,6 +678,52 @@ END_TEST
 
 /* ---- deferred frees ---- */
 
+static unsigned held_misses;
+
+static bool hold_everything(void *userdata, uint64_t stream) {
+        (void) userdata;
+        (void) stream;
+        held_misses++;
+        return false;
+}
+
+/* A provider's may_release() saying no (a stream capture): a miss gets only
+ * new memory; one that needs the ladder is refused with nothing released;
+ * a hit never asks. */
+START_TEST(test_ladder_held) {
+        static uint64_t va = 0x7e0000000000ULL;
+        fake_provider_t f;
+        gm_alloc_config_t cfg;
+        gm_heap_t *h;
+        gm_alloc_result_t x, y;
+
+        fake_init(&f, 1024 * MiB);
+        config_default(&cfg);
+        gm_provider_t p = fake_provider(&f);
+        p.may_release = hold_everything;
+        gm_heap_params_t params = {.capacity = 1024 * MiB, .va_cursor = &va};
+        ck_assert_int_eq(gm_heap_new(&cfg, &p, &params, &h), 0);
+        held_misses = 0;
+        ck_assert_int_eq(gm_heap_alloc(h, 4 * MiB, 0, &x), 0); /* a miss with room */
+        ck_assert_int_eq(gm_heap_free(h, x.block_id, false), 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 4 * MiB, 0, &x), 0); /* a hit */
+        ck_assert_uint_eq(held_misses, 1);
+        ck_assert_int_eq(gm_heap_free(h, x.block_id, false), 0);
+        f.fail_next = 1;
+        ck_assert_int_eq(gm_heap_alloc(h, 30 * MiB, 0, &y), -ENOMEM);
+        const gm_stats_t *st = gm_heap_stats(h);
+        ck_assert_int_eq(st->num_alloc_retries, 0);
+        ck_assert_int_eq(st->num_sync_all_streams, 0);
+        ck_assert_uint_eq(f.releases, 0);
+        ck_assert_int_eq(st->reserved_bytes[GM_STAT_ALL].current, 20 * MiB); /* the cached segment stays */
+        ck_assert_int_eq(gm_heap_alloc(h, 30 * MiB, 0, &y), 0);
+        ck_assert_int_eq(gm_heap_free(h, y.block_id, false), 0);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        gm_heap_destroy(h);
+        fake_done(&f);
+}
+END_TEST
+
 START_TEST(test_deferred_free) {
         gm_alloc_result_t a = alloc_ok(1000, 2), b;
         walk_acc_t w;
@@ -904,6 +950,7 @@ static Suite *allocator_suite(void) {
         tcase_add_test(tc, test_ladder_release_cached);
         tcase_add_test(tc, test_ladder_oom);
         tcase_add_test(tc, test_ladder_release_available);
+        tcase_add_test(tc, test_ladder_held);
         tcase_add_test(tc, test_deferred_free);
         tcase_add_test(tc, test_gc_one_round);
         tcase_add_test(tc, test_gc_two_rounds);

@@ -1721,6 +1721,62 @@ START_TEST(test_grant_timeout_and_end_while_parked) {
 }
 END_TEST
 
+/* Sleep and wake (docs/sleep.md): the sleep record is bounded by what the
+ * session holds; a wake's grant parks with nothing asked back, is granted
+ * when another tenant returns memory, and is refused after its own wait_ms
+ * (not park_timeout_ms). */
+START_TEST(test_sleep_record_and_waiting_grant) {
+        backend_.capacity = 40 * MiB;
+        gm_session_t *sleeper = local_session(b_, 1000, "s");
+        gm_session_t *other = local_session(b_, 1001, "o");
+        grant_ok(sleeper, 1, 20 * MiB);
+        ck_assert_int_eq(gm_session_local_sleep_state(sleeper, true, 20 * MiB + 1), -EINVAL);
+        ck_assert_int_eq(gm_session_local_sleep_state(sleeper, true, 20 * MiB), 0);
+        ck_assert_int_eq(gm_session_local_sleep_state(sleeper, true, 20 * MiB), -EBUSY);
+        CHECK(b_);
+        return_whole(sleeper, 1, 20 * MiB);
+        ck_assert(sleeper->sleep.asleep && sleeper->sleep.bytes == 20 * MiB);
+        grant_ok(other, 1, 40 * MiB); /* the neighbour takes the whole device */
+        client_uses(other, 40 * MiB);
+
+        gm_outcome_t out;
+        gm_grant_t g = whole(1, 20 * MiB);
+        gm_broker_grant(sleeper, 7, &g, &out); /* a plain grant: nothing is on its way, refused */
+        ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
+        g.wait_for_memory = true;
+        g.wait_ms = 60000;
+        gm_broker_grant(sleeper, 8, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        gm_broker_tick(b_, gm_now_ms()); /* within its wait: still parked */
+        ck_assert_uint_eq(host_.n_done, 0);
+        return_whole(other, 1, 40 * MiB); /* memory comes back: granted */
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(gm_tenant_find(b_, "s")->charged_bytes, 20 * MiB);
+        ck_assert_int_eq(gm_session_local_sleep_state(sleeper, false, 0), 0);
+        CHECK(b_);
+
+        /* Its wait_ms, not park_timeout_ms, decides when it is refused. */
+        grant_ok(other, 2, 20 * MiB);
+        client_uses(other, 20 * MiB);
+        g = whole(2, 20 * MiB);
+        g.wait_for_memory = true;
+        g.wait_ms = 1;
+        gm_broker_grant(sleeper, 9, &g, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        usleep(5000);
+        gm_broker_tick(b_, gm_now_ms());
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[1].outcome.error, -ENOMEM);
+        CHECK(b_);
+        gm_session_end(sleeper);
+        gm_session_end(other);
+        CHECK(b_);
+}
+END_TEST
+
 /* A client that answers no release request for unresponsive_timeout_ms is
  * not waited for: what waits for it is refused at once with its pid named,
  * nothing new waits for it, its memory stays charged, and it is responsive
@@ -2122,10 +2178,33 @@ START_TEST(test_shared_survives_restart) {
         ck_assert_int_eq(v.state, GM_SHARED_PUBLISHED);
         CHECK(b_);
 
-        /* Retention: withdrawn once over, released with no mapper. */
+        /* A re-attaching session's report: an adopted object with that name,
+         * version and size, its tenant admitted; closed by the old id. */
+        gm_session_t *back = session(b_, 1002, "c");
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 4 * MiB), -ENOENT); /* not its size */
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 2, 2 * MiB), -ENOENT);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "short", 1, 2 * MiB), -EACCES);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 2 * MiB), 0);
+        ck_assert_int_eq(gm_shared_reattach(back, 777, "weights", 1, 2 * MiB), 0); /* two handles */
+        CHECK(b_);
+        ck_assert_int_eq(gm_shared_close(back, 777), 0);
+        ck_assert_int_eq(gm_shared_close(back, v.id), -ENOENT); /* it knows the object by 777 */
+        CHECK(b_);
+        gm_session_free(back); /* drops the other */
+        CHECK(b_);
+
+        /* Retention: withdrawn once over, released with no mapper once the
+         * re-attach window is over (until then a mapper may come back). */
+        gm_shared_expire(b_, gm_realtime_us() / 1000 + 2000);
+        CHECK(b_);
+        ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 4 * MiB);
+        b_->orphans_deadline_ms = gm_now_ms(); /* the window ends */
         gm_shared_expire(b_, gm_realtime_us() / 1000 + 2000);
         CHECK(b_);
         ck_assert_uint_eq(gm_tenant_find(b_, "a")->charged_bytes, 2 * MiB);
+        back = session(b_, 1003, "c");
+        ck_assert_int_eq(gm_shared_reattach(back, 1, "weights", 1, 2 * MiB), -ENOENT); /* window over */
+        gm_session_free(back);
         gm_session_t *admin = session(b_, 0, "root");
         admin->admin = true;
         ck_assert_int_eq(gm_shared_unpublish(admin, "weights", 1), 0);
@@ -2280,6 +2359,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_grant_without_a_heap);
         tcase_add_test(tc, test_grants_park_until_reclaimed);
         tcase_add_test(tc, test_grant_timeout_and_end_while_parked);
+        tcase_add_test(tc, test_sleep_record_and_waiting_grant);
         tcase_add_test(tc, test_unresponsive_client_is_not_waited_for);
         tcase_add_test(tc, test_alloc_undo_keeps_new_pieces_for_the_next_reply);
         tcase_add_test(tc, test_ledger_replay_and_reattach);

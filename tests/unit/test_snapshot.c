@@ -828,6 +828,57 @@ START_TEST(test_snapshot_blocks_unknown_and_limits) {
 }
 END_TEST
 
+/* Shared objects: one segment each, once, from GM_SNAPSHOT_SHARED_BASE up
+ * on addresses of their own, with their mappers, in every format. */
+START_TEST(test_snapshot_shared_objects) {
+        run_scenario();
+        gm_snapshot_data_t *d = collect_scenario();
+        const gm_snapshot_mapper_t mappers[] = {{.pid = 100, .session_id = 1, .tenant = "alice"},
+                                                {.pid = 200, .session_id = 2, .tenant = "bob"}};
+        gm_snapshot_shared_t w = {.name = "model/w",
+                                  .version = 3,
+                                  .tenant = "alice",
+                                  .state = "published",
+                                  .size = 6 * MiB,
+                                  .mappers = mappers,
+                                  .n_mappers = 2};
+        ck_assert_ok(gm_snapshot_data_add_shared(d, &w));
+        w = (gm_snapshot_shared_t){.name = "kv", .version = 1, .tenant = "bob", .state = "withdrawn", .size = 1000};
+        ck_assert_ok(gm_snapshot_data_add_shared(d, &w));
+        w.size = 0;
+        ck_assert_int_eq(gm_snapshot_data_add_shared(d, &w), -EINVAL);
+        gm_snapshot_options_t opts = {
+                .format = GM_SNAPSHOT_JSON, .category = GM_SNAPSHOT_CATEGORY_TENANT, .config = &fx.conf_b};
+        char *buf = NULL;
+        size_t len = 0;
+        render(d, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--segments 5 --categories"), 0);
+        buf[len - 1] = '\0';
+        char want[512];
+        snprintf(want, sizeof(want), "\"address\":%llu,\"total_size\":%llu,",
+                 (unsigned long long) GM_SNAPSHOT_SHARED_BASE, (unsigned long long) (6 * MiB));
+        ck_assert_msg(strstr(buf, want), "%s", buf);
+        snprintf(want, sizeof(want), "\"address\":%llu,\"total_size\":1000,",
+                 (unsigned long long) (GM_SNAPSHOT_SHARED_BASE + 6 * MiB));
+        ck_assert_msg(strstr(buf, want), "%s", buf);
+        ck_assert_ptr_nonnull(
+                strstr(buf, "\"gpumemd_shared\":{\"name\":\"model/w\",\"version\":3,\"tenant\":\"alice\","
+                            "\"state\":\"published\",\"mappers\":[{\"pid\":100,\"session_id\":1,\"tenant\":\"alice\"},"
+                            "{\"pid\":200,\"session_id\":2,\"tenant\":\"bob\"}]}"));
+        ck_assert_ptr_nonnull(strstr(buf, "\"state\":\"withdrawn\",\"mappers\":[]}"));
+        free(buf);
+        opts = (gm_snapshot_options_t){.format = GM_SNAPSHOT_PICKLE, .process_frames = true, .config = &fx.conf_b};
+        render(d, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--segments 5"), 0);
+        free(buf);
+        opts.format = GM_SNAPSHOT_PICKLE_1_13;
+        render(d, &opts, &buf, &len);
+        ck_assert_int_eq(check_snapshot(buf, len, "--legacy --segments 5"), 0);
+        free(buf);
+        gm_snapshot_data_free(d);
+}
+END_TEST
+
 /* A local session's answer: its heap (addresses from 0, as a local heap's)
  * and its own trace ring, encoded, then decoded by the daemon's checks into
  * a device snapshot beside another session's, moved up to a window of its
@@ -1022,6 +1073,7 @@ static Suite *snapshot_suite(void) {
         tcase_add_test(tc, test_history_in_view_by_session);
         tcase_add_test(tc, test_snapshot_pickle_1_13);
         tcase_add_test(tc, test_snapshot_blocks_unknown_and_limits);
+        tcase_add_test(tc, test_snapshot_shared_objects);
         tcase_add_test(tc, test_snapshot_answer);
         suite_add_tcase(s, tc);
         return s;

@@ -154,6 +154,43 @@ typedef struct gpumem_session_info {
 /* gpumem_list_clients() with the fields above. One buffer, as there. */
 GPUMEM_EXPORT int gpumem_admin_list_clients(gpumem_admin *a, gpumem_session_info **ret_list, size_t *ret_n);
 
+/* A session that maps a shared object. */
+typedef struct gpumem_shared_mapper {
+        uint64_t session_id;
+        uint32_t pid;
+        const char *tenant;
+        uint32_t opens; /* its handles of the object */
+} gpumem_shared_mapper;
+
+/* A shared object as `gpumemctl shared` shows it (docs/shared.md). */
+typedef struct gpumem_shared_info {
+        uint64_t object_id;
+        const char *name;
+        uint64_t version;   /* 0 while staging */
+        const char *tenant; /* the publisher's: charged for it */
+        uint64_t size;
+        const char *state; /* "staging", "published" or "withdrawn" */
+        uint32_t mappers;
+        uint64_t created_unix_ms;   /* published: when it was published */
+        uint32_t retention_s;       /* 0: until unpublished */
+        const char *const *readers; /* "*": every tenant; none: the publisher's tenant only */
+        size_t n_readers;
+        uint64_t meta_len;
+        const gpumem_shared_mapper *sessions; /* only when a name was asked for */
+        size_t n_sessions;
+} gpumem_shared_info;
+
+/* The shared objects the caller may see (an admin: all; others: those their
+ * tenant published or may open), newest first; with `name` only that name's
+ * (version 0: every version) and the sessions that map each. One buffer in
+ * *ret_list (free it with gpumem_buffer_free()); *ret_truncated when the
+ * daemon's reply left the oldest out (one packet). */
+GPUMEM_EXPORT int gpumem_admin_shared_list(gpumem_admin *a, const char *name, uint64_t version,
+                                           gpumem_shared_info **ret_list, size_t *ret_n, bool *ret_truncated);
+/* Unpublishes name@version (0: every version): its publisher's tenant or an
+ * admin (gpumem_shared_unpublish()). */
+GPUMEM_EXPORT int gpumem_admin_shared_unpublish(gpumem_admin *a, const char *name, uint64_t version);
+
 /* One session's sample ring, as `gpumemctl top` and `diagnose` read it. */
 typedef struct gpumem_session_samples {
         uint64_t session_id;

@@ -206,6 +206,8 @@ typedef struct gpumem_client_info {
         const char *heap;         /* "local" (its heap runs in the client) or "central" */
         bool stats_page_invalid;  /* local: its statistics page failed the daemon's bounds (figures as zero) */
         uint64_t requests;        /* packets the daemon received from it */
+        bool asleep;              /* local: asleep (gpumem_sleep()): its memory went back, its addresses stay */
+        uint64_t sleeping_bytes;  /* asleep: what its wake needs */
 } gpumem_client_info;
 
 /* The sessions the caller may see (its tenant's; every one for an admin).
@@ -241,6 +243,34 @@ GPUMEM_EXPORT int gpumem_mem_get_info(gpumem_client *c, uint64_t *ret_free, uint
 
 /* Frees a buffer this library returned. Accepts NULL. */
 GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
+
+/* ---- sleep and wake ---- */
+
+/* Gives this session's physical memory back to the device while keeping
+ * every address reservation: blocks stay allocated and their pointers stay
+ * valid. Cached (free) memory is released outright. The data of allocated
+ * blocks in `keep_tags` (NULL-terminated; NULL: none; {"*", NULL}: all) is
+ * copied to host memory first (the bytes each allocation asked for).
+ * `tags` (NULL-terminated, 1 to 16 pool names, "" the default pool; NULL:
+ * every pool) chooses which pools sleep (-EINVAL for a malformed name); the
+ * others stay mapped. Work queued on the device
+ * must be done first (the call synchronizes the device). Local sessions only
+ * (-EOPNOTSUPP for central); -EALREADY when asleep. *ret_released_bytes (may
+ * be NULL): the bytes given back. While asleep (any pool), gpumem_alloc() fails with
+ * -EAGAIN ("the session is asleep: gpumem_wake() first"), gpumem_trim()
+ * releases nothing, and gpumem_free() of a sleeping block is allowed (its
+ * kept data is dropped). Memory of a sleeping block must not be touched. */
+GPUMEM_EXPORT int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *keep_tags,
+                               uint64_t *ret_released_bytes);
+/* Maps new memory at the same addresses and restores the kept data (other
+ * blocks hold undefined bytes). Waits while quota or device is short, up to
+ * timeout_ms (0: the daemon's park_timeout_ms); -ENOMEM (or -EDQUOT) with
+ * the diagnosis in gpumem_last_error() when it runs out: then whatever was
+ * granted went back, the session is still asleep and wake may be called
+ * again. 0 at once when awake. */
+GPUMEM_EXPORT int gpumem_wake(gpumem_client *c, uint32_t timeout_ms);
+/* Bytes a wake needs (0 when awake). */
+GPUMEM_EXPORT uint64_t gpumem_sleeping_bytes(gpumem_client *c);
 
 /* ---- claims ---- */
 

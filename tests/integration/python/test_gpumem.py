@@ -374,3 +374,55 @@ def test_tagged_pools(gpumem, daemons, blocks):
             gpumem.memory_stats(tag="kv_cache")
     assert own["tags"]["kv_cache"] >= 12 * MiB and own["tags"]["weights"] >= 3 * MiB
     assert sum(own["tags"].values()) == session["reserved_bytes.all.current"]
+
+
+# Sleep and wake (docs/sleep.md) in a local session of its own: a tensor's
+# bytes kept across a sleep at the same address, the memory back with the
+# daemon meanwhile (gpumemctl shows the session asleep and what it needs).
+SLEEP_CHILD = (
+    "import ctypes, sys, gpumem\n"
+    "lib = gpumem._lib.torch_lib\n"
+    "size = 8 * 1024 * 1024\n"
+    "p = lib.gpumem_torch_alloc(size, 0, None)\n"
+    "assert p\n"
+    "ctypes.memset(p, 0x3C, size)\n"
+    "released = gpumem.sleep(keep=True)\n"
+    "print(released, gpumem.sleeping_bytes(), flush=True)\n"
+    "sys.stdin.readline()\n"
+    "try:\n"
+    "    gpumem.sleep(tags=['not a tag'])\n"
+    "except OSError as e:\n"
+    "    print('tags:', e.errno, flush=True)\n"
+    "gpumem.wake(timeout=5)\n"
+    "print(gpumem.sleeping_bytes(), ctypes.string_at(p, size) == b'\\x3c' * size, flush=True)\n"
+    "lib.gpumem_torch_free(p, size, 0, None)\n")
+
+
+def test_sleep_and_wake_keep_data(daemons):
+    env = dict(os.environ, GPUMEM_HEAP="local")
+    child = subprocess.Popen([sys.executable, "-c", SLEEP_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        released, needs = (int(v) for v in child.stdout.readline().split())
+        assert needs == released >= 8 * MiB
+        mine = [c for c in daemons.ctl_json(0, "clients", "--json") if c["pid"] == child.pid]
+        assert len(mine) == 1 and mine[0]["asleep"] and mine[0]["sleeping_bytes"] == needs
+        assert mine[0]["reserved_bytes"] == 0
+    finally:
+        out, _ = child.communicate("go\n", timeout=60)
+    assert child.returncode == 0
+    assert out.splitlines() == [f"tags: {errno.EINVAL}", "0 True"]
+
+
+def test_sleep_needs_a_local_session(gpumem, daemons):
+    with pytest.raises(TypeError):
+        gpumem.sleep(keep="weights")
+    out = subprocess.run([sys.executable, "-c",
+                          "import gpumem\n"
+                          "try:\n"
+                          "    gpumem.sleep()\n"
+                          "except OSError as e:\n"
+                          "    print(e.errno)\n"],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, GPUMEM_HEAP="central"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(errno.EOPNOTSUPP)]

@@ -24,6 +24,8 @@
  *     queued or running work touches makes that work fault: its context's
  *     calls return CUDA_ERROR_ILLEGAL_ADDRESS from then on (sticky) and
  *     fakecuda_usage() counts the fault, which fails the test;
+ *   - cuMemcpyDtoH/HtoD copy synchronously on the current context's legacy
+ *     stream, after its queued work, and fault on unmapped memory;
  *   - stream capture (cuStreamBeginCapture in global, thread-local and
  *     relaxed modes, cuStreamEndCapture, cuStreamIsCapturing,
  *     cuThreadExchangeStreamCaptureMode): a thread that a capture forbids
@@ -33,7 +35,11 @@
  *     cuCtxSynchronize, and the capture is invalidated; querying an event
  *     recorded inside a capture, synchronizing a capturing stream or using
  *     the legacy stream while a blocking stream captures is refused in every
- *     mode; captured work is not run (graphs are not replayed);
+ *     mode; captured work is not run then: the emulated kernels launched
+ *     into a capture become the graph's nodes, in order, and
+ *     cuGraphInstantiate + cuGraphLaunch queue them again on a stream at
+ *     every replay (so a replay over memory freed and reused since shows
+ *     the hazard: it overwrites the new owner's data, or faults if unmapped);
  *   - a destroyed stream or event is poisoned: any later use aborts the
  *     process (the real driver may have reused the handle);
  *   - FAKECUDA_SYNC=1, only for suites that read device memory from the CPU,
@@ -97,6 +103,7 @@
 #define FAKE_EVENT_MAGIC 0x45564e54u
 #define FAKE_DEAD_MAGIC 0xdeadu
 #define FAKE_GRAPH_MAGIC 0x47524150u
+#define FAKE_GRAPH_EXEC_MAGIC 0x47455845u
 
 typedef struct alloc {
         struct alloc *next;
@@ -181,6 +188,7 @@ struct CUstream_st {
         CUstreamCaptureMode capture_mode;
         pthread_t capture_thread;
         unsigned long long capture_id;
+        work_t *captured_head, *captured_tail; /* the work launched into the open capture */
 };
 struct CUevent_st {
         uint32_t magic; /* FAKE_EVENT_MAGIC; FAKE_DEAD_MAGIC once destroyed (poisoned, never freed) */
@@ -192,6 +200,11 @@ struct CUevent_st {
 };
 struct CUgraph_st {
         uint32_t magic;
+        work_t *nodes; /* the captured work, in launch order */
+};
+struct CUgraphExec_st {
+        uint32_t magic; /* FAKE_GRAPH_EXEC_MAGIC; FAKE_DEAD_MAGIC once destroyed */
+        work_t *nodes;
 };
 
 static struct {
@@ -1041,6 +1054,50 @@ static void fault_users(uintptr_t addr, size_t size) {
         free(v);
 }
 
+/* ---- graph nodes: the work launched into a capture ---- */
+
+static void graph_nodes_free(work_t *nodes) {
+        while (nodes) {
+                work_t *next = nodes->next;
+                free(nodes);
+                nodes = next;
+        }
+}
+
+/* Appends w (its kernel alone: no ordering marks) to x's open capture. */
+static CUresult graph_append(struct CUstream_st *x, work_t *w) {
+        w->next = NULL;
+        if (x->captured_tail)
+                x->captured_tail->next = w;
+        else
+                x->captured_head = w;
+        x->captured_tail = w;
+        return CUDA_SUCCESS;
+}
+
+/* A copy of the nodes' kernels; NULL (and *ret_ok false) without memory. */
+static work_t *graph_nodes_copy(const work_t *nodes, bool *ret_ok) {
+        work_t *head = NULL, **tail = &head;
+        *ret_ok = true;
+        for (const work_t *n = nodes; n; n = n->next) {
+                work_t *w = calloc(1, sizeof(*w));
+                if (!w) {
+                        graph_nodes_free(head);
+                        *ret_ok = false;
+                        return NULL;
+                }
+                *w = (work_t){.kind = n->kind,
+                              .dst = n->dst,
+                              .src = n->src,
+                              .bytes = n->bytes,
+                              .value = n->value,
+                              .host = n->host};
+                *tail = w;
+                tail = &w->next;
+        }
+        return head;
+}
+
 /* ---- stream capture ---- */
 
 /* Ends the captures that make a potentially unsafe call by this thread
@@ -1254,7 +1311,7 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode)
         return CUDA_SUCCESS;
 }
 
-/* The graph holds nothing: captured work is not replayed by the emulator. */
+/* The graph holds the work launched into the capture (see graph_append). */
 CUresult CUDAAPI cuStreamEndCapture(CUstream stream, CUgraph *graph) {
         LOCKED();
         REQUIRE_INIT();
@@ -1267,13 +1324,16 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream stream, CUgraph *graph) {
                 return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
         bool invalidated = x->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         x->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+        work_t *nodes = x->captured_head;
+        x->captured_head = x->captured_tail = NULL;
         *graph = NULL;
-        if (invalidated)
-                return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        struct CUgraph_st *g = calloc(1, sizeof(*g));
-        if (!g)
-                return CUDA_ERROR_OUT_OF_MEMORY;
+        struct CUgraph_st *g = invalidated ? NULL : calloc(1, sizeof(*g));
+        if (!g) {
+                graph_nodes_free(nodes);
+                return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_ERROR_OUT_OF_MEMORY;
+        }
         g->magic = FAKE_GRAPH_MAGIC;
+        g->nodes = nodes;
         *graph = g;
         return CUDA_SUCCESS;
 }
@@ -1305,6 +1365,7 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph graph) {
         if (!graph || graph->magic != FAKE_GRAPH_MAGIC)
                 return CUDA_ERROR_INVALID_VALUE;
         graph->magic = FAKE_DEAD_MAGIC;
+        graph_nodes_free(graph->nodes);
         free(graph);
         return CUDA_SUCCESS;
 }
@@ -1435,6 +1496,70 @@ CUresult CUDAAPI cuEventDestroy(CUevent event) {
         return CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* ---- graphs: captured work replayed ---- */
+
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!exec || !graph || graph->magic != FAKE_GRAPH_MAGIC || flags != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        struct CUgraphExec_st *e = calloc(1, sizeof(*e));
+        bool ok = e != NULL;
+        work_t *nodes = ok ? graph_nodes_copy(graph->nodes, &ok) : NULL;
+        if (!ok) {
+                free(e);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *e = (struct CUgraphExec_st){.magic = FAKE_GRAPH_EXEC_MAGIC, .nodes = nodes};
+        *exec = e;
+        return CUDA_SUCCESS;
+}
+
+/* Queues the graph's kernels on `stream`, in order, after its work so far
+ * (or, into a capture of that stream, as its nodes). */
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+        LOCKED();
+        REQUIRE_INIT();
+        if (!exec || exec->magic != FAKE_GRAPH_EXEC_MAGIC) {
+                fprintf(stderr, "fakecuda: cuGraphLaunch of a destroyed or unknown graph exec %p\n", (void *) exec);
+                abort();
+        }
+        struct CUstream_st *x = find_stream(stream);
+        if (!x)
+                return stream_lookup_error(stream);
+        STICKY(x->ctx);
+        if (x->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+                return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        if (capture_implicit(x))
+                return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        bool ok;
+        work_t *w = graph_nodes_copy(exec->nodes, &ok);
+        if (!ok)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        while (w) {
+                work_t *next = w->next;
+                w->next = NULL;
+                CUresult r =
+                        x->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph_append(x, w) : work_queue(x, w, NULL);
+                if (r != CUDA_SUCCESS) {
+                        graph_nodes_free(next);
+                        return r;
+                }
+                w = next;
+        }
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
+        LOCKED();
+        if (!exec || exec->magic != FAKE_GRAPH_EXEC_MAGIC)
+                return CUDA_ERROR_INVALID_VALUE;
+        exec->magic = FAKE_DEAD_MAGIC; /* poisoned, never freed: a later launch aborts */
+        graph_nodes_free(exec->nodes);
+        exec->nodes = NULL;
+        return CUDA_SUCCESS;
+}
+
 /* ---- what tests launch (fakecuda.h) ---- */
 
 static int launch(void *stream, work_kind_t kind, uint64_t dst, uint64_t src, size_t bytes, uint64_t value,
@@ -1447,14 +1572,14 @@ static int launch(void *stream, work_kind_t kind, uint64_t dst, uint64_t src, si
         STICKY(x->ctx);
         if (x->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
                 return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        if (x->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-                return CUDA_SUCCESS; /* captured into the graph, which the emulator does not replay */
         if (capture_implicit(x))
                 return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         work_t *w = calloc(1, sizeof(*w));
         if (!w)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         *w = (work_t){.kind = kind, .dst = dst, .src = src, .bytes = bytes, .value = value, .host = host};
+        if (x->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+                return graph_append(x, w); /* a node of the graph: it runs at each replay */
         return work_queue(x, w, NULL);
 }
 
@@ -1501,6 +1626,19 @@ static CUcontext context_of(uint64_t addr) {
         return NULL;
 }
 
+/* Queues `w` on ctx's legacy stream (made on first use) and waits for it;
+ * the context's sticky error, if any, after. Caller holds the lock. */
+static CUresult legacy_run_wait(CUcontext ctx, work_t *w) {
+        if (!ctx->legacy && !(ctx->legacy = stream_new(ctx, 0, true))) {
+                free(w);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        work_queue(ctx->legacy, w, NULL);
+        marks_t m = marks_of_point(ctx->legacy);
+        wait_marks(&m);
+        return ctx->error ? ctx->error : CUDA_SUCCESS;
+}
+
 /* A kernel run on the legacy stream of the memory's device and waited for
  * (cudaMemset's way); without an active context it runs here and now. */
 static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t value, int *ok) {
@@ -1523,14 +1661,36 @@ static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t valu
                 return ran ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
         }
         STICKY(ctx);
-        if (!ctx->legacy && !(ctx->legacy = stream_new(ctx, 0, true))) {
-                free(w);
+        return legacy_run_wait(ctx, w);
+}
+
+/* cuMemcpyDtoH/HtoD: synchronous copies on the current context's legacy
+ * stream, after the work queued there (and the blocking streams it is
+ * ordered with); device memory that is not mapped with the access the copy
+ * needs (PROT_NONE after cuMemUnmap, no cuMemSetAccess) makes it fault. */
+static CUresult memcpy_sync(work_kind_t kind, uint64_t device, void *host, size_t bytes) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = current_ctx();
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        STICKY(ctx);
+        UNSAFE_DURING_CAPTURE(kind == WORK_TO_HOST ? "cuMemcpyDtoH" : "cuMemcpyHtoD");
+        work_t *w = calloc(1, sizeof(*w));
+        if (!w)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        work_queue(ctx->legacy, w, NULL);
-        marks_t m = marks_of_point(ctx->legacy);
-        wait_marks(&m);
-        return ctx->error ? ctx->error : CUDA_SUCCESS;
+        bool to_host = kind == WORK_TO_HOST;
+        *w = (work_t){
+                .kind = kind, .dst = to_host ? 0 : device, .src = to_host ? device : 0, .bytes = bytes, .host = host};
+        return legacy_run_wait(ctx, w);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dst_host, CUdeviceptr src_device, size_t bytes) {
+        return memcpy_sync(WORK_TO_HOST, src_device, dst_host, bytes);
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst_device, const void *src_host, size_t bytes) {
+        return memcpy_sync(WORK_FROM_HOST, dst_device, (void *) src_host, bytes);
 }
 
 int fakecuda_device_pattern(uint64_t dst, size_t bytes, uint64_t seed) {
@@ -2271,6 +2431,8 @@ static const struct {
         ENTRY(cuMemMap, 10020),
         ENTRY(cuMemUnmap, 10020),
         ENTRY(cuMemSetAccess, 10020),
+        ENTRY(cuMemcpyDtoH, 3020),
+        ENTRY(cuMemcpyHtoD, 3020),
         ENTRY(cuMemRetainAllocationHandle, 11000),
         ENTRY(cuStreamCreate, 2000),
         ENTRY(cuStreamDestroy, 4000),
@@ -2288,6 +2450,10 @@ static const struct {
         ENTRY(cuStreamIsCapturing, 10000),
         ENTRY(cuThreadExchangeStreamCaptureMode, 10010),
         ENTRY(cuGraphDestroy, 10000),
+        {"cuGraphInstantiate", 11040, (void *) cuGraphInstantiateWithFlags},
+        ENTRY(cuGraphInstantiateWithFlags, 11040),
+        ENTRY(cuGraphLaunch, 10000),
+        ENTRY(cuGraphExecDestroy, 10000),
         ENTRY(cuMemAlloc, 3020),
         ENTRY(cuMemFree, 3020),
 #undef ENTRY
