@@ -89,6 +89,7 @@ typedef struct gm_conn {
         gm_outgoing_t *out_head, *out_tail; /* non-empty: the socket was full, reading is paused */
         uint32_t out_packets, out_fds;
         size_t out_bytes;
+        bool fixed_codec; /* the client sent a fixed-layout packet (hotmsg.h): hot replies go in it too */
         struct gm_conn *prev, *next;
 } gm_conn_t;
 

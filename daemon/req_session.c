@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "local.h"
+#include "hotmsg.h"
 #include "log.h"
 #include "msg.h"
 #include "req_session.h"
@@ -69,6 +70,7 @@ int gm_req_session_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem
         reply.admin = sv.admin;
         reply.client_fences = gm_session_central_client_fences(s);
         reply.carried_frees = !c->local;
+        reply.fixed_codec = c->local ? 0 : GM_HOTMSG_VERSION;
         Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
         out.body_case = GPUMEM__ENVELOPE__BODY_HELLO_REPLY;
         out.hello_reply = &reply;

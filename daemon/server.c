@@ -19,6 +19,7 @@
 #include "debug.h"
 #include "daemon.h"
 #include "diag.h"
+#include "hotmsg.h"
 #include "log.h"
 #include "metrics.h"
 #include "msg.h"
@@ -212,9 +213,11 @@ static int conn_send(gm_conn_t *c, uint64_t request_id, Gpumem__Envelope *env, c
         /* Packed once: sent now, or (the socket full, or replies before it
          * still queued) queued as these bytes. */
         uint8_t stack_buf[GM_MSG_STACK_PACK_MAX];
-        uint8_t *buf;
+        uint8_t *buf = stack_buf;
         size_t len;
-        int r = gm_msg_pack(env, c->daemon->opts.limits.max_packet, stack_buf, sizeof(stack_buf), &buf, &len);
+        int r = c->fixed_codec ? gm_hotmsg_encode(env, stack_buf, sizeof(stack_buf), &len) : -EOPNOTSUPP;
+        if (r == -EOPNOTSUPP)
+                r = gm_msg_pack(env, c->daemon->opts.limits.max_packet, stack_buf, sizeof(stack_buf), &buf, &len);
         if (r < 0) {
                 conn_close_send_failed(c, r);
                 return r;
@@ -323,8 +326,16 @@ static void conn_read(gm_conn_t *c) {
                         conn_close(c, "oversized or malformed packet");
                         break;
                 }
-                Gpumem__Envelope *env = NULL;
-                r = gm_msg_unpack(buf, len, &env);
+                /* A fixed-layout packet is decoded onto the stack; it tells
+                 * that this client reads hot replies in that layout too. */
+                Gpumem__Envelope *env = NULL, hot_env;
+                gm_hotmsg_body_t hot_body;
+                bool hot = gm_hotmsg_is(buf, len);
+                r = hot ? gm_hotmsg_decode(buf, len, &hot_env, &hot_body) : gm_msg_unpack(buf, len, &env);
+                if (r == 0 && hot) {
+                        env = &hot_env;
+                        c->fixed_codec = true;
+                }
                 if (r < 0) {
                         gm_close_fds(fds, n_fds);
                         gm_request_error(&c->req, 0, EBADMSG, "packet is not a gpumem envelope");
@@ -333,7 +344,8 @@ static void conn_read(gm_conn_t *c) {
                 }
                 c->req.requests++;
                 r = gm_requests_dispatch(&c->req, env, fds, n_fds);
-                gm_msg_free(env);
+                if (!hot)
+                        gm_msg_free(env);
                 if (r < 0) {
                         conn_close(c, "protocol violation");
                         break;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "hotmsg.h"
 #include "ipc.h"
 
 #define FIELD_REQUEST_ID 1u
@@ -287,7 +288,24 @@ static bool parse_envelope(const uint8_t *p, const uint8_t *end, uint64_t *ret_r
         return true;
 }
 
+/* A fixed-layout packet (hotmsg.h), in a block gm_msg_free() frees. */
+static int unpack_hot(const void *buf, size_t len, Gpumem__Envelope **ret_env) {
+        unpacked_t *u = malloc(sizeof(*u) + sizeof(gm_hotmsg_body_t));
+        if (!u)
+                return -ENOMEM;
+        int r = gm_hotmsg_decode(buf, len, &u->env, (gm_hotmsg_body_t *) u->arena);
+        if (r < 0) {
+                free(u);
+                return r;
+        }
+        u->spilled = 0;
+        *ret_env = &u->env;
+        return 0;
+}
+
 int gm_msg_unpack(const void *buf, size_t len, Gpumem__Envelope **ret_env) {
+        if (gm_hotmsg_is(buf, len))
+                return unpack_hot(buf, len, ret_env);
         uint64_t request_id;
         const ProtobufCFieldDescriptor *f;
         const uint8_t *data = NULL;

@@ -27,8 +27,10 @@ int gm_msg_pack(const Gpumem__Envelope *env, size_t max_packet, uint8_t *buf, si
  * given fds (still owned by the caller). -EMSGSIZE when it does not fit. */
 int gm_msg_send(int sock, const Gpumem__Envelope *env, const int *fds, size_t n_fds, size_t max_packet);
 
-/* Unpacks one envelope from buf. -EBADMSG for bytes that are not a valid
- * envelope (or carry no body). Free the result with gm_msg_free(). */
+/* Unpacks one envelope from buf: a protobuf Envelope or a fixed-layout
+ * packet (hotmsg.h, told apart by its first byte). -EBADMSG for bytes that
+ * are not a valid envelope (or carry no body). Free the result with
+ * gm_msg_free(). */
 int gm_msg_unpack(const void *buf, size_t len, Gpumem__Envelope **ret_env);
 
 /* Accepts NULL; returns NULL. */

@@ -11,6 +11,7 @@
 
 #include "central.h"
 #include "frees.h"
+#include "hotmsg.h"
 #include "mapping.h"
 #include "msg.h"
 
@@ -320,6 +321,11 @@ void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr) {
          * see a carried free up to one caller grace late. */
         const char *carry = getenv("GPUMEM_CARRY_FREES");
         c->carries_frees = hr->carried_frees && !c->local && carry && strcmp(carry, "1") == 0;
+        /* On unless GPUMEM_FIXED_CODEC=0 (protobuf only: comparisons, debugging). */
+        const char *fixed = getenv("GPUMEM_FIXED_CODEC");
+        atomic_store_explicit(&c->fixed_codec,
+                              hr->fixed_codec == GM_HOTMSG_VERSION && !c->local && !(fixed && strcmp(fixed, "0") == 0),
+                              memory_order_relaxed);
         if (c->mapper->ops->caps->device_streams) {
                 gm_fences_init(&c->fences, &(gm_fence_ops_t){.record = gm_mapping_event_record,
                                                              .query = gm_mapping_event_query,

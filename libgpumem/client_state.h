@@ -210,6 +210,11 @@ struct gpumem_client {
          * carried by the next Alloc or sent before any other message
          * (central.c). frees_carried: whether any wait, read without lock. */
         bool carries_frees;
+        /* A central session whose daemon reads the fixed-layout codec
+         * (HelloReply.fixed_codec, hotmsg.h): the hot messages go in it.
+         * Set when the session opens, cleared when it re-attaches to a
+         * daemon without it (before the new socket replaces the old). */
+        _Atomic bool fixed_codec;
         size_t n_carried_frees;
         uint64_t carried_frees[GM_CARRIED_FREES_MAX];
         _Atomic bool frees_carried;

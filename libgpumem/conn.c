@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "hotmsg.h"
 #include "ipc.h"
 #include "msg.h"
 
@@ -43,9 +44,19 @@ void gm_conn_error_forget(void) {
         tls_error_client = NULL;
 }
 
+/* Sends env in the fixed layout; -EOPNOTSUPP for a message it does not carry. */
+static int send_fixed(int fd, const Gpumem__Envelope *env) {
+        uint8_t buf[GM_HOTMSG_MAX_SIZE];
+        size_t len;
+        int r = gm_hotmsg_encode(env, buf, sizeof(buf), &len);
+        return r < 0 ? r : gm_ipc_send(fd, buf, len, NULL, 0);
+}
+
 int gm_conn_send(gpumem_client *c, const Gpumem__Envelope *env) {
         pthread_rwlock_rdlock(&c->fd_lock);
-        int r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
+        int r = atomic_load_explicit(&c->fixed_codec, memory_order_relaxed) ? send_fixed(c->fd, env) : -EOPNOTSUPP;
+        if (r == -EOPNOTSUPP)
+                r = gm_msg_send(c->fd, env, NULL, 0, c->max_packet);
         pthread_rwlock_unlock(&c->fd_lock);
         return r;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cuda_loader.h"
+#include "hotmsg.h"
 #include "ipc.h"
 #include "mapping.h"
 #include "msg.h"
@@ -305,6 +306,8 @@ static int reattach_once(gpumem_client *c) {
                 r = c->session_hooks->page_replaced(c, page_fd);
         if (r == 0) {
                 c->carries_frees = c->carries_frees && reply->hello_reply->carried_frees;
+                if (reply->hello_reply->fixed_codec != GM_HOTMSG_VERSION) /* an older daemon now */
+                        atomic_store_explicit(&c->fixed_codec, false, memory_order_relaxed);
                 gm_msg_free(reply);
                 reply = NULL;
                 r = reattach_send(c, fd);

@@ -27,6 +27,7 @@ Pure Python over libgpumem with ctypes; needs nothing beyond Debian's python3.
 import collections
 import contextlib
 import errno as _errno
+import io
 import json
 import os
 import sys
@@ -59,6 +60,10 @@ __all__ = [
     "wake",
     "sleeping_bytes",
     "claim",
+    "share",
+    "open",
+    "close",
+    "unpublish",
     "pool",
     "current_pool",
 ]
@@ -389,7 +394,7 @@ def _dump_snapshot(filename="dump_snapshot.pickle", device=None, *, pid=None):
     """torch.cuda.memory._dump_snapshot(): the snapshot as a pickle file, which
     pytorch.org/memory_viz and torch.cuda._memory_viz open."""
     raw = _snapshot_bytes(device, _lib.SNAPSHOT_PICKLE, os.getpid() if pid is None else pid)
-    with open(filename, "wb") as f:
+    with io.open(filename, "wb") as f:  # gpumem.open is a shared object's
         f.write(raw)
 
 
@@ -557,3 +562,48 @@ def claim(nbytes, device=None):
     claimed = _lib.ctypes.c_uint64()
     _check(_lib.lib.gpumem_claim(client, int(nbytes), claimed), client, "gpumem: claim")
     return claimed.value
+
+
+# ---- shared objects ----
+
+def share(name, tensors, readers=None, retention=0, device=None):
+    """Publishes `tensors` (a dict name -> tensor: a state_dict, objects with
+    __cuda_array_interface__, or host buffers such as bytes or array.array)
+    as the read-only shared object `name` (docs/shared.md): one staging
+    object holds them all, each C-contiguous and aligned to 256 bytes, the
+    bytes are copied in (torch's copy_; without torch on host, a memory
+    copy), and the layout (name -> dtype, shape, strides, offset) is kept as
+    the object's meta. Returns its version (the name's previous + 1).
+    `readers`: tenant names admitted to open it ("*": every tenant; None:
+    the caller's tenant only); `retention`: seconds until it is withdrawn
+    (0: until unpublish()). The object is charged to the caller's tenant
+    and outlives this process. Copying device memory needs torch."""
+    return _shared.share(name, tensors, readers, retention, device)
+
+
+def open(name, version=0, device=None):
+    """Maps shared object `name` (version 0: the newest) read-only and
+    returns its tensors as a dict name -> tensor, zero copy: torch tensors
+    when torch is loaded (torch cannot mark them read-only: a write faults
+    on cuda, and on host ends the process with SIGSEGV), else objects with
+    __cuda_array_interface__ (readonly) on cuda, read-only memoryviews on
+    host. The mapping stays while any returned object lives, or until
+    close(name). PermissionError when the caller's tenant is not admitted."""
+    return _shared.open(name, version, device)
+
+
+def close(name):
+    """Unmaps every mapping of `name` this process opened, at once; the
+    objects open() returned for it must not be used afterwards. Returns how
+    many mappings were closed."""
+    return _shared.close(name)
+
+
+def unpublish(name, version=0, device=None):
+    """Withdraws name@version (0: every version): nobody opens it again, and
+    its memory goes back once its last mapper closed it. The publisher's
+    tenant or an admin."""
+    _shared.unpublish(name, version, device)
+
+
+from . import _shared  # noqa: E402  (it uses the helpers above)

@@ -9,6 +9,8 @@ import os
 
 c_client_p = ctypes.c_void_p
 c_stats_p = ctypes.c_void_p
+c_shared_p = ctypes.c_void_p
+c_admin_p = ctypes.c_void_p
 
 
 class Frame(ctypes.Structure):
@@ -96,6 +98,24 @@ _SIGNATURES = {
     "gpumem_wake": (ctypes.c_int, [c_client_p, ctypes.c_uint32]),
     "gpumem_sleeping_bytes": (ctypes.c_uint64, [c_client_p]),
     "gpumem_claim": (ctypes.c_int, [c_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_shared_create": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_uint64,
+                                            ctypes.POINTER(c_shared_p), ctypes.POINTER(ctypes.c_void_p)]),
+    "gpumem_shared_publish": (ctypes.c_int, [c_client_p, c_shared_p, ctypes.POINTER(ctypes.c_char_p),
+                                             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32,
+                                             ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_shared_open": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(c_shared_p)]),
+    "gpumem_shared_ptr": (ctypes.c_void_p, [c_shared_p]),
+    "gpumem_shared_size": (ctypes.c_uint64, [c_shared_p]),
+    "gpumem_shared_version": (ctypes.c_uint64, [c_shared_p]),
+    "gpumem_shared_meta": (ctypes.c_int, [c_shared_p, ctypes.POINTER(ctypes.c_void_p),
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "gpumem_shared_close": (None, [c_client_p, c_shared_p]),
+    "gpumem_shared_unpublish": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_uint64]),
+    "gpumem_admin_socket": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpumem_admin_new": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(c_admin_p)]),
+    "gpumem_admin_connect": (ctypes.c_int, [c_admin_p]),
+    "gpumem_admin_backend": (ctypes.c_char_p, [c_admin_p]),
+    "gpumem_admin_free": (None, [c_admin_p]),
     # tagged pools
     "gpumem_pool_begin": (ctypes.c_int, [c_client_p, ctypes.c_char_p]),
     "gpumem_pool_end": (ctypes.c_int, [c_client_p]),

@@ -1,7 +1,8 @@
 /* The request table (daemon/requests.c) behind the decoder: a sequence of
  * packets from one client on a real broker over the host backend, the
  * server's sender replaced by a sink. Input: [flags byte] then packets, each
- * a 2-byte little-endian length and that many bytes (an envelope or garbage).
+ * a 2-byte little-endian length and that many bytes (an envelope, protobuf
+ * or in the fixed layout of ipc/hotmsg.h, or garbage).
  * Flags: bit 0 the connection has admin rights; bit 1 the harness says Hello
  * first (bit 2: with a local heap, so every input reaches the local-heap
  * requests: Grant runs, ReturnPieces, ReturnIntent, MovePieces, ReclaimAck,

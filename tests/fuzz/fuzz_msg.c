@@ -1,9 +1,12 @@
 /* The envelope decoder (ipc/msg.c), the first code that touches a client's
- * bytes. Property: whatever it accepts has a body and survives a round trip
- * (pack, unpack, pack again gives the same bytes). */
+ * bytes, protobuf and the fixed layout (ipc/hotmsg.c) alike. Property:
+ * whatever it accepts has a body and survives a round trip (pack, unpack,
+ * pack again gives the same bytes); a fixed-layout packet is canonical (its
+ * envelope encodes to the very bytes it came from). */
 #include <errno.h>
 
 #include "fuzz.h"
+#include "hotmsg.h"
 #include "msg.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -15,6 +18,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 return 0;
         }
         FUZZ_ASSERT(env && env->body_case != GPUMEM__ENVELOPE__BODY__NOT_SET);
+        if (gm_hotmsg_is(data, size)) {
+                uint8_t hot[GM_HOTMSG_MAX_SIZE];
+                size_t hot_len = 0;
+                FUZZ_ASSERT(gm_hotmsg_encode(env, hot, sizeof(hot), &hot_len) == 0);
+                FUZZ_ASSERT(hot_len == size && memcmp(hot, data, size) == 0);
+        }
 
         size_t len = gpumem__envelope__get_packed_size(env);
         uint8_t *once = malloc(len ? len : 1);
