@@ -3,6 +3,8 @@
  * Against a running gpumemd (--socket), interleaved, --rounds times:
  *   core     gm_heap_alloc + gm_heap_free of --size bytes in process (the
  *            allocator core over a provider that never fails)
+ *   torch    the same on the PyTorch-style peer (torch_peer.cpp, native
+ *            segments), the same loop
  *   local    gpumem_alloc + gpumem_free in a local session (cached block)
  *   central  the same in a central session (one round trip + one free message)
  *   pingpong a bare 64-byte SOCK_SEQPACKET round trip between two processes
@@ -10,14 +12,16 @@
  *            ~3,000 allocations a step) in process and in a local session, in
  *            steady state (after a first warm-up replay), and the messages the
  *            local session sent the daemon during the timed replays (from the
- *            daemon's own per-session request count)
+ *            daemon's own per-session request count); also on the peer
  * Prints per round wall ns per pair (or per step) of each, and the medians
- * and ranges of the ratios local/core, central/pingpong, step local/core;
+ * and ranges of the ratios local/core, local/torch, central/pingpong, step
+ * local/core and step local/torch;
  * for the in-process loops also in the thread's CPU time. Each
  * in-process heap has its local counterpart in the same state: the pairs run
  * on one heap and one local session, the steps on another of each. Under
- * valgrind --tool=callgrind the functions core_pairs, local_pairs,
- * central_pairs, step_core and step_client give instruction counts. */
+ * valgrind --tool=callgrind the functions core_pairs, torch_pairs,
+ * local_pairs, central_pairs, step_core, step_torch and step_client give
+ * instruction counts. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -35,6 +39,7 @@
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "msg.h"
+#include "torch_peer.h"
 
 #define MAX_ROUNDS 64
 
@@ -95,6 +100,14 @@ static double core_pairs(gm_heap_t *h, size_t size, long n) {
                         return -1;
                 gm_heap_free(h, res.block_id, false);
         }
+        return elapsed(t0, (double) n);
+}
+
+/* The PyTorch-style peer, on core_pairs' loop. */
+static __attribute__((noipa)) double torch_pairs(torch_peer_t *p, size_t size, long n) {
+        stamp_t t0 = stamp();
+        for (long i = 0; i < n; i++)
+                torch_peer_free(p, torch_peer_alloc(p, size, 0));
         return elapsed(t0, (double) n);
 }
 
@@ -231,6 +244,26 @@ static double step_core(gm_heap_t *h, const trace_t *t, uint64_t *slots) {
         for (size_t i = 0; i < t->n_slots; i++)
                 if (slots[i]) {
                         gm_heap_free(h, slots[i], false);
+                        slots[i] = 0;
+                }
+        return elapsed(t0, 1);
+}
+
+/* step_core's replay on the peer. */
+static __attribute__((noipa)) double step_torch(torch_peer_t *p, const trace_t *t, uint64_t *slots) {
+        stamp_t t0 = stamp();
+        for (size_t i = 0; i < t->n; i++) {
+                const event_t *e = &t->ev[i];
+                if (e->alloc)
+                        slots[e->slot] = torch_peer_alloc(p, e->size, e->stream);
+                else if (slots[e->slot]) {
+                        torch_peer_free(p, slots[e->slot]);
+                        slots[e->slot] = 0;
+                }
+        }
+        for (size_t i = 0; i < t->n_slots; i++)
+                if (slots[i]) {
+                        torch_peer_free(p, slots[i]);
                         slots[i] = 0;
                 }
         return elapsed(t0, 1);
@@ -377,24 +410,31 @@ int main(int argc, char **argv) {
                 return 2;
         }
         uint64_t *core_slots = calloc(t.n_slots + 1, sizeof(*core_slots));
+        uint64_t *torch_slots = calloc(t.n_slots + 1, sizeof(*torch_slots));
+        torch_peer_t *peer = torch_peer_new(false), *step_peer = torch_peer_new(false);
         void **client_slots = calloc(t.n_slots + 1, sizeof(*client_slots));
         pingpong_start();
         /* warm-up: segments, page faults, caches */
         core_pairs(heap, size, pairs / 10);
+        torch_pairs(peer, size, pairs / 10);
         local_pairs(local, size, pairs / 10);
         central_pairs(central, size, rt_pairs / 10);
         pingpong(rt_pairs / 10);
-        if (t.n && (step_core(step_heap, &t, core_slots) < 0 || step_client(local_step, &t, client_slots) < 0)) {
+        if (t.n && (step_core(step_heap, &t, core_slots) < 0 || step_torch(step_peer, &t, torch_slots) < 0 ||
+                    step_client(local_step, &t, client_slots) < 0)) {
                 fprintf(stderr, "trace replay failed\n");
                 return 1;
         }
         int64_t requests_before = t.n ? daemon_requests(socket_path) : 0;
-        double r_local[MAX_ROUNDS], r_central[MAX_ROUNDS], r_step[MAX_ROUNDS];
-        double c_local[MAX_ROUNDS], c_step[MAX_ROUNDS]; /* the same in thread CPU time */
+        double r_local[MAX_ROUNDS], r_torch[MAX_ROUNDS], r_central[MAX_ROUNDS], r_step[MAX_ROUNDS];
+        double r_step_torch[MAX_ROUNDS];
+        double c_local[MAX_ROUNDS], c_torch[MAX_ROUNDS], c_step[MAX_ROUNDS]; /* the same in thread CPU time */
         uint64_t cs_central = 0, cs_pingpong = 0;
-        printf("# round  core_ns  local_ns  central_ns  pingpong_ns%s\n", t.n ? "  step_core_us  step_local_us" : "");
+        printf("# round  core_ns  torch_ns  local_ns  central_ns  pingpong_ns%s\n",
+               t.n ? "  step_core_us  step_torch_us  step_local_us" : "");
         for (int k = 0; k < rounds; k++) {
                 double core = core_pairs(heap, size, pairs), core_cpu = last_cpu_ns;
+                double tor = torch_pairs(peer, size, pairs), tor_cpu = last_cpu_ns;
                 double loc = local_pairs(local, size, pairs), loc_cpu = last_cpu_ns;
                 uint64_t cs0 = context_switches();
                 double cen = central_pairs(central, size, rt_pairs);
@@ -403,17 +443,21 @@ int main(int argc, char **argv) {
                 cs_central += cs1 - cs0;
                 cs_pingpong += context_switches() - cs1;
                 double sc = t.n ? step_core(step_heap, &t, core_slots) : 0, sc_cpu = last_cpu_ns;
+                double st = t.n ? step_torch(step_peer, &t, torch_slots) : 0;
                 double sl = t.n ? step_client(local_step, &t, client_slots) : 0, sl_cpu = last_cpu_ns;
-                if (core < 0 || loc < 0 || cen < 0 || pp < 0 || sc < 0 || sl < 0) {
+                if (core < 0 || tor < 0 || loc < 0 || cen < 0 || pp < 0 || sc < 0 || st < 0 || sl < 0) {
                         fprintf(stderr, "round %d failed\n", k);
                         return 1;
                 }
-                printf("%7d %8.1f %9.1f %11.1f %12.1f", k, core, loc, cen, pp);
+                printf("%7d %8.1f %9.1f %9.1f %11.1f %12.1f", k, core, tor, loc, cen, pp);
                 if (t.n)
-                        printf(" %13.1f %14.1f", sc / 1e3, sl / 1e3);
+                        printf(" %13.1f %14.1f %14.1f", sc / 1e3, st / 1e3, sl / 1e3);
                 printf("\n");
                 r_local[k] = loc / core;
                 c_local[k] = loc_cpu / core_cpu;
+                r_torch[k] = loc / tor;
+                c_torch[k] = loc_cpu / tor_cpu;
+                r_step_torch[k] = t.n ? sl / st : 0;
                 c_step[k] = t.n ? sl_cpu / sc_cpu : 0;
                 r_central[k] = cen / pp;
                 r_step[k] = t.n ? sl / sc : 0;
@@ -421,6 +465,8 @@ int main(int argc, char **argv) {
         int64_t requests_after = t.n ? daemon_requests(socket_path) : 0;
         summary("local / core (pair)", r_local, rounds);
         summary("local / core (pair), CPU time", c_local, rounds);
+        summary("local / torch (pair)", r_torch, rounds);
+        summary("local / torch (pair), CPU time", c_torch, rounds);
         summary("central / pingpong (pair)", r_central, rounds);
         printf("context switches in this process per central pair %.2f, per ping-pong %.2f\n",
                (double) cs_central / ((double) rt_pairs * rounds), (double) cs_pingpong / ((double) rt_pairs * rounds));
@@ -428,6 +474,7 @@ int main(int argc, char **argv) {
                 printf("# trace: %zu events, %zu allocations per step\n", t.n, t.n_allocs);
                 summary("step local / in process", r_step, rounds);
                 summary("step local / in process, CPU", c_step, rounds);
+                summary("step local / torch", r_step_torch, rounds);
                 printf("daemon messages per step after the first: %.2f (%" PRId64 " in %d steps)\n",
                        (double) (requests_after - requests_before) / rounds, requests_after - requests_before, rounds);
         }
@@ -436,6 +483,8 @@ int main(int argc, char **argv) {
         gpumem_disconnect(central);
         gm_heap_destroy(heap);
         gm_heap_destroy(step_heap);
+        torch_peer_destroy(peer);
+        torch_peer_destroy(step_peer);
         close(pp_sock);
         while (wait(NULL) > 0) {
         }
