@@ -37,6 +37,17 @@
 #                 cuMemAlloc) and its diagnosis
 #   restart       SIGKILL and restart under an fd-store harness playing
 #                 systemd (gpu-check/restart_stage.py); the client keeps data
+#   shared weights  (a daemon of its own) process A fills a shared object with
+#                 a kernel, publishes it to every tenant and exits; two readers
+#                 started after A exited map it read-only and verify it with
+#                 kernels; a third one's write kernel through its mapping must
+#                 fault; nvidia-smi: the object's bytes are held once (by the
+#                 daemon, after A exited), the readers' mappings add none, and
+#                 unpublishing gives them back to the device
+#   sleep/wake    (a daemon of its own) a client fills blocks and sleeps keeping
+#                 them all (nvidia-smi used falls by the slept bytes); a
+#                 neighbour allocates, fills, verifies, frees and trims as much;
+#                 the sleeper wakes and verifies every block at its address
 #   bench         cached alloc+free through the daemon vs cuMemAlloc+cuMemFree
 #                 vs PyTorch's caching allocator (medians of interleaved rounds)
 #   torch         gpu-check/torch_train.py, when present: training steps with
@@ -353,6 +364,105 @@ mkdir -p "$WORK/restart"
 out=$(timeout "$(left)" python3 "$HERE/restart_stage.py" "$GPUMEMD" "$CLIENT" "$WORK/restart" 2>&1)
 line=$(grep -E '^(PASS|FAIL) ' <<<"$out" | tail -1)
 if [ -n "$line" ]; then result "${line%% *}" "${line#* }"; else fail "restart: $(tail -1 <<<"$out")"; fi
+
+# ---- shared weights (a daemon of its own, so the device figures are its own) ----
+note "shared weights"
+SHARED_MIB=$(( EMULATOR == 1 ? 128 : 512 ))
+both_readers() { # both_readers DIR WORD PID1 PID2: until DIR/WORD-* are two, or a reader ended
+        for _ in $(seq 600); do
+                [ "$(find "$1" -name "$2-*" | wc -l)" -ge 2 ] && return 0
+                kill -0 "$3" 2>/dev/null && kill -0 "$4" 2>/dev/null || return 1
+                sleep 0.1
+        done
+        return 1
+}
+shared_stage() { # one PASS/FAIL line; every figure in MiB of nvidia-smi's used memory
+        local sock=$WORK/shared.sock dir=$WORK/shared name=gpucheck/weights seed=4242 out u0 u1 ua ub u3 r1 r2
+        mkdir -p "$dir"
+        start_daemon "$sock" "$WORK/gpumemd-shared.log" || { fail "shared weights: gpumemd did not start: $(tail -3 "$WORK/gpumemd-shared.log" | tr '\n' ' ')"; return; }
+        SHARED_PID=$STARTED_PID
+        u0=$(used_mib)
+        if ! out=$(timeout "$(left)" "$CLIENT" publish "$sock" "$name" $((SHARED_MIB * 1048576)) "$seed" 2>&1); then
+                fail "shared weights: $(tail -1 <<<"$out")"; stop_daemon "$SHARED_PID"; return
+        fi
+        local published=$(tail -1 <<<"$out")
+        sleep 0.5
+        u1=$(used_mib) # the publisher has exited: the daemon holds the object
+        timeout "$(left)" "$CLIENT" open-verify "$sock" "$name" "$seed" "$dir" >"$dir/reader1.log" 2>&1 &
+        r1=$!
+        timeout "$(left)" "$CLIENT" open-verify "$sock" "$name" "$seed" "$dir" >"$dir/reader2.log" 2>&1 &
+        r2=$!
+        both_readers "$dir" ready "$r1" "$r2"
+        sleep 0.5
+        ua=$(used_mib) # both readers connected, nothing mapped yet
+        touch "$dir/open"
+        both_readers "$dir" mapped "$r1" "$r2"
+        ub=$(used_mib) # both map it
+        local listed=$(timeout 10 "$GPUMEMCTL" -s "$sock" shared list 2>/dev/null | grep -- "$name" | tr -s ' ' | head -1)
+        touch "$dir/go"
+        local ok=1 why=
+        wait "$r1" || { ok=0; why="$why; reader 1: $(tail -1 "$dir/reader1.log")"; }
+        wait "$r2" || { ok=0; why="$why; reader 2: $(tail -1 "$dir/reader2.log")"; }
+        local write
+        write=$(timeout "$(left)" "$CLIENT" open-write "$sock" "$name" 2>"$dir/write.err") || { ok=0; why="$why; write: $(tail -1 <<<"$write")"; }
+        local again
+        again=$(timeout "$(left)" "$CLIENT" open-verify "$sock" "$name" "$seed" 2>&1) || { ok=0; why="$why; after the write: $(tail -1 <<<"$again")"; }
+        out=$(timeout "$(left)" "$CLIENT" unpublish "$sock" "$name" 2>&1) || { ok=0; why="$why; $(tail -1 <<<"$out")"; }
+        for _ in $(seq 50); do
+                u3=$(used_mib)
+                [ "$u3" -le $((u0 + SHARED_MIB / 10)) ] && break
+                sleep 0.1
+        done
+        local held=$((u1 - u0)) mapped=$((ub - ua)) back=$((u3 - u0))
+        [ "$held" -ge $((SHARED_MIB * 9 / 10)) ] || { ok=0; why="$why; held after the publisher's exit ${held} MiB, not ~${SHARED_MIB}"; }
+        [ "$mapped" -lt $((SHARED_MIB / 2)) ] || { ok=0; why="$why; two readers' mappings added ${mapped} MiB (a copy each?)"; }
+        [ "$back" -le $((SHARED_MIB / 10)) ] || { ok=0; why="$why; ${back} MiB still used after unpublish"; }
+        local figures="${published#publish: }; device used ${u0} -> ${u1} MiB after the publisher exited (+${held} MiB, held once by the daemon), +${mapped} MiB while two readers map it (${ua} -> ${ub} MiB; gpumemctl shared list: ${listed:-nothing}); $(tail -1 "$dir/reader1.log" | sed 's/^open-verify: //'); ${write#open-write: }; intact after it; unpublished: used ${u3} MiB (${back} over the start)"
+        if [ "$ok" = 1 ]; then pass "shared weights: $figures"; else fail "shared weights:${why#;} [$figures]"; fi
+        stop_daemon "$SHARED_PID" || fail "shared weights: its gpumemd did not exit cleanly"
+}
+shared_stage
+
+# ---- sleep and wake (a daemon of its own) ----
+note "sleep and wake"
+sleep_stage() {
+        local sock=$WORK/sleep.sock dir=$WORK/sleep out u_filled u_asleep u_neighbour sl
+        mkdir -p "$dir"
+        start_daemon "$sock" "$WORK/gpumemd-sleep.log" || { fail "sleep/wake: gpumemd did not start: $(tail -3 "$WORK/gpumemd-sleep.log" | tr '\n' ' ')"; return; }
+        SLEEP_PID=$STARTED_PID
+        timeout "$(left)" "$CLIENT" sleeper "$sock" "$dir" >"$dir/sleeper.log" 2>&1 &
+        sl=$!
+        for _ in $(seq 600); do [ -f "$dir/filled" ] || ! kill -0 "$sl" 2>/dev/null && break; sleep 0.1; done
+        u_filled=$(used_mib)
+        touch "$dir/sleep"
+        for _ in $(seq 600); do [ -f "$dir/asleep" ] || ! kill -0 "$sl" 2>/dev/null && break; sleep 0.1; done
+        if [ ! -f "$dir/asleep" ]; then
+                touch "$dir/wake"; wait "$sl"
+                fail "sleep/wake: $(tail -1 "$dir/sleeper.log")"; stop_daemon "$SLEEP_PID"; return
+        fi
+        local released slept_ns
+        read -r released slept_ns <"$dir/asleep"
+        local released_mib=$((released / 1048576)) ok=1 why=
+        for _ in $(seq 50); do
+                u_asleep=$(used_mib)
+                [ $((u_filled - u_asleep)) -ge $((released_mib * 9 / 10)) ] && break
+                sleep 0.1
+        done
+        local dropped=$((u_filled - u_asleep))
+        [ "$dropped" -ge $((released_mib * 9 / 10)) ] || { ok=0; why="$why; used fell by ${dropped} MiB for ${released_mib} MiB slept"; }
+        timeout "$(left)" "$CLIENT" neighbour "$sock" "$released" "$dir" >"$dir/neighbour.log" 2>&1 &
+        local nb=$!
+        for _ in $(seq 600); do [ -f "$dir/holding" ] || ! kill -0 "$nb" 2>/dev/null && break; sleep 0.1; done
+        u_neighbour=$(used_mib) # the neighbour holds the slept bytes
+        touch "$dir/release"
+        wait "$nb" || { ok=0; why="$why; $(tail -1 "$dir/neighbour.log")"; }
+        touch "$dir/wake"
+        wait "$sl" || { ok=0; why="$why; $(tail -1 "$dir/sleeper.log")"; }
+        local figures="device used ${u_filled} -> ${u_asleep} MiB while asleep (-${dropped} MiB); a neighbour in the freed memory (used ${u_neighbour} MiB while it held it): $(tail -1 "$dir/neighbour.log" | sed 's/^neighbour: //'); $(tail -1 "$dir/sleeper.log" | sed 's/^sleep\/wake: //')"
+        if [ "$ok" = 1 ]; then pass "sleep/wake: $figures"; else fail "sleep/wake:${why#;} [$figures]"; fi
+        stop_daemon "$SLEEP_PID" || fail "sleep/wake: its gpumemd did not exit cleanly"
+}
+sleep_stage
 
 # ---- bench ----
 note "timing"

@@ -45,6 +45,24 @@
  *   gpu_client context SOCKET             a context of the caller's own current
  *        (cuCtxCreate; the emulator has none: device 0's primary context) stays
  *        current through gpumem_alloc, gpumem_free, gpumem_trim (page reuse on)
+ *   gpu_client publish SOCKET NAME BYTES SEED  create a staging shared object of
+ *        BYTES, fill it with a kernel (SEED's pattern), publish it readable by
+ *        every tenant ("*"), close it and exit (the daemon keeps it)
+ *   gpu_client open-verify SOCKET NAME SEED [DIR]  (DIR: write DIR/ready-PID once
+ *        connected, wait for DIR/open; DIR/mapped-PID once verified, wait for
+ *        DIR/go) open NAME read-only, verify SEED's pattern with a kernel
+ *        reading the read-only mapping, close
+ *   gpu_client open-write SOCKET NAME     open NAME read-only and write it with
+ *        a kernel: the kernel must fault (cuStreamSynchronize fails, the
+ *        context is lost, so this process ends without closing)
+ *   gpu_client unpublish SOCKET NAME      withdraw every version of NAME
+ *   gpu_client sleeper SOCKET DIR         fill blocks, DIR/filled (bytes), wait for
+ *        DIR/sleep; gpumem_sleep keeping every block, DIR/asleep (released bytes,
+ *        ns), wait for DIR/wake; gpumem_wake, verify every block at the same
+ *        address with a kernel, free
+ *   gpu_client neighbour SOCKET BYTES [DIR]  allocate BYTES (in 64 MiB blocks),
+ *        fill them (DIR: then DIR/holding, wait for DIR/release), verify them,
+ *        free, trim
  *   gpu_client probe -                    load the driver (and the kernels) only
  * Exit status 0 when the mode's checks held; the last line is the result. */
 #ifndef _GNU_SOURCE
@@ -776,6 +794,155 @@ static int mode_bench(const char *socket) {
         return 0;
 }
 
+/* ---- shared objects ---- */
+
+static int mode_publish(const char *socket, const char *name, uint64_t bytes, uint32_t seed) {
+        connect_to(socket);
+        gpumem_shared *s;
+        void *p;
+        uint64_t t0 = now_ns();
+        ck_gm(gpumem_shared_create(client, name, bytes, &s, &p), "gpumem_shared_create");
+        fill(p, bytes, seed);
+        static const char *const everyone[] = {"*", NULL};
+        uint64_t version = 0;
+        ck_gm(gpumem_shared_publish(client, s, everyone, NULL, 0, 0, &version), "gpumem_shared_publish");
+        uint64_t publish_ms = (now_ns() - t0) / 1000000;
+        uint64_t size = gpumem_shared_size(s);
+        gpumem_shared_close(client, s);
+        gpumem_disconnect(client);
+        printf("publish: %s@%" PRIu64 ", %.0f MiB filled with %s and published to every tenant in %" PRIu64
+               " ms; the publisher exits\n",
+               name, version, (double) size / MiB, method(), publish_ms);
+        return 0;
+}
+
+static void touch_pid(const char *dir, const char *prefix) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s-%d", prefix, (int) getpid());
+        touch(dir, name, "1");
+}
+
+static int mode_open_verify(const char *socket, const char *name, uint32_t seed, const char *dir) {
+        connect_to(socket);
+        if (dir) {
+                touch_pid(dir, "ready");
+                wait_for(dir, "open", 120);
+        }
+        gpumem_shared *s;
+        ck_gm(gpumem_shared_open(client, name, 0, &s), "gpumem_shared_open");
+        const void *p = gpumem_shared_ptr(s);
+        uint64_t size = gpumem_shared_size(s), version = gpumem_shared_version(s);
+        uint64_t t0 = now_ns();
+        bool ok = verify(p, size, seed);
+        uint64_t verify_ms = (now_ns() - t0) / 1000000;
+        if (dir) {
+                touch_pid(dir, "mapped");
+                wait_for(dir, "go", 120);
+        }
+        gpumem_shared_close(client, s);
+        gpumem_disconnect(client);
+        if (!ok)
+                die("open-verify: %s@%" PRIu64 " (%.0f MiB, read-only at %p) does not hold the publisher's pattern",
+                    name, version, (double) size / MiB, p);
+        printf("open-verify: pid %d mapped %s@%" PRIu64 " read-only at %p, %.0f MiB verified with %s in %" PRIu64
+               " ms\n",
+               (int) getpid(), name, version, p, (double) size / MiB, method(), verify_ms);
+        return 0;
+}
+
+/* A kernel write through the read-only mapping must fault; the context is
+ * lost then, so this process ends without closing (the session's end drops
+ * its open). */
+static int mode_open_write(const char *socket, const char *name) {
+        connect_to(socket);
+        gpumem_shared *s;
+        ck_gm(gpumem_shared_open(client, name, 0, &s), "gpumem_shared_open");
+        void *p = (void *) (uintptr_t) gpumem_shared_ptr(s);
+        uint64_t size = gpumem_shared_size(s);
+        fill_async(p, size < MiB ? size : MiB, 77, NULL, 0);
+        CUresult r = cu.StreamSynchronize(NULL);
+        const char *err = "CUDA_SUCCESS";
+        cu.GetErrorName(r, &err);
+        if (r == CUDA_SUCCESS)
+                die("open-write: a %s write through the read-only mapping of %s at %p succeeded", method(), name, p);
+        printf("open-write: a write kernel (%s) through the read-only mapping of %s at %p faulted: %s\n", method(),
+               name, p, err);
+        fflush(stdout);
+        _exit(0);
+}
+
+static int mode_unpublish(const char *socket, const char *name) {
+        connect_to(socket);
+        ck_gm(gpumem_shared_unpublish(client, name, 0), "gpumem_shared_unpublish");
+        gpumem_disconnect(client);
+        printf("unpublish: %s withdrawn\n", name);
+        return 0;
+}
+
+/* ---- sleep and wake ---- */
+
+static int mode_sleeper(const char *socket, const char *dir) {
+        connect_to(socket);
+        blocks_t b;
+        blocks_fill(&b, 500);
+        void *addr[N_BLOCKS];
+        memcpy(addr, b.p, sizeof(addr));
+        char line[64];
+        snprintf(line, sizeof(line), "%" PRIu64, b.bytes);
+        touch(dir, "filled", line);
+        wait_for(dir, "sleep", 120);
+        static const char *const keep_all[] = {"*", NULL};
+        uint64_t released = 0, t0 = now_ns();
+        ck_gm(gpumem_sleep(client, NULL, keep_all, &released), "gpumem_sleep");
+        uint64_t sleep_ns = now_ns() - t0, needs = gpumem_sleeping_bytes(client);
+        snprintf(line, sizeof(line), "%" PRIu64 " %" PRIu64, released, sleep_ns);
+        touch(dir, "asleep", line);
+        wait_for(dir, "wake", 120);
+        t0 = now_ns();
+        ck_gm(gpumem_wake(client, 30000), "gpumem_wake");
+        uint64_t wake_ns = now_ns() - t0;
+        if (gpumem_sleeping_bytes(client) != 0 || memcmp(addr, b.p, sizeof(addr)) != 0)
+                die("sleeper: still %" PRIu64 " bytes asleep after the wake", gpumem_sleeping_bytes(client));
+        int bad = blocks_verify_free(&b, 500);
+        gpumem_disconnect(client);
+        if (bad)
+                die("sleeper: %d of %d blocks lost their data over sleep and wake", bad, N_BLOCKS);
+        printf("sleep/wake: %d blocks (%.1f MiB) kept; sleep released %.1f MiB in %.1f ms (wake needed %.1f MiB), "
+               "wake in %.1f ms; every block verified with %s at its address\n",
+               N_BLOCKS, (double) b.bytes / MiB, (double) released / MiB, (double) sleep_ns / 1e6, (double) needs / MiB,
+               (double) wake_ns / 1e6, method());
+        return 0;
+}
+
+static int mode_neighbour(const char *socket, uint64_t bytes, const char *dir) {
+        connect_to(socket);
+        enum { MAX = 64 };
+        void *p[MAX];
+        uint64_t n = (bytes + 64 * MiB - 1) / (64 * MiB);
+        n = n > MAX ? MAX : n;
+        for (uint64_t i = 0; i < n; i++) {
+                ck_gm(gpumem_alloc(client, 64 * MiB, 0, &p[i]), "gpumem_alloc(64 MiB)");
+                fill(p[i], 64 * MiB, 900 + (uint32_t) i);
+        }
+        if (dir) {
+                touch(dir, "holding", "1");
+                wait_for(dir, "release", 120);
+        }
+        int bad = 0;
+        for (uint64_t i = 0; i < n; i++) {
+                bad += !verify(p[i], 64 * MiB, 900 + (uint32_t) i);
+                ck_gm(gpumem_free(client, p[i]), "gpumem_free");
+        }
+        uint64_t released = 0;
+        ck_gm(gpumem_trim(client, &released), "gpumem_trim");
+        gpumem_disconnect(client);
+        if (bad)
+                die("neighbour: %d of %" PRIu64 " blocks lost their data", bad, n);
+        printf("neighbour: %" PRIu64 " MiB allocated, filled and verified with %s, freed, %.0f MiB trimmed\n", n * 64,
+               method(), (double) released / MiB);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         setvbuf(stdout, NULL, _IOLBF, 0);
         if (argc < 3) {
@@ -813,6 +980,19 @@ int main(int argc, char **argv) {
                 r = mode_oom_ladder(argv[2], strtoull(argv[3], NULL, 10));
         else if (strcmp(mode, "context") == 0)
                 r = mode_context(argv[2]);
+        else if (strcmp(mode, "publish") == 0 && argc == 6)
+                r = mode_publish(argv[2], argv[3], strtoull(argv[4], NULL, 10), (uint32_t) strtoul(argv[5], NULL, 10));
+        else if (strcmp(mode, "open-verify") == 0 && (argc == 5 || argc == 6))
+                r = mode_open_verify(argv[2], argv[3], (uint32_t) strtoul(argv[4], NULL, 10),
+                                     argc == 6 ? argv[5] : NULL);
+        else if (strcmp(mode, "open-write") == 0 && argc == 4)
+                r = mode_open_write(argv[2], argv[3]);
+        else if (strcmp(mode, "unpublish") == 0 && argc == 4)
+                r = mode_unpublish(argv[2], argv[3]);
+        else if (strcmp(mode, "sleeper") == 0 && argc == 4)
+                r = mode_sleeper(argv[2], argv[3]);
+        else if (strcmp(mode, "neighbour") == 0 && (argc == 4 || argc == 5))
+                r = mode_neighbour(argv[2], strtoull(argv[3], NULL, 10), argc == 5 ? argv[4] : NULL);
         else if (strcmp(mode, "probe") == 0)
                 r = printf("driver loaded; %s\n", cu.kernels ? "kernels JIT-compiled" : "the emulator's kernels") < 0;
         else
