@@ -205,6 +205,7 @@ struct CUgraph_st {
 struct CUgraphExec_st {
         uint32_t magic; /* FAKE_GRAPH_EXEC_MAGIC; FAKE_DEAD_MAGIC once destroyed */
         work_t *nodes;
+        struct CUgraphExec_st *next; /* destroyed: in fake.dead_graph_execs */
 };
 
 static struct {
@@ -234,6 +235,7 @@ static struct {
         range_t *reservations, *mappings, *blocks;
         struct CUstream_st *streams, *dead_streams;
         struct CUevent_st *events, *dead_events;
+        struct CUgraphExec_st *dead_graph_execs; /* kept, poisoned, so a later launch is caught */
 } fake = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local CUcontext stack[FAKE_STACK_MAX];
@@ -1557,6 +1559,8 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
         exec->magic = FAKE_DEAD_MAGIC; /* poisoned, never freed: a later launch aborts */
         graph_nodes_free(exec->nodes);
         exec->nodes = NULL;
+        exec->next = fake.dead_graph_execs;
+        fake.dead_graph_execs = exec;
         return CUDA_SUCCESS;
 }
 
