@@ -383,17 +383,7 @@ static int attack_main(const char *socket_path) {
         to_parent = out >= 0 ? fdopen(out, "w") : NULL;
         if (!to_parent || dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
                 return 2;
-        Suite *s = suite_create("attack");
-        TCase *tc = tcase_create("attack");
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, test_attack);
-        suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return gm_test_run_in_process(test_attack, 120);
 }
 
 static void tell(gm_test_proc_t *p, const char *cmd) {

@@ -94,6 +94,20 @@ int gm_test_run_suite(Suite *s) {
         return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+int gm_test_run_in_process(const TTest *test, int timeout_s) {
+        Suite *s = suite_create("attack");
+        TCase *tc = tcase_create("attack");
+        tcase_set_timeout(tc, timeout_s);
+        tcase_add_test(tc, test);
+        suite_add_tcase(s, tc);
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 void gm_test_shell(const char *cmd) {
         ck_assert_msg(system(cmd) != -1, "cannot run '%s'", cmd);
 }

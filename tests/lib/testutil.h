@@ -120,6 +120,10 @@ int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv
  * service thread still answers the daemon (it would give the cache back). */
 void gm_test_stop_process(pid_t pid);
 
+/* Runs one test case in this process (no fork: an attacker child's own
+ * checks), `timeout_s` its limit; EXIT_SUCCESS when it passed. */
+int gm_test_run_in_process(const TTest *test, int timeout_s);
+
 /* How often `what` occurs in `text` (not overlapping). */
 size_t gm_test_count(const char *text, const char *what);
 

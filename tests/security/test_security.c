@@ -348,17 +348,7 @@ static int attack_main(int argc, char **argv) {
         unsetenv("CK_RUN_CASE");
         attack_name = argv[1];
         attack_socket = argv[2];
-        Suite *s = suite_create("attack");
-        TCase *tc = tcase_create("attack");
-        tcase_set_timeout(tc, 60);
-        tcase_add_test(tc, test_attack);
-        suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+        return gm_test_run_in_process(test_attack, 60);
 }
 
 /* Runs attack `name` against d as ATTACKER; asserts it was carried out. */
