@@ -23,8 +23,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "central.h"
 #include "client-internal.h"
+#include "debug.h"
 #include "frees.h"
 #include "gpumem/gpumem.h"
 #include "local_heap.h"
@@ -329,15 +331,41 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         int r = gm_session_ensure_own(c);
         if (r < 0)
                 return r;
+        /* Its synchronize (here, or the service thread's for the daemon's
+         * release requests) would invalidate a capture of another thread. */
+        if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
+                return gm_conn_set_error(c, -EBUSY,
+                                         "gpumem: trim refused: a CUDA graph capture is in progress in this process "
+                                         "(releasing cached memory would synchronize the device and invalidate it); "
+                                         "trim once the capture has ended");
         if (c->local) {
                 gm_heap_lock_take(&c->heap_lock);
                 uint64_t released = gm_local_session_release_cached(c);
                 gm_heap_lock_drop(&c->heap_lock);
+                gm_capture_release_end();
                 if (ret_released_bytes)
                         *ret_released_bytes = released;
                 return 0;
         }
-        return gm_central_trim(c, ret_released_bytes);
+        r = gm_central_trim(c, ret_released_bytes);
+        gm_capture_release_end();
+        return r;
+}
+
+/* ---- captures the application declares ---- */
+
+int gpumem_capture_begin(void) {
+        int r = gm_capture_begin();
+        if (GM_DEBUG)
+                gm_capture_check();
+        return r;
+}
+
+int gpumem_capture_end(void) {
+        int r = gm_capture_end();
+        if (GM_DEBUG)
+                gm_capture_check();
+        return r;
 }
 
 /* ---- sleep and wake ---- */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "debug.h"
 #include "frees.h"
 #include "ipc.h"
@@ -219,10 +220,14 @@ void gm_local_session_give_back(gpumem_client *c, uint64_t segment_id, uint64_t 
         local_give_back(c, segment_id, offset, size, n_pieces, false);
 }
 
-/* Whether the application's `stream` is being captured into a CUDA graph. */
+/* Whether the application's `stream` is being captured into a CUDA graph;
+ * one that is goes into the process's record of captures (capture.h). */
 static int local_capturing(void *ctx, uint64_t stream) {
         gpumem_client *c = ctx;
-        return c->mapper->ops->capturing(c->mapper, stream);
+        int r = c->mapper->ops->capturing(c->mapper, stream);
+        if (r == 1)
+                gm_capture_note_stream(stream);
+        return r;
 }
 
 /* Pieces one MovePieces names at most (the daemon's limit). */
@@ -393,9 +398,11 @@ uint64_t gm_local_session_release_cached(gpumem_client *c) {
 }
 
 /* Serves the daemon's Reclaim: the heap gives its idle cached memory back
- * (ReturnPieces), then the acknowledgement follows. Service thread only,
- * holding neither lock; a busy heap is tried again at the next poll.
- * Returns true while a reclaim waits. */
+ * (ReturnPieces), then the acknowledgement follows. While a capture is in
+ * progress in the process (capture.h) it waits, and is served once the
+ * capture ends: its synchronize would invalidate the capture. Service thread
+ * only, holding neither lock; a busy heap or a capture is tried again at the
+ * next poll. Returns true while a reclaim waits. */
 static bool serve_reclaim(gpumem_client *c) {
         pthread_mutex_lock(&c->lock);
         uint64_t id = c->reclaim_id;
@@ -409,13 +416,18 @@ static bool serve_reclaim(gpumem_client *c) {
          * again only for frees that came since. */
         uint64_t frees = c->local_frees;
         gm_heap_lock_drop(&c->heap_lock);
-        gm_mapping_sync_device(c);
-        if (!gm_heap_lock_try(&c->heap_lock))
+        if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
                 return true;
+        gm_mapping_sync_device(c);
+        if (!gm_heap_lock_try(&c->heap_lock)) {
+                gm_capture_release_end();
+                return true;
+        }
         if (c->local_frees_synced < frees)
                 c->local_frees_synced = frees;
         uint64_t released = gm_local_session_release_cached(c);
         gm_heap_lock_drop(&c->heap_lock);
+        gm_capture_release_end();
         Gpumem__ReclaimAck ack = GPUMEM__RECLAIM_ACK__INIT;
         ack.reclaim_id = id;
         ack.released_bytes = released;
@@ -652,9 +664,19 @@ static bool asks_serve(gpumem_client *c) {
         return false;
 }
 
+/* Streams noted as captured are asked again at every poll while they are
+ * noted, so that each is forgotten soon after its capture ends (the
+ * application may destroy it then). Returns true while some are noted. */
+static bool watch_captures(gpumem_client *c) {
+        if (!gm_capture_noted())
+                return false;
+        gm_capture_in_progress(gm_mapping_capture_query(c), c);
+        return gm_capture_noted();
+}
+
 bool gm_local_session_serve(gpumem_client *c) {
         return c->local && (serve_reclaim(c) | serve_alloc_conf(c) | finish_completed_frees(c) |
-                            local_page_replace_pending(c) | asks_serve(c));
+                            local_page_replace_pending(c) | asks_serve(c) | watch_captures(c));
 }
 
 bool gm_local_session_on_ask(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {

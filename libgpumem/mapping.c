@@ -281,6 +281,16 @@ void gm_mapping_sync_device(gpumem_client *c) {
                 c->mapper->ops->sync(c->mapper, GM_MAPPER_SYNC_DEVICE);
 }
 
+/* Whether `stream` is being captured, asked through the client's mapper. */
+static int mapper_capturing(void *ctx, uint64_t stream) {
+        gpumem_client *c = ctx;
+        return c->mapper->ops->capturing(c->mapper, stream);
+}
+
+gm_capture_query_fn gm_mapping_capture_query(const gpumem_client *c) {
+        return c->mapper && c->mapper->ops->capturing ? mapper_capturing : NULL;
+}
+
 void gm_mapping_forget(gpumem_client *c, bool owner) {
         /* Work queued on the memory may still run: unmapping under it faults. */
         if (owner && c->segments.len)

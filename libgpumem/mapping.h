@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "capture.h"
 #include "conn.h"
 
 /* Page reuse: moves one mapped piece to another place of this session's
@@ -26,6 +27,9 @@ void gm_mapping_forget(gpumem_client *c, bool owner);
  * it (before memory that work may use is unmapped). With no lock held but
  * the heap's. Nothing on backends without device streams. */
 void gm_mapping_sync_device(gpumem_client *c);
+/* The process's capture record's query (capture.h) through this client's
+ * mapper: NULL when the mapper cannot tell (its kind has no stream capture). */
+gm_capture_query_fn gm_mapping_capture_query(const gpumem_client *c);
 
 /* The connection's handlers (conn.h) of the packets that map, move or
  * release memory: ReleaseRequest (`before` waits for the streams of its

@@ -46,6 +46,7 @@ typedef struct pool {
         bool used; /* this entry holds a pool */
         gpumem_torch_pool_id id;
         bool allocating; /* between begin and end allocate_to_pool */
+        bool declared;   /* its allocating holds one gpumem_capture_begin() */
         bool released;   /* release_pool came: kept blocks are gone, tags drain */
         void *filter;    /* a copy of PyTorch's stream filter; NULL accepts every stream */
         kept_block_t *kept;
@@ -269,6 +270,9 @@ static void pool_stop_allocating(slot_t *s, pool_t *p) {
                 gm_torch_filter_free(p->filter);
                 p->filter = NULL;
         }
+        if (p->declared) /* PyTorch's capture has ended: what waited for it may run */
+                gpumem_capture_end();
+        p->declared = false;
 }
 
 /* The allocating pool whose filter accepts `stream` (its index), or -1. */
@@ -530,6 +534,10 @@ void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, co
         if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
                 return;
         void *copy = gm_torch_filter_copy(filter);
+        /* PyTorch begins its capture after this call: declared to libgpumem
+         * first (outside the slot's lock, as it waits for a release already
+         * under way), until the pool stops allocating. */
+        bool declared = gpumem_capture_begin() == 0;
         slot_t *s = &slots[device];
         pthread_mutex_lock(&s->lock);
         pool_t *p = pool_find(s, id);
@@ -542,10 +550,13 @@ void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, co
                 pool_stop_allocating(s, p);
                 p->filter = copy;
                 p->allocating = true;
+                p->declared = declared;
                 s->n_allocating++;
                 copy = NULL;
         }
         pthread_mutex_unlock(&s->lock);
+        if (!p && declared) /* no pool to end it with: its end would never come */
+                gpumem_capture_end();
         if (!p) /* no pool entry left: its allocations stay ordinary ones */
                 refuse(device, "private pool", -ENOSPC, "gpumem: more than 64 private pools on the device");
         gm_torch_filter_free(copy);

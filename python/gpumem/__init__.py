@@ -283,7 +283,9 @@ def memory_summary(device=None, abbreviated=False, *, scope="session", tenant=No
 
 def trim(device=None, tenant=None):
     """Releases idle cached memory; returns the bytes given back. `tenant` None is
-    this session; a tenant's name, or "*" for all of them, needs admin rights."""
+    this session; a tenant's name, or "*" for all of them, needs admin rights.
+    This session's trim raises (EBUSY) while a CUDA graph capture is in progress
+    in the process (gpumem_capture_begin(), libgpumem(3))."""
     client = _session(device)
     released = _lib.ctypes.c_uint64()
     if tenant is None:

@@ -1151,6 +1151,124 @@ START_TEST(test_graph_replay_shows_reuse_hazard) {
 }
 END_TEST
 
+/* ---- another thread's capture vs Reclaim and trim (issue 23) ---- */
+
+/* Runs gpumemctl against the daemon; asserts it succeeded. */
+static void ctl_ok(const char *const *args) {
+        const char *argv[12] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path};
+        size_t n = 3;
+        for (; args[n - 3]; n++)
+                argv[n] = args[n - 3];
+        argv[n] = NULL;
+        char out[4096];
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+}
+
+typedef struct trimmer {
+        gpumem_client *c;
+        int r;
+        char error[512];
+} trimmer_t;
+
+static void *trim_thread(void *arg) {
+        trimmer_t *t = arg;
+        uint64_t released = 0;
+        t->r = gpumem_trim(t->c, &released);
+        snprintf(t->error, sizeof(t->error), "%s", gpumem_last_error(t->c));
+        return NULL;
+}
+
+/* Thread A (this one) captures a stream in global mode and launches a
+ * kernel into it; the library knows of the capture by its declaration
+ * (gpumem_capture_begin) or, undeclared, by an allocation that missed the
+ * cache on the captured stream. Meanwhile another process (gpumemctl trim)
+ * makes the daemon send this session a Reclaim of its idle 100 MiB, and
+ * thread B calls gpumem_trim: neither synchronizes (which invalidates the
+ * capture), the Reclaim waits and trim is refused with -EBUSY. The capture
+ * ends valid and its graph replays; then the Reclaim completes (the daemon
+ * gets the memory back) and a trim releases again. */
+static void check_capture_holds_off_releases(bool declared) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *x, *cached, *seen = NULL, *later;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0); /* one 20 MiB segment */
+        late_write(graph, x, 8 * MiB, 0, 0x00);
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &cached), 0);
+        ck_assert_int_eq(gpumem_free(c, cached), 0); /* 100 MiB idle in the cache */
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
+                         120 * MiB);
+
+        if (declared)
+                ck_assert_int_eq(gpumem_capture_begin(), 0);
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        if (!declared) /* a miss (no small block cached): the heap asks, and notes the stream */
+                ck_assert_int_eq(gpumem_alloc(c, 512 * 1024, graph, &seen), 0);
+        int64_t reserved = gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current");
+        late_write(graph, x, 8 * MiB, 0, 0xab); /* the graph's nodes */
+
+        /* (a) The Reclaim: once the snapshot (which this session's service
+         * thread answers after the Reclaim that came before it) is back, the
+         * Reclaim was looked at, and waits. */
+        ctl_ok((const char *const[]){"trim", NULL});
+        char snap[300];
+        snprintf(snap, sizeof(snap), "%s/snap.json", daemon_.dir);
+        ctl_ok((const char *const[]){"snapshot", "-o", snap, "--format", "json", NULL});
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), reserved);
+
+        /* (b) Another thread's trim. */
+        trimmer_t t = {.c = c, .r = 1};
+        pthread_t b;
+        ck_assert_int_eq(pthread_create(&b, NULL, trim_thread, &t), 0);
+        ck_assert_int_eq(pthread_join(b, NULL), 0);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        ck_assert_int_eq(t.r, -EBUSY);
+        ck_assert_msg(strstr(t.error, "capture is in progress") != NULL, "%s", t.error);
+
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
+        if (declared)
+                ck_assert_int_eq(gpumem_capture_end(), 0);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        ck_assert_int_eq(cap.instantiate(&exec, g, 0), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0x00)); /* not run at capture */
+        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* run at the replay */
+
+        /* The Reclaim is answered now: the cached 100 MiB went back. */
+        int64_t want = reserved - (int64_t) (100 * MiB);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", want), want);
+        ck_assert_int_eq(gpumem_alloc(c, 60 * MiB, graph, &later), 0);
+        ck_assert_int_eq(gpumem_free(c, later), 0);
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_trim(c, &released), 0);
+        ck_assert_uint_eq(released, 60 * MiB);
+        ck_assert_int_eq(cap.exec_destroy(exec), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
+        assert_no_fault(cu);
+        if (seen)
+                ck_assert_int_eq(gpumem_free(c, seen), 0);
+        ck_assert_int_eq(gpumem_free(c, x), 0);
+        destroy_stream(cu, graph);
+        pop_device(cu, 0);
+        finish(c);
+}
+
+START_TEST(test_declared_capture_holds_off_releases) {
+        check_capture_holds_off_releases(true);
+}
+END_TEST
+
+START_TEST(test_seen_capture_holds_off_releases) {
+        check_capture_holds_off_releases(false);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -1190,6 +1308,13 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_capture_free_waits_for_its_end);
         tcase_add_test(tc, test_graph_replay_shows_reuse_hazard);
         suite_add_tcase(s, tc);
+        /* Another thread's capture against the service thread's releases. */
+        TCase *held = tcase_create("capture_releases");
+        tcase_add_checked_fixture(held, setup, NULL);
+        tcase_set_timeout(held, 120);
+        tcase_add_test(held, test_declared_capture_holds_off_releases);
+        tcase_add_test(held, test_seen_capture_holds_off_releases);
+        suite_add_tcase(s, held);
         return s;
 }
 

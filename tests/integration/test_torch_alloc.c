@@ -448,6 +448,65 @@ START_TEST(test_pool_blocks_not_reused_outside_the_pool) {
 }
 END_TEST
 
+/* The session's own reserved bytes (its heap's, current at once). */
+static int64_t session_reserved(gpumem_client *c) {
+        int64_t v = -1;
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        return v;
+}
+
+static void *empty_cache_thread(void *arg) {
+        (void) arg;
+        gpumem_torch_empty_cache();
+        return NULL;
+}
+
+/* Runs gpumemctl against device d's daemon; asserts it succeeded. */
+static void ctl_on(int d, const char *cmd, const char *arg1, const char *arg2) {
+        char out[4096];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", dev[d].socket_path, cmd, arg1, arg2, NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+}
+
+/* A private pool allocating is PyTorch's capture (torch.cuda.graph): while
+ * it lasts another thread's empty_cache releases nothing and the daemon's
+ * Reclaim (another process's trim) waits, since either would synchronize the
+ * device; once the pool stops allocating the Reclaim is answered with the
+ * cache and empty_cache releases again. */
+START_TEST(test_pool_capture_holds_off_releases) {
+        const gpumem_torch_pool_id graph = {11, 0};
+        void *p = gpumem_torch_alloc(8 * MiB, 1, NULL);
+        ck_assert_ptr_nonnull(p);
+        gpumem_torch_free(p, 8 * MiB, 1, NULL);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "active_bytes.all.current", 0), 0);
+        gpumem_client *c = NULL;
+        ck_assert_int_eq(gpumem_torch_client(1, &c), 0);
+        int64_t cached = session_reserved(c);
+        ck_assert_int_gt(cached, 0);
+
+        gpumem_torch_begin_allocate_to_pool(1, graph, NULL);
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, empty_cache_thread, NULL), 0);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_int_eq(session_reserved(c), cached);
+        ctl_on(1, "trim", NULL, NULL); /* the daemon sends this session a Reclaim */
+        char snap[300];
+        snprintf(snap, sizeof(snap), "%s/snap.json", template_dir);
+        ctl_on(1, "snapshot", "-o", snap); /* answered by the service thread after it looked at the Reclaim */
+        ck_assert_int_eq(session_reserved(c), cached);
+        gpumem_torch_end_allocate_to_pool(1, graph);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "reserved_bytes.all.current", 0), 0);
+
+        p = gpumem_torch_alloc(8 * MiB, 1, NULL);
+        ck_assert_ptr_nonnull(p);
+        gpumem_torch_free(p, 8 * MiB, 1, NULL);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "active_bytes.all.current", 0), 0);
+        gpumem_torch_empty_cache();
+        ck_assert_int_eq(session_reserved(c), 0);
+        gpumem_torch_release_pool(1, graph);
+}
+END_TEST
+
 START_TEST(test_pool_block_in_use_at_release_and_record_stream) {
         const gpumem_torch_pool_id graph = {9, 1};
         stream_t s = NULL, side = (stream_t) (uintptr_t) 0x2;
@@ -540,6 +599,7 @@ static Suite *torch_suite(void) {
         tcase_add_test(tc, test_memory_fraction_limits_the_process);
         tcase_add_test(tc, test_pool_blocks_not_reused_outside_the_pool);
         tcase_add_test(tc, test_pool_block_in_use_at_release_and_record_stream);
+        tcase_add_test(tc, test_pool_capture_holds_off_releases);
         tcase_add_test(tc, test_oom_mode_is_reported);
         suite_add_tcase(s, tc);
         return s;

@@ -69,8 +69,28 @@ GPUMEM_EXPORT int gpumem_free_async(gpumem_client *c, void *ptr, uint64_t stream
 GPUMEM_EXPORT int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream);
 
 /* Releases this session's idle cached segments; *ret_released_bytes (may be
- * NULL) receives the bytes given back. */
+ * NULL) receives the bytes given back. -EBUSY, releasing nothing, while a
+ * CUDA graph capture is in progress in the process (see
+ * gpumem_capture_begin()): its synchronize would invalidate the capture. */
 GPUMEM_EXPORT int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes);
+
+/* Declares that a thread of this process captures a CUDA graph from now
+ * until the matching gpumem_capture_end() (declarations nest: each begin
+ * takes one end). While one is open, or a local heap saw an allocation's
+ * stream being captured (cuStreamIsCapturing, asked again until it says the
+ * capture ended), no session of the process synchronizes the device or
+ * releases cached memory for the daemon's Reclaim (it is answered once the
+ * capture ends) or for gpumem_trim() (-EBUSY). Call it before
+ * cuStreamBeginCapture and gpumem_capture_end() after cuStreamEndCapture;
+ * begin waits for a release already under way to finish. libgpumem_torch
+ * calls both from PyTorch's allocate-to-pool hooks. Process-wide, for every
+ * session and device; a fork child starts with none open. -EOVERFLOW past
+ * INT32_MAX open declarations. */
+GPUMEM_EXPORT int gpumem_capture_begin(void);
+
+/* Ends one declared capture (gpumem_capture_begin()); what waited for it
+ * runs at the service thread's next poll. -EINVAL when none is open. */
+GPUMEM_EXPORT int gpumem_capture_end(void);
 
 /* One statistic of this session by its torch.cuda.memory_stats() name, e.g.
  * "allocated_bytes.all.current". -ENOENT for an unknown name. */

@@ -1,0 +1,55 @@
+/* The process's CUDA graph captures in progress, as libgpumem knows them
+ * (floor 0): captures declared by the application (gpumem_capture_begin/
+ * end(), which libgpumem_torch calls from PyTorch's begin/end
+ * allocate-to-pool hooks) and streams a local heap saw being captured (an
+ * allocation's cache miss on a stream cuStreamIsCapturing called captured).
+ * While either says a capture is in progress, nothing in the process that
+ * would synchronize the device or release cached memory for a Reclaim or a
+ * trim starts; such a release already under way finishes before a declared
+ * capture begins. Process-wide (every session and device share one record);
+ * a fork child starts with none. Calls nothing above it. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Streams a heap saw being captured, at most, noted at once; a capture seen
+ * while the record is full goes unnoted (a declared one is always kept). */
+#define GM_CAPTURE_MAX_STREAMS 64
+
+/* Whether the application's `stream` is being captured into a CUDA graph: 1,
+ * 0, or a negative errno (the stream is then forgotten). Asked only while the
+ * record is locked, and never about a stream the record does not hold. */
+typedef int (*gm_capture_query_fn)(void *ctx, uint64_t stream);
+
+/* A capture the application declares begins: waits for a release already
+ * under way (gm_capture_release_begin()) to end first. -EOVERFLOW past
+ * INT32_MAX open declarations. */
+int gm_capture_begin(void);
+
+/* A declared capture ends. -EINVAL when none is open. */
+int gm_capture_end(void);
+
+/* A heap saw `stream` being captured: it counts as capturing until a query
+ * says it is not. */
+void gm_capture_note_stream(uint64_t stream);
+
+/* Whether streams are noted (no query). */
+bool gm_capture_noted(void);
+
+/* Asks `query` (NULL: nothing is asked, noted streams are left as they are)
+ * about every noted stream and forgets those that no longer capture; whether
+ * a capture is still in progress, declared or noted. */
+bool gm_capture_in_progress(gm_capture_query_fn query, void *ctx);
+
+/* Starts a release (a synchronize of the device, unmaps of cached memory)
+ * when no capture is in progress (asked as gm_capture_in_progress() does):
+ * true, and declared captures wait until gm_capture_release_end(); false,
+ * starting nothing, while one is. */
+bool gm_capture_release_begin(gm_capture_query_fn query, void *ctx);
+
+/* Ends a release gm_capture_release_begin() started. */
+void gm_capture_release_end(void);
+
+/* Checks the record's invariants (aborts on a broken one). */
+void gm_capture_check(void);
