@@ -47,7 +47,8 @@ GPUMEM_EXPORT void gpumem_torch_free(void *ptr, size_t size, int device, struct 
 GPUMEM_EXPORT void gpumem_torch_record_stream(void *ptr, struct CUstream_st *stream);
 
 /* For set_reset_fn (torch.cuda.empty_cache()): every session of the process
- * releases its idle cached memory. */
+ * releases its idle cached memory; nothing while a capture is in progress
+ * (gpumem_trim()'s -EBUSY, ignored: see gpumem_torch_begin_allocate_to_pool()). */
 GPUMEM_EXPORT void gpumem_torch_empty_cache(void);
 
 /* PyTorch's alloc_fn with an out-of-memory PyTorch recognises: as
@@ -85,7 +86,10 @@ typedef struct gpumem_torch_pool_id {
  * the pool is released. While the pool is allocating, its allocations are
  * assumed to be inside a CUDA graph capture: one the pool's kept blocks
  * cannot serve goes to libgpumem (see gpumem_torch(3), "CUDA graphs", for
- * which libgpumem calls that makes). */
+ * which libgpumem calls that makes). Until the pool stops allocating (end or
+ * release) the capture is declared to libgpumem (gpumem_capture_begin()):
+ * no session of the process synchronizes or releases for a Reclaim or a trim
+ * meanwhile. */
 GPUMEM_EXPORT void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, const void *filter);
 
 /* For set_end_allocate_to_pool_fn: pool `id` takes no new allocations. */
