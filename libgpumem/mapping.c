@@ -219,10 +219,6 @@ static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **mo
         }
 }
 
-bool gm_mapping_stream_captured(gpumem_client *c, uint64_t stream) {
-        return c->mapper->ops->capturing && c->mapper->ops->capturing(c->mapper, stream) == 1;
-}
-
 int gm_mapping_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
         gpumem_client *c = ctx;
         if (gm_mapping_stream_captured(c, stream))

@@ -37,8 +37,11 @@ bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t
 bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 
 /* Whether `stream` is being captured into a CUDA graph (the mapper's
- * capturing op; no op or an error: no). Asks the driver each call. */
-bool gm_mapping_stream_captured(gpumem_client *c, uint64_t stream);
+ * capturing op; no op or an error: no). Asks the driver each call; inline,
+ * so a kind without the op (host) pays one test on a central Alloc. */
+static inline bool gm_mapping_stream_captured(gpumem_client *c, uint64_t stream) {
+        return c->mapper->ops->capturing && c->mapper->ops->capturing(c->mapper, stream) == 1;
+}
 
 /* The mapper's stream events, in the (ctx = the client) form of the fence
  * and local-heap ops: page reuse's stream fences. No event is recorded on a
