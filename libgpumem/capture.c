@@ -17,7 +17,8 @@ static struct {
         int32_t declared;        /* declared captures open */
         int32_t releasing;       /* releases under way */
         uint64_t streams[GM_CAPTURE_MAX_STREAMS];
-        uint32_t n_streams; /* noted streams, distinct, in streams[0 .. n_streams) */
+        uint32_t blocks[GM_CAPTURE_MAX_STREAMS]; /* live blocks noted on streams[i], at least 1 */
+        uint32_t n_streams;                      /* noted streams, distinct, in streams[0 .. n_streams) */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER, .released = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
@@ -58,13 +59,48 @@ int gm_capture_end(void) {
         return r;
 }
 
-void gm_capture_note_stream(uint64_t stream) {
-        lock();
+/* Where `stream` is noted, or n_streams. Caller holds the lock. */
+static uint32_t find_locked(uint64_t stream) {
         uint32_t i = 0;
         while (i < rec.n_streams && rec.streams[i] != stream)
                 i++;
-        if (i == rec.n_streams && i < GM_CAPTURE_MAX_STREAMS)
-                rec.streams[rec.n_streams++] = stream;
+        return i;
+}
+
+/* Forgets noted stream i. Caller holds the lock. */
+static void forget_locked(uint32_t i) {
+        rec.n_streams--;
+        rec.streams[i] = rec.streams[rec.n_streams];
+        rec.blocks[i] = rec.blocks[rec.n_streams];
+}
+
+bool gm_capture_note_block(uint64_t stream) {
+        lock();
+        uint32_t i = find_locked(stream);
+        bool noted = i < rec.n_streams ? rec.blocks[i] < UINT32_MAX : i < GM_CAPTURE_MAX_STREAMS;
+        if (noted && i == rec.n_streams) {
+                rec.streams[i] = stream;
+                rec.blocks[i] = 0;
+                rec.n_streams++;
+        }
+        rec.blocks[i] += noted;
+        pthread_mutex_unlock(&rec.lock);
+        return noted;
+}
+
+void gm_capture_unnote_block(uint64_t stream) {
+        lock();
+        uint32_t i = find_locked(stream);
+        if (i < rec.n_streams && --rec.blocks[i] == 0)
+                forget_locked(i);
+        pthread_mutex_unlock(&rec.lock);
+}
+
+void gm_capture_forget_stream(uint64_t stream) {
+        lock();
+        uint32_t i = find_locked(stream);
+        if (i < rec.n_streams)
+                forget_locked(i);
         pthread_mutex_unlock(&rec.lock);
 }
 
@@ -82,7 +118,7 @@ static bool in_progress_locked(gm_capture_query_fn query, void *ctx) {
                 if (query(ctx, rec.streams[i]) == 1)
                         i++;
                 else
-                        rec.streams[i] = rec.streams[--rec.n_streams];
+                        forget_locked(i);
         }
         return rec.declared > 0 || rec.n_streams > 0;
 }
@@ -117,8 +153,10 @@ void gm_capture_check(void) {
         lock();
         gm_assert(rec.declared >= 0 && rec.releasing >= 0);
         gm_assert(rec.n_streams <= GM_CAPTURE_MAX_STREAMS);
-        for (uint32_t i = 0; i < rec.n_streams; i++)
+        for (uint32_t i = 0; i < rec.n_streams; i++) {
+                gm_assert(rec.blocks[i] > 0); /* a stream is noted only while a noted block on it lives */
                 for (uint32_t k = i + 1; k < rec.n_streams; k++)
                         gm_assert(rec.streams[i] != rec.streams[k]); /* distinct */
+        }
         pthread_mutex_unlock(&rec.lock);
 }

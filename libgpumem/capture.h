@@ -2,7 +2,10 @@
  * (floor 0): captures declared by the application (gpumem_capture_begin/
  * end(), which libgpumem_torch calls from PyTorch's begin/end
  * allocate-to-pool hooks) and streams a local heap saw being captured (an
- * allocation's cache miss on a stream cuStreamIsCapturing called captured).
+ * allocation's cache miss on a stream cuStreamIsCapturing called captured),
+ * each while a block allocated on it during its capture is live: only then
+ * is the stream asked about again (the application may destroy a stream once
+ * its blocks are freed, and a destroyed stream must never be asked about).
  * While either says a capture is in progress, nothing in the process that
  * would synchronize the device or release cached memory for a Reclaim or a
  * trim starts; such a release already under way finishes before a declared
@@ -30,9 +33,19 @@ int gm_capture_begin(void);
 /* A declared capture ends. -EINVAL when none is open. */
 int gm_capture_end(void);
 
-/* A heap saw `stream` being captured: it counts as capturing until a query
- * says it is not. */
-void gm_capture_note_stream(uint64_t stream);
+/* A block was allocated on `stream` while a heap saw it captured: the
+ * stream counts as capturing until a query says it is not, or until every
+ * block noted on it was unnoted. Whether it was noted (false: the record is
+ * full); only a noted block is unnoted. */
+bool gm_capture_note_block(uint64_t stream);
+
+/* A block gm_capture_note_block() noted on `stream` is freed (a stream
+ * forgotten since is ignored). */
+void gm_capture_unnote_block(uint64_t stream);
+
+/* The application passed `stream` (alive) and it is not being captured:
+ * it is forgotten. */
+void gm_capture_forget_stream(uint64_t stream);
 
 /* Whether streams are noted (no query). */
 bool gm_capture_noted(void);

@@ -104,6 +104,7 @@ typedef struct block {
         uint64_t *stream_uses; /* other streams given to gpumem_record_stream */
         size_t n_stream_uses;
         struct block *next_spare; /* in the spare list (local mode) */
+        bool captured;            /* noted in the capture record (capture.h): allocated during a capture of `stream` */
 } block_t;
 
 /* A free waiting for stream work: the daemon keeps the block active until

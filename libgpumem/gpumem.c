@@ -108,8 +108,12 @@ static void session_forget(gpumem_client *c, bool owner) {
         gm_frees_forget(c, owner);
         gm_central_forget(c, owner);
         gm_local_session_forget(c, owner);
-        for (size_t i = 0; i < c->blocks.cap; i++)
-                gm_client_block_free(c->blocks.values[i]);
+        for (size_t i = 0; i < c->blocks.cap; i++) {
+                block_t *b = c->blocks.values[i];
+                if (b && b->captured && owner) /* a fork child's record holds none */
+                        gm_capture_unnote_block(b->stream);
+                gm_client_block_free(b);
+        }
         gm_u64map_done(&c->blocks);
 }
 

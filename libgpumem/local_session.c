@@ -221,12 +221,13 @@ void gm_local_session_give_back(gpumem_client *c, uint64_t segment_id, uint64_t 
 }
 
 /* Whether the application's `stream` is being captured into a CUDA graph;
- * one that is goes into the process's record of captures (capture.h). */
+ * one that is not is forgotten by the process's record of captures
+ * (capture.h), the block of one that is goes into it once allocated. */
 static int local_capturing(void *ctx, uint64_t stream) {
         gpumem_client *c = ctx;
         int r = c->mapper->ops->capturing(c->mapper, stream);
-        if (r == 1)
-                gm_capture_note_stream(stream);
+        if (r == 0)
+                gm_capture_forget_stream(stream);
         return r;
 }
 
@@ -521,6 +522,10 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                        .offset = res.offset,
                        .segment_id = res.segment_id,
                        .stream = stream};
+        /* A miss while its stream is captured: the capture counts as in
+         * progress (for Reclaims and trims) while the block lives. */
+        if (__builtin_expect(gm_local_heap_missed_in_capture(c->heap), 0))
+                b->captured = gm_capture_note_block(stream);
         if (seg && !seg->has_stream) {
                 seg->stream = stream;
                 seg->has_stream = true;
@@ -550,6 +555,8 @@ __attribute__((noinline)) int gm_local_session_alloc_frames(gpumem_client *c, si
 
 int gm_local_session_free(gpumem_client *c, block_t *b, pending_free_t *p) {
         c->local_frees++; /* its block may still be in use by queued work */
+        if (__builtin_expect(b->captured, 0))
+                gm_capture_unnote_block(b->stream);
         int r = gm_local_heap_free(c->heap, b->id, p != NULL);
         if (b->stream_uses)
                 free(b->stream_uses);

@@ -1,7 +1,7 @@
 /* The process's record of captures in progress (libgpumem/capture.c):
  * declarations nest and an end without a begin is refused; a noted stream
- * counts until its query says it no longer captures (or fails), at most
- * GM_CAPTURE_MAX_STREAMS of them; no release starts while a capture is in
+ * counts until its query says it no longer captures (or fails), or its noted
+ * blocks are freed, at most GM_CAPTURE_MAX_STREAMS of them; no release starts while a capture is in
  * progress, and a declared begin waits for a release under way; a fork
  * child starts with none. Each test runs in its own process (check forks). */
 #include <check.h>
@@ -45,10 +45,10 @@ END_TEST
 
 START_TEST(test_noted_until_the_query_says_ended) {
         capturing[5] = capturing[6] = true;
-        gm_capture_note_stream(5);
-        gm_capture_note_stream(5); /* once */
-        gm_capture_note_stream(6);
-        gm_capture_note_stream(200); /* its query fails */
+        ck_assert(gm_capture_note_block(5));
+        ck_assert(gm_capture_note_block(5)); /* one stream, two blocks */
+        ck_assert(gm_capture_note_block(6));
+        ck_assert(gm_capture_note_block(200)); /* its query fails */
         ck_assert(gm_capture_noted());
         ck_assert(gm_capture_in_progress(NULL, NULL)); /* nobody to ask: still noted */
         ck_assert_uint_eq(questions, 0);
@@ -59,6 +59,26 @@ START_TEST(test_noted_until_the_query_says_ended) {
         capturing[6] = false;
         ck_assert(!gm_capture_in_progress(query, NULL));
         ck_assert(!gm_capture_noted());
+        gm_capture_unnote_block(5); /* forgotten since: ignored */
+        gm_capture_check();
+}
+END_TEST
+
+/* A noted stream is asked about only while a block noted on it lives, and
+ * one the application passes as not capturing is forgotten at once. */
+START_TEST(test_noted_while_its_blocks_live) {
+        capturing[7] = capturing[8] = true;
+        ck_assert(gm_capture_note_block(7));
+        ck_assert(gm_capture_note_block(7));
+        gm_capture_unnote_block(7);
+        ck_assert(gm_capture_noted()); /* one block left */
+        gm_capture_unnote_block(7);
+        ck_assert(!gm_capture_noted());
+        ck_assert(gm_capture_note_block(8));
+        gm_capture_forget_stream(8);
+        ck_assert(!gm_capture_noted());
+        ck_assert(!gm_capture_in_progress(query, NULL));
+        ck_assert_uint_eq(questions, 0); /* never asked: nothing lived when it was looked at */
         gm_capture_check();
 }
 END_TEST
@@ -66,7 +86,7 @@ END_TEST
 START_TEST(test_noted_streams_bounded) {
         for (uint64_t s = 1; s <= GM_CAPTURE_MAX_STREAMS + 10; s++) {
                 capturing[s] = true;
-                gm_capture_note_stream(s);
+                ck_assert(gm_capture_note_block(s) == (s <= GM_CAPTURE_MAX_STREAMS)); /* a full record notes none */
         }
         gm_capture_check();
         questions = 0;
@@ -77,7 +97,7 @@ END_TEST
 
 START_TEST(test_release_only_without_capture) {
         capturing[9] = true;
-        gm_capture_note_stream(9);
+        ck_assert(gm_capture_note_block(9));
         ck_assert(!gm_capture_release_begin(query, NULL));
         capturing[9] = false;
         ck_assert(gm_capture_release_begin(query, NULL));
@@ -110,7 +130,7 @@ END_TEST
 
 START_TEST(test_fork_child_starts_clean) {
         ck_assert_int_eq(gm_capture_begin(), 0);
-        gm_capture_note_stream(3);
+        ck_assert(gm_capture_note_block(3));
         capturing[3] = true;
         ck_assert(!gm_capture_release_begin(NULL, NULL));
         pid_t pid = fork();
@@ -130,6 +150,7 @@ int main(void) {
         TCase *tc = tcase_create("record");
         tcase_add_test(tc, test_declarations_nest);
         tcase_add_test(tc, test_noted_until_the_query_says_ended);
+        tcase_add_test(tc, test_noted_while_its_blocks_live);
         tcase_add_test(tc, test_noted_streams_bounded);
         tcase_add_test(tc, test_release_only_without_capture);
         tcase_add_test(tc, test_begin_after_release);

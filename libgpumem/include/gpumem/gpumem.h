@@ -83,10 +83,12 @@ GPUMEM_EXPORT int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes);
 /* Declares that a thread of this process captures a CUDA graph from now
  * until the matching gpumem_capture_end() (declarations nest: each begin
  * takes one end). While one is open, or a local heap saw an allocation's
- * stream being captured (cuStreamIsCapturing, asked again until it says the
- * capture ended), no session of the process synchronizes the device or
- * releases cached memory for the daemon's Reclaim (it is answered once the
- * capture ends) or for gpumem_trim() (-EBUSY). Call it before
+ * stream being captured (cuStreamIsCapturing, asked again while that block
+ * lives until it says the capture ended: destroy a stream only after freeing
+ * the blocks allocated on it during a capture), no session of the process
+ * synchronizes the device or releases cached memory for the daemon's
+ * Reclaim (it is answered once the capture ends) or for gpumem_trim()
+ * (-EBUSY). Call it before
  * cuStreamBeginCapture and gpumem_capture_end() after cuStreamEndCapture;
  * begin waits for a release already under way to finish. libgpumem_torch
  * calls both from PyTorch's allocate-to-pool hooks. Process-wide, for every
