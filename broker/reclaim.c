@@ -2,10 +2,11 @@
  * its way: one mechanism for both heap modes. A central session's allocation
  * and a local session's grant wait in the same FIFO per session, are retried
  * whenever memory comes back (ReleaseAck, ReturnPieces, ReclaimAck, a
- * session's end) and refused after park_timeout_ms. A session's cache is
- * asked back with a ReleaseRequest (central: its heap here gives cached
- * segments up) or a Reclaim (local: its client's heap chooses what to
- * return). A client that answers neither for unresponsive_timeout_ms is
+ * session's end) and refused after park_timeout_ms; a central request
+ * waits so for its own cache too, released by its heap's ladder. A
+ * session's cache is asked back with a ReleaseRequest (central: its heap
+ * here gives cached segments up) or a Reclaim (local: its client's heap
+ * chooses what to return). A client that answers neither for unresponsive_timeout_ms is
  * unresponsive: nothing waits for it any more, and refusals name it. Its
  * memory stays charged: its process still maps it. */
 #include <errno.h>
