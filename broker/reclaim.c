@@ -6,9 +6,10 @@
  * waits so for its own cache too, released by its heap's ladder. A
  * session's cache is asked back with a ReleaseRequest (central: its heap
  * here gives cached segments up) or a Reclaim (local: its client's heap
- * chooses what to return). A client that answers neither for unresponsive_timeout_ms is
- * unresponsive: nothing waits for it any more, and refusals name it. Its
- * memory stays charged: its process still maps it. */
+ * chooses what to return). A client that answers neither for
+ * unresponsive_timeout_ms is unresponsive: nothing waits for it any more,
+ * and refusals name it. Its memory stays charged: its process still maps
+ * it. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -201,9 +202,10 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                                ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
-/* Says how much of the session's own cache was released for its requests
- * and still waits for its client's ReleaseAck (the client must unmap it
- * first): charged until then, whether the client is unresponsive or not. */
+/* Says how much of the session's own cache was released (by its heap's
+ * ladder for a miss, or a trim) and still waits for its client's ReleaseAck
+ * (the client must unmap it first): charged until then, whether the client
+ * is unresponsive or not. */
 static void name_own_releases(const gm_session_t *s, char *buf, size_t len) {
         uint64_t bytes = 0;
         for (const gm_release_t *rel = s->releases; rel; rel = rel->next)
@@ -213,7 +215,7 @@ static void name_own_releases(const gm_session_t *s, char *buf, size_t len) {
                 return;
         char held[32];
         gm_text_append(buf, len,
-                       " gpumemd: %s of this session's own cache was released to make room, but its client has not "
+                       " gpumemd: %s of this session's own cache was released, but its client has not "
                        "acknowledged unmapping it (ReleaseAck) for %" PRIu64
                        " ms: it stays charged until then (is the library's service thread running?).",
                        gm_format_size(bytes, held, sizeof(held)),

@@ -1077,8 +1077,8 @@ START_TEST(test_own_release_never_acknowledged_is_refused_clearly) {
         e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR); /* not acknowledged */
         ck_assert_uint_eq(e->request_id, 30);
         ck_assert_int_eq(e->error->code, ENOMEM);
-        ck_assert_msg(strstr(e->error->message, "256.00 MiB of this session's own cache was released to make room, "
-                                                "but its client has not acknowledged unmapping it (ReleaseAck)"),
+        ck_assert_msg(strstr(e->error->message, "256.00 MiB of this session's own cache was released, but its client "
+                                                "has not acknowledged unmapping it (ReleaseAck)"),
                       "%s", e->error->message);
         gm_msg_free(e);
         ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 256 * MiB); /* still mapped */

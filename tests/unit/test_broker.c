@@ -572,7 +572,7 @@ START_TEST(test_miss_waits_for_its_own_cache_release) {
         ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(host_.done[1].outcome.error, -ENOMEM);
         ck_assert_msg(strstr(host_.done[1].outcome.message,
-                             "30.00 MiB of this session's own cache was released to make room, but its client has not "
+                             "30.00 MiB of this session's own cache was released, but its client has not "
                              "acknowledged unmapping it (ReleaseAck)"),
                       "%s", host_.done[1].outcome.message);
         ck_assert_uint_eq(s->tenant->charged_bytes, 30 * MiB);
