@@ -55,8 +55,11 @@ GPUMEM_EXPORT gpumem_heap_mode gpumem_heap(gpumem_client *c);
 GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
 
 /* Allocates at least `size` bytes for use on `stream` (0 = default stream).
- * While `stream` (a created stream or the per-thread default stream, 0x2)
- * is being captured into a CUDA graph, a cache miss gets only new memory in
+ * A miss that fits only once this session's cached memory is released is
+ * served after that release, as PyTorch's retry does (a central session's
+ * request waits in the daemon until the library unmapped it). While
+ * `stream` (a created stream or the per-thread default stream, 0x2) is
+ * being captured into a CUDA graph, a cache miss gets only new memory in
  * either heap mode: one that only releasing or moving cached memory could
  * serve fails with -ENOMEM, gpumem_last_error() saying "refused during a
  * capture", and the capture stays valid. A central session asks the driver
