@@ -83,7 +83,8 @@ bool gm_capture_note_block(uint64_t stream) {
                 rec.blocks[i] = 0;
                 rec.n_streams++;
         }
-        rec.blocks[i] += noted;
+        if (noted)
+                rec.blocks[i]++;
         pthread_mutex_unlock(&rec.lock);
         return noted;
 }
