@@ -46,19 +46,7 @@ static int64_t stat_of(gpumem_client *c, const char *tag, const char *name) {
 
 /* `gpumemctl clients --json`'s bytes of pool `tag` of process `pid` (-1: no such entry). */
 static int64_t daemon_tag_bytes(pid_t pid, const char *tag) {
-        static char out[65536];
-        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
-        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
-        char pat[96];
-        snprintf(pat, sizeof(pat), "\"pid\": %d,", (int) pid);
-        const char *e = strstr(out, pat);
-        if (!e)
-                return -1;
-        const char *tags = strstr(e, "\"tags\": {");
-        const char *end = tags ? strchr(tags, '}') : NULL;
-        snprintf(pat, sizeof(pat), "\"%s\": ", tag);
-        const char *t = tags ? strstr(tags, pat) : NULL;
-        return t && t < end ? strtoll(t + strlen(pat), NULL, 10) : 0;
+        return gm_test_client_tag_bytes(GPUMEMCTL_BIN, daemon_.socket_path, pid, tag);
 }
 
 /* Allocations in three pools, nested scopes included: kv_cache 3 small + 1
