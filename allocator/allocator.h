@@ -193,6 +193,13 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
  * block is carved, split, merged and reused only within its segment's tag;
  * page reuse moves pages only between segments of one tag. */
 #define GM_HEAP_MAX_TAGS 17
+/* A heap's statistics followed by its per-tag ones, as a local session's
+ * statistics page lays them out (gm_heap_params_t's stats and tag_stats). */
+typedef struct gm_heap_stats_area {
+        gm_stats_t all;
+        gm_stats_t tags[GM_HEAP_MAX_TAGS];
+} gm_heap_stats_area_t;
+
 /* gm_heap_alloc() in tag `tag`'s pools; -EINVAL for a tag >= GM_HEAP_MAX_TAGS. */
 int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned tag, gm_alloc_result_t *ret_result);
 /* Tag `tag`'s share of the heap's statistics: the gm_stat_t figures (current,
