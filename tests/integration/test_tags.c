@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "allocator.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "msg.h"
@@ -238,6 +240,13 @@ START_TEST(test_tags_child_process) {
                     gpumem_pool_begin(c, "weights") != 0 || gpumem_alloc(c, 12 * MiB, 0, &a) != 0 ||
                     gpumem_pool_end(c) != 0 || write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
                         _exit(1);
+                /* Garbage in its page's slot of pool "weights" (id 1) only. */
+                uint8_t *page = gm_test_own_stats_page();
+                if (!page)
+                        _exit(2);
+                memset(page + 64 + offsetof(gm_heap_stats_area_t, tags[1]), 0x7f, sizeof(gm_stats_t));
+                if (write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
+                        _exit(3);
                 gpumem_disconnect(c);
                 _exit(0);
         }
@@ -245,6 +254,17 @@ START_TEST(test_tags_child_process) {
         ck_assert_int_eq(read(ready[0], &x, 1), 1);
         ck_assert_int_eq(daemon_tag_bytes(pid, "weights"), 12 * MiB); /* its own 12 MiB segment */
         ck_assert_int_eq(daemon_tag_bytes(getpid(), "weights"), -1);  /* this process has no session */
+        /* The daemon reads another process's pool from its page, and garbage there as zeros. */
+        char pid_arg[16];
+        snprintf(pid_arg, sizeof(pid_arg), "%d", (int) pid);
+        int64_t sessions;
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 12 * MiB);
+        ck_assert_int_eq(write(go[1], &x, 1), 1);
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 0);
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "reserved_bytes.all.peak", &sessions), 0);
+        ck_assert_int_eq(sessions, 1);
+        ck_assert_int_eq(daemon_tag_bytes(pid, "weights"), 12 * MiB); /* the daemon's books: its own */
         ck_assert_int_eq(write(go[1], &x, 1), 1);
         int status;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);

@@ -547,6 +547,18 @@ size_t gm_test_count(const char *text, const char *what) {
         return n;
 }
 
+void *gm_test_own_stats_page(void) {
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        void *page = NULL;
+        while (f && fgets(line, sizeof(line), f))
+                if (strstr(line, "gpumem-stats") && strstr(line, "rw"))
+                        page = (void *) (uintptr_t) strtoull(line, NULL, 16);
+        if (f)
+                fclose(f);
+        return page;
+}
+
 int64_t gm_test_client_tag_bytes(const char *gpumemctl, const char *socket_path, pid_t pid, const char *tag) {
         static char out[65536];
         const char *argv[] = {gpumemctl, "-s", socket_path, "clients", "--json", NULL};
