@@ -338,7 +338,8 @@ GPUMEM_EXPORT const char *gpumem_pool_current(gpumem_client *c);
 /* A PyTorch statistic of one tag's pool (as gpumem_stat(); names as there):
  * the figures of its blocks and segments; the num_* counters are the
  * session's only and read 0 here. A valid tag no scope used yet reads 0.
- * Local sessions; -EOPNOTSUPP for a central one. */
+ * A local session answers from its own heap, a central one asks the
+ * daemon's (one request). */
 GPUMEM_EXPORT int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value);
 
 /* ---- shared objects ---- */
