@@ -233,12 +233,25 @@ START_TEST(test_tags_child_process) {
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
+                /* Only the parent writes go and only this child ready: each
+                 * side's reads end when the other exits. */
+                close(go[1]);
+                close(ready[0]);
                 gpumem_client *c = NULL;
                 void *a;
                 char x = 0;
-                if (gpumem_connect_heap(daemon_.socket_path, GPUMEM_HEAP_LOCAL, &c) != 0 ||
-                    gpumem_pool_begin(c, "weights") != 0 || gpumem_alloc(c, 12 * MiB, 0, &a) != 0 ||
-                    gpumem_pool_end(c) != 0 || write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
+                const char *socket_path = daemon_.socket_path;
+                int r = gpumem_connect_heap(socket_path, GPUMEM_HEAP_LOCAL, &c);
+                if (r != 0) {
+                        fprintf(stderr, "child: gpumem_connect_heap(%s): %s\n", socket_path, gpumem_strerror(r));
+                        _exit(1);
+                }
+                if (gpumem_pool_begin(c, "weights") != 0 || gpumem_alloc(c, 12 * MiB, 0, &a) != 0 ||
+                    gpumem_pool_end(c) != 0) {
+                        fprintf(stderr, "child: a 12 MiB allocation in pool weights: %s\n", gpumem_last_error(c));
+                        _exit(1);
+                }
+                if (write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
                         _exit(1);
                 /* Garbage in its page's slot of pool "weights" (id 1) only. */
                 uint8_t *page = gm_test_own_stats_page();
@@ -250,8 +263,10 @@ START_TEST(test_tags_child_process) {
                 gpumem_disconnect(c);
                 _exit(0);
         }
-        char x;
-        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        close(go[0]);
+        close(ready[1]);
+        char x = 0;
+        gm_test_child_await(ready[0], pid, "its 12 MiB allocation in pool weights");
         ck_assert_int_eq(daemon_tag_bytes(pid, "weights"), 12 * MiB); /* its own 12 MiB segment */
         ck_assert_int_eq(daemon_tag_bytes(getpid(), "weights"), -1);  /* this process has no session */
         /* The daemon reads another process's pool from its page, and garbage there as zeros. */
@@ -260,7 +275,7 @@ START_TEST(test_tags_child_process) {
         int64_t sessions;
         ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 12 * MiB);
         ck_assert_int_eq(write(go[1], &x, 1), 1);
-        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        gm_test_child_await(ready[0], pid, "the garbage in its statistics page");
         ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 0);
         ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "reserved_bytes.all.peak", &sessions), 0);
         ck_assert_int_eq(sessions, 1);
@@ -269,10 +284,8 @@ START_TEST(test_tags_child_process) {
         int status;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        close(go[0]);
         close(go[1]);
         close(ready[0]);
-        close(ready[1]);
 }
 END_TEST
 

@@ -524,6 +524,22 @@ int gm_test_proc_finish(gm_test_proc_t *p) {
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+void gm_test_child_await(int fd, pid_t pid, const char *step) {
+        char ch;
+        ssize_t n;
+        do
+                n = read(fd, &ch, 1);
+        while (n < 0 && errno == EINTR);
+        if (n == 1)
+                return;
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        if (WIFEXITED(status))
+                ck_abort_msg("child %d exited with status %d before %s (its stderr says why)", (int) pid,
+                             WEXITSTATUS(status), step);
+        ck_abort_msg("child %d was killed by signal %d before %s", (int) pid, WTERMSIG(status), step);
+}
+
 int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv) {
         gm_test_proc_t p;
         gm_test_spawn(argv, uid, &p);

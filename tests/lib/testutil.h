@@ -115,6 +115,12 @@ int gm_test_proc_finish(gm_test_proc_t *p);
 /* gm_test_run as another user. */
 int gm_test_run_as(char *buf, size_t buf_len, uid_t uid, const char *const *argv);
 
+/* Reads the byte forked child `pid` writes to the pipe `fd` once it has
+ * reached `step`; when the child exits first, reaps it and fails the test
+ * naming the step and its exit status. The wait ends with the child's life
+ * only where the child alone holds the pipe's write end. */
+void gm_test_child_await(int fd, pid_t pid, const char *step);
+
 /* SIGSTOP, then waits until every thread of pid is stopped: kill() returns
  * before the group stop reaches the threads, and until it does libgpumem's
  * service thread still answers the daemon (it would give the cache back). */
