@@ -49,8 +49,9 @@ void gm_capture_unnote_block(uint64_t stream);
 void gm_capture_forget_stream(uint64_t stream);
 
 /* Captures open (declared ones plus noted streams), as the record last
- * published it under its lock; read only through gm_capture_any(). */
-extern atomic_uint gm_capture_open_;
+ * published it under its lock; read only through gm_capture_any(). Hidden:
+ * the library reads it with one PC-relative load, no GOT entry. */
+extern __attribute__((visibility("hidden"))) atomic_uint gm_capture_open_;
 
 /* Whether a capture may be in progress: one relaxed atomic load, no lock
  * and no query (an allocation's cache miss asks it; a true answer is
