@@ -296,6 +296,14 @@ bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w,
         return true;
 }
 
+void gm_mapping_drop_held_releases(gpumem_client *c) {
+        for (size_t i = 0; i < c->n_held_releases; i++)
+                gm_msg_free(c->held_releases[i]);
+        free(c->held_releases);
+        c->held_releases = NULL;
+        c->n_held_releases = c->cap_held_releases = 0;
+}
+
 bool gm_mapping_serve_held_releases(gpumem_client *c) {
         pthread_mutex_lock(&c->lock);
         bool held = c->n_held_releases > 0;
@@ -380,9 +388,5 @@ void gm_mapping_forget(gpumem_client *c, bool owner) {
                 segment_free(seg);
         }
         gm_u64map_done(&c->segments);
-        for (size_t i = 0; i < c->n_held_releases; i++) /* the session's releases end with it */
-                gm_msg_free(c->held_releases[i]);
-        free(c->held_releases);
-        c->held_releases = NULL;
-        c->n_held_releases = c->cap_held_releases = 0;
+        gm_mapping_drop_held_releases(c); /* the session's releases end with it */
 }

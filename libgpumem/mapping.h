@@ -43,6 +43,10 @@ bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w,
  * requests once no capture is in progress (their streams waited for, their
  * ranges unmapped, each acknowledged). True while some wait. */
 bool gm_mapping_serve_held_releases(gpumem_client *c);
+/* Forgets the held release requests unanswered: the daemon that sent them
+ * is gone (a re-attached session's new daemon numbers its releases anew and
+ * was told what is still mapped), or the session ends. */
+void gm_mapping_drop_held_releases(gpumem_client *c);
 bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
