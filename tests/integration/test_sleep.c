@@ -332,6 +332,69 @@ START_TEST(test_sleep_one_pool) {
 }
 END_TEST
 
+/* A pool sleeps alone: while kv_cache sleeps the default pool and weights
+ * allocate and free (and trim their cache) as before; only kv_cache refuses,
+ * naming itself, until the wake brings its data back at its addresses. */
+START_TEST(test_sleep_pool_alone) {
+        gpumem_client *c = connect_local();
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        void *kv = alloc(c, 24 * MiB), *kv_small = alloc(c, 256 * 1024);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        ck_assert_int_eq(gpumem_pool_begin(c, "weights"), 0);
+        void *w = alloc(c, 12 * MiB);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        fill(kv, 24 * MiB, 21);
+        fill(kv_small, 256 * 1024, 22);
+        fill(w, 12 * MiB, 23);
+        const char *pools[] = {"kv_cache", NULL};
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_sleep(c, pools, pools, &released), 0);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 26 * MiB);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+
+        /* The awake pools go on: the default pool and weights allocate and free. */
+        void *d = alloc(c, 12 * MiB), *d_small = alloc(c, 4096);
+        fill(d, 12 * MiB, 24);
+        ck_assert_int_eq(gpumem_pool_begin(c, "weights"), 0);
+        void *w2 = alloc(c, 16 * MiB);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        fill(w2, 16 * MiB, 25);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 12 + 2 + 16) * MiB);
+        ck_assert(verify(d, 12 * MiB, 24) && verify(w2, 16 * MiB, 25) && verify(w, 12 * MiB, 23));
+        ck_assert_int_eq(gpumem_free(c, d), 0);
+        ck_assert_int_eq(gpumem_free(c, d_small), 0);
+        ck_assert_int_eq(gpumem_free(c, w2), 0);
+        uint64_t trimmed = 0;
+        ck_assert_int_eq(gpumem_trim(c, &trimmed), 0); /* the awake pools' cache goes, the sleeping pool is left be */
+        ck_assert_uint_eq(trimmed, (12 + 2 + 16) * MiB);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 26 * MiB);
+
+        /* Only the sleeping pool refuses, and says which. */
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 1024, 0, &p), -EAGAIN);
+        ck_assert_msg(strstr(gpumem_last_error(c), "pool 'kv_cache' is asleep"), "%s", gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        clients_shows(true, 26 * MiB);
+
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 26) * MiB);
+        ck_assert_msg(verify(kv, 24 * MiB, 21), "the pool's block lost its data");
+        ck_assert_msg(verify(kv_small, 256 * 1024, 22), "the pool's small block lost its data");
+        ck_assert_msg(verify(w, 12 * MiB, 23), "the awake pool's block lost its data");
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0); /* awake: it allocates again */
+        void *kv2 = alloc(c, 1024);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        ck_assert_int_eq(gpumem_free(c, kv2), 0);
+        ck_assert_int_eq(gpumem_free(c, kv), 0);
+        ck_assert_int_eq(gpumem_free(c, kv_small), 0);
+        ck_assert_int_eq(gpumem_free(c, w), 0);
+        gpumem_disconnect(c);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
+}
+END_TEST
+
 /* SleepState's reply: Ok (0), or the Error's code. */
 static int sleep_state(int fd, uint64_t id, bool asleep, uint64_t bytes, char **tags, size_t n_tags) {
         Gpumem__SleepState ss = GPUMEM__SLEEP_STATE__INIT;
@@ -394,6 +457,7 @@ static Suite *sleep_suite(void) {
         tcase_add_test(tc, test_sleep_keep_nothing_and_end_asleep);
         tcase_add_test(tc, test_sleep_refusals);
         tcase_add_test(tc, test_sleep_one_pool);
+        tcase_add_test(tc, test_sleep_pool_alone);
         tcase_add_test(tc, test_sleep_state_validated);
         suite_add_tcase(s, tc);
         return s;
