@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,20 +304,30 @@ END_TEST
 /* One tagged pool sleeps: its pieces go (its blocks' data kept), the default
  * pool's stay mapped and usable; the wake's grants are booked under the
  * pool's name again. */
-START_TEST(test_sleep_one_pool) {
+/* A session whose kv_cache pool (a 24 MiB block, data `seed`) sleeps keeping
+ * its data, beside a 12 MiB block of the default pool (data seed + 1). */
+static gpumem_client *kv_cache_asleep(uint64_t seed, void **ret_kv, void **ret_weights) {
         gpumem_client *c = connect_local();
         ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
         void *kv = alloc(c, 24 * MiB);
         ck_assert_int_eq(gpumem_pool_end(c), 0);
         void *weights = alloc(c, 12 * MiB);
-        fill(kv, 24 * MiB, 11);
-        fill(weights, 12 * MiB, 12);
+        fill(kv, 24 * MiB, seed);
+        fill(weights, 12 * MiB, seed + 1);
         const char *pools[] = {"kv_cache", NULL};
         uint64_t released = 0;
         ck_assert_int_eq(gpumem_sleep(c, pools, pools, &released), 0);
         ck_assert_uint_eq(released, 24 * MiB);
         ck_assert_uint_eq(gpumem_sleeping_bytes(c), 24 * MiB);
         ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        *ret_kv = kv;
+        *ret_weights = weights;
+        return c;
+}
+
+START_TEST(test_sleep_one_pool) {
+        void *kv, *weights;
+        gpumem_client *c = kv_cache_asleep(11, &kv, &weights);
         ck_assert_msg(verify(weights, 12 * MiB, 12), "the awake pool's block lost its data");
         ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
         ck_assert_uint_eq(charged(SLEEPER_TENANT), 36 * MiB);
@@ -395,6 +407,63 @@ START_TEST(test_sleep_pool_alone) {
 }
 END_TEST
 
+/* Whether `gpumemctl clients` (`json`: --json) shows `want` in this process's entry. */
+static bool clients_entry_has(bool json, const char *want) {
+        char out[16384], pid[32];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", json ? "--json" : NULL, NULL};
+        if (gm_test_run(out, sizeof(out), argv) != 0)
+                return false;
+        snprintf(pid, sizeof(pid), json ? "\"pid\": %d," : " %d ", (int) getpid());
+        const char *e = strstr(out, pid);
+        const char *end = e ? strchr(e, json ? '}' : '\n') : NULL;
+        const char *at = e ? strstr(e, want) : NULL;
+        return at && (!end || at < end);
+}
+
+/* The daemon dies (SIGKILL) while a pool sleeps and a new one starts on the
+ * same socket, with no fd store: the session re-attaches on its own, still
+ * asleep (its re-attach says what its wake needs), the awake pool's memory
+ * charged exactly as before, and the wake maps the pool at its addresses
+ * again with its data. */
+START_TEST(test_sleep_across_restart) {
+        void *kv, *w;
+        gpumem_client *c = kv_cache_asleep(31, &kv, &w);
+
+        ck_assert_int_eq(kill(daemon_.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(daemon_.pid, NULL, 0), daemon_.pid);
+        gm_test_daemon_launch(&daemon_, CAPACITY, NULL);
+        /* Re-attached once the new daemon shows it; asleep as it was. */
+        char want[96];
+        snprintf(want, sizeof(want), "\"asleep\": true, \"sleeping_bytes\": %llu", 24 * MiB);
+        bool back = false;
+        for (int i = 0; i < 1000 && !(back = clients_entry_has(true, want)); i++)
+                usleep(10000);
+        ck_assert_msg(back, "the session did not re-attach asleep");
+        clients_shows(true, 24 * MiB); /* and its statistics page within the new daemon's bounds */
+        ck_assert_msg(clients_entry_has(false, "(asleep: needs 24.0M to wake)"), "gpumemctl clients");
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 24 * MiB);
+        ck_assert_msg(verify(w, 12 * MiB, 32), "the awake pool lost its data");
+        void *p;
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 1024, 0, &p), -EAGAIN);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        void *d = alloc(c, 12 * MiB); /* the awake pool goes on with the new daemon */
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 24 * MiB);
+        ck_assert_int_eq(gpumem_free(c, d), 0);
+
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 0);
+        clients_shows(false, 0);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 12 + 24) * MiB);
+        ck_assert_msg(verify(kv, 24 * MiB, 31), "the pool's block lost its data at its address");
+        ck_assert_int_eq(gpumem_free(c, kv), 0);
+        ck_assert_int_eq(gpumem_free(c, w), 0);
+        gpumem_disconnect(c);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
+}
+END_TEST
+
 /* SleepState's reply: Ok (0), or the Error's code. */
 static int sleep_state(int fd, uint64_t id, bool asleep, uint64_t bytes, char **tags, size_t n_tags) {
         Gpumem__SleepState ss = GPUMEM__SLEEP_STATE__INIT;
@@ -458,6 +527,7 @@ static Suite *sleep_suite(void) {
         tcase_add_test(tc, test_sleep_refusals);
         tcase_add_test(tc, test_sleep_one_pool);
         tcase_add_test(tc, test_sleep_pool_alone);
+        tcase_add_test(tc, test_sleep_across_restart);
         tcase_add_test(tc, test_sleep_state_validated);
         suite_add_tcase(s, tc);
         return s;
