@@ -76,6 +76,8 @@ struct gm_session {
         gm_session_sleep_t sleep;     /* local: asleep (gm_session_local_sleep_state) */
         gm_session_tags_t tags;       /* its tagged pools' names and charged bytes (piece.c books them) */
         uint8_t cur_tag;              /* central: the tag of the allocation being served (its new pieces') */
+        bool cur_capturing;           /* central: the allocation being served is on a captured stream (only within
+                                       * gm_session_central_try_alloc) */
         gm_session_reclaim_t reclaim; /* local */
         uint64_t reattach_items;
         bool ended;      /* memory released; no request is served any more */
@@ -143,6 +145,7 @@ typedef struct gm_request {
         bool is_grant;
         uint64_t size, stream; /* an allocation */
         uint8_t tag;           /* its tagged pool (an id of the session's tags) */
+        bool capturing;        /* an allocation whose stream its client captures: the heap releases nothing */
         gm_grant_t grant;      /* a grant */
 } gm_request_t;
 

@@ -125,11 +125,11 @@ void gm_broker_tick(gm_broker_t *b, uint64_t now_ms) {
 
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret) {
-        gm_broker_alloc_tagged(s, request_id, size, stream, "", frames, n_frames, ret);
+        gm_broker_alloc_tagged(s, request_id, size, stream, "", false, frames, n_frames, ret);
 }
 
 void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
-                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
+                            bool capturing, const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret) {
         gm_outcome_init(ret);
         if (s->ended || !s->tenant) {
                 gm_outcome_refuse(ret, -ESHUTDOWN, "gpumemd: the session has ended");
@@ -144,7 +144,7 @@ void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size,
                 return;
         }
         gm_process_check_baseline(s, NULL); /* what its process holds before gpumemd's memory */
-        gm_request_t rq = {.size = size, .stream = stream, .tag = (uint8_t) tag_id};
+        gm_request_t rq = {.size = size, .stream = stream, .tag = (uint8_t) tag_id, .capturing = capturing};
         if (s->parked) /* keep order behind earlier waiting requests */
                 return gm_reclaim_park(s, request_id, &rq, ret);
         s->cur_frames = frames;
@@ -447,7 +447,13 @@ static void check_session(gm_checker_t *c, const gm_session_t *s, uint64_t *back
                 if (p->rq.is_grant != s->local)
                         gm_check_violation(c, "session %llu: a parked %s in a %s session", (unsigned long long) s->id,
                                            p->rq.is_grant ? "grant" : "allocation", s->local ? "local" : "central");
+                if (p->rq.is_grant && p->rq.capturing)
+                        gm_check_violation(c, "session %llu: a parked grant marked as made during a capture",
+                                           (unsigned long long) s->id);
         }
+        if (s->cur_capturing || s->cur_tag)
+                gm_check_violation(c, "session %llu: an allocation's capture flag or tag left set between requests",
+                                   (unsigned long long) s->id);
         if (s->unresponsive && !s->owing_since_ms)
                 gm_check_violation(c, "session %llu: unresponsive while owing nothing", (unsigned long long) s->id);
         if (s->reclaim.id && (s->ended || !s->local))

@@ -575,9 +575,13 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 void gm_broker_alloc(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const gm_frame_t *frames,
                      size_t n_frames, gm_outcome_t *ret);
 /* gm_broker_alloc() from tagged pool `tag` (NULL or "": the default),
- * refused -EINVAL for a malformed name, -E2BIG past GM_SESSION_MAX_TAGS. */
+ * refused -EINVAL for a malformed name, -E2BIG past GM_SESSION_MAX_TAGS.
+ * `capturing`: the client captures `stream` into a CUDA graph (on a kind
+ * with device streams, the heap then releases and moves none of the
+ * session's cache for it, parked or not: the allocation gets new memory,
+ * reclaimed from other sessions if need be, or is refused). */
 void gm_broker_alloc_tagged(gm_session_t *s, uint64_t request_id, uint64_t size, uint64_t stream, const char *tag,
-                            const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
+                            bool capturing, const gm_frame_t *frames, size_t n_frames, gm_outcome_t *ret);
 /* The reply built from allocation outcome `out` was sent: its pieces are
  * the client's (their releases need acks from now on), its moves and fence
  * marks are done. */

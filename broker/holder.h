@@ -34,8 +34,10 @@ void gm_session_unpark_all(gm_session_t *s);
 int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap);
 /* One try of an allocation: 0 with REPLY or REFUSE in *out, or -ENOMEM /
  * -EDQUOT when the device or the quota is full (the heap already gave back
- * the session's own cache): reclaim decides. */
-int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, unsigned tag, gm_outcome_t *out);
+ * the session's own cache, unless `capturing`: then it released and moved
+ * none of it): reclaim decides. */
+int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, unsigned tag, bool capturing,
+                                 gm_outcome_t *out);
 /* An allocation waits for reclaimed memory: num_reclaim_waits. */
 void gm_session_central_count_reclaim_wait(gm_session_t *s);
 

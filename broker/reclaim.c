@@ -419,7 +419,7 @@ void gm_reclaim_park(gm_session_t *s, uint64_t request_id, const gm_request_t *r
 
 void gm_reclaim_try(gm_session_t *s, const gm_request_t *rq, bool may_park, gm_outcome_t *out) {
         int r = rq->is_grant ? gm_session_local_try_grant(s, &rq->grant, out)
-                             : gm_session_central_try_alloc(s, rq->size, rq->stream, rq->tag, out);
+                             : gm_session_central_try_alloc(s, rq->size, rq->stream, rq->tag, rq->capturing, out);
         if (r < 0)
                 out_of_memory(s, rq, r, may_park, out);
 }

@@ -184,6 +184,16 @@ void gm_session_central_frees_fenced(gm_session_t *s, uint64_t stream) {
                 f->asked = fence;
 }
 
+/* The heap's may_release(): nothing is released or moved for a miss on a
+ * stream the client said it captures (Alloc.capturing): the release would
+ * reach the client as a ReleaseRequest, whose synchronize and unmap
+ * invalidate the capture, and a move would remap memory under it. */
+static bool provider_may_release(void *userdata, uint64_t stream) {
+        const gm_session_t *s = userdata;
+        (void) stream; /* the flag is for the allocation's own stream */
+        return !s->cur_capturing;
+}
+
 /* Records allocator events in the session's own history while it is on,
  * else in the device's while that is on: each event in one ring only. */
 static void provider_trace(void *userdata, int action, uint64_t addr, uint64_t size, uint64_t stream) {
@@ -229,6 +239,7 @@ int gm_session_central_heap(gm_session_t *s, gm_heap_t **ret_heap) {
                 .trace = provider_trace,
                 .remap = provider_remap,
                 .stream_fence = synchronous ? NULL : provider_stream_fence,
+                .may_release = synchronous ? NULL : provider_may_release, /* no device streams: no captures */
                 .userdata = s,
         };
         gm_heap_params_t params = {
@@ -267,7 +278,8 @@ static void reply_of(const gm_session_t *s, gm_outcome_t *out) {
                                 (gm_fence_mark_t){.stream = s->fences[k].stream, .fence = s->fences[k].asked};
 }
 
-int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, unsigned tag, gm_outcome_t *out) {
+int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream, unsigned tag, bool capturing,
+                                 gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_heap_t *heap;
         int r = gm_session_central_heap(s, &heap);
@@ -289,9 +301,11 @@ int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream
         /* The tenant's quota is also the heap's limit: its garbage collection
          * aims below it (PyTorch's garbage_collection_threshold). */
         gm_heap_set_limit(heap, s->tenant->quota, &s->tenant->stats);
-        s->cur_tag = (uint8_t) tag; /* the provider books new pieces under it */
+        s->cur_tag = (uint8_t) tag;   /* the provider books new pieces under it */
+        s->cur_capturing = capturing; /* provider_may_release() answers from it */
         r = gm_heap_alloc_tagged(heap, size, stream, tag, &out->alloc);
         s->cur_tag = 0;
+        s->cur_capturing = false;
         if (r == 0) {
                 out->kind = GM_OUTCOME_REPLY;
                 reply_of(s, out);

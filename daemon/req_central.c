@@ -194,7 +194,8 @@ int gm_req_central_alloc(gm_request_conn_t *c, uint64_t request_id, const Gpumem
                         .name = alloc->frames[i]->name,
                 };
         gm_outcome_t out;
-        gm_broker_alloc_tagged(c->session, request_id, alloc->size, alloc->stream, alloc->tag, frames, n_frames, &out);
+        gm_broker_alloc_tagged(c->session, request_id, alloc->size, alloc->stream, alloc->tag, alloc->capturing, frames,
+                               n_frames, &out);
         if (out.kind != GM_OUTCOME_PARK)
                 gm_req_central_answer_alloc(c, request_id, &out);
         return 0;

@@ -26,10 +26,12 @@ static void put_ids(uint8_t *p, const uint64_t *ids, size_t n) {
 }
 
 /* Whether an Alloc is carried whole: no tag, frames, fence reports or other
- * streams fenced, no fields this build does not know. */
+ * streams fenced, not made during a stream capture, no fields this build
+ * does not know. */
 static bool alloc_fits(const Gpumem__Alloc *a) {
         return a->base.n_unknown_fields == 0 && a->n_frames == 0 && a->n_fences_done == 0 &&
-               a->n_other_frees_fenced == 0 && a->n_freed_block_ids <= GM_CARRIED_FREES_MAX && (!a->tag || !a->tag[0]);
+               a->n_other_frees_fenced == 0 && !a->capturing && a->n_freed_block_ids <= GM_CARRIED_FREES_MAX &&
+               (!a->tag || !a->tag[0]);
 }
 
 /* Whether an AllocReply is the cached case: no mapping, move or mark. */

@@ -19,8 +19,11 @@
  * length is malformed, as bytes protobuf cannot parse are.
  *
  * Only a message the layout carries whole is encoded: an Alloc with a tag,
- * frames, fence reports or other streams fenced, a reply with mappings, page
- * moves or fence marks, any other body (an Error among them) stays protobuf.
+ * frames, fence reports, other streams fenced or `capturing` (rare: a graph
+ * is captured once and its replays allocate nothing, so version 1 stays
+ * as it is and either side of it still understands the other), a reply with
+ * mappings, page moves or fence marks, any other body (an Error among them)
+ * stays protobuf.
  * A decoded packet is the same Envelope protobuf would give, so the same
  * handlers check the same fields. The daemon offers the codec in
  * HelloReply.fixed_codec; a client uses it only when offered, and the daemon

@@ -186,6 +186,9 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         alloc.size = size;
         alloc.stream = stream;
         alloc.tag = (char *) gm_pool_name(&c->pools, gm_pool_current(&c->pools)); /* the daemon's heap's pool */
+        /* The daemon's heap must not release or move cached memory under a
+         * capture (one driver query an Alloc, only where the mapper can). */
+        alloc.capturing = gm_mapping_stream_captured(c, stream);
         Gpumem__Frame wire_frames[GPUMEM_MAX_FRAMES];
         Gpumem__Frame *frame_ptrs[GPUMEM_MAX_FRAMES];
         alloc.n_frames = wire_frames_of(frames, n_frames, wire_frames, frame_ptrs);
@@ -195,7 +198,9 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         env.alloc = &alloc;
         Gpumem__Envelope *reply = NULL;
         if ((r = gm_conn_call_expect(c, &env, &alloc_ops, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY, &reply)) < 0)
-                return r;
+                return alloc.capturing && (r == -ENOMEM || r == -EDQUOT)
+                               ? gm_frees_refused_in_capture(c, r, size, stream, gm_conn_error_is_for(c))
+                               : r;
         const Gpumem__AllocReply *ar = reply->alloc_reply;
         block_t *b = malloc(sizeof(*b));
         pthread_mutex_lock(&c->lock);

@@ -4,11 +4,13 @@
  * being captured into a CUDA graph gets its event only after the capture. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conn.h"
 #include "frees.h"
+#include "mapping.h"
 
 void gm_frees_destroy(gpumem_client *c, pending_free_t *p, bool owner) {
         for (size_t i = 0; i < p->n_events && owner; i++)
@@ -19,16 +21,23 @@ void gm_frees_destroy(gpumem_client *c, pending_free_t *p, bool owner) {
         free(p);
 }
 
-/* Whether `stream` is being captured into a CUDA graph (an error: no). */
-static bool stream_captured(gpumem_client *c, uint64_t stream) {
-        return c->mapper->ops->capturing && c->mapper->ops->capturing(c->mapper, stream) == 1;
+int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told) {
+        char diagnosis[512] = "";
+        if (told)
+                snprintf(diagnosis, sizeof(diagnosis), " (%s)", gm_conn_last_error(c));
+        return gm_conn_set_error(c, r,
+                                 "gpumem: out of memory allocating %zu bytes: refused during a capture of stream "
+                                 "0x%llx into a CUDA graph: no cached block fits and freeing cached memory would "
+                                 "synchronize and unmap, which invalidates the capture; allocate before the "
+                                 "capture or give the graph a private pool%s",
+                                 size, (unsigned long long) stream, diagnosis);
 }
 
 /* Whether event i of p is done: one deferred during a capture is recorded
  * once the capture ended, and is pending until then. */
 static bool event_done(gpumem_client *c, pending_free_t *p, size_t i) {
         if (!p->events[i]) {
-                if (stream_captured(c, p->streams[i]) ||
+                if (gm_mapping_stream_captured(c, p->streams[i]) ||
                     c->mapper->ops->event_record(c->mapper, p->streams[i], &p->events[i]) < 0)
                         return false;
         }
@@ -82,7 +91,7 @@ int gm_frees_record_events(gpumem_client *c, pending_free_t *p, const uint64_t *
         }
         memcpy(copy, streams, n * sizeof(*copy));
         for (size_t i = 0; i < n; i++) {
-                int r = stream_captured(c, streams[i])
+                int r = gm_mapping_stream_captured(c, streams[i])
                                 ? 0
                                 : c->mapper->ops->event_record(c->mapper, streams[i], &events[i]);
                 if (r < 0) {

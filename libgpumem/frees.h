@@ -1,6 +1,7 @@
 /* libgpumem's fourth floor, shared by both heaps: stream-ordered frees (a
- * free waits in c->pending_frees for its streams' events) and the note of
- * a free sent, for the central heap's fence checks. Over the connection.
+ * free waits in c->pending_frees for its streams' events), the note of a
+ * free sent, for the central heap's fence checks, and the error of an
+ * allocation refused during a stream capture. Over the connection.
  * Not installed. */
 #pragma once
 
@@ -31,5 +32,11 @@ bool gm_frees_poll(gpumem_client *c);
  * (the cost of a cached small pair stays nil; a page it completes by
  * merging waits for a mark the daemon asks for). Caller holds lock. */
 void gm_frees_sent(gpumem_client *c, uint64_t stream, uint64_t size);
+/* An allocation of `size` on `stream` refused with r (-ENOMEM, -EDQUOT)
+ * while the stream was captured, the cache left as it was (releasing it
+ * would synchronize and unmap, invalidating the capture): sets the
+ * thread's error saying so, with the daemon's diagnosis when `told` (the
+ * daemon refused it), and returns r. Both heaps. */
+int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told);
 /* The session closes: every pending and completed free goes. */
 void gm_frees_forget(gpumem_client *c, bool owner);

@@ -464,22 +464,6 @@ static bool serve_alloc_conf(gpumem_client *c) {
 
 /* ---- allocation ---- */
 
-/* A miss during a stream capture that new memory could not serve: the
- * retry ladder was skipped (its synchronize and unmaps would invalidate
- * the capture), and the error says so, with the daemon's diagnosis when it
- * refused the grant. */
-static int refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told) {
-        char diagnosis[512] = "";
-        if (told)
-                snprintf(diagnosis, sizeof(diagnosis), " (%s)", gm_conn_last_error(c));
-        return gm_conn_set_error(c, r,
-                                 "gpumem: out of memory allocating %zu bytes: refused during a capture of stream "
-                                 "0x%llx into a CUDA graph: no cached block fits and freeing cached memory would "
-                                 "synchronize and unmap, which invalidates the capture; allocate before the "
-                                 "capture or give the graph a private pool%s",
-                                 size, (unsigned long long) stream, diagnosis);
-}
-
 int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const gm_frame_t *trace_frames,
                            size_t n_trace, void **ret_ptr) {
         gm_alloc_result_t res;
@@ -508,7 +492,7 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                 gm_heap_lock_drop(&c->heap_lock);
                 free(b);
                 if (in_capture && (r == -ENOMEM || r == -EDQUOT))
-                        return refused_in_capture(c, r, size, stream, told);
+                        return gm_frees_refused_in_capture(c, r, size, stream, told);
                 if (told || (r != -ENOMEM && r != -EDQUOT && gm_conn_error_is_for(c)))
                         return r; /* the daemon's diagnosis (or the grant's failure) is the thread's error */
                 return gm_conn_set_error(c, r, "gpumem: out of memory allocating %zu bytes: %s", size,

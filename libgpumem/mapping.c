@@ -224,6 +224,8 @@ static void move_for_waiter(gpumem_client *c, waiter_t *w, Gpumem__PageMove **mo
 
 int gm_mapping_event_record(void *ctx, uint64_t stream, uint64_t *ret_event) {
         gpumem_client *c = ctx;
+        if (gm_mapping_stream_captured(c, stream))
+                return -EBUSY;
         return c->mapper->ops->event_record(c->mapper, stream, ret_event);
 }
 

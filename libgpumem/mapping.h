@@ -39,8 +39,18 @@ bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t
  * pieces mapped after it consume it); the reply goes on to its waiter. */
 bool gm_mapping_on_claim_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 
+/* Whether `stream` is being captured into a CUDA graph (the mapper's
+ * capturing op; no op or an error: no). Asks the driver each call; inline,
+ * so a kind without the op (host) pays one test on a central Alloc. */
+static inline bool gm_mapping_stream_captured(gpumem_client *c, uint64_t stream) {
+        return c->mapper->ops->capturing && c->mapper->ops->capturing(c->mapper, stream) == 1;
+}
+
 /* The mapper's stream events, in the (ctx = the client) form of the fence
- * and local-heap ops. */
+ * and local-heap ops: page reuse's stream fences. No event is recorded on a
+ * stream being captured (-EBUSY): it would be part of the graph, and the
+ * fence's query of it would invalidate the capture; that fence is never
+ * complete, its pages wait for a later one. */
 int gm_mapping_event_record(void *ctx, uint64_t stream, uint64_t *ret_event);
 int gm_mapping_event_query(void *ctx, uint64_t event);
 void gm_mapping_event_destroy(void *ctx, uint64_t event);

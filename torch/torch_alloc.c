@@ -13,7 +13,8 @@
  * (enforced here on `held_bytes`, the bytes handed out plus those private
  * pools keep) and the private pools of CUDA graphs. A pool's blocks are
  * tagged by address in `tags`; freed while the pool lives they stay in the
- * pool's `kept` list, out of libgpumem's reach, until the pool is released. */
+ * pool's `kept` list, out of libgpumem's reach, until every graph that
+ * began allocating to it (`uses`) has released it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -45,8 +46,9 @@ typedef struct kept_block {
 typedef struct pool {
         bool used; /* this entry holds a pool */
         gpumem_torch_pool_id id;
+        unsigned uses;   /* begin_allocate_to_pool calls not yet released (graphs sharing it) */
         bool allocating; /* between begin and end allocate_to_pool */
-        bool released;   /* release_pool came: kept blocks are gone, tags drain */
+        bool released;   /* the last release_pool came: kept blocks are gone, tags drain */
         void *filter;    /* a copy of PyTorch's stream filter; NULL accepts every stream */
         kept_block_t *kept;
         size_t n_kept, cap_kept;
@@ -74,8 +76,9 @@ typedef struct slot {
         uint64_t refusals;
         int logged[MAX_LOGGED_KINDS];
         size_t n_logged;
-        uint64_t limit;      /* the memory fraction's bytes; 0: none */
-        double fraction;     /* what set it */
+        bool limited;        /* a memory fraction below 1 is set */
+        uint64_t limit;      /* its bytes (0 for fraction 0: nothing more is handed out) */
+        double fraction;     /* what set it; 1 when none is */
         uint64_t held_bytes; /* handed out plus kept by pools */
         pool_t pools[MAX_POOLS];
         size_t n_allocating; /* pools allocating now: 0 keeps the fast path free of pool work */
@@ -319,7 +322,7 @@ static void held_sub(slot_t *s, uint64_t bytes) {
 /* Claims `size` bytes of the memory fraction; false (and a diagnosis in msg)
  * when they would pass it. */
 static bool held_claim(slot_t *s, size_t size, char *msg, size_t len) {
-        if (s->limit && s->held_bytes + size > s->limit) {
+        if (s->limited && s->held_bytes + size > s->limit) {
                 snprintf(msg, len,
                          "gpumem: out of memory allocating %zu bytes: over this process's memory fraction %.3g "
                          "(%llu bytes; %llu held; torch.cuda.set_per_process_memory_fraction)",
@@ -508,7 +511,7 @@ void gpumem_torch_set_frame_hook(gpumem_frame_hook hook, void *userdata) {
 }
 
 void gpumem_torch_set_memory_fraction(double fraction, int device) {
-        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES || !(fraction > 0.0 && fraction <= 1.0))
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES || !(fraction >= 0.0 && fraction <= 1.0))
                 return;
         gpumem_client *c = NULL;
         uint64_t free_bytes = 0, total = 0;
@@ -522,8 +525,19 @@ void gpumem_torch_set_memory_fraction(double fraction, int device) {
         slot_t *s = &slots[device];
         pthread_mutex_lock(&s->lock);
         s->fraction = fraction;
-        s->limit = fraction >= 1.0 ? 0 : (uint64_t) (fraction * (double) total);
+        s->limited = fraction < 1.0;
+        s->limit = s->limited ? (uint64_t) (fraction * (double) total) : 0;
         pthread_mutex_unlock(&s->lock);
+}
+
+double gpumem_torch_memory_fraction(int device) {
+        if (device < 0 || device >= GPUMEM_TORCH_MAX_DEVICES)
+                return 1.0;
+        slot_t *s = &slots[device];
+        pthread_mutex_lock(&s->lock);
+        double fraction = s->limited ? s->fraction : 1.0;
+        pthread_mutex_unlock(&s->lock);
+        return fraction;
 }
 
 void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, const void *filter) {
@@ -539,6 +553,7 @@ void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_pool_id id, co
                         *p = (pool_t){.used = true, .id = id};
                 }
         if (p) {
+                p->uses++; /* another graph shares it: it lives until each has released it */
                 pool_stop_allocating(s, p);
                 p->filter = copy;
                 p->allocating = true;
@@ -570,7 +585,7 @@ void gpumem_torch_release_pool(int device, gpumem_torch_pool_id id) {
         pool_t *p = pool_find(s, id);
         kept_block_t *kept = NULL;
         size_t n_kept = 0;
-        if (p) {
+        if (p && --p->uses == 0) { /* the last graph that used it is gone */
                 pool_stop_allocating(s, p);
                 kept = p->kept;
                 n_kept = p->n_kept;

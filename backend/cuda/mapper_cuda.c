@@ -61,6 +61,7 @@ static bool special_stream(uint64_t stream) {
 
 static int cuda_reserve(gm_mapper_t *m, uint64_t va_size, uint64_t *ret_base) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         if (va_size == 0 || va_size % m->granularity != 0)
                 return gm_cuda_fail_errno(-EINVAL, "reservation of %llu bytes is not a multiple of the granularity",
                                           (unsigned long long) va_size);
@@ -214,6 +215,7 @@ static int cuda_copy_from_host(gm_mapper_t *m, uint64_t device, const void *host
 
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
         int r = gm_cuda_check_process();
         if (r < 0)
                 return r;
@@ -277,18 +279,26 @@ static void cuda_event_destroy(gm_mapper_t *m, uint64_t event) {
                 cm->cu->EventDestroy((CUevent) (uintptr_t) event);
 }
 
-/* The legacy stream cannot be captured, and asking about it while a
- * blocking stream captures is itself illegal: special streams answer 0 (the
- * per-thread stream included, which this library never asks about either). */
+/* The legacy stream (0, CU_STREAM_LEGACY) cannot be captured, and asking
+ * about it while a blocking stream captures is itself illegal: it answers
+ * 0 unasked. The per-thread default stream can be captured and is asked
+ * about: the calling thread's, in this mapper's device's primary context
+ * (the context a special stream's event is recorded in, as the runtime's
+ * cudaStreamPerThread is). */
 static int cuda_capturing(gm_mapper_t *m, uint64_t stream) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
-        if (special_stream(stream) || !cm->cu->StreamIsCapturing)
+        bool per_thread = stream == (uint64_t) (uintptr_t) CU_STREAM_PER_THREAD;
+        if ((special_stream(stream) && !per_thread) || !cm->cu->StreamIsCapturing)
                 return 0;
         int r = gm_cuda_check_process();
+        if (r == 0 && per_thread)
+                r = gm_cuda_push(cm->cu, cm->ctx);
         if (r < 0)
                 return r;
         CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
         CUresult cr = cm->cu->StreamIsCapturing((CUstream) (uintptr_t) stream, &status);
+        if (per_thread)
+                gm_cuda_pop(cm->cu);
         if (cr != CUDA_SUCCESS)
                 return gm_cuda_fail(cm->cu, cr, "cuStreamIsCapturing");
         return status != CU_STREAM_CAPTURE_STATUS_NONE;

@@ -107,6 +107,13 @@ def _current_device():
     return 0
 
 
+def _is_torch_cuda_device(device):
+    """Whether `device` is a torch.cuda.device (the context manager), without importing torch."""
+    torch = sys.modules.get("torch")
+    cls = getattr(getattr(torch, "cuda", None), "device", None)
+    return isinstance(cls, type) and isinstance(device, cls)
+
+
 def _device_index(device):
     """The process ordinal that `device` names, as torch.cuda's _get_device_index does."""
     if device is None:
@@ -122,6 +129,8 @@ def _device_index(device):
         index = int(num) if num else _current_device()
     elif getattr(device, "type", None) == "cuda":  # torch.device
         index = device.index if device.index is not None else _current_device()
+    elif _is_torch_cuda_device(device):  # torch.cuda.device(N), as torch/cuda/_utils.py takes it
+        index = device.idx
     else:
         raise ValueError(f"expected a CUDA device, got {device!r}")
     if not 0 <= index < _lib.MAX_DEVICES:

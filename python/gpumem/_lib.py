@@ -131,6 +131,7 @@ _SIGNATURES = {
     "gpumem_torch_set_frame_hook": (None, [FRAME_HOOK, ctypes.c_void_p]),
     "gpumem_torch_pool_kept_bytes": (ctypes.c_uint64, [ctypes.c_int]),
     "gpumem_torch_oom_mode": (ctypes.c_int, []),
+    "gpumem_torch_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
 }
 
 # gpumem_torch_oom_mode(): how a refusal through gpumem_torch_malloc reaches PyTorch.

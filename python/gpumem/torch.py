@@ -17,11 +17,15 @@ torch._C._CUDAPluggableAllocator offers, each only where it has it:
                  (torch.cuda.set_per_process_memory_fraction: enforced by the
                  library on the bytes it hands out on the device)
   graph pools    gpumem_torch_begin_allocate_to_pool / _end_ / release_pool
-                 (torch.cuda.graph, torch.compile(mode="reduce-overhead"))
+                 (torch.cuda.graph; torch.compile(mode="reduce-overhead")
+                 with torch._inductor.config.triton.cudagraph_trees = False:
+                 CUDA graph trees need allocator calls PyTorch 2.11's
+                 pluggable allocator lacks)
 
 and makes torch.cuda's memory functions (memory_allocated, memory_stats,
-memory_summary, reset_peak_memory_stats, ...), which raise under a pluggable
-allocator, answer with gpumemd's figures for this process; unuse() puts
+memory_summary, reset_peak_memory_stats, get_per_process_memory_fraction,
+...), which raise under a pluggable allocator, answer with gpumemd's figures
+for this process; unuse() puts
 PyTorch's functions back (the allocator itself stays: PyTorch cannot swap it).
 """
 import ctypes
@@ -49,7 +53,7 @@ HOOKS = (
 # replaced where torch.cuda re-exports them).
 PATCHED = ("memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
            "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
-           "reset_accumulated_memory_stats", "memory_summary")
+           "reset_accumulated_memory_stats", "memory_summary", "get_per_process_memory_fraction")
 
 _installed = None
 _hooks = ()
@@ -109,7 +113,12 @@ def _replacements():
     def memory_summary(device=None, abbreviated=False):
         return gpumem.memory_summary(device, abbreviated)
 
-    table = {"memory_stats": memory_stats, "memory_summary": memory_summary}
+    def get_per_process_memory_fraction(device=None):
+        # CUDAPluggableAllocator::getMemoryFraction raises: the fraction the library enforces.
+        return _lib.torch_lib.gpumem_torch_memory_fraction(_device_index(device))
+
+    table = {"memory_stats": memory_stats, "memory_summary": memory_summary,
+             "get_per_process_memory_fraction": get_per_process_memory_fraction}
     for name in PATCHED:
         if name not in table:
             ours = getattr(gpumem, name)
@@ -117,6 +126,9 @@ def _replacements():
     for name, fn in table.items():
         fn.__name__ = name
         fn.__doc__ = f"torch.cuda.{name}, answered by gpumemd (gpumem.{name}) for this process's session."
+    table["get_per_process_memory_fraction"].__doc__ = (
+        "torch.cuda.get_per_process_memory_fraction, answered by libgpumem_torch: the fraction it enforces "
+        "(set_per_process_memory_fraction), 1.0 when none is set.")
     return table
 
 

@@ -1014,53 +1014,118 @@ START_TEST(test_capture_survives_library_calls) {
 }
 END_TEST
 
-/* During a global-mode capture of a local heap's stream, allocations that
- * hit the cache or miss with room (a grant: import, map, set-access in
- * relaxed mode) succeed; one only the retry ladder could serve (its
- * synchronize and unmap would invalidate the capture) is refused with
- * -ENOMEM and says why; the capture stays valid, and after it the same
- * allocation succeeds through the ladder. */
-START_TEST(test_capture_miss_skips_the_ladder) {
-        start_daemon("256M", NULL, NULL, NULL);
-        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+/* During a global-mode capture of `graph` (a created stream, or the
+ * calling thread's per-thread default stream, CU_STREAM_PER_THREAD),
+ * allocations on it that hit the cache or miss with room (new memory:
+ * import, map, set-access in relaxed mode) succeed; one only the retry
+ * ladder could serve (the release of the cached block freed before the
+ * capture: a local heap's synchronize and unmap, a central heap's
+ * ReleaseRequest, whose synchronize and unmap in the client are the same)
+ * is refused with -ENOMEM and says why, with nothing released or moved
+ * (with `page_reuse`, no page of the cached block moves either: the client
+ * also records no fence event inside the capture); the capture stays
+ * valid, and after it the same allocation succeeds (a local heap's ladder
+ * or page move; a central session after a trim, as its miss does not wait
+ * for its own cache's release). */
+static void check_capture_miss(gpumem_heap_mode heap, bool per_thread, bool page_reuse) {
+        static const char *const reuse[] = {"--alloc-conf", "expandable_segments:True,gpumemd_page_reuse:True", NULL};
+        start_daemon("256M", page_reuse ? reuse : NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(heap);
         CUcontext ctx;
         const gm_cuda_t *cu = push_device(0, &ctx);
-        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        uint64_t other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        uint64_t graph =
+                per_thread ? (uint64_t) (uintptr_t) CU_STREAM_PER_THREAD : new_stream(cu, CU_STREAM_NON_BLOCKING);
         capture_api_t cap = capture_api();
         void *cached, *live, *hit, *room, *big = NULL;
         ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &cached), 0);
         ck_assert_int_eq(gpumem_alloc(c, 60 * MiB, other, &live), 0);
         late_write(other, live, 60 * MiB, 0, 0x55);
         ck_assert_int_eq(gpumem_free(c, cached), 0); /* 100 MiB cached on the captured stream */
-        int64_t retries = -1, after = -1;
+        int64_t retries = -1, after = -1, reserved = -1, reserved_after = -1;
         ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &retries), 0);
 
         ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
         ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &hit), 0); /* a hit */
         ck_assert_ptr_eq(hit, cached);
-        ck_assert_int_eq(gpumem_alloc(c, 40 * MiB, graph, &room), 0); /* a miss with room: granted */
+        ck_assert_int_eq(gpumem_alloc(c, 40 * MiB, graph, &room), 0); /* a miss with room: new memory */
         ck_assert_int_eq(gpumem_free(c, hit), 0);                     /* cached again */
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &reserved), 0);
+        long mappings = usage().mappings;
         /* 56 MiB free on the device: only releasing the cached 100 MiB fits 120. */
         ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), -ENOMEM);
         ck_assert_msg(strstr(gpumem_last_error(c), "refused during a capture") != NULL, "%s", gpumem_last_error(c));
         ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
         ck_assert_int_eq(after, retries); /* the ladder did not run */
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &reserved_after), 0);
+        ck_assert_int_eq(reserved_after, reserved);                   /* the cached block was not released */
+        ck_assert_int_eq(usage().mappings, mappings);                 /* nor unmapped, nor moved */
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &hit), 0); /* still where it was */
+        ck_assert_ptr_eq(hit, cached);
+        ck_assert_int_eq(gpumem_free(c, hit), 0);
         CUgraph g = NULL;
         ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
         ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
         ck_assert_int_eq(usage().capture_refusals, 0);
 
-        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0); /* now through the ladder */
-        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
-        ck_assert_int_eq(after, retries + 1);
+        if (heap == GPUMEM_HEAP_CENTRAL) {
+                /* A central heap's ladder releases its cache, but the
+                 * allocation does not wait for that release (refused): trim. */
+                uint64_t released = 0;
+                ck_assert_int_eq(gpumem_trim(c, &released), 0);
+                ck_assert_uint_eq(released, 100 * MiB);
+                ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 100 * MiB),
+                                 100 * MiB);
+                ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0);
+        } else {
+                /* Now through the ladder, or with page reuse by moving the cached block's pages. */
+                ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0);
+                ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+                ck_assert_int_eq(after, page_reuse ? retries : retries + 1);
+        }
         assert_no_fault(cu);
         ck_assert_int_eq(gpumem_free(c, big), 0);
         ck_assert_int_eq(gpumem_free(c, room), 0);
         ck_assert_int_eq(gpumem_free(c, live), 0);
-        destroy_stream(cu, graph);
+        if (!per_thread)
+                destroy_stream(cu, graph);
         destroy_stream(cu, other);
         pop_device(cu, 0);
         finish(c);
+}
+
+START_TEST(test_capture_miss_skips_the_ladder) {
+        check_capture_miss(GPUMEM_HEAP_LOCAL, false, false);
+}
+END_TEST
+
+/* The same in a central session: the client says the stream captures
+ * (Alloc.capturing) and the daemon's heap skips its ladder. */
+START_TEST(test_capture_miss_skips_the_ladder_central) {
+        check_capture_miss(GPUMEM_HEAP_CENTRAL, false, false);
+}
+END_TEST
+
+/* A capture of the per-thread default stream is seen like any other. */
+START_TEST(test_capture_of_per_thread_stream_seen_local) {
+        check_capture_miss(GPUMEM_HEAP_LOCAL, true, false);
+}
+END_TEST
+
+START_TEST(test_capture_of_per_thread_stream_seen_central) {
+        check_capture_miss(GPUMEM_HEAP_CENTRAL, true, false);
+}
+END_TEST
+
+/* With page reuse, the cached block's free pages are not moved under the
+ * capture either (local and central heaps). */
+START_TEST(test_capture_miss_moves_no_page_local) {
+        check_capture_miss(GPUMEM_HEAP_LOCAL, false, true);
+}
+END_TEST
+
+START_TEST(test_capture_miss_moves_no_page_central) {
+        check_capture_miss(GPUMEM_HEAP_CENTRAL, false, true);
 }
 END_TEST
 
@@ -1187,6 +1252,11 @@ static Suite *e2e_suite(void) {
         tcase_add_test(tc, test_default_stream_event_on_daemon_device);
         tcase_add_test(tc, test_capture_survives_library_calls);
         tcase_add_test(tc, test_capture_miss_skips_the_ladder);
+        tcase_add_test(tc, test_capture_miss_skips_the_ladder_central);
+        tcase_add_test(tc, test_capture_of_per_thread_stream_seen_local);
+        tcase_add_test(tc, test_capture_of_per_thread_stream_seen_central);
+        tcase_add_test(tc, test_capture_miss_moves_no_page_local);
+        tcase_add_test(tc, test_capture_miss_moves_no_page_central);
         tcase_add_test(tc, test_capture_free_waits_for_its_end);
         tcase_add_test(tc, test_graph_replay_shows_reuse_hazard);
         suite_add_tcase(s, tc);

@@ -437,12 +437,14 @@ START_TEST(test_pool_blocks_not_reused_outside_the_pool) {
         gpumem_torch_end_allocate_to_pool(1, graph);
         ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 8 * MiB);
 
-        /* Released, its blocks go back to libgpumem; only the eager one stays. */
+        /* Released by both captures, its blocks go back to libgpumem; only the
+         * eager one stays. */
+        gpumem_torch_release_pool(1, graph);
         gpumem_torch_release_pool(1, graph);
         ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
         ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 4 * MiB),
                          (int64_t) (4 * MiB));
-        gpumem_torch_release_pool(1, graph); /* twice, or unknown: ignored */
+        gpumem_torch_release_pool(1, graph); /* once more, or unknown: ignored */
         gpumem_torch_free(eager, 4 * MiB, 1, s);
         ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
 }
@@ -476,6 +478,60 @@ START_TEST(test_pool_block_in_use_at_release_and_record_stream) {
         ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), MiB);
         gpumem_torch_release_pool(1, graph);
         ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
+}
+END_TEST
+
+/* Two graphs sharing one pool (torch.cuda.graph(pool=g1.pool()),
+ * make_graphed_callables): PyTorch calls begin_allocate_to_pool once per
+ * capture and release_pool once per graph reset; the blocks the pool keeps
+ * are the second graph's too, so the first reset must not give them back. */
+START_TEST(test_pool_shared_by_two_graphs_lives_until_both_release) {
+        const gpumem_torch_pool_id shared = {0, 42};
+        stream_t s = NULL;
+        gpumem_torch_begin_allocate_to_pool(1, shared, NULL); /* graph 1 */
+        void *t1 = gpumem_torch_alloc(4 * MiB, 1, s);
+        ck_assert_ptr_nonnull(t1);
+        gpumem_torch_free(t1, 4 * MiB, 1, s); /* a temporary of graph 1: its replays write it */
+        gpumem_torch_end_allocate_to_pool(1, shared);
+        gpumem_torch_begin_allocate_to_pool(1, shared, NULL); /* graph 2, the same pool */
+        void *t2 = gpumem_torch_alloc(4 * MiB, 1, s);
+        ck_assert_ptr_eq(t2, t1); /* graph 2 reuses graph 1's block, as PyTorch's pools do */
+        gpumem_torch_free(t2, 4 * MiB, 1, s);
+        gpumem_torch_end_allocate_to_pool(1, shared);
+
+        gpumem_torch_release_pool(1, shared); /* graph 1 reset: graph 2 still replays into t1 */
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 4 * MiB);
+        void *eager = gpumem_torch_alloc(4 * MiB, 1, s);
+        ck_assert_ptr_nonnull(eager);
+        ck_assert_ptr_ne(eager, t1);
+        ck_assert_int_eq(stat_of(1, "allocated_bytes.all.current"), (int64_t) (8 * MiB));
+
+        gpumem_torch_release_pool(1, shared); /* graph 2 reset: the pool is gone */
+        ck_assert_uint_eq(gpumem_torch_pool_kept_bytes(1), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 4 * MiB),
+                         (int64_t) (4 * MiB));
+        gpumem_torch_free(eager, 4 * MiB, 1, s);
+        ck_assert_int_eq(gm_test_wait_device_stat(dev[1].socket_path, "allocated_bytes.all.current", 0), 0);
+}
+END_TEST
+
+/* torch.cuda.set_per_process_memory_fraction accepts 0 (its range is 0~1):
+ * nothing more is handed out on the device, as PyTorch's own allocator. */
+START_TEST(test_memory_fraction_zero_refuses_everything) {
+        ck_assert(gpumem_torch_memory_fraction(1) == 1.0);
+        gpumem_torch_set_memory_fraction(0.0, 1);
+        ck_assert(gpumem_torch_memory_fraction(1) == 0.0);
+        ck_assert_ptr_null(gpumem_torch_alloc(4096, 1, NULL));
+        char why[2048];
+        ck_assert_int_eq(gpumem_torch_last_refusal(1, why, sizeof(why), NULL), -ENOMEM);
+        ck_assert_msg(strstr(why, "memory fraction 0 "), "diagnosis: %s", why);
+        gpumem_torch_set_memory_fraction(-0.5, 1); /* outside [0, 1]: ignored */
+        ck_assert(gpumem_torch_memory_fraction(1) == 0.0);
+        gpumem_torch_set_memory_fraction(1.0, 1);
+        ck_assert(gpumem_torch_memory_fraction(1) == 1.0);
+        void *p = gpumem_torch_alloc(4096, 1, NULL);
+        ck_assert_ptr_nonnull(p);
+        gpumem_torch_free(p, 4096, 1, NULL);
 }
 END_TEST
 
@@ -540,6 +596,8 @@ static Suite *torch_suite(void) {
         tcase_add_test(tc, test_memory_fraction_limits_the_process);
         tcase_add_test(tc, test_pool_blocks_not_reused_outside_the_pool);
         tcase_add_test(tc, test_pool_block_in_use_at_release_and_record_stream);
+        tcase_add_test(tc, test_pool_shared_by_two_graphs_lives_until_both_release);
+        tcase_add_test(tc, test_memory_fraction_zero_refuses_everything);
         tcase_add_test(tc, test_oom_mode_is_reported);
         suite_add_tcase(s, tc);
         return s;

@@ -482,6 +482,46 @@ START_TEST(test_reclaim_parks_until_the_ack) {
 }
 END_TEST
 
+/* An allocation on a stream its client captures (Alloc.capturing): its
+ * heap's ladder releases none of the session's own cache (its release
+ * would reach the capturing client), other sessions are asked instead and
+ * the request parks with the flag kept; once their memory is back it gets
+ * new memory, its cache still where it was. */
+START_TEST(test_capturing_alloc_keeps_its_own_cache) {
+        backend_.capacity = 50 * MiB;
+        gm_session_t *idle = session(b_, 1000, "a"), *cap = session(b_, 1001, "b");
+        ck_assert_int_eq(gm_session_central_free_block(idle, alloc_ok(idle, 20 * MiB), false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(cap, alloc_ok(cap, 20 * MiB), false), 0);
+        CHECK(b_);
+
+        gm_outcome_t out;
+        gm_broker_alloc_tagged(cap, 42, 30 * MiB, 7, "", true, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 1); /* idle's cache only */
+        ck_assert_ptr_eq(host_.releases[0].session, idle);
+        ck_assert_ptr_null(cap->rel_head);
+        ck_assert_int_eq(gm_heap_stats(cap->heap)->reserved_bytes[GM_STAT_ALL].current, 20 * MiB);
+        ck_assert_uint_eq(cap->n_parked, 1);
+        ck_assert(cap->parked->rq.capturing);
+
+        ack_all(idle);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(host_.n_releases, 1);
+        ck_assert_int_eq(gm_heap_stats(cap->heap)->reserved_bytes[GM_STAT_ALL].current, 50 * MiB);
+        ck_assert_int_eq(gm_heap_stats(cap->heap)->allocated_bytes[GM_STAT_ALL].current, 30 * MiB);
+        CHECK(b_);
+
+        /* The same miss not captured: the ladder gives the own cache back. */
+        gm_broker_alloc_tagged(cap, 43, 40 * MiB, 7, "", false, NULL, 0, &out);
+        ck_assert_int_ne(out.kind, GM_OUTCOME_REPLY);
+        ck_assert_ptr_nonnull(cap->rel_head);
+        ck_assert_int_eq(gm_heap_stats(cap->heap)->reserved_bytes[GM_STAT_ALL].current, 30 * MiB);
+        CHECK(b_);
+}
+END_TEST
+
 START_TEST(test_unacknowledged_release_is_asked_again) {
         gm_session_t *s = session(b_, 1000, "a");
         uint64_t blk = alloc_ok(s, 20 * MiB);
@@ -2022,16 +2062,16 @@ START_TEST(test_tagged_pool_books) {
         char name[16];
         for (int i = 0; i < GM_SESSION_MAX_TAGS; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
-                gm_broker_alloc_tagged(c, 10 + (uint64_t) i, 4096, 0, name, NULL, 0, &out);
+                gm_broker_alloc_tagged(c, 10 + (uint64_t) i, 4096, 0, name, false, NULL, 0, &out);
                 ck_assert_msg(out.kind == GM_OUTCOME_REPLY, "%s: %s", name, out.message);
                 gm_broker_commit(c, &out);
                 CHECK(b_);
         }
         ck_assert_uint_eq(c->tags.bytes[16], 2 * MiB); /* its own small segment */
-        gm_broker_alloc_tagged(c, 30, 4096, 0, "one_too_many", NULL, 0, &out);
+        gm_broker_alloc_tagged(c, 30, 4096, 0, "one_too_many", false, NULL, 0, &out);
         ck_assert_int_eq(out.kind, GM_OUTCOME_REFUSE);
         ck_assert_int_eq(out.error, -E2BIG);
-        gm_broker_alloc_tagged(c, 31, 4096, 0, "bad name", NULL, 0, &out);
+        gm_broker_alloc_tagged(c, 31, 4096, 0, "bad name", false, NULL, 0, &out);
         ck_assert_int_eq(out.error, -EINVAL);
         gm_session_free(c);
         gm_session_free(s);
@@ -2354,6 +2394,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_claims);
         tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
+        tcase_add_test(tc, test_capturing_alloc_keeps_its_own_cache);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
         tcase_add_test(tc, test_grant_without_a_heap);

@@ -1139,46 +1139,112 @@ static CUresult query_elsewhere(void) {
         return (CUresult) (intptr_t) r;
 }
 
+/* The emulator's capture entry points (not in gm_cuda_t). */
+typedef struct capture_fns {
+        begin_capture_fn begin;
+        end_capture_fn end;
+        is_capturing_fn capturing;
+        graph_destroy_fn graph_destroy;
+} capture_fns_t;
+
+/* emu_open(), and the capture entry points. */
+static capture_fns_t capture_open(emu_fixture_t *f) {
+        emu_open(f);
+        capture_cu = f->cu;
+        return (capture_fns_t){
+                .begin = FAKE_FN(begin_capture_fn, "cuStreamBeginCapture_v2"),
+                .end = FAKE_FN(end_capture_fn, "cuStreamEndCapture"),
+                .capturing = FAKE_FN(is_capturing_fn, "cuStreamIsCapturing"),
+                .graph_destroy = FAKE_FN(graph_destroy_fn, "cuGraphDestroy"),
+        };
+}
+
 /* Stream capture: in global mode another thread's event query, and this
  * thread's cuMemMap, are refused and invalidate the capture; relaxed mode
  * allows them. */
 START_TEST(test_capture_refuses_unsafe_calls) {
         emu_fixture_t f;
-        emu_open(&f);
-        capture_cu = f.cu;
-        begin_capture_fn begin = FAKE_FN(begin_capture_fn, "cuStreamBeginCapture_v2");
-        end_capture_fn end = FAKE_FN(end_capture_fn, "cuStreamEndCapture");
-        is_capturing_fn capturing = FAKE_FN(is_capturing_fn, "cuStreamIsCapturing");
-        graph_destroy_fn graph_destroy = FAKE_FN(graph_destroy_fn, "cuGraphDestroy");
+        capture_fns_t cap = capture_open(&f);
         CUstream s;
         CUgraph g;
         CUstreamCaptureStatus status;
         ck_assert_int_eq(f.cu->StreamCreate(&s, 0), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventCreate(&capture_event, 0), CUDA_SUCCESS);
 
-        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-        ck_assert_int_eq(capturing(s, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.capturing(s, &status), CUDA_SUCCESS);
         ck_assert_int_eq(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
         ck_assert_int_eq(query_elsewhere(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        ck_assert_int_eq(capturing(s, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.capturing(s, &status), CUDA_SUCCESS);
         ck_assert_int_eq(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
-        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        ck_assert_int_eq(cap.end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 
-        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->MemUnmap(f.base, SEG), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        ck_assert_int_eq(cap.end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 
-        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
         ck_assert_int_eq(query_elsewhere(), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventRecord(capture_event, s), CUDA_SUCCESS);                      /* captured */
         ck_assert_int_eq(f.cu->EventQuery(capture_event), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* in any mode */
-        ck_assert_int_eq(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        ck_assert_int_eq(cap.end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 
-        ck_assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-        ck_assert_int_eq(end(s, &g), CUDA_SUCCESS);
-        ck_assert_int_eq(graph_destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.end(s, &g), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.graph_destroy(g), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->EventDestroy(capture_event), CUDA_SUCCESS);
         ck_assert_int_eq(f.cu->StreamDestroy(s), CUDA_SUCCESS);
+        emu_close(&f, true);
+}
+END_TEST
+
+static CUstreamCaptureStatus other_thread_status;
+
+/* The per-thread default stream's capture status as another host thread
+ * sees it (its own per-thread stream), with the device's primary context. */
+static void *per_thread_status_elsewhere(void *arg) {
+        (void) arg;
+        CUcontext ctx = push_primary(capture_cu, 0);
+        is_capturing_fn capturing = FAKE_FN(is_capturing_fn, "cuStreamIsCapturing");
+        other_thread_status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        ck_assert_int_eq(capturing(CU_STREAM_PER_THREAD, &other_thread_status), CUDA_SUCCESS);
+        pop_primary(capture_cu, 0, ctx);
+        return NULL;
+}
+
+/* The per-thread default stream, as on the driver: each host thread has its
+ * own, it can be captured (the legacy stream cannot), the mapper's
+ * capturing op asks about it (never about the legacy stream), and it is a
+ * blocking stream: asking about the legacy stream during its capture is
+ * refused and invalidates it. */
+START_TEST(test_capture_of_per_thread_stream) {
+        emu_fixture_t f;
+        capture_fns_t cap = capture_open(&f);
+        uint64_t per_thread = (uint64_t) (uintptr_t) CU_STREAM_PER_THREAD;
+        CUstreamCaptureStatus status;
+        CUgraph g;
+        ck_assert_int_eq(cap.begin(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        ck_assert_int_eq(cap.begin(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                         CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        ck_assert_int_eq(f.m->ops->capturing(f.m, per_thread), 0);
+
+        ck_assert_int_eq(cap.begin(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.capturing(CU_STREAM_PER_THREAD, &status), CUDA_SUCCESS);
+        ck_assert_int_eq(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        ck_assert_int_eq(f.m->ops->capturing(f.m, per_thread), 1);
+        ck_assert_int_eq(f.m->ops->capturing(f.m, 0), 0); /* the legacy stream: not asked */
+        ck_assert_int_eq(f.m->ops->capturing(f.m, (uint64_t) (uintptr_t) CU_STREAM_LEGACY), 0);
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, per_thread_status_elsewhere, NULL), 0);
+        ck_assert_int_eq(pthread_join(t, NULL), 0);
+        ck_assert_int_eq(other_thread_status, CU_STREAM_CAPTURE_STATUS_NONE); /* its own stream */
+        ck_assert_int_eq(cap.end(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);    /* still valid */
+        ck_assert_int_eq(cap.graph_destroy(g), CUDA_SUCCESS);
+        ck_assert_int_eq(f.m->ops->capturing(f.m, per_thread), 0);
+
+        ck_assert_int_eq(cap.begin(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        ck_assert_int_eq(cap.capturing(CU_STREAM_LEGACY, &status), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        ck_assert_int_eq(cap.end(CU_STREAM_PER_THREAD, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
         emu_close(&f, true);
 }
 END_TEST
@@ -1295,6 +1361,7 @@ static Suite *cuda_suite(void) {
         tcase_add_test(tc, test_legacy_stream_ordering);
         tcase_add_test(tc, test_map_alignment_checked);
         tcase_add_test(tc, test_capture_refuses_unsafe_calls);
+        tcase_add_test(tc, test_capture_of_per_thread_stream);
         suite_add_tcase(s, tc);
 
         /* Tests that end in a fault or a signal: no teardown's checks. */

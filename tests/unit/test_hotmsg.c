@@ -230,6 +230,9 @@ START_TEST(test_hotmsg_uncommon_cases_stay_protobuf) {
         a.n_other_frees_fenced = 1;
         ck_assert_int_eq(gm_hotmsg_encode(&env, buf, sizeof(buf), &len), -EOPNOTSUPP);
         a.n_other_frees_fenced = 0;
+        a.capturing = true; /* made during a stream capture: the flag is protobuf's alone */
+        ck_assert_int_eq(gm_hotmsg_encode(&env, buf, sizeof(buf), &len), -EOPNOTSUPP);
+        a.capturing = false;
         uint64_t many[GM_CARRIED_FREES_MAX + 1] = {0};
         a.freed_block_ids = many;
         a.n_freed_block_ids = GM_CARRIED_FREES_MAX + 1;

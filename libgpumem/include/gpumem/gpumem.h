@@ -54,7 +54,13 @@ GPUMEM_EXPORT gpumem_heap_mode gpumem_heap(gpumem_client *c);
  * and frees the client. Pointers from it become invalid. Accepts NULL. */
 GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
 
-/* Allocates at least `size` bytes for use on `stream` (0 = default stream). */
+/* Allocates at least `size` bytes for use on `stream` (0 = default stream).
+ * While `stream` (a created stream or the per-thread default stream, 0x2)
+ * is being captured into a CUDA graph, a cache miss gets only new memory in
+ * either heap mode: one that only releasing or moving cached memory could
+ * serve fails with -ENOMEM, gpumem_last_error() saying "refused during a
+ * capture", and the capture stays valid. A central session asks the driver
+ * about the stream on every allocation (the legacy stream 0 never). */
 GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, size_t size, uint64_t stream, void **ret_ptr);
 
 /* Frees a block; it may be reused at once by allocations on its stream.

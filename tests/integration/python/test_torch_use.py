@@ -95,6 +95,10 @@ def _cuda_emptyCache():
 def _cuda_setMemoryFraction(fraction, device):
     if current is not None and "set_memory_fraction_fn" in current.fns:
         current.fns["set_memory_fraction_fn"](fraction, device)
+
+def _cuda_getMemoryFraction(device):
+    raise RuntimeError("CUDAPluggableAllocator does not yet support getMemoryFraction. "
+                       "If you need it, please file an issue describing your use case.")
 '''
 
 STANDIN_2X = '''
@@ -156,13 +160,24 @@ def set_per_process_memory_fraction(fraction, device=None):
     if not isinstance(fraction, float) or fraction < 0 or fraction > 1:
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
     torch._C._cuda_setMemoryFraction(fraction, 0 if device is None else device)
+
+def get_per_process_memory_fraction(device=None):
+    return torch._C._cuda_getMemoryFraction(0 if device is None else device)
+'''
+
+# torch.cuda.device, the context manager: torch/cuda/_utils.py's
+# _get_device_index takes one as a device (its .idx).
+STANDIN_DEVICE = '''
+class device:
+    def __init__(self, device):
+        self.idx = device if isinstance(device, int) else int(str(device).rpartition(":")[2] or 0)
 '''
 
 # torch.cuda re-exports memory.py's public names, as torch/cuda/__init__.py does.
 CUDA_EXPORTS = ("memory_stats", "memory_stats_as_nested_dict", "memory_allocated", "max_memory_allocated",
                 "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
                 "reset_accumulated_memory_stats", "memory_summary", "empty_cache",
-                "set_per_process_memory_fraction")
+                "set_per_process_memory_fraction", "get_per_process_memory_fraction")
 
 
 def standin(root, version, initialized=False, pluggable=True, setters=None):
@@ -176,7 +191,7 @@ def standin(root, version, initialized=False, pluggable=True, setters=None):
     exports = f"from .memory import {', '.join(CUDA_EXPORTS)}\n" if pluggable else ""
     (pkg / "cuda" / "__init__.py").write_text(
         f"from . import memory\n{exports}def is_initialized():\n    return {initialized!r}\n"
-        "def is_available():\n    return False\n")
+        "def is_available():\n    return False\n" + STANDIN_DEVICE)
     (pkg / "cuda" / "memory.py").write_text(STANDIN_2X if pluggable else "def memory_stats(device=None):\n    return {}\n")
     return str(root)
 
@@ -319,6 +334,45 @@ def test_torch_cuda_memory_api_answers_after_use(daemons, tmp_path):
     ''', standin(tmp_path, "2.11.0"))
     assert lines == ["before: True", f"{6 << 20} {6 << 20} {6 << 20}", "0 True True True", "0 0", "True",
                      "after unuse: True", "0"]
+
+
+def test_memory_api_takes_pytorchs_device_arguments(daemons, tmp_path):
+    # torch/cuda/_utils.py's _get_device_index: an int, "cuda:N", torch.device
+    # and torch.cuda.device(N) (the stand-in's; this checks our side's parsing only).
+    lines = run('''
+        import gpumem, gpumem.torch, torch
+        a = gpumem.torch.use(1)
+        p = a._allocator.fns["alloc"](2 << 20, 1, None)
+        print(torch.cuda.memory_allocated(1), torch.cuda.memory_allocated("cuda:1"),
+              torch.cuda.memory_allocated(torch.cuda.device(1)), torch.cuda.memory_stats(torch.cuda.device(1))[
+                  "allocated_bytes.all.current"])
+        a._allocator.fns["free"](p, 2 << 20, 1, None)
+    ''', standin(tmp_path, "2.11.0"))
+    assert lines == [" ".join([str(2 << 20)] * 4)]
+
+
+def test_memory_fraction_read_back_and_zero(daemons, tmp_path):
+    # PyTorch's get_per_process_memory_fraction raises under a pluggable
+    # allocator (the stand-in raises as CUDAPluggableAllocator::getMemoryFraction
+    # does); after use() it reads the library's fraction. 0 is in PyTorch's range.
+    lines = run('''
+        import ctypes, gpumem, gpumem.torch, torch
+        try:
+            torch.cuda.get_per_process_memory_fraction(1)
+        except RuntimeError as e:
+            print("before:", "getMemoryFraction" in str(e))
+        a = gpumem.torch.use(1)
+        print(torch.cuda.get_per_process_memory_fraction(1))
+        torch.cuda.set_per_process_memory_fraction(0.25, 1)
+        print(torch.cuda.get_per_process_memory_fraction("cuda:1"), torch.cuda.memory.get_per_process_memory_fraction(0))
+        torch.cuda.set_per_process_memory_fraction(0.0, 1)
+        lib = ctypes.CDLL(a.names[0])  # the NULL entry point: the installed one throws, which ctypes cannot carry
+        raw_alloc = torch._C.TYPES["alloc"](ctypes.cast(lib.gpumem_torch_alloc, ctypes.c_void_p).value)
+        print(torch.cuda.get_per_process_memory_fraction(1), raw_alloc(4096, 1, None), gpumem.last_refusal(1).errno)
+        torch.cuda.set_per_process_memory_fraction(1.0, 1)
+        print(torch.cuda.get_per_process_memory_fraction(1))
+    ''', standin(tmp_path, "2.11.0"))
+    assert lines == ["before: True", "1.0", "0.25 1.0", "0.0 None 12", "1.0"]
 
 
 def test_device_without_daemon_fails_at_use(daemons, tmp_path):

@@ -28,7 +28,11 @@
  *     stream, after its queued work, and fault on unmapped memory;
  *   - stream capture (cuStreamBeginCapture in global, thread-local and
  *     relaxed modes, cuStreamEndCapture, cuStreamIsCapturing,
- *     cuThreadExchangeStreamCaptureMode): a thread that a capture forbids
+ *     cuThreadExchangeStreamCaptureMode) of created streams and of the
+ *     calling thread's per-thread default stream (CU_STREAM_PER_THREAD, one
+ *     per host thread; the legacy stream cannot be captured, and asking
+ *     about it while a blocking stream captures is refused, the per-thread
+ *     one being blocking): a thread that a capture forbids
  *     potentially unsafe calls gets CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from
  *     cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAlloc, cuMemFree,
  *     cuEventQuery, cuEventSynchronize, cuStreamSynchronize, cuStreamQuery and
@@ -169,17 +173,20 @@ typedef struct work {
 } work_t;
 
 struct CUctx_st {
-        int device;                              /* ordinal */
-        int refs;                                /* primary context retains; active while > 0 */
-        CUresult error;                          /* sticky: a kernel faulted (CUDA_ERROR_ILLEGAL_ADDRESS) */
-        struct CUstream_st *legacy, *per_thread; /* the special streams, made on first use */
+        int device;                     /* ordinal */
+        int refs;                       /* primary context retains; active while > 0 */
+        CUresult error;                 /* sticky: a kernel faulted (CUDA_ERROR_ILLEGAL_ADDRESS) */
+        struct CUstream_st *legacy;     /* the NULL / CU_STREAM_LEGACY stream, made on first use */
+        struct CUstream_st *per_thread; /* CU_STREAM_PER_THREAD: one per host thread, linked by ->next */
 };
 struct CUstream_st {
         uint32_t magic; /* FAKE_STREAM_MAGIC; FAKE_DEAD_MAGIC once destroyed (poisoned, never freed) */
         CUcontext ctx;
         struct CUstream_st *next;
-        unsigned flags; /* CU_STREAM_NON_BLOCKING: not ordered with the legacy stream */
-        bool legacy;    /* the context's NULL / CU_STREAM_LEGACY stream */
+        unsigned flags;  /* CU_STREAM_NON_BLOCKING: not ordered with the legacy stream */
+        bool legacy;     /* the context's NULL / CU_STREAM_LEGACY stream */
+        bool per_thread; /* a CU_STREAM_PER_THREAD stream: owner's alone */
+        pthread_t owner; /* per_thread: the host thread whose it is */
         work_t *head, *tail;
         uint64_t enqueued, completed;
         bool has_worker;
@@ -622,18 +629,35 @@ static struct CUstream_st *stream_new(CUcontext ctx, unsigned flags, bool legacy
         return s;
 }
 
+/* The calling thread's per-thread default stream of ctx, made on first
+ * use (the driver's: each host thread has its own); NULL out of memory. */
+static struct CUstream_st *per_thread_stream(CUcontext ctx) {
+        for (struct CUstream_st *x = ctx->per_thread; x; x = x->next)
+                if (pthread_equal(x->owner, pthread_self()))
+                        return x;
+        struct CUstream_st *x = stream_new(ctx, 0, false);
+        if (!x)
+                return NULL;
+        x->per_thread = true;
+        x->owner = pthread_self();
+        x->next = ctx->per_thread;
+        ctx->per_thread = x;
+        return x;
+}
+
 /* The stream a handle names: a special stream is the current context's
- * (made on first use); NULL for an unknown one or without a context. A
- * destroyed stream aborts. */
+ * (made on first use; the per-thread one the calling thread's); NULL for
+ * an unknown one or without a context. A destroyed stream aborts. */
 static struct CUstream_st *find_stream(CUstream s) {
         if (special_stream(s)) {
                 CUcontext ctx = current_ctx();
                 if (!ctx)
                         return NULL;
-                struct CUstream_st **slot = s == CU_STREAM_PER_THREAD ? &ctx->per_thread : &ctx->legacy;
-                if (!*slot)
-                        *slot = stream_new(ctx, 0, s != CU_STREAM_PER_THREAD);
-                return *slot;
+                if (s == CU_STREAM_PER_THREAD)
+                        return per_thread_stream(ctx);
+                if (!ctx->legacy)
+                        ctx->legacy = stream_new(ctx, 0, true);
+                return ctx->legacy;
         }
         for (struct CUstream_st *x = fake.streams; x; x = x->next)
                 if (x == s)
@@ -770,16 +794,20 @@ static void wait_sync_hold(void) {
  * marks (a stream and how much of its work must be done). The legacy stream
  * (NULL, CU_STREAM_LEGACY) is ordered with every blocking stream of its
  * context, both ways; a CU_STREAM_NON_BLOCKING stream with none. The
- * per-thread default stream is one blocking stream per context here. */
+ * per-thread default stream is one blocking stream per context and host
+ * thread, as on the driver (CU_STREAM_PER_THREAD names the caller's). */
 
 static _Thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* Every stream of this process (live, destroyed but draining, special),
  * those of `ctx` only when ctx is set; *ret is malloc'ed. */
 static size_t streams_of(CUcontext ctx, struct CUstream_st ***ret) {
-        size_t n = 0, cap = 2 * FAKE_MAX_DEVICES;
+        size_t n = 0, cap = FAKE_MAX_DEVICES;
         for (int pass = 0; pass < 2; pass++)
                 for (struct CUstream_st *x = pass ? fake.dead_streams : fake.streams; x; x = x->next)
+                        cap++;
+        for (int i = 0; i < FAKE_MAX_DEVICES; i++)
+                for (struct CUstream_st *x = fake.ctx[i].per_thread; x; x = x->next)
                         cap++;
         struct CUstream_st **v = calloc(cap, sizeof(*v));
         for (int pass = 0; v && pass < 2; pass++)
@@ -792,8 +820,8 @@ static size_t streams_of(CUcontext ctx, struct CUstream_st ***ret) {
                         continue;
                 if (c->legacy)
                         v[n++] = c->legacy;
-                if (c->per_thread)
-                        v[n++] = c->per_thread;
+                for (struct CUstream_st *x = c->per_thread; x; x = x->next)
+                        v[n++] = x;
         }
         *ret = v;
         return v ? n : 0;
@@ -1296,7 +1324,7 @@ CUresult CUDAAPI cuStreamQuery(CUstream stream) {
 CUresult CUDAAPI cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode) {
         LOCKED();
         REQUIRE_INIT();
-        if (special_stream(stream)) /* the legacy stream cannot be captured */
+        if (special_stream(stream) && stream != CU_STREAM_PER_THREAD) /* the legacy stream cannot be captured */
                 return current_ctx() ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_ERROR_INVALID_CONTEXT;
         struct CUstream_st *x = find_stream(stream);
         if (!x)
@@ -1317,7 +1345,7 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode)
 CUresult CUDAAPI cuStreamEndCapture(CUstream stream, CUgraph *graph) {
         LOCKED();
         REQUIRE_INIT();
-        struct CUstream_st *x = special_stream(stream) ? NULL : find_stream(stream);
+        struct CUstream_st *x = special_stream(stream) && stream != CU_STREAM_PER_THREAD ? NULL : find_stream(stream);
         if (!x || !graph)
                 return !x ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
         if (x->capture == CU_STREAM_CAPTURE_STATUS_NONE)

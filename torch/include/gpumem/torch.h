@@ -62,10 +62,17 @@ GPUMEM_EXPORT void *gpumem_torch_malloc(size_t size, int device, struct CUstream
  * from now on the bytes this library hands out on `device` (live blocks plus
  * the blocks private pools hold) stay within fraction x the daemon's
  * capacity; an allocation past it is refused (NULL, ENOMEM, diagnosis kept).
- * A fraction outside (0, 1] is ignored (PyTorch validates it first); 1 removes
- * the limit. Enforced here, in the process, not by the daemon: libgpumem's
- * cached segments and other processes are not counted. */
+ * The range is PyTorch's, [0, 1]: 0 refuses every further allocation, 1
+ * removes the limit; a fraction outside it is ignored (PyTorch raises
+ * ValueError before calling). Enforced here, in the process, not by the
+ * daemon: libgpumem's cached segments and other processes are not counted. */
 GPUMEM_EXPORT void gpumem_torch_set_memory_fraction(double fraction, int device);
+
+/* The fraction gpumem_torch_set_memory_fraction() set on `device` (1 when
+ * none is set or the device is out of range): what
+ * torch.cuda.get_per_process_memory_fraction() answers after
+ * gpumem.torch.use(). */
+GPUMEM_EXPORT double gpumem_torch_memory_fraction(int device);
 
 /* A private pool's id: c10::cuda::MempoolId_t, std::pair<unsigned long long,
  * unsigned long long>, which is passed as this struct is (two registers). */
@@ -76,7 +83,10 @@ typedef struct gpumem_torch_pool_id {
 
 /* For set_begin_allocate_to_pool: allocations on `device` whose stream
  * `filter` accepts go to private pool `id` until
- * gpumem_torch_end_allocate_to_pool(). `filter` is PyTorch's
+ * gpumem_torch_end_allocate_to_pool(). Each call is one use of the pool (a
+ * CUDA graph capturing into it; graphs may share a pool, as
+ * torch.cuda.graph(pool=...) and make_graphed_callables do): the pool lives
+ * until gpumem_torch_release_pool() has come once per use. `filter` is PyTorch's
  * std::function<bool(cudaStream_t)> passed by value, that is the address of
  * the caller's object (copied here, before the call returns); NULL (C
  * callers) accepts every stream. A block allocated into a pool and freed
@@ -91,9 +101,11 @@ GPUMEM_EXPORT void gpumem_torch_begin_allocate_to_pool(int device, gpumem_torch_
 /* For set_end_allocate_to_pool_fn: pool `id` takes no new allocations. */
 GPUMEM_EXPORT void gpumem_torch_end_allocate_to_pool(int device, gpumem_torch_pool_id id);
 
-/* For set_release_pool: the pool's kept blocks go back to libgpumem (freed in
- * the order of the stream each was freed on); its blocks still in use go
- * back when they are freed. An unknown pool is ignored. */
+/* For set_release_pool: one use of the pool ends (a graph that captured into
+ * it was reset). At the last one the pool's kept blocks go back to libgpumem
+ * (freed in the order of the stream each was freed on) and its blocks still
+ * in use go back when they are freed; until then the other graphs' replays
+ * keep them. An unknown pool is ignored. */
 GPUMEM_EXPORT void gpumem_torch_release_pool(int device, gpumem_torch_pool_id id);
 
 /* Bytes private pools of `device` keep for reuse (freed into a live pool). */
