@@ -748,8 +748,9 @@ typedef struct gm_reattach_state {
 /* The last report: the heap is checked, unclaimed stored pieces released;
  * the sleep record comes back (-EINVAL for a central session's or more than
  * the capacity), and the claim is set aside again as gm_broker_claim() sets a
- * fresh one (at most the capacity, and what is free now: *ret_claimed, less
- * than claim_bytes when the new daemon cannot give it all). */
+ * fresh one (at most the capacity, and what is free now less the journal's
+ * records of sessions still to re-attach: *ret_claimed, less than claim_bytes
+ * when the new daemon cannot give it all). */
 int gm_reattach_finish(gm_session_t *s, const gm_reattach_state_t *told, uint64_t *ret_claimed);
 /* Counts `n` more reported items: -E2BIG past the limit. */
 int gm_reattach_count(gm_session_t *s, uint64_t n);

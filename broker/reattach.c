@@ -241,10 +241,19 @@ int gm_reattach_finish(gm_session_t *s, const gm_reattach_state_t *told, uint64_
                 b->records[i] = b->records[--b->n_records];
                 gm_ledger_forget(b, record_id); /* after: a compaction here must not keep it */
         }
-        /* Its claim, as a fresh one: what it holds is back, so what is free now bounds it. */
-        uint64_t cap = b->backend->capacity, claimed = 0;
-        if (told->claim_bytes)
-                gm_broker_claim(s, told->claim_bytes < cap ? told->claim_bytes : cap, &claimed);
+        /* Its claim, as a fresh one: what it holds is back, so what is free now
+         * bounds it, less what the journal records of sessions still to come
+         * back (theirs is mapped, not free: a claim must not refuse their
+         * re-attach). */
+        uint64_t cap = b->backend->capacity, claimed = 0, pending = 0;
+        for (size_t i = 0; i < b->n_records; i++)
+                pending += b->records[i].size;
+        uint64_t want = told->claim_bytes < cap ? told->claim_bytes : cap;
+        uint64_t room = gm_broker_room(s);
+        if (want > (room > pending ? room - pending : 0))
+                want = room > pending ? room - pending : 0;
+        if (want)
+                gm_broker_claim(s, want, &claimed);
         if (claimed < told->claim_bytes)
                 gm_host_log(b, LOG_NOTICE,
                             "session %" PRIu64 " (pid %d) re-attached with a claim of %" PRIu64 " bytes: %" PRIu64

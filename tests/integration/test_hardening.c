@@ -762,23 +762,25 @@ static void restarted_with_two_sessions(gm_test_daemon_t *d, char *token_a, char
 }
 
 START_TEST(test_reattach_sleep_and_claim_bounded) {
-        /* What a re-attach says of itself is checked: a central session
-         * never sleeps (refused, the connection closed), and a claim is
-         * bounded as a fresh one is (the capacity, less what others hold),
-         * answered with what was set aside. */
+        /* What a re-attach says of itself is checked: a claim is bounded as
+         * a fresh one is (the capacity, less what others hold), less what
+         * sessions still to re-attach hold by the journal, and answered with
+         * what was set aside; a central session never sleeps (refused, the
+         * connection closed). */
         gm_test_daemon_t d;
         char token_a[64], token_b[64];
         Gpumem__Mapping mine, theirs;
         int seg_a, seg_b;
         restarted_with_two_sessions(&d, token_a, token_b, &mine, &theirs, &seg_a, &seg_b);
-        Gpumem__Envelope *e = reattach_one_told(d.socket_path, token_a, &mine, 1 << 20, 0);
+        Gpumem__Envelope *e = reattach_one_told(d.socket_path, token_b, &theirs, 0, UINT64_MAX);
+        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_CLAIM_REPLY, "kind %d", (int) e->body_case);
+        ck_assert_uint_eq(e->claim_reply->claimed,
+                          (64u << 20) - theirs.length - mine.length); /* A's is still to come */
+        gm_msg_free(e);
+        e = reattach_one_told(d.socket_path, token_a, &mine, 1 << 20, 0);
         ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
         ck_assert_int_eq(e->error->code, EINVAL);
         ck_assert_msg(strstr(e->error->message, "a central session never sleeps"), "%s", e->error->message);
-        gm_msg_free(e);
-        e = reattach_one_told(d.socket_path, token_b, &theirs, 0, UINT64_MAX);
-        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_CLAIM_REPLY, "kind %d", (int) e->body_case);
-        ck_assert_uint_eq(e->claim_reply->claimed, (64u << 20) - theirs.length); /* what is free beside what it holds */
         gm_msg_free(e);
         close(seg_a);
         close(seg_b);
