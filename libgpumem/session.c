@@ -447,6 +447,7 @@ int gm_session_after_fork(gpumem_client *c, unsigned generation) {
         c->closing = false;
         c->reconnecting = false;
         c->token[0] = '\0';
+        c->claim_bytes = 0; /* the parent's claim stays the parent's */
         c->pid = getpid();
         int r = gm_session_open(c);
         if (r < 0) {
