@@ -364,6 +364,49 @@ START_TEST(test_claim_restored_smaller) {
 }
 END_TEST
 
+/* A child forked after its parent claimed starts a session of its own that
+ * claims nothing, and a restart keeps it so: only the parent's claim is
+ * re-sent. (Host only: on cuda a forked child has no session.) */
+START_TEST(test_claim_not_inherited_by_fork) {
+        if (strcmp(gm_test_backend(), "host") != 0)
+                return;
+        gpumem_client *c;
+        ck_assert_int_eq(gpumem_connect(daemon_.socket_path, &c), 0);
+        uint64_t claimed = 0, free_now, total;
+        ck_assert_int_eq(gpumem_claim(c, 64 * MiB, &claimed), 0);
+        int to[2], from[2];
+        ck_assert(pipe(to) == 0 && pipe(from) == 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) { /* its first call opens its own session; each step allocates and frees a block */
+                char step;
+                void *p;
+                close(to[1]);
+                close(from[0]);
+                while (read(to[0], &step, 1) == 1 && step == STEP_ALLOC)
+                        put(from[1], gpumem_alloc(c, 4096, 0, &p) < 0 || gpumem_free(c, p) < 0);
+                _exit(0);
+        }
+        client_t child = {.pid = pid, .to = to[1], .from = from[0]};
+        close(to[0]);
+        close(from[1]);
+        ck_assert_uint_eq(client_do(&child, STEP_ALLOC), 0);
+        ck_assert_uint_eq(ctl_claimed_of(pid), 0);
+        restart_until_claimed("256M", getpid(), 64 * MiB);
+        ck_assert_uint_eq(client_do(&child, STEP_ALLOC), 0); /* re-attached by then */
+        ck_assert_uint_eq(ctl_claimed_of(pid), 0);
+        ck_assert_int_eq(gpumem_mem_get_info(c, &free_now, &total), 0);
+        ck_assert_uint_eq(free_now, CAPACITY - 2 * MiB); /* the child's cached block, nobody else's claim */
+        gpumem_disconnect(c);
+        client_send(&child, STEP_EXIT);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited with %d", status);
+        close(child.to);
+        close(child.from);
+}
+END_TEST
+
 /* A claim counts against its tenant's quota: it is bounded by what the quota
  * leaves, and the tenant's other sessions can no longer take it. */
 START_TEST(test_quota_counts_claims) {
@@ -422,6 +465,7 @@ int main(void) {
                 fprintf(stderr, "test_claim: not root: the tests with clients of other uids are skipped\n");
         }
         tcase_add_test(tc, test_claim_beyond_capacity_refused);
+        tcase_add_test(tc, test_claim_not_inherited_by_fork);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }
