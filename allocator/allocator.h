@@ -146,6 +146,10 @@ typedef struct gm_heap_params {
         gm_stats_t *stats; /* where the heap keeps its own statistics (NULL: inside the heap), e.g. a
                                      * page another process reads; initialised by gm_heap_new, must outlive
                                      * the heap or gm_heap_move_stats() */
+        /* Where the heap keeps its per-tag statistics from its first tagged
+         * allocation on (GM_HEAP_MAX_TAGS of them; NULL: memory of its own), e.g.
+         * the rest of that page; zeroed or not, they are initialised then. */
+        gm_stats_t *tag_stats;
 } gm_heap_params_t;
 
 /* Creates an empty heap. The provider and params are copied; sinks must outlive the heap. */
@@ -189,6 +193,13 @@ int gm_heap_alloc(gm_heap_t *h, uint64_t size, uint64_t stream, gm_alloc_result_
  * block is carved, split, merged and reused only within its segment's tag;
  * page reuse moves pages only between segments of one tag. */
 #define GM_HEAP_MAX_TAGS 17
+/* A heap's statistics followed by its per-tag ones, as a local session's
+ * statistics page lays them out (gm_heap_params_t's stats and tag_stats). */
+typedef struct gm_heap_stats_area {
+        gm_stats_t all;
+        gm_stats_t tags[GM_HEAP_MAX_TAGS];
+} gm_heap_stats_area_t;
+
 /* gm_heap_alloc() in tag `tag`'s pools; -EINVAL for a tag >= GM_HEAP_MAX_TAGS. */
 int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned tag, gm_alloc_result_t *ret_result);
 /* Tag `tag`'s share of the heap's statistics: the gm_stat_t figures (current,
@@ -263,7 +274,8 @@ gm_stats_t *gm_heap_stats_mut(gm_heap_t *h);
 /* The heap keeps its statistics at `home` (NULL: inside the heap) from now
  * on. With `copy` the current figures go there first; without, `home` keeps
  * what it holds (the old place may be gone: a mapping a fork()ed child did
- * not inherit). */
+ * not inherit). With home NULL the per-tag statistics leave the params'
+ * tag_stats as well: copied with `copy`, else they stop for good. */
 void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy);
 
 /* Rebuilding a heap after a daemon restart from what its client reports: its
@@ -288,6 +300,11 @@ int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size,
  * those for small-pool segments). */
 int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                     bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces);
+/* The same in tagged pool `tag` (its statistics start as at a tagged
+ * allocation); pool: 1 small, 0 large, -1 as the sizes say. -EINVAL for a
+ * tag >= GM_HEAP_MAX_TAGS. */
+int gm_heap_restore_segment_tagged(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+                                   unsigned tag, const gm_restore_piece_t *pieces, size_t n_pieces);
 /* The pool of segment `segment_id`, for whoever keeps a record to restore
  * from (an ordinary segment is known once its create() returned, an
  * expandable one before its first page is created). -ENOENT when the heap

@@ -55,9 +55,10 @@ struct gm_heap {
         /* [tag][1] small, [tag][0] large: a tag's blocks come only from its
          * own pools, so two tags never share a segment */
         pool_t pools[GM_HEAP_MAX_TAGS][2];
-        unsigned n_tags;       /* tags 0 .. n_tags-1 have been used (>= 1) */
-        uint32_t held_tags;    /* bit t: tag t is held (gm_heap_hold_tags()), within GM_HEAP_ALL_TAGS */
-        gm_stats_t *tag_stats; /* per tag, from the first tagged allocation on (NULL: only tag 0 so far) */
+        unsigned n_tags;        /* tags 0 .. n_tags-1 have been used (>= 1) */
+        uint32_t held_tags;     /* bit t: tag t is held (gm_heap_hold_tags()), within GM_HEAP_ALL_TAGS */
+        gm_stats_t *tag_stats;  /* per tag, from the first tagged allocation on (NULL: only tag 0 so far) */
+        bool tag_stats_stopped; /* gm_heap_move_stats() left the params' tag_stats without a copy */
         gm_segment_t *seg_head, *seg_tail;
         gm_idmap_t live;
         gm_block_t *spare; /* spare block structs, linked through next */
@@ -1238,8 +1239,9 @@ void gm_heap_count_reclaim_wait(gm_heap_t *h) {
 /* Tag `tag` is used from now on: its statistics start (tag 0's as a copy
  * of the heap's, which until the first tag were all tag 0's). */
 static int tag_start(gm_heap_t *h, unsigned tag) {
-        if (!h->tag_stats) {
-                h->tag_stats = calloc(GM_HEAP_MAX_TAGS, sizeof(*h->tag_stats));
+        if (!h->tag_stats && !h->tag_stats_stopped) {
+                h->tag_stats =
+                        h->params.tag_stats ? h->params.tag_stats : calloc(GM_HEAP_MAX_TAGS, sizeof(*h->tag_stats));
                 if (!h->tag_stats)
                         return -ENOMEM;
                 for (unsigned t = 0; t < GM_HEAP_MAX_TAGS; t++)
@@ -1461,7 +1463,8 @@ gm_heap_t *gm_heap_destroy(gm_heap_t *h) {
         }
         gm_idmap_done(&h->live);
         free(h->streams);
-        free(h->tag_stats);
+        if (h->tag_stats != h->params.tag_stats)
+                free(h->tag_stats);
         free(h);
         return NULL;
 }
@@ -1520,6 +1523,13 @@ void gm_heap_move_stats(gm_heap_t *h, gm_stats_t *home, bool copy) {
                 *to = *h->stats;
         h->stats = to;
         sinks_refresh(h);
+        if (home || !h->tag_stats || h->tag_stats != h->params.tag_stats)
+                return;
+        gm_stats_t *own = copy ? malloc(GM_HEAP_MAX_TAGS * sizeof(*own)) : NULL;
+        if (own)
+                memcpy(own, h->tag_stats, GM_HEAP_MAX_TAGS * sizeof(*own));
+        h->tag_stats = own;
+        h->tag_stats_stopped = !own;
 }
 
 /* ---- snapshots ---- */
@@ -1769,7 +1779,8 @@ int gm_heap_check(const gm_heap_t *h) {
         uint64_t n;
         int bad = 0;
 
-        bad += h->n_tags == 0 || h->n_tags > GM_HEAP_MAX_TAGS || (h->n_tags > 1 && !h->tag_stats);
+        bad += h->n_tags == 0 || h->n_tags > GM_HEAP_MAX_TAGS ||
+               (h->n_tags > 1 && !h->tag_stats && !h->tag_stats_stopped);
         bad += (h->held_tags & ~(uint32_t) GM_HEAP_ALL_TAGS) != 0; /* only tags there are are held */
         for (s = h->seg_head; s; ps = s, s = s->next) {
                 if (s->prev != ps || (ps && ps->addr + ps->size > s->addr))
@@ -1863,13 +1874,15 @@ static int restore_page_runs(gm_heap_t *h, gm_segment_t *s) {
 }
 
 /* pool: 1 small, 0 large, -1 = inferred from the sizes */
-static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool, unsigned tag,
                            const gm_restore_piece_t *pieces, size_t n_pieces) {
         if (segment_id == 0 || !pieces || n_pieces == 0 || va_size == 0 || va_size % MIN_BLOCK_SIZE ||
-            va_size >= MAX_REQUEST)
+            va_size >= MAX_REQUEST || tag >= GM_HEAP_MAX_TAGS)
                 return -EINVAL;
         if (segment_find(h, segment_id))
                 return -EEXIST;
+        if (tag && tag_start(h, tag) < 0)
+                return -ENOMEM;
         bool expandable = !(n_pieces == 1 && pieces[0].offset == 0 && pieces[0].size == va_size);
         uint64_t page = pieces[0].size;
         if (expandable && ((page != small_buffer(h) && page != large_buffer(h)) || va_size % page ||
@@ -1882,6 +1895,7 @@ static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, 
         s->size = va_size;
         s->stream = stream;
         s->expandable = expandable;
+        s->tag = (uint8_t) tag;
         if (!expandable) {
                 s->small = pool >= 0 ? pool == 1 : va_size == small_buffer(h); /* no large-pool segment has that size */
                 s->handle = pieces[0].handle;
@@ -1939,12 +1953,17 @@ static int restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, 
 
 int gm_heap_restore_segment(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                             const gm_restore_piece_t *pieces, size_t n_pieces) {
-        return restore_segment(h, segment_id, va_size, stream, -1, pieces, n_pieces);
+        return restore_segment(h, segment_id, va_size, stream, -1, 0, pieces, n_pieces);
 }
 
 int gm_heap_restore_segment_in_pool(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                                     bool small_pool, const gm_restore_piece_t *pieces, size_t n_pieces) {
-        return restore_segment(h, segment_id, va_size, stream, small_pool ? 1 : 0, pieces, n_pieces);
+        return restore_segment(h, segment_id, va_size, stream, small_pool ? 1 : 0, 0, pieces, n_pieces);
+}
+
+int gm_heap_restore_segment_tagged(gm_heap_t *h, uint64_t segment_id, uint64_t va_size, uint64_t stream, int pool,
+                                   unsigned tag, const gm_restore_piece_t *pieces, size_t n_pieces) {
+        return restore_segment(h, segment_id, va_size, stream, pool < 0 ? -1 : pool > 0, tag, pieces, n_pieces);
 }
 
 int gm_heap_restore_block(gm_heap_t *h, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,

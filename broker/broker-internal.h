@@ -165,6 +165,7 @@ typedef struct gm_orphan {
         uid_t uid;
         gm_piece_t *pieces; /* ORPHAN, linked by ->next */
         uint64_t bytes;
+        gm_session_tags_t tags; /* the pool names its pieces' journal lines give their tag ids */
         struct gm_orphan *next;
 } gm_orphan_t;
 
@@ -207,6 +208,8 @@ typedef struct gm_ledger_entry {
         unsigned uid;
         uint64_t segment_id, offset, size, va_size;
         gm_piece_pool_t pool;
+        unsigned tag;      /* its session's tagged pool id (0: the default), named tag_name */
+        char tag_name[32]; /* "" with tag 0 */
 } gm_ledger_entry_t;
 
 /* A session's opens of one shared object. */

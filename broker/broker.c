@@ -519,6 +519,9 @@ int gm_broker_check(const gm_broker_t *b, char *why, size_t why_len) {
                 for (const gm_piece_t *p = o->pieces; p; p = p->next) {
                         if (p->state != GM_PIECE_ORPHAN || p->session || p->orphan != o)
                                 gm_check_violation(&c, "orphan %.8s holds a piece that is not its orphan", o->token);
+                        if (p->tag > GM_SESSION_MAX_TAGS || (p->tag && !o->tags.names[p->tag][0]))
+                                gm_check_violation(&c, "orphan %.8s holds a piece in unnamed pool %u", o->token,
+                                                   p->tag);
                         bytes += p->phys.size;
                         backed += p->phys.size;
                         if (p->store_id)

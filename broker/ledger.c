@@ -5,10 +5,11 @@
  * handed to the host's fd store (systemd's, through ops->store_add) as
  * "seg-<store id>" (short: every name of the store comes back in one
  * LISTEN_FDNAMES variable), and an append-only journal (<socket>.ledger) says
- * whose each one is ("+ id token uid segment offset size va_size [pool]",
- * "- id"; the pool, "small" or "large", of a page of a central heap's
- * expandable segment: with page reuse both pools have 2 MiB pages, so only
- * the journal tells); it also keeps runtime quotas ("q tenant bytes"). After
+ * whose each one is ("+ id token uid segment offset size va_size [pool]
+ * [tID:NAME]", "- id"; the pool, "small" or "large", of a page of a central
+ * heap's expandable segment: with page reuse both pools have 2 MiB pages, so
+ * only the journal tells; the tagged pool, its session's id and name of it,
+ * of a piece outside the default pool); it also keeps runtime quotas ("q tenant bytes"). After
  * a restart (crash or upgrade) the pieces come back as orphans, and each
  * client that reconnects with its session token re-attaches: it reports the
  * segments and blocks it holds, the pieces it names are adopted, the heap is
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "books.h"
+#include "text.h"
 
 void gm_ledger_token_new(char token[GM_TOKEN_LEN + 1]) {
         uint8_t raw[GM_TOKEN_LEN / 2];
@@ -98,13 +100,27 @@ static const char *const POOL_NAMES[] = {[GM_POOL_SMALL] = "small", [GM_POOL_LAR
 
 static void append_piece(gm_broker_t *b, const gm_ledger_entry_t *e) {
         bool pool = e->pool == GM_POOL_SMALL || e->pool == GM_POOL_LARGE;
-        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "%s%s\n", e->store_id,
+        char tag[48] = "";
+        if (e->tag)
+                snprintf(tag, sizeof(tag), " t%u:%s", e->tag, e->tag_name);
+        ledger_append(b, "+ %" PRIu64 " %s %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "%s%s%s\n", e->store_id,
                       e->token, e->uid, e->segment_id, e->offset, e->size, e->va_size, pool ? " " : "",
-                      pool ? POOL_NAMES[e->pool] : "");
+                      pool ? POOL_NAMES[e->pool] : "", tag);
+}
+
+/* The " tID:NAME" at the end of a "+" line (newline included): a tag id
+ * 1 .. GM_SESSION_MAX_TAGS and a valid name. */
+static bool parse_tag(const char *rest, gm_ledger_entry_t *e) {
+        int end = 0;
+        if (sscanf(rest, " t%u:%31[A-Za-z0-9_.-]%n", &e->tag, e->tag_name, &end) != 2 || end == 0 ||
+            strcmp(rest + end, "\n") != 0)
+                return false;
+        return e->tag >= 1 && e->tag <= GM_SESSION_MAX_TAGS && gm_text_tag_valid(e->tag_name, false);
 }
 
 /* A "+" line as append_piece() writes it, newline included (a torn last
- * line is no record), with or without the pool (older daemons wrote none). */
+ * line is no record), with or without the pool and the tag (older daemons
+ * wrote neither). */
 static bool parse_piece(const char *line, gm_ledger_entry_t *e) {
         int end = 0;
         if (sscanf(line, "+ %" SCNu64 " %32s %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 "%n", &e->store_id,
@@ -113,17 +129,18 @@ static bool parse_piece(const char *line, gm_ledger_entry_t *e) {
                 return false;
         const char *rest = line + end;
         e->pool = GM_POOL_UNKNOWN;
-        if (strcmp(rest, "\n") == 0)
-                return true;
+        e->tag = 0;
+        e->tag_name[0] = '\0';
         for (int pool = GM_POOL_SMALL; pool <= GM_POOL_LARGE; pool++) {
                 size_t len = strlen(POOL_NAMES[pool]);
                 if (rest[0] == ' ' && strncmp(rest + 1, POOL_NAMES[pool], len) == 0 &&
-                    strcmp(rest + 1 + len, "\n") == 0) {
+                    (rest[1 + len] == '\n' || rest[1 + len] == ' ')) {
                         e->pool = (gm_piece_pool_t) pool;
-                        return true;
+                        rest += 1 + len;
+                        break;
                 }
         }
-        return false;
+        return strcmp(rest, "\n") == 0 || parse_tag(rest, e);
 }
 
 /* The pool of p's segment where the session's central heap is the only
@@ -150,6 +167,12 @@ gm_ledger_entry_t gm_ledger_piece_entry(const gm_piece_t *p, uint64_t id, const 
                 .pool = p->pool,
         };
         snprintf(e.token, sizeof(e.token), "%s", token);
+        /* The pool's name: its session's, or while an orphan its journal's. */
+        const gm_session_tags_t *tags = p->session ? &p->session->tags : p->orphan ? &p->orphan->tags : NULL;
+        if (p->tag && tags && tags->names[p->tag][0]) {
+                e.tag = p->tag;
+                snprintf(e.tag_name, sizeof(e.tag_name), "%s", tags->names[p->tag]);
+        }
         return e;
 }
 

@@ -60,6 +60,8 @@ void gm_orphan_adopt(gm_broker_t *b, const char *name, int fd) {
                 gm_ledger_forget(b, e->store_id);
                 return;
         }
+        if (p->tag && gm_session_tags_name(&o->tags, p->tag, e->tag_name) < 0)
+                p->tag = 0; /* the journal gives the id two names: the default pool */
         p->orphan = o;
         p->next = o->pieces;
         o->pieces = p;
@@ -162,6 +164,8 @@ int gm_orphan_claim(gm_session_t *s, const char *token) {
                         gm_piece_t *p = o->pieces;
                         o->pieces = p->next;
                         p->orphan = NULL;
+                        if (p->tag && gm_session_tags_name(&s->tags, p->tag, o->tags.names[p->tag]) < 0)
+                                p->tag = 0;
                         gm_piece_attach(s, p, GM_PIECE_ADOPTING);
                         p->queue = s->adopting;
                         s->adopting = p;

@@ -320,6 +320,7 @@ int gm_piece_adopt(gm_broker_t *b, int fd, const gm_ledger_entry_t *e, gm_piece_
         p->segment_va_size = e->va_size;
         p->store_id = e->store_id;
         p->pool = e->pool;
+        p->tag = (uint8_t) e->tag; /* named in its orphan's tags */
         p->state = GM_PIECE_ORPHAN;
         b->n_stored++;
         *ret_piece = p;

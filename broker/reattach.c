@@ -49,6 +49,8 @@ static int claim_piece(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t 
                 return -ENOMEM;
         p->record_id = rec->store_id; /* its journal line stays true: same token, same coordinates */
         p->pool = rec->pool;
+        if (rec->tag && gm_session_tags_name(&s->tags, rec->tag, rec->tag_name) == 0)
+                p->tag = (uint8_t) rec->tag;
         b->n_recorded++;
         *rec = b->records[--b->n_records];
         *ret_piece = p;
@@ -97,6 +99,18 @@ static int claimed_pool(gm_piece_t *const *claimed, size_t n, gm_piece_pool_t *r
         return 0;
 }
 
+/* The tagged pool the journal records of a segment's claimed pieces name:
+ * one segment, one pool (docs/tags.md). */
+static int claimed_tag(gm_piece_t *const *claimed, size_t n, unsigned *ret_tag, const char **ret_why) {
+        for (size_t i = 1; i < n; i++)
+                if (claimed[i]->tag != claimed[0]->tag) {
+                        *ret_why = "the ledger records its pieces in two tagged pools";
+                        return -EINVAL;
+                }
+        *ret_tag = claimed[0]->tag;
+        return 0;
+}
+
 int gm_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, uint64_t stream,
                         const gm_reattach_range_t *mapped, size_t n_mapped, const char **ret_why) {
         enum { MAX_PIECES = 1 << 16 };
@@ -136,13 +150,15 @@ int gm_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, 
                         .offset = m->offset, .size = m->length, .handle = (uint64_t) (uintptr_t) claimed[i]};
         }
         gm_piece_pool_t pool = GM_POOL_UNKNOWN;
+        unsigned tag = 0;
         if (r == 0)
                 r = claimed_pool(claimed, n_mapped, &pool, ret_why);
-        if (r == 0 && pool == GM_POOL_UNKNOWN) /* no record names it: as the page size says */
-                r = gm_heap_restore_segment(heap, segment_id, va_size, stream, rp, n_mapped);
-        else if (r == 0)
-                r = gm_heap_restore_segment_in_pool(heap, segment_id, va_size, stream, pool == GM_POOL_SMALL, rp,
-                                                    n_mapped);
+        if (r == 0)
+                r = claimed_tag(claimed, n_mapped, &tag, ret_why);
+        if (r == 0) /* no record names the pool: as the page size says */
+                r = gm_heap_restore_segment_tagged(heap, segment_id, va_size, stream,
+                                                   pool == GM_POOL_UNKNOWN ? -1 : pool == GM_POOL_SMALL, tag, rp,
+                                                   n_mapped);
         for (size_t i = 0; claimed && i < n_mapped && claimed[i]; i++) {
                 if (r < 0)
                         unclaim_piece(s, claimed[i]);

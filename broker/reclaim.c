@@ -2,12 +2,14 @@
  * its way: one mechanism for both heap modes. A central session's allocation
  * and a local session's grant wait in the same FIFO per session, are retried
  * whenever memory comes back (ReleaseAck, ReturnPieces, ReclaimAck, a
- * session's end) and refused after park_timeout_ms. A session's cache is
- * asked back with a ReleaseRequest (central: its heap here gives cached
- * segments up) or a Reclaim (local: its client's heap chooses what to
- * return). A client that answers neither for unresponsive_timeout_ms is
- * unresponsive: nothing waits for it any more, and refusals name it. Its
- * memory stays charged: its process still maps it. */
+ * session's end) and refused after park_timeout_ms; a central request
+ * waits so for its own cache too, released by its heap's ladder. A
+ * session's cache is asked back with a ReleaseRequest (central: its heap
+ * here gives cached segments up) or a Reclaim (local: its client's heap
+ * chooses what to return). A client that answers neither for
+ * unresponsive_timeout_ms is unresponsive: nothing waits for it any more,
+ * and refusals name it. Its memory stays charged: its process still maps
+ * it. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -200,6 +202,26 @@ static void name_unresponsive(gm_broker_t *b, const gm_session_t *s, const gm_te
                                ". That memory stays charged while mapped: resume (kill -CONT) or end the process.");
 }
 
+/* Says how much of the session's own cache was released (by its heap's
+ * ladder for a miss, or a trim) and still waits for its client's ReleaseAck
+ * (the client must unmap it first): charged until then, whether the client
+ * is unresponsive or not. */
+static void name_own_releases(const gm_session_t *s, char *buf, size_t len) {
+        uint64_t bytes = 0;
+        for (const gm_release_t *rel = s->releases; rel; rel = rel->next)
+                if (!rel->held)
+                        bytes += rel->bytes;
+        if (!bytes)
+                return;
+        char held[32];
+        gm_text_append(buf, len,
+                       " gpumemd: %s of this session's own cache was released, but its client has not "
+                       "acknowledged unmapping it (ReleaseAck) for %" PRIu64
+                       " ms: it stays charged until then (is the library's service thread running?).",
+                       gm_format_size(bytes, held, sizeof(held)),
+                       s->owing_since_ms ? gm_now_ms() - s->owing_since_ms : 0);
+}
+
 /* Says how much of the memory that could have helped (of `tenant`, NULL:
  * all) was released on its clients' word only and stays charged. */
 static void name_unverified(const gm_broker_t *b, const gm_tenant_t *tenant, char *buf, size_t len) {
@@ -353,6 +375,7 @@ static gm_oom_reason_t describe_refusal(gm_session_t *s, const gm_request_t *rq,
                 snprintf(buf, len, "gpumemd: out of memory %s %" PRIu64 " bytes",
                          rq->is_grant ? "granting" : "allocating",
                          rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size);
+        name_own_releases(s, buf, len);
         name_unresponsive(b, s, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_unverified(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
         name_audited(b, err == -EDQUOT ? s->tenant : NULL, buf, len);
@@ -370,11 +393,11 @@ static uint64_t park_limit_ms(const gm_broker_t *b, const gm_request_t *rq) {
                                                                               : b->limits.park_timeout_ms;
 }
 
-/* Whether memory asked back from sessions (of `tenant`, NULL: any) is still
- * expected. */
-static bool help_coming(const gm_broker_t *b, const gm_tenant_t *tenant) {
+/* Whether memory asked back from sessions (of `tenant`, NULL: any) other
+ * than `except` (NULL: none) is still expected. */
+static bool help_coming(const gm_broker_t *b, const gm_tenant_t *tenant, const gm_session_t *except) {
         for (const gm_session_t *o = b->sessions; o; o = o->next)
-                if ((!tenant || o->tenant == tenant) && awaited_bytes(o) > 0)
+                if (o != except && (!tenant || o->tenant == tenant) && awaited_bytes(o) > 0)
                         return true;
         return false;
 }
@@ -382,10 +405,14 @@ static bool help_coming(const gm_broker_t *b, const gm_tenant_t *tenant) {
 static void out_of_memory(gm_session_t *s, const gm_request_t *rq, int err, bool may_park, gm_outcome_t *out) {
         gm_broker_t *b = s->broker;
         gm_tenant_t *scope = err == -EDQUOT ? s->tenant : NULL;
+        /* The session's own cache, which its heap's ladder just released for
+         * this miss, is asked back now: the request waits for its client's
+         * ReleaseAck as for another session's give-back (help_coming()). */
+        gm_session_flush_releases(s);
         /* Memory reclaimed from other sessions arrives once their clients answer. */
         uint64_t need = rq->is_grant ? gm_session_local_grant_bytes(&rq->grant) : rq->size;
         uint64_t asked = reclaim_from_others(b, s, scope, need);
-        bool waits = asked > 0 || help_coming(b, scope) || (rq->is_grant && rq->grant.wait_for_memory);
+        bool waits = asked > 0 || help_coming(b, scope, NULL) || (rq->is_grant && rq->grant.wait_for_memory);
         if (may_park && waits && s->n_parked < b->limits.max_parked_per_session) {
                 out->kind = GM_OUTCOME_PARK;
                 return;
@@ -413,7 +440,10 @@ void gm_reclaim_park(gm_session_t *s, uint64_t request_id, const gm_request_t *r
         p->rq = *rq;
         p->parked_at_ms = gm_now_ms();
         gm_session_parked_push(s, p, false);
-        gm_session_central_count_reclaim_wait(s);
+        /* num_reclaim_waits counts waits for other sessions' memory: one for
+         * the session's own cache alone is its own ladder, as in a local heap. */
+        if (help_coming(s->broker, NULL, s))
+                gm_session_central_count_reclaim_wait(s);
         out->kind = GM_OUTCOME_PARK;
 }
 

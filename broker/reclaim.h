@@ -7,8 +7,9 @@
 
 /* reclaim.c: reclaim across sessions and parked requests, both heap modes. */
 /* One try of `rq`: REPLY or REFUSE; where s's own cache could not give the
- * memory, other sessions are asked for theirs, and PARK when memory is on
- * its way (may_park, room left), else REFUSE with the diagnosis. */
+ * memory at once (its releases are sent now), other sessions are asked for
+ * theirs, and PARK when memory is on its way, s's own included (may_park,
+ * room left), else REFUSE with the diagnosis. */
 void gm_reclaim_try(gm_session_t *s, const gm_request_t *rq, bool may_park, gm_outcome_t *out);
 /* Queues a request behind the session's parked ones (out: PARK, or REFUSE on -ENOMEM). */
 void gm_reclaim_park(gm_session_t *s, uint64_t request_id, const gm_request_t *rq, gm_outcome_t *out);

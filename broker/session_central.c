@@ -318,7 +318,7 @@ int gm_session_central_try_alloc(gm_session_t *s, uint64_t size, uint64_t stream
                 return gm_outcome_refuse(out, r, "gpumemd: allocation failed: %s%s%s", strerror(-r),
                                          detail[0] ? ": " : "", detail);
         }
-        return r; /* the allocator already gave back this session's own cache */
+        return r; /* the heap queued its own cache's release: reclaim sends it and decides */
 }
 
 void gm_session_central_count_reclaim_wait(gm_session_t *s) {

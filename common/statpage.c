@@ -63,14 +63,18 @@ static _Atomic uint64_t *seq_of(const gm_statpage_t *page) {
 }
 
 int gm_statpage_read(const gm_statpage_t *page, void *dst, size_t len, unsigned max_tries) {
-        if (len > GM_STATPAGE_PAYLOAD_MAX)
+        return gm_statpage_read_at(page, 0, dst, len, max_tries);
+}
+
+int gm_statpage_read_at(const gm_statpage_t *page, size_t offset, void *dst, size_t len, unsigned max_tries) {
+        if (offset > GM_STATPAGE_PAYLOAD_MAX || len > GM_STATPAGE_PAYLOAD_MAX - offset)
                 return -EINVAL;
         const _Atomic uint64_t *seq = seq_of(page);
         for (unsigned i = 0; i < max_tries; i++) {
                 uint64_t before = atomic_load_explicit(seq, memory_order_acquire);
                 if (before & 1)
                         continue;
-                memcpy(dst, (const uint8_t *) page + GM_STATPAGE_PAYLOAD_OFFSET, len);
+                memcpy(dst, (const uint8_t *) page + GM_STATPAGE_PAYLOAD_OFFSET + offset, len);
                 atomic_thread_fence(memory_order_acquire);
                 if (atomic_load_explicit(seq, memory_order_relaxed) != before)
                         continue;

@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GM_STATPAGE_SIZE 4096u
+/* Room for a heap's statistics and each of its tagged pools' (docs/tags.md). */
+#define GM_STATPAGE_SIZE 20480u
 #define GM_STATPAGE_MAGIC UINT64_C(0x3174617473706d67) /* "gmpstat1" little-endian */
 /* The payload starts at this offset of the page. */
 #define GM_STATPAGE_PAYLOAD_OFFSET 64u
@@ -59,3 +60,6 @@ static inline void gm_statpage_write_end(gm_statpage_t *page) {
  * when the writer was busy every time (dst then holds a torn copy), -EBADMSG
  * when the header was overwritten, -EINVAL for a bad len. */
 int gm_statpage_read(const gm_statpage_t *page, void *dst, size_t len, unsigned max_tries);
+/* The same for the `len` bytes at `offset` of the payload (offset + len <=
+ * GM_STATPAGE_PAYLOAD_MAX, else -EINVAL). */
+int gm_statpage_read_at(const gm_statpage_t *page, size_t offset, void *dst, size_t len, unsigned max_tries);

@@ -19,8 +19,10 @@ static void usage(FILE *f) {
         fprintf(f, "Usage: gpumemctl [-s SOCKET | -d N] COMMAND [ARGS]\n"
                    "       gpumemctl --version | --help\n"
                    "Commands:\n"
-                   "  stats [--json] [--tenant T | --pid P]   memory statistics (PyTorch memory_summary layout):\n"
-                   "                                          the device's for an admin, else your tenant's\n"
+                   "  stats [--json] [--tenant T | --pid P] [--tag NAME]\n"
+                   "                                          memory statistics (PyTorch memory_summary layout):\n"
+                   "                                          the device's for an admin, else your tenant's;\n"
+                   "                                          --tag: one tagged pool's ('' the default)\n"
                    "  stats --reset-peak|--reset-accumulated [--tenant T]\n"
                    "  trim [--tenant T]                       release idle cached memory\n"
                    "  snapshot -o FILE [--format pickle|json|pickle-1.13] [--pid P] [--category tenant|pid|tag]\n"
@@ -92,11 +94,12 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 {"pid", required_argument, NULL, 'p'},
                 {"reset-peak", no_argument, NULL, 'P'},
                 {"reset-accumulated", no_argument, NULL, 'A'},
+                {"tag", required_argument, NULL, 'g'},
                 {},
         };
         bool json = false, reset_peak = false, reset_accumulated = false, scoped = false;
         gpumem_scope scope = GPUMEM_SCOPE_DEVICE;
-        const char *tenant = "";
+        const char *tenant = "", *tag = NULL;
         uint32_t pid = 0;
         int o;
         optind = 1;
@@ -110,6 +113,9 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                         break;
                 case 'A':
                         reset_accumulated = true;
+                        break;
+                case 'g':
+                        tag = optarg;
                         break;
                 case 't':
                         scope = GPUMEM_SCOPE_TENANT;
@@ -129,6 +135,8 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
         }
         if (no_more_args("stats", argc, argv, optind))
                 return EXIT_USAGE;
+        if (tag && (reset_peak || reset_accumulated))
+                return usage_error("stats: --tag reads a pool's figures; resets are the session's as a whole");
         int r = ctl_connect(c);
         if (r)
                 return r;
@@ -143,10 +151,11 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                 return r < 0 ? ctl_failed(c, r) : 0;
         }
         gpumem_stats *st;
-        r = gpumem_admin_stats(c->admin, scope, tenant, pid, &st);
+        r = tag ? gpumem_admin_stats_tag(c->admin, scope, tenant, pid, tag, &st)
+                : gpumem_admin_stats(c->admin, scope, tenant, pid, &st);
         if (r < 0)
                 return ctl_failed(c, r);
-        if (scope == GPUMEM_SCOPE_PID && gpumem_stats_sessions(st) == 0) {
+        if (scope == GPUMEM_SCOPE_PID && !tag && gpumem_stats_sessions(st) == 0) { /* with a tag: none named it */
                 fprintf(stderr, "gpumemctl: --pid names no session on this daemon%s\n",
                         gpumem_admin_rights(c->admin) ? "" : " (that your tenant may see)");
                 gpumem_stats_free(st);
@@ -161,6 +170,10 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                         printf(", \"tenant\": ");
                         print_json_string(tenant);
                 }
+                if (tag) {
+                        printf(", \"tag\": ");
+                        print_json_string(tag);
+                }
                 for (size_t i = 0; i < gpumem_stats_count(st); i++) {
                         printf(", ");
                         print_json_string(gpumem_stats_name(st, i));
@@ -174,6 +187,9 @@ static int cmd_stats(ctl_t *c, int argc, char **argv) {
                         gpumem_stats_free(st);
                         return EXIT_REFUSED;
                 }
+                if (tag) /* which pool the summary is of, and over how many sessions */
+                        printf("Tagged pool '%s' of %" PRIu64 " session(s)\n", tag[0] ? tag : "default",
+                               gpumem_stats_sessions(st));
                 fputs(text, stdout);
                 gpumem_buffer_free(text);
         }

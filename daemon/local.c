@@ -13,6 +13,9 @@
 #include "config.h"
 #include "local.h"
 
+/* The page holds the heap's statistics and its tagged pools' (docs/tags.md). */
+_Static_assert(sizeof(gm_heap_stats_area_t) <= GM_STATPAGE_PAYLOAD_MAX, "statistics page too small");
+
 /* ---- hello ---- */
 
 int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hello *hello, Gpumem__HelloReply *reply,
@@ -38,7 +41,7 @@ int gm_local_hello(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Hell
         int fd = -1;
         int r = l ? gm_session_local_enable(c->session) : -ENOMEM;
         if (r == 0)
-                r = gm_statpage_create(sizeof(gm_stats_t), &fd);
+                r = gm_statpage_create(sizeof(gm_heap_stats_area_t), &fd);
         if (r == 0)
                 r = gm_statpage_map(fd, false, &l->page);
         if (r < 0) {

@@ -323,6 +323,46 @@ const gm_stats_t *gm_localstats_session(const gm_session_t *s) {
         return sv.heap ? gm_heap_stats(sv.heap) : NULL;
 }
 
+/* The id session view sv gives pool `tag`, or -1 when it never named it. */
+static int tag_id(const gm_session_view_t *sv, const char *tag) {
+        if (!tag[0])
+                return 0;
+        for (unsigned k = 1; sv->tags && k <= sv->tags->n && k <= GM_SESSION_MAX_TAGS; k++)
+                if (strcmp(sv->tags->names[k], tag) == 0)
+                        return (int) k;
+        return -1;
+}
+
+static void zero_counters(gm_stats_t *st) {
+        for (size_t i = 0; i < N_COUNTERS; i++)
+                *counter_at(st, i) = 0;
+}
+
+bool gm_localstats_session_tag(const gm_session_t *s, const char *tag, gm_stats_t *ret) {
+        gm_session_view_t sv;
+        gm_session_view(s, &sv);
+        const gm_request_conn_t *c = sv.userdata;
+        int id = tag_id(&sv, tag);
+        gm_stats_init(ret);
+        if (id < 0 || (!(c && c->local) && !sv.heap)) /* no pool named, or no heap (a gpumemctl) */
+                return false;
+        if (c && c->local) {
+                if (id == 0 && sv.tags->n == 0) { /* no pool named: all of it is the default's */
+                        *ret = c->local->figures;
+                } else {
+                        size_t at = offsetof(gm_heap_stats_area_t, tags) + (size_t) id * sizeof(gm_stats_t);
+                        int r = gm_statpage_read_at(c->local->page, at, ret, sizeof(*ret), PAGE_READ_TRIES);
+                        if (r < 0 || c->local->page_invalid || !page_plausible(&sv, ret))
+                                gm_stats_init(ret);
+                        ret->max_split_size = c->local->figures.max_split_size;
+                }
+        } else if (gm_heap_tag_stats(sv.heap, (unsigned) id, ret) < 0) {
+                gm_stats_init(ret);
+        }
+        zero_counters(ret);
+        return true;
+}
+
 bool gm_localstats_page_invalid(const gm_session_t *s) {
         gm_session_view_t sv;
         gm_session_view(s, &sv);

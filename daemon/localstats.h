@@ -76,6 +76,11 @@ void gm_localstats_refresh(const gm_requests_t *d);
  * NULL (a central session without a heap). */
 const gm_stats_t *gm_localstats_session(const gm_session_t *s);
 bool gm_localstats_page_invalid(const gm_session_t *s);
+/* Session s's statistics of its tagged pool `tag` ("" the default) in *ret:
+ * a central heap's, or a local session's page's (read now, bounded as its
+ * figures are: a copy that fails counts as zeros); the num_* counters are 0.
+ * False (and zeros) when the session never named the pool or has no heap. */
+bool gm_localstats_session_tag(const gm_session_t *s, const char *tag, gm_stats_t *ret);
 /* Sum of statistics (peaks summed: an upper bound). */
 void gm_localstats_add(gm_stats_t *sum, const gm_stats_t *add);
 /* A tenant's figures: the broker's (central heaps) plus its local sessions'. */

@@ -53,6 +53,8 @@ static void collect_stat(const char *name, int64_t value, void *userdata) {
 int gm_req_admin_check_stats(const gm_request_conn_t *c, const Gpumem__Envelope *env, char *why, size_t why_len) {
         if (env->stats->n_names > STATS_MAX_NAMES)
                 return snprintf(why, why_len, "at most %u statistic names in one request", STATS_MAX_NAMES), -E2BIG;
+        if (env->stats->tagged && !gm_text_tag_valid(env->stats->tag, true))
+                return snprintf(why, why_len, "a malformed pool tag (want [A-Za-z0-9_.-]{1,31})"), -EINVAL;
         return 0;
 }
 
@@ -73,6 +75,43 @@ const char *gm_req_admin_for_stats(const gm_request_conn_t *c, const Gpumem__Env
             strcmp(tenant_named(c, req->tenant), sv.tenant->name) != 0)
                 return "reading another tenant's statistics";
         return NULL;
+}
+
+/* Whether session o is in the scope of stats request req from the session
+ * viewed as sv (tenant t for a tenant scope). */
+static bool in_stats_scope(const Gpumem__Stats *req, const gm_session_view_t *sv, const gm_tenant_t *t,
+                           const gm_session_t *self, const gm_session_t *o) {
+        gm_session_view_t ov;
+        gm_session_view(o, &ov);
+        switch (req->scope) {
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION:
+                return o == self;
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT:
+                return ov.tenant == t;
+        case GPUMEM__STATS_SCOPE__STATS_SCOPE_PID: /* another tenant's pid reads as one without a session */
+                return (uint32_t) ov.pid == req->pid && (sv->admin || ov.tenant == sv->tenant);
+        default:
+                return true;
+        }
+}
+
+/* The figures of pool req->tag over the live sessions of req's scope that
+ * named it (their number in *ret_sessions), summed. */
+static void tag_stats_in_scope(gm_request_conn_t *c, const Gpumem__Stats *req, const gm_tenant_t *t, gm_stats_t *ret,
+                               uint64_t *ret_sessions) {
+        gm_broker_t *b = c->rq->broker;
+        gm_session_view_t sv;
+        gm_session_view(c->session, &sv);
+        gm_stats_init(ret);
+        ret->max_split_size = b->device_stats.max_split_size;
+        *ret_sessions = 0;
+        for (gm_session_t *o = b->sessions; o; o = gm_session_next(o)) {
+                gm_stats_t one;
+                if (!in_stats_scope(req, &sv, t, c->session, o) || !gm_localstats_session_tag(o, req->tag, &one))
+                        continue;
+                gm_localstats_add(ret, &one);
+                (*ret_sessions)++;
+        }
 }
 
 int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__Envelope *env) {
@@ -135,6 +174,13 @@ int gm_req_admin_stats(gm_request_conn_t *c, uint64_t request_id, const Gpumem__
                 break;
         default:
                 return gm_request_error(c, request_id, EINVAL, "unknown statistics scope"), 0;
+        }
+        if (req->tagged) {
+                const gm_tenant_t *t = req->scope == GPUMEM__STATS_SCOPE__STATS_SCOPE_TENANT
+                                               ? gm_tenant_find(b, tenant_named(c, req->tenant))
+                                               : NULL;
+                tag_stats_in_scope(c, req, t, &scratch, &sessions);
+                st = &scratch;
         }
         enum { MAX_STATS = 160 };
         static char names[MAX_STATS][STAT_NAME_MAX];

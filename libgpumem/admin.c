@@ -241,9 +241,11 @@ static int local_session_stats(gpumem_client *c, gpumem_stats **ret) {
 }
 
 /* The daemon's statistics of `scope` as a set. */
-static int stats_request(const channel_t *ch, gpumem_scope scope, const char *tenant, uint32_t pid,
+static int stats_request(const channel_t *ch, gpumem_scope scope, const char *tenant, uint32_t pid, const char *tag,
                          gpumem_stats **ret) {
         Gpumem__Stats req = GPUMEM__STATS__INIT;
+        req.tagged = tag != NULL;
+        req.tag = (char *) (tag ? tag : "");
         req.scope = (Gpumem__StatsScope) scope;
         req.tenant = (char *) (scope == GPUMEM_SCOPE_TENANT && tenant ? tenant : "");
         req.pid = scope == GPUMEM_SCOPE_PID ? pid : 0;
@@ -285,13 +287,20 @@ int gpumem_stats_get(gpumem_client *c, gpumem_scope scope, const char *tenant, u
                 if (r != -EOPNOTSUPP)
                         return r;
         }
-        return stats_request(CLIENT_CHANNEL(c), scope, tenant, pid, ret);
+        return stats_request(CLIENT_CHANNEL(c), scope, tenant, pid, NULL, ret);
 }
 
 int gpumem_admin_stats(gpumem_admin *a, gpumem_scope scope, const char *tenant, uint32_t pid, gpumem_stats **ret) {
         if (!a || !ret || scope > GPUMEM_SCOPE_PID)
                 return -EINVAL;
-        return stats_request(ADMIN_CHANNEL(a), scope, tenant, pid, ret);
+        return stats_request(ADMIN_CHANNEL(a), scope, tenant, pid, NULL, ret);
+}
+
+int gpumem_admin_stats_tag(gpumem_admin *a, gpumem_scope scope, const char *tenant, uint32_t pid, const char *tag,
+                           gpumem_stats **ret) {
+        if (!a || !ret || !tag || scope > GPUMEM_SCOPE_PID)
+                return -EINVAL;
+        return stats_request(ADMIN_CHANNEL(a), scope, tenant, pid, tag, ret);
 }
 
 void gpumem_stats_free(gpumem_stats *s) {

@@ -298,10 +298,12 @@ int gm_central_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         return 0;
 }
 
-int gm_central_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value) {
+int gm_central_stat(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value) {
         int r;
         Gpumem__Stats stats = GPUMEM__STATS__INIT;
         stats.scope = GPUMEM__STATS_SCOPE__STATS_SCOPE_SESSION;
+        stats.tagged = tag != NULL;
+        stats.tag = (char *) (tag ? tag : "");
         char *names[1] = {(char *) pytorch_stat_name};
         stats.n_names = 1;
         stats.names = names;

@@ -20,8 +20,9 @@ int gm_central_alloc(gpumem_client *c, size_t size, uint64_t stream, const gpume
 int gm_central_free(gpumem_client *c, block_t *b, pending_free_t *p);
 /* empty_cache() in the daemon: *ret_released_bytes (may be NULL). */
 int gm_central_trim(gpumem_client *c, uint64_t *ret_released_bytes);
-/* One statistic of the session, asked of the daemon. */
-int gm_central_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_value);
+/* One statistic of the session (tag NULL) or of its tagged pool `tag`
+ * ("" the default), asked of the daemon. */
+int gm_central_stat(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value);
 /* The session said Hello: on a kind with device streams, its fences start. */
 void gm_central_open(gpumem_client *c, const Gpumem__HelloReply *hr);
 /* Holding lock, before env (not yet numbered) is sent on any path but an

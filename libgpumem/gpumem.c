@@ -454,7 +454,7 @@ int gpumem_stat(gpumem_client *c, const char *pytorch_stat_name, int64_t *ret_va
                 *ret_value = v;
                 return 0;
         }
-        return gm_central_stat(c, pytorch_stat_name, ret_value);
+        return gm_central_stat(c, NULL, pytorch_stat_name, ret_value);
 }
 
 /* ---- tagged pools ---- */
@@ -497,8 +497,8 @@ int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_
         bool used = r == 0; /* a tag no scope used yet has no figures: 0 */
         if ((r = gm_session_ensure_own(c)) < 0)
                 return r;
-        if (!c->local)
-                return gm_conn_set_error(c, -EOPNOTSUPP, "gpumem: per-tag statistics need a local heap");
+        if (!c->local) /* the daemon's heap keeps the pool's figures (under the name: its ids are its own) */
+                return gm_central_stat(c, tag, pytorch_stat_name, ret_value);
         int64_t v = 0;
         gm_heap_lock_take(&c->heap_lock);
         r = gm_local_heap_tag_stat(c->heap, used ? id : 0, pytorch_stat_name, &v);

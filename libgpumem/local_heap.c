@@ -117,7 +117,9 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
         int r = gm_alloc_config_parse(alloc_conf, &cfg, err, err_len);
         if (r < 0)
                 return r;
-        if (page && page->payload_size != sizeof(gm_stats_t))
+        /* The page holds the heap's figures, and its pools' where it has room. */
+        bool tag_room = page && page->payload_size == sizeof(gm_heap_stats_area_t);
+        if (page && !tag_room && page->payload_size != sizeof(gm_stats_t))
                 return -EPROTO;
         gm_local_heap_t *l = calloc(1, sizeof(*l));
         if (!l)
@@ -143,7 +145,9 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
         gm_heap_params_t params = {.capacity = capacity,
                                    .va_cursor = &l->va_cursor,
                                    .granularity = granularity,
-                                   .stats = page ? gm_statpage_payload(page) : NULL};
+                                   .stats = page ? gm_statpage_payload(page) : NULL,
+                                   .tag_stats = tag_room ? ((gm_heap_stats_area_t *) gm_statpage_payload(page))->tags
+                                                         : NULL};
         gm_local_heap_begin(l);
         r = gm_heap_new(&cfg, &provider, &params, &l->heap);
         gm_local_heap_end(l);

@@ -302,13 +302,14 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
  * heap keeps its statistics there), with its figures. Caller holds
  * heap_lock. Consumes page_fd. */
 static void local_page_swap(gpumem_client *c, int page_fd) {
-        gm_stats_t figures;
-        memcpy(&figures, gm_statpage_payload(c->stats_page), sizeof(figures));
+        gm_heap_stats_area_t figures; /* 17 KiB of stack: the heap's and its pools' figures */
+        size_t len = c->stats_page->payload_size < sizeof(figures) ? c->stats_page->payload_size : sizeof(figures);
+        memcpy(&figures, gm_statpage_payload(c->stats_page), len);
         void *p = mmap(c->stats_page, GM_STATPAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, page_fd, 0);
         if (p != MAP_FAILED) {
                 madvise(p, GM_STATPAGE_SIZE, MADV_DONTFORK);
                 gm_statpage_write_begin(c->stats_page);
-                memcpy(gm_statpage_payload(c->stats_page), &figures, sizeof(figures));
+                memcpy(gm_statpage_payload(c->stats_page), &figures, len);
                 gm_statpage_write_end(c->stats_page);
         }
         close(page_fd);

@@ -213,8 +213,9 @@ class _Stats:
 def memory_stats(device=None, *, scope="session", tenant=None, pid=None, tag=None):
     """torch.cuda.memory_stats(): every statistic as a flat, sorted dict
     ("allocated_bytes.all.current", ..., "num_ooms", "max_split_size").
-    tag= gives one tagged pool's figures of this session (its local heap's;
-    docs/tags.md): the same keys, the num_* counters 0."""
+    tag= gives one tagged pool's figures of this session (its local heap's,
+    or a central session's heap's in the daemon; docs/tags.md): the same
+    keys, the num_* counters 0."""
     stats = collections.OrderedDict(sorted(_Stats(device, scope, tenant, pid).items()))
     if tag is None:
         return stats

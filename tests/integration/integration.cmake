@@ -83,8 +83,9 @@ set_tests_properties(install_consumers PROPERTIES TIMEOUT 300)
 add_executable(test_restart ${CMAKE_CURRENT_LIST_DIR}/test_restart.c)
 target_link_libraries(test_restart PRIVATE gm_testutil gm_ipc gm_backend PkgConfig::CHECK Threads::Threads)
 target_compile_definitions(test_restart PRIVATE GPUMEMD_BIN="$<TARGET_FILE:gpumemd>"
-  GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>" SHARED_BIN="$<TARGET_FILE:test_shared>")
-add_dependencies(test_restart gpumemd gm-test-client test_shared)
+  GM_TEST_CLIENT="$<TARGET_FILE:gm-test-client>" SHARED_BIN="$<TARGET_FILE:test_shared>"
+  GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>")
+add_dependencies(test_restart gpumemd gm-test-client test_shared gpumemctl)
 add_test(NAME restart_host COMMAND test_restart)
 set_tests_properties(restart_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host;GPUMEM_HEAP=central" TIMEOUT 600)
 add_test(NAME restart_host_local COMMAND test_restart)

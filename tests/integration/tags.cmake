@@ -6,6 +6,7 @@ target_link_libraries(test_tags PRIVATE gm_testutil gpumem gm_ipc PkgConfig::CHE
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 target_compile_definitions(test_tags PRIVATE GPUMEMCTL_BIN="$<TARGET_FILE:gpumemctl>"
   GM_PYTHON3="${Python3_EXECUTABLE}" GM_SNAPSHOT_CHECK="${GM_SNAPSHOT_CHECK}")
+target_include_directories(test_tags PRIVATE ${CMAKE_SOURCE_DIR}/allocator) # the statistics page's layout
 add_dependencies(test_tags gpumemd gpumemctl)
 add_test(NAME tags_host COMMAND test_tags)
 set_tests_properties(tags_host PROPERTIES ENVIRONMENT "GPUMEM_TEST_BACKEND=host" TIMEOUT 300)

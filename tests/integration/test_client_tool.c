@@ -33,6 +33,12 @@
  *                                         line verify the blocks, print "pools POOLS", allocate
  *                                         6 MiB, print "reused" when it lands where the freed
  *                                         block was, else "elsewhere", free it; free all at EOF
+ *   gm-test-client SOCKET tagged SEED 0    tagged pools: 12 MiB and 1 MiB in pool "kv", 4 MiB in
+ *                                         "weights", 1 MiB in the default pool, filled from SEED;
+ *                                         print "ready"; on each line read verify them, then
+ *                                         allocate 12 MiB more in "kv" and print "kv ok" (freed
+ *                                         again) or "kv refused ERRNO", then "intact" or
+ *                                         "corrupt"; free all at EOF
  * Exit status 0 on success, 1 on failure (message on stderr). */
 #include <errno.h>
 #include <stdbool.h>
@@ -320,6 +326,45 @@ int main(int argc, char **argv) {
                 gpumem_free(c, large);
                 gpumem_free(c, small[0]);
                 gpumem_free(c, small[1]);
+        } else if (strcmp(cmd, "tagged") == 0 && argc == 5) {
+                static const char *const pools[] = {"kv", "kv", "weights", NULL};
+                static const size_t sizes[] = {12u << 20, 1u << 20, 4u << 20, 1u << 20};
+                void *p[4];
+                uint64_t seed = size;
+                for (int i = 0; i < 4; i++) {
+                        if (pools[i])
+                                gpumem_pool_begin(c, pools[i]);
+                        r = gpumem_alloc(c, sizes[i], 0, &p[i]);
+                        if (pools[i])
+                                gpumem_pool_end(c);
+                        if (r < 0) {
+                                fprintf(stderr, "alloc: %s\n", gpumem_last_error(c));
+                                return 1;
+                        }
+                        gm_test_fill(p[i], sizes[i], seed + (uint64_t) i);
+                }
+                printf("ready\n");
+                fflush(stdout);
+                char line[64];
+                while (fgets(line, sizeof(line), stdin)) {
+                        bool intact = true;
+                        for (int i = 0; i < 4; i++)
+                                intact = intact && gm_test_verify(p[i], sizes[i], seed + (uint64_t) i);
+                        void *more;
+                        gpumem_pool_begin(c, "kv");
+                        r = gpumem_alloc(c, 12u << 20, 0, &more);
+                        gpumem_pool_end(c);
+                        if (r == 0) {
+                                printf("kv ok\n");
+                                gpumem_free(c, more);
+                        } else {
+                                printf("kv refused %d\n", -r);
+                        }
+                        printf("%s\n", intact ? "intact" : "corrupt");
+                        fflush(stdout);
+                }
+                for (int i = 0; i < 4; i++)
+                        gpumem_free(c, p[i]);
         } else if (strcmp(cmd, "blocks") == 0 && argc == 5) {
                 static const size_t mixed[] = {512, 3000, 700000, 3u << 20, 1000, 40000};
                 static const size_t small[] = {512, 1024, 3000, 512, 1500, 4000}; /* many blocks */

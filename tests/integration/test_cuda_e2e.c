@@ -1024,9 +1024,9 @@ END_TEST
  * is refused with -ENOMEM and says why, with nothing released or moved
  * (with `page_reuse`, no page of the cached block moves either: the client
  * also records no fence event inside the capture); the capture stays
- * valid, and after it the same allocation succeeds (a local heap's ladder
- * or page move; a central session after a trim, as its miss does not wait
- * for its own cache's release). */
+ * valid, and after it the same allocation succeeds through the ladder
+ * (a central heap's waits for its client's release of the cached block) or
+ * a page move. */
 static void check_capture_miss(gpumem_heap_mode heap, bool per_thread, bool page_reuse) {
         static const char *const reuse[] = {"--alloc-conf", "expandable_segments:True,gpumemd_page_reuse:True", NULL};
         start_daemon("256M", page_reuse ? reuse : NULL, NULL, NULL);
@@ -1068,21 +1068,12 @@ static void check_capture_miss(gpumem_heap_mode heap, bool per_thread, bool page
         ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
         ck_assert_int_eq(usage().capture_refusals, 0);
 
-        if (heap == GPUMEM_HEAP_CENTRAL) {
-                /* A central heap's ladder releases its cache, but the
-                 * allocation does not wait for that release (refused): trim. */
-                uint64_t released = 0;
-                ck_assert_int_eq(gpumem_trim(c, &released), 0);
-                ck_assert_uint_eq(released, 100 * MiB);
-                ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 100 * MiB),
-                                 100 * MiB);
-                ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0);
-        } else {
-                /* Now through the ladder, or with page reuse by moving the cached block's pages. */
-                ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0);
-                ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
-                ck_assert_int_eq(after, page_reuse ? retries : retries + 1);
-        }
+        /* Now through the ladder (a central heap's waits for its client's
+         * ReleaseAck of the cached block), or with page reuse by moving the
+         * cached block's pages. */
+        ck_assert_int_eq(gpumem_alloc(c, 120 * MiB, graph, &big), 0);
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &after), 0);
+        ck_assert_int_eq(after, page_reuse ? retries : retries + 1);
         assert_no_fault(cu);
         ck_assert_int_eq(gpumem_free(c, big), 0);
         ck_assert_int_eq(gpumem_free(c, room), 0);

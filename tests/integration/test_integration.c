@@ -992,6 +992,102 @@ START_TEST(test_sighup_reload_is_complete_and_repeatable) {
 }
 END_TEST
 
+/* PyTorch's workload at its limit (its cache holds two freed big blocks,
+ * a bigger one fits only once both are released): the allocation is served
+ * at once, with no trim. A central heap's ladder releases its own cached
+ * segments and the request waits for its client's ReleaseAck (the library's
+ * unmap), a local heap unmaps them itself. `quota`: the tenant's quota is
+ * the limit (200 MiB), else the device (256 MiB). Charged bytes are exact
+ * and the statistics count one retry and no OOM, as PyTorch's do. */
+static void check_miss_needs_own_cache(bool quota) {
+        gm_test_daemon_start(&daemon_, "256M", NULL);
+        gpumem_client *c = connect_ok();
+        uint64_t big = quota ? 100 * MiB : 128 * MiB, want = quota ? 150 * MiB : 192 * MiB;
+        if (quota)
+                ck_assert_int_eq(gpumem_quota_set(c, "uid:0", 200 * MiB, true), 0);
+        void *a, *b, *p;
+        ck_assert_int_eq(gpumem_alloc(c, big, 0, &a), 0);
+        ck_assert_int_eq(gpumem_alloc(c, big, 0, &b), 0);
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        ck_assert_int_eq(gpumem_free(c, b), 0);
+        int64_t retries = -1, ooms = -1, v = -1;
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &retries), 0);
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, (int64_t) (2 * big)); /* both cached: at the limit */
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 2 * big);
+
+        int r = gpumem_alloc(c, want, 0, &p);
+        ck_assert_msg(r == 0, "alloc needing its own cache: %s (%s)", gpumem_strerror(r), gpumem_last_error(c));
+        gm_test_fill(p, want, 42);
+        ck_assert(gm_test_verify(p, want, 42));
+        ck_assert_int_eq(gpumem_stat(c, "num_alloc_retries", &v), 0);
+        ck_assert_int_eq(v, retries + 1);
+        ck_assert_int_eq(gpumem_stat(c, "num_ooms", &ooms), 0);
+        ck_assert_int_eq(ooms, 0);
+        ck_assert_int_eq(gpumem_stat(c, "reserved_bytes.all.current", &v), 0);
+        ck_assert_int_eq(v, (int64_t) want);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), want); /* exact: both went back */
+        ck_assert_int_eq(gpumem_free(c, p), 0);
+        gpumem_disconnect(c);
+        gm_test_daemon_stop(&daemon_);
+}
+
+START_TEST(test_miss_at_quota_releases_own_cache) {
+        check_miss_needs_own_cache(true);
+}
+END_TEST
+
+START_TEST(test_miss_on_full_device_releases_own_cache) {
+        check_miss_needs_own_cache(false);
+}
+END_TEST
+
+/* A central client that never acknowledges the release of its own cache
+ * (a raw connection that does not unmap): the allocation that waits for it
+ * is refused at park_timeout_ms, and the refusal says what it waited for;
+ * the memory stays charged until the session ends. */
+START_TEST(test_own_release_never_acknowledged_is_refused_clearly) {
+        gm_test_daemon_start_config(&daemon_, "256M", NULL, "park_timeout_ms = 300\n");
+        int fd = gm_test_raw_connect(daemon_.socket_path);
+        gm_test_raw_hello(fd, false);
+        Gpumem__Alloc alloc = GPUMEM__ALLOC__INIT;
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_ALLOC;
+        env.alloc = &alloc;
+        alloc.size = 128 * MiB;
+        uint64_t blocks[2];
+        for (int i = 0; i < 2; i++) {
+                env.request_id = 10 + (uint64_t) i;
+                Gpumem__Envelope *reply = gm_test_raw_call(fd, &env);
+                ck_assert_ptr_nonnull(reply);
+                ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY);
+                blocks[i] = reply->alloc_reply->block_id;
+                gm_msg_free(reply);
+        }
+        for (int i = 0; i < 2; i++) {
+                Gpumem__Free f = GPUMEM__FREE__INIT;
+                f.block_id = blocks[i];
+                gm_test_raw_send_body(fd, 20 + (uint64_t) i, GPUMEM__ENVELOPE__BODY_FREE, &f);
+        }
+        alloc.size = 192 * MiB;
+        gm_test_raw_send_body(fd, 30, GPUMEM__ENVELOPE__BODY_ALLOC, &alloc);
+        Gpumem__Envelope *e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_RELEASE_REQUEST);
+        ck_assert_uint_eq(e->release_request->n_ranges, 2); /* its own two segments */
+        gm_msg_free(e);
+        e = gm_test_raw_await_body(fd, GPUMEM__ENVELOPE__BODY_ERROR); /* not acknowledged */
+        ck_assert_uint_eq(e->request_id, 30);
+        ck_assert_int_eq(e->error->code, ENOMEM);
+        ck_assert_msg(strstr(e->error->message, "256.00 MiB of this session's own cache was released, but its client "
+                                                "has not acknowledged unmapping it (ReleaseAck)"),
+                      "%s", e->error->message);
+        gm_msg_free(e);
+        ck_assert_uint_eq(gm_test_tenant_charged(daemon_.socket_path, "uid:0"), 256 * MiB); /* still mapped */
+        close(fd);
+        ck_assert_uint_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 0), 0);
+        gm_test_daemon_stop(&daemon_);
+}
+END_TEST
+
 static Suite *integration_suite(void) {
         Suite *s = suite_create("integration");
         TCase *tc = tcase_create("broker");
@@ -1019,6 +1115,13 @@ static Suite *integration_suite(void) {
         tcase_add_test(tc, test_expandable_segments);
         tcase_add_test(tc, test_sighup_reload_is_complete_and_repeatable);
         suite_add_tcase(s, tc);
+
+        TCase *own = tcase_create("own_cache"); /* each test starts its daemon */
+        tcase_set_timeout(own, 120);
+        tcase_add_test(own, test_miss_at_quota_releases_own_cache);
+        tcase_add_test(own, test_miss_on_full_device_releases_own_cache);
+        tcase_add_test(own, test_own_release_never_acknowledged_is_refused_clearly);
+        suite_add_tcase(s, own);
 
         if (strcmp(gm_test_backend(), "cuda") == 0) {
                 TCase *faults = tcase_create("cuda_faults");

@@ -138,19 +138,6 @@ START_TEST(test_gpumemctl_stats_equal_client) {
 }
 END_TEST
 
-/* Finds this process's statistics page in /proc/self/maps. */
-static void *own_stats_page(void) {
-        FILE *f = fopen("/proc/self/maps", "re");
-        char line[512];
-        void *page = NULL;
-        while (f && fgets(line, sizeof(line), f))
-                if (strstr(line, "gpumem-stats") && strstr(line, "rw"))
-                        page = (void *) (uintptr_t) strtoull(line, NULL, 16);
-        if (f)
-                fclose(f);
-        return page;
-}
-
 /* A child process with a local session of its own holding one block of
  * `size` (freed into its cache when `cache`). It runs `before` (may be NULL),
  * says it is ready, waits for the go, and exits with `after`'s status (0
@@ -198,7 +185,7 @@ static int local_child_finish(local_child_t *ch) {
 /* Overwrites the calling process's statistics page with huge figures whose
  * pools do not add up. */
 static int scribble_stats_page(gpumem_client *c) {
-        uint8_t *page = own_stats_page();
+        uint8_t *page = gm_test_own_stats_page();
         if (!page)
                 return 1;
         memset(page + 64, 0x7f, 4096 - 64);

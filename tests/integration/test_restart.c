@@ -542,6 +542,92 @@ START_TEST(test_shared_object_survives_sigkill) {
 }
 END_TEST
 
+static bool log_says_reattached(pid_t pid);
+
+/* `gpumemctl clients --json`'s bytes of pool `tag` of process `pid`. */
+static int64_t clients_tag_bytes(pid_t pid, const char *tag) {
+        return gm_test_client_tag_bytes(GPUMEMCTL_BIN, sd.control_path, pid, tag);
+}
+
+/* How many blocks and trace entries a `--category tag` snapshot puts in pool `tag`. */
+static size_t snapshot_category_count(const char *tag) {
+        char file[400], out[4096], want[64];
+        snprintf(file, sizeof(file), "%s/tags.json", sd.dir);
+        const char *argv[] = {GPUMEMCTL_BIN, "-s",   sd.control_path, "snapshot", "-o", file,
+                              "--format",    "json", "--category",    "tag",      NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        FILE *f = fopen(file, "re");
+        ck_assert_ptr_nonnull(f);
+        static char json[1 << 20];
+        size_t n = fread(json, 1, sizeof(json) - 1, f);
+        fclose(f);
+        json[n] = '\0';
+        snprintf(want, sizeof(want), "\"category\":\"%s\"", tag);
+        return gm_test_count(json, want);
+}
+
+/* Issue 27: a session's tagged pools survive a SIGKILL and restart, in
+ * either heap mode (GPUMEM_HEAP): the ledger carries each piece's pool, so
+ * the new daemon books the same bytes per pool (gm_broker_check adds them
+ * up in debug builds), the snapshot names the same pools, and the
+ * tenant's tag_quota still counts the pool's restored bytes. */
+static void restart_keeps_tags(bool with_fd_store) {
+        FILE *f = fopen(sd.config_path, "ae");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "[tenant uid:%u]\ntag_quota = kv:24M\n", (unsigned) getuid());
+        fclose(f);
+        sd_start_daemon("expandable_segments:False", with_fd_store);
+        const char *argv[] = {GM_TEST_CLIENT, sd.control_path, "tagged", "77", "0", NULL};
+        gm_test_proc_t client;
+        gm_test_spawn(argv, 0, &client);
+        char line[128];
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_str_eq(line, "ready");
+        const char *const pools[] = {"kv", "weights", ""};
+        int64_t before[3];
+        for (int i = 0; i < 3; i++)
+                before[i] = clients_tag_bytes(client.pid, pools[i]);
+        ck_assert_int_ge(before[0], 13 << 20);
+        ck_assert_int_ge(before[1], 4 << 20);
+        size_t snap_kv = snapshot_category_count("kv"), snap_weights = snapshot_category_count("weights");
+        ck_assert_uint_ge(snap_kv, 2);
+        ck_assert_uint_ge(snap_weights, 1);
+        int64_t total = device_stat("reserved_bytes.all.current");
+
+        ck_assert_int_eq(kill(sd.daemon, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(sd.daemon, NULL, 0), sd.daemon);
+        sd.daemon = 0;
+        sd_start_daemon("expandable_segments:False", with_fd_store);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", total), total);
+        for (int i = 0; i < 1000 && !log_says_reattached(client.pid); i++)
+                usleep(10000);
+        ck_assert_msg(log_says_reattached(client.pid), "the client did not re-attach");
+        for (int i = 0; i < 3; i++)
+                ck_assert_msg(clients_tag_bytes(client.pid, pools[i]) == before[i],
+                              "pool '%s': %lld bytes after the restart, %lld before", pools[i],
+                              (long long) clients_tag_bytes(client.pid, pools[i]), (long long) before[i]);
+        ck_assert_uint_eq(snapshot_category_count("kv"), snap_kv);
+        ck_assert_uint_eq(snapshot_category_count("weights"), snap_weights);
+        /* 13 MiB of "kv" held: 12 more pass the 24 MiB tag_quota */
+        ck_assert_int_eq(write(client.stdin_fd, "check\n", 6), 6);
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_msg(strcmp(line, "kv refused 122") == 0, "after the restart: %s", line); /* EDQUOT */
+        ck_assert(gm_test_proc_read_line(&client, line, sizeof(line)));
+        ck_assert_str_eq(line, "intact");
+        ck_assert_int_eq(gm_test_proc_finish(&client), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(sd.control_path, "reserved_bytes.all.current", 0), 0);
+}
+
+START_TEST(test_tags_with_fd_store) {
+        restart_keeps_tags(true);
+}
+END_TEST
+
+START_TEST(test_tags_without_fd_store) {
+        restart_keeps_tags(false);
+}
+END_TEST
+
 /* Whether the daemon's log says pid re-attached its session. */
 static bool log_says_reattached(pid_t pid) {
         FILE *f = fopen(sd.log_path, "re");
@@ -614,5 +700,11 @@ int main(void) {
         tcase_add_test(tc, test_shared_object_survives_sigkill);
         tcase_add_test(tc, test_shared_object_mapped_across_restart);
         suite_add_tcase(s, tc);
+        TCase *tags = tcase_create("tags"); /* CK_RUN_CASE=tags runs these alone */
+        tcase_add_checked_fixture(tags, sd_setup, sd_teardown);
+        tcase_set_timeout(tags, 120);
+        tcase_add_test(tags, test_tags_with_fd_store);
+        tcase_add_test(tags, test_tags_without_fd_store);
+        suite_add_tcase(s, tags);
         return gm_test_run_suite(s);
 }

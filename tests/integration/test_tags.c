@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "allocator.h"
 #include "gpumem/gpumem.h"
 #include "ipc.h"
 #include "msg.h"
@@ -46,19 +48,7 @@ static int64_t stat_of(gpumem_client *c, const char *tag, const char *name) {
 
 /* `gpumemctl clients --json`'s bytes of pool `tag` of process `pid` (-1: no such entry). */
 static int64_t daemon_tag_bytes(pid_t pid, const char *tag) {
-        static char out[65536];
-        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
-        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
-        char pat[96];
-        snprintf(pat, sizeof(pat), "\"pid\": %d,", (int) pid);
-        const char *e = strstr(out, pat);
-        if (!e)
-                return -1;
-        const char *tags = strstr(e, "\"tags\": {");
-        const char *end = tags ? strchr(tags, '}') : NULL;
-        snprintf(pat, sizeof(pat), "\"%s\": ", tag);
-        const char *t = tags ? strstr(tags, pat) : NULL;
-        return t && t < end ? strtoll(t + strlen(pat), NULL, 10) : 0;
+        return gm_test_client_tag_bytes(GPUMEMCTL_BIN, daemon_.socket_path, pid, tag);
 }
 
 /* Allocations in three pools, nested scopes included: kv_cache 3 small + 1
@@ -130,11 +120,8 @@ static void check_snapshot(void) {
         ck_assert_msg(system(cmd) == 0, "snapshot check failed: %s", cmd);
 }
 
-START_TEST(test_tags_local) {
-        gpumem_client *c = connect_mode(GPUMEM_HEAP_LOCAL);
-        void *p[7];
-        fill(c, p);
-        /* the per-tag figures add up to the session's */
+/* After fill(): the per-tag figures add up to the session's and are fill()'s. */
+static void check_tag_stats(gpumem_client *c) {
         const char *keys[] = {"reserved_bytes.all.current", "allocated_bytes.all.current", "active.all.current",
                               "allocation.all.current", "segment.all.current"};
         for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
@@ -144,6 +131,70 @@ START_TEST(test_tags_local) {
         ck_assert_int_eq(stat_of(c, "kv_cache", "allocation.all.current"), 5);
         ck_assert_int_eq(stat_of(c, "weights", "allocated_bytes.all.current"), 4 * MiB);
         ck_assert_int_eq(stat_of(c, "never_used", "allocated_bytes.all.current"), 0);
+        ck_assert_int_eq(stat_of(c, "kv_cache", "num_alloc_retries"), 0);
+        int64_t v;
+        ck_assert_int_eq(gpumem_stat_tag(c, "no/such", "allocated_bytes.all.current", &v), -EINVAL);
+}
+
+/* `gpumemctl stats --tag TAG --json` (extra: more options, or NULL): the
+ * value of `key` in its output; *ret_sessions its "sessions". */
+static int64_t ctl_tag_stat(const char *tag, const char *extra, const char *extra_value, const char *key,
+                            int64_t *ret_sessions) {
+        static char out[65536];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s",  daemon_.socket_path, "stats", "--json", "--tag",
+                              tag,           extra, extra_value,         NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        char pat[128];
+        snprintf(pat, sizeof(pat), "\"tag\": \"%s\"", tag);
+        ck_assert_msg(strstr(out, pat), "%s", out);
+        const char *sessions = strstr(out, "\"sessions\": ");
+        ck_assert_ptr_nonnull(sessions);
+        *ret_sessions = strtoll(sessions + strlen("\"sessions\": "), NULL, 10);
+        snprintf(pat, sizeof(pat), "\"%s\": ", key);
+        const char *v = strstr(out, pat);
+        ck_assert_msg(v, "no %s in %s", key, out);
+        return strtoll(v + strlen(pat), NULL, 10);
+}
+
+/* gpumemctl stats --tag: the session's pool as the client sees it, for its
+ * pid and its tenant; a pool nobody named counts no session; the text form
+ * names the pool; a malformed tag is refused. */
+static void check_ctl_tag_stats(gpumem_client *c) {
+        char pid[16];
+        snprintf(pid, sizeof(pid), "%d", (int) getpid());
+        const char *keys[] = {"allocated_bytes.all.current", "reserved_bytes.all.current", "allocation.all.current",
+                              "segment.all.current", "requested_bytes.all.peak"};
+        const char *tags[] = {"kv_cache", "weights", ""};
+        for (size_t t = 0; t < 3; t++)
+                for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+                        int64_t sessions;
+                        ck_assert_int_eq(ctl_tag_stat(tags[t], "--pid", pid, keys[k], &sessions),
+                                         stat_of(c, tags[t], keys[k]));
+                        ck_assert_int_eq(sessions, 1);
+                        ck_assert_int_eq(ctl_tag_stat(tags[t], NULL, NULL, keys[k], &sessions), /* the tenant's */
+                                         stat_of(c, tags[t], keys[k]));
+                        ck_assert_int_eq(sessions, 1);
+                }
+        int64_t sessions;
+        ck_assert_int_eq(ctl_tag_stat("never_used", "--pid", pid, "allocated_bytes.all.current", &sessions), 0);
+        ck_assert_int_eq(sessions, 0);
+        ck_assert_int_eq(daemon_tag_bytes(getpid(), "kv_cache"),
+                         ctl_tag_stat("kv_cache", "--pid", pid, "reserved_bytes.all.current", &sessions));
+        static char out[65536];
+        const char *text[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--tag", "kv_cache", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), text), 0);
+        ck_assert_msg(strstr(out, "Tagged pool 'kv_cache' of 1 session(s)") && strstr(out, "Allocated memory"), "%s",
+                      out);
+        const char *bad[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "stats", "--tag", "no/such", NULL};
+        ck_assert_int_ne(gm_test_run(out, sizeof(out), bad), 0);
+}
+
+START_TEST(test_tags_local) {
+        gpumem_client *c = connect_mode(GPUMEM_HEAP_LOCAL);
+        void *p[7];
+        fill(c, p);
+        check_tag_stats(c);
+        check_ctl_tag_stats(c);
         /* the daemon books each pool's grants: its bytes are the client's reserved */
         ck_assert_int_eq(daemon_tag_bytes(getpid(), "kv_cache"), stat_of(c, "kv_cache", "reserved_bytes.all.current"));
         ck_assert_int_eq(daemon_tag_bytes(getpid(), "weights"), stat_of(c, "weights", "reserved_bytes.all.current"));
@@ -158,9 +209,9 @@ END_TEST
 START_TEST(test_tags_central) {
         gpumem_client *c = connect_mode(GPUMEM_HEAP_CENTRAL);
         void *p[7];
-        int64_t v;
         fill(c, p);
-        ck_assert_int_eq(gpumem_stat_tag(c, "kv_cache", "allocated_bytes.all.current", &v), -EOPNOTSUPP);
+        check_tag_stats(c); /* the daemon's heap answers for the pool */
+        check_ctl_tag_stats(c);
         int64_t kv = daemon_tag_bytes(getpid(), "kv_cache"), w = daemon_tag_bytes(getpid(), "weights");
         int64_t d = daemon_tag_bytes(getpid(), "");
         ck_assert_int_ge(kv, 12 * MiB + 2 * MiB);
@@ -189,6 +240,13 @@ START_TEST(test_tags_child_process) {
                     gpumem_pool_begin(c, "weights") != 0 || gpumem_alloc(c, 12 * MiB, 0, &a) != 0 ||
                     gpumem_pool_end(c) != 0 || write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
                         _exit(1);
+                /* Garbage in its page's slot of pool "weights" (id 1) only. */
+                uint8_t *page = gm_test_own_stats_page();
+                if (!page)
+                        _exit(2);
+                memset(page + 64 + offsetof(gm_heap_stats_area_t, tags[1]), 0x7f, sizeof(gm_stats_t));
+                if (write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1)
+                        _exit(3);
                 gpumem_disconnect(c);
                 _exit(0);
         }
@@ -196,6 +254,17 @@ START_TEST(test_tags_child_process) {
         ck_assert_int_eq(read(ready[0], &x, 1), 1);
         ck_assert_int_eq(daemon_tag_bytes(pid, "weights"), 12 * MiB); /* its own 12 MiB segment */
         ck_assert_int_eq(daemon_tag_bytes(getpid(), "weights"), -1);  /* this process has no session */
+        /* The daemon reads another process's pool from its page, and garbage there as zeros. */
+        char pid_arg[16];
+        snprintf(pid_arg, sizeof(pid_arg), "%d", (int) pid);
+        int64_t sessions;
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 12 * MiB);
+        ck_assert_int_eq(write(go[1], &x, 1), 1);
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "allocated_bytes.all.current", &sessions), 0);
+        ck_assert_int_eq(ctl_tag_stat("weights", "--pid", pid_arg, "reserved_bytes.all.peak", &sessions), 0);
+        ck_assert_int_eq(sessions, 1);
+        ck_assert_int_eq(daemon_tag_bytes(pid, "weights"), 12 * MiB); /* the daemon's books: its own */
         ck_assert_int_eq(write(go[1], &x, 1), 1);
         int status;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);

@@ -547,6 +547,34 @@ size_t gm_test_count(const char *text, const char *what) {
         return n;
 }
 
+void *gm_test_own_stats_page(void) {
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        void *page = NULL;
+        while (f && fgets(line, sizeof(line), f))
+                if (strstr(line, "gpumem-stats") && strstr(line, "rw"))
+                        page = (void *) (uintptr_t) strtoull(line, NULL, 16);
+        if (f)
+                fclose(f);
+        return page;
+}
+
+int64_t gm_test_client_tag_bytes(const char *gpumemctl, const char *socket_path, pid_t pid, const char *tag) {
+        static char out[65536];
+        const char *argv[] = {gpumemctl, "-s", socket_path, "clients", "--json", NULL};
+        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        char pat[96];
+        snprintf(pat, sizeof(pat), "\"pid\": %d,", (int) pid);
+        const char *e = strstr(out, pat);
+        if (!e)
+                return -1;
+        const char *tags = strstr(e, "\"tags\": {");
+        const char *end = tags ? strchr(tags, '}') : NULL;
+        snprintf(pat, sizeof(pat), "\"%s\": ", tag);
+        const char *t = tags ? strstr(tags, pat) : NULL;
+        return t && t < end ? strtoll(t + strlen(pat), NULL, 10) : 0;
+}
+
 static bool all_threads_stopped(pid_t pid) {
         char path[320];
         snprintf(path, sizeof(path), "/proc/%d/task", (int) pid);

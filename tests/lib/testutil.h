@@ -126,6 +126,12 @@ int gm_test_run_in_process(const TTest *test, int timeout_s);
 
 /* How often `what` occurs in `text` (not overlapping). */
 size_t gm_test_count(const char *text, const char *what);
+/* This process's statistics page (its writable mapping of the daemon's
+ * memfd, found in /proc/self/maps), NULL without a local session. */
+void *gm_test_own_stats_page(void);
+/* The bytes `gpumemctl clients --json` (gpumemctl: its path) books in pool
+ * `tag` ("" the default) for process `pid`'s session; -1: no such process. */
+int64_t gm_test_client_tag_bytes(const char *gpumemctl, const char *socket_path, pid_t pid, const char *tag);
 
 /* Fills / verifies a pattern derived from seed. */
 void gm_test_fill(void *p, size_t n, uint64_t seed);

@@ -3,6 +3,7 @@
  * statistics add up to the heap's. The heap is checked after every step
  * (alloc_ok / free_ok / tagged_ok), per-tag books included. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_allocator.h"
 
@@ -188,6 +189,48 @@ START_TEST(test_tags_random) {
 }
 END_TEST
 
+/* A heap that keeps its statistics in caller storage (a local session's
+ * page): the per-tag figures land in area.tags from the first tagged
+ * allocation on; gm_heap_move_stats(NULL, copy) takes them along, and
+ * without a copy they stop: the teardown writes nothing to the area. */
+START_TEST(test_tags_stats_in_caller_storage) {
+        static gm_heap_stats_area_t area;
+        uint64_t cursor = 0x7f0000000000ULL;
+        gm_alloc_config_t c;
+        config_default(&c);
+        fake_init(&F, 1 * GiB);
+        gm_provider_t p = fake_provider(&F);
+        gm_heap_params_t params = {
+                .capacity = 1 * GiB, .va_cursor = &cursor, .stats = &area.all, .tag_stats = area.tags};
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &H), 0);
+        gm_alloc_result_t a = alloc_ok(4096, 0), b = tagged_ok(3 * MiB, 0, 3);
+        ck_assert_int_eq(area.tags[3].allocated_bytes[GM_STAT_ALL].current, (int64_t) b.size);
+        ck_assert_int_eq(area.tags[0].allocated_bytes[GM_STAT_ALL].current, (int64_t) a.size);
+        ck_assert_int_eq(area.all.allocated_bytes[GM_STAT_ALL].current, (int64_t) (a.size + b.size));
+        gm_heap_move_stats(H, NULL, true); /* copied out: the area no longer moves */
+        CHECK_HEAP();
+        free_ok(b.block_id, false);
+        CHECK_HEAP();
+        ck_assert_int_eq(area.tags[3].allocated_bytes[GM_STAT_ALL].current, (int64_t) b.size);
+        gm_stats_t t;
+        ck_assert_int_eq(gm_heap_tag_stats(H, 3, &t), 0);
+        ck_assert_int_eq(t.allocated_bytes[GM_STAT_ALL].current, 0);
+        free_ok(a.block_id, false);
+        H = gm_heap_destroy(H);
+        memset(&area, 0, sizeof(area));
+        ck_assert_int_eq(gm_heap_new(&c, &p, &params, &H), 0); /* again, then without a copy */
+        b = tagged_ok(3 * MiB, 0, 2);
+        ck_assert_int_eq(area.tags[2].allocated_bytes[GM_STAT_ALL].current, (int64_t) b.size);
+        gm_heap_move_stats(H, NULL, false); /* the area may be gone (a fork()ed child's teardown) */
+        H = gm_heap_destroy(H);             /* which then writes nothing there */
+        ck_assert_int_eq(area.tags[2].allocated_bytes[GM_STAT_ALL].current, (int64_t) b.size);
+        ck_assert_int_eq(area.all.allocated_bytes[GM_STAT_ALL].current, (int64_t) b.size);
+        ck_assert_uint_eq(F.live_handles, 0);
+        fake_done(&F);
+        heap_open(&c, 1 * GiB); /* for the teardown's checks */
+}
+END_TEST
+
 static void setup(void) {
 }
 
@@ -243,6 +286,7 @@ Suite *allocator_tags_suite(void) {
         tcase_add_test(tc, test_tags_page_reuse_within_tag);
         tcase_add_test(tc, test_tags_held_sleep_alone);
         tcase_add_loop_test(tc, test_tags_random, 0, 4);
+        tcase_add_test(tc, test_tags_stats_in_caller_storage);
         suite_add_tcase(s, tc);
         return s;
 }

@@ -513,12 +513,71 @@ START_TEST(test_capturing_alloc_keeps_its_own_cache) {
         ck_assert_int_eq(gm_heap_stats(cap->heap)->allocated_bytes[GM_STAT_ALL].current, 30 * MiB);
         CHECK(b_);
 
-        /* The same miss not captured: the ladder gives the own cache back. */
-        gm_broker_alloc_tagged(cap, 43, 40 * MiB, 7, "", false, NULL, 0, &out);
-        ck_assert_int_ne(out.kind, GM_OUTCOME_REPLY);
-        ck_assert_ptr_nonnull(cap->rel_head);
+        /* The same miss not captured (another stream: the cached block does
+         * not serve it): the ladder gives the own cache back, asked of its
+         * client at once, and the request waits for the acknowledgement. */
+        gm_broker_alloc_tagged(cap, 43, 20 * MiB, 8, "", false, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_ptr_null(cap->rel_head);
+        ck_assert_uint_eq(host_.n_releases, 2);
+        ck_assert_ptr_eq(host_.releases[1].session, cap);
         ck_assert_int_eq(gm_heap_stats(cap->heap)->reserved_bytes[GM_STAT_ALL].current, 30 * MiB);
         CHECK(b_);
+        ack_all(cap);
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_int_eq(gm_heap_stats(cap->heap)->reserved_bytes[GM_STAT_ALL].current, 50 * MiB);
+}
+END_TEST
+
+/* A miss that fits only once the session's own cached segments are
+ * released (2 x 20 MiB cached, 50 MiB device, 30 MiB asked; PyTorch frees
+ * its cache and serves it): the request parks on its own ReleaseRequest and
+ * is served at the ReleaseAck, with one retry counted and no OOM (nor a
+ * reclaim wait: no other session's memory was awaited). A release
+ * never acknowledged refuses it at park_timeout_ms, saying so. */
+START_TEST(test_miss_waits_for_its_own_cache_release) {
+        backend_.capacity = 50 * MiB;
+        gm_session_t *s = session(b_, 1000, "a");
+        uint64_t x = alloc_ok(s, 20 * MiB), y = alloc_ok(s, 20 * MiB);
+        ck_assert_int_eq(gm_session_central_free_block(s, x, false), 0);
+        ck_assert_int_eq(gm_session_central_free_block(s, y, false), 0);
+
+        gm_outcome_t out;
+        gm_broker_alloc(s, 42, 30 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        CHECK(b_);
+        ck_assert_uint_eq(host_.n_releases, 1); /* its own two segments, sent at once */
+        ck_assert_ptr_eq(host_.releases[0].session, s);
+        ck_assert_uint_eq(s->releasing_bytes, 40 * MiB);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 40 * MiB); /* until the client unmapped them */
+        ack_all(s);
+        ck_assert_uint_eq(host_.n_done, 1);
+        ck_assert_uint_eq(host_.done[0].request_id, 42);
+        ck_assert_int_eq(host_.done[0].outcome.kind, GM_OUTCOME_REPLY);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 30 * MiB);
+        const gm_stats_t *st = gm_heap_stats(s->heap);
+        ck_assert_int_eq(st->num_alloc_retries, 1);
+        ck_assert_int_eq(st->num_reclaim_waits, 0); /* its own ladder: no other session's memory */
+        ck_assert_int_eq(st->num_ooms, 0);
+
+        /* Its 30 MiB cached again; 40 fits only once it is released, and
+         * the client never acknowledges: refused at the park timeout. */
+        ck_assert_int_eq(gm_session_central_free_block(s, host_.done[0].outcome.alloc.block_id, false), 0);
+        gm_broker_alloc(s, 43, 40 * MiB, 0, NULL, 0, &out);
+        ck_assert_int_eq(out.kind, GM_OUTCOME_PARK);
+        ck_assert_uint_eq(host_.n_releases, 2);
+        expire_parked();
+        ck_assert_uint_eq(host_.n_done, 2);
+        ck_assert_int_eq(host_.done[1].outcome.kind, GM_OUTCOME_REFUSE);
+        ck_assert_int_eq(host_.done[1].outcome.error, -ENOMEM);
+        ck_assert_msg(strstr(host_.done[1].outcome.message,
+                             "30.00 MiB of this session's own cache was released, but its client has not "
+                             "acknowledged unmapping it (ReleaseAck)"),
+                      "%s", host_.done[1].outcome.message);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 30 * MiB);
+        ack_all(s);
+        ck_assert_uint_eq(s->tenant->charged_bytes, 0);
 }
 END_TEST
 
@@ -2395,6 +2454,7 @@ static Suite *broker_suite(void) {
         tcase_add_test(tc, test_central_run_all_or_nothing);
         tcase_add_test(tc, test_reclaim_parks_until_the_ack);
         tcase_add_test(tc, test_capturing_alloc_keeps_its_own_cache);
+        tcase_add_test(tc, test_miss_waits_for_its_own_cache_release);
         tcase_add_test(tc, test_unacknowledged_release_is_asked_again);
         tcase_add_test(tc, test_whole_segment_travels_last);
         tcase_add_test(tc, test_grant_without_a_heap);

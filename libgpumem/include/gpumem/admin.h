@@ -62,6 +62,13 @@ GPUMEM_EXPORT bool gpumem_admin_rights(const gpumem_admin *a);
 /* gpumem_stats_get() of a scope other than the session's. */
 GPUMEM_EXPORT int gpumem_admin_stats(gpumem_admin *a, gpumem_scope scope, const char *tenant, uint32_t pid,
                                      gpumem_stats **ret);
+/* gpumem_admin_stats() of one tagged pool, `tag` ("" the default; docs/tags.md):
+ * the figures of that pool summed over the scope's live sessions that named
+ * it (gpumem_stats_sessions() counts them; peaks summed: an upper bound), the
+ * num_* counters 0. Sessions that ended are not in it. -EINVAL for a
+ * malformed tag. */
+GPUMEM_EXPORT int gpumem_admin_stats_tag(gpumem_admin *a, gpumem_scope scope, const char *tenant, uint32_t pid,
+                                         const char *tag, gpumem_stats **ret);
 /* gpumem_reset_stats() of the device, a tenant or a process, as the daemon
  * allows it. */
 GPUMEM_EXPORT int gpumem_admin_reset_stats(gpumem_admin *a, gpumem_scope scope, const char *tenant, bool peak,

@@ -55,8 +55,11 @@ GPUMEM_EXPORT gpumem_heap_mode gpumem_heap(gpumem_client *c);
 GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
 
 /* Allocates at least `size` bytes for use on `stream` (0 = default stream).
- * While `stream` (a created stream or the per-thread default stream, 0x2)
- * is being captured into a CUDA graph, a cache miss gets only new memory in
+ * A miss that fits only once this session's cached memory is released is
+ * served after that release, as PyTorch's retry does (a central session's
+ * request waits in the daemon until the library unmapped it). While
+ * `stream` (a created stream or the per-thread default stream, 0x2) is
+ * being captured into a CUDA graph, a cache miss gets only new memory in
  * either heap mode: one that only releasing or moving cached memory could
  * serve fails with -ENOMEM, gpumem_last_error() saying "refused during a
  * capture", and the capture stays valid. A central session asks the driver
@@ -320,7 +323,8 @@ GPUMEM_EXPORT const char *gpumem_pool_current(gpumem_client *c);
 /* A PyTorch statistic of one tag's pool (as gpumem_stat(); names as there):
  * the figures of its blocks and segments; the num_* counters are the
  * session's only and read 0 here. A valid tag no scope used yet reads 0.
- * Local sessions; -EOPNOTSUPP for a central one. */
+ * A local session answers from its own heap, a central one asks the
+ * daemon's (one request). */
 GPUMEM_EXPORT int gpumem_stat_tag(gpumem_client *c, const char *tag, const char *pytorch_stat_name, int64_t *ret_value);
 
 /* ---- shared objects ---- */
