@@ -209,6 +209,15 @@ int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned 
 int gm_heap_tag_stats(const gm_heap_t *h, unsigned tag, gm_stats_t *ret_stats);
 /* The tag of segment `segment_id`; -ENOENT when the heap has no such segment. */
 int gm_heap_segment_tag(const gm_heap_t *h, uint64_t segment_id, unsigned *ret_tag);
+/* Every tag's bit (bit t: tag t). */
+#define GM_HEAP_ALL_TAGS ((1u << GM_HEAP_MAX_TAGS) - 1u)
+/* Holds the tags of `mask` (bit t: tag t; bits past GM_HEAP_ALL_TAGS are
+ * dropped), replacing the held set; 0 holds none. A held tag's segments may
+ * have no memory behind them (a sleeping pool): gm_heap_alloc_tagged() in it
+ * fails with -EAGAIN, and no release (gm_heap_release_cached(), garbage
+ * collection, the retry ladder) touches its cached blocks; frees go on. */
+void gm_heap_hold_tags(gm_heap_t *h, uint32_t mask);
+uint32_t gm_heap_held_tags(const gm_heap_t *h);
 
 /* free(): with deferred=false the block returns to the pool at once
  * (free_requested + free_completed); with deferred=true it stays active

@@ -56,6 +56,7 @@ struct gm_heap {
          * own pools, so two tags never share a segment */
         pool_t pools[GM_HEAP_MAX_TAGS][2];
         unsigned n_tags;        /* tags 0 .. n_tags-1 have been used (>= 1) */
+        uint32_t held_tags;     /* bit t: tag t is held (gm_heap_hold_tags()), within GM_HEAP_ALL_TAGS */
         gm_stats_t *tag_stats;  /* per tag, from the first tagged allocation on (NULL: only tag 0 so far) */
         bool tag_stats_stopped; /* gm_heap_move_stats() left the params' tag_stats without a copy */
         gm_segment_t *seg_head, *seg_tail;
@@ -1073,7 +1074,13 @@ static uint64_t garbage_collect_pool(gm_heap_t *h, pool_t *p, uint64_t target) {
         return reclaimed;
 }
 
-/* Above threshold x allowed, each tag's large pool in turn (tag 0 first). */
+/* Whether tag `tag`'s pools are held: nothing is carved from or released out of them. */
+static bool tag_held(const gm_heap_t *h, unsigned tag) {
+        return (h->held_tags >> tag) & 1u;
+}
+
+/* Above threshold x allowed, each tag's large pool in turn (tag 0 first;
+ * held tags left out). */
 static void garbage_collect(gm_heap_t *h) {
         uint64_t allowed = h->limit ? h->limit : fraction_allowed(h);
         uint64_t total = h->limit ? reserved_total(limit_measured(h)) : reserved_total(h->stats);
@@ -1081,7 +1088,8 @@ static void garbage_collect(gm_heap_t *h) {
         uint64_t reclaimed = 0;
 
         for (unsigned t = 0; t < h->n_tags && total > threshold + reclaimed; t++)
-                reclaimed += garbage_collect_pool(h, &h->pools[t][0], total - threshold - reclaimed);
+                if (!tag_held(h, t))
+                        reclaimed += garbage_collect_pool(h, &h->pools[t][0], total - threshold - reclaimed);
 }
 
 /* An idle unsplit ordinary segment. */
@@ -1140,10 +1148,20 @@ uint64_t gm_heap_release_cached(gm_heap_t *h) {
 
         COUNT(h, num_sync_all_streams);
         for (unsigned t = 0; t < h->n_tags; t++) {
+                if (tag_held(h, t))
+                        continue;
                 released += release_pool(h, &h->pools[t][0]);
                 released += release_pool(h, &h->pools[t][1]);
         }
         return released;
+}
+
+void gm_heap_hold_tags(gm_heap_t *h, uint32_t mask) {
+        h->held_tags = mask & GM_HEAP_ALL_TAGS;
+}
+
+uint32_t gm_heap_held_tags(const gm_heap_t *h) {
+        return h->held_tags;
 }
 
 /* PyTorch's alloc_block(): a new segment (or newly mapped expandable pages). */
@@ -1246,6 +1264,8 @@ int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned 
 
         if (size == 0 || size >= MAX_REQUEST)
                 return -EINVAL;
+        if (tag < GM_HEAP_MAX_TAGS && tag_held(h, tag))
+                return -EAGAIN;
         if (tag >= h->n_tags) {
                 if (tag >= GM_HEAP_MAX_TAGS)
                         return -EINVAL;
@@ -1761,6 +1781,7 @@ int gm_heap_check(const gm_heap_t *h) {
 
         bad += h->n_tags == 0 || h->n_tags > GM_HEAP_MAX_TAGS ||
                (h->n_tags > 1 && !h->tag_stats && !h->tag_stats_stopped);
+        bad += (h->held_tags & ~(uint32_t) GM_HEAP_ALL_TAGS) != 0; /* only tags there are are held */
         for (s = h->seg_head; s; ps = s, s = s->next) {
                 if (s->prev != ps || (ps && ps->addr + ps->size > s->addr))
                         bad++;

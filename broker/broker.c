@@ -318,7 +318,8 @@ static void check_grants(gm_checker_t *c, const gm_session_t *s) {
         if (s->local && s->heap)
                 gm_check_violation(c, "local session %llu has a heap in the daemon", (unsigned long long) s->id);
         const gm_session_sleep_t *sl = &s->sleep;
-        if (sl->asleep ? !s->local || sl->bytes > sl->granted_bytes : sl->bytes || sl->granted_bytes || sl->segments)
+        if (sl->asleep ? !s->local || sl->bytes > sl->granted_bytes || sl->bytes > s->broker->backend->capacity
+                       : sl->bytes || sl->granted_bytes || sl->segments)
                 gm_check_violation(c, "session %llu: its sleep record (%llu bytes of %llu) is out of bounds",
                                    (unsigned long long) s->id, (unsigned long long) sl->bytes,
                                    (unsigned long long) sl->granted_bytes);

@@ -738,8 +738,20 @@ int gm_reattach_segment(gm_session_t *s, uint64_t segment_id, uint64_t va_size, 
 int gm_reattach_grant(gm_session_t *s, const gm_piece_spec_t *spec, gm_piece_t **ret_piece);
 int gm_reattach_block(gm_session_t *s, uint64_t block_id, uint64_t segment_id, uint64_t offset, uint64_t size,
                       uint64_t requested_size, bool pending_free);
-/* The last report: the heap is checked, unclaimed stored pieces released. */
-int gm_reattach_finish(gm_session_t *s);
+/* What a re-attaching session says of itself in its last report: a local
+ * session asleep, what its wake needs (0: awake; at most the capacity), and
+ * the unconsumed claim it held (0: none). */
+typedef struct gm_reattach_state {
+        uint64_t sleeping_bytes;
+        uint64_t claim_bytes;
+} gm_reattach_state_t;
+/* The last report: the heap is checked, unclaimed stored pieces released;
+ * the sleep record comes back (-EINVAL for a central session's or more than
+ * the capacity), and the claim is set aside again as gm_broker_claim() sets a
+ * fresh one (at most the capacity, and what is free now less the journal's
+ * records of sessions still to re-attach: *ret_claimed, less than claim_bytes
+ * when the new daemon cannot give it all). */
+int gm_reattach_finish(gm_session_t *s, const gm_reattach_state_t *told, uint64_t *ret_claimed);
 /* Counts `n` more reported items: -E2BIG past the limit. */
 int gm_reattach_count(gm_session_t *s, uint64_t n);
 /* A shared object the re-attaching client still maps (gm_shared_reattach():

@@ -209,11 +209,31 @@ int gm_reattach_shared(gm_session_t *s, uint64_t client_id, const char *name, ui
         return gm_shared_reattach(s, client_id, name, version, size);
 }
 
-int gm_reattach_finish(gm_session_t *s) {
+/* The sleep record of a session that re-attaches asleep: its pieces went
+ * back before the restart, so nothing in the ledger bounds what its wake
+ * needs but the capacity (the record is not charged; a wake is granted as
+ * any grant is). Its heap still counts the sleeping blocks and segments:
+ * the statistics page's bounds add the bytes, and a segment per granule. */
+static int restore_sleep(gm_session_t *s, uint64_t bytes) {
+        const gm_backend_t *be = s->broker->backend;
+        if (!bytes)
+                return 0;
+        if (!s->local || bytes > be->capacity)
+                return -EINVAL;
+        s->sleep = (gm_session_sleep_t){.asleep = true,
+                                        .bytes = bytes,
+                                        .granted_bytes = bytes,
+                                        .segments = bytes / (be->granularity ? be->granularity : 1)};
+        return 0;
+}
+
+int gm_reattach_finish(gm_session_t *s, const gm_reattach_state_t *told, uint64_t *ret_claimed) {
         if (!s->reattaching)
                 return -EPROTO;
         gm_heap_t *heap = NULL;
-        int r = s->local ? 0 : gm_session_central_heap(s, &heap); /* a local session's heap is its client's */
+        int r = restore_sleep(s, told->sleeping_bytes);
+        if (r == 0 && !s->local) /* a local session's heap is its client's */
+                r = gm_session_central_heap(s, &heap);
         if (r == 0 && heap)
                 r = gm_heap_restore_finish(heap);
         if (r < 0)
@@ -237,12 +257,31 @@ int gm_reattach_finish(gm_session_t *s) {
                 b->records[i] = b->records[--b->n_records];
                 gm_ledger_forget(b, record_id); /* after: a compaction here must not keep it */
         }
+        /* Its claim, as a fresh one: what it holds is back, so what is free now
+         * bounds it, less what the journal records of sessions still to come
+         * back (theirs is mapped, not free: a claim must not refuse their
+         * re-attach). */
+        uint64_t cap = b->backend->capacity, claimed = 0, pending = 0;
+        for (size_t i = 0; i < b->n_records; i++)
+                pending += b->records[i].size;
+        uint64_t want = told->claim_bytes < cap ? told->claim_bytes : cap;
+        uint64_t room = gm_broker_room(s);
+        if (want > (room > pending ? room - pending : 0))
+                want = room > pending ? room - pending : 0;
+        if (want)
+                gm_broker_claim(s, want, &claimed);
+        if (claimed < told->claim_bytes)
+                gm_host_log(b, LOG_NOTICE,
+                            "session %" PRIu64 " (pid %d) re-attached with a claim of %" PRIu64 " bytes: %" PRIu64
+                            " are free to set aside again",
+                            s->id, (int) s->pid, told->claim_bytes, claimed);
+        *ret_claimed = claimed;
         if (!heap) {
                 gm_host_log(s->broker, LOG_NOTICE,
                             "session %" PRIu64 " (pid %d) re-attached: %" PRId64 " bytes granted in %" PRIu64
-                            " pieces%s",
+                            " pieces%s%s",
                             s->id, (int) s->pid, s->grants.bytes.current, s->grants.pieces,
-                            dropped ? "; unclaimed stored memory released" : "");
+                            s->sleep.asleep ? ", asleep" : "", dropped ? "; unclaimed stored memory released" : "");
                 return 0;
         }
         const gm_stats_t *st = gm_heap_stats(heap);

@@ -154,13 +154,15 @@ int gm_local_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpumem__R
                 }
         }
         gm_localstats_exact_sync(c);
+        uint64_t claimed = 0;
+        gm_reattach_state_t st = {.sleeping_bytes = req->sleeping_bytes, .claim_bytes = req->claim_bytes};
         if (r == 0 && req->last)
-                r = gm_reattach_finish(s);
+                r = gm_reattach_finish(s, &st, &claimed); /* the sleep record and the claim come back */
         if (r < 0) {
                 gm_request_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
                 return r;
         }
-        return req->last ? gm_request_ok(c, request_id) : 0;
+        return req->last ? gm_request_reattached(c, request_id, req->claim_bytes != 0, claimed) : 0;
 }
 
 /* ---- the end of a session ---- */

@@ -121,11 +121,12 @@ static bool in_range(const gm_stat_t *st, int64_t current_max, int64_t peak_max)
 }
 
 /* Whether a page's figures fit what this session was granted (asleep, plus
- * what it held as it fell asleep: its heap keeps those blocks and segments). */
+ * what it held as it fell asleep: its heap keeps those blocks and segments,
+ * and its awake pools may have peaked above them meanwhile). */
 static bool page_plausible(const gm_session_view_t *s, const gm_stats_t *p) {
         const gm_session_grants_t *g = &s->grants;
         int64_t granted = g->bytes.current + (int64_t) s->sleep.granted_bytes;
-        int64_t granted_peak = g->bytes.peak > granted ? g->bytes.peak : granted;
+        int64_t granted_peak = g->bytes.peak + (int64_t) s->sleep.granted_bytes;
         int64_t segments = g->segments.current + (int64_t) s->sleep.segments;
         int64_t segments_ever = g->segments.allocated > segments ? g->segments.allocated : segments;
         const gm_stat_t *bytes[] = {p->allocated_bytes, p->reserved_bytes, p->active_bytes, p->inactive_split_bytes,

@@ -27,12 +27,5 @@ int gm_req_claim_handle(gm_request_conn_t *c, uint64_t request_id, const Gpumem_
                                                 r == -ESHUTDOWN ? "the session has ended" : "invalid size"),
                                0;
         }
-        Gpumem__ClaimReply reply = GPUMEM__CLAIM_REPLY__INIT;
-        reply.claimed = claimed;
-        reply.available = gm_broker_room(c->session);
-        Gpumem__Envelope out = GPUMEM__ENVELOPE__INIT;
-        out.body_case = GPUMEM__ENVELOPE__BODY_CLAIM_REPLY;
-        out.claim_reply = &reply;
-        gm_request_send(c, request_id, &out, NULL, 0);
-        return 0;
+        return gm_request_claim_reply(c, request_id, claimed);
 }

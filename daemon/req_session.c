@@ -98,6 +98,10 @@ int gm_req_session_check_reattach(const gm_request_conn_t *c, const Gpumem__Enve
         for (size_t i = 0; i < req->n_segments; i++)
                 if (req->segments[i]->n_mapped == 0 || req->segments[i]->n_mapped > MAX_REATTACH_PIECES)
                         return snprintf(why, why_len, "re-attach refused: %s", strerror(EINVAL)), -EINVAL;
+        if (req->sleeping_bytes && (!c->local || req->sleeping_bytes > c->rq->broker->backend->capacity))
+                return snprintf(why, why_len, "re-attach refused: %s",
+                                c->local ? "asleep needing more than the capacity" : "a central session never sleeps"),
+                       -EINVAL;
         return 0;
 }
 
@@ -165,13 +169,14 @@ int gm_req_session_reattach(gm_request_conn_t *c, uint64_t request_id, const Gpu
                 r = gm_reattach_block(s, b->block_id, b->segment_id, b->offset, b->size, b->requested_size,
                                       b->pending_free);
         }
+        uint64_t claimed = 0;
         if (r == 0 && req->last)
-                r = gm_reattach_finish(s);
+                r = gm_reattach_finish(s, &(gm_reattach_state_t){.claim_bytes = req->claim_bytes}, &claimed);
         if (r < 0) {
                 /* A report that contradicts itself ends the session; its memory
                  * is released (the client starts over). */
                 gm_request_error(c, request_id, r, "re-attach refused: %s", strerror(-r));
                 return r;
         }
-        return req->last ? gm_request_ok(c, request_id) : 0;
+        return req->last ? gm_request_reattached(c, request_id, req->claim_bytes != 0, claimed) : 0;
 }

@@ -70,3 +70,18 @@ int gm_request_ok(gm_request_conn_t *c, uint64_t request_id) {
         gm_request_send(c, request_id, &env, NULL, 0);
         return 0;
 }
+
+int gm_request_claim_reply(gm_request_conn_t *c, uint64_t request_id, uint64_t claimed) {
+        Gpumem__ClaimReply reply = GPUMEM__CLAIM_REPLY__INIT;
+        reply.claimed = claimed;
+        reply.available = gm_broker_room(c->session);
+        Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
+        env.body_case = GPUMEM__ENVELOPE__BODY_CLAIM_REPLY;
+        env.claim_reply = &reply;
+        gm_request_send(c, request_id, &env, NULL, 0);
+        return 0;
+}
+
+int gm_request_reattached(gm_request_conn_t *c, uint64_t request_id, bool claim, uint64_t claimed) {
+        return claim ? gm_request_claim_reply(c, request_id, claimed) : gm_request_ok(c, request_id);
+}

@@ -75,3 +75,8 @@ int gm_request_refusal(gm_request_conn_t *c, uint64_t request_id, const gm_outco
 void gm_request_piece_mapping(Gpumem__Mapping *m, const gm_piece_t *p);
 /* Replies Ok; 0 (a failed send closes the connection). */
 int gm_request_ok(gm_request_conn_t *c, uint64_t request_id);
+/* A ClaimReply: the session's claim `claimed` and what it could be given now. */
+int gm_request_claim_reply(gm_request_conn_t *c, uint64_t request_id, uint64_t claimed);
+/* Answers a re-attach's last report: Ok, or (it re-sent a claim: `claim`
+ * set) a ClaimReply with what the new daemon set aside again. */
+int gm_request_reattached(gm_request_conn_t *c, uint64_t request_id, bool claim, uint64_t claimed);

@@ -251,10 +251,19 @@ struct gpumem_client {
         uint64_t kept_bytes;
         uint64_t local_frees, local_frees_synced; /* heap_lock: frees so far, and before the last device sync */
         /* Asleep (sleep.c, gpumem_sleep()): the pieces it gave back and the
-         * data it keeps; NULL while awake (under heap_lock). The local heap's
-         * provider reads it: no allocation and no release of cached memory
-         * while asleep. */
+         * data it keeps; NULL while awake (under heap_lock). The heap holds
+         * the sleeping pools meanwhile (no allocation, no release of their
+         * cached memory); the other pools go on. */
         struct gm_sleep *sleep;
+        /* What a re-attach tells a new daemon of the sleep (Reattach.sleep,
+         * under lock): the bytes a wake needs once the sleeping pieces went
+         * back, 0 while awake (sleep.c writes it, session.c reads it). */
+        uint64_t reattach_sleeping_bytes;
+        /* The session's unconsumed claim as this client knows it (under
+         * lock): every ClaimReply sets it, every new piece mapped here
+         * consumes it (mapping.c, in the order the daemon sent them), and a
+         * re-attach asks the new daemon for it again (Reattach.claim). */
+        uint64_t claim_bytes;
 };
 
 /* Takes the lock of the blocks table: the heap's in local mode, else lock. */

@@ -73,6 +73,7 @@ static const gm_conn_push_t pushes[] = {
         {GPUMEM__ENVELOPE__BODY_MAP_SEGMENTS, NULL, gm_mapping_on_map_segments},
         {GPUMEM__ENVELOPE__BODY_ALLOC_REPLY, NULL, gm_mapping_on_alloc_reply},
         {GPUMEM__ENVELOPE__BODY_GRANT_REPLY, NULL, gm_mapping_on_grant_reply},
+        {GPUMEM__ENVELOPE__BODY_CLAIM_REPLY, NULL, gm_mapping_on_claim_reply},
         {GPUMEM__ENVELOPE__BODY_SNAPSHOT_QUERY, NULL, gm_local_session_on_ask},
         {GPUMEM__ENVELOPE__BODY_HISTORY_PUSH, NULL, gm_local_session_on_ask},
         {GPUMEM__ENVELOPE__BODY_ALLOC_CONF_UPDATE, NULL, gm_local_session_on_alloc_conf},

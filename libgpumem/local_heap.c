@@ -202,6 +202,11 @@ uint64_t gm_local_heap_release_cached(gm_local_heap_t *l) {
         return released;
 }
 
+void gm_local_heap_hold_tags(gm_local_heap_t *l, uint32_t mask) {
+        gm_heap_hold_tags(l->heap, mask);
+        gm_local_heap_check(l);
+}
+
 int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value) {
         return gm_stats_get(gm_heap_stats(l->heap), name, ret_value);
 }

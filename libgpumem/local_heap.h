@@ -113,6 +113,9 @@ int gm_local_heap_set_config(gm_local_heap_t *l, const char *alloc_conf, char *e
  * the end of this header. */
 /* empty_cache(): gives every idle cached segment (and free page) back. */
 uint64_t gm_local_heap_release_cached(gm_local_heap_t *l);
+/* Holds the tagged pools of `mask` (gm_heap_hold_tags(): a sleeping pool
+ * allocates nothing and releases nothing); 0 holds none. */
+void gm_local_heap_hold_tags(gm_local_heap_t *l, uint32_t mask);
 int gm_local_heap_stat(const gm_local_heap_t *l, const char *name, int64_t *ret_value);
 /* The same of one tagged pool (heap tag id `tag`; -EINVAL past GM_HEAP_MAX_TAGS). */
 int gm_local_heap_tag_stat(const gm_local_heap_t *l, unsigned tag, const char *name, int64_t *ret_value);

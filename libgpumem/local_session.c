@@ -398,8 +398,7 @@ static bool finish_completed_frees(gpumem_client *c) {
 }
 
 uint64_t gm_local_session_release_cached(gpumem_client *c) {
-        if (c->sleep) /* asleep: its memory is back already, and its heap must not give its pieces twice */
-                return 0;
+        /* A sleeping pool's memory is back already: the heap holds it, and gives nothing of it twice. */
         uint64_t kept = c->kept_bytes;
         uint64_t released = gm_local_heap_release_cached(c->heap);
         gm_assert(c->kept_bytes >= kept); /* a give-back only adds to it */
@@ -491,10 +490,6 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                            size_t n_trace, void **ret_ptr) {
         gm_alloc_result_t res;
         gm_heap_lock_take(&c->heap_lock);
-        if (__builtin_expect(c->sleep != NULL, 0)) {
-                gm_heap_lock_drop(&c->heap_lock);
-                return gm_conn_set_error(c, -EAGAIN, "gpumem: the session is asleep: gpumem_wake() first");
-        }
         block_t *b = c->spare_blocks;
         if (b)
                 c->spare_blocks = b->next_spare;
@@ -504,7 +499,15 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
                 gm_heap_lock_drop(&c->heap_lock);
                 return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory");
         }
-        int r = gm_local_heap_alloc(c->heap, size, stream, gm_pool_current(&c->pools), trace_frames, n_trace, &res);
+        unsigned tag = gm_pool_current(&c->pools);
+        int r = gm_local_heap_alloc(c->heap, size, stream, tag, trace_frames, n_trace, &res);
+        if (__builtin_expect(r == -EAGAIN, 0)) { /* its pool sleeps (the heap holds it) */
+                gm_heap_lock_drop(&c->heap_lock);
+                free(b);
+                const char *name = gm_pool_name(&c->pools, tag);
+                return gm_conn_set_error(c, -EAGAIN, "gpumem: %s%s%s is asleep: gpumem_wake() first",
+                                         name[0] ? "pool '" : "the default pool", name, name[0] ? "'" : "");
+        }
         if (r < 0) {
                 bool told = gm_local_heap_refused_by_daemon(c->heap);
                 bool in_capture = gm_local_heap_missed_in_capture(c->heap);

@@ -107,10 +107,13 @@ int gm_mapping_move(gpumem_client *c, const Gpumem__PageMove *mv) {
         return 0;
 }
 
-/* Maps every mapping of a packet (fds in order); fds without a mapping are closed. */
+/* Maps every mapping of a packet (fds in order); fds without a mapping are
+ * closed. Each is a new piece: the daemon took it from the claim first. */
 static int map_pieces(gpumem_client *c, Gpumem__Mapping **maps, size_t n_maps, int *fds, size_t n_fds) {
         int err = n_maps == n_fds ? 0 : -EPROTO;
         size_t i = 0;
+        for (size_t k = 0; k < n_maps; k++)
+                c->claim_bytes -= maps[k]->length < c->claim_bytes ? maps[k]->length : c->claim_bytes;
         for (; i < n_maps && i < n_fds; i++) {
                 int r = map_piece(c, maps[i], fds[i]);
                 if (r < 0 && err == 0)
@@ -338,6 +341,13 @@ bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_
 bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {
         move_for_waiter(c, w, env->alloc_reply->page_moves, env->alloc_reply->n_page_moves);
         map_for_waiter(c, w, env->alloc_reply->new_mappings, env->alloc_reply->n_new_mappings, fds, n_fds);
+        return false;
+}
+
+bool gm_mapping_on_claim_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {
+        (void) w;
+        gm_close_fds(fds, n_fds);                   /* a ClaimReply carries none */
+        c->claim_bytes = env->claim_reply->claimed; /* in order with the mappings that consume it */
         return false;
 }
 

@@ -50,6 +50,9 @@ void gm_mapping_drop_held_releases(gpumem_client *c);
 bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+/* A ClaimReply: the claim this client knows is the daemon's figure (new
+ * pieces mapped after it consume it); the reply goes on to its waiter. */
+bool gm_mapping_on_claim_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 
 /* Whether `stream` is being captured into a CUDA graph (the mapper's
  * capturing op; no op or an error: no). Asks the driver each call; inline,

@@ -172,6 +172,10 @@ static int reattach_flush(gpumem_client *c, int fd, reattach_builder_t *rb, bool
         ra.n_shared = rb->n_shared;
         ra.shared = rb->shared_ptrs;
         ra.last = last;
+        if (last) { /* what the new daemon cannot read from its ledger: the sleep and the claim */
+                ra.sleeping_bytes = c->reattach_sleeping_bytes;
+                ra.claim_bytes = c->claim_bytes;
+        }
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = ++c->next_request_id;
         env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
@@ -312,9 +316,12 @@ static int reattach_once(gpumem_client *c) {
                 reply = NULL;
                 r = reattach_send(c, fd);
         }
+        bool claim = c->claim_bytes != 0; /* answered with what the new daemon set aside again */
         if (r == 0)
                 r = gm_conn_recv(c, fd, &reply, NULL);
-        if (r == 0 && reply->body_case != GPUMEM__ENVELOPE__BODY_OK)
+        if (r == 0 && reply->body_case == (claim ? GPUMEM__ENVELOPE__BODY_CLAIM_REPLY : GPUMEM__ENVELOPE__BODY_OK))
+                c->claim_bytes = claim ? reply->claim_reply->claimed : 0;
+        else if (r == 0)
                 r = reply->body_case == GPUMEM__ENVELOPE__BODY_ERROR && reply->error->code ? -(int) reply->error->code
                                                                                            : -EPROTO;
         gm_msg_free(reply);
@@ -441,6 +448,7 @@ int gm_session_after_fork(gpumem_client *c, unsigned generation) {
         c->closing = false;
         c->reconnecting = false;
         c->token[0] = '\0';
+        c->claim_bytes = 0; /* the parent's claim stays the parent's */
         c->pid = getpid();
         int r = gm_session_open(c);
         if (r < 0) {

@@ -6,9 +6,10 @@
  * each segment's range staying reserved. Wake asks the daemon for the same
  * pieces at the same segment ids and offsets (they map at the same
  * addresses), waiting while quota or device is short, and copies the kept
- * data back. The heap above never notices; while asleep it allocates
- * nothing and releases nothing (local_session.c reads c->sleep). Callers
- * hold heap_lock. */
+ * data back. The heap above holds the sleeping pools (gm_heap_hold_tags():
+ * they allocate nothing and release nothing) while the others go on; the
+ * re-attach after a daemon restart tells the new daemon what a wake needs
+ * (c->reattach_sleeping_bytes). Callers hold heap_lock. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -41,6 +42,7 @@ struct gm_sleep {
         size_t n_runs, cap_runs;
         gm_u64map_t kept; /* block pointer -> sleep_kept_t */
         uint64_t bytes;   /* of the runs: what a wake needs */
+        uint32_t held;    /* the heap tags that sleep (bit t: tag t) */
 };
 
 static void sleep_kept_free(sleep_kept_t *k) {
@@ -87,6 +89,25 @@ static bool block_kept(const gpumem_client *c, const block_t *b, const char *con
 /* Whether segment `seg` sleeps: tags NULL is every pool, else the named ones. */
 static bool segment_sleeps(const gpumem_client *c, const segment_t *seg, const char *const *tags) {
         return !tags || names_pool(c, tags, segment_tag(c, seg->id), false);
+}
+
+/* The heap tags that sleep: every one for tags NULL, else those of the
+ * named pools the session has used (a pool first used later is awake). */
+static uint32_t sleeping_tags(const gpumem_client *c, const char *const *tags) {
+        uint32_t mask = tags ? 0 : GM_HEAP_ALL_TAGS;
+        for (size_t i = 0; tags && tags[i]; i++) {
+                unsigned id;
+                if (gm_pool_find(&c->pools, tags[i], &id) == 0 && id < GM_HEAP_MAX_TAGS)
+                        mask |= 1u << id;
+        }
+        return mask;
+}
+
+/* What a re-attach reports of the sleep (0: awake, or nothing given back yet). */
+static void sleep_report(gpumem_client *c, uint64_t bytes) {
+        pthread_mutex_lock(&c->lock);
+        c->reattach_sleeping_bytes = bytes;
+        pthread_mutex_unlock(&c->lock);
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -238,7 +259,10 @@ int gm_sleep_enter(gpumem_client *c, const char *const *tags, const char *const 
                 return r;
         }
         sleep_give_back(c, s, s->n_runs);
+        s->held = sleeping_tags(c, tags);
+        gm_local_heap_hold_tags(c->heap, s->held);
         c->sleep = s;
+        sleep_report(c, s->bytes);
         *ret_released_bytes = released + s->bytes;
         return 0;
 }
@@ -278,6 +302,8 @@ int gm_sleep_wake(gpumem_client *c, uint32_t timeout_ms) {
         }
         c->sleep = NULL;
         sleep_free(s);
+        gm_local_heap_hold_tags(c->heap, 0);
+        sleep_report(c, 0); /* its pieces are granted again: a re-attach reports them */
         r = sleep_tell(c, false, 0, NULL);
         return err ? err : r;
 }
@@ -294,4 +320,5 @@ void gm_sleep_drop_kept(gpumem_client *c, uint64_t ptr) {
 void gm_sleep_forget(gpumem_client *c) {
         sleep_free(c->sleep);
         c->sleep = NULL;
+        c->reattach_sleeping_bytes = 0;
 }

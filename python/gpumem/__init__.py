@@ -339,9 +339,11 @@ def sleep(tags=None, keep=None, *, device=None):
     touched until wake(). keep: the pools whose tensors' data is copied to
     host memory first (a list of tag names, or True for every one; None:
     none). tags: the pools that sleep (a list of tag names, "" the default;
-    None: all). Synchronizes the device first, so it raises GpumemError
-    (EBUSY) while a CUDA graph capture is in progress in the process. Needs a
-    local session (GPUMEM_HEAP=local). Returns the bytes given back."""
+    None: all); the other pools go on allocating meanwhile, and a daemon
+    restart keeps the sleep. Synchronizes the device first, so it raises
+    GpumemError (EBUSY) while a CUDA graph capture is in progress in the
+    process. Needs a local session (GPUMEM_HEAP=local). Returns the bytes
+    given back."""
     if isinstance(keep, str):
         raise TypeError("keep is a list of tag names, or True")
     keep_names = ["*"] if keep is True else (None if keep in (None, False) else list(keep))
@@ -570,7 +572,8 @@ def claim(nbytes, device=None):
     offers). Size a KV cache from the return value, not from mem_get_info():
     two engines starting together never get the same memory. The claim is
     used up as this session allocates, is not offered to anyone else, and
-    lapses when the session ends or with claim(0); a new claim replaces it."""
+    lapses when the session ends or with claim(0) (a daemon restart keeps
+    it, as far as the new daemon has it free); a new claim replaces it."""
     client = _session(device)
     claimed = _lib.ctypes.c_uint64()
     _check(_lib.lib.gpumem_claim(client, int(nbytes), claimed), client, "gpumem: claim")

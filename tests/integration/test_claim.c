@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -204,18 +205,38 @@ static void set_quota(const char *tenant, uint64_t bytes) {
         gpumem_admin_free(a);
 }
 
-/* The claimed bytes `gpumemctl clients --json` shows for a pid. */
-static uint64_t ctl_claimed_of(pid_t pid) {
+/* The claimed bytes `gpumemctl clients --json` shows for a pid (UINT64_MAX: no session of it). */
+static uint64_t claimed_of(pid_t pid) {
         static char out[65536];
         const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", "--json", NULL};
-        ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
+        if (gm_test_run(out, sizeof(out), argv) != 0)
+                return UINT64_MAX;
         char key[64];
         snprintf(key, sizeof(key), "\"pid\": %d,", (int) pid);
         const char *at = strstr(out, key);
-        ck_assert_msg(at, "pid %d not in gpumemctl clients: %s", (int) pid, out);
-        at = strstr(at, "\"claimed_bytes\": ");
-        ck_assert_ptr_nonnull(at);
-        return strtoull(at + strlen("\"claimed_bytes\": "), NULL, 10);
+        at = at ? strstr(at, "\"claimed_bytes\": ") : NULL;
+        return at ? strtoull(at + strlen("\"claimed_bytes\": "), NULL, 10) : UINT64_MAX;
+}
+
+static uint64_t ctl_claimed_of(pid_t pid) {
+        uint64_t claimed = claimed_of(pid);
+        ck_assert_msg(claimed != UINT64_MAX, "pid %d not in gpumemctl clients", (int) pid);
+        return claimed;
+}
+
+/* SIGKILLs the daemon and starts a new one of `capacity` on the same socket
+ * (no fd store: the journal and the clients' reports), then waits until the
+ * session of `pid` has re-attached with a claim of `claimed` bytes. */
+static void restart_until_claimed(const char *capacity, pid_t pid, uint64_t claimed) {
+        static const char *const args[] = {"--max-sessions", "64", NULL};
+        ck_assert_int_eq(kill(daemon_.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(daemon_.pid, NULL, 0), daemon_.pid);
+        gm_test_daemon_launch(&daemon_, capacity, args);
+        uint64_t now = UINT64_MAX;
+        for (int i = 0; i < 1000 && (now = claimed_of(pid)) != claimed; i++)
+                usleep(10000);
+        ck_assert_msg(now == claimed, "pid %d re-attached with a claim of %" PRIu64 ", not %" PRIu64, (int) pid, now,
+                      claimed);
 }
 
 #define ENGINE_A 65534
@@ -293,6 +314,99 @@ START_TEST(test_third_tenant_refused_while_claim_stands) {
 }
 END_TEST
 
+/* A claim lapses only at its session's end: after a daemon SIGKILL and
+ * restart the re-attached session re-sends what is left of it (consumed
+ * here by its allocations), the new daemon sets it aside again, a third
+ * tenant is not offered it and is refused what would eat into it, and the
+ * engine allocates all of it. */
+START_TEST(test_claim_survives_restart) {
+        client_t engine, third;
+        client_start(&engine, ENGINE_A);
+        ck_assert_uint_eq(client_do_value(&engine, STEP_CLAIM, 200 * MiB), 200 * MiB);
+        ck_assert_uint_eq(client_do_value(&engine, STEP_ALLOC, 2 * BLOCK), 0);
+        ck_assert_uint_eq(ctl_claimed_of(engine.pid), 200 * MiB - 2 * BLOCK);
+        restart_until_claimed("256M", engine.pid, 200 * MiB - 2 * BLOCK);
+        char tenant[32];
+        snprintf(tenant, sizeof(tenant), "uid:%d", ENGINE_A);
+        gpumem_tenant_usage u = tenant_usage(tenant);
+        ck_assert_uint_eq(u.info.charged_bytes, 2 * BLOCK); /* what it held came back with it */
+        ck_assert_uint_eq(u.claimed_bytes, 200 * MiB - 2 * BLOCK);
+
+        client_start(&third, THIRD);
+        uint64_t left = CAPACITY - 200 * MiB;
+        ck_assert_uint_eq(client_do(&third, STEP_MEM_GET_INFO), left);           /* the claim is not offered */
+        ck_assert_uint_eq(client_do_value(&third, STEP_ALLOC, left + BLOCK), 1); /* the last block would eat into it */
+        ck_assert_uint_eq(client_do(&engine, STEP_MEM_GET_INFO), CAPACITY - 5 * BLOCK);    /* its claim is its own */
+        ck_assert_uint_eq(client_do_value(&engine, STEP_ALLOC, 200 * MiB - 2 * BLOCK), 0); /* all of it, inside */
+        client_finish(&third, THIRD);
+        client_finish(&engine, ENGINE_A);
+        ck_assert_uint_eq(tenant_usage(tenant).claimed_bytes, 0);
+}
+END_TEST
+
+/* A new daemon that cannot give the whole claim back (a smaller device)
+ * sets aside what it can: the session's claim is that smaller figure (shown
+ * by gpumemctl, mem_get_info and the daemon's log), and the client knows
+ * it: the next restart re-sends the smaller claim, not the first. */
+START_TEST(test_claim_restored_smaller) {
+        client_t engine;
+        client_start(&engine, ENGINE_A);
+        ck_assert_uint_eq(client_do_value(&engine, STEP_CLAIM, 200 * MiB), 200 * MiB);
+        restart_until_claimed("128M", engine.pid, 128 * MiB);
+        ck_assert_uint_eq(client_do(&engine, STEP_MEM_GET_INFO), 128 * MiB);
+        char out[8192];
+        const char *grep[] = {"/bin/grep", "-c", "re-attached with a claim of 209715200 bytes: 134217728 are free",
+                              daemon_.log_path, NULL};
+        ck_assert_msg(gm_test_run(out, sizeof(out), grep) == 0, "the daemon's log says nothing of the smaller claim");
+        restart_until_claimed("256M", engine.pid, 128 * MiB);
+        ck_assert_uint_eq(client_do(&engine, STEP_MEM_GET_INFO), CAPACITY); /* its own claim, and the rest free */
+        client_finish(&engine, ENGINE_A);
+}
+END_TEST
+
+/* A child forked after its parent claimed starts a session of its own that
+ * claims nothing, and a restart keeps it so: only the parent's claim is
+ * re-sent. (Host only: on cuda a forked child has no session.) */
+START_TEST(test_claim_not_inherited_by_fork) {
+        if (strcmp(gm_test_backend(), "host") != 0)
+                return;
+        gpumem_client *c;
+        ck_assert_int_eq(gpumem_connect(daemon_.socket_path, &c), 0);
+        uint64_t claimed = 0, free_now, total;
+        ck_assert_int_eq(gpumem_claim(c, 64 * MiB, &claimed), 0);
+        int to[2], from[2];
+        ck_assert(pipe(to) == 0 && pipe(from) == 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) { /* its first call opens its own session; each step allocates and frees a block */
+                char step;
+                void *p;
+                close(to[1]);
+                close(from[0]);
+                while (read(to[0], &step, 1) == 1 && step == STEP_ALLOC)
+                        put(from[1], gpumem_alloc(c, 4096, 0, &p) < 0 || gpumem_free(c, p) < 0);
+                _exit(0);
+        }
+        client_t child = {.pid = pid, .to = to[1], .from = from[0]};
+        close(to[0]);
+        close(from[1]);
+        ck_assert_uint_eq(client_do(&child, STEP_ALLOC), 0);
+        ck_assert_uint_eq(ctl_claimed_of(pid), 0);
+        restart_until_claimed("256M", getpid(), 64 * MiB);
+        ck_assert_uint_eq(client_do(&child, STEP_ALLOC), 0); /* re-attached by then */
+        ck_assert_uint_eq(ctl_claimed_of(pid), 0);
+        ck_assert_int_eq(gpumem_mem_get_info(c, &free_now, &total), 0);
+        ck_assert_uint_eq(free_now, CAPACITY - 2 * MiB); /* the child's cached block, nobody else's claim */
+        gpumem_disconnect(c);
+        client_send(&child, STEP_EXIT);
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited with %d", status);
+        close(child.to);
+        close(child.from);
+}
+END_TEST
+
 /* A claim counts against its tenant's quota: it is bounded by what the quota
  * leaves, and the tenant's other sessions can no longer take it. */
 START_TEST(test_quota_counts_claims) {
@@ -345,10 +459,13 @@ int main(void) {
                 tcase_add_test(tc, test_two_engines_never_over_commit);
                 tcase_add_test(tc, test_third_tenant_refused_while_claim_stands);
                 tcase_add_test(tc, test_quota_counts_claims);
+                tcase_add_test(tc, test_claim_survives_restart);
+                tcase_add_test(tc, test_claim_restored_smaller);
         } else {
                 fprintf(stderr, "test_claim: not root: the tests with clients of other uids are skipped\n");
         }
         tcase_add_test(tc, test_claim_beyond_capacity_refused);
+        tcase_add_test(tc, test_claim_not_inherited_by_fork);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);
 }

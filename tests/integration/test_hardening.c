@@ -704,8 +704,10 @@ static int raw_session_with_memory(const char *socket_path, uint64_t size, char 
         return fd;
 }
 
-/* Resumes `token` and reports one segment as held; the daemon's answer. */
-static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token, const Gpumem__Mapping *m) {
+/* Resumes `token` and reports one segment as held, with what it says of
+ * itself (Reattach.sleeping_bytes, .claim_bytes); the daemon's answer. */
+static Gpumem__Envelope *reattach_one_told(const char *socket_path, const char *token, const Gpumem__Mapping *m,
+                                           uint64_t sleeping_bytes, uint64_t claim_bytes) {
         int fd = gm_test_raw_connect(socket_path);
         Gpumem__Envelope *reply = gm_test_raw_hello_reply(fd, false, "resumer", token);
         ck_assert_int_eq(reply->body_case, GPUMEM__ENVELOPE__BODY_HELLO_REPLY);
@@ -724,6 +726,8 @@ static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token
         req.n_segments = 1;
         req.segments = segs;
         req.last = true;
+        req.sleeping_bytes = sleeping_bytes;
+        req.claim_bytes = claim_bytes;
         Gpumem__Envelope env = GPUMEM__ENVELOPE__INIT;
         env.request_id = 2;
         env.body_case = GPUMEM__ENVELOPE__BODY_REATTACH;
@@ -738,24 +742,63 @@ static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token
         return reply;
 }
 
+static Gpumem__Envelope *reattach_one(const char *socket_path, const char *token, const Gpumem__Mapping *m) {
+        return reattach_one_told(socket_path, token, m, 0, 0);
+}
+
+/* A daemon on 64 MiB with two raw central sessions holding memory (A a
+ * 2 MiB allocation, B a 4 MiB one: their tokens, segments and fds), then
+ * SIGKILLed and started again without an fd store: both may re-attach. */
+static void restarted_with_two_sessions(gm_test_daemon_t *d, char *token_a, char *token_b, Gpumem__Mapping *mine,
+                                        Gpumem__Mapping *theirs, int *seg_a, int *seg_b) {
+        gm_test_daemon_start(d, "64M", NULL);
+        int fd_a = raw_session_with_memory(d->socket_path, 2 << 20, token_a, mine, seg_a);
+        int fd_b = raw_session_with_memory(d->socket_path, 4 << 20, token_b, theirs, seg_b);
+        ck_assert_int_eq(kill(d->pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(d->pid, NULL, 0), d->pid);
+        close(fd_a);
+        close(fd_b);
+        gm_test_daemon_launch(d, "64M", NULL);
+}
+
+START_TEST(test_reattach_sleep_and_claim_bounded) {
+        /* What a re-attach says of itself is checked: a claim is bounded as
+         * a fresh one is (the capacity, less what others hold), less what
+         * sessions still to re-attach hold by the journal, and answered with
+         * what was set aside; a central session never sleeps (refused, the
+         * connection closed). */
+        gm_test_daemon_t d;
+        char token_a[64], token_b[64];
+        Gpumem__Mapping mine, theirs;
+        int seg_a, seg_b;
+        restarted_with_two_sessions(&d, token_a, token_b, &mine, &theirs, &seg_a, &seg_b);
+        Gpumem__Envelope *e = reattach_one_told(d.socket_path, token_b, &theirs, 0, UINT64_MAX);
+        ck_assert_msg(e->body_case == GPUMEM__ENVELOPE__BODY_CLAIM_REPLY, "kind %d", (int) e->body_case);
+        ck_assert_uint_eq(e->claim_reply->claimed,
+                          (64u << 20) - theirs.length - mine.length); /* A's is still to come */
+        gm_msg_free(e);
+        e = reattach_one_told(d.socket_path, token_a, &mine, 1 << 20, 0);
+        ck_assert_int_eq(e->body_case, GPUMEM__ENVELOPE__BODY_ERROR);
+        ck_assert_int_eq(e->error->code, EINVAL);
+        ck_assert_msg(strstr(e->error->message, "a central session never sleeps"), "%s", e->error->message);
+        gm_msg_free(e);
+        close(seg_a);
+        close(seg_b);
+        gm_test_daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_made_up_segment_claims_nothing) {
         /* Without an fd store a resumed session's report was believed segment
          * by segment: under a real token any made-up segment was charged and
          * counted as in use. Now each must be one the ledger recorded for that
          * very session. */
         gm_test_daemon_t d;
-        gm_test_daemon_start(&d, "64M", NULL);
-        d.keep_dir = true;
         char token_a[64], token_b[64];
         Gpumem__Mapping mine, theirs;
         int seg_a, seg_b;
-        int fd_a = raw_session_with_memory(d.socket_path, 2 << 20, token_a, &mine, &seg_a);
-        int fd_b = raw_session_with_memory(d.socket_path, 4 << 20, token_b, &theirs, &seg_b);
-        ck_assert_int_eq(kill(d.pid, SIGKILL), 0);
-        ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
-        close(fd_a);
-        close(fd_b);
-        gm_test_daemon_launch(&d, "64M", NULL);
+        restarted_with_two_sessions(&d, token_a, token_b, &mine, &theirs, &seg_a, &seg_b);
+        d.keep_dir = true;
 
         /* A made-up segment, and B's real one, under A's real token. */
         Gpumem__Mapping made_up = mine;
@@ -971,6 +1014,7 @@ static Suite *hardening_suite(void) {
         tcase_add_test(daemon, test_metrics_can_leave_tenants_out);
         tcase_add_test(daemon, test_made_up_token_claims_nothing);
         tcase_add_test(daemon, test_made_up_segment_claims_nothing);
+        tcase_add_test(daemon, test_reattach_sleep_and_claim_bounded);
         tcase_add_test(daemon, test_lying_release_ack_keeps_charge);
         tcase_add_test(daemon, test_lying_return_keeps_charge);
         suite_add_tcase(s, daemon);

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,20 +304,30 @@ END_TEST
 /* One tagged pool sleeps: its pieces go (its blocks' data kept), the default
  * pool's stay mapped and usable; the wake's grants are booked under the
  * pool's name again. */
-START_TEST(test_sleep_one_pool) {
+/* A session whose kv_cache pool (a 24 MiB block, data `seed`) sleeps keeping
+ * its data, beside a 12 MiB block of the default pool (data seed + 1). */
+static gpumem_client *kv_cache_asleep(uint64_t seed, void **ret_kv, void **ret_weights) {
         gpumem_client *c = connect_local();
         ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
         void *kv = alloc(c, 24 * MiB);
         ck_assert_int_eq(gpumem_pool_end(c), 0);
         void *weights = alloc(c, 12 * MiB);
-        fill(kv, 24 * MiB, 11);
-        fill(weights, 12 * MiB, 12);
+        fill(kv, 24 * MiB, seed);
+        fill(weights, 12 * MiB, seed + 1);
         const char *pools[] = {"kv_cache", NULL};
         uint64_t released = 0;
         ck_assert_int_eq(gpumem_sleep(c, pools, pools, &released), 0);
         ck_assert_uint_eq(released, 24 * MiB);
         ck_assert_uint_eq(gpumem_sleeping_bytes(c), 24 * MiB);
         ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        *ret_kv = kv;
+        *ret_weights = weights;
+        return c;
+}
+
+START_TEST(test_sleep_one_pool) {
+        void *kv, *weights;
+        gpumem_client *c = kv_cache_asleep(11, &kv, &weights);
         ck_assert_msg(verify(weights, 12 * MiB, 12), "the awake pool's block lost its data");
         ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
         ck_assert_uint_eq(charged(SLEEPER_TENANT), 36 * MiB);
@@ -327,6 +339,126 @@ START_TEST(test_sleep_one_pool) {
         ck_assert_msg(strstr(out, pat), "want %s in %s", pat, out);
         ck_assert_int_eq(gpumem_free(c, kv), 0);
         ck_assert_int_eq(gpumem_free(c, weights), 0);
+        gpumem_disconnect(c);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
+}
+END_TEST
+
+/* A pool sleeps alone: while kv_cache sleeps the default pool and weights
+ * allocate and free (and trim their cache) as before; only kv_cache refuses,
+ * naming itself, until the wake brings its data back at its addresses. */
+START_TEST(test_sleep_pool_alone) {
+        gpumem_client *c = connect_local();
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        void *kv = alloc(c, 24 * MiB), *kv_small = alloc(c, 256 * 1024);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        ck_assert_int_eq(gpumem_pool_begin(c, "weights"), 0);
+        void *w = alloc(c, 12 * MiB);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        fill(kv, 24 * MiB, 21);
+        fill(kv_small, 256 * 1024, 22);
+        fill(w, 12 * MiB, 23);
+        const char *pools[] = {"kv_cache", NULL};
+        uint64_t released = 0;
+        ck_assert_int_eq(gpumem_sleep(c, pools, pools, &released), 0);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 26 * MiB);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+
+        /* The awake pools go on: the default pool and weights allocate and free. */
+        void *d = alloc(c, 12 * MiB), *d_small = alloc(c, 4096);
+        fill(d, 12 * MiB, 24);
+        ck_assert_int_eq(gpumem_pool_begin(c, "weights"), 0);
+        void *w2 = alloc(c, 16 * MiB);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        fill(w2, 16 * MiB, 25);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 12 + 2 + 16) * MiB);
+        ck_assert(verify(d, 12 * MiB, 24) && verify(w2, 16 * MiB, 25) && verify(w, 12 * MiB, 23));
+        ck_assert_int_eq(gpumem_free(c, d), 0);
+        ck_assert_int_eq(gpumem_free(c, d_small), 0);
+        ck_assert_int_eq(gpumem_free(c, w2), 0);
+        uint64_t trimmed = 0;
+        ck_assert_int_eq(gpumem_trim(c, &trimmed), 0); /* the awake pools' cache goes, the sleeping pool is left be */
+        ck_assert_uint_eq(trimmed, (12 + 2 + 16) * MiB);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 26 * MiB);
+
+        /* Only the sleeping pool refuses, and says which. */
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        void *p;
+        ck_assert_int_eq(gpumem_alloc(c, 1024, 0, &p), -EAGAIN);
+        ck_assert_msg(strstr(gpumem_last_error(c), "pool 'kv_cache' is asleep"), "%s", gpumem_last_error(c));
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        clients_shows(true, 26 * MiB);
+
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 26) * MiB);
+        ck_assert_msg(verify(kv, 24 * MiB, 21), "the pool's block lost its data");
+        ck_assert_msg(verify(kv_small, 256 * 1024, 22), "the pool's small block lost its data");
+        ck_assert_msg(verify(w, 12 * MiB, 23), "the awake pool's block lost its data");
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0); /* awake: it allocates again */
+        void *kv2 = alloc(c, 1024);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        ck_assert_int_eq(gpumem_free(c, kv2), 0);
+        ck_assert_int_eq(gpumem_free(c, kv), 0);
+        ck_assert_int_eq(gpumem_free(c, kv_small), 0);
+        ck_assert_int_eq(gpumem_free(c, w), 0);
+        gpumem_disconnect(c);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
+}
+END_TEST
+
+/* Whether `gpumemctl clients` (`json`: --json) shows `want` in this process's entry. */
+static bool clients_entry_has(bool json, const char *want) {
+        char out[16384], pid[32];
+        const char *argv[] = {GPUMEMCTL_BIN, "-s", daemon_.socket_path, "clients", json ? "--json" : NULL, NULL};
+        if (gm_test_run(out, sizeof(out), argv) != 0)
+                return false;
+        snprintf(pid, sizeof(pid), json ? "\"pid\": %d," : " %d ", (int) getpid());
+        const char *e = strstr(out, pid);
+        const char *end = e ? strchr(e, json ? '}' : '\n') : NULL;
+        const char *at = e ? strstr(e, want) : NULL;
+        return at && (!end || at < end);
+}
+
+/* The daemon dies (SIGKILL) while a pool sleeps and a new one starts on the
+ * same socket, with no fd store: the session re-attaches on its own, still
+ * asleep (its re-attach says what its wake needs), the awake pool's memory
+ * charged exactly as before, and the wake maps the pool at its addresses
+ * again with its data. */
+START_TEST(test_sleep_across_restart) {
+        void *kv, *w;
+        gpumem_client *c = kv_cache_asleep(31, &kv, &w);
+
+        ck_assert_int_eq(kill(daemon_.pid, SIGKILL), 0);
+        ck_assert_int_eq(waitpid(daemon_.pid, NULL, 0), daemon_.pid);
+        gm_test_daemon_launch(&daemon_, CAPACITY, NULL);
+        /* Re-attached once the new daemon shows it; asleep as it was. */
+        char want[96];
+        snprintf(want, sizeof(want), "\"asleep\": true, \"sleeping_bytes\": %llu", 24 * MiB);
+        bool back = false;
+        for (int i = 0; i < 1000 && !(back = clients_entry_has(true, want)); i++)
+                usleep(10000);
+        ck_assert_msg(back, "the session did not re-attach asleep");
+        clients_shows(true, 24 * MiB); /* and its statistics page within the new daemon's bounds */
+        ck_assert_msg(clients_entry_has(false, "(asleep: needs 24.0M to wake)"), "gpumemctl clients");
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB);
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 24 * MiB);
+        ck_assert_msg(verify(w, 12 * MiB, 32), "the awake pool lost its data");
+        void *p;
+        ck_assert_int_eq(gpumem_pool_begin(c, "kv_cache"), 0);
+        ck_assert_int_eq(gpumem_alloc(c, 1024, 0, &p), -EAGAIN);
+        ck_assert_int_eq(gpumem_pool_end(c), 0);
+        void *d = alloc(c, 12 * MiB); /* the awake pool goes on with the new daemon */
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 24 * MiB);
+        ck_assert_int_eq(gpumem_free(c, d), 0);
+
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 0);
+        clients_shows(false, 0);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), (12 + 12 + 24) * MiB);
+        ck_assert_msg(verify(kv, 24 * MiB, 31), "the pool's block lost its data at its address");
+        ck_assert_int_eq(gpumem_free(c, kv), 0);
+        ck_assert_int_eq(gpumem_free(c, w), 0);
         gpumem_disconnect(c);
         ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
 }
@@ -394,6 +526,8 @@ static Suite *sleep_suite(void) {
         tcase_add_test(tc, test_sleep_keep_nothing_and_end_asleep);
         tcase_add_test(tc, test_sleep_refusals);
         tcase_add_test(tc, test_sleep_one_pool);
+        tcase_add_test(tc, test_sleep_pool_alone);
+        tcase_add_test(tc, test_sleep_across_restart);
         tcase_add_test(tc, test_sleep_state_validated);
         suite_add_tcase(s, tc);
         return s;

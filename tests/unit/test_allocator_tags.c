@@ -238,6 +238,44 @@ static void teardown(void) {
         heap_close();
 }
 
+/* A held tag (a sleeping pool) allocates nothing (-EAGAIN) and keeps its
+ * cache through every release, the retry ladder's too; the other tags go
+ * on, and once let go it serves from its cache again. */
+START_TEST(test_tags_held_sleep_alone) {
+        gm_alloc_result_t kv, w, big, r;
+        gm_alloc_config_t c;
+
+        config_default(&c);
+        heap_open(&c, 64 * MiB);
+        kv = tagged_ok(12 * MiB, 0, 2);
+        free_ok(kv.block_id, false); /* tag 2's idle cached segment */
+        w = tagged_ok(12 * MiB, 0, 1);
+        gm_heap_hold_tags(H, 1u << 2);
+        CHECK_HEAP();
+        ck_assert_uint_eq(gm_heap_held_tags(H), 1u << 2);
+        ck_assert_int_eq(gm_heap_alloc_tagged(H, 4096, 0, 2, &r), -EAGAIN);
+        ck_assert_int_eq(gm_heap_alloc_tagged(H, 4096, 0, 9, &r), 0); /* an unused tag is not held */
+        free_ok(r.block_id, false);
+        ck_assert_uint_eq(gm_heap_release_cached(H), 2 * MiB); /* tag 9's goes, tag 2's stays */
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 24 * MiB);
+        /* 42 MiB fit beside tag 1's only if tag 2's cache went: the ladder leaves it be. */
+        ck_assert_int_eq(gm_heap_alloc_tagged(H, 42 * MiB, 0, 1, &big), -ENOMEM);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 24 * MiB);
+        CHECK_HEAP();
+        gm_heap_hold_tags(H, 0);
+        r = tagged_ok(12 * MiB, 0, 2);
+        ck_assert_uint_eq(r.segment_id, kv.segment_id); /* its cache serves it again */
+        free_ok(r.block_id, false);
+        free_ok(w.block_id, false);
+        gm_heap_hold_tags(H, UINT32_MAX); /* bits past the tags are dropped */
+        ck_assert_uint_eq(gm_heap_held_tags(H), GM_HEAP_ALL_TAGS);
+        CHECK_HEAP();
+        gm_heap_hold_tags(H, 0);
+        gm_heap_release_cached(H);
+        ck_assert_int_eq(RESERVED(GM_STAT_ALL), 0);
+}
+END_TEST
+
 Suite *allocator_tags_suite(void) {
         Suite *s = suite_create("allocator_tags");
         TCase *tc = tcase_create("tags");
@@ -246,6 +284,7 @@ Suite *allocator_tags_suite(void) {
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, test_tags_never_share_a_segment);
         tcase_add_test(tc, test_tags_page_reuse_within_tag);
+        tcase_add_test(tc, test_tags_held_sleep_alone);
         tcase_add_loop_test(tc, test_tags_random, 0, 4);
         tcase_add_test(tc, test_tags_stats_in_caller_storage);
         suite_add_tcase(s, tc);

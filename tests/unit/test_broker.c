@@ -1358,7 +1358,7 @@ START_TEST(test_ledger_replay_and_reattach) {
         ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
         ck_assert_int_eq(gm_reattach_block(r, live, seg_small, 0, 1 * MiB, 1 * MiB, false), 0);
         /* The client no longer holds the large segment: it is released at the end. */
-        ck_assert_int_eq(gm_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r, &(gm_reattach_state_t){0}, &(uint64_t){0}), 0);
         CHECK(b_);
         ck_assert(!r->reattaching);
         ck_assert_uint_eq(r->tenant->charged_bytes, 2 * MiB);
@@ -1467,7 +1467,7 @@ START_TEST(test_reattach_without_store_is_unbacked) {
         backend_.capacity = 256 * MiB;
         CHECK(b_);
         ck_assert_int_eq(gm_reattach_segment(r, seg_big, 48 * MiB, 0, &big, 1, &why), 0);
-        ck_assert_int_eq(gm_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r, &(gm_reattach_state_t){0}, &(uint64_t){0}), 0);
         CHECK(b_);
         ck_assert_uint_eq(r->tenant->charged_bytes, 68 * MiB);
         ck_assert_uint_eq(b_->n_records, 1); /* the other session's, until it comes back or the grace ends */
@@ -1525,7 +1525,7 @@ START_TEST(test_ledger_skips_impossible_records) {
         gm_session_t *r = resume_from_journal(NULL, t, 1);
         gm_reattach_range_t whole = {.offset = 0, .length = 2 * MiB};
         ck_assert_int_eq(gm_reattach_segment(r, 1, 2 * MiB, 0, &whole, 1, &why), 0); /* line 6's */
-        ck_assert_int_eq(gm_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r, &(gm_reattach_state_t){0}, &(uint64_t){0}), 0);
         CHECK(b_);
         gm_session_free(r);
 }
@@ -1617,7 +1617,7 @@ START_TEST(test_ledger_keeps_pools_through_moves) {
                 ck_assert_int_eq(
                         gm_reattach_segment(r, segs[k].id, segs[k].va_size, 0, segs[k].pages, segs[k].n_pages, &why),
                         0);
-        ck_assert_int_eq(gm_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r, &(gm_reattach_state_t){0}, &(uint64_t){0}), 0);
         CHECK(b_);
         for (size_t k = 0; k < n_segs; k++) {
                 bool small_pool;
@@ -1668,7 +1668,7 @@ START_TEST(test_ledger_pool_records) {
         why = NULL;
         ck_assert_int_eq(gm_reattach_segment(r, 3, 64 * MiB, 0, two, 1, &why), 0); /* its small page alone */
         ck_assert_int_eq(gm_reattach_segment(r, 4, 64 * MiB, 0, two, 1, &why), -ENOENT);
-        ck_assert_int_eq(gm_reattach_finish(r), 0);
+        ck_assert_int_eq(gm_reattach_finish(r, &(gm_reattach_state_t){0}, &(uint64_t){0}), 0);
         CHECK(b_);
         bool small_pool;
         ck_assert_int_eq(gm_heap_segment_pool(r->heap, 1, &small_pool), 0);

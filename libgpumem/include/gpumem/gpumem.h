@@ -291,11 +291,17 @@ GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
  * must be done first (the call synchronizes the device). Local sessions only
  * (-EOPNOTSUPP for central); -EALREADY when asleep; -EBUSY, releasing
  * nothing, while a CUDA graph capture is in progress in the process (see
- * gpumem_capture_begin()): its synchronize would invalidate the capture. *ret_released_bytes (may
- * be NULL): the bytes given back. While asleep (any pool), gpumem_alloc() fails with
- * -EAGAIN ("the session is asleep: gpumem_wake() first"), gpumem_trim()
- * releases nothing, and gpumem_free() of a sleeping block is allowed (its
- * kept data is dropped). Memory of a sleeping block must not be touched. */
+ * gpumem_capture_begin()): its synchronize would invalidate the capture.
+ * *ret_released_bytes (may be NULL): the bytes given back. While asleep,
+ * gpumem_alloc() in a sleeping pool fails with -EAGAIN ("pool 'NAME' is
+ * asleep: gpumem_wake() first"; a pool first used after the sleep is awake);
+ * the other pools allocate, free and release their cache (gpumem_trim(),
+ * the daemon's reclaims) as before, the sleeping pools' cache stays.
+ * gpumem_free() of a sleeping block is allowed (its kept data is dropped).
+ * Memory of a sleeping block must not be touched. A daemon restart while
+ * asleep keeps the sleep: the session re-attaches asleep (its re-attach
+ * tells the new daemon what a wake needs) and gpumem_wake() works as
+ * before. */
 GPUMEM_EXPORT int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *keep_tags,
                                uint64_t *ret_released_bytes);
 /* Maps new memory at the same addresses and restores the kept data (other
@@ -317,7 +323,9 @@ GPUMEM_EXPORT uint64_t gpumem_sleeping_bytes(gpumem_client *c);
  * first, and a grant inside the claim is never refused for lack of device memory or quota),
  * counts against the quota and the device for everyone else (mem_get_info of other sessions no
  * longer offers it), shows in stats, and lapses at the session's end or with
- * gpumem_claim(c, 0, ...). A new claim replaces the old one. Nothing is reclaimed for a claim:
+ * gpumem_claim(c, 0, ...), not at a daemon restart: the re-attach re-sends what is left of it,
+ * set aside again as far as the new daemon has it free (less when it cannot give it all; the
+ * session's mem_get_info shows the claim that stands). A new claim replaces the old one. Nothing is reclaimed for a claim:
  * other sessions' idle cache is not counted as free. -EINVAL: `bytes` is more than the
  * daemon's capacity. */
 GPUMEM_EXPORT int gpumem_claim(gpumem_client *c, uint64_t bytes, uint64_t *ret_claimed);
