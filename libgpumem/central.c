@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "central.h"
 #include "frees.h"
 #include "hotmsg.h"
@@ -187,8 +188,13 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         alloc.stream = stream;
         alloc.tag = (char *) gm_pool_name(&c->pools, gm_pool_current(&c->pools)); /* the daemon's heap's pool */
         /* The daemon's heap must not release or move cached memory under a
-         * capture (one driver query an Alloc, only where the mapper can). */
+         * capture of this stream (one driver query an Alloc, only where the
+         * mapper can) nor of another (its release would wait for an unmap
+         * held until that capture ends: refused now, not after
+         * park_timeout_ms). */
         alloc.capturing = gm_mapping_stream_captured(c, stream);
+        bool elsewhere = !alloc.capturing && gm_capture_any() && gm_capture_in_progress(gm_mapping_capture_query(c), c);
+        alloc.capturing |= elsewhere;
         Gpumem__Frame wire_frames[GPUMEM_MAX_FRAMES];
         Gpumem__Frame *frame_ptrs[GPUMEM_MAX_FRAMES];
         alloc.n_frames = wire_frames_of(frames, n_frames, wire_frames, frame_ptrs);
@@ -199,7 +205,7 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         Gpumem__Envelope *reply = NULL;
         if ((r = gm_conn_call_expect(c, &env, &alloc_ops, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY, &reply)) < 0)
                 return alloc.capturing && (r == -ENOMEM || r == -EDQUOT)
-                               ? gm_frees_refused_in_capture(c, r, size, stream, gm_conn_error_is_for(c), false)
+                               ? gm_frees_refused_in_capture(c, r, size, stream, gm_conn_error_is_for(c), elsewhere)
                                : r;
         const Gpumem__AllocReply *ar = reply->alloc_reply;
         block_t *b = malloc(sizeof(*b));

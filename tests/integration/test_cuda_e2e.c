@@ -1224,6 +1224,7 @@ static void ctl_ok(const char *const *args) {
 typedef enum held_work {
         HELD_TRIM,            /* thread B's gpumem_trim() */
         HELD_LADDER,          /* thread B's allocation that only the retry ladder could serve */
+        HELD_CENTRAL_LADDER,  /* the same through a central session (the daemon's ladder) */
         HELD_CENTRAL_RELEASE, /* a central session's ReleaseRequest (an admin's trim) */
         HELD_SLEEP,           /* thread B's gpumem_sleep() */
 } held_work_t;
@@ -1242,7 +1243,7 @@ static void *held_thread(void *arg) {
         uint64_t released = 0;
         if (t->what == HELD_TRIM)
                 t->r = gpumem_trim(t->c, &released);
-        else if (t->what == HELD_LADDER)
+        else if (t->what == HELD_LADDER || t->what == HELD_CENTRAL_LADDER)
                 t->r = gpumem_alloc(t->c, 140 * MiB, t->stream, &t->p);
         else
                 t->r = gpumem_sleep(t->c, NULL, NULL, NULL);
@@ -1370,7 +1371,9 @@ END_TEST
  * session's of this process on the captured stream. Meanwhile thread B
  * allocates 140 MiB on the other stream, which only the ladder's release of
  * the idle 100 MiB could serve (it is refused with -ENOMEM, saying another
- * capture is in progress), or an admin's trim makes the daemon ask the
+ * capture is in progress; HELD_CENTRAL_LADDER: a central session's, at once,
+ * not after the daemon waited for a release held until the capture ends),
+ * or an admin's trim makes the daemon ask the
  * central session for its idle segment (the ReleaseRequest is held), or
  * thread B calls gpumem_sleep() (-EBUSY): none synchronizes or unmaps, which
  * would invalidate A's capture. The capture ends valid and its graph
@@ -1380,7 +1383,9 @@ END_TEST
 static void check_capture_holds_off_more(bool declared, held_work_t what) {
         start_daemon("256M", NULL, NULL, NULL);
         gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
-        gpumem_client *central = what == HELD_CENTRAL_RELEASE ? connect_heap(GPUMEM_HEAP_CENTRAL) : NULL;
+        bool central_ladder = what == HELD_CENTRAL_LADDER;
+        gpumem_client *central =
+                what == HELD_CENTRAL_RELEASE || central_ladder ? connect_heap(GPUMEM_HEAP_CENTRAL) : NULL;
         CUcontext ctx;
         const gm_cuda_t *cu = push_device(0, &ctx);
         uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
@@ -1389,7 +1394,7 @@ static void check_capture_holds_off_more(bool declared, held_work_t what) {
         ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0); /* one 20 MiB segment */
         late_write(graph, x, 8 * MiB, 0, 0x00);
         gpumem_client *owner = central ? central : c;
-        ck_assert_int_eq(gpumem_alloc(owner, 100 * MiB, central ? graph : other, &cached), 0);
+        ck_assert_int_eq(gpumem_alloc(owner, 100 * MiB, central && !central_ladder ? graph : other, &cached), 0);
         ck_assert_int_eq(gpumem_free(owner, cached), 0); /* 100 MiB idle in a cache */
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
                          120 * MiB);
@@ -1404,14 +1409,14 @@ static void check_capture_holds_off_more(bool declared, held_work_t what) {
                 int64_t reserved = -1;
                 ck_assert_int_eq(gpumem_stat(central, "reserved_bytes.all.current", &reserved), 0);
         } else {
-                held_thread_t t = {.c = c, .what = what, .stream = other, .r = 1};
+                held_thread_t t = {.c = central_ladder ? central : c, .what = what, .stream = other, .r = 1};
                 pthread_t b;
                 ck_assert_int_eq(pthread_create(&b, NULL, held_thread, &t), 0);
                 ck_assert_int_eq(pthread_join(b, NULL), 0);
-                int want = what == HELD_LADDER ? -ENOMEM : -EBUSY;
-                ck_assert_int_eq(t.r, want);
-                ck_assert_msg(strstr(t.error, what == HELD_LADDER ? "refused during a capture in progress"
-                                                                  : "capture is in progress") != NULL,
+                bool ladder = what == HELD_LADDER || central_ladder;
+                ck_assert_int_eq(t.r, ladder ? -ENOMEM : -EBUSY);
+                ck_assert_msg(strstr(t.error, ladder ? "refused during a capture in progress"
+                                                     : "capture is in progress") != NULL,
                               "%s", t.error);
         }
         ck_assert_int_eq(usage().capture_refusals, 0);
@@ -1424,9 +1429,10 @@ static void check_capture_holds_off_more(bool declared, held_work_t what) {
         capture_end_replay(cu, &cap, graph, x, declared, &g, &exec);
 
         /* The held work, now. */
-        if (what == HELD_LADDER) {
-                ck_assert_int_eq(gpumem_alloc(c, 140 * MiB, other, &later), 0); /* the ladder released the 100 MiB */
-                ck_assert_int_eq(gpumem_free(c, later), 0);
+        if (what == HELD_LADDER || central_ladder) {
+                /* the ladder released the 100 MiB */
+                ck_assert_int_eq(gpumem_alloc(owner, 140 * MiB, other, &later), 0);
+                ck_assert_int_eq(gpumem_free(owner, later), 0);
         } else if (what == HELD_CENTRAL_RELEASE) {
                 /* The service thread answers the release: unmapped here, the
                  * daemon hands the 100 MiB back to the device. */
@@ -1461,6 +1467,16 @@ END_TEST
 
 START_TEST(test_seen_capture_holds_off_ladder) {
         check_capture_holds_off_more(false, HELD_LADDER);
+}
+END_TEST
+
+START_TEST(test_declared_capture_holds_off_central_ladder) {
+        check_capture_holds_off_more(true, HELD_CENTRAL_LADDER);
+}
+END_TEST
+
+START_TEST(test_seen_capture_holds_off_central_ladder) {
+        check_capture_holds_off_more(false, HELD_CENTRAL_LADDER);
 }
 END_TEST
 
@@ -1536,6 +1552,8 @@ static Suite *e2e_suite(void) {
         tcase_add_test(held, test_seen_capture_holds_off_releases);
         tcase_add_test(held, test_declared_capture_holds_off_ladder);
         tcase_add_test(held, test_seen_capture_holds_off_ladder);
+        tcase_add_test(held, test_declared_capture_holds_off_central_ladder);
+        tcase_add_test(held, test_seen_capture_holds_off_central_ladder);
         tcase_add_test(held, test_declared_capture_holds_off_central_release);
         tcase_add_test(held, test_seen_capture_holds_off_central_release);
         tcase_add_test(held, test_declared_capture_refuses_sleep);
