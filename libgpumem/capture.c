@@ -5,6 +5,7 @@
  * the device. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,6 +22,14 @@ static struct {
         uint32_t n_streams;                      /* noted streams, distinct, in streams[0 .. n_streams) */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER, .released = PTHREAD_COND_INITIALIZER};
 
+atomic_uint gm_capture_open_;
+
+/* Publishes how many captures are open (declared + noted streams) for
+ * gm_capture_any(). Caller holds the lock. */
+static void publish_locked(void) {
+        atomic_store_explicit(&gm_capture_open_, (unsigned) rec.declared + rec.n_streams, memory_order_relaxed);
+}
+
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 /* A fork child has none of its parent's other threads: no capture of theirs,
@@ -30,6 +39,7 @@ static void fork_child(void) {
         pthread_cond_init(&rec.released, NULL);
         rec.declared = rec.releasing = 0;
         rec.n_streams = 0;
+        publish_locked();
 }
 
 static void register_fork(void) {
@@ -47,6 +57,7 @@ int gm_capture_begin(void) {
                 pthread_cond_wait(&rec.released, &rec.lock);
         int r = rec.declared < INT32_MAX ? 0 : -EOVERFLOW;
         rec.declared += r == 0;
+        publish_locked();
         pthread_mutex_unlock(&rec.lock);
         return r;
 }
@@ -55,6 +66,7 @@ int gm_capture_end(void) {
         lock();
         int r = rec.declared > 0 ? 0 : -EINVAL;
         rec.declared -= r == 0;
+        publish_locked();
         pthread_mutex_unlock(&rec.lock);
         return r;
 }
@@ -72,6 +84,7 @@ static void forget_locked(uint32_t i) {
         rec.n_streams--;
         rec.streams[i] = rec.streams[rec.n_streams];
         rec.blocks[i] = rec.blocks[rec.n_streams];
+        publish_locked();
 }
 
 bool gm_capture_note_block(uint64_t stream) {
@@ -85,6 +98,7 @@ bool gm_capture_note_block(uint64_t stream) {
         }
         if (noted)
                 rec.blocks[i]++;
+        publish_locked();
         pthread_mutex_unlock(&rec.lock);
         return noted;
 }
@@ -154,6 +168,9 @@ void gm_capture_check(void) {
         lock();
         gm_assert(rec.declared >= 0 && rec.releasing >= 0);
         gm_assert(rec.n_streams <= GM_CAPTURE_MAX_STREAMS);
+        /* gm_capture_any() reads what is open */
+        gm_assert(atomic_load_explicit(&gm_capture_open_, memory_order_relaxed) ==
+                  (unsigned) rec.declared + rec.n_streams);
         for (uint32_t i = 0; i < rec.n_streams; i++) {
                 gm_assert(rec.blocks[i] > 0); /* a stream is noted only while a noted block on it lives */
                 for (uint32_t k = i + 1; k < rec.n_streams; k++)

@@ -13,6 +13,7 @@
  * a fork child starts with none. Calls nothing above it. */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -46,6 +47,19 @@ void gm_capture_unnote_block(uint64_t stream);
 /* The application passed `stream` (alive) and it is not being captured:
  * it is forgotten. */
 void gm_capture_forget_stream(uint64_t stream);
+
+/* Captures open (declared ones plus noted streams), as the record last
+ * published it under its lock; read only through gm_capture_any(). Hidden:
+ * the library reads it with one PC-relative load, no GOT entry. */
+extern __attribute__((visibility("hidden"))) atomic_uint gm_capture_open_;
+
+/* Whether a capture may be in progress: one relaxed atomic load, no lock
+ * and no query (an allocation's cache miss asks it; a true answer is
+ * confirmed with gm_capture_in_progress(), a noted stream's capture may have
+ * ended since). */
+static inline bool gm_capture_any(void) {
+        return atomic_load_explicit(&gm_capture_open_, memory_order_relaxed) != 0;
+}
 
 /* Whether streams are noted (no query). */
 bool gm_capture_noted(void);

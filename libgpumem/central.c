@@ -199,7 +199,7 @@ __attribute__((noinline)) int gm_central_alloc(gpumem_client *c, size_t size, ui
         Gpumem__Envelope *reply = NULL;
         if ((r = gm_conn_call_expect(c, &env, &alloc_ops, GPUMEM__ENVELOPE__BODY_ALLOC_REPLY, &reply)) < 0)
                 return alloc.capturing && (r == -ENOMEM || r == -EDQUOT)
-                               ? gm_frees_refused_in_capture(c, r, size, stream, gm_conn_error_is_for(c))
+                               ? gm_frees_refused_in_capture(c, r, size, stream, gm_conn_error_is_for(c), false)
                                : r;
         const Gpumem__AllocReply *ar = reply->alloc_reply;
         block_t *b = malloc(sizeof(*b));

@@ -179,7 +179,13 @@ struct gpumem_client {
         bool reconnecting;    /* the daemon went away; the service thread is re-attaching */
         uint64_t next_request_id;
         waiter_t *waiters;
-        gm_u64map_t segments;  /* segment id -> segment_t */
+        gm_u64map_t segments; /* segment id -> segment_t */
+        /* The daemon's ReleaseRequests that came while a CUDA graph capture
+         * was in progress (capture.h), each release id once: answered by the
+         * service thread once none is (mapping.h). Under lock. */
+        Gpumem__Envelope **held_releases;
+        size_t n_held_releases, cap_held_releases;
+        bool release_now;      /* the packet being dispatched is a ReleaseRequest served at once (read_lock's holder) */
         gm_u64map_t blocks;    /* pointer -> block_t */
         char async_error[512]; /* last refusal of a request nobody waited for (a free) */
         pending_free_t *pending_frees;

@@ -21,10 +21,18 @@ void gm_frees_destroy(gpumem_client *c, pending_free_t *p, bool owner) {
         free(p);
 }
 
-int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told) {
+int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told, bool elsewhere) {
         char diagnosis[512] = "";
         if (told)
                 snprintf(diagnosis, sizeof(diagnosis), " (%s)", gm_conn_last_error(c));
+        if (elsewhere)
+                return gm_conn_set_error(c, r,
+                                         "gpumem: out of memory allocating %zu bytes on stream 0x%llx: refused during "
+                                         "a capture in progress in this process (another thread's CUDA graph "
+                                         "capture, or another stream's): no cached block fits and freeing cached "
+                                         "memory would synchronize and unmap, which invalidates that capture; "
+                                         "allocate again once the capture has ended%s",
+                                         size, (unsigned long long) stream, diagnosis);
         return gm_conn_set_error(c, r,
                                  "gpumem: out of memory allocating %zu bytes: refused during a capture of stream "
                                  "0x%llx into a CUDA graph: no cached block fits and freeing cached memory would "

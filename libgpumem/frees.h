@@ -33,10 +33,11 @@ bool gm_frees_poll(gpumem_client *c);
  * merging waits for a mark the daemon asks for). Caller holds lock. */
 void gm_frees_sent(gpumem_client *c, uint64_t stream, uint64_t size);
 /* An allocation of `size` on `stream` refused with r (-ENOMEM, -EDQUOT)
- * while the stream was captured, the cache left as it was (releasing it
- * would synchronize and unmap, invalidating the capture): sets the
- * thread's error saying so, with the daemon's diagnosis when `told` (the
- * daemon refused it), and returns r. Both heaps. */
-int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told);
+ * while the stream was captured (`elsewhere`: while another capture of the
+ * process was in progress), the cache left as it was (releasing it would
+ * synchronize and unmap, invalidating the capture): sets the thread's error
+ * saying so, with the daemon's diagnosis when `told` (the daemon refused
+ * it), and returns r. Both heaps. */
+int gm_frees_refused_in_capture(gpumem_client *c, int r, size_t size, uint64_t stream, bool told, bool elsewhere);
 /* The session closes: every pending and completed free goes. */
 void gm_frees_forget(gpumem_client *c, bool owner);

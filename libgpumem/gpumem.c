@@ -88,11 +88,17 @@ static bool conn_poll(gpumem_client *c) {
         return gm_frees_poll(c);
 }
 
+/* The service thread's chores: the releases held during a capture (either
+ * heap), a local session's. */
+static bool conn_serve(gpumem_client *c) {
+        return gm_mapping_serve_held_releases(c) | gm_local_session_serve(c);
+}
+
 static const gm_conn_handlers_t conn_handlers = {
         .pushes = pushes,
         .n_pushes = sizeof(pushes) / sizeof(pushes[0]),
         .poll = conn_poll,
-        .serve = gm_local_session_serve,
+        .serve = conn_serve,
         .reconnect = gm_session_reconnect,
         .before_send = gm_central_before_send,
 };
@@ -330,6 +336,16 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
         return 0;
 }
 
+/* -EBUSY for `what` (trim, sleep), whose synchronize and unmaps would
+ * invalidate a CUDA graph capture in progress in the process. */
+static int refused_in_capture(gpumem_client *c, const char *what) {
+        return gm_conn_set_error(c, -EBUSY,
+                                 "gpumem: %s refused: a CUDA graph capture is in progress in this process "
+                                 "(releasing memory would synchronize the device and invalidate it); "
+                                 "%s once the capture has ended",
+                                 what, what);
+}
+
 int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         if (!c)
                 return -EINVAL;
@@ -339,10 +355,7 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         /* Its synchronize (here, or the service thread's for the daemon's
          * release requests) would invalidate a capture of another thread. */
         if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
-                return gm_conn_set_error(c, -EBUSY,
-                                         "gpumem: trim refused: a CUDA graph capture is in progress in this process "
-                                         "(releasing cached memory would synchronize the device and invalidate it); "
-                                         "trim once the capture has ended");
+                return refused_in_capture(c, "trim");
         if (c->local) {
                 gm_heap_lock_take(&c->heap_lock);
                 uint64_t released = gm_local_session_release_cached(c);
@@ -395,10 +408,14 @@ int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *k
                 r = gm_sleep_check_tags(c, tags, keep_tags);
         if (r < 0)
                 return r;
+        /* Its synchronize would invalidate a capture of another thread. */
+        if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
+                return refused_in_capture(c, "sleep");
         uint64_t released = 0;
         gm_heap_lock_take(&c->heap_lock);
         r = gm_sleep_enter(c, tags, keep_tags, &released);
         gm_heap_lock_drop(&c->heap_lock);
+        gm_capture_release_end();
         if (r == 0 && ret_released_bytes)
                 *ret_released_bytes = released;
         return r;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture.h"
 #include "clock.h"
 #include "debug.h"
 #include "fence.h"
@@ -21,7 +22,8 @@ static int provider_create_run(void *userdata, uint64_t segment_id, uint64_t seg
                 .size = page_size,
                 .n_pieces = n_pages,
                 .largest_free = gm_heap_largest_free(l->heap),
-                .will_retry = !l->missed_in_capture && l->stats->num_alloc_retries == l->retries_before,
+                .will_retry = !l->missed_in_capture && !l->held_for_capture &&
+                              l->stats->num_alloc_retries == l->retries_before,
                 .tag = l->cur_tag,
         };
         uint64_t segment_size;
@@ -88,11 +90,15 @@ static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence
 }
 
 /* The heap's may_release(): nothing is released or moved for a miss while
- * the allocating stream is captured. */
+ * the allocating stream is captured, nor while another capture of the
+ * process is in progress (the record's relaxed load first: a miss with no
+ * capture open pays one load for it). */
 static bool provider_may_release(void *userdata, uint64_t stream) {
         gm_local_heap_t *l = userdata;
         l->missed_in_capture = l->ops.capturing && l->ops.capturing(l->ops.ctx, stream) == 1;
-        return !l->missed_in_capture;
+        l->held_for_capture = !l->missed_in_capture && gm_capture_any() && l->ops.capture_elsewhere &&
+                              l->ops.capture_elsewhere(l->ops.ctx);
+        return !l->missed_in_capture && !l->held_for_capture;
 }
 
 /* Records the heap's events in its trace ring while history is on. */
@@ -232,6 +238,10 @@ bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l) {
 
 bool gm_local_heap_missed_in_capture(const gm_local_heap_t *l) {
         return l->missed_in_capture;
+}
+
+bool gm_local_heap_held_for_capture(const gm_local_heap_t *l) {
+        return l->held_for_capture;
 }
 
 const gm_heap_t *gm_local_heap_core(const gm_local_heap_t *l) {

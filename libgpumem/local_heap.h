@@ -82,6 +82,12 @@ typedef struct gm_local_heap_ops {
          * or is refused, never releasing or moving cached memory (whose
          * synchronize and unmap would invalidate the capture). NULL: never. */
         int (*capturing)(void *ctx, uint64_t stream);
+        /* Whether a CUDA graph capture is in progress elsewhere in the
+         * process (the process's record, capture.h): asked only on such a
+         * miss when the record's one relaxed load says one may be; while true
+         * the allocation releases and moves nothing either (the synchronize
+         * would invalidate that capture too). NULL: never. */
+        bool (*capture_elsewhere)(void *ctx);
         void *ctx;
 } gm_local_heap_ops_t;
 
@@ -121,6 +127,10 @@ bool gm_local_heap_refused_by_daemon(const gm_local_heap_t *l);
 /* Whether the last gm_local_heap_alloc() missed the cache while its stream
  * was captured (so nothing was released for it: a refusal then says so). */
 bool gm_local_heap_missed_in_capture(const gm_local_heap_t *l);
+/* Whether the last gm_local_heap_alloc() missed the cache while another
+ * capture of the process was in progress, its own stream not captured (so
+ * nothing was released for it either). */
+bool gm_local_heap_held_for_capture(const gm_local_heap_t *l);
 /* The read-only walk of the heap (snapshots). */
 const gm_heap_t *gm_local_heap_core(const gm_local_heap_t *l);
 
@@ -164,6 +174,7 @@ struct gm_local_heap {
         int64_t retries_before; /* the heap's num_alloc_retries when it began: its last try counts one more */
         bool refused_by_daemon;
         bool missed_in_capture;       /* the request missed the cache while its stream was captured */
+        bool held_for_capture;        /* it missed while another capture of the process was in progress */
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
         gm_history_t *history;        /* this process's trace ring while memory history is on */
@@ -206,6 +217,7 @@ static inline int gm_local_heap_alloc(gm_local_heap_t *l, uint64_t size, uint64_
         l->retries_before = l->stats->num_alloc_retries;
         l->refused_by_daemon = false;
         l->missed_in_capture = false;
+        l->held_for_capture = false;
         l->cur_frames = frames;
         l->n_cur_frames = n_frames;
         gm_local_heap_begin(l);

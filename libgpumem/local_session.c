@@ -231,6 +231,13 @@ static int local_capturing(void *ctx, uint64_t stream) {
         return r;
 }
 
+/* Whether a capture is in progress in the process (its record asks the
+ * noted streams again: one whose capture ended no longer holds a miss). */
+static bool local_capture_elsewhere(void *ctx) {
+        gpumem_client *c = ctx;
+        return gm_capture_in_progress(gm_mapping_capture_query(c), c);
+}
+
 /* Pieces one MovePieces names at most (the daemon's limit). */
 #define MAX_MOVES_PER_MESSAGE 512
 
@@ -291,6 +298,7 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
                 .event_query = events ? gm_mapping_event_query : NULL,
                 .event_destroy = events ? gm_mapping_event_destroy : NULL,
                 .capturing = c->mapper->ops->capturing ? local_capturing : NULL,
+                .capture_elsewhere = local_capture_elsewhere,
                 .ctx = c,
         };
         char err[256] = "";
@@ -503,10 +511,11 @@ int gm_local_session_alloc(gpumem_client *c, size_t size, uint64_t stream, const
         if (r < 0) {
                 bool told = gm_local_heap_refused_by_daemon(c->heap);
                 bool in_capture = gm_local_heap_missed_in_capture(c->heap);
+                bool held = gm_local_heap_held_for_capture(c->heap);
                 gm_heap_lock_drop(&c->heap_lock);
                 free(b);
-                if (in_capture && (r == -ENOMEM || r == -EDQUOT))
-                        return gm_frees_refused_in_capture(c, r, size, stream, told);
+                if ((in_capture || held) && (r == -ENOMEM || r == -EDQUOT))
+                        return gm_frees_refused_in_capture(c, r, size, stream, told, held);
                 if (told || (r != -ENOMEM && r != -EDQUOT && gm_conn_error_is_for(c)))
                         return r; /* the daemon's diagnosis (or the grant's failure) is the thread's error */
                 return gm_conn_set_error(c, r, "gpumem: out of memory allocating %zu bytes: %s", size,

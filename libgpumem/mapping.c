@@ -156,8 +156,7 @@ bool gm_mapping_unmap(gpumem_client *c, const Gpumem__Range *range) {
 
 /* Waits, with no lock held, for the work on the streams of the segments a
  * release request names: their memory may still be in use by queued work. */
-void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env) {
-        const Gpumem__ReleaseRequest *req = env->release_request;
+static void release_streams_sync(gpumem_client *c, const Gpumem__ReleaseRequest *req) {
         if (!c->mapper->ops->caps->device_streams)
                 return;
         uint64_t streams[16];
@@ -183,6 +182,14 @@ void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env) {
         }
         for (size_t k = 0; k < n; k++)
                 c->mapper->ops->sync(c->mapper, streams[k]);
+}
+
+void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env) {
+        /* Its synchronize would invalidate a capture in progress in the
+         * process: then the request is held (gm_mapping_on_release()). */
+        c->release_now = gm_capture_release_begin(gm_mapping_capture_query(c), c);
+        if (c->release_now)
+                release_streams_sync(c, env->release_request);
 }
 
 /* Acknowledges a release; `kept` are the ranges that stay mapped. */
@@ -239,9 +246,9 @@ void gm_mapping_event_destroy(void *ctx, uint64_t event) {
         c->mapper->ops->event_destroy(c->mapper, event);
 }
 
-bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {
-        (void) w;
-        gm_close_fds(fds, n_fds);
+/* Unmaps what a release request names and acknowledges it, its streams
+ * waited for; consumes env. Caller holds lock. */
+static void release_now(gpumem_client *c, Gpumem__Envelope *env) {
         Gpumem__ReleaseRequest *req = env->release_request;
         size_t n_kept = 0; /* the ranges still mapped go first in req->ranges */
         for (size_t i = 0; i < req->n_ranges; i++)
@@ -252,7 +259,77 @@ bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w,
                 }
         send_release_ack(c, req->release_id, req->ranges, n_kept);
         gm_msg_free(env);
+}
+
+/* Holds a release request until no capture is in progress; one the daemon
+ * asks again (same release id) is held once. Whether it is held (false: out
+ * of host memory, env freed: the daemon asks again after its
+ * release_timeout_ms). Caller holds lock; consumes env. */
+static bool release_hold(gpumem_client *c, Gpumem__Envelope *env) {
+        for (size_t i = 0; i < c->n_held_releases; i++)
+                if (c->held_releases[i]->release_request->release_id == env->release_request->release_id) {
+                        gm_msg_free(env);
+                        return true;
+                }
+        if (c->n_held_releases == c->cap_held_releases) {
+                size_t cap = c->cap_held_releases ? 2 * c->cap_held_releases : 4;
+                Gpumem__Envelope **held = realloc(c->held_releases, cap * sizeof(*held));
+                if (!held) {
+                        gm_msg_free(env);
+                        return false;
+                }
+                c->held_releases = held;
+                c->cap_held_releases = cap;
+        }
+        c->held_releases[c->n_held_releases++] = env;
         return true;
+}
+
+bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {
+        (void) w;
+        gm_close_fds(fds, n_fds);
+        if (!c->release_now) {
+                release_hold(c, env);
+                gm_conn_wake(c); /* its service thread serves it once the capture ends */
+                return true;
+        }
+        c->release_now = false;
+        release_now(c, env);
+        gm_capture_release_end();
+        return true;
+}
+
+void gm_mapping_drop_held_releases(gpumem_client *c) {
+        for (size_t i = 0; i < c->n_held_releases; i++)
+                gm_msg_free(c->held_releases[i]);
+        free(c->held_releases);
+        c->held_releases = NULL;
+        c->n_held_releases = c->cap_held_releases = 0;
+}
+
+bool gm_mapping_serve_held_releases(gpumem_client *c) {
+        pthread_mutex_lock(&c->lock);
+        bool held = c->n_held_releases > 0;
+        pthread_mutex_unlock(&c->lock);
+        if (!held)
+                return false;
+        if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
+                return true;
+        pthread_mutex_lock(&c->lock);
+        Gpumem__Envelope **envs = c->held_releases;
+        size_t n = c->n_held_releases;
+        c->held_releases = NULL;
+        c->n_held_releases = c->cap_held_releases = 0;
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; i < n; i++)
+                release_streams_sync(c, envs[i]->release_request);
+        pthread_mutex_lock(&c->lock);
+        for (size_t i = 0; i < n; i++)
+                release_now(c, envs[i]);
+        pthread_mutex_unlock(&c->lock);
+        gm_capture_release_end();
+        free(envs);
+        return false;
 }
 
 bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds) {
@@ -321,4 +398,5 @@ void gm_mapping_forget(gpumem_client *c, bool owner) {
                 segment_free(seg);
         }
         gm_u64map_done(&c->segments);
+        gm_mapping_drop_held_releases(c); /* the session's releases end with it */
 }

@@ -33,9 +33,20 @@ gm_capture_query_fn gm_mapping_capture_query(const gpumem_client *c);
 
 /* The connection's handlers (conn.h) of the packets that map, move or
  * release memory: ReleaseRequest (`before` waits for the streams of its
- * segments), MapSegments, AllocReply, GrantReply. */
+ * segments; while a CUDA graph capture is in progress in the process,
+ * capture.h, it waits for none and the request is held, answered by
+ * gm_mapping_serve_held_releases() once none is), MapSegments, AllocReply,
+ * GrantReply. */
 void gm_mapping_release_streams(gpumem_client *c, const Gpumem__Envelope *env);
 bool gm_mapping_on_release(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
+/* The service thread's chore, holding no lock: answers the held release
+ * requests once no capture is in progress (their streams waited for, their
+ * ranges unmapped, each acknowledged). True while some wait. */
+bool gm_mapping_serve_held_releases(gpumem_client *c);
+/* Forgets the held release requests unanswered: the daemon that sent them
+ * is gone (a re-attached session's new daemon numbers its releases anew and
+ * was told what is still mapped), or the session ends. */
+void gm_mapping_drop_held_releases(gpumem_client *c);
 bool gm_mapping_on_map_segments(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_alloc_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);
 bool gm_mapping_on_grant_reply(gpumem_client *c, Gpumem__Envelope *env, waiter_t *w, int *fds, size_t n_fds);

@@ -339,7 +339,8 @@ static int reattach_once(gpumem_client *c) {
         gm_fences_clear(&c->fences, true); /* the new daemon's fence numbers start over */
         atomic_store_explicit(&c->fences_pending, false, memory_order_relaxed);
         atomic_store_explicit(&c->fences_freed, false, memory_order_relaxed);
-        c->n_carried_frees = 0; /* not in the report: the new daemon never knew those blocks */
+        gm_mapping_drop_held_releases(c); /* the old daemon's release ids; the report says what is mapped */
+        c->n_carried_frees = 0;           /* not in the report: the new daemon never knew those blocks */
         atomic_store_explicit(&c->frees_carried, false, memory_order_relaxed);
         for (waiter_t *w = c->waiters; w; w = w->next)
                 if (!w->done) { /* sent to the old daemon, never answered */

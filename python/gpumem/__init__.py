@@ -340,8 +340,10 @@ def sleep(tags=None, keep=None, *, device=None):
     host memory first (a list of tag names, or True for every one; None:
     none). tags: the pools that sleep (a list of tag names, "" the default;
     None: all); the other pools go on allocating meanwhile, and a daemon
-    restart keeps the sleep. Synchronizes the device first. Needs a local
-    session (GPUMEM_HEAP=local). Returns the bytes given back."""
+    restart keeps the sleep. Synchronizes the device first, so it raises
+    GpumemError (EBUSY) while a CUDA graph capture is in progress in the
+    process. Needs a local session (GPUMEM_HEAP=local). Returns the bytes
+    given back."""
     if isinstance(keep, str):
         raise TypeError("keep is a list of tag names, or True")
     keep_names = ["*"] if keep is True else (None if keep in (None, False) else list(keep))

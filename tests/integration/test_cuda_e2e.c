@@ -1220,18 +1220,74 @@ static void ctl_ok(const char *const *args) {
         ck_assert_int_eq(gm_test_run(out, sizeof(out), argv), 0);
 }
 
-typedef struct trimmer {
+/* What another thread (or the daemon) starts during thread A's capture. */
+typedef enum held_work {
+        HELD_TRIM,            /* thread B's gpumem_trim() */
+        HELD_LADDER,          /* thread B's allocation that only the retry ladder could serve */
+        HELD_CENTRAL_RELEASE, /* a central session's ReleaseRequest (an admin's trim) */
+        HELD_SLEEP,           /* thread B's gpumem_sleep() */
+} held_work_t;
+
+typedef struct held_thread {
         gpumem_client *c;
+        held_work_t what;
+        uint64_t stream;
+        void *p;
         int r;
         char error[512];
-} trimmer_t;
+} held_thread_t;
 
-static void *trim_thread(void *arg) {
-        trimmer_t *t = arg;
+static void *held_thread(void *arg) {
+        held_thread_t *t = arg;
         uint64_t released = 0;
-        t->r = gpumem_trim(t->c, &released);
+        if (t->what == HELD_TRIM)
+                t->r = gpumem_trim(t->c, &released);
+        else if (t->what == HELD_LADDER)
+                t->r = gpumem_alloc(t->c, 140 * MiB, t->stream, &t->p);
+        else
+                t->r = gpumem_sleep(t->c, NULL, NULL, NULL);
         snprintf(t->error, sizeof(t->error), "%s", gpumem_last_error(t->c));
         return NULL;
+}
+
+/* Thread A (the caller) starts a global-mode capture of `graph`, declared
+ * (gpumem_capture_begin) or, undeclared, seen by c's allocation that misses
+ * the cache on it (*ret_seen: that block), and launches the graph's nodes
+ * into it: a kernel writing 0xab over x. */
+static void capture_start(gpumem_client *c, const capture_api_t *cap, uint64_t graph, void *x, bool declared,
+                          void **ret_seen) {
+        if (declared)
+                ck_assert_int_eq(gpumem_capture_begin(), 0);
+        ck_assert_int_eq(cap->begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        if (!declared) /* a miss (no small block cached): the heap asks, and notes the stream */
+                ck_assert_int_eq(gpumem_alloc(c, 512 * 1024, graph, ret_seen), 0);
+        late_write(graph, x, 8 * MiB, 0, 0xab); /* the graph's nodes */
+}
+
+/* Ends capture_start()'s capture: it is valid (nothing refused during it),
+ * and its graph's nodes ran not at the capture but at the replay. */
+static void capture_end_replay(const gm_cuda_t *cu, const capture_api_t *cap, uint64_t graph, void *x, bool declared,
+                               CUgraph *ret_graph, CUgraphExec *ret_exec) {
+        ck_assert_int_eq(cap->end((CUstream) (uintptr_t) graph, ret_graph), CUDA_SUCCESS);
+        if (declared)
+                ck_assert_int_eq(gpumem_capture_end(), 0);
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        ck_assert_int_eq(cap->instantiate(ret_exec, *ret_graph, 0), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0x00)); /* not run at capture */
+        ck_assert_int_eq(cap->launch(*ret_exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
+        ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* run at the replay */
+}
+
+/* Destroys capture_end_replay()'s graph, checks that nothing faulted, and
+ * frees capture_start()'s blocks. */
+static void capture_forget(const gm_cuda_t *cu, const capture_api_t *cap, CUgraph g, CUgraphExec exec, gpumem_client *c,
+                           void *x, void *seen) {
+        ck_assert_int_eq(cap->exec_destroy(exec), CUDA_SUCCESS);
+        ck_assert_int_eq(cap->destroy(g), CUDA_SUCCESS);
+        assert_no_fault(cu);
+        if (seen)
+                ck_assert_int_eq(gpumem_free(c, seen), 0);
+        ck_assert_int_eq(gpumem_free(c, x), 0);
 }
 
 /* Thread A (this one) captures a stream in global mode and launches a
@@ -1258,13 +1314,8 @@ static void check_capture_holds_off_releases(bool declared) {
         ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
                          120 * MiB);
 
-        if (declared)
-                ck_assert_int_eq(gpumem_capture_begin(), 0);
-        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-        if (!declared) /* a miss (no small block cached): the heap asks, and notes the stream */
-                ck_assert_int_eq(gpumem_alloc(c, 512 * 1024, graph, &seen), 0);
+        capture_start(c, &cap, graph, x, declared, &seen);
         int64_t reserved = gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current");
-        late_write(graph, x, 8 * MiB, 0, 0xab); /* the graph's nodes */
 
         /* (a) The Reclaim: once the snapshot (which this session's service
          * thread answers after the Reclaim that came before it) is back, the
@@ -1277,9 +1328,9 @@ static void check_capture_holds_off_releases(bool declared) {
         ck_assert_int_eq(gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current"), reserved);
 
         /* (b) Another thread's trim. */
-        trimmer_t t = {.c = c, .r = 1};
+        held_thread_t t = {.c = c, .what = HELD_TRIM, .r = 1};
         pthread_t b;
-        ck_assert_int_eq(pthread_create(&b, NULL, trim_thread, &t), 0);
+        ck_assert_int_eq(pthread_create(&b, NULL, held_thread, &t), 0);
         ck_assert_int_eq(pthread_join(b, NULL), 0);
         ck_assert_int_eq(usage().capture_refusals, 0);
         ck_assert_int_eq(t.r, -EBUSY);
@@ -1287,14 +1338,7 @@ static void check_capture_holds_off_releases(bool declared) {
 
         CUgraph g = NULL;
         CUgraphExec exec = NULL;
-        ck_assert_int_eq(cap.end((CUstream) (uintptr_t) graph, &g), CUDA_SUCCESS);
-        if (declared)
-                ck_assert_int_eq(gpumem_capture_end(), 0);
-        ck_assert_int_eq(usage().capture_refusals, 0);
-        ck_assert_int_eq(cap.instantiate(&exec, g, 0), CUDA_SUCCESS);
-        ck_assert(holds(cu, graph, x, 8 * MiB, 0x00)); /* not run at capture */
-        ck_assert_int_eq(cap.launch(exec, (CUstream) (uintptr_t) graph), CUDA_SUCCESS);
-        ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* run at the replay */
+        capture_end_replay(cu, &cap, graph, x, declared, &g, &exec);
 
         /* The Reclaim is answered now: the cached 100 MiB went back. */
         int64_t want = reserved - (int64_t) (100 * MiB);
@@ -1304,12 +1348,7 @@ static void check_capture_holds_off_releases(bool declared) {
         uint64_t released = 0;
         ck_assert_int_eq(gpumem_trim(c, &released), 0);
         ck_assert_uint_eq(released, 60 * MiB);
-        ck_assert_int_eq(cap.exec_destroy(exec), CUDA_SUCCESS);
-        ck_assert_int_eq(cap.destroy(g), CUDA_SUCCESS);
-        assert_no_fault(cu);
-        if (seen)
-                ck_assert_int_eq(gpumem_free(c, seen), 0);
-        ck_assert_int_eq(gpumem_free(c, x), 0);
+        capture_forget(cu, &cap, g, exec, c, x, seen);
         destroy_stream(cu, graph);
         pop_device(cu, 0);
         finish(c);
@@ -1322,6 +1361,126 @@ END_TEST
 
 START_TEST(test_seen_capture_holds_off_releases) {
         check_capture_holds_off_releases(false);
+}
+END_TEST
+
+/* Thread A (this one) captures a stream in global mode, declared or seen
+ * (as in check_capture_holds_off_releases()), with 100 MiB idle in a cache:
+ * the local session's on another stream, or (HELD_CENTRAL_RELEASE) a central
+ * session's of this process on the captured stream. Meanwhile thread B
+ * allocates 140 MiB on the other stream, which only the ladder's release of
+ * the idle 100 MiB could serve (it is refused with -ENOMEM, saying another
+ * capture is in progress), or an admin's trim makes the daemon ask the
+ * central session for its idle segment (the ReleaseRequest is held), or
+ * thread B calls gpumem_sleep() (-EBUSY): none synchronizes or unmaps, which
+ * would invalidate A's capture. The capture ends valid and its graph
+ * replays; then the held work completes (the allocation succeeds through
+ * the ladder, the release is acknowledged and its memory goes back to the
+ * device, the session sleeps and wakes with its data). */
+static void check_capture_holds_off_more(bool declared, held_work_t what) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        gpumem_client *central = what == HELD_CENTRAL_RELEASE ? connect_heap(GPUMEM_HEAP_CENTRAL) : NULL;
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *x, *cached, *seen = NULL, *later;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0); /* one 20 MiB segment */
+        late_write(graph, x, 8 * MiB, 0, 0x00);
+        gpumem_client *owner = central ? central : c;
+        ck_assert_int_eq(gpumem_alloc(owner, 100 * MiB, central ? graph : other, &cached), 0);
+        ck_assert_int_eq(gpumem_free(owner, cached), 0); /* 100 MiB idle in a cache */
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
+                         120 * MiB);
+        uint64_t device_bytes = gm_fake_device_bytes(0);
+
+        capture_start(c, &cap, graph, x, declared, &seen);
+        long mappings = usage().mappings;
+        if (what == HELD_CENTRAL_RELEASE) {
+                ctl_ok((const char *const[]){"trim", NULL});
+                /* A round trip on the central session: the ReleaseRequest the
+                 * daemon sent before its reply was dispatched before it. */
+                int64_t reserved = -1;
+                ck_assert_int_eq(gpumem_stat(central, "reserved_bytes.all.current", &reserved), 0);
+        } else {
+                held_thread_t t = {.c = c, .what = what, .stream = other, .r = 1};
+                pthread_t b;
+                ck_assert_int_eq(pthread_create(&b, NULL, held_thread, &t), 0);
+                ck_assert_int_eq(pthread_join(b, NULL), 0);
+                int want = what == HELD_LADDER ? -ENOMEM : -EBUSY;
+                ck_assert_int_eq(t.r, want);
+                ck_assert_msg(strstr(t.error, what == HELD_LADDER ? "refused during a capture in progress"
+                                                                  : "capture is in progress") != NULL,
+                              "%s", t.error);
+        }
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        ck_assert_int_eq(usage().mappings, mappings); /* nothing unmapped */
+        if (central)
+                ck_assert_uint_eq(gm_fake_device_bytes(0), device_bytes + (declared ? 0 : 2 * MiB));
+
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        capture_end_replay(cu, &cap, graph, x, declared, &g, &exec);
+
+        /* The held work, now. */
+        if (what == HELD_LADDER) {
+                ck_assert_int_eq(gpumem_alloc(c, 140 * MiB, other, &later), 0); /* the ladder released the 100 MiB */
+                ck_assert_int_eq(gpumem_free(c, later), 0);
+        } else if (what == HELD_CENTRAL_RELEASE) {
+                /* The service thread answers the release: unmapped here, the
+                 * daemon hands the 100 MiB back to the device. */
+                for (int i = 0; i < 500 && usage().mappings == mappings; i++)
+                        usleep(10000);
+                ck_assert_int_eq(usage().mappings, mappings - 1);
+                uint64_t want = device_bytes - 100 * MiB + (declared ? 0 : 2 * MiB);
+                for (int i = 0; i < 500 && gm_fake_device_bytes(0) != want; i++)
+                        usleep(10000);
+                ck_assert_uint_eq(gm_fake_device_bytes(0), want);
+        } else {
+                static const char *const keep[] = {"*", NULL};
+                uint64_t released = 0;
+                ck_assert_int_eq(gpumem_sleep(c, NULL, keep, &released), 0);
+                ck_assert_uint_ge(released, 100 * MiB);
+                ck_assert_int_eq(gpumem_wake(c, 0), 0);
+                ck_assert(holds(cu, graph, x, 8 * MiB, 0xab)); /* kept over the sleep */
+        }
+        ck_assert_int_eq(usage().capture_refusals, 0);
+        capture_forget(cu, &cap, g, exec, c, x, seen);
+        gpumem_disconnect(central);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+
+START_TEST(test_declared_capture_holds_off_ladder) {
+        check_capture_holds_off_more(true, HELD_LADDER);
+}
+END_TEST
+
+START_TEST(test_seen_capture_holds_off_ladder) {
+        check_capture_holds_off_more(false, HELD_LADDER);
+}
+END_TEST
+
+START_TEST(test_declared_capture_holds_off_central_release) {
+        check_capture_holds_off_more(true, HELD_CENTRAL_RELEASE);
+}
+END_TEST
+
+START_TEST(test_seen_capture_holds_off_central_release) {
+        check_capture_holds_off_more(false, HELD_CENTRAL_RELEASE);
+}
+END_TEST
+
+START_TEST(test_declared_capture_refuses_sleep) {
+        check_capture_holds_off_more(true, HELD_SLEEP);
+}
+END_TEST
+
+START_TEST(test_seen_capture_refuses_sleep) {
+        check_capture_holds_off_more(false, HELD_SLEEP);
 }
 END_TEST
 
@@ -1375,6 +1534,12 @@ static Suite *e2e_suite(void) {
         tcase_set_timeout(held, 120);
         tcase_add_test(held, test_declared_capture_holds_off_releases);
         tcase_add_test(held, test_seen_capture_holds_off_releases);
+        tcase_add_test(held, test_declared_capture_holds_off_ladder);
+        tcase_add_test(held, test_seen_capture_holds_off_ladder);
+        tcase_add_test(held, test_declared_capture_holds_off_central_release);
+        tcase_add_test(held, test_seen_capture_holds_off_central_release);
+        tcase_add_test(held, test_declared_capture_refuses_sleep);
+        tcase_add_test(held, test_seen_capture_refuses_sleep);
         suite_add_tcase(s, held);
         return s;
 }

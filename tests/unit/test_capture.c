@@ -2,8 +2,8 @@
  * declarations nest and an end without a begin is refused; a noted stream
  * counts until its query says it no longer captures (or fails), or its noted
  * blocks are freed, at most GM_CAPTURE_MAX_STREAMS of them; no release starts while a capture is in
- * progress, and a declared begin waits for a release under way; a fork
- * child starts with none. Each test runs in its own process (check forks). */
+ * progress, and a declared begin waits for a release under way; the
+ * lock-free "any open?" follows the record; a fork child starts with none. Each test runs in its own process (check forks). */
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
@@ -128,6 +128,28 @@ START_TEST(test_begin_after_release) {
 }
 END_TEST
 
+/* gm_capture_any() (an allocation's miss asks it, with no lock) says
+ * whether something is open, declared or noted, as the record last had it. */
+START_TEST(test_any_follows_the_record) {
+        ck_assert(!gm_capture_any());
+        ck_assert_int_eq(gm_capture_begin(), 0);
+        ck_assert(gm_capture_any());
+        ck_assert_int_eq(gm_capture_end(), 0);
+        ck_assert(!gm_capture_any());
+        capturing[4] = true;
+        ck_assert(gm_capture_note_block(4));
+        ck_assert(gm_capture_any());
+        capturing[4] = false;
+        ck_assert(gm_capture_any()); /* not asked yet */
+        ck_assert(!gm_capture_in_progress(query, NULL));
+        ck_assert(!gm_capture_any()); /* forgotten by the query */
+        ck_assert(gm_capture_note_block(4));
+        gm_capture_unnote_block(4);
+        ck_assert(!gm_capture_any()); /* its last block freed */
+        gm_capture_check();
+}
+END_TEST
+
 START_TEST(test_fork_child_starts_clean) {
         ck_assert_int_eq(gm_capture_begin(), 0);
         ck_assert(gm_capture_note_block(3));
@@ -135,8 +157,10 @@ START_TEST(test_fork_child_starts_clean) {
         ck_assert(!gm_capture_release_begin(NULL, NULL));
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
-        if (pid == 0)
-                _exit(!gm_capture_in_progress(query, NULL) && gm_capture_release_begin(query, NULL) ? 0 : 1);
+        if (pid == 0) {
+                bool clean = !gm_capture_any() && !gm_capture_in_progress(query, NULL);
+                _exit(clean && gm_capture_release_begin(query, NULL) ? 0 : 1);
+        }
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -154,6 +178,7 @@ int main(void) {
         tcase_add_test(tc, test_noted_streams_bounded);
         tcase_add_test(tc, test_release_only_without_capture);
         tcase_add_test(tc, test_begin_after_release);
+        tcase_add_test(tc, test_any_follows_the_record);
         tcase_add_test(tc, test_fork_child_starts_clean);
         suite_add_tcase(s, tc);
         return gm_test_run_suite(s);

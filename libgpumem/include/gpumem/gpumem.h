@@ -89,9 +89,12 @@ GPUMEM_EXPORT int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes);
  * stream being captured (cuStreamIsCapturing, asked again while that block
  * lives until it says the capture ended: destroy a stream only after freeing
  * the blocks allocated on it during a capture), no session of the process
- * synchronizes the device or releases cached memory for the daemon's
- * Reclaim (it is answered once the capture ends) or for gpumem_trim()
- * (-EBUSY). Call it before
+ * synchronizes the device or releases cached memory: not for the daemon's
+ * Reclaim or a central session's release request (each answered once the
+ * capture ends), gpumem_trim() or gpumem_sleep() (-EBUSY), nor for a local
+ * heap's cache miss on another stream (it fails -ENOMEM rather than run the
+ * out-of-memory ladder, garbage collection, max_split_size releases or page
+ * moves). Call it before
  * cuStreamBeginCapture and gpumem_capture_end() after cuStreamEndCapture;
  * begin waits for a release already under way to finish. libgpumem_torch
  * calls both from PyTorch's allocate-to-pool hooks. Process-wide, for every
@@ -290,16 +293,19 @@ GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
  * every pool) chooses which pools sleep (-EINVAL for a malformed name); the
  * others stay mapped. Work queued on the device
  * must be done first (the call synchronizes the device). Local sessions only
- * (-EOPNOTSUPP for central); -EALREADY when asleep. *ret_released_bytes (may
- * be NULL): the bytes given back. While asleep, gpumem_alloc() in a sleeping
- * pool fails with -EAGAIN ("pool 'NAME' is asleep: gpumem_wake() first"; a
- * pool first used after the sleep is awake); the other pools allocate, free
- * and release their cache (gpumem_trim(), the daemon's reclaims) as before,
- * the sleeping pools' cache stays. gpumem_free() of a sleeping block is
- * allowed (its kept data is dropped). Memory of a sleeping block must not
- * be touched. A daemon restart while asleep keeps the sleep: the session
- * re-attaches asleep (its re-attach tells the new daemon what a wake needs)
- * and gpumem_wake() works as before. */
+ * (-EOPNOTSUPP for central); -EALREADY when asleep; -EBUSY, releasing
+ * nothing, while a CUDA graph capture is in progress in the process (see
+ * gpumem_capture_begin()): its synchronize would invalidate the capture.
+ * *ret_released_bytes (may be NULL): the bytes given back. While asleep,
+ * gpumem_alloc() in a sleeping pool fails with -EAGAIN ("pool 'NAME' is
+ * asleep: gpumem_wake() first"; a pool first used after the sleep is awake);
+ * the other pools allocate, free and release their cache (gpumem_trim(),
+ * the daemon's reclaims) as before, the sleeping pools' cache stays.
+ * gpumem_free() of a sleeping block is allowed (its kept data is dropped).
+ * Memory of a sleeping block must not be touched. A daemon restart while
+ * asleep keeps the sleep: the session re-attaches asleep (its re-attach
+ * tells the new daemon what a wake needs) and gpumem_wake() works as
+ * before. */
 GPUMEM_EXPORT int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *keep_tags,
                                uint64_t *ret_released_bytes);
 /* Maps new memory at the same addresses and restores the kept data (other
