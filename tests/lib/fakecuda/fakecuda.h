@@ -21,6 +21,7 @@ typedef struct fakecuda_usage {
         long event_records;    /* cuEventRecord calls so far */
         long faults;           /* kernels that faulted (their memory unmapped under them): a test failure */
         long capture_refusals; /* calls refused because a stream capture forbids them (capture invalidated) */
+        long syncs_held;       /* synchronizing calls now held by FAKECUDA_HOLD_SYNC (work that takes long) */
 } fakecuda_usage_t;
 
 /* This process's driver objects. 0, or -1 before cuInit. */
