@@ -48,6 +48,16 @@ typedef struct gm_mapper_ops {
          * stream done sync the device first). 0 or a negative errno. */
         int (*copy_to_host)(gm_mapper_t *m, void *host, uint64_t device, uint64_t length);
         int (*copy_from_host)(gm_mapper_t *m, uint64_t device, const void *host, uint64_t length);
+        /* Page-locked host memory for those copies (cuda: cuMemHostAlloc,
+         * CU_MEMHOSTALLOC_PORTABLE; the copies run at the bus's bandwidth
+         * instead of through the driver's staging buffer): *ret_host is
+         * `length` bytes, freed with pinned_free(). A negative errno (-ENOMEM
+         * when the driver has no such memory left), nothing allocated. NULL
+         * on backends whose host memory needs no pinning (host);
+         * -EOPNOTSUPP from a driver without the entry points. pinned_free()
+         * accepts NULL. */
+        int (*pinned_alloc)(gm_mapper_t *m, uint64_t length, void **ret_host);
+        void (*pinned_free)(gm_mapper_t *m, void *host);
         /* Frees the reservation (everything in it is unmapped already). */
         int (*unreserve)(gm_mapper_t *m, uint64_t base, uint64_t va_size);
         /* Stream-ordered frees (NULL on backends without device streams, where

@@ -440,6 +440,15 @@ uint64_t gpumem_sleeping_bytes(gpumem_client *c) {
         return bytes;
 }
 
+uint64_t gpumem_sleeping_pinned_bytes(gpumem_client *c) {
+        if (!c || gm_session_ensure_own(c) < 0 || !c->local)
+                return 0;
+        gm_heap_lock_take(&c->heap_lock);
+        uint64_t bytes = gm_sleep_pinned_bytes(c);
+        gm_heap_lock_drop(&c->heap_lock);
+        return bytes;
+}
+
 int gm_client_local_stats(gpumem_client *c, gm_stats_t *ret_stats, int *ret_device, uint64_t *ret_capacity) {
         int r = gm_session_ensure_own(c);
         if (r < 0)

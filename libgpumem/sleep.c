@@ -2,7 +2,9 @@
  * heap keeps every segment and block it has, and the segment table
  * (mapping.c) every segment's reserved range. Sleep gives the cached memory
  * back (the heap's release), then, after the device's queued work, copies
- * the kept blocks to host memory and gives back every piece still mapped,
+ * the kept blocks to host memory (one page-locked buffer where the backend
+ * has one, within GPUMEM_SLEEP_PINNED_MAX; malloc'd memory for the rest)
+ * and gives back every piece still mapped,
  * each segment's range staying reserved. Wake asks the daemon for the same
  * pieces at the same segment ids and offsets (they map at the same
  * addresses), waiting while quota or device is short, and copies the kept
@@ -31,10 +33,13 @@ typedef struct sleep_run {
         unsigned tag;
 } sleep_run_t;
 
-/* A kept block's data in host memory. */
+/* A kept block's data in host memory: at `offset` in the sleep's pinned
+ * buffer (pinned), else its own malloc'd `data`. */
 typedef struct sleep_kept {
         uint64_t ptr, length;
         void *data;
+        bool pinned;
+        uint64_t offset;
 } sleep_kept_t;
 
 struct gm_sleep {
@@ -43,11 +48,21 @@ struct gm_sleep {
         gm_u64map_t kept; /* block pointer -> sleep_kept_t */
         uint64_t bytes;   /* of the runs: what a wake needs */
         uint32_t held;    /* the heap tags that sleep (bit t: tag t) */
+        /* The one page-locked buffer of the kept data (NULL: none), the
+         * mapper it came from, and the bytes of kept data in it. */
+        void *pinned;
+        gm_mapper_t *pinned_mapper;
+        uint64_t pinned_bytes;
 };
+
+/* Each pinned block's place in the buffer starts at a multiple of this. */
+#define SLEEP_PINNED_ALIGN 256u
+#define MEMINFO_PATH "/proc/meminfo"
 
 static void sleep_kept_free(sleep_kept_t *k) {
         if (k) {
-                free(k->data);
+                if (!k->pinned)
+                        free(k->data);
                 free(k);
         }
 }
@@ -58,6 +73,8 @@ static void sleep_free(struct gm_sleep *s) {
         for (size_t i = 0; i < s->kept.cap; i++)
                 sleep_kept_free(s->kept.values[i]);
         gm_u64map_done(&s->kept);
+        if (s->pinned)
+                s->pinned_mapper->ops->pinned_free(s->pinned_mapper, s->pinned);
         free(s->runs);
         free(s);
 }
@@ -164,25 +181,94 @@ static int sleep_collect_runs(gpumem_client *c, struct gm_sleep *s, const char *
         return 0;
 }
 
-/* Copies the kept blocks' bytes (what the application asked for) to host memory. */
-static int sleep_keep_blocks(gpumem_client *c, struct gm_sleep *s, const char *const *keep_tags) {
-        const gm_mapper_ops_t *ops = c->mapper->ops;
-        for (size_t i = 0; keep_tags && i < c->blocks.cap; i++) {
+/* Half of MemAvailable now (0 when it cannot be read: nothing pinned). */
+static uint64_t half_available(void) {
+        FILE *f = fopen(MEMINFO_PATH, "re");
+        char line[128];
+        unsigned long long kib = 0;
+        while (f && fgets(line, sizeof(line), f))
+                if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+                        break;
+        if (f)
+                fclose(f);
+        return kib / 2 * 1024;
+}
+
+/* The most kept bytes a sleep puts in page-locked memory:
+ * GPUMEM_SLEEP_PINNED_MAX (a size; 0 pins nothing), else half of
+ * MemAvailable at the sleep. */
+static int pinned_max(gpumem_client *c, uint64_t *ret_max) {
+        const char *env = getenv("GPUMEM_SLEEP_PINNED_MAX");
+        if (!env || !*env) {
+                *ret_max = half_available();
+                return 0;
+        }
+        uint64_t max;
+        if (gm_parse_size(env, &max) < 0)
+                return gm_conn_set_error(c, -EINVAL, "gpumem: GPUMEM_SLEEP_PINNED_MAX=%s is not a size", env);
+        *ret_max = max;
+        return 0;
+}
+
+/* The kept blocks, each with its place: in the pinned buffer while the
+ * places fit under the bound (`pin`: the backend has page-locked memory),
+ * else a malloc'd buffer of its own later. *ret_pinned_size: the buffer's size. */
+static int sleep_place_blocks(gpumem_client *c, struct gm_sleep *s, const char *const *keep_tags, bool pin,
+                              uint64_t *ret_pinned_size) {
+        uint64_t max = 0, size = 0;
+        int r = keep_tags ? pinned_max(c, &max) : 0;
+        for (size_t i = 0; r == 0 && keep_tags && i < c->blocks.cap; i++) {
                 const block_t *b = c->blocks.values[i];
                 if (!b || !block_kept(c, b, keep_tags))
                         continue;
-                if (!ops->copy_to_host)
+                if (!c->mapper->ops->copy_to_host)
                         return gm_conn_set_error(c, -EOPNOTSUPP, "gpumem: the %s backend cannot copy memory to host",
-                                                 ops->backend);
+                                                 c->mapper->ops->backend);
                 sleep_kept_t *k = calloc(1, sizeof(*k));
-                if (k)
-                        *k = (sleep_kept_t){.ptr = c->blocks.keys[i], .length = b->requested};
-                if (!k || !(k->data = malloc(k->length ? k->length : 1)) || gm_u64map_put(&s->kept, k->ptr, k) < 0) {
-                        sleep_kept_free(k);
-                        return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory keeping %" PRIu64 " bytes",
-                                                 b->requested);
+                if (!k || gm_u64map_put(&s->kept, c->blocks.keys[i], k) < 0) {
+                        free(k);
+                        return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory");
                 }
-                int r = ops->copy_to_host(c->mapper, k->data, k->ptr, k->length);
+                *k = (sleep_kept_t){.ptr = c->blocks.keys[i], .length = b->requested};
+                uint64_t place = (k->length + SLEEP_PINNED_ALIGN - 1) / SLEEP_PINNED_ALIGN * SLEEP_PINNED_ALIGN;
+                if (pin && k->length && place <= max - size) {
+                        k->pinned = true;
+                        k->offset = size;
+                        size += place;
+                }
+        }
+        *ret_pinned_size = size;
+        return r;
+}
+
+/* Copies the kept blocks' bytes (what the application asked for) to host
+ * memory: one page-locked buffer for those placed in it when the backend
+ * has such memory (cuda: the copies run at the bus's bandwidth), malloc'd
+ * memory for the rest and for all of them when pinning fails (silently:
+ * gpumem_sleeping_pinned_bytes() tells). */
+static int sleep_keep_blocks(gpumem_client *c, struct gm_sleep *s, const char *const *keep_tags) {
+        const gm_mapper_ops_t *ops = c->mapper->ops;
+        uint64_t pinned_size = 0;
+        int r = sleep_place_blocks(c, s, keep_tags, ops->pinned_alloc != NULL, &pinned_size);
+        if (r < 0)
+                return r;
+        if (pinned_size && ops->pinned_alloc(c->mapper, pinned_size, &s->pinned) == 0)
+                s->pinned_mapper = c->mapper;
+        else
+                s->pinned = NULL; /* out of page-locked memory, or none: every block pageable */
+        for (size_t i = 0; i < s->kept.cap; i++) {
+                sleep_kept_t *k = s->kept.values[i];
+                if (!k)
+                        continue;
+                k->pinned = k->pinned && s->pinned;
+                if (k->pinned) {
+                        k->data = (char *) s->pinned + k->offset;
+                        s->pinned_bytes += k->length;
+                } else if (!(k->data = malloc(k->length ? k->length : 1))) {
+                        return gm_conn_set_error(c, -ENOMEM, "gpumem: out of host memory keeping %" PRIu64 " bytes",
+                                                 k->length);
+                }
+                r = ops->copy_to_host(c->mapper, k->data, k->ptr, k->length);
                 if (r < 0)
                         return gm_conn_set_error(c, r, "gpumem: cannot copy a kept block to host memory: %s",
                                                  gm_cuda_last_error());
@@ -312,9 +398,18 @@ uint64_t gm_sleep_bytes(const gpumem_client *c) {
         return c->sleep ? c->sleep->bytes : 0;
 }
 
+uint64_t gm_sleep_pinned_bytes(const gpumem_client *c) {
+        return c->sleep ? c->sleep->pinned_bytes : 0;
+}
+
+/* A dropped pinned block's place stays in the buffer until the wake. */
 void gm_sleep_drop_kept(gpumem_client *c, uint64_t ptr) {
-        if (c->sleep)
-                sleep_kept_free(gm_u64map_remove(&c->sleep->kept, ptr));
+        if (!c->sleep)
+                return;
+        sleep_kept_t *k = gm_u64map_remove(&c->sleep->kept, ptr);
+        if (k && k->pinned)
+                c->sleep->pinned_bytes -= k->length;
+        sleep_kept_free(k);
 }
 
 void gm_sleep_forget(gpumem_client *c) {

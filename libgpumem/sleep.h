@@ -28,6 +28,8 @@ int gm_sleep_enter(gpumem_client *c, const char *const *tags, const char *const 
 int gm_sleep_wake(gpumem_client *c, uint32_t timeout_ms);
 /* Bytes a wake needs (0 awake). */
 uint64_t gm_sleep_bytes(const gpumem_client *c);
+/* Of the kept data, the bytes in page-locked host memory (0 awake). */
+uint64_t gm_sleep_pinned_bytes(const gpumem_client *c);
 /* A sleeping block at `ptr` was freed: its kept data goes. */
 void gm_sleep_drop_kept(gpumem_client *c, uint64_t ptr);
 /* The session closes: the record goes (its pieces are the daemon's). */

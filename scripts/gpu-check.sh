@@ -47,7 +47,9 @@
 #   sleep/wake    (a daemon of its own) a client fills blocks and sleeps keeping
 #                 them all (nvidia-smi used falls by the slept bytes); a
 #                 neighbour allocates, fills, verifies, frees and trims as much;
-#                 the sleeper wakes and verifies every block at its address
+#                 the sleeper wakes and verifies every block at its address;
+#                 the line gives the rates and whether the kept data was in
+#                 page-locked host memory (pinned, partly pinned, pageable)
 #   bench         cached alloc+free through the daemon vs cuMemAlloc+cuMemFree
 #                 vs PyTorch's caching allocator (medians of interleaved rounds)
 #   torch         gpu-check/torch_train.py, when present: training steps with

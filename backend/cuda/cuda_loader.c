@@ -84,6 +84,8 @@ static const sym_t syms[] = {
         OPTIONAL(MemRetainAllocationHandle, 11000, "cuMemRetainAllocationHandle"),
         OPTIONAL(ThreadExchangeStreamCaptureMode, 10010, "cuThreadExchangeStreamCaptureMode"),
         OPTIONAL(StreamIsCapturing, 10000, "cuStreamIsCapturing"),
+        OPTIONAL(MemHostAlloc, 2020, "cuMemHostAlloc"),
+        OPTIONAL(MemFreeHost, 2000, "cuMemFreeHost"),
 };
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;

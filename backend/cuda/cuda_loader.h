@@ -62,6 +62,8 @@ typedef struct gm_cuda {
         PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle; /* optional: page reuse moves pages */
         PFN_cuThreadExchangeStreamCaptureMode_v10010 ThreadExchangeStreamCaptureMode; /* optional */
         PFN_cuStreamIsCapturing_v10000 StreamIsCapturing;                             /* optional */
+        PFN_cuMemHostAlloc_v2020 MemHostAlloc; /* optional: sleep keeps data in page-locked memory */
+        PFN_cuMemFreeHost_v2000 MemFreeHost;   /* optional: with MemHostAlloc */
 } gm_cuda_t;
 
 /* Loads $GPUMEM_LIBCUDA (default "libcuda.so.1"), resolves every entry point

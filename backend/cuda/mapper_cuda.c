@@ -213,6 +213,41 @@ static int cuda_copy_from_host(gm_mapper_t *m, uint64_t device, const void *host
         return cuda_copy((cuda_mapper_t *) m, (void *) host, device, length, false);
 }
 
+/* The driver's page-locked host memory, portable: usable by every context
+ * (the copies run in the mapper's). */
+static int cuda_pinned_alloc(gm_mapper_t *m, uint64_t length, void **ret_host) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        RELAXED_CAPTURE(cm->cu);
+        const gm_cuda_t *cu = cm->cu;
+        int r = gm_cuda_check_process();
+        if (r < 0)
+                return r;
+        if (!cu->MemHostAlloc || !cu->MemFreeHost)
+                return gm_cuda_fail_errno(-EOPNOTSUPP, "the driver has no cuMemHostAlloc");
+        r = gm_cuda_push(cu, cm->ctx);
+        if (r < 0)
+                return r;
+        void *host = NULL;
+        CUresult cr = cu->MemHostAlloc(&host, length ? length : 1, CU_MEMHOSTALLOC_PORTABLE);
+        gm_cuda_pop(cu);
+        if (cr != CUDA_SUCCESS)
+                return gm_cuda_fail(cu, cr, "cuMemHostAlloc");
+        *ret_host = host;
+        return 0;
+}
+
+/* In a fork()ed child the driver is not this process's: the memory is left. */
+static void cuda_pinned_free(gm_mapper_t *m, void *host) {
+        cuda_mapper_t *cm = (cuda_mapper_t *) m;
+        if (!host || !cm->cu->MemFreeHost || gm_cuda_check_process() < 0)
+                return;
+        RELAXED_CAPTURE(cm->cu);
+        if (gm_cuda_push(cm->cu, cm->ctx) == 0) {
+                cm->cu->MemFreeHost(host);
+                gm_cuda_pop(cm->cu);
+        }
+}
+
 static int cuda_unreserve(gm_mapper_t *m, uint64_t base, uint64_t va_size) {
         cuda_mapper_t *cm = (cuda_mapper_t *) m;
         RELAXED_CAPTURE(cm->cu);
@@ -324,6 +359,8 @@ static const gm_mapper_ops_t cuda_mapper_ops = {
         .sync = cuda_sync,
         .copy_to_host = cuda_copy_to_host,
         .copy_from_host = cuda_copy_from_host,
+        .pinned_alloc = cuda_pinned_alloc,
+        .pinned_free = cuda_pinned_free,
         .unreserve = cuda_unreserve,
         .event_record = cuda_event_record,
         .event_query = cuda_event_query,

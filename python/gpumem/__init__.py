@@ -59,6 +59,7 @@ __all__ = [
     "sleep",
     "wake",
     "sleeping_bytes",
+    "sleeping_pinned_bytes",
     "claim",
     "share",
     "open",
@@ -369,6 +370,13 @@ def wake(timeout=None, *, device=None):
 def sleeping_bytes(device=None):
     """Bytes a wake() needs (0 when awake)."""
     return _lib.lib.gpumem_sleeping_bytes(_session(device))
+
+
+def sleeping_pinned_bytes(device=None):
+    """Of the data a sleep keeps, the bytes in page-locked host memory (0 when
+    awake, on the host backend, or when pinning failed or was bounded to 0 by
+    GPUMEM_SLEEP_PINNED_MAX)."""
+    return _lib.lib.gpumem_sleeping_pinned_bytes(_session(device))
 
 
 # ---- snapshots and history ----

@@ -97,6 +97,7 @@ _SIGNATURES = {
                                     ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_wake": (ctypes.c_int, [c_client_p, ctypes.c_uint32]),
     "gpumem_sleeping_bytes": (ctypes.c_uint64, [c_client_p]),
+    "gpumem_sleeping_pinned_bytes": (ctypes.c_uint64, [c_client_p]),
     "gpumem_claim": (ctypes.c_int, [c_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]),
     "gpumem_shared_create": (ctypes.c_int, [c_client_p, ctypes.c_char_p, ctypes.c_uint64,
                                             ctypes.POINTER(c_shared_p), ctypes.POINTER(ctypes.c_void_p)]),

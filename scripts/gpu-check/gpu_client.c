@@ -59,7 +59,7 @@
  *   gpu_client sleeper SOCKET DIR         fill blocks, DIR/filled (bytes), wait for
  *        DIR/sleep; gpumem_sleep keeping every block, DIR/asleep (released bytes,
  *        ns), wait for DIR/wake; gpumem_wake, verify every block at the same
- *        address with a kernel, free
+ *        address with a kernel, free; says whether the kept data was pinned
  *   gpu_client neighbour SOCKET BYTES [DIR]  allocate BYTES (in 64 MiB blocks),
  *        fill them (DIR: then DIR/holding, wait for DIR/release), verify them,
  *        free, trim
@@ -895,6 +895,7 @@ static int mode_sleeper(const char *socket, const char *dir) {
         uint64_t released = 0, t0 = now_ns();
         ck_gm(gpumem_sleep(client, NULL, keep_all, &released), "gpumem_sleep");
         uint64_t sleep_ns = now_ns() - t0, needs = gpumem_sleeping_bytes(client);
+        uint64_t pinned = gpumem_sleeping_pinned_bytes(client);
         snprintf(line, sizeof(line), "%" PRIu64 " %" PRIu64, released, sleep_ns);
         touch(dir, "asleep", line);
         wait_for(dir, "wake", 120);
@@ -907,9 +908,13 @@ static int mode_sleeper(const char *socket, const char *dir) {
         gpumem_disconnect(client);
         if (bad)
                 die("sleeper: %d of %d blocks lost their data over sleep and wake", bad, N_BLOCKS);
-        printf("sleep/wake: %d blocks (%.1f MiB) kept; sleep released %.1f MiB in %.1f ms (wake needed %.1f MiB), "
-               "wake in %.1f ms; every block verified with %s at its address\n",
-               N_BLOCKS, (double) b.bytes / MiB, (double) released / MiB, (double) sleep_ns / 1e6, (double) needs / MiB,
+        printf("sleep/wake: %d blocks (%.1f MiB) kept, %s (%.1f MiB page-locked); sleep released %.1f MiB in %.1f ms "
+               "(wake needed %.1f MiB), wake in %.1f ms; every block verified with %s at its address\n",
+               N_BLOCKS, (double) b.bytes / MiB,
+               pinned == 0         ? "pageable"
+               : pinned >= b.bytes ? "pinned"
+                                   : "partly pinned (GPUMEM_SLEEP_PINNED_MAX)",
+               (double) pinned / MiB, (double) released / MiB, (double) sleep_ns / 1e6, (double) needs / MiB,
                (double) wake_ns / 1e6, method());
         return 0;
 }

@@ -85,6 +85,7 @@ static void teardown(void) {
         gm_test_daemon_stop(&daemon_);
 #ifdef GM_TEST_FAKECUDA
         if (on_cuda()) {
+                gm_fake_assert_no_objects(); /* page-locked host memory included */
                 gm_fake_assert_device_drained();
                 unlink(pool_path);
         }
@@ -464,6 +465,145 @@ START_TEST(test_sleep_across_restart) {
 }
 END_TEST
 
+/* ---- where the kept data lives ---- */
+
+/* The emulated driver's page-locked host memory (figures of this process):
+ * live blocks and bytes, cuMemHostAlloc calls, bytes copied with a pinned host side. */
+typedef struct pinned_view {
+        long blocks, calls;
+        uint64_t bytes, copied;
+} pinned_view_t;
+
+static pinned_view_t pinned_now(void) {
+        pinned_view_t v = {0};
+#ifdef GM_TEST_FAKECUDA
+        fakecuda_usage_t u;
+        if (on_cuda() && gm_fake_usage(&u))
+                v = (pinned_view_t){.blocks = u.host_allocations,
+                                    .calls = u.host_alloc_calls,
+                                    .bytes = u.host_bytes,
+                                    .copied = u.pinned_copy_bytes};
+#endif
+        return v;
+}
+
+/* A session with three kept blocks (8, 8 and 4 MiB, data seed, seed + 1,
+ * seed + 2), asleep keeping them all. */
+static gpumem_client *three_kept_asleep(uint64_t seed, void *ret_p[3], pinned_view_t *ret_before) {
+        gpumem_client *c = connect_local();
+        const size_t sizes[3] = {8 * MiB, 8 * MiB, 4 * MiB};
+        for (int i = 0; i < 3; i++) {
+                ret_p[i] = alloc(c, sizes[i]);
+                fill(ret_p[i], sizes[i], seed + (uint64_t) i);
+        }
+        *ret_before = pinned_now();
+        const char *all[] = {"*", NULL};
+        ck_assert_msg(gpumem_sleep(c, NULL, all, NULL) == 0, "sleep: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 20 * MiB);
+        return c;
+}
+
+/* Wakes, checks every block's data at its address, frees them all. */
+static void wake_verify_free(gpumem_client *c, void *p[3], uint64_t seed, int n) {
+        const size_t sizes[3] = {8 * MiB, 8 * MiB, 4 * MiB};
+        ck_assert_msg(gpumem_wake(c, 0) == 0, "wake: %s", gpumem_last_error(c));
+        ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), 0);
+        for (int i = 0; i < n; i++) {
+                ck_assert_msg(verify(p[i], sizes[i], seed + (uint64_t) i), "block %d lost its data", i);
+                ck_assert_int_eq(gpumem_free(c, p[i]), 0);
+        }
+        gpumem_disconnect(c);
+}
+
+/* On cuda the kept data goes through one page-locked buffer (one
+ * cuMemHostAlloc for the sleep's three blocks, every copy there and back
+ * from it), freed at the wake; on host it is plain memory. */
+START_TEST(test_sleep_pinned) {
+        void *p[3];
+        pinned_view_t before;
+        gpumem_client *c = three_kept_asleep(41, p, &before);
+        pinned_view_t asleep = pinned_now();
+        if (on_cuda()) {
+                ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), 20 * MiB);
+                ck_assert_int_eq(asleep.blocks, 1);
+                ck_assert_uint_eq(asleep.bytes, 20 * MiB);
+                ck_assert_int_eq(asleep.calls - before.calls, 1);
+                ck_assert_uint_eq(asleep.copied - before.copied, 20 * MiB);
+        } else {
+                ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), 0);
+        }
+        ck_assert_int_eq(gpumem_free(c, p[2]), 0); /* its kept data goes; its place in the buffer stays */
+        ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), on_cuda() ? 16 * MiB : 0);
+        ck_assert_uint_eq(pinned_now().bytes, asleep.bytes);
+        wake_verify_free(c, p, 41, 2);
+        pinned_view_t awake = pinned_now();
+        ck_assert_int_eq(awake.blocks, 0);
+        ck_assert_uint_eq(awake.bytes, 0);
+        ck_assert_uint_eq(awake.copied - before.copied, on_cuda() ? 36 * MiB : 0);
+}
+END_TEST
+
+/* The driver has no page-locked memory left: the sleep keeps the data in
+ * pageable memory all the same, says so, and the wake restores it. */
+START_TEST(test_sleep_pinned_fallback) {
+        setenv("FAKECUDA_FAIL_HOST_ALLOC", "CUDA_ERROR_OUT_OF_MEMORY", 1);
+        void *p[3];
+        pinned_view_t before;
+        gpumem_client *c = three_kept_asleep(51, p, &before);
+        unsetenv("FAKECUDA_FAIL_HOST_ALLOC");
+        pinned_view_t asleep = pinned_now();
+        ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), 0);
+        ck_assert_int_eq(asleep.calls - before.calls, on_cuda() ? 1 : 0); /* it was tried */
+        ck_assert_int_eq(asleep.blocks, 0);
+        ck_assert_uint_eq(asleep.copied, before.copied);
+        wake_verify_free(c, p, 51, 3);
+        ck_assert_uint_eq(pinned_now().copied, before.copied);
+}
+END_TEST
+
+/* GPUMEM_SLEEP_PINNED_MAX bounds the pinned share (each block whole, placed
+ * while it fits; the rest pageable, the data intact either way); 0 pins
+ * nothing; a value that is no size refuses the sleep, which leaves the
+ * session awake. */
+START_TEST(test_sleep_pinned_bound) {
+        setenv("GPUMEM_SLEEP_PINNED_MAX", "9M", 1);
+        void *p[3];
+        pinned_view_t before;
+        gpumem_client *c = three_kept_asleep(61, p, &before);
+        pinned_view_t asleep = pinned_now();
+        /* 9 MiB holds one 8 MiB block, or the 4 MiB one: which first is the table's order. */
+        uint64_t pinned = gpumem_sleeping_pinned_bytes(c);
+        if (on_cuda()) {
+                ck_assert_msg(pinned == 8 * MiB || pinned == 4 * MiB, "%" PRIu64 " bytes pinned", pinned);
+                ck_assert_uint_eq(asleep.bytes, pinned);
+                ck_assert_uint_eq(asleep.copied - before.copied, pinned);
+        } else {
+                ck_assert_uint_eq(pinned, 0);
+        }
+        wake_verify_free(c, p, 61, 3);
+        ck_assert_uint_eq(pinned_now().copied - before.copied, 2 * pinned);
+
+        setenv("GPUMEM_SLEEP_PINNED_MAX", "0", 1);
+        c = three_kept_asleep(71, p, &before);
+        ck_assert_uint_eq(gpumem_sleeping_pinned_bytes(c), 0);
+        ck_assert_int_eq(pinned_now().calls, before.calls); /* not even tried */
+        wake_verify_free(c, p, 71, 3);
+
+        setenv("GPUMEM_SLEEP_PINNED_MAX", "lots", 1);
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 0);
+        c = connect_local();
+        void *a = alloc(c, 12 * MiB);
+        const char *all[] = {"*", NULL};
+        ck_assert_int_eq(gpumem_sleep(c, NULL, all, NULL), -EINVAL);
+        ck_assert_msg(strstr(gpumem_last_error(c), "GPUMEM_SLEEP_PINNED_MAX"), "%s", gpumem_last_error(c));
+        ck_assert_uint_eq(gpumem_sleeping_bytes(c), 0);       /* awake */
+        ck_assert_uint_eq(charged(SLEEPER_TENANT), 12 * MiB); /* nothing went back */
+        unsetenv("GPUMEM_SLEEP_PINNED_MAX");
+        ck_assert_int_eq(gpumem_free(c, a), 0);
+        gpumem_disconnect(c);
+}
+END_TEST
+
 /* SleepState's reply: Ok (0), or the Error's code. */
 static int sleep_state(int fd, uint64_t id, bool asleep, uint64_t bytes, char **tags, size_t n_tags) {
         Gpumem__SleepState ss = GPUMEM__SLEEP_STATE__INIT;
@@ -529,6 +669,9 @@ static Suite *sleep_suite(void) {
         tcase_add_test(tc, test_sleep_pool_alone);
         tcase_add_test(tc, test_sleep_across_restart);
         tcase_add_test(tc, test_sleep_state_validated);
+        tcase_add_test(tc, test_sleep_pinned);
+        tcase_add_test(tc, test_sleep_pinned_fallback);
+        tcase_add_test(tc, test_sleep_pinned_bound);
         suite_add_tcase(s, tc);
         return s;
 }

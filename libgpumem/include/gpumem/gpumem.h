@@ -287,7 +287,11 @@ GPUMEM_EXPORT void gpumem_buffer_free(void *buf);
  * every address reservation: blocks stay allocated and their pointers stay
  * valid. Cached (free) memory is released outright. The data of allocated
  * blocks in `keep_tags` (NULL-terminated; NULL: none; {"*", NULL}: all) is
- * copied to host memory first (the bytes each allocation asked for).
+ * copied to host memory first (the bytes each allocation asked for): on
+ * cuda into one page-locked buffer (cuMemHostAlloc: the copies run at the
+ * bus's bandwidth), up to GPUMEM_SLEEP_PINNED_MAX bytes (default: half of
+ * MemAvailable at the sleep), the rest, and all of it when the driver has no
+ * page-locked memory left, in ordinary (pageable) host memory.
  * `tags` (NULL-terminated, 1 to 16 pool names, "" the default pool; NULL:
  * every pool) chooses which pools sleep (-EINVAL for a malformed name); the
  * others stay mapped. Work queued on the device
@@ -316,6 +320,9 @@ GPUMEM_EXPORT int gpumem_sleep(gpumem_client *c, const char *const *tags, const 
 GPUMEM_EXPORT int gpumem_wake(gpumem_client *c, uint32_t timeout_ms);
 /* Bytes a wake needs (0 when awake). */
 GPUMEM_EXPORT uint64_t gpumem_sleeping_bytes(gpumem_client *c);
+/* Of the data a sleep keeps, the bytes in page-locked host memory (0 when
+ * awake, on the host backend, or when pinning failed or was bounded to 0). */
+GPUMEM_EXPORT uint64_t gpumem_sleeping_pinned_bytes(gpumem_client *c);
 
 /* ---- claims ---- */
 

@@ -26,6 +26,9 @@
  *     fakecuda_usage() counts the fault, which fails the test;
  *   - cuMemcpyDtoH/HtoD copy synchronously on the current context's legacy
  *     stream, after its queued work, and fault on unmapped memory;
+ *   - cuMemHostAlloc/cuMemFreeHost: page-locked host memory (any current
+ *     context), counted while live; copies with it as their host side are
+ *     counted too (fakecuda_usage());
  *   - stream capture (cuStreamBeginCapture in global, thread-local and
  *     relaxed modes, cuStreamEndCapture, cuStreamIsCapturing,
  *     cuThreadExchangeStreamCaptureMode) of created streams and of the
@@ -72,7 +75,10 @@
  * (device attributes and what cuMemCreate accepts),
  * FAKECUDA_FAIL_{CREATE,IMPORT,MAP,UNMAP}_AT=N (the Nth such call in this
  * process fails with FAKECUDA_FAIL_{CREATE,IMPORT,MAP,UNMAP}_ERROR, an error
- * name, default CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_HOLD_EVENTS=path (while the
+ * name, default CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_FAIL_HOST_ALLOC=ERROR (read
+ * at every cuMemHostAlloc, unlike the others: while set, each call fails
+ * with that error, any unknown value meaning CUDA_ERROR_OUT_OF_MEMORY),
+ * FAKECUDA_HOLD_EVENTS=path (while the
  * file exists events are not complete), FAKECUDA_UUID_PREFIX (hex; a device's
  * UUID is these bytes, then zeros, then the physical index in the last byte;
  * default fa4ec0da). fakecuda.h declares the queries tests make. */
@@ -240,6 +246,9 @@ static struct {
         struct CUctx_st ctx[FAKE_MAX_DEVICES];
         alloc_t *allocs;
         range_t *reservations, *mappings, *blocks;
+        range_t *host_blocks;                 /* cuMemHostAlloc memory not freed */
+        long host_alloc_calls;                /* cuMemHostAlloc calls so far */
+        unsigned long long pinned_copy_bytes; /* cuMemcpyDtoH/HtoD bytes with a page-locked host side */
         struct CUstream_st *streams, *dead_streams;
         struct CUevent_st *events, *dead_events;
         struct CUgraphExec_st *dead_graph_execs; /* kept, poisoned, so a later launch is caught */
@@ -1705,6 +1714,15 @@ static int run_sync(work_kind_t kind, uint64_t addr, size_t bytes, uint64_t valu
         return legacy_run_wait(ctx, w);
 }
 
+/* Whether [p, +bytes) lies in one cuMemHostAlloc block. */
+static bool host_pinned(const void *p, size_t bytes) {
+        uintptr_t a = (uintptr_t) p;
+        for (range_t *r = fake.host_blocks; r; r = r->next)
+                if (a >= r->addr && a - r->addr <= r->size && bytes <= r->size - (a - r->addr))
+                        return true;
+        return false;
+}
+
 /* cuMemcpyDtoH/HtoD: synchronous copies on the current context's legacy
  * stream, after the work queued there (and the blocking streams it is
  * ordered with); device memory that is not mapped with the access the copy
@@ -1721,6 +1739,8 @@ static CUresult memcpy_sync(work_kind_t kind, uint64_t device, void *host, size_
         if (!w)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         bool to_host = kind == WORK_TO_HOST;
+        if (host_pinned(host, bytes))
+                fake.pinned_copy_bytes += bytes;
         *w = (work_t){
                 .kind = kind, .dst = to_host ? 0 : device, .src = to_host ? device : 0, .bytes = bytes, .host = host};
         return legacy_run_wait(ctx, w);
@@ -2359,6 +2379,62 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
         return CUDA_SUCCESS;
 }
 
+/* ---- page-locked host memory ---- */
+
+/* The error FAKECUDA_FAIL_HOST_ALLOC names (CUDA_SUCCESS when unset): read
+ * at every call, so one process can switch it between sleeps. */
+static CUresult host_alloc_failure(void) {
+        const char *s = getenv("FAKECUDA_FAIL_HOST_ALLOC");
+        CUresult r = CUDA_SUCCESS;
+        if (s && *s && !env_error("FAKECUDA_FAIL_HOST_ALLOC", &r))
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+        return r;
+}
+
+/* Page-locked host memory: populated anonymous memory (the driver pins it
+ * itself, outside RLIMIT_MEMLOCK), any current context (PORTABLE or not, the
+ * emulator has one address space), counted until cuMemFreeHost. */
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+        LOCKED();
+        REQUIRE_INIT();
+        CUcontext ctx = current_ctx();
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        if (!pp || bytesize == 0 ||
+            (Flags &
+             ~(unsigned) (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)))
+                return CUDA_ERROR_INVALID_VALUE;
+        STICKY(ctx);
+        UNSAFE_DURING_CAPTURE("cuMemHostAlloc");
+        fake.host_alloc_calls++;
+        CUresult fail = host_alloc_failure();
+        if (fail != CUDA_SUCCESS)
+                return fail;
+        void *p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        range_t *r = p == MAP_FAILED ? NULL : range_add(&fake.host_blocks, (uintptr_t) p, bytesize, NULL);
+        if (!r) {
+                if (p != MAP_FAILED)
+                        munmap(p, bytesize);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *pp = p;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p) {
+        LOCKED();
+        REQUIRE_INIT();
+        UNSAFE_DURING_CAPTURE("cuMemFreeHost");
+        range_t **at = range_find(&fake.host_blocks, (uintptr_t) p);
+        if (!at)
+                return CUDA_ERROR_INVALID_VALUE;
+        range_t *r = *at;
+        *at = r->next;
+        munmap((void *) r->addr, r->size);
+        free(r);
+        return CUDA_SUCCESS;
+}
+
 /* ---- what tests ask (fakecuda.h) ---- */
 
 static long count_ranges(const range_t *r) {
@@ -2382,6 +2458,11 @@ int fakecuda_usage(fakecuda_usage_t *ret) {
         u.mappings = count_ranges(fake.mappings);
         u.reservations = count_ranges(fake.reservations);
         u.blocks = count_ranges(fake.blocks);
+        u.host_allocations = count_ranges(fake.host_blocks);
+        for (range_t *r = fake.host_blocks; r; r = r->next)
+                u.host_bytes += r->size;
+        u.host_alloc_calls = fake.host_alloc_calls;
+        u.pinned_copy_bytes = fake.pinned_copy_bytes;
         u.faults = fake.faults;
         u.capture_refusals = fake.capture_refusals;
         u.syncs_held = fake.syncs_held;
@@ -2498,6 +2579,8 @@ static const struct {
         ENTRY(cuGraphExecDestroy, 10000),
         ENTRY(cuMemAlloc, 3020),
         ENTRY(cuMemFree, 3020),
+        ENTRY(cuMemHostAlloc, 2020),
+        ENTRY(cuMemFreeHost, 2000),
 #undef ENTRY
 };
 

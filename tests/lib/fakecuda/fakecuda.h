@@ -14,14 +14,18 @@ typedef struct fakecuda_usage {
         long reservations; /* cuMemAddressReserve ranges not freed */
         long blocks;       /* cuMemAlloc blocks not freed */
         long streams, events;
-        long contexts;         /* primary contexts retained and not released */
-        long rdma_handles;     /* of `handles`, those created GPUDirect-RDMA capable */
-        long stack_depth;      /* the calling thread's context stack */
-        long event_queries;    /* cuEventQuery calls so far (how hard pending events are polled) */
-        long event_records;    /* cuEventRecord calls so far */
-        long faults;           /* kernels that faulted (their memory unmapped under them): a test failure */
-        long capture_refusals; /* calls refused because a stream capture forbids them (capture invalidated) */
-        long syncs_held;       /* synchronizing calls now held by FAKECUDA_HOLD_SYNC (work that takes long) */
+        long contexts;              /* primary contexts retained and not released */
+        long rdma_handles;          /* of `handles`, those created GPUDirect-RDMA capable */
+        long stack_depth;           /* the calling thread's context stack */
+        long event_queries;         /* cuEventQuery calls so far (how hard pending events are polled) */
+        long event_records;         /* cuEventRecord calls so far */
+        long faults;                /* kernels that faulted (their memory unmapped under them): a test failure */
+        long capture_refusals;      /* calls refused because a stream capture forbids them (capture invalidated) */
+        long host_allocations;      /* cuMemHostAlloc blocks not freed (cuMemFreeHost) */
+        uint64_t host_bytes;        /* their bytes: page-locked host memory this process holds */
+        long host_alloc_calls;      /* cuMemHostAlloc calls so far, failed ones included */
+        uint64_t pinned_copy_bytes; /* cuMemcpyDtoH/HtoD bytes so far whose host side was page-locked */
+        long syncs_held;            /* synchronizing calls now held by FAKECUDA_HOLD_SYNC (work that takes long) */
 } fakecuda_usage_t;
 
 /* This process's driver objects. 0, or -1 before cuInit. */

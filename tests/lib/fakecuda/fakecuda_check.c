@@ -115,10 +115,11 @@ void gm_fake_assert_no_objects(void) {
                 return;
         ck_assert_msg(u.faults == 0, "%ld emulated kernels faulted: their memory was unmapped under them", u.faults);
         ck_assert_msg(u.handles == 0 && u.mappings == 0 && u.reservations == 0 && u.blocks == 0 && u.streams == 0 &&
-                              u.events == 0 && u.contexts == 0 && u.stack_depth == 0,
+                              u.events == 0 && u.contexts == 0 && u.stack_depth == 0 && u.host_allocations == 0,
                       "leaked: %ld handles, %ld mappings, %ld reservations, %ld blocks, %ld streams, %ld events, "
-                      "%ld contexts, context stack %ld",
-                      u.handles, u.mappings, u.reservations, u.blocks, u.streams, u.events, u.contexts, u.stack_depth);
+                      "%ld contexts, context stack %ld, %ld page-locked host blocks",
+                      u.handles, u.mappings, u.reservations, u.blocks, u.streams, u.events, u.contexts, u.stack_depth,
+                      u.host_allocations);
 }
 
 void gm_fake_new_pool(char *path, size_t len) {

@@ -24,8 +24,8 @@ int gm_fake_device_verify(const void *p, size_t n, uint64_t seed);
 /* Whether every byte of device memory of the loaded emulator at [p, +n) is
  * `value`, by an emulated kernel: 1 or 0; -1 when p is not such memory. */
 int gm_fake_device_verify_byte(const void *p, size_t n, unsigned char value);
-/* Asserts no emulated kernel faulted and this process holds no driver object (contexts and the calling
- * thread's context stack included) when the driver is loaded. */
+/* Asserts no emulated kernel faulted and this process holds no driver object (contexts, the calling
+ * thread's context stack and page-locked host memory included) when the driver is loaded. */
 void gm_fake_assert_no_objects(void);
 /* Makes a fresh pool file for this test (FAKECUDA_POOL, inherited by the
  * processes it starts) into path (at least 64 bytes). */
