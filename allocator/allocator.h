@@ -115,6 +115,11 @@ typedef struct gm_provider {
          * the release's synchronize and unmap would invalidate the capture.
          * NULL = always true. */
         bool (*may_release)(void *userdata, uint64_t stream);
+        /* Optional: called once the miss that may_release answered true is
+         * through every step that releases or moves memory, before the
+         * allocation returns (served or refused), so a provider may hold
+         * something for exactly that span. NULL = nothing to end. */
+        void (*release_done)(void *userdata);
         void *userdata;
 } gm_provider_t;
 

@@ -1285,7 +1285,8 @@ int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned 
                 return r;
         b = get_free_block(h, p, stream, rsize);
         if (!b) {
-                h->holding = h->prov.may_release && !h->prov.may_release(h->prov.userdata, stream);
+                bool asked = h->prov.may_release != NULL;
+                h->holding = asked && !h->prov.may_release(h->prov.userdata, stream);
                 if (gc_active(h) && !h->holding)
                         garbage_collect(h);
                 r = alloc_block(h, p, stream, rsize, asize, false, &b);
@@ -1295,6 +1296,8 @@ int gm_heap_alloc_tagged(gm_heap_t *h, uint64_t size, uint64_t stream, unsigned 
                         gm_heap_release_cached(h);
                         r = alloc_block(h, p, stream, rsize, asize, true, &b);
                 }
+                if (asked && !h->holding && h->prov.release_done)
+                        h->prov.release_done(h->prov.userdata); /* every return below is past the releases */
                 h->holding = false;
                 if (is_oom(r)) {
                         h->refused_size = rsize;

@@ -7,9 +7,9 @@
  * is the stream asked about again (the application may destroy a stream once
  * its blocks are freed, and a destroyed stream must never be asked about).
  * While either says a capture is in progress, nothing in the process that
- * would synchronize the device or release cached memory for a Reclaim or a
- * trim starts; such a release already under way finishes before a declared
- * capture begins. Process-wide (every session and device share one record);
+ * would synchronize the device or release cached memory for a Reclaim, a
+ * trim or a local heap's own miss starts; such a release already under way
+ * finishes before a declared capture begins. Process-wide (every session and device share one record);
  * a fork child starts with none. Calls nothing above it. */
 #pragma once
 
@@ -54,7 +54,7 @@ void gm_capture_forget_stream(uint64_t stream);
 extern __attribute__((visibility("hidden"))) atomic_uint gm_capture_open_;
 
 /* Whether a capture may be in progress: one relaxed atomic load, no lock
- * and no query (an allocation's cache miss asks it; a true answer is
+ * and no query (a central session's cache miss asks it; a true answer is
  * confirmed with gm_capture_in_progress(), a noted stream's capture may have
  * ended since). */
 static inline bool gm_capture_any(void) {

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture.h"
 #include "clock.h"
 #include "debug.h"
 #include "fence.h"
@@ -91,14 +90,30 @@ static int provider_stream_fence(void *userdata, uint64_t stream, uint64_t fence
 
 /* The heap's may_release(): nothing is released or moved for a miss while
  * the allocating stream is captured, nor while another capture of the
- * process is in progress (the record's relaxed load first: a miss with no
- * capture open pays one load for it). */
+ * process is in progress; otherwise the release starts through
+ * ops.release_begin (the process's record, capture.h), so a declared capture
+ * begins only after it ended (provider_release_done()). Lock order: the
+ * session's heap lock, then the record's lock, never the reverse: the record
+ * takes no heap lock under its own, and a declared begin waits for the
+ * release holding neither. */
 static bool provider_may_release(void *userdata, uint64_t stream) {
         gm_local_heap_t *l = userdata;
+        gm_assert(!l->releasing); /* one miss per allocation */
         l->missed_in_capture = l->ops.capturing && l->ops.capturing(l->ops.ctx, stream) == 1;
-        l->held_for_capture = !l->missed_in_capture && gm_capture_any() && l->ops.capture_elsewhere &&
-                              l->ops.capture_elsewhere(l->ops.ctx);
+        l->held_for_capture = !l->missed_in_capture && l->ops.release_begin && !l->ops.release_begin(l->ops.ctx);
+        l->releasing = !l->missed_in_capture && !l->held_for_capture && l->ops.release_begin;
         return !l->missed_in_capture && !l->held_for_capture;
+}
+
+/* The heap's release_done(): the miss's releases are over (the allocation
+ * returns next, on every path): the release provider_may_release() started
+ * ends. */
+static void provider_release_done(void *userdata) {
+        gm_local_heap_t *l = userdata;
+        if (!l->releasing)
+                return;
+        l->releasing = false;
+        l->ops.release_end(l->ops.ctx);
 }
 
 /* Records the heap's events in its trace ring while history is on. */
@@ -130,6 +145,7 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
         gm_local_heap_t *l = calloc(1, sizeof(*l));
         if (!l)
                 return -ENOMEM;
+        gm_assert(!ops->release_begin == !ops->release_end); /* a release that starts ends */
         l->ops = *ops;
         l->page = page;
         l->config = cfg;
@@ -146,6 +162,7 @@ int gm_local_heap_new(const char *alloc_conf, uint64_t capacity, uint64_t granul
                 .remap = ops->move ? provider_remap : NULL,
                 .stream_fence = ops->move && ops->event_record ? provider_stream_fence : NULL,
                 .may_release = ops->capturing ? provider_may_release : NULL,
+                .release_done = ops->capturing ? provider_release_done : NULL,
                 .userdata = l,
         };
         gm_heap_params_t params = {.capacity = capacity,

@@ -82,12 +82,17 @@ typedef struct gm_local_heap_ops {
          * or is refused, never releasing or moving cached memory (whose
          * synchronize and unmap would invalidate the capture). NULL: never. */
         int (*capturing)(void *ctx, uint64_t stream);
-        /* Whether a CUDA graph capture is in progress elsewhere in the
-         * process (the process's record, capture.h): asked only on such a
-         * miss when the record's one relaxed load says one may be; while true
-         * the allocation releases and moves nothing either (the synchronize
-         * would invalidate that capture too). NULL: never. */
-        bool (*capture_elsewhere)(void *ctx);
+        /* Starts a release for a miss whose stream is not captured, when no
+         * CUDA graph capture is in progress elsewhere in the process (the
+         * process's record, capture.h: gm_capture_release_begin()): true,
+         * and a declared capture then waits until release_end, which the
+         * heap calls once that miss's releases are over, before the
+         * allocation returns (served or refused); false while a capture is
+         * in progress: the allocation releases and moves nothing either
+         * (the synchronize would invalidate that capture too). Called with
+         * the heap's lock held. Both NULL: never. */
+        bool (*release_begin)(void *ctx);
+        void (*release_end)(void *ctx);
         void *ctx;
 } gm_local_heap_ops_t;
 
@@ -175,6 +180,7 @@ struct gm_local_heap {
         bool refused_by_daemon;
         bool missed_in_capture;       /* the request missed the cache while its stream was captured */
         bool held_for_capture;        /* it missed while another capture of the process was in progress */
+        bool releasing;               /* its miss's release is under way (ops.release_begin said go) */
         bool destroying;              /* pieces are forgotten, not given back */
         gm_alloc_config_t config;     /* the settings it runs with (a snapshot's allocator_settings) */
         gm_history_t *history;        /* this process's trace ring while memory history is on */
@@ -204,8 +210,10 @@ static inline void gm_local_heap_end(gm_local_heap_t *l) {
  * operation, the grants, give-backs and moves inside it included; a
  * violation aborts. Nothing in other builds. */
 static inline void gm_local_heap_check(const gm_local_heap_t *l) {
-        if (GM_DEBUG)
+        if (GM_DEBUG) {
                 gm_assert(gm_heap_check(l->heap) == 0);
+                gm_assert(!l->releasing); /* a miss's release ends before its allocation returns */
+        }
 }
 
 /* An allocation in tagged pool `tag` (0: the default); `frames` (may be

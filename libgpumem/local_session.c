@@ -231,11 +231,17 @@ static int local_capturing(void *ctx, uint64_t stream) {
         return r;
 }
 
-/* Whether a capture is in progress in the process (its record asks the
- * noted streams again: one whose capture ended no longer holds a miss). */
-static bool local_capture_elsewhere(void *ctx) {
+/* A local heap's miss starts a release unless a capture is in progress in
+ * the process (its record asks the noted streams again: one whose capture
+ * ended no longer holds a miss); a declared capture waits until it ends. */
+static bool local_release_begin(void *ctx) {
         gpumem_client *c = ctx;
-        return gm_capture_in_progress(gm_mapping_capture_query(c), c);
+        return gm_capture_release_begin(gm_mapping_capture_query(c), c);
+}
+
+static void local_release_end(void *ctx) {
+        (void) ctx;
+        gm_capture_release_end();
 }
 
 /* Pieces one MovePieces names at most (the daemon's limit). */
@@ -298,7 +304,8 @@ int gm_local_session_open(gpumem_client *c, const Gpumem__HelloReply *hr, int pa
                 .event_query = events ? gm_mapping_event_query : NULL,
                 .event_destroy = events ? gm_mapping_event_destroy : NULL,
                 .capturing = c->mapper->ops->capturing ? local_capturing : NULL,
-                .capture_elsewhere = local_capture_elsewhere,
+                .release_begin = local_release_begin,
+                .release_end = local_release_end,
                 .ctx = c,
         };
         char err[256] = "";

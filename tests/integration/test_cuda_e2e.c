@@ -7,11 +7,13 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -210,16 +212,22 @@ static void *free_thread(void *arg) {
         return NULL;
 }
 
+/* Synchronizing calls of this process wait while the file `hold` names (in
+ * the daemon's directory) exists (fakecuda's syncs_held counts them). */
+static void hold_syncs(char *hold, size_t len) {
+        snprintf(hold, len, "%s/hold-sync", daemon_.dir);
+        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("FAKECUDA_HOLD_SYNC", hold, 1); /* stream work "takes" until the file goes */
+}
+
 /* Defect 11: while a release waits for a segment's stream, other threads'
  * calls that need no reply do not wait behind it. */
 START_TEST(test_release_waits_outside_the_lock) {
         start_daemon("256M", NULL, NULL, NULL);
         char hold[400];
-        snprintf(hold, sizeof(hold), "%s/hold-sync", daemon_.dir);
-        int fd = open(hold, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-        setenv("FAKECUDA_HOLD_SYNC", hold, 1); /* stream work "takes" until the file goes */
+        hold_syncs(hold, sizeof(hold));
         gpumem_client *c = connect_ok();
         void *p, *q;
         ck_assert_int_eq(gpumem_alloc(c, 12 * MiB, 0, &p), 0);
@@ -1291,6 +1299,18 @@ static void capture_forget(const gm_cuda_t *cu, const capture_api_t *cap, CUgrap
         ck_assert_int_eq(gpumem_free(c, x), 0);
 }
 
+/* c's 8 MiB block *ret_x on `graph` (one 20 MiB segment, zeroed by the
+ * device) and 100 MiB idle in c's cache on `stream`. */
+static void x_and_idle_cache(gpumem_client *c, uint64_t graph, uint64_t stream, void **ret_x) {
+        void *cached;
+        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, ret_x), 0);
+        late_write(graph, *ret_x, 8 * MiB, 0, 0x00);
+        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, stream, &cached), 0);
+        ck_assert_int_eq(gpumem_free(c, cached), 0);
+        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
+                         120 * MiB);
+}
+
 /* Thread A (this one) captures a stream in global mode and launches a
  * kernel into it; the library knows of the capture by its declaration
  * (gpumem_capture_begin) or, undeclared, by an allocation that missed the
@@ -1307,13 +1327,8 @@ static void check_capture_holds_off_releases(bool declared) {
         const gm_cuda_t *cu = push_device(0, &ctx);
         uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING);
         capture_api_t cap = capture_api();
-        void *x, *cached, *seen = NULL, *later;
-        ck_assert_int_eq(gpumem_alloc(c, 8 * MiB, graph, &x), 0); /* one 20 MiB segment */
-        late_write(graph, x, 8 * MiB, 0, 0x00);
-        ck_assert_int_eq(gpumem_alloc(c, 100 * MiB, graph, &cached), 0);
-        ck_assert_int_eq(gpumem_free(c, cached), 0); /* 100 MiB idle in the cache */
-        ck_assert_int_eq(gm_test_wait_device_stat(daemon_.socket_path, "reserved_bytes.all.current", 120 * MiB),
-                         120 * MiB);
+        void *x, *seen = NULL, *later;
+        x_and_idle_cache(c, graph, graph, &x);
 
         capture_start(c, &cap, graph, x, declared, &seen);
         int64_t reserved = gm_test_device_stat(daemon_.socket_path, "reserved_bytes.all.current");
@@ -1500,6 +1515,82 @@ START_TEST(test_seen_capture_refuses_sleep) {
 }
 END_TEST
 
+/* Thread A of test_capture_waits_for_heaps_own_release(): declares a
+ * capture, notes how many synchronizes were held when its begin returned,
+ * and says so on `returned` (an eventfd). */
+typedef struct begin_thread {
+        int returned;
+        int r;
+        long syncs_held; /* at the begin's return */
+} begin_thread_t;
+
+static void *begin_thread(void *arg) {
+        begin_thread_t *t = arg;
+        t->r = gpumem_capture_begin();
+        t->syncs_held = usage().syncs_held;
+        ck_assert_int_eq(eventfd_write(t->returned, 1), 0);
+        return NULL;
+}
+
+/* Issue 23: a local heap's own release for a miss (here the retry ladder's
+ * release of 100 MiB idle in the cache, for a 140 MiB allocation on another
+ * stream) registers as a release under way. Thread B's allocation is held
+ * inside the ladder's synchronize (FAKECUDA_HOLD_SYNC); thread A then calls
+ * gpumem_capture_begin(), which returns only once B's release is over (no
+ * synchronize is held any more when it returns; without the registration it
+ * returns at once, while B is still held). The hold goes once A returned,
+ * or, while A waits, after a grace period (which only decides how soon a
+ * waiting A is let go, never the verdict). Then A captures on its own stream:
+ * B's allocation was served through the ladder, and the capture ends valid,
+ * nothing refused during it, and replays. */
+START_TEST(test_capture_waits_for_heaps_own_release) {
+        start_daemon("256M", NULL, NULL, NULL);
+        gpumem_client *c = connect_heap(GPUMEM_HEAP_LOCAL);
+        CUcontext ctx;
+        const gm_cuda_t *cu = push_device(0, &ctx);
+        uint64_t graph = new_stream(cu, CU_STREAM_NON_BLOCKING), other = new_stream(cu, CU_STREAM_NON_BLOCKING);
+        capture_api_t cap = capture_api();
+        void *x;
+        x_and_idle_cache(c, graph, other, &x);
+
+        char hold[400];
+        hold_syncs(hold, sizeof(hold));
+        held_thread_t bt = {.c = c, .what = HELD_LADDER, .stream = other, .r = 1};
+        pthread_t b, a;
+        ck_assert_int_eq(pthread_create(&b, NULL, held_thread, &bt), 0);
+        for (int i = 0; i < 1000 && usage().syncs_held == 0; i++) /* B is inside its ladder's synchronize */
+                usleep(10000);
+        ck_assert_int_eq(usage().syncs_held, 1);
+
+        begin_thread_t at = {.returned = eventfd(0, EFD_CLOEXEC), .r = 1, .syncs_held = -1};
+        ck_assert_int_ge(at.returned, 0);
+        ck_assert_int_eq(pthread_create(&a, NULL, begin_thread, &at), 0);
+        struct pollfd pfd = {.fd = at.returned, .events = POLLIN};
+        ck_assert_int_ge(poll(&pfd, 1, 500), 0); /* returned (without the fix), or waits for B */
+        unlink(hold);
+        ck_assert_int_eq(pthread_join(a, NULL), 0);
+        close(at.returned);
+        unsetenv("FAKECUDA_HOLD_SYNC");
+        ck_assert_int_eq(at.r, 0);
+        ck_assert_msg(at.syncs_held == 0, "gpumem_capture_begin returned during the heap's own release");
+
+        /* A's capture, declared by its begin above. */
+        ck_assert_int_eq(cap.begin((CUstream) (uintptr_t) graph, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+        late_write(graph, x, 8 * MiB, 0, 0xab);
+        ck_assert_int_eq(pthread_join(b, NULL), 0);
+        ck_assert_msg(bt.r == 0, "%s", bt.error); /* served through the ladder */
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        capture_end_replay(cu, &cap, graph, x, true, &g, &exec);
+        ck_assert_int_eq(gpumem_free(c, bt.p), 0);
+        capture_forget(cu, &cap, g, exec, c, x, NULL);
+        destroy_stream(cu, graph);
+        destroy_stream(cu, other);
+        pop_device(cu, 0);
+        finish(c);
+}
+END_TEST
+
 static Suite *e2e_suite(void) {
         Suite *s = suite_create("cuda_e2e");
         TCase *tc = tcase_create("defects");
@@ -1558,6 +1649,7 @@ static Suite *e2e_suite(void) {
         tcase_add_test(held, test_seen_capture_holds_off_central_release);
         tcase_add_test(held, test_declared_capture_refuses_sleep);
         tcase_add_test(held, test_seen_capture_refuses_sleep);
+        tcase_add_test(held, test_capture_waits_for_heaps_own_release);
         suite_add_tcase(s, held);
         return s;
 }

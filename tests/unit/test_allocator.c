@@ -687,22 +687,31 @@ static bool hold_everything(void *userdata, uint64_t stream) {
         return false;
 }
 
+/* A heap over `f` (1 GiB) whose provider answers may_release() with
+ * `may_release` and reports the end of a miss's releases to `release_done`. */
+static gm_heap_t *heap_asking(fake_provider_t *f, bool (*may_release)(void *, uint64_t), void (*release_done)(void *)) {
+        static uint64_t va = 0x7e0000000000ULL;
+        gm_alloc_config_t cfg;
+        gm_heap_t *h;
+
+        fake_init(f, 1024 * MiB);
+        config_default(&cfg);
+        gm_provider_t p = fake_provider(f);
+        p.may_release = may_release;
+        p.release_done = release_done;
+        gm_heap_params_t params = {.capacity = 1024 * MiB, .va_cursor = &va};
+        ck_assert_int_eq(gm_heap_new(&cfg, &p, &params, &h), 0);
+        return h;
+}
+
 /* A provider's may_release() saying no (a stream capture): a miss gets only
  * new memory; one that needs the ladder is refused with nothing released;
  * a hit never asks. */
 START_TEST(test_ladder_held) {
-        static uint64_t va = 0x7e0000000000ULL;
         fake_provider_t f;
-        gm_alloc_config_t cfg;
-        gm_heap_t *h;
+        gm_heap_t *h = heap_asking(&f, hold_everything, NULL);
         gm_alloc_result_t x, y;
 
-        fake_init(&f, 1024 * MiB);
-        config_default(&cfg);
-        gm_provider_t p = fake_provider(&f);
-        p.may_release = hold_everything;
-        gm_heap_params_t params = {.capacity = 1024 * MiB, .va_cursor = &va};
-        ck_assert_int_eq(gm_heap_new(&cfg, &p, &params, &h), 0);
         held_misses = 0;
         ck_assert_int_eq(gm_heap_alloc(h, 4 * MiB, 0, &x), 0); /* a miss with room */
         ck_assert_int_eq(gm_heap_free(h, x.block_id, false), 0);
@@ -718,6 +727,64 @@ START_TEST(test_ladder_held) {
         ck_assert_int_eq(st->reserved_bytes[GM_STAT_ALL].current, 20 * MiB); /* the cached segment stays */
         ck_assert_int_eq(gm_heap_alloc(h, 30 * MiB, 0, &y), 0);
         ck_assert_int_eq(gm_heap_free(h, y.block_id, false), 0);
+        ck_assert_int_eq(gm_heap_check(h), 0);
+        gm_heap_destroy(h);
+        fake_done(&f);
+}
+END_TEST
+
+/* The heap's releases for the miss being served, as release_tracker() sees them. */
+static struct {
+        const fake_provider_t *f;
+        bool answer;               /* what may_release says */
+        unsigned asked, done;      /* may_release calls, release_done calls */
+        uint64_t releases_at_done; /* f->releases when release_done came */
+} rt;
+
+static bool release_tracker(void *userdata, uint64_t stream) {
+        (void) userdata;
+        (void) stream;
+        ck_assert_uint_eq(rt.asked, rt.done); /* the last miss's release ended */
+        rt.asked++;
+        return rt.answer;
+}
+
+static void release_tracker_done(void *userdata) {
+        (void) userdata;
+        rt.done++;
+        ck_assert_uint_eq(rt.asked, rt.done); /* one end per miss that said go */
+        rt.releases_at_done = rt.f->releases;
+}
+
+/* release_done() ends every miss that may_release() let release, served or
+ * refused, after its releases and before the allocation returns; a hit and a
+ * held miss end nothing. */
+START_TEST(test_release_done) {
+        fake_provider_t f;
+        gm_heap_t *h = heap_asking(&f, release_tracker, release_tracker_done);
+        gm_alloc_result_t x, y;
+
+        rt = (typeof(rt)){.f = &f, .answer = true};
+        ck_assert_int_eq(gm_heap_alloc(h, 4 * MiB, 0, &x), 0); /* a miss with room */
+        ck_assert_uint_eq(rt.done, 1);
+        ck_assert_int_eq(gm_heap_free(h, x.block_id, false), 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 4 * MiB, 0, &x), 0); /* a hit */
+        ck_assert_uint_eq(rt.asked, 1);
+        ck_assert_uint_eq(rt.done, 1);
+        ck_assert_int_eq(gm_heap_free(h, x.block_id, false), 0);
+        f.fail_next = 1; /* the ladder releases the cached segment, then succeeds */
+        ck_assert_int_eq(gm_heap_alloc(h, 30 * MiB, 0, &y), 0);
+        ck_assert_uint_eq(rt.done, 2);
+        ck_assert_uint_gt(f.releases, 0);
+        ck_assert_uint_eq(rt.releases_at_done, f.releases); /* ended after its releases */
+        ck_assert_int_eq(gm_heap_free(h, y.block_id, false), 0);
+        ck_assert_int_eq(gm_heap_alloc(h, 2048 * MiB, 0, &x), -ENOMEM); /* refused after the ladder */
+        ck_assert_uint_eq(rt.done, 3);
+        ck_assert_uint_eq(rt.releases_at_done, f.releases);
+        rt.answer = false; /* held: nothing to end */
+        ck_assert_int_eq(gm_heap_alloc(h, 2048 * MiB, 0, &x), -ENOMEM);
+        ck_assert_uint_eq(rt.asked, 4);
+        ck_assert_uint_eq(rt.done, 3);
         ck_assert_int_eq(gm_heap_check(h), 0);
         gm_heap_destroy(h);
         fake_done(&f);
@@ -951,6 +1018,7 @@ static Suite *allocator_suite(void) {
         tcase_add_test(tc, test_ladder_oom);
         tcase_add_test(tc, test_ladder_release_available);
         tcase_add_test(tc, test_ladder_held);
+        tcase_add_test(tc, test_release_done);
         tcase_add_test(tc, test_deferred_free);
         tcase_add_test(tc, test_gc_one_round);
         tcase_add_test(tc, test_gc_two_rounds);

@@ -96,7 +96,10 @@ GPUMEM_EXPORT int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes);
  * out-of-memory ladder, garbage collection, max_split_size releases or page
  * moves). Call it before
  * cuStreamBeginCapture and gpumem_capture_end() after cuStreamEndCapture;
- * begin waits for a release already under way to finish. libgpumem_torch
+ * begin waits for a release already under way to finish (a Reclaim's, a
+ * release request's, a trim's, a sleep's, or a local heap's own for a miss
+ * on another thread: its ladder, garbage collection, max_split_size release
+ * or page move, until that allocation returns). libgpumem_torch
  * calls both from PyTorch's allocate-to-pool hooks. Process-wide, for every
  * session and device; a fork child starts with none open. -EOVERFLOW past
  * INT32_MAX open declarations. */

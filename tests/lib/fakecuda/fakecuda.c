@@ -240,7 +240,7 @@ static struct {
         /* the shared pool */
         fake_pool_t *pool;
         /* state */
-        long creates, imports, maps, unmaps, event_queries, event_records, faults, capture_refusals;
+        long creates, imports, maps, unmaps, event_queries, event_records, faults, capture_refusals, syncs_held;
         uint64_t next_block_id;
         unsigned long long next_capture_id;
         struct CUctx_st ctx[FAKE_MAX_DEVICES];
@@ -790,11 +790,20 @@ static bool events_held(void) {
 }
 
 /* Synchronizing waits while FAKECUDA_HOLD_SYNC names an existing file (work
- * that takes long), without holding the driver's lock. */
+ * that takes long), without holding the driver's lock; it counts as held
+ * (fakecuda_usage()'s syncs_held) meanwhile. */
 static void wait_sync_hold(void) {
         const char *hold = getenv("FAKECUDA_HOLD_SYNC");
-        while (hold && access(hold, F_OK) == 0)
+        if (!hold || access(hold, F_OK) != 0)
+                return;
+        pthread_mutex_lock(&fake.lock);
+        fake.syncs_held++;
+        pthread_mutex_unlock(&fake.lock);
+        while (access(hold, F_OK) == 0)
                 nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+        pthread_mutex_lock(&fake.lock);
+        fake.syncs_held--;
+        pthread_mutex_unlock(&fake.lock);
 }
 
 /* ---- streams, events and emulated device work ----
@@ -2456,6 +2465,7 @@ int fakecuda_usage(fakecuda_usage_t *ret) {
         u.pinned_copy_bytes = fake.pinned_copy_bytes;
         u.faults = fake.faults;
         u.capture_refusals = fake.capture_refusals;
+        u.syncs_held = fake.syncs_held;
         for (struct CUstream_st *s = fake.streams; s; s = s->next)
                 u.streams++;
         for (struct CUevent_st *e = fake.events; e; e = e->next)

@@ -25,6 +25,7 @@ typedef struct fakecuda_usage {
         uint64_t host_bytes;        /* their bytes: page-locked host memory this process holds */
         long host_alloc_calls;      /* cuMemHostAlloc calls so far, failed ones included */
         uint64_t pinned_copy_bytes; /* cuMemcpyDtoH/HtoD bytes so far whose host side was page-locked */
+        long syncs_held;            /* synchronizing calls now held by FAKECUDA_HOLD_SYNC (work that takes long) */
 } fakecuda_usage_t;
 
 /* This process's driver objects. 0, or -1 before cuInit. */
