@@ -112,6 +112,8 @@ void gm_capture_unnote_block(uint64_t stream) {
 }
 
 void gm_capture_forget_stream(uint64_t stream) {
+        if (!gm_capture_any()) /* nothing noted: every uncaptured miss asks, most with nothing open */
+                return;
         lock();
         uint32_t i = find_locked(stream);
         if (i < rec.n_streams)

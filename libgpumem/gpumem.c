@@ -338,7 +338,7 @@ int gpumem_record_stream(gpumem_client *c, void *ptr, uint64_t stream) {
 
 /* -EBUSY for `what` (trim, sleep), whose synchronize and unmaps would
  * invalidate a CUDA graph capture in progress in the process. */
-static int refused_in_capture(gpumem_client *c, const char *what) {
+static int busy_in_capture(gpumem_client *c, const char *what) {
         return gm_conn_set_error(c, -EBUSY,
                                  "gpumem: %s refused: a CUDA graph capture is in progress in this process "
                                  "(releasing memory would synchronize the device and invalidate it); "
@@ -355,7 +355,7 @@ int gpumem_trim(gpumem_client *c, uint64_t *ret_released_bytes) {
         /* Its synchronize (here, or the service thread's for the daemon's
          * release requests) would invalidate a capture of another thread. */
         if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
-                return refused_in_capture(c, "trim");
+                return busy_in_capture(c, "trim");
         if (c->local) {
                 gm_heap_lock_take(&c->heap_lock);
                 uint64_t released = gm_local_session_release_cached(c);
@@ -410,7 +410,7 @@ int gpumem_sleep(gpumem_client *c, const char *const *tags, const char *const *k
                 return r;
         /* Its synchronize would invalidate a capture of another thread. */
         if (!gm_capture_release_begin(gm_mapping_capture_query(c), c))
-                return refused_in_capture(c, "sleep");
+                return busy_in_capture(c, "sleep");
         uint64_t released = 0;
         gm_heap_lock_take(&c->heap_lock);
         r = gm_sleep_enter(c, tags, keep_tags, &released);

@@ -679,7 +679,7 @@ static bool asks_serve(gpumem_client *c) {
  * noted, so that each is forgotten soon after its capture ends (the
  * application may destroy it then). Returns true while some are noted. */
 static bool watch_captures(gpumem_client *c) {
-        if (!gm_capture_noted())
+        if (!gm_capture_any() || !gm_capture_noted()) /* the lock only while a capture is open */
                 return false;
         gm_capture_in_progress(gm_mapping_capture_query(c), c);
         return gm_capture_noted();
