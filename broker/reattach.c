@@ -264,10 +264,11 @@ int gm_reattach_finish(gm_session_t *s, const gm_reattach_state_t *told, uint64_
         uint64_t cap = b->backend->capacity, claimed = 0, pending = 0;
         for (size_t i = 0; i < b->n_records; i++)
                 pending += b->records[i].size;
-        uint64_t want = told->claim_bytes < cap ? told->claim_bytes : cap;
         uint64_t room = gm_broker_room(s);
-        if (want > (room > pending ? room - pending : 0))
-                want = room > pending ? room - pending : 0;
+        uint64_t settable = room > pending ? room - pending : 0;
+        uint64_t want = told->claim_bytes < cap ? told->claim_bytes : cap;
+        if (want > settable)
+                want = settable;
         if (want)
                 gm_broker_claim(s, want, &claimed);
         if (claimed < told->claim_bytes)
